@@ -1,0 +1,44 @@
+// Buffer: an owned, immutable-after-fill byte block shared by pointer.
+// Payloads travel as std::shared_ptr<Buffer> so neither send nor receive copies them:
+// the sender keeps a reference until the write completes; the receiver reads straight
+// into a Buffer sized from the frame header. Any thread may hold a reference.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace pscore {
+
+class Buffer {
+ public:
+  // Uninitialised storage of `size` bytes (no zeroing: the reader fills it).
+  static std::shared_ptr<Buffer> Allocate(size_t size) {
+    return std::shared_ptr<Buffer>(new Buffer(size));
+  }
+  static std::shared_ptr<Buffer> Copy(const void* data, size_t size) {
+    auto b = Allocate(size);
+    if (size > 0) std::memcpy(b->data(), data, size);
+    return b;
+  }
+  static std::shared_ptr<Buffer> FromString(std::string_view s) { return Copy(s.data(), s.size()); }
+
+  char* data() { return data_.get(); }
+  const char* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  std::string_view view() const { return std::string_view(data_.get(), size_); }
+
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+ private:
+  explicit Buffer(size_t size) : data_(size ? new char[size] : nullptr), size_(size) {}
+  std::unique_ptr<char[]> data_;
+  size_t size_;
+};
+
+using BufferPtr = std::shared_ptr<Buffer>;
+
+}  // namespace pscore
