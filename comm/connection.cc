@@ -1,0 +1,199 @@
+#include "comm/connection.h"
+
+#include <uv.h>
+
+#include "comm/event_loop.h"
+#include "comm/transport.h"
+#include "comm/uv_status.h"
+
+namespace pscore::comm {
+
+// All frames queued in one loop iteration go out in one uv_write (writev): header+meta
+// bytes are owned here, payloads are referenced until the write completes.
+struct WriteBatch {
+  uv_write_t req;
+  Connection* conn = nullptr;
+  std::string head;                    // headers and metas back to back
+  std::vector<std::pair<size_t, size_t>> head_spans;  // (offset, len) per frame
+  std::vector<BufferPtr> payloads;     // per frame; null when empty
+  uint64_t bytes = 0;
+};
+
+struct ConnectionCallbacks {
+  static void OnAlloc(uv_handle_t* handle, size_t /*suggested*/, uv_buf_t* buf) {
+    auto* self = static_cast<Connection*>(handle->data);
+    size_t size = 0;
+    char* region = self->decoder_.ReadRegion(&size);
+    // uv_buf_t.len is size_t on Unix; reads of over 1 GiB at once gain nothing.
+    *buf = uv_buf_init(region, static_cast<unsigned>(std::min<size_t>(size, 1u << 30)));
+  }
+
+  static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* /*buf*/) {
+    auto* self = static_cast<Connection*>(stream->data);
+    if (nread > 0) {
+      self->OnBytes(static_cast<size_t>(nread));
+      return;
+    }
+    if (nread == 0) {
+      // EAGAIN: tell the decoder nothing arrived so the handed-out region is released.
+      self->decoder_.Commit(0, &self->decoded_).IgnoreError();
+      return;
+    }
+    Status why = nread == UV_EOF ? Status(Code::kUnavailable, "peer closed the connection")
+                                 : UvStatus(static_cast<int>(nread), "read");
+    if (self->decoder_.mid_frame()) {
+      why = Status(why.code(), why.message() + " in the middle of a frame");
+      LOG(WARNING) << "conn " << self->id_ << " " << self->peer_ << ": " << why;
+    }
+    self->Close(why);
+  }
+
+  static void OnWriteDone(uv_write_t* req, int status) {
+    std::unique_ptr<WriteBatch> batch(static_cast<WriteBatch*>(req->data));
+    Connection* self = batch->conn;
+    self->queued_bytes_ -= batch->bytes;
+    if (status < 0 && status != UV_ECANCELED) self->Close(UvStatus(status, "write"));
+  }
+
+  static void OnClosed(uv_handle_t* handle) {
+    auto* self = static_cast<Connection*>(handle->data);
+    delete self;  // Released from the table at Close(); touch nothing after this line.
+  }
+};
+
+Connection::Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_t* tcp,
+                       const TransportOptions& options)
+    : transport_(transport),
+      loop_(loop),
+      id_(id),
+      tcp_(tcp),
+      options_(options),
+      decoder_(options.limits),
+      last_read_(std::chrono::steady_clock::now()) {
+  tcp_->data = this;
+  if (options.tcp_nodelay) uv_tcp_nodelay(tcp_, 1);
+  sockaddr_storage addr{};
+  int len = sizeof(addr);
+  char ip[64] = "?";
+  int port = 0;
+  if (uv_tcp_getpeername(tcp_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    if (addr.ss_family == AF_INET) {
+      auto* a = reinterpret_cast<sockaddr_in*>(&addr);
+      uv_ip4_name(a, ip, sizeof(ip));
+      port = ntohs(a->sin_port);
+    } else if (addr.ss_family == AF_INET6) {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
+      uv_ip6_name(a, ip, sizeof(ip));
+      port = ntohs(a->sin6_port);
+    }
+  }
+  peer_ = std::string(ip) + ":" + std::to_string(port);
+}
+
+Connection::~Connection() { delete tcp_; }
+
+Status Connection::StartReading() {
+  DCHECK(loop_->InLoopThread());
+  return UvStatus(uv_read_start(reinterpret_cast<uv_stream_t*>(tcp_), &ConnectionCallbacks::OnAlloc,
+                                &ConnectionCallbacks::OnRead),
+                  "uv_read_start");
+}
+
+void Connection::OnBytes(size_t n) {
+  last_read_ = std::chrono::steady_clock::now();
+  Status st = decoder_.Commit(n, &decoded_);
+  if (transport_ != nullptr) transport_->CountIn(n, decoded_.size());
+  // Deliver what decoded before any error: those frames were valid.
+  for (size_t i = 0; i < decoded_.size() && !closing_; ++i) {
+    if (transport_ != nullptr) transport_->Deliver(id_, std::move(decoded_[i]));
+  }
+  decoded_.clear();
+  if (!st.ok() && !closing_) {
+    LOG(WARNING) << "conn " << id_ << " " << peer_ << ": bad frame, closing: " << st;
+    if (transport_ != nullptr) transport_->CountProtocolError();
+    Close(st);
+  }
+}
+
+Status Connection::Send(const pb::MessageMeta& meta, BufferPtr payload) {
+  DCHECK(loop_->InLoopThread());
+  if (closing_) return Status(Code::kUnavailable, "connection " + std::to_string(id_) + " closed");
+  size_t meta_len = meta.ByteSizeLong();
+  uint64_t data_len = payload ? payload->size() : 0;
+  if (meta_len > options_.limits.max_meta_bytes) {
+    return Status(Code::kInvalidArgument, "meta of " + std::to_string(meta_len) + " bytes over limit");
+  }
+  if (data_len > options_.limits.max_message_bytes) {
+    return Status(Code::kInvalidArgument, "payload of " + std::to_string(data_len) +
+                                              " bytes > max_message_bytes " +
+                                              std::to_string(options_.limits.max_message_bytes));
+  }
+  uint64_t frame_bytes = kHeaderBytes + meta_len + data_len;
+  if (queued_bytes_ + frame_bytes > options_.max_queued_write_bytes) {
+    Status why(Code::kResourceExhausted,
+               "peer " + peer_ + " is not reading: " + std::to_string(queued_bytes_) +
+                   " bytes queued, cap " + std::to_string(options_.max_queued_write_bytes));
+    LOG(WARNING) << "conn " << id_ << ": " << why;
+    Close(why);
+    return why;
+  }
+  if (!pending_) {
+    pending_ = std::make_unique<WriteBatch>();
+    pending_->conn = this;
+  }
+  WriteBatch& b = *pending_;
+  size_t off = b.head.size();
+  b.head.resize(off + kHeaderBytes + meta_len);
+  StoreHeader(FrameHeader{kMagic, static_cast<uint32_t>(meta_len), data_len}, &b.head[off]);
+  meta.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&b.head[off + kHeaderBytes]));
+  b.head_spans.emplace_back(off, kHeaderBytes + meta_len);
+  b.payloads.push_back(data_len ? std::move(payload) : nullptr);
+  b.bytes += frame_bytes;
+  queued_bytes_ += frame_bytes;
+  if (transport_ != nullptr) transport_->CountOut(frame_bytes);
+  if (!flush_scheduled_) {
+    flush_scheduled_ = true;
+    loop_->RunBeforePoll([this, id = id_, t = transport_] {
+      // The connection may have closed (and been freed) since: look it up again.
+      if (t == nullptr || t->Lookup(id) != this) return;
+      Flush();
+    });
+  }
+  return Status::Ok();
+}
+
+void Connection::Flush() {
+  flush_scheduled_ = false;
+  if (!pending_ || closing_) return;
+  std::unique_ptr<WriteBatch> batch = std::move(pending_);
+  std::vector<uv_buf_t> bufs;
+  bufs.reserve(batch->head_spans.size() * 2);
+  for (size_t i = 0; i < batch->head_spans.size(); ++i) {
+    auto [off, len] = batch->head_spans[i];
+    bufs.push_back(uv_buf_init(&batch->head[off], static_cast<unsigned>(len)));
+    const BufferPtr& p = batch->payloads[i];
+    if (p) bufs.push_back(uv_buf_init(const_cast<char*>(p->data()), static_cast<unsigned>(p->size())));
+  }
+  batch->req.data = batch.get();
+  int rc = uv_write(&batch->req, reinterpret_cast<uv_stream_t*>(tcp_), bufs.data(),
+                    static_cast<unsigned>(bufs.size()), &ConnectionCallbacks::OnWriteDone);
+  if (rc < 0) {
+    queued_bytes_ -= batch->bytes;
+    Close(UvStatus(rc, "uv_write"));
+    return;
+  }
+  batch.release();  // Freed in OnWriteDone.
+}
+
+void Connection::Close(const Status& why) {
+  DCHECK(loop_->InLoopThread());
+  if (closing_) return;
+  closing_ = true;
+  close_reason_ = why;
+  VLOG(1) << "conn " << id_ << " " << peer_ << " closing: " << why;
+  uv_read_stop(reinterpret_cast<uv_stream_t*>(tcp_));
+  if (transport_ != nullptr) transport_->Release(id_, why);  // Table lets go of *this.
+  uv_close(reinterpret_cast<uv_handle_t*>(tcp_), &ConnectionCallbacks::OnClosed);
+}
+
+}  // namespace pscore::comm

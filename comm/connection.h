@@ -1,0 +1,68 @@
+// Connection: one TCP stream, its frame decoder and its write queue.
+// Internal to comm/: owned by Transport's table while open, by itself while closing
+// (freed in the uv_close callback). Loop thread only. Nobody outside comm/ holds one;
+// they hold its ConnId.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/frame_decoder.h"
+#include "comm/transport_types.h"
+#include "core/buffer.h"
+#include "core/clock.h"
+
+struct uv_tcp_s;
+
+namespace pscore::comm {
+
+class EventLoop;
+class Transport;
+struct WriteBatch;
+
+class Connection {
+ public:
+  // Takes an initialised uv_tcp_t (accepted or connected); ownership passes to *this.
+  Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_s* tcp,
+             const TransportOptions& options);
+  ~Connection();
+
+  Status StartReading();
+  // Queues one frame. The payload is referenced, not copied, until its write completes.
+  Status Send(const pb::MessageMeta& meta, BufferPtr payload);
+  // Idempotent. Does not free: libuv still references the handle until OnClosed runs.
+  void Close(const Status& why);
+
+  ConnId id() const { return id_; }
+  const std::string& peer() const { return peer_; }
+  bool closing() const { return closing_; }
+  bool mid_frame() const { return decoder_.mid_frame(); }
+  TimePoint last_read() const { return last_read_; }
+  uint64_t queued_bytes() const { return queued_bytes_; }
+  // Called by Transport when it goes away first: the close callback must not touch it.
+  void Detach() { transport_ = nullptr; }
+
+ private:
+  friend struct ConnectionCallbacks;  // libuv trampolines, defined in connection.cc
+  void Flush();
+  void OnBytes(size_t n);
+
+  Transport* transport_;
+  EventLoop* loop_;
+  ConnId id_;
+  uv_tcp_s* tcp_;
+  TransportOptions options_;
+  std::string peer_;
+  FrameDecoder decoder_;
+  std::vector<Frame> decoded_;
+  std::unique_ptr<WriteBatch> pending_;  // frames queued this iteration, flushed before poll
+  uint64_t queued_bytes_ = 0;            // queued or in flight
+  bool flush_scheduled_ = false;
+  bool closing_ = false;
+  Status close_reason_;
+  TimePoint last_read_;
+};
+
+}  // namespace pscore::comm

@@ -1,0 +1,107 @@
+#include "comm/frame_decoder.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace pscore::comm {
+namespace {
+constexpr size_t kInitialInput = 128 << 10;  // holds a full header + 64 KiB meta
+}
+
+FrameDecoder::FrameDecoder(const Limits& limits) : limits_(limits), in_(kInitialInput) {}
+
+char* FrameDecoder::ReadRegion(size_t* size) {
+  if (payload_ != nullptr) {
+    size_t missing = payload_->size() - payload_filled_;
+    if (missing >= kDirectReadMin) {
+      direct_ = true;
+      *size = missing;
+      return payload_->data() + payload_filled_;
+    }
+  }
+  direct_ = false;
+  if (in_.size() - in_end_ < 4096) Compact(4096);
+  *size = in_.size() - in_end_;
+  return in_.data() + in_end_;
+}
+
+void FrameDecoder::Compact(size_t need) {
+  if (in_begin_ > 0) {
+    std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+    in_end_ -= in_begin_;
+    in_begin_ = 0;
+  }
+  if (in_.size() - in_end_ < need) in_.resize(in_end_ + std::max(need, in_.size()));
+}
+
+Status FrameDecoder::Commit(size_t n, std::vector<Frame>* out) {
+  if (direct_) {
+    direct_ = false;
+    payload_filled_ += n;
+    if (payload_filled_ == payload_->size()) {
+      out->push_back(Frame{std::move(meta_), std::move(payload_)});
+      meta_.Clear();
+      payload_filled_ = 0;
+    }
+    return Status::Ok();
+  }
+  in_end_ += n;
+  return DecodeBuffered(out);
+}
+
+// Consumes as many complete frames (or payload prefixes) from the input buffer as possible.
+Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
+  for (;;) {
+    size_t avail = in_end_ - in_begin_;
+    if (payload_ != nullptr) {
+      size_t take = std::min(avail, payload_->size() - payload_filled_);
+      std::memcpy(payload_->data() + payload_filled_, in_.data() + in_begin_, take);
+      copied_payload_bytes_ += take;
+      payload_filled_ += take;
+      in_begin_ += take;
+      if (payload_filled_ < payload_->size()) break;
+      out->push_back(Frame{std::move(meta_), std::move(payload_)});
+      meta_.Clear();
+      payload_filled_ = 0;
+      continue;
+    }
+    std::optional<FrameHeader> header;
+    PSCORE_RETURN_IF_ERROR(
+        ParseHeader(std::string_view(in_.data() + in_begin_, avail), limits_, &header));
+    if (!header) break;
+    size_t head = kHeaderBytes + header->meta_len;
+    if (avail < head) {
+      if (in_.size() - in_begin_ < head) Compact(head);
+      break;
+    }
+    if (!meta_.ParseFromArray(in_.data() + in_begin_ + kHeaderBytes,
+                              static_cast<int>(header->meta_len))) {
+      return Status(Code::kProtocol, "unparsable meta (" + std::to_string(header->meta_len) +
+                                         " bytes)");
+    }
+    in_begin_ += head;
+    if (header->data_len == 0) {
+      out->push_back(Frame{std::move(meta_), nullptr});
+      meta_.Clear();
+      continue;
+    }
+    payload_ = Buffer::Allocate(header->data_len);
+    payload_filled_ = 0;
+  }
+  if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
+  return Status::Ok();
+}
+
+Status FrameDecoder::Feed(std::string_view bytes, std::vector<Frame>* out) {
+  while (!bytes.empty()) {
+    size_t room = 0;
+    char* region = ReadRegion(&room);
+    size_t n = std::min(room, bytes.size());
+    std::memcpy(region, bytes.data(), n);
+    bytes.remove_prefix(n);
+    PSCORE_RETURN_IF_ERROR(Commit(n, out));
+  }
+  return Status::Ok();
+}
+
+}  // namespace pscore::comm

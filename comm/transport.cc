@@ -1,0 +1,315 @@
+#include "comm/transport.h"
+
+#include <uv.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "comm/connection.h"
+#include "comm/event_loop.h"
+#include "comm/uv_status.h"
+
+namespace pscore::comm {
+
+namespace {
+
+Status ResolveAddress(const std::string& host, int port, sockaddr_storage* out) {
+  std::string h = host.empty() || host == "localhost" ? "127.0.0.1" : host;
+  if (port < 0 || port > 65535) {
+    return Status(Code::kInvalidArgument, "port " + std::to_string(port) + " out of range");
+  }
+  std::memset(out, 0, sizeof(*out));
+  if (uv_ip4_addr(h.c_str(), port, reinterpret_cast<sockaddr_in*>(out)) == 0) return Status::Ok();
+  if (uv_ip6_addr(h.c_str(), port, reinterpret_cast<sockaddr_in6*>(out)) == 0) return Status::Ok();
+  return Status(Code::kInvalidArgument,
+                "host '" + host + "' is not a numeric IP address (or localhost)");
+}
+
+}  // namespace
+
+// A listening socket. Owned by the Transport until closed; freed in its close callback.
+struct Listener {
+  uv_tcp_t tcp;
+  Transport* transport;
+  std::string address;
+};
+
+// One outgoing connection attempt sequence (retry with backoff). Owned by the Transport.
+struct Dialer {
+  Transport* transport;
+  sockaddr_storage addr;
+  std::string target;
+  ConnectOptions options;
+  TimePoint deadline;
+  Duration backoff;
+  std::function<void(Result<ConnId>)> done;
+  uv_tcp_t* tcp = nullptr;  // the attempt in flight, if any
+  uv_connect_t req;
+  TimerId retry_timer = 0;
+  Status last_error;
+  int attempts = 0;
+};
+
+namespace {
+
+void CloseAndFree(uv_tcp_t* tcp) {
+  tcp->data = nullptr;
+  uv_close(reinterpret_cast<uv_handle_t*>(tcp),
+           [](uv_handle_t* h) { delete reinterpret_cast<uv_tcp_t*>(h); });
+}
+
+void Attempt(Dialer* d);
+
+void Finish(Dialer* d, Result<ConnId> result) {
+  auto done = std::move(d->done);
+  Transport* t = d->transport;
+  if (t != nullptr) t->DialerDone(d);
+  delete d;
+  if (done) done(std::move(result));
+}
+
+void OnConnect(uv_connect_t* req, int status) {
+  auto* d = static_cast<Dialer*>(req->data);
+  uv_tcp_t* tcp = d->tcp;
+  d->tcp = nullptr;
+  if (d->transport == nullptr || status == UV_ECANCELED) {
+    if (status == 0) CloseAndFree(tcp);
+    Finish(d, Status(Code::kCancelled, "connect to " + d->target + " cancelled"));
+    return;
+  }
+  if (status == 0) {
+    ConnId id = d->transport->Adopt(tcp, /*accepted=*/false);
+    if (id == kNoConn) {
+      Finish(d, Status(Code::kUnavailable, "connect to " + d->target + ": could not start reading"));
+    } else {
+      Finish(d, id);
+    }
+    return;
+  }
+  CloseAndFree(tcp);
+  d->last_error = UvStatus(status, "connect to " + d->target);
+  TimePoint now = std::chrono::steady_clock::now();
+  if (now + d->backoff >= d->deadline) {
+    Finish(d, Status(d->last_error.code() == Code::kTimeout ? Code::kTimeout : Code::kUnavailable,
+                     d->last_error.message() + " (gave up after " + std::to_string(d->attempts) +
+                         " attempts)"));
+    return;
+  }
+  VLOG(1) << d->last_error << "; retrying in " << ToMillis(d->backoff) << " ms";
+  Duration wait = d->backoff;
+  d->backoff = std::min<Duration>(d->backoff * 2, d->options.max_backoff);
+  d->retry_timer = d->transport->loop()->AddTimer(wait, Duration::zero(), [d] {
+    d->retry_timer = 0;
+    Attempt(d);
+  });
+}
+
+void Attempt(Dialer* d) {
+  ++d->attempts;
+  d->tcp = new uv_tcp_t;
+  uv_tcp_init(d->transport->loop()->uv_loop(), d->tcp);
+  d->req.data = d;
+  int rc = uv_tcp_connect(&d->req, d->tcp, reinterpret_cast<const sockaddr*>(&d->addr), &OnConnect);
+  if (rc < 0) {
+    uv_tcp_t* tcp = d->tcp;
+    d->tcp = nullptr;
+    CloseAndFree(tcp);
+    Finish(d, UvStatus(rc, "connect to " + d->target));
+  }
+}
+
+}  // namespace
+
+Transport::Transport(EventLoop* loop, TransportOptions options, Handlers handlers)
+    : loop_(loop), options_(options), handlers_(std::move(handlers)) {}
+
+Transport::~Transport() {
+  if (!shut_down_) {
+    CHECK(loop_->InLoopThread()) << "Transport destroyed off its loop thread while open";
+    Shutdown();
+  }
+}
+
+void Transport::Shutdown() {
+  DCHECK(loop_->InLoopThread());
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (stop_hook_ != 0) loop_->RemoveStopHook(stop_hook_);
+  if (sweep_timer_ != 0) loop_->CancelTimer(sweep_timer_);
+  for (Listener* l : listeners_) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&l->tcp),
+             [](uv_handle_t* h) { delete static_cast<Listener*>(h->data); });
+  }
+  listeners_.clear();
+  std::vector<Dialer*> dialers;
+  dialers.swap(dialers_);
+  for (Dialer* d : dialers) {
+    d->transport = nullptr;
+    if (d->retry_timer != 0) {
+      loop_->CancelTimer(d->retry_timer);
+      Finish(d, Status(Code::kCancelled, "connect to " + d->target + " cancelled"));
+    } else if (d->tcp != nullptr) {
+      uv_tcp_t* tcp = d->tcp;
+      d->tcp = nullptr;
+      CloseAndFree(tcp);  // OnConnect then runs with UV_ECANCELED and frees d.
+    }
+  }
+  std::vector<ConnId> ids;
+  for (auto& [id, c] : conns_) ids.push_back(id);
+  for (ConnId id : ids) Close(id, Status(Code::kCancelled, "transport shut down"));
+}
+
+void Transport::DialerDone(Dialer* d) {
+  dialers_.erase(std::remove(dialers_.begin(), dialers_.end(), d), dialers_.end());
+}
+
+Result<int> Transport::Listen(const std::string& host, int port) {
+  DCHECK(loop_->InLoopThread());
+  if (shut_down_) return Status(Code::kFailedPrecondition, "transport shut down");
+  sockaddr_storage addr;
+  PSCORE_RETURN_IF_ERROR(ResolveAddress(host, port, &addr));
+  auto* l = new Listener{};
+  l->transport = this;
+  l->tcp.data = l;
+  uv_tcp_init(loop_->uv_loop(), &l->tcp);
+  auto fail = [l](Status st) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&l->tcp),
+             [](uv_handle_t* h) { delete static_cast<Listener*>(h->data); });
+    return st;
+  };
+  std::string where = host + ":" + std::to_string(port);
+  int rc = uv_tcp_bind(&l->tcp, reinterpret_cast<const sockaddr*>(&addr), 0);
+  if (rc < 0) return fail(UvStatus(rc, "bind " + where));
+  rc = uv_listen(reinterpret_cast<uv_stream_t*>(&l->tcp), 1024, [](uv_stream_t* server, int status) {
+    auto* listener = static_cast<Listener*>(server->data);
+    if (status < 0) {
+      LOG(WARNING) << "accept on " << listener->address << ": " << uv_strerror(status);
+      return;
+    }
+    auto* tcp = new uv_tcp_t;
+    uv_tcp_init(server->loop, tcp);
+    if (uv_accept(server, reinterpret_cast<uv_stream_t*>(tcp)) != 0) {
+      CloseAndFree(tcp);
+      return;
+    }
+    listener->transport->Adopt(tcp, /*accepted=*/true);
+  });
+  if (rc < 0) return fail(UvStatus(rc, "listen " + where));
+  sockaddr_storage bound{};
+  int len = sizeof(bound);
+  uv_tcp_getsockname(&l->tcp, reinterpret_cast<sockaddr*>(&bound), &len);
+  int bound_port = ntohs(bound.ss_family == AF_INET6
+                             ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  l->address = host + ":" + std::to_string(bound_port);
+  listeners_.push_back(l);
+  if (stop_hook_ == 0) stop_hook_ = loop_->AddStopHook([this] { Shutdown(); });
+  return bound_port;
+}
+
+void Transport::Connect(const std::string& host, int port, ConnectOptions options,
+                        std::function<void(Result<ConnId>)> done) {
+  DCHECK(loop_->InLoopThread());
+  if (shut_down_) {
+    done(Status(Code::kFailedPrecondition, "transport shut down"));
+    return;
+  }
+  auto* d = new Dialer{};
+  Status st = ResolveAddress(host, port, &d->addr);
+  if (!st.ok()) {
+    delete d;
+    done(st);
+    return;
+  }
+  d->transport = this;
+  d->target = host + ":" + std::to_string(port);
+  d->options = options;
+  d->deadline = std::chrono::steady_clock::now() + options.timeout;
+  d->backoff = options.initial_backoff;
+  d->done = std::move(done);
+  dialers_.push_back(d);
+  if (stop_hook_ == 0) stop_hook_ = loop_->AddStopHook([this] { Shutdown(); });
+  Attempt(d);
+}
+
+ConnId Transport::Adopt(uv_tcp_t* tcp, bool accepted) {
+  ConnId id = next_id_++;
+  auto conn = std::make_unique<Connection>(this, loop_, id, tcp, options_);
+  Status st = conn->StartReading();
+  if (!st.ok()) {
+    LOG(WARNING) << "conn " << id << " " << conn->peer() << ": " << st;
+    conns_.emplace(id, std::move(conn));
+    Close(id, st);
+    return kNoConn;
+  }
+  VLOG(1) << "conn " << id << " " << (accepted ? "accepted from " : "connected to ") << conn->peer();
+  conns_.emplace(id, std::move(conn));
+  ++stats_.connections_opened;
+  if (sweep_timer_ == 0 && options_.partial_frame_timeout.count() > 0) {
+    Duration period = std::max<Duration>(options_.partial_frame_timeout / 4, std::chrono::milliseconds(10));
+    sweep_timer_ = loop_->AddTimer(period, period, [this] { SweepStalled(); });
+  }
+  if (handlers_.on_open) handlers_.on_open(id, accepted);
+  return id;
+}
+
+void Transport::SweepStalled() {
+  TimePoint now = std::chrono::steady_clock::now();
+  std::vector<ConnId> stalled;
+  for (auto& [id, c] : conns_) {
+    if (c->mid_frame() && now - c->last_read() > options_.partial_frame_timeout) stalled.push_back(id);
+  }
+  for (ConnId id : stalled) {
+    Connection* c = Lookup(id);
+    if (c == nullptr) continue;
+    Status why(Code::kTimeout, "partial frame stalled for over " +
+                                   std::to_string(ToMillis(options_.partial_frame_timeout)) + " ms");
+    LOG(WARNING) << "conn " << id << " " << c->peer() << ": " << why << ", closing";
+    ++stats_.protocol_errors;
+    c->Close(why);
+  }
+}
+
+Connection* Transport::Lookup(ConnId id) const {
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : it->second.get();
+}
+
+void Transport::Release(ConnId id, const Status& why) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  it->second->Detach();
+  it->second.release();  // The connection frees itself in its close callback.
+  conns_.erase(it);
+  ++stats_.connections_closed;
+  if (handlers_.on_close) handlers_.on_close(id, why);
+}
+
+void Transport::Deliver(ConnId id, Frame&& frame) {
+  if (handlers_.on_frame) handlers_.on_frame(id, std::move(frame));
+}
+
+Status Transport::Send(ConnId id, const pb::MessageMeta& meta, BufferPtr payload) {
+  DCHECK(loop_->InLoopThread());
+  Connection* c = Lookup(id);
+  if (c == nullptr) return Status(Code::kUnavailable, "connection " + std::to_string(id) + " is closed");
+  return c->Send(meta, std::move(payload));
+}
+
+void Transport::Close(ConnId id, const Status& why) {
+  DCHECK(loop_->InLoopThread());
+  Connection* c = Lookup(id);
+  if (c != nullptr) c->Close(why);
+}
+
+std::string Transport::PeerAddress(ConnId id) const {
+  Connection* c = Lookup(id);
+  return c == nullptr ? std::string() : c->peer();
+}
+
+uint64_t Transport::QueuedBytes(ConnId id) const {
+  Connection* c = Lookup(id);
+  return c == nullptr ? 0 : c->queued_bytes();
+}
+
+}  // namespace pscore::comm

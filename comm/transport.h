@@ -1,0 +1,92 @@
+// Transport: the TCP connections and listeners of one EventLoop.
+// Owns every Connection (by ConnId) and listener; delivers decoded frames and close
+// events to its Handlers. Loop thread only (construct anywhere, then use on the loop).
+// Hosts: numeric IPv4/IPv6 addresses or "localhost" (no blocking DNS on the loop).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/frame_decoder.h"
+#include "comm/transport_types.h"
+#include "core/buffer.h"
+#include "core/status.h"
+
+namespace pscore::comm {
+
+class Connection;
+}  // namespace pscore::comm
+struct uv_tcp_s;
+namespace pscore::comm {
+class EventLoop;
+struct Listener;
+struct Dialer;
+
+struct ConnectOptions {
+  Duration timeout = std::chrono::seconds(10);         // give up after this long
+  Duration initial_backoff = std::chrono::milliseconds(20);
+  Duration max_backoff = std::chrono::seconds(1);
+};
+
+class Transport {
+ public:
+  struct Handlers {
+    std::function<void(ConnId, Frame&&)> on_frame;
+    std::function<void(ConnId, bool accepted)> on_open;  // optional
+    std::function<void(ConnId, const Status&)> on_close;  // optional
+  };
+
+  Transport(EventLoop* loop, TransportOptions options, Handlers handlers);
+  ~Transport();  // Closes everything still open (on the loop thread, or after it stopped).
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  // Binds and listens; port 0 picks a free port. Returns the bound port.
+  Result<int> Listen(const std::string& host, int port);
+  // Connects with retry and exponential backoff until options.timeout. The callback runs
+  // once, on the loop thread, with the new connection or the last error.
+  void Connect(const std::string& host, int port, ConnectOptions options,
+               std::function<void(Result<ConnId>)> done);
+  Status Send(ConnId id, const pb::MessageMeta& meta, BufferPtr payload);
+  void Close(ConnId id, const Status& why);
+  // Closes all listeners and connections and cancels dials. Idempotent.
+  void Shutdown();
+
+  bool IsOpen(ConnId id) const { return conns_.count(id) != 0; }
+  std::string PeerAddress(ConnId id) const;
+  uint64_t QueuedBytes(ConnId id) const;
+  size_t num_connections() const { return conns_.size(); }
+  const TransportStats& stats() const { return stats_; }
+  EventLoop* loop() const { return loop_; }
+  const TransportOptions& options() const { return options_; }
+
+  // Used by Connection, Listener and Dialer (comm-internal).
+  Connection* Lookup(ConnId id) const;
+  void Release(ConnId id, const Status& why);
+  void Deliver(ConnId id, Frame&& frame);
+  ConnId Adopt(uv_tcp_s* tcp, bool accepted);  // takes an initialised, connected handle
+  void CountIn(size_t bytes, size_t frames) { stats_.bytes_in += bytes; stats_.frames_in += frames; }
+  void CountOut(size_t bytes) { stats_.bytes_out += bytes; ++stats_.frames_out; }
+  void CountProtocolError() { ++stats_.protocol_errors; }
+  void DialerDone(Dialer* d);
+
+ private:
+  void SweepStalled();
+
+  EventLoop* loop_;
+  TransportOptions options_;
+  Handlers handlers_;
+  std::unordered_map<ConnId, std::unique_ptr<Connection>> conns_;
+  std::vector<Listener*> listeners_;
+  std::vector<Dialer*> dialers_;
+  ConnId next_id_ = 1;
+  uint64_t stop_hook_ = 0;
+  uint64_t sweep_timer_ = 0;
+  bool shut_down_ = false;
+  TransportStats stats_;
+};
+
+}  // namespace pscore::comm

@@ -1,0 +1,36 @@
+// Types shared by the transport's public and internal classes.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "comm/frame.h"
+#include "core/clock.h"
+
+namespace pscore::comm {
+
+// Identifies a connection for its whole life; never reused (64-bit counter).
+using ConnId = uint64_t;
+inline constexpr ConnId kNoConn = 0;
+
+struct TransportOptions {
+  Limits limits;
+  // A peer whose queued-but-unwritten bytes exceed this is closed (kResourceExhausted).
+  uint64_t max_queued_write_bytes = 2ull << 30;
+  // A frame started but not completed, with no byte received for this long, is cut off.
+  Duration partial_frame_timeout = std::chrono::seconds(30);
+  // Socket options.
+  bool tcp_nodelay = true;
+};
+
+struct TransportStats {
+  uint64_t frames_in = 0;
+  uint64_t frames_out = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t connections_opened = 0;
+  uint64_t connections_closed = 0;
+  uint64_t protocol_errors = 0;
+};
+
+}  // namespace pscore::comm
