@@ -1,0 +1,170 @@
+#include "core/param_store.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/key_range.h"
+
+namespace pscore {
+namespace core {
+
+ParamStore::ParamStore(Options opts) : opts_(opts) {}
+
+void ParamStore::SetUpdater(Updater u) {
+  std::shared_ptr<const Updater> next;
+  if (u) next = std::make_shared<const Updater>(std::move(u));
+  std::atomic_store(&updater_, std::move(next));
+}
+
+// The top bits of the mixed key pick the stripe, so dense keys spread evenly.
+ParamStore::Stripe& ParamStore::StripeFor(uint64_t key) {
+  return stripes_[KeyPosition(key) >> (64 - kStripeBits)];
+}
+
+const ParamStore::Stripe& ParamStore::StripeFor(uint64_t key) const {
+  return stripes_[KeyPosition(key) >> (64 - kStripeBits)];
+}
+
+void ParamStore::ApplyBuiltIn(float* stored, const float* incoming, size_t n) const {
+  switch (opts_.rule) {
+    case UpdateRule::kAssign:
+      std::copy(incoming, incoming + n, stored);
+      break;
+    case UpdateRule::kSum:
+      for (size_t i = 0; i < n; ++i) stored[i] += incoming[i];
+      break;
+    case UpdateRule::kSgd:
+      for (size_t i = 0; i < n; ++i) stored[i] -= opts_.learning_rate * incoming[i];
+      break;
+  }
+}
+
+Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* incoming,
+                           uint32_t len) {
+  Stripe& stripe = StripeFor(key);
+  std::lock_guard<std::mutex> lock(stripe.mu);
+  auto it = stripe.entries.find(key);
+  if (it == stripe.entries.end()) {
+    it = stripe.entries.emplace(key, std::vector<float>(len, 0.0f)).first;
+  } else if (it->second.size() != len) {
+    return Status(Code::kInvalidArgument, "push of key " + std::to_string(key) + ": length " +
+                                              std::to_string(len) + " != stored length " +
+                                              std::to_string(it->second.size()));
+  }
+  if (updater != nullptr) {
+    (*updater)(key, it->second.data(), incoming, len);
+  } else {
+    ApplyBuiltIn(it->second.data(), incoming, len);
+  }
+  return Status::Ok();
+}
+
+Status ParamStore::Push(const uint64_t* keys, const uint32_t* lens, const float* values,
+                        size_t num_keys) {
+  if (num_keys == 0) return Status::Ok();
+  if (keys == nullptr || lens == nullptr) {
+    return Status(Code::kInvalidArgument, "push of " + std::to_string(num_keys) +
+                                              " keys without keys or lens");
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < num_keys; ++i) total += lens[i];  // <= 2^32 * size_t: cannot wrap.
+  if (total > 0 && values == nullptr) {
+    return Status(Code::kInvalidArgument,
+                  "push of " + std::to_string(total) + " floats without values");
+  }
+  // One snapshot of the user rule for the whole batch; keeps it alive meanwhile.
+  const std::shared_ptr<const Updater> updater = std::atomic_load(&updater_);
+  Status first_error;
+  size_t refused = 0;
+  size_t offset = 0;
+  for (size_t i = 0; i < num_keys; ++i) {
+    Status st = PushOne(updater.get(), keys[i], values + offset, lens[i]);
+    offset += lens[i];
+    if (!st.ok()) {
+      if (refused++ == 0) first_error = std::move(st);
+    }
+  }
+  if (refused == 0) return Status::Ok();
+  return Status(first_error.code(), first_error.message() + " (" + std::to_string(refused) +
+                                        " of " + std::to_string(num_keys) + " keys refused)");
+}
+
+Status ParamStore::Pull(const uint64_t* keys, size_t num_keys, std::vector<uint32_t>* lens,
+                        std::vector<float>* values) const {
+  lens->clear();
+  values->clear();
+  if (num_keys > 0 && keys == nullptr) {
+    return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " null keys");
+  }
+  lens->reserve(num_keys);
+  for (size_t i = 0; i < num_keys; ++i) {
+    const Stripe& stripe = StripeFor(keys[i]);
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    auto it = stripe.entries.find(keys[i]);
+    if (it == stripe.entries.end()) {
+      lens->clear();
+      values->clear();
+      return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
+    }
+    lens->push_back(static_cast<uint32_t>(it->second.size()));
+    values->insert(values->end(), it->second.begin(), it->second.end());
+  }
+  return Status::Ok();
+}
+
+std::vector<std::pair<uint64_t, std::vector<float>>> ParamStore::ExtractNotOwned(
+    int rank, int num_servers, bool erase) {
+  std::vector<std::pair<uint64_t, std::vector<float>>> out;
+  if (num_servers <= 0) return out;
+  for (Stripe& stripe : stripes_) {
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    for (auto it = stripe.entries.begin(); it != stripe.entries.end();) {
+      if (ServerForKey(it->first, num_servers) == rank) {
+        ++it;
+      } else if (erase) {
+        out.emplace_back(it->first, std::move(it->second));
+        it = stripe.entries.erase(it);
+      } else {
+        out.emplace_back(it->first, it->second);
+        ++it;
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+void ParamStore::Insert(uint64_t key, std::vector<float> value) {
+  Stripe& stripe = StripeFor(key);
+  std::lock_guard<std::mutex> lock(stripe.mu);
+  stripe.entries[key] = std::move(value);
+}
+
+void ParamStore::Clear() {
+  for (Stripe& stripe : stripes_) {
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    stripe.entries.clear();
+  }
+}
+
+size_t ParamStore::num_keys() const {
+  size_t n = 0;
+  for (const Stripe& stripe : stripes_) {
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    n += stripe.entries.size();
+  }
+  return n;
+}
+
+size_t ParamStore::num_floats() const {
+  size_t n = 0;
+  for (const Stripe& stripe : stripes_) {
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    for (const auto& entry : stripe.entries) n += entry.second.size();
+  }
+  return n;
+}
+
+}  // namespace core
+}  // namespace pscore

@@ -1,0 +1,91 @@
+// ParamStore: a server's built-in store of float tensors by uint64 key.
+// Owned by the server node. Thread-safe: any thread may call any method; pushes
+// to one key are applied atomically with respect to each other and to pulls of
+// that key. Keys are spread over kStripes independently locked shards, so
+// handlers on different executor threads rarely contend.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+
+namespace pscore {
+namespace core {
+
+enum class UpdateRule { kAssign, kSum, kSgd };
+
+class ParamStore {
+ public:
+  struct Options {
+    UpdateRule rule = UpdateRule::kSum;
+    float learning_rate = 0.01f;
+  };
+  // A user rule: fold `incoming` (n floats) into `stored` (n floats). Called
+  // with the key's shard lock held, so it must not call back into the store.
+  using Updater = std::function<void(uint64_t key, float* stored, const float* incoming, size_t n)>;
+
+  explicit ParamStore(Options opts);
+  ParamStore(const ParamStore&) = delete;
+  ParamStore& operator=(const ParamStore&) = delete;
+
+  // Overrides the built-in rule for later pushes (an empty function restores it).
+  void SetUpdater(Updater u);
+
+  // Applies keys[i] with lens[i] floats taken back to back from `values`. A key
+  // first pushed is created zero-filled with the pushed length, then the rule
+  // is applied (assign: copy; sum: +=; sgd: w -= lr * g). A length that differs
+  // from the stored length is refused for that key (nothing applied to it) and
+  // the other keys are still applied; the returned kInvalidArgument names the
+  // first refused key. Null arrays with a non-zero count are kInvalidArgument.
+  Status Push(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
+
+  // Writes each key's length to *lens and its floats back to back to *values
+  // (both replaced). A missing key is kNotFound naming it; outputs are then empty.
+  Status Pull(const uint64_t* keys, size_t num_keys, std::vector<uint32_t>* lens,
+              std::vector<float>* values) const;
+
+  // For scaling and migration: every entry whose ServerForKey(key, num_servers)
+  // differs from `rank`, sorted by key, erased from the store when `erase`.
+  // A rank outside [0, num_servers) owns nothing, so a leaving server gets all
+  // of its entries. Returns nothing for num_servers <= 0.
+  std::vector<std::pair<uint64_t, std::vector<float>>> ExtractNotOwned(int rank, int num_servers,
+                                                                       bool erase);
+
+  // Stores `value` under `key`, replacing any previous value.
+  void Insert(uint64_t key, std::vector<float> value);
+  void Clear();
+
+  // Snapshots: exact when no other thread is writing.
+  size_t num_keys() const;
+  size_t num_floats() const;
+
+ private:
+  static constexpr int kStripeBits = 6;
+  static constexpr size_t kStripes = size_t{1} << kStripeBits;
+
+  struct Stripe {
+    mutable std::mutex mu;
+    std::unordered_map<uint64_t, std::vector<float>> entries;
+  };
+
+  Stripe& StripeFor(uint64_t key);
+  const Stripe& StripeFor(uint64_t key) const;
+  // Applies one key's update; kInvalidArgument on a length mismatch.
+  Status PushOne(const Updater* updater, uint64_t key, const float* incoming, uint32_t len);
+  void ApplyBuiltIn(float* stored, const float* incoming, size_t n) const;
+
+  const Options opts_;
+  std::shared_ptr<const Updater> updater_;  // Accessed with std::atomic_load/store.
+  std::array<Stripe, kStripes> stripes_;
+};
+
+}  // namespace core
+}  // namespace pscore

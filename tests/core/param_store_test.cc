@@ -1,0 +1,170 @@
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "core/key_range.h"
+#include "core/param_store.h"
+
+// Catch2 last: glog (via core/status.h) also defines CHECK, and the last
+// definition wins. We want Catch's.
+#include <catch2/catch.hpp>
+
+namespace pscore {
+namespace core {
+namespace {
+
+ParamStore::Options Rule(UpdateRule rule, float lr = 0.01f) {
+  ParamStore::Options o;
+  o.rule = rule;
+  o.learning_rate = lr;
+  return o;
+}
+
+std::vector<float> PullOne(const ParamStore& store, uint64_t key) {
+  std::vector<uint32_t> lens;
+  std::vector<float> values;
+  REQUIRE(store.Pull(&key, 1, &lens, &values).ok());
+  REQUIRE(lens.size() == 1);
+  REQUIRE(values.size() == lens[0]);
+  return values;
+}
+
+TEST_CASE("concurrent sum pushes on overlapping keys give exact sums", "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  constexpr int kThreads = 8;
+  constexpr int kPushes = 1000;
+  constexpr uint64_t kKeys = 16;
+  constexpr uint32_t kLen = 3;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPushes; ++i) {
+        // Four keys per push, overlapping across threads; thread t adds t+1.
+        uint64_t keys[4];
+        uint32_t lens[4] = {kLen, kLen, kLen, kLen};
+        std::vector<float> values(4 * kLen, static_cast<float>(t + 1));
+        for (int j = 0; j < 4; ++j) keys[j] = (static_cast<uint64_t>(t + i + j * 5)) % kKeys;
+        if (!store.Push(keys, lens, values.data(), 4).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(failures.load() == 0);
+
+  std::map<uint64_t, double> expected;
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kPushes; ++i) {
+      for (int j = 0; j < 4; ++j) expected[(static_cast<uint64_t>(t + i + j * 5)) % kKeys] += t + 1;
+    }
+  }
+  CHECK(store.num_keys() == kKeys);
+  CHECK(store.num_floats() == kKeys * kLen);
+  for (const auto& [key, sum] : expected) {
+    INFO("key " << key);
+    const std::vector<float> got = PullOne(store, key);
+    for (float v : got) CHECK(v == static_cast<float>(sum));  // Integers < 2^24: exact.
+  }
+}
+
+TEST_CASE("assign copies and sgd applies w -= lr * g", "[core][paramstore]") {
+  const uint64_t key = 7;
+  const uint32_t len = 2;
+  {
+    ParamStore store(Rule(UpdateRule::kAssign));
+    const float a[] = {1.5f, -2.0f};
+    const float b[] = {4.0f, 8.0f};
+    REQUIRE(store.Push(&key, &len, a, 1).ok());
+    REQUIRE(store.Push(&key, &len, b, 1).ok());
+    CHECK(PullOne(store, key) == std::vector<float>{4.0f, 8.0f});
+  }
+  {
+    ParamStore store(Rule(UpdateRule::kSgd, 0.5f));
+    const float g1[] = {2.0f, -4.0f};
+    REQUIRE(store.Push(&key, &len, g1, 1).ok());  // From zero: 0 - 0.5 * g.
+    CHECK(PullOne(store, key) == std::vector<float>{-1.0f, 2.0f});
+    store.Insert(key, {10.0f, 10.0f});
+    const float g2[] = {1.0f, 3.0f};
+    REQUIRE(store.Push(&key, &len, g2, 1).ok());
+    CHECK(PullOne(store, key) == std::vector<float>{9.5f, 8.5f});
+  }
+}
+
+TEST_CASE("a user updater overrides the built-in rule", "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  store.SetUpdater([](uint64_t key, float* stored, const float* in, size_t n) {
+    for (size_t i = 0; i < n; ++i) stored[i] = stored[i] * 2 + in[i] + static_cast<float>(key);
+  });
+  const uint64_t key = 1;
+  const uint32_t len = 1;
+  const float v = 3.0f;
+  REQUIRE(store.Push(&key, &len, &v, 1).ok());  // 0*2 + 3 + 1
+  REQUIRE(store.Push(&key, &len, &v, 1).ok());  // 4*2 + 3 + 1
+  CHECK(PullOne(store, key) == std::vector<float>{12.0f});
+  store.SetUpdater(nullptr);
+  REQUIRE(store.Push(&key, &len, &v, 1).ok());  // Back to sum.
+  CHECK(PullOne(store, key) == std::vector<float>{15.0f});
+}
+
+TEST_CASE("length mismatch is refused for that key only", "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  const uint64_t keys[] = {1, 2};
+  const uint32_t first_lens[] = {2, 1};
+  const float first_values[] = {1, 1, 5};
+  REQUIRE(store.Push(keys, first_lens, first_values, 2).ok());
+
+  const uint32_t bad_lens[] = {3, 1};  // Key 1 is stored with 2 floats.
+  const float bad_values[] = {9, 9, 9, 5};
+  Status st = store.Push(keys, bad_lens, bad_values, 2);
+  CHECK(st.code() == Code::kInvalidArgument);
+  CHECK_THAT(st.message(), Catch::Contains("key 1") && Catch::Contains("length 3") &&
+                               Catch::Contains("stored length 2"));
+  CHECK(PullOne(store, 1) == std::vector<float>{1.0f, 1.0f});  // Untouched.
+  CHECK(PullOne(store, 2) == std::vector<float>{10.0f});       // Still applied.
+
+  CHECK(store.Push(keys, nullptr, bad_values, 2).code() == Code::kInvalidArgument);
+  CHECK(store.Push(keys, bad_lens, nullptr, 2).code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("pull of a missing key is NotFound naming the key", "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  store.Insert(3, {1.0f});
+  const uint64_t keys[] = {3, 424242};
+  std::vector<uint32_t> lens = {99};
+  std::vector<float> values = {99.0f};
+  Status st = store.Pull(keys, 2, &lens, &values);
+  CHECK(st.code() == Code::kNotFound);
+  CHECK_THAT(st.message(), Catch::Contains("424242"));
+  CHECK(lens.empty());
+  CHECK(values.empty());
+}
+
+TEST_CASE("ExtractNotOwned moves exactly the keys another server owns", "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  for (uint64_t k = 0; k < 100; ++k) store.Insert(k, {static_cast<float>(k), 1.0f});
+  const int n = 3;
+  const int rank = 1;
+  auto copy = store.ExtractNotOwned(rank, n, /*erase=*/false);
+  CHECK(store.num_keys() == 100);
+  auto moved = store.ExtractNotOwned(rank, n, /*erase=*/true);
+  CHECK(moved == copy);
+  for (size_t i = 1; i < moved.size(); ++i) CHECK(moved[i - 1].first < moved[i].first);
+  for (const auto& [key, value] : moved) {
+    CHECK(ServerForKey(key, n) != rank);
+    CHECK(value == std::vector<float>{static_cast<float>(key), 1.0f});
+  }
+  CHECK(store.num_keys() + moved.size() == 100);
+  CHECK(store.num_floats() == 2 * store.num_keys());
+  CHECK(store.ExtractNotOwned(rank, n, false).empty());  // Only owned keys remain.
+  CHECK(store.ExtractNotOwned(5, n, false).size() == store.num_keys());  // Leaving rank.
+  CHECK(store.ExtractNotOwned(0, 0, true).empty());
+  store.Clear();
+  CHECK(store.num_keys() == 0);
+  CHECK(store.num_floats() == 0);
+}
+
+}  // namespace
+}  // namespace core
+}  // namespace pscore
