@@ -1,0 +1,146 @@
+#include "core/kv_codec.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "proto/kv_generated.h"
+
+namespace pscore {
+namespace core {
+namespace {
+
+// A vector whose elements the builder reserved but did not fill: where it will
+// sit in the finished buffer (as a distance from its end, which never changes
+// while the builder grows) and what to copy there.
+struct Hole {
+  size_t offset_from_end = 0;
+  size_t bytes = 0;
+  const void* source = nullptr;
+};
+
+template <typename T>
+flatbuffers::Offset<flatbuffers::Vector<T>> Reserve(flatbuffers::FlatBufferBuilder* fbb,
+                                                     const T* source, size_t count,
+                                                     std::vector<Hole>* holes) {
+  T* unused = nullptr;
+  auto offset = fbb->CreateUninitializedVector<T>(count, &unused);
+  // CreateUninitializedVector leaves GetSize() - 4 (the length field) at the
+  // element start; the elements begin right after the length.
+  const size_t data_from_end = offset.o - sizeof(flatbuffers::uoffset_t);
+  if (count > 0) holes->push_back(Hole{data_from_end, count * sizeof(T), source});
+  return offset;
+}
+
+}  // namespace
+
+BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                        const float* values, size_t num_values, uint8_t op) {
+  if (keys == nullptr) num_keys = 0;
+  // Room for all arrays plus skeleton and padding, so the builder never
+  // reallocates (a reallocation would copy the reserved arrays).
+  const size_t estimate = 128 + num_keys * sizeof(uint64_t) +
+                          (lens ? num_keys * sizeof(uint32_t) : 0) +
+                          (values ? num_values * sizeof(float) : 0);
+  flatbuffers::FlatBufferBuilder fbb(estimate);
+  std::vector<Hole> holes;
+  flatbuffers::Offset<flatbuffers::Vector<float>> values_off;
+  flatbuffers::Offset<flatbuffers::Vector<uint32_t>> lens_off;
+  if (values != nullptr) values_off = Reserve(&fbb, values, num_values, &holes);
+  if (lens != nullptr) lens_off = Reserve(&fbb, lens, num_keys, &holes);
+  auto keys_off = Reserve(&fbb, keys, num_keys, &holes);
+  fb::KvPairsBuilder kv(fbb);
+  kv.add_keys(keys_off);
+  if (lens != nullptr) kv.add_lens(lens_off);
+  if (values != nullptr) kv.add_values(values_off);
+  kv.add_op(op);
+  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+
+  // Copy the skeleton around the holes, then each array straight from the caller.
+  const size_t size = fbb.GetSize();
+  const char* built = reinterpret_cast<const char*>(fbb.GetBufferPointer());
+  BufferPtr out = Buffer::Allocate(size);
+  std::sort(holes.begin(), holes.end(),
+            [](const Hole& a, const Hole& b) { return a.offset_from_end > b.offset_from_end; });
+  size_t cursor = 0;
+  for (const Hole& h : holes) {
+    const size_t begin = size - h.offset_from_end;
+    std::memcpy(out->data() + cursor, built + cursor, begin - cursor);
+    std::memcpy(out->data() + begin, h.source, h.bytes);
+    cursor = begin + h.bytes;
+  }
+  std::memcpy(out->data() + cursor, built + cursor, size - cursor);
+  return out;
+}
+
+namespace {
+
+Status Inconsistent(const std::string& what) { return Status(Code::kProtocol, "KvPairs: " + what); }
+
+// Checks the decoded vectors against each other; see DecodeKvPairs.
+Status CheckConsistency(const KvView& v, bool has_values, bool expect_values) {
+  if (v.lens != nullptr && v.num_lens != v.num_keys) {
+    return Inconsistent(std::to_string(v.num_lens) + " lens for " + std::to_string(v.num_keys) +
+                        " keys");
+  }
+  if (!expect_values) {
+    if (v.num_values != 0) {
+      return Inconsistent("pull request carries " + std::to_string(v.num_values) + " values");
+    }
+    return Status::Ok();
+  }
+  if (v.lens == nullptr) {
+    return Inconsistent("lens absent for " + std::to_string(v.num_keys) + " keys with values");
+  }
+  if (!has_values && v.num_keys > 0) return Inconsistent("values absent");
+  uint64_t sum = 0;
+  for (size_t i = 0; i < v.num_lens; ++i) {
+    if (sum > UINT64_MAX - v.lens[i]) return Inconsistent("sum of lens overflows");
+    sum += v.lens[i];
+  }
+  if (sum != v.num_values) {
+    return Inconsistent("sum of lens " + std::to_string(sum) + " != " +
+                        std::to_string(v.num_values) + " values");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values) {
+  if (data == nullptr || size == 0) return Status(Code::kInvalidArgument, "KvPairs: empty buffer");
+  if (reinterpret_cast<uintptr_t>(data) % alignof(uint64_t) != 0) {
+    return Status(Code::kInvalidArgument, "KvPairs: buffer not 8-byte aligned");
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>(data);
+  flatbuffers::Verifier verifier(bytes, size);
+  if (!fb::VerifyKvPairsBuffer(verifier)) {
+    return Status(Code::kInvalidArgument,
+                  "KvPairs: " + std::to_string(size) + " bytes fail flatbuffers verification");
+  }
+  const fb::KvPairs* kv = fb::GetKvPairs(bytes);
+  if (kv->keys() == nullptr) return Inconsistent("keys absent");
+  KvView v;
+  v.keys = kv->keys()->data();
+  v.num_keys = kv->keys()->size();
+  // The verifier only aligns a vector's length field to 4; uint64 keys need 8.
+  if (reinterpret_cast<uintptr_t>(v.keys) % alignof(uint64_t) != 0) {
+    return Inconsistent("keys not 8-byte aligned");
+  }
+  if (kv->lens() != nullptr) {
+    v.lens = kv->lens()->data();
+    v.num_lens = kv->lens()->size();
+  }
+  if (kv->values() != nullptr) {
+    v.values = kv->values()->data();
+    v.num_values = kv->values()->size();
+  }
+  v.op = kv->op();
+  PSCORE_RETURN_IF_ERROR(CheckConsistency(v, kv->values() != nullptr, expect_values));
+  return v;
+}
+
+}  // namespace core
+}  // namespace pscore

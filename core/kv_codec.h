@@ -1,0 +1,55 @@
+// Push/pull payload codec: KvPairs flatbuffers (proto/kv.fbs) encode, and a
+// verified in-place decode that copies nothing.
+//
+// Wire: one finished KvPairs flatbuffer, no size prefix, 8-byte aligned.
+//   keys:   [uint64]  required (may be empty)
+//   lens:   [uint32]  absent, or one per key: the float count of each key
+//   values: [float]   sum(lens) floats back to back; absent in a pull request
+//   op:     uint8     update rule selector for a push (0 = the store's default)
+// Limits: the flatbuffers verifier bounds every offset and vector by the buffer
+// size (and the 2 GiB flatbuffers limit), so a hostile buffer cannot make the
+// decoder read outside it.
+//
+// Free functions; any thread may call them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/buffer.h"
+#include "core/status.h"
+
+namespace pscore {
+namespace core {
+
+// Builds a KvPairs buffer. Every array is copied exactly once, straight into
+// the returned Buffer (the builder only lays out the small skeleton). keys may
+// be null only when num_keys is 0; lens may be null (absent: a pull request
+// without lengths); values may be null (absent: a pull request). The encoder
+// does not check sum(lens) == num_values; the decoder does.
+BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                        const float* values, size_t num_values, uint8_t op = 0);
+
+// Points into the decoded buffer: valid while that buffer lives; no copy.
+// Absent vectors are null pointers with a zero count.
+struct KvView {
+  const uint64_t* keys = nullptr;
+  size_t num_keys = 0;
+  const uint32_t* lens = nullptr;
+  size_t num_lens = 0;
+  const float* values = nullptr;
+  size_t num_values = 0;
+  uint8_t op = 0;
+};
+
+// Verifies `data` with the flatbuffers Verifier, then checks consistency:
+// - keys present; lens absent or exactly one per key;
+// - expect_values (push, pull response): lens present, sum(lens) == num_values;
+// - !expect_values (pull request): values absent or empty.
+// `data` must be 8-byte aligned (a Buffer's data is). Failures are
+// kInvalidArgument (unaligned, not a KvPairs buffer) or kProtocol
+// (inconsistent), with a message naming the numbers.
+Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values);
+
+}  // namespace core
+}  // namespace pscore

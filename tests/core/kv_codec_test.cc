@@ -1,0 +1,144 @@
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/kv_codec.h"
+#include "proto/kv_generated.h"
+
+// Catch2 last: glog (via core/status.h) also defines CHECK, and the last
+// definition wins. We want Catch's.
+#include <catch2/catch.hpp>
+
+namespace pscore {
+namespace core {
+namespace {
+
+// A builder-made KvPairs with arbitrary (possibly inconsistent) vectors, so
+// the decoder's consistency checks can be exercised.
+BufferPtr RawKvPairs(const std::vector<uint64_t>* keys, const std::vector<uint32_t>* lens,
+                     const std::vector<float>* values) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto k = keys ? fbb.CreateVector(*keys) : 0;
+  auto l = lens ? fbb.CreateVector(*lens) : 0;
+  auto v = values ? fbb.CreateVector(*values) : 0;
+  fb::FinishKvPairsBuffer(fbb, fb::CreateKvPairs(fbb, k, l, v, 0));
+  return Buffer::Copy(fbb.GetBufferPointer(), fbb.GetSize());
+}
+
+TEST_CASE("kv pairs round trip in place", "[core][kvcodec]") {
+  const std::vector<uint64_t> keys = {0, 42, UINT64_MAX};
+  const std::vector<uint32_t> lens = {2, 0, 3};
+  const std::vector<float> values = {1.5f, -2.0f, 3.0f, 4.0f, 5.25f};
+  BufferPtr buf = EncodeKvPairs(keys.data(), keys.size(), lens.data(), values.data(),
+                                values.size(), /*op=*/7);
+  Result<KvView> r = DecodeKvPairs(buf->data(), buf->size(), /*expect_values=*/true);
+  REQUIRE(r.ok());
+  const KvView& v = *r;
+  CHECK(std::vector<uint64_t>(v.keys, v.keys + v.num_keys) == keys);
+  CHECK(std::vector<uint32_t>(v.lens, v.lens + v.num_lens) == lens);
+  CHECK(std::vector<float>(v.values, v.values + v.num_values) == values);
+  CHECK(v.op == 7);
+  // In place: the view points into the buffer, not into a copy.
+  CHECK(reinterpret_cast<const char*>(v.values) >= buf->data());
+  CHECK(reinterpret_cast<const char*>(v.values + v.num_values) <= buf->data() + buf->size());
+}
+
+TEST_CASE("pull request has keys only; large batches round trip", "[core][kvcodec]") {
+  std::vector<uint64_t> keys(1000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 977;
+  BufferPtr pull = EncodeKvPairs(keys.data(), keys.size(), nullptr, nullptr, 0);
+  Result<KvView> r = DecodeKvPairs(pull->data(), pull->size(), /*expect_values=*/false);
+  REQUIRE(r.ok());
+  CHECK(std::vector<uint64_t>(r->keys, r->keys + r->num_keys) == keys);
+  CHECK(r->lens == nullptr);
+  CHECK(r->values == nullptr);
+  CHECK(r->op == 0);
+  // A pull request is not a push.
+  CHECK(DecodeKvPairs(pull->data(), pull->size(), true).status().code() == Code::kProtocol);
+
+  std::vector<uint32_t> lens(keys.size(), 64);
+  std::vector<float> values(keys.size() * 64);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  BufferPtr push = EncodeKvPairs(keys.data(), keys.size(), lens.data(), values.data(),
+                                 values.size());
+  Result<KvView> p = DecodeKvPairs(push->data(), push->size(), true);
+  REQUIRE(p.ok());
+  CHECK(std::vector<float>(p->values, p->values + p->num_values) == values);
+  CHECK(std::vector<uint64_t>(p->keys, p->keys + p->num_keys) == keys);
+
+  BufferPtr empty = EncodeKvPairs(nullptr, 0, nullptr, nullptr, 0);
+  Result<KvView> e = DecodeKvPairs(empty->data(), empty->size(), false);
+  REQUIRE(e.ok());
+  CHECK(e->num_keys == 0);
+}
+
+TEST_CASE("lens that do not match keys are refused", "[core][kvcodec]") {
+  const std::vector<uint64_t> keys = {1, 2, 3};
+  const std::vector<uint32_t> lens = {1, 1};
+  const std::vector<float> values = {1, 2};
+  BufferPtr buf = RawKvPairs(&keys, &lens, &values);
+  Result<KvView> r = DecodeKvPairs(buf->data(), buf->size(), true);
+  CHECK(r.status().code() == Code::kProtocol);
+  CHECK_THAT(r.status().message(), Catch::Contains("2 lens for 3 keys"));
+  CHECK(DecodeKvPairs(buf->data(), buf->size(), false).status().code() == Code::kProtocol);
+}
+
+TEST_CASE("sum of lens must equal the value count", "[core][kvcodec]") {
+  const std::vector<uint64_t> keys = {1, 2};
+  const std::vector<uint32_t> lens = {2, 2};
+  const std::vector<float> values = {1, 2, 3};
+  BufferPtr buf = EncodeKvPairs(keys.data(), keys.size(), lens.data(), values.data(),
+                                values.size());
+  Result<KvView> r = DecodeKvPairs(buf->data(), buf->size(), true);
+  CHECK(r.status().code() == Code::kProtocol);
+  CHECK_THAT(r.status().message(), Catch::Contains("sum of lens 4 != 3 values"));
+
+  const std::vector<uint32_t> huge = {UINT32_MAX, UINT32_MAX};  // No wrap to a small sum.
+  BufferPtr big = EncodeKvPairs(keys.data(), keys.size(), huge.data(), values.data(), 3);
+  CHECK(DecodeKvPairs(big->data(), big->size(), true).status().code() == Code::kProtocol);
+
+  BufferPtr no_keys = RawKvPairs(nullptr, &lens, &values);
+  Result<KvView> nk = DecodeKvPairs(no_keys->data(), no_keys->size(), true);
+  CHECK_THAT(nk.status().message(), Catch::Contains("keys absent"));
+}
+
+TEST_CASE("every truncation of a valid buffer is refused without crashing", "[core][kvcodec]") {
+  const std::vector<uint64_t> keys = {5, 6};
+  const std::vector<uint32_t> lens = {1, 2};
+  const std::vector<float> values = {1, 2, 3};
+  BufferPtr buf = EncodeKvPairs(keys.data(), keys.size(), lens.data(), values.data(), 3);
+  REQUIRE(DecodeKvPairs(buf->data(), buf->size(), true).ok());
+  for (size_t len = 0; len < buf->size(); ++len) {
+    INFO("truncated to " << len << " of " << buf->size());
+    BufferPtr cut = Buffer::Copy(buf->data(), len);  // Own aligned allocation.
+    CHECK_FALSE(DecodeKvPairs(cut->data(), cut->size(), true).ok());
+  }
+}
+
+TEST_CASE("random bytes are refused", "[core][kvcodec]") {
+  std::mt19937 rng(7);
+  int accepted = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    BufferPtr junk = Buffer::Allocate(1 + rng() % 200);
+    for (size_t i = 0; i < junk->size(); ++i) junk->data()[i] = static_cast<char>(rng());
+    Result<KvView> r = DecodeKvPairs(junk->data(), junk->size(), true);
+    if (r.ok()) {
+      ++accepted;
+      continue;
+    }
+    CHECK((r.status().code() == Code::kInvalidArgument || r.status().code() == Code::kProtocol));
+  }
+  CHECK(accepted == 0);
+
+  BufferPtr ok = EncodeKvPairs(nullptr, 0, nullptr, nullptr, 0);
+  BufferPtr shifted = Buffer::Allocate(ok->size() + 1);
+  std::memcpy(shifted->data() + 1, ok->data(), ok->size());
+  CHECK(DecodeKvPairs(shifted->data() + 1, ok->size(), false).status().code() ==
+        Code::kInvalidArgument);
+  CHECK(DecodeKvPairs(nullptr, 0, false).status().code() == Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace core
+}  // namespace pscore
