@@ -1,0 +1,178 @@
+#include "core/rank_table.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+namespace pscore {
+namespace core {
+namespace {
+
+using nlohmann::json;
+
+// Groups of the table, in output order: group "0" holds the worker role's
+// hosts, group "1" the server role's hosts; deploy_server is "1" for the latter.
+struct GroupSpec {
+  pb::NodeRole role;
+  const char* group_id;
+  const char* deploy_server;
+};
+constexpr GroupSpec kGroups[] = {{pb::WORKER, "0", "0"}, {pb::SERVER, "1", "1"}};
+
+// One host of a group: the nodes on it, in rank order.
+struct Host {
+  std::string server_id;
+  std::string server_ip;
+  std::vector<const RankTableNode*> nodes;
+};
+
+std::string HostKey(const RankTableNode& n) { return n.host_name.empty() ? n.ip : n.host_name; }
+
+bool NodeLess(const RankTableNode* a, const RankTableNode* b) {
+  return std::tie(a->rank, a->node_id) < std::tie(b->rank, b->node_id);
+}
+
+// Numeric order for all-digit ids (so "10" follows "9"), then the rest by text.
+bool IdLess(const std::string& a, const std::string& b) {
+  auto numeric = [](const std::string& s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  const bool na = numeric(a);
+  const bool nb = numeric(b);
+  if (na != nb) return na;
+  if (na) {
+    // Leading zeros aside, a shorter digit string is a smaller number.
+    const size_t za = a.find_first_not_of('0');
+    const size_t zb = b.find_first_not_of('0');
+    const std::string ta = za == std::string::npos ? "" : a.substr(za);
+    const std::string tb = zb == std::string::npos ? "" : b.substr(zb);
+    if (ta.size() != tb.size()) return ta.size() < tb.size();
+    if (ta != tb) return ta < tb;
+  }
+  return a < b;
+}
+
+// The role's hosts, ordered by their lowest-ranked node.
+std::vector<Host> HostsOfRole(const std::vector<RankTableNode>& nodes, pb::NodeRole role) {
+  std::vector<const RankTableNode*> members;
+  for (const RankTableNode& n : nodes) {
+    if (n.role == role) members.push_back(&n);
+  }
+  std::sort(members.begin(), members.end(), NodeLess);
+  std::vector<Host> hosts;
+  for (const RankTableNode* n : members) {
+    const std::string key = HostKey(*n);
+    auto it = std::find_if(hosts.begin(), hosts.end(),
+                           [&](const Host& h) { return h.server_id == key; });
+    if (it == hosts.end()) it = hosts.insert(hosts.end(), Host{key, n->ip, {}});
+    it->nodes.push_back(n);
+  }
+  return hosts;
+}
+
+// The devices of a host: node by node in rank order, each node's by local id.
+std::vector<pb::Device> DevicesOf(const Host& host) {
+  std::vector<pb::Device> out;
+  for (const RankTableNode* n : host.nodes) {
+    std::vector<pb::Device> devs = n->devices;
+    std::stable_sort(devs.begin(), devs.end(), [](const pb::Device& a, const pb::Device& b) {
+      return std::make_tuple(a.local_id(), a.global_id()) <
+             std::make_tuple(b.local_id(), b.global_id());
+    });
+    out.insert(out.end(), devs.begin(), devs.end());
+  }
+  return out;
+}
+
+json DeviceJson(const pb::Device& d, bool v12) {
+  json j = json::object();
+  j["device_id"] = std::to_string(d.local_id());
+  j["device_ip"] = d.device_ip();
+  j["device_logical_id"] = std::to_string(d.global_id());
+  j["rank_id"] = std::to_string(d.global_id());
+  if (v12) j["super_device_id"] = d.super_device_id();
+  return j;
+}
+
+json ServerJson(const Host& host, bool v12) {
+  json devices = json::array();
+  for (const pb::Device& d : DevicesOf(host)) devices.push_back(DeviceJson(d, v12));
+  json j = json::object();
+  j["server_id"] = host.server_id;
+  j["server_ip"] = host.server_ip;
+  j["device"] = std::move(devices);
+  return j;
+}
+
+bool AnySuperPod(const std::vector<RankTableNode>& nodes) {
+  for (const RankTableNode& n : nodes) {
+    for (const pb::Device& d : n.devices) {
+      if (!d.super_pod_id().empty()) return true;
+    }
+  }
+  return false;
+}
+
+// super_pod_list: pods in IdLess order; each lists the hosts having a device
+// in it, once, in table order (group "0" hosts first).
+json SuperPodList(const std::vector<std::vector<Host>>& groups) {
+  std::vector<std::string> pods;
+  for (const auto& hosts : groups) {
+    for (const Host& h : hosts) {
+      for (const pb::Device& d : DevicesOf(h)) {
+        if (!d.super_pod_id().empty()) pods.push_back(d.super_pod_id());
+      }
+    }
+  }
+  std::sort(pods.begin(), pods.end(), IdLess);
+  pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
+  json list = json::array();
+  for (const std::string& pod : pods) {
+    json servers = json::array();
+    std::set<std::string> seen;
+    for (const auto& hosts : groups) {
+      for (const Host& h : hosts) {
+        const auto devs = DevicesOf(h);
+        const bool in_pod = std::any_of(devs.begin(), devs.end(), [&](const pb::Device& d) {
+          return d.super_pod_id() == pod;
+        });
+        if (in_pod && seen.insert(h.server_id).second) servers.push_back({{"server_id", h.server_id}});
+      }
+    }
+    list.push_back({{"super_pod_id", pod}, {"server_list", std::move(servers)}});
+  }
+  return list;
+}
+
+}  // namespace
+
+json BuildRankTableJson(const std::vector<RankTableNode>& nodes, bool completed) {
+  const bool v12 = AnySuperPod(nodes);
+  std::vector<std::vector<Host>> groups;
+  json group_list = json::array();
+  for (const GroupSpec& spec : kGroups) {
+    groups.push_back(HostsOfRole(nodes, spec.role));
+    json servers = json::array();
+    for (const Host& h : groups.back()) servers.push_back(ServerJson(h, v12));
+    json g = json::object();
+    g["group_id"] = spec.group_id;
+    g["deploy_server"] = spec.deploy_server;
+    g["server_count"] = std::to_string(groups.back().size());
+    g["server_list"] = std::move(servers);
+    group_list.push_back(std::move(g));
+  }
+  json table = json::object();
+  table["version"] = v12 ? "1.2" : "1.0";
+  table["status"] = completed ? "completed" : "initializing";
+  table["server_group_list"] = std::move(group_list);
+  if (v12) table["super_pod_list"] = SuperPodList(groups);
+  return table;
+}
+
+std::string BuildRankTable(const std::vector<RankTableNode>& nodes, bool completed) {
+  return BuildRankTableJson(nodes, completed)
+      .dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+}
+
+}  // namespace core
+}  // namespace pscore

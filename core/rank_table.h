@@ -1,0 +1,39 @@
+// Rank-table builder: turns the registered nodes into the job's
+// `global-ranktable` JSON in the reference format (versions 1.0 and 1.2).
+// The mapping from nodes to groups, servers and devices is in docs/ranktable.md.
+// Pure functions of their arguments; any thread may call them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "proto/comm.pb.h"
+
+namespace pscore {
+namespace core {
+
+// One registered node as the rank table sees it.
+struct RankTableNode {
+  std::string node_id;
+  pb::NodeRole role = pb::WORKER;
+  int rank = 0;
+  std::string ip;
+  std::string host_name;
+  std::vector<pb::Device> devices;  // Device.global_id is the dense global id.
+};
+
+// The table as JSON. `completed` means the cluster is READY ("completed"),
+// otherwise "initializing". Version "1.2" (with super_device_id and
+// super_pod_list) when any device has a non-empty super_pod_id, else "1.0".
+// Only WORKER and SERVER nodes appear. Input order does not matter: output
+// order is fixed by role, rank, node_id and device local id.
+nlohmann::json BuildRankTableJson(const std::vector<RankTableNode>& nodes, bool completed);
+
+// The same table as compact one-line JSON text. Invalid UTF-8 in names or
+// addresses is replaced with U+FFFD rather than failing.
+std::string BuildRankTable(const std::vector<RankTableNode>& nodes, bool completed);
+
+}  // namespace core
+}  // namespace pscore
