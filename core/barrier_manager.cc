@@ -1,0 +1,285 @@
+#include "core/barrier_manager.h"
+
+#include <algorithm>
+
+#include <glog/logging.h>
+
+namespace pscore::core {
+namespace {
+
+// Long node lists are cut in messages: a 1000-node job must not produce megabyte errors.
+constexpr size_t kMaxNamesInMessage = 16;
+
+std::vector<std::string> SortedUnique(std::vector<std::string> names) {
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+// "w0, w1, w2" (or "w0, ..., w15 and 9 more").
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < kMaxNamesInMessage; ++i) {
+    if (i > 0) out += ", ";
+    out += names[i];
+  }
+  if (names.size() > kMaxNamesInMessage) {
+    out += " and " + std::to_string(names.size() - kMaxNamesInMessage) + " more";
+  }
+  return out;
+}
+
+TimePoint DeadlineAfter(TimePoint now, Duration timeout) {
+  if (timeout >= TimePoint::max() - now) return TimePoint::max();
+  return now + std::max(timeout, Duration::zero());
+}
+
+// "barrier b1" for the first round, "barrier b1 (generation 3)" after, so messages stay
+// short in the common one-shot case yet say which round of a reused id failed.
+std::string Name(const std::string& id, uint64_t gen) {
+  if (gen <= 1) return "barrier " + id;
+  return "barrier " + id + " (generation " + std::to_string(gen) + ")";
+}
+
+std::vector<std::string> Missing(const std::vector<std::string>& participants,
+                                 const std::set<std::string>& arrived) {
+  std::vector<std::string> missing;
+  for (const std::string& p : participants) {
+    if (arrived.count(p) == 0) missing.push_back(p);
+  }
+  return missing;
+}
+
+}  // namespace
+
+const char* BarrierStateName(BarrierState state) {
+  switch (state) {
+    case BarrierState::kWaiting: return "waiting";
+    case BarrierState::kPassed: return "passed";
+    case BarrierState::kFailed: return "failed";
+    case BarrierState::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+BarrierManager::BarrierManager(const Clock* clock) : clock_(clock) {
+  CHECK(clock_ != nullptr);
+}
+
+void BarrierManager::SetAllNodes(std::vector<std::string> node_ids) {
+  all_nodes_ = SortedUnique(std::move(node_ids));
+}
+
+void BarrierManager::Arrive(const std::string& id, const std::string& node_id,
+                            Duration timeout, std::vector<std::string> participants,
+                            Callback cb, uint64_t generation) {
+  participants = SortedUnique(std::move(participants));
+  Series& series = series_[id];
+  uint64_t& last = series.last_generation[node_id];
+  uint64_t gen = generation != 0 ? generation : last + 1;
+  last = std::max(last, gen);
+
+  auto it = series.rounds.find(gen);
+  if (it == series.rounds.end() && gen <= series.pruned_through) {
+    cb(Status(Code::kFailedPrecondition,
+              Name(id, gen) + " ended long ago; its result is no longer kept"));
+    return;
+  }
+  Round& round = it != series.rounds.end()
+                     ? it->second
+                     : OpenRound(id, gen, timeout, participants, &series);
+  Answers answers;
+  JoinRound(id, gen, node_id, participants, std::move(cb), &round, &answers);
+  Prune(&series);
+  Deliver(&answers);
+}
+
+BarrierManager::Round& BarrierManager::OpenRound(const std::string& id, uint64_t gen,
+                                                 Duration timeout,
+                                                 const std::vector<std::string>& participants,
+                                                 Series* series) {
+  Round& round = series->rounds[gen];
+  round.all_nodes = participants.empty();
+  round.participants = round.all_nodes ? all_nodes_ : participants;
+  round.deadline = DeadlineAfter(clock_->Now(), timeout);
+  deadlines_.emplace(round.deadline, id, gen);
+  return round;
+}
+
+Status BarrierManager::CheckCaller(const std::string& id, uint64_t gen,
+                                   const std::string& node_id,
+                                   const std::vector<std::string>& participants,
+                                   const Round& round) const {
+  if (round.participants.empty()) {
+    return Status(Code::kFailedPrecondition,
+                  Name(id, gen) + " has no participants: none were named and the node list "
+                                  "is empty");
+  }
+  // An empty list means "all nodes": it matches a round opened the same way, and is compared
+  // as the current node list against a round that named its participants.
+  const std::vector<std::string>& given =
+      participants.empty() ? (round.all_nodes ? round.participants : all_nodes_) : participants;
+  if (given != round.participants) {
+    return Status(Code::kFailedPrecondition,
+                  Name(id, gen) + ": participant set mismatch: " + node_id + " gave [" +
+                      JoinNames(given) + "] but the first arrival fixed [" +
+                      JoinNames(round.participants) + "]");
+  }
+  if (!std::binary_search(round.participants.begin(), round.participants.end(), node_id)) {
+    return Status(Code::kInvalidArgument, Name(id, gen) + ": node " + node_id +
+                                              " arrived but is not a participant [" +
+                                              JoinNames(round.participants) + "]");
+  }
+  return Status::Ok();
+}
+
+void BarrierManager::JoinRound(const std::string& id, uint64_t gen, const std::string& node_id,
+                               const std::vector<std::string>& participants, Callback cb,
+                               Round* round, Answers* answers) {
+  Status check = CheckCaller(id, gen, node_id, participants, *round);
+  if (round->state != BarrierState::kWaiting) {
+    // A late or repeated caller of an ended round learns how it ended; a caller that could
+    // never have joined it learns why, without changing the recorded result.
+    answers->emplace_back(std::move(cb), check.ok() ? round->result : check);
+    return;
+  }
+  round->waiting.push_back(std::move(cb));
+  if (!check.ok()) {
+    Finish(id, gen, BarrierState::kFailed, check, round, answers);
+    return;
+  }
+  round->arrived.insert(node_id);  // A repeat while waiting just adds a second callback.
+  if (round->arrived.size() == round->participants.size()) {
+    Finish(id, gen, BarrierState::kPassed, Status::Ok(), round, answers);
+  }
+}
+
+void BarrierManager::Finish(const std::string& id, uint64_t gen, BarrierState state,
+                            Status result, Round* round, Answers* answers) {
+  DCHECK(round->state == BarrierState::kWaiting);
+  deadlines_.erase({round->deadline, id, gen});
+  round->state = state;
+  round->result = std::move(result);
+  for (Callback& cb : round->waiting) answers->emplace_back(std::move(cb), round->result);
+  round->waiting.clear();
+}
+
+void BarrierManager::Prune(Series* series) {
+  auto newest_done = series->rounds.end();
+  for (auto it = series->rounds.begin(); it != series->rounds.end(); ++it) {
+    if (it->second.state != BarrierState::kWaiting) newest_done = it;
+  }
+  for (auto it = series->rounds.begin(); it != newest_done;) {
+    const Round& round = it->second;
+    bool all_came = round.state != BarrierState::kWaiting;
+    for (const std::string& p : round.participants) {
+      auto last = series->last_generation.find(p);
+      if (last == series->last_generation.end() || last->second < it->first) all_came = false;
+    }
+    if (!all_came) {
+      ++it;
+      continue;
+    }
+    series->pruned_through = std::max(series->pruned_through, it->first);
+    it = series->rounds.erase(it);
+  }
+}
+
+Status BarrierManager::Cancel(const std::string& id) {
+  auto found = series_.find(id);
+  if (found == series_.end() || found->second.rounds.empty()) {
+    return Status(Code::kNotFound, "barrier " + id + " is unknown");
+  }
+  Series& series = found->second;
+  Answers answers;
+  bool cancelled_any = false;
+  for (auto& [gen, round] : series.rounds) {
+    if (round.state != BarrierState::kWaiting) continue;
+    Finish(id, gen, BarrierState::kCancelled,
+           Status(Code::kCancelled, Name(id, gen) + " cancelled"), &round, &answers);
+    cancelled_any = true;
+  }
+  if (!cancelled_any) {
+    // Prune keeps the newest ended round, so this names how the last round ended.
+    const auto& [gen, round] = *series.rounds.rbegin();
+    return Status(Code::kFailedPrecondition, Name(id, gen) + " already " +
+                                                 BarrierStateName(round.state) +
+                                                 "; nothing to cancel");
+  }
+  Prune(&series);
+  Deliver(&answers);
+  return Status::Ok();
+}
+
+void BarrierManager::NodeFailed(const std::string& node_id, const std::string& reason) {
+  Answers answers;
+  for (auto& [id, series] : series_) {
+    for (auto& [gen, round] : series.rounds) {
+      if (round.state != BarrierState::kWaiting ||
+          !std::binary_search(round.participants.begin(), round.participants.end(),
+                              node_id)) {
+        continue;
+      }
+      Status failed(Code::kAborted, Name(id, gen) + " failed: participant " + node_id +
+                                        " failed: " + reason);
+      Finish(id, gen, BarrierState::kFailed, std::move(failed), &round, &answers);
+    }
+    // A restarted node counts its arrivals from scratch; align it with the newest round so
+    // its next Arrive joins the next fresh round instead of an old one.
+    if (!series.rounds.empty()) {
+      uint64_t& last = series.last_generation[node_id];
+      last = std::max(last, series.rounds.rbegin()->first);
+    }
+    Prune(&series);
+  }
+  Deliver(&answers);
+}
+
+void BarrierManager::Tick() {
+  TimePoint now = clock_->Now();
+  Answers answers;
+  while (!deadlines_.empty() && std::get<0>(*deadlines_.begin()) <= now) {
+    auto [deadline, id, gen] = *deadlines_.begin();
+    Series& series = series_.at(id);
+    Round& round = series.rounds.at(gen);
+    std::vector<std::string> missing = Missing(round.participants, round.arrived);
+    Status timeout(Code::kTimeout, Name(id, gen) + " timed out: " +
+                                       std::to_string(round.arrived.size()) + "/" +
+                                       std::to_string(round.participants.size()) +
+                                       " arrived, missing: " + JoinNames(missing));
+    Finish(id, gen, BarrierState::kFailed, std::move(timeout), &round, &answers);
+    Prune(&series);
+  }
+  Deliver(&answers);
+}
+
+std::optional<TimePoint> BarrierManager::NextDeadline() const {
+  if (deadlines_.empty()) return std::nullopt;
+  return std::get<0>(*deadlines_.begin());
+}
+
+std::vector<BarrierInfo> BarrierManager::List() const {
+  std::vector<BarrierInfo> out;
+  for (const auto& [id, series] : series_) {
+    for (const auto& [gen, round] : series.rounds) {
+      BarrierInfo info;
+      info.id = id;
+      info.generation = gen;
+      info.state = round.state;
+      info.arrived = round.arrived.size();
+      info.expected = round.participants.size();
+      info.missing = Missing(round.participants, round.arrived);
+      info.result = round.result;
+      out.push_back(std::move(info));
+    }
+  }
+  return out;
+}
+
+void BarrierManager::Deliver(Answers* answers) {
+  // State is final before the first callback runs, so callbacks may re-enter the manager.
+  for (auto& [cb, status] : *answers) cb(std::move(status));
+  answers->clear();
+}
+
+}  // namespace pscore::core

@@ -1,0 +1,116 @@
+// BarrierManager: the scheduler's named barriers, reusable in numbered rounds (generations).
+// Owned by the scheduler node; not thread-safe: call every method from the scheduler's loop
+// thread. Callbacks run synchronously at the end of the call that decides them (Arrive, Tick,
+// Cancel, NodeFailed), after all state is updated, so a callback may call back in.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+
+namespace pscore::core {
+
+enum class BarrierState { kWaiting, kPassed, kFailed, kCancelled };
+
+// "waiting", "passed", "failed" or "cancelled".
+const char* BarrierStateName(BarrierState state);
+
+// One round of one barrier, as shown by `pscore-admin barriers`.
+struct BarrierInfo {
+  std::string id;
+  uint64_t generation = 0;
+  BarrierState state = BarrierState::kWaiting;
+  size_t arrived = 0;
+  size_t expected = 0;
+  std::vector<std::string> missing;  // Participants not arrived yet, sorted.
+  Status result;                     // OK while waiting and once passed.
+};
+
+class BarrierManager {
+ public:
+  // Answers one Arrive. Called exactly once per Arrive.
+  using Callback = std::function<void(Status)>;
+
+  // clock must outlive the manager.
+  explicit BarrierManager(const Clock* clock);
+  BarrierManager(const BarrierManager&) = delete;
+  BarrierManager& operator=(const BarrierManager&) = delete;
+
+  // node_id arrives at barrier id. generation 0 means "this node's next round": a node's k-th
+  // Arrive on id belongs to generation k. A non-zero generation names the round explicitly, so
+  // a retried Arrive (e.g. after a lost answer) gets that round's result instead of opening a
+  // new one. The first arrival of a round fixes its participants (empty = the SetAllNodes set)
+  // and its deadline (now + timeout); later callers' timeouts are ignored. A caller naming a
+  // different set, or not in the set, fails the round at once for everyone. An arrival for a
+  // round that already ended is answered at once with that round's result.
+  void Arrive(const std::string& id, const std::string& node_id, Duration timeout,
+              std::vector<std::string> participants, Callback cb, uint64_t generation = 0);
+
+  // Waiting rounds of id end with kCancelled. kNotFound for an unknown id;
+  // kFailedPrecondition if no round of id is waiting (it passed, failed or was cancelled).
+  [[nodiscard]] Status Cancel(const std::string& id);
+
+  // A node died or reported an error: every waiting round it takes part in fails for all with
+  // kAborted naming it and reason. The node's next Arrive on each id joins a fresh round.
+  void NodeFailed(const std::string& node_id, const std::string& reason);
+
+  // The "all nodes" set used by rounds whose first arrival gives no participants. Changing it
+  // does not alter rounds already open.
+  void SetAllNodes(std::vector<std::string> node_ids);
+
+  // Fails with kTimeout every waiting round whose deadline is at or before now.
+  void Tick();
+  // Earliest deadline of a waiting round, so the owner can arm one timer instead of polling.
+  std::optional<TimePoint> NextDeadline() const;
+
+  // Every kept round, sorted by id then generation.
+  std::vector<BarrierInfo> List() const;
+
+ private:
+  struct Round {
+    std::vector<std::string> participants;  // Sorted, unique.
+    bool all_nodes = false;                 // Opened with an empty participant list.
+    TimePoint deadline;
+    BarrierState state = BarrierState::kWaiting;
+    Status result;
+    std::set<std::string> arrived;
+    std::vector<Callback> waiting;
+  };
+  struct Series {
+    std::map<std::string, uint64_t> last_generation;  // Highest generation each node joined.
+    std::map<uint64_t, Round> rounds;
+    uint64_t pruned_through = 0;  // Every completed round up to here has been dropped.
+  };
+  using Answers = std::vector<std::pair<Callback, Status>>;
+
+  Round& OpenRound(const std::string& id, uint64_t gen, Duration timeout,
+                   const std::vector<std::string>& participants, Series* series);
+  void JoinRound(const std::string& id, uint64_t gen, const std::string& node_id,
+                 const std::vector<std::string>& participants, Callback cb, Round* round,
+                 Answers* answers);
+  // Why node_id with this participant list may not join round, or OK.
+  Status CheckCaller(const std::string& id, uint64_t gen, const std::string& node_id,
+                     const std::vector<std::string>& participants, const Round& round) const;
+  void Finish(const std::string& id, uint64_t gen, BarrierState state, Status result,
+              Round* round, Answers* answers);
+  // Drops completed rounds every participant has arrived for, keeping the newest one.
+  static void Prune(Series* series);
+  static void Deliver(Answers* answers);
+
+  const Clock* clock_;
+  std::vector<std::string> all_nodes_;  // Sorted, unique.
+  std::map<std::string, Series> series_;
+  std::set<std::tuple<TimePoint, std::string, uint64_t>> deadlines_;  // Waiting rounds only.
+};
+
+}  // namespace pscore::core

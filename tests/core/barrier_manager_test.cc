@@ -1,0 +1,275 @@
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/barrier_manager.h"
+#include "core/clock.h"
+
+// Catch2 comes after core headers: glog (via status.h) also defines CHECK, and the last
+// definition wins. Here CHECK must be Catch's non-aborting assertion.
+#include <catch2/catch.hpp>
+
+namespace pscore::core {
+namespace {
+
+using Names = std::vector<std::string>;
+
+// Records the answers of each Arrive; keyed by a label the test chooses.
+struct Answers {
+  std::map<std::string, std::vector<Status>> got;
+  BarrierManager::Callback For(const std::string& label) {
+    return [this, label](Status s) { got[label].push_back(std::move(s)); };
+  }
+  int calls(const std::string& label) const {
+    auto it = got.find(label);
+    return it == got.end() ? 0 : static_cast<int>(it->second.size());
+  }
+  const Status& last(const std::string& label) const { return got.at(label).back(); }
+};
+
+const Names kThree = {"w0", "w1", "w2"};
+
+}  // namespace
+
+TEST_CASE("barrier passes when every participant arrives", "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("b1", "w0", Millis(100), kThree, a.For("w0"));
+  bm.Arrive("b1", "w2", Millis(100), {"w2", "w1", "w0", "w1"}, a.For("w2"));  // Order, dups.
+  CHECK(a.calls("w0") == 0);
+  std::vector<BarrierInfo> info = bm.List();
+  REQUIRE(info.size() == 1);
+  CHECK(info[0].state == BarrierState::kWaiting);
+  CHECK(info[0].arrived == 2);
+  CHECK(info[0].expected == 3);
+  CHECK(info[0].missing == Names{"w1"});
+
+  bm.Arrive("b1", "w1", Millis(100), kThree, a.For("w1"));
+  for (const char* w : {"w0", "w1", "w2"}) {
+    REQUIRE(a.calls(w) == 1);
+    CHECK(a.last(w).ok());
+  }
+  CHECK(bm.List()[0].state == BarrierState::kPassed);
+  CHECK_FALSE(bm.NextDeadline().has_value());
+}
+
+TEST_CASE("barrier timeout names arrived, expected and missing", "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("b1", "w0", Millis(100), kThree, a.For("w0"));
+  clock.Advance(Millis(60));
+  bm.Arrive("b1", "w1", Millis(10000), kThree, a.For("w1"));  // Deadline is the first's.
+  CHECK(*bm.NextDeadline() == clock.Now() + Millis(40));
+  clock.Advance(Millis(39));
+  bm.Tick();
+  CHECK(a.calls("w0") == 0);
+  clock.Advance(Millis(1));
+  bm.Tick();
+  Status expected(Code::kTimeout, "barrier b1 timed out: 2/3 arrived, missing: w2");
+  CHECK(a.last("w0") == expected);
+  CHECK(a.last("w1") == expected);
+  CHECK(bm.List()[0].state == BarrierState::kFailed);
+
+  bm.Arrive("b1", "w2", Millis(100), kThree, a.For("w2"));  // Late caller of that round.
+  CHECK(a.last("w2") == expected);
+  bm.Tick();
+  CHECK(a.calls("w0") == 1);
+}
+
+TEST_CASE("barrier with a different participant set fails at once for all",
+          "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("b1", "w0", Millis(100), kThree, a.For("w0"));
+  bm.Arrive("b1", "w1", Millis(100), {"w0", "w1"}, a.For("w1"));
+  REQUIRE(a.calls("w0") == 1);
+  REQUIRE(a.calls("w1") == 1);
+  CHECK(a.last("w0").code() == Code::kFailedPrecondition);
+  CHECK(a.last("w0") == a.last("w1"));
+  CHECK(a.last("w0").message() ==
+        "barrier b1: participant set mismatch: w1 gave [w0, w1] but the first arrival "
+        "fixed [w0, w1, w2]");
+  bm.Arrive("b1", "w2", Millis(100), kThree, a.For("w2"));
+  CHECK(a.last("w2") == a.last("w0"));
+  CHECK_FALSE(bm.NextDeadline().has_value());
+}
+
+TEST_CASE("barrier caller outside the set fails it at once for all", "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("b1", "w0", Millis(100), kThree, a.For("w0"));
+  bm.Arrive("b1", "s9", Millis(100), kThree, a.For("s9"));
+  REQUIRE(a.calls("w0") == 1);
+  CHECK(a.last("w0").code() == Code::kInvalidArgument);
+  CHECK(a.last("w0").message().find("s9") != std::string::npos);
+  CHECK(a.last("s9") == a.last("w0"));
+
+  Answers b;  // A first arrival outside its own set fails at once too.
+  bm.Arrive("b2", "x", Millis(100), {"w0"}, b.For("x"));
+  CHECK(b.last("x").code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("barrier over all nodes uses the set at the first arrival", "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("none", "w0", Millis(100), {}, a.For("empty"));
+  CHECK(a.last("empty").code() == Code::kFailedPrecondition);
+
+  bm.SetAllNodes({"w1", "w0"});
+  bm.Arrive("all", "w0", Millis(100), {}, a.For("w0"));
+  bm.SetAllNodes({"w0", "w1", "w2"});  // Does not change the open round.
+  bm.Arrive("all", "w1", Millis(100), {}, a.For("w1"));
+  CHECK(a.last("w0").ok());
+  CHECK(a.last("w1").ok());
+
+  // An explicit set equal to the current node list matches "all"; empty matches it too.
+  bm.Arrive("mixed", "w0", Millis(100), kThree, a.For("m0"));
+  bm.Arrive("mixed", "w1", Millis(100), {}, a.For("m1"));
+  bm.Arrive("mixed", "w2", Millis(100), {}, a.For("m2"));
+  CHECK(a.last("m0").ok());
+  CHECK(a.last("m2").ok());
+}
+
+TEST_CASE("barrier rounds: the k-th arrival of a node is generation k", "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("b", "w0", Millis(100), {"w0", "w1"}, a.For("w0-1"));
+  bm.Arrive("b", "w0", Millis(100), {"w0", "w1"}, a.For("w0-2"));  // Runs ahead.
+  bm.Arrive("b", "w1", Millis(100), {"w0", "w1"}, a.For("w1-1"));
+  CHECK(a.last("w0-1").ok());
+  CHECK(a.calls("w0-2") == 0);
+  bm.Arrive("b", "w1", Millis(100), {"w0", "w1"}, a.For("w1-2"));
+  CHECK(a.last("w0-2").ok());
+  CHECK(a.last("w1-2").ok());
+
+  // Round 3 times out without w1; w1's third arrival learns it at once, its fourth waits.
+  bm.Arrive("b", "w0", Millis(100), {"w0", "w1"}, a.For("w0-3"));
+  clock.Advance(Millis(100));
+  bm.Tick();
+  CHECK(a.last("w0-3").message() == "barrier b (generation 3) timed out: 1/2 arrived, "
+                                    "missing: w1");
+  bm.Arrive("b", "w1", Millis(100), {"w0", "w1"}, a.For("w1-3"));
+  CHECK(a.last("w1-3") == a.last("w0-3"));
+  bm.Arrive("b", "w1", Millis(100), {"w0", "w1"}, a.For("w1-4"));
+  CHECK(a.calls("w1-4") == 0);
+  bm.Arrive("b", "w0", Millis(100), {"w0", "w1"}, a.For("w0-4"));
+  CHECK(a.last("w1-4").ok());
+}
+
+TEST_CASE("barrier retry with an explicit generation gets the same result",
+          "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("b", "w0", Millis(100), {"w0", "w1"}, a.For("w0"));
+  bm.Arrive("b", "w0", Millis(100), {"w0", "w1"}, a.For("w0-dup"), 1);  // Retry, waiting.
+  bm.Arrive("b", "w1", Millis(100), {"w0", "w1"}, a.For("w1"));
+  CHECK(a.last("w0").ok());
+  CHECK(a.last("w0-dup").ok());
+  bm.Arrive("b", "w1", Millis(100), {"w0", "w1"}, a.For("w1-retry"), 1);  // Passed already.
+  REQUIRE(a.calls("w1-retry") == 1);
+  CHECK(a.last("w1-retry").ok());
+  CHECK(bm.List().size() == 1);  // The retry opened no new round.
+  bm.Arrive("b", "w9", Millis(100), {"w0", "w1"}, a.For("w9"), 1);
+  CHECK(a.last("w9").code() == Code::kInvalidArgument);
+  CHECK(bm.List()[0].state == BarrierState::kPassed);
+}
+
+TEST_CASE("barrier cancel answers waiters; passed or unknown is an error", "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  CHECK(bm.Cancel("nope").code() == Code::kNotFound);
+  bm.Arrive("b1", "w0", Millis(100), kThree, a.For("w0"));
+  bm.Arrive("b1", "w1", Millis(100), kThree, a.For("w1"));
+  REQUIRE(bm.Cancel("b1").ok());
+  CHECK(a.last("w0") == Status(Code::kCancelled, "barrier b1 cancelled"));
+  CHECK(a.last("w1").code() == Code::kCancelled);
+  CHECK(bm.Cancel("b1").code() == Code::kFailedPrecondition);
+  bm.Arrive("b1", "w2", Millis(100), kThree, a.For("w2"));  // Late to the cancelled round.
+  CHECK(a.last("w2").code() == Code::kCancelled);
+
+  bm.Arrive("p", "w0", Millis(100), {"w0"}, a.For("p"));
+  CHECK(a.last("p").ok());
+  Status passed = bm.Cancel("p");
+  CHECK(passed.code() == Code::kFailedPrecondition);
+  CHECK(passed.message() == "barrier p already passed; nothing to cancel");
+  clock.Advance(Millis(1000));
+  bm.Tick();
+  CHECK(a.calls("w0") == 1);
+}
+
+TEST_CASE("barrier fails for all when a participant fails", "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("b1", "w0", Millis(100), kThree, a.For("b1-w0"));
+  bm.Arrive("b2", "w0", Millis(100), {"w0", "w1"}, a.For("b2-w0"));
+  bm.NodeFailed("w2", "heartbeat lost");
+  REQUIRE(a.calls("b1-w0") == 1);
+  CHECK(a.last("b1-w0") ==
+        Status(Code::kAborted, "barrier b1 failed: participant w2 failed: heartbeat lost"));
+  CHECK(a.calls("b2-w0") == 0);  // w2 is not in b2.
+  bm.Arrive("b2", "w1", Millis(100), {"w0", "w1"}, a.For("b2-w1"));
+  CHECK(a.last("b2-w0").ok());
+
+  // After restarting, w2 joins the next fresh round of b1 rather than the failed one.
+  bm.Arrive("b1", "w2", Millis(100), kThree, a.For("b1-w2"));
+  CHECK(a.calls("b1-w2") == 0);
+  bm.Arrive("b1", "w0", Millis(100), kThree, a.For("b1-w0"));
+  bm.Arrive("b1", "w1", Millis(100), kThree, a.For("b1-w1"));  // w1's 1st: the failed round.
+  CHECK(a.last("b1-w1").code() == Code::kAborted);
+  bm.Arrive("b1", "w1", Millis(100), kThree, a.For("b1-w1"));
+  CHECK(a.last("b1-w2").ok());
+  CHECK(a.last("b1-w1").ok());
+}
+
+TEST_CASE("barrier callbacks may re-enter the manager", "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  int passed = 0;
+  std::function<void(const std::string&)> arrive = [&](const std::string& node) {
+    bm.Arrive("loop", node, Millis(100), {"a", "b"}, [&, node](Status s) {
+      if (!s.ok()) return;
+      if (++passed < 10) arrive(node);
+    });
+  };
+  arrive("a");
+  arrive("b");
+  CHECK(passed == 10);
+}
+
+TEST_CASE("barrier 64 nodes x 100 rounds of one id all pass", "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Names nodes;
+  for (int i = 0; i < 64; ++i) nodes.push_back("n" + std::to_string(i));
+  bm.SetAllNodes(nodes);
+  int ok = 0;
+  int answered = 0;
+  for (int round = 0; round < 100; ++round) {
+    for (const std::string& n : nodes) {
+      bm.Arrive("step", n, Millis(1000), round % 2 ? Names{} : nodes, [&](Status s) {
+        ++answered;
+        if (s.ok()) ++ok;
+      });
+    }
+    clock.Advance(Millis(1));
+    bm.Tick();
+  }
+  CHECK(answered == 6400);
+  CHECK(ok == 6400);
+  std::vector<BarrierInfo> info = bm.List();
+  REQUIRE(info.size() == 1);  // Old rounds are pruned.
+  CHECK(info[0].generation == 100);
+  CHECK(info[0].state == BarrierState::kPassed);
+}
+
+}  // namespace pscore::core
