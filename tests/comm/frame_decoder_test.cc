@@ -1,0 +1,184 @@
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "comm/frame_decoder.h"
+#include "comm/test_util.h"
+
+namespace pscore::comm {
+namespace {
+
+using testing::EncodeFrame;
+using testing::TestMeta;
+
+struct Expected {
+  pb::MessageMeta meta;
+  std::string payload;
+};
+
+std::vector<Expected> SampleFrames() {
+  std::vector<Expected> frames;
+  frames.push_back({TestMeta(1, 7), "hello"});
+  frames.push_back({TestMeta(2), ""});               // zero-length payload
+  frames.push_back({pb::MessageMeta(), ""});         // empty meta, no payload
+  pb::MessageMeta big = TestMeta(3);
+  big.set_handler(std::string(3000, 'h'));           // meta only, larger than a read
+  frames.push_back({big, ""});
+  std::string payload(40000, '\0');                  // over kDirectReadMin
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 31 + 7);
+  frames.push_back({TestMeta(4), payload});
+  frames.push_back({TestMeta(5), std::string(1, 'x')});
+  return frames;
+}
+
+std::string Concat(const std::vector<Expected>& frames) {
+  std::string s;
+  for (const auto& f : frames) s += EncodeFrame(f.meta, f.payload);
+  return s;
+}
+
+void CheckSame(const std::vector<Frame>& got, const std::vector<Expected>& want) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i].meta.SerializeAsString() == want[i].meta.SerializeAsString());
+    if (want[i].payload.empty()) {
+      CHECK(got[i].payload == nullptr);
+    } else {
+      REQUIRE(got[i].payload != nullptr);
+      CHECK(got[i].payload->view() == want[i].payload);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("decoder: every split point of a multi-frame stream decodes identically",
+          "[comm][decoder]") {
+  std::vector<Expected> want = SampleFrames();
+  std::string stream = Concat(want);
+  for (size_t split = 0; split <= stream.size(); ++split) {
+    FrameDecoder d{Limits{}};
+    std::vector<Frame> got;
+    REQUIRE(d.Feed(std::string_view(stream).substr(0, split), &got).ok());
+    REQUIRE(d.Feed(std::string_view(stream).substr(split), &got).ok());
+    CheckSame(got, want);
+    REQUIRE_FALSE(d.mid_frame());
+  }
+}
+
+TEST_CASE("decoder: byte-at-a-time and three-way splits decode identically", "[comm][decoder]") {
+  std::vector<Expected> want = SampleFrames();
+  std::string stream = Concat(want);
+  {
+    FrameDecoder d{Limits{}};
+    std::vector<Frame> got;
+    for (char c : stream) REQUIRE(d.Feed(std::string_view(&c, 1), &got).ok());
+    CheckSame(got, want);
+  }
+  for (size_t a = 1; a < stream.size(); a += 997) {
+    for (size_t b = a; b < stream.size(); b += 1499) {
+      FrameDecoder d{Limits{}};
+      std::vector<Frame> got;
+      std::string_view s(stream);
+      REQUIRE(d.Feed(s.substr(0, a), &got).ok());
+      REQUIRE(d.Feed(s.substr(a, b - a), &got).ok());
+      REQUIRE(d.Feed(s.substr(b), &got).ok());
+      CheckSame(got, want);
+    }
+  }
+}
+
+TEST_CASE("decoder: mid_frame tracks partial input", "[comm][decoder]") {
+  FrameDecoder d{Limits{}};
+  std::vector<Frame> got;
+  std::string f = EncodeFrame(TestMeta(9), "abc");
+  CHECK_FALSE(d.mid_frame());
+  REQUIRE(d.Feed(f.substr(0, 5), &got).ok());
+  CHECK(d.mid_frame());
+  REQUIRE(d.Feed(f.substr(5), &got).ok());
+  CHECK_FALSE(d.mid_frame());
+  CHECK(got.size() == 1);
+}
+
+TEST_CASE("decoder: limits are refused with kProtocol naming the sizes", "[comm][decoder]") {
+  Limits limits;
+  limits.max_message_bytes = 1 << 20;
+  std::vector<Frame> got;
+  SECTION("meta over 64 KiB") {
+    FrameDecoder d(limits);
+    Status st = d.Feed(EncodeHeader(FrameHeader{kMagic, (64 << 10) + 1, 0}), &got);
+    CHECK(st.code() == Code::kProtocol);
+    CHECK(st.message().find("65537") != std::string::npos);
+    CHECK(st.message().find("65536") != std::string::npos);
+  }
+  SECTION("payload over max_message_bytes") {
+    FrameDecoder d(limits);
+    Status st = d.Feed(EncodeHeader(FrameHeader{kMagic, 0, (1 << 20) + 5}), &got);
+    CHECK(st.code() == Code::kProtocol);
+    CHECK(st.message().find("1048581") != std::string::npos);
+    CHECK(st.message().find("1048576") != std::string::npos);
+  }
+  SECTION("bad magic after a good frame") {
+    FrameDecoder d(limits);
+    std::string s = EncodeFrame(TestMeta(1), "ok") + "XXXXxxxxxxxxxxxx";
+    Status st = d.Feed(s, &got);
+    CHECK(st.code() == Code::kProtocol);
+    CHECK(st.message().find("magic") != std::string::npos);
+    CHECK(got.size() == 1);  // the valid frame before the garbage was decoded
+  }
+  SECTION("unparsable meta") {
+    FrameDecoder d(limits);
+    std::string junk(12, '\xff');
+    std::string s = EncodeHeader(FrameHeader{kMagic, static_cast<uint32_t>(junk.size()), 0}) + junk;
+    Status st = d.Feed(s, &got);
+    CHECK(st.code() == Code::kProtocol);
+    CHECK(st.message().find("unparsable meta") != std::string::npos);
+    CHECK(got.empty());
+  }
+}
+
+TEST_CASE("decoder: 64 MiB payload is read straight into its buffer", "[comm][decoder]") {
+  const size_t kSize = 64ull << 20;
+  std::string payload(kSize, '\0');
+  for (size_t i = 0; i < kSize; i += 4096) payload[i] = static_cast<char>(i / 4096);
+  payload[kSize - 1] = 'z';
+  std::string stream = EncodeFrame(TestMeta(42), payload) + EncodeFrame(TestMeta(43), "tail");
+
+  FrameDecoder d{Limits{}};
+  std::vector<Frame> got;
+  // Emulate a socket: fill each region handed out with at most 256 KiB per read.
+  size_t pos = 0;
+  while (pos < stream.size()) {
+    size_t room = 0;
+    char* region = d.ReadRegion(&room);
+    REQUIRE(room > 0);
+    size_t n = std::min({room, stream.size() - pos, size_t{256} << 10});
+    std::memcpy(region, stream.data() + pos, n);
+    pos += n;
+    REQUIRE(d.Commit(n, &got).ok());
+  }
+  REQUIRE(got.size() == 2);
+  REQUIRE(got[0].payload != nullptr);
+  CHECK(got[0].meta.request_id() == 42);
+  CHECK(got[0].payload->size() == kSize);
+  CHECK(got[0].payload->view() == payload);
+  CHECK(got[1].payload->view() == "tail");
+  // Only the bytes that shared a read with the header went through the input buffer.
+  INFO("copied " << d.copied_payload_bytes());
+  CHECK(d.copied_payload_bytes() < (256u << 10) + 16);
+}
+
+TEST_CASE("decoder: a read of zero bytes changes nothing", "[comm][decoder]") {
+  FrameDecoder d{Limits{}};
+  std::vector<Frame> got;
+  size_t room = 0;
+  d.ReadRegion(&room);
+  REQUIRE(d.Commit(0, &got).ok());
+  CHECK(got.empty());
+  CHECK_FALSE(d.mid_frame());
+  REQUIRE(d.Feed(EncodeFrame(TestMeta(1), "a"), &got).ok());
+  CHECK(got.size() == 1);
+}
+
+}  // namespace pscore::comm
