@@ -1,0 +1,472 @@
+#include "core/cluster_manager.h"
+
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+#include <glog/logging.h>
+
+namespace pscore::core {
+namespace {
+
+using internal::Cat;
+using internal::Err;
+
+std::string Label(const NodeRecord& rec) {
+  return Cat(RoleName(rec.role), " ", rec.node_id, " (rank ", rec.rank, ")");
+}
+
+std::vector<pb::Device> SortedDevices(std::vector<pb::Device> devices) {
+  std::sort(devices.begin(), devices.end(),
+            [](const pb::Device& a, const pb::Device& b) { return a.local_id() < b.local_id(); });
+  return devices;
+}
+
+// Compares what the node declares; global_id is ours and is ignored.
+bool SameDevices(const std::vector<pb::Device>& a, const std::vector<pb::Device>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].local_id() != b[i].local_id() || a[i].device_ip() != b[i].device_ip() ||
+        a[i].super_device_id() != b[i].super_device_id() ||
+        a[i].super_pod_id() != b[i].super_pod_id()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string RoleName(pb::NodeRole role) {
+  if (role == pb::SERVER) return "server";
+  if (role == pb::WORKER) return "worker";
+  const std::string name = pb::NodeRole_Name(role);
+  return name.empty() ? std::to_string(static_cast<int>(role)) : name;
+}
+
+std::string ClusterStateName(pb::ClusterState state) {
+  const std::string name = pb::ClusterState_Name(state);
+  return name.empty() ? std::to_string(static_cast<int>(state)) : name;
+}
+
+ClusterManager::ClusterManager(ClusterConfig config, const Clock* clock)
+    : config_(config), clock_(clock), worker_num_(config.worker_num),
+      server_num_(config.server_num) {}
+
+// Registration rules:
+// - role must be SERVER or WORKER; ranks are dense per role in arrival order (the lowest free
+//   rank), or the requested rank when it is free and below the role's total;
+// - a known node_id keeps its rank (see Reregister);
+// - when every expected node is in during STARTING, the topology is published and the
+//   cluster goes READY; during a scale-out, new nodes take the ranks after the old ones.
+Result<RegisterOutcome> ClusterManager::Register(const RegisterRequest& req) {
+  if (req.role != pb::SERVER && req.role != pb::WORKER) {
+    return Err(Code::kInvalidArgument, "unknown role ", RoleName(req.role), " for node ",
+               req.node_id, ": must be SERVER or WORKER");
+  }
+  if (req.node_id.empty()) return Status(Code::kInvalidArgument, "register with empty node_id");
+  if (state_ == pb::CLUSTER_EXIT) {
+    return Err(Code::kFailedPrecondition, "cluster is exiting; node ", req.node_id, " refused");
+  }
+  if (NodeRecord* rec = Mutable(req.node_id)) return Reregister(rec, req);
+  return AdmitNew(req);
+}
+
+// A known node_id comes back. Same incarnation: a harmless retry. New incarnation: a fresh
+// process, so it clears a stored error and the finish flag. The same incarnation of a node
+// in error is refused until ResetNode, since nothing about it has changed. Either way a
+// timed-out node recovers.
+Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const RegisterRequest& req) {
+  if (req.role != rec->role) {
+    return Err(Code::kInvalidArgument, "node ", rec->node_id, " registered as ",
+               RoleName(rec->role), ", now claims ", RoleName(req.role));
+  }
+  std::vector<pb::Device> devices = SortedDevices(req.devices);
+  if (!SameDevices(devices, rec->devices)) {
+    return Err(Code::kInvalidArgument, "node ", rec->node_id, " changed its device list (",
+               devices.size(), " devices, was ", rec->devices.size(), ")");
+  }
+  if (req.requested_rank >= 0 && req.requested_rank != rec->rank) {
+    return Err(Code::kInvalidArgument, "node ", rec->node_id, " holds ", RoleName(rec->role),
+               " rank ", rec->rank, ", cannot re-register as rank ", req.requested_rank);
+  }
+  const bool restarted = req.incarnation != rec->incarnation;
+  if (!restarted && rec->in_error) {
+    return Err(Code::kFailedPrecondition, "node ", rec->node_id, " is in error (code ",
+               rec->error_code, ": ", rec->error_message, "); reset it or restart it");
+  }
+  RegisterOutcome out;
+  out.rank = rec->rank;
+  rec->last_heartbeat = clock_->Now();
+  const bool recovered = rec->timed_out;
+  const bool moved = rec->ip != req.ip || rec->port != req.port;
+  if (!restarted && !recovered && !moved) {
+    out.retry = true;
+    out.epoch = epoch_;
+    return out;
+  }
+  rec->ip = req.ip;
+  rec->port = req.port;
+  rec->host_name = req.host_name;
+  rec->incarnation = req.incarnation;
+  rec->timed_out = false;
+  if (restarted) {
+    rec->in_error = false;
+    rec->error_code = 0;
+    rec->error_message.clear();
+    rec->finished = false;
+  }
+  RefreshNodeState(rec);
+  if (restarted) Emit(Event::Kind::kNodeRestarted, rec);
+  if (recovered) Emit(Event::Kind::kNodeRecovered, rec);
+  if (moved && rec->in_metadata) PublishMetadata();  // peers need the new address
+  RefreshTimeoutState();
+  out.restarted = restarted;
+  out.epoch = epoch_;
+  return out;
+}
+
+Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
+  if (scaling_ && op_.kind == ScaleKind::kIn) {
+    return Err(Code::kFailedPrecondition, "scale-in running; new node ", req.node_id, " refused");
+  }
+  const int total = Total(req.role);
+  const int have = registered(req.role);
+  if (have >= total) {
+    return Err(Code::kResourceExhausted, RoleName(req.role), " quota full (", have, "/", total,
+               "); node ", req.node_id, " refused");
+  }
+  Result<int> rank = PickRank(req.role, req.requested_rank);
+  if (!rank.ok()) return rank.status();
+  NodeRecord rec;
+  rec.node_id = req.node_id;
+  rec.role = req.role;
+  rec.rank = *rank;
+  rec.ip = req.ip;
+  rec.port = req.port;
+  rec.incarnation = req.incarnation;
+  rec.devices = SortedDevices(req.devices);
+  rec.host_name = req.host_name;
+  rec.last_heartbeat = clock_->Now();
+  nodes_[req.node_id] = std::move(rec);
+  if (scaling_) op_.added.insert(req.node_id);
+  VLOG(1) << "registered " << Label(nodes_[req.node_id]);
+  AfterAdmit();
+  RegisterOutcome out;
+  out.rank = *rank;
+  out.epoch = epoch_;
+  return out;
+}
+
+Result<int> ClusterManager::PickRank(pb::NodeRole role, int requested) const {
+  const int total = Total(role);
+  std::map<int, std::string> used;
+  for (const auto& [id, rec] : nodes_) {
+    if (rec.role == role) used[rec.rank] = id;
+  }
+  if (requested < -1 || requested >= total) {
+    return Err(Code::kInvalidArgument, "requested ", RoleName(role), " rank ", requested,
+               " out of range [0, ", total, ")");
+  }
+  if (requested >= 0) {
+    auto it = used.find(requested);
+    if (it == used.end()) return requested;
+    return Err(Code::kAlreadyExists, RoleName(role), " rank ", requested,
+               " already taken by node ", it->second);
+  }
+  for (int r = 0; r < total; ++r) {
+    if (used.count(r) == 0) return r;
+  }
+  return Status(Code::kResourceExhausted, "no free " + RoleName(role) + " rank");
+}
+
+void ClusterManager::AfterAdmit() {
+  if (state_ == pb::ClUSTER_STARTING) {
+    if (registered(pb::SERVER) < server_num_ || registered(pb::WORKER) < worker_num_) return;
+    PublishMetadata();
+    LOG(INFO) << "cluster ready: " << server_num_ << " servers, " << worker_num_
+              << " workers, epoch " << epoch_;
+    SetClusterState(pb::CLUSTER_READY);
+    RefreshTimeoutState();
+    CheckFinish();
+    return;
+  }
+  if (scaling_ && op_.kind == ScaleKind::kOut && !op_.new_nodes_in &&
+      registered(pb::SERVER) == server_num_ && registered(pb::WORKER) == worker_num_) {
+    op_.new_nodes_in = true;
+    PublishMetadata();
+    op_.expected_epoch = epoch_;  // ScaleOutDone must answer the newest metadata
+  }
+}
+
+Status ClusterManager::Heartbeat(const std::string& node_id) {
+  NodeRecord* rec = Mutable(node_id);
+  if (rec == nullptr) {
+    return Err(Code::kNotFound, "unknown node ", node_id, "; register again");
+  }
+  // A timed-out node lost its place in the live set; registering again restores it.
+  if (rec->timed_out) {
+    return Err(Code::kNotFound, "node ", node_id, " timed out; register again");
+  }
+  rec->last_heartbeat = clock_->Now();
+  return Status::Ok();
+}
+
+void ClusterManager::Tick() {
+  if (state_ == pb::CLUSTER_EXIT) return;
+  const TimePoint now = clock_->Now();
+  std::string first_timeout;
+  for (NodeRecord* rec : MutableNodes()) {
+    const Duration silent = now - rec->last_heartbeat;
+    if (rec->timed_out || silent <= config_.heartbeat_timeout) continue;
+    rec->timed_out = true;
+    RefreshNodeState(rec);
+    LOG(WARNING) << Label(*rec) << " timed out: silent for " << ToMillis(silent) << " ms";
+    Emit(Event::Kind::kNodeTimedOut, rec).message = Cat("silent for ", ToMillis(silent), " ms");
+    if (first_timeout.empty()) first_timeout = Label(*rec);
+  }
+  if (scaling_) {
+    const char* what = op_.kind == ScaleKind::kOut ? "scale-out" : "scale-in";
+    if (!first_timeout.empty()) {
+      Rollback(Cat(first_timeout, " timed out during ", what));
+    } else if (now - op_.started > config_.scale_timeout) {
+      Rollback(Cat(what, " timed out after ", ToMillis(config_.scale_timeout), " ms: ",
+                   ScaleProgress()));
+    }
+  }
+  RefreshTimeoutState();
+  CheckFinish();
+}
+
+Status ClusterManager::ReportError(const std::string& node_id, int code,
+                                   const std::string& message) {
+  NodeRecord* rec = Mutable(node_id);
+  if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
+  rec->in_error = true;
+  rec->error_code = code;
+  rec->error_message = message;
+  RefreshNodeState(rec);
+  LOG(WARNING) << Label(*rec) << " reported error " << code << ": " << message;
+  Event& e = Emit(Event::Kind::kNodeError, rec);
+  e.error_code = code;
+  e.message = message;
+  return Status::Ok();
+}
+
+Status ClusterManager::ResetNode(const std::string& node_id) {
+  NodeRecord* rec = Mutable(node_id);
+  if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
+  rec->in_error = false;
+  rec->error_code = 0;
+  rec->error_message.clear();
+  RefreshNodeState(rec);
+  return Status::Ok();
+}
+
+Status ClusterManager::Finish(const std::string& node_id) {
+  NodeRecord* rec = Mutable(node_id);
+  if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
+  if (finish_passed_ && rec->finished) {
+    return Err(Code::kFailedPrecondition, "node ", node_id, " already left");
+  }
+  rec->finished = true;
+  RefreshNodeState(rec);
+  CheckFinish();
+  return Status::Ok();
+}
+
+std::vector<std::string> ClusterManager::FinishMissing() const {
+  std::vector<std::string> missing;
+  for (const NodeRecord* rec : Nodes()) {
+    if (!rec->timed_out && !rec->finished) missing.push_back(rec->node_id);
+  }
+  return missing;
+}
+
+// The finish barrier covers live nodes: timed-out nodes do not hold it up, and nodes that
+// left in a scale-in are gone from the registry. It cannot pass before the cluster was READY.
+void ClusterManager::CheckFinish() {
+  if (finish_passed_ || state_ == pb::ClUSTER_STARTING || state_ == pb::CLUSTER_EXIT) return;
+  bool any_live = false;
+  for (const auto& [id, rec] : nodes_) {
+    if (rec.timed_out) continue;
+    if (!rec.finished) return;
+    any_live = true;
+  }
+  if (!any_live) return;
+  finish_passed_ = true;
+  scaling_ = false;
+  for (NodeRecord* rec : MutableNodes()) RefreshNodeState(rec);
+  LOG(INFO) << "finish barrier passed; cluster exiting";
+  state_ = pb::CLUSTER_EXIT;
+  EmitRaw(Event::Kind::kFinishPassed);
+  EmitRaw(Event::Kind::kStateChanged);
+}
+
+// Admin states. NEW_INSTANCE passes through and returns to READY. DISABLE_FLS is sticky:
+// the cluster stays disabled (no scaling, no NODE_TIMEOUT state) until ENABLE_FLS, which
+// passes through ENABLE_FLS back to READY (or NODE_TIMEOUT if nodes timed out meanwhile).
+// CLUSTER_EXIT terminates from any state and abandons a running scale operation.
+Status ClusterManager::SetState(pb::ClusterState state) {
+  const std::string now = " (state is " + ClusterStateName(state_) + ")";
+  switch (state) {
+    case pb::CLUSTER_NEW_INSTANCE:
+    case pb::CLUSTER_DISABLE_FLS:
+      if (state_ != pb::CLUSTER_READY) {
+        return Err(Code::kFailedPrecondition, ClusterStateName(state), " needs CLUSTER_READY", now);
+      }
+      SetClusterState(state);
+      if (state == pb::CLUSTER_NEW_INSTANCE) SetClusterState(pb::CLUSTER_READY);
+      return Status::Ok();
+    case pb::CLUSTER_ENABLE_FLS:
+      if (state_ != pb::CLUSTER_DISABLE_FLS) {
+        return Err(Code::kFailedPrecondition, "cluster is not disabled", now);
+      }
+      SetClusterState(pb::CLUSTER_ENABLE_FLS);
+      SetClusterState(pb::CLUSTER_READY);
+      RefreshTimeoutState();
+      return Status::Ok();
+    case pb::CLUSTER_EXIT:
+      if (state_ == pb::CLUSTER_EXIT) {
+        return Status(Code::kFailedPrecondition, "cluster is already exiting");
+      }
+      scaling_ = false;
+      LOG(INFO) << "cluster terminated by admin";
+      SetClusterState(pb::CLUSTER_EXIT);
+      return Status::Ok();
+    default:
+      return Err(Code::kInvalidArgument, "cluster state ", ClusterStateName(state),
+                 " cannot be set by admin");
+  }
+}
+
+std::vector<Event> ClusterManager::TakeEvents() {
+  std::vector<Event> out;
+  out.swap(events_);
+  return out;
+}
+
+int ClusterManager::registered(pb::NodeRole role) const {
+  int n = 0;
+  for (const auto& [id, rec] : nodes_) n += rec.role == role ? 1 : 0;
+  return n;
+}
+
+int ClusterManager::Total(pb::NodeRole role) const {
+  return role == pb::SERVER ? server_num_ : worker_num_;
+}
+
+const NodeRecord* ClusterManager::Find(const std::string& node_id) const {
+  auto it = nodes_.find(node_id);
+  return it == nodes_.end() ? nullptr : &it->second;
+}
+
+NodeRecord* ClusterManager::Mutable(const std::string& node_id) {
+  auto it = nodes_.find(node_id);
+  return it == nodes_.end() ? nullptr : &it->second;
+}
+
+std::vector<const NodeRecord*> ClusterManager::Nodes() const {
+  std::vector<const NodeRecord*> out;
+  for (const auto& [id, rec] : nodes_) out.push_back(&rec);
+  std::sort(out.begin(), out.end(), [](const NodeRecord* a, const NodeRecord* b) {
+    return std::tie(a->role, a->rank, a->node_id) < std::tie(b->role, b->rank, b->node_id);
+  });
+  return out;
+}
+
+std::vector<NodeRecord*> ClusterManager::MutableNodes() {
+  std::vector<NodeRecord*> out;
+  for (const NodeRecord* rec : Nodes()) out.push_back(const_cast<NodeRecord*>(rec));
+  return out;
+}
+
+pb::SendMetadataMessage ClusterManager::BuildMetadata() const {
+  pb::SendMetadataMessage msg;
+  msg.set_worker_num(worker_num_);
+  msg.set_server_num(server_num_);
+  msg.set_cluster_state(state_);
+  msg.set_epoch(epoch_);
+  const TimePoint now = clock_->Now();
+  for (const NodeRecord* rec : Nodes()) {
+    pb::ServersMeta* meta =
+        rec->role == pb::SERVER ? msg.add_servers_meta() : msg.add_workers_meta();
+    meta->set_rank_id(rec->rank);
+    meta->set_ip(rec->ip);
+    meta->set_port(rec->port);
+    meta->set_is_alive(!rec->timed_out);
+    meta->set_role(rec->role);
+    meta->set_node_id(rec->node_id);
+    for (const pb::Device& d : rec->devices) *meta->add_devices() = d;
+    meta->set_state(rec->state);
+    meta->set_incarnation(rec->incarnation);
+    meta->set_last_heartbeat_age_ms(ToMillis(now - rec->last_heartbeat));
+  }
+  return msg;
+}
+
+// Global device ids are dense and ordered by role (servers first, then workers), then rank,
+// then local_id, so the numbering follows from the rank table alone.
+void ClusterManager::AssignTopology() {
+  int next = 0;
+  for (NodeRecord* rec : MutableNodes()) {
+    for (pb::Device& d : rec->devices) d.set_global_id(next++);
+    rec->in_metadata = true;
+    RefreshNodeState(rec);
+  }
+}
+
+void ClusterManager::PublishMetadata() {
+  AssignTopology();
+  ++epoch_;
+  EmitRaw(Event::Kind::kMetadataChanged);
+}
+
+// A node's pb state is derived from its flags, most urgent first.
+void ClusterManager::RefreshNodeState(NodeRecord* rec) const {
+  if (rec->finished && finish_passed_) {
+    rec->state = pb::NODE_FINISH;
+  } else if (rec->timed_out) {
+    rec->state = pb::NODE_TIMED_OUT;
+  } else if (rec->in_error) {
+    rec->state = pb::NODE_IN_ERROR;
+  } else if (rec->leaving) {
+    rec->state = pb::NODE_LEAVING;
+  } else {
+    rec->state = rec->in_metadata ? pb::NODE_READY : pb::NODE_STARTING;
+  }
+}
+
+// READY <-> NODE_TIMEOUT follows whether any node is timed out. Other states (starting,
+// scaling, disabled, exiting) are left alone; they re-check when they return to READY.
+void ClusterManager::RefreshTimeoutState() {
+  bool any = false;
+  for (const auto& [id, rec] : nodes_) any = any || rec.timed_out;
+  if (state_ == pb::CLUSTER_READY && any) SetClusterState(pb::NODE_TIMEOUT);
+  if (state_ == pb::NODE_TIMEOUT && !any) SetClusterState(pb::CLUSTER_READY);
+}
+
+void ClusterManager::SetClusterState(pb::ClusterState state) {
+  state_ = state;
+  EmitRaw(Event::Kind::kStateChanged);
+}
+
+Event& ClusterManager::EmitRaw(Event::Kind kind) {
+  Event& e = events_.emplace_back();
+  e.kind = kind;
+  e.state = state_;
+  e.epoch = epoch_;
+  e.worker_num = worker_num_;
+  e.server_num = server_num_;
+  return e;
+}
+
+Event& ClusterManager::Emit(Event::Kind kind, const NodeRecord* rec) {
+  Event& e = EmitRaw(kind);
+  e.node_id = rec->node_id;
+  e.role = rec->role;
+  e.rank = rec->rank;
+  return e;
+}
+
+}  // namespace pscore::core

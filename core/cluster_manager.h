@@ -1,0 +1,202 @@
+// ClusterManager: the scheduler's cluster state machine (membership, ranks, heartbeat
+// timeouts, finish barrier, elastic scale-out/in with rollback, admin states).
+// Owned by the scheduler node; not thread-safe: call it only from the scheduler's loop
+// thread. It performs no I/O: callers feed it requests and a clock, then drain
+// TakeEvents() in order and turn each Event into messages.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "proto/comm.pb.h"
+
+namespace pscore::core {
+
+// "server" / "worker" (enum name otherwise) and the enum name of a cluster state, for messages.
+std::string RoleName(pb::NodeRole role);
+std::string ClusterStateName(pb::ClusterState state);
+
+namespace internal {
+// Message building shared by the two halves of ClusterManager.
+template <typename... Args>
+std::string Cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+template <typename... Args>
+Status Err(Code code, const Args&... args) {
+  return Status(code, Cat(args...));
+}
+}  // namespace internal
+
+struct ClusterConfig {
+  int worker_num = 1;
+  int server_num = 1;
+  Duration heartbeat_timeout = std::chrono::seconds(30);
+  Duration scale_timeout = std::chrono::seconds(60);
+};
+
+struct RegisterRequest {
+  std::string node_id;
+  pb::NodeRole role = pb::WORKER;
+  std::string ip;
+  int port = 0;
+  uint64_t incarnation = 0;  // fresh per process start
+  int requested_rank = -1;   // -1: any free rank
+  std::vector<pb::Device> devices;
+  std::string host_name;
+};
+
+struct RegisterOutcome {
+  int rank = -1;
+  uint64_t epoch = 0;
+  bool restarted = false;  // a known node_id came back with a new incarnation
+  bool retry = false;      // same node_id and incarnation: nothing changed
+};
+
+// What the registry keeps per node.
+struct NodeRecord {
+  std::string node_id;
+  pb::NodeRole role = pb::WORKER;
+  int rank = -1;
+  std::string ip;
+  int port = 0;
+  uint64_t incarnation = 0;
+  std::vector<pb::Device> devices;  // sorted by local_id; global_id set with the topology
+  std::string host_name;
+  pb::NodeState state = pb::NODE_STARTING;
+  TimePoint last_heartbeat;
+  bool in_error = false;
+  int error_code = 0;
+  std::string error_message;
+  bool finished = false;
+  bool leaving = false;
+  // Additions: the facts `state` is derived from.
+  bool timed_out = false;
+  bool in_metadata = false;  // part of a published topology
+};
+
+// A decision the node layer must act on, in order.
+struct Event {
+  enum class Kind {
+    kStateChanged,     // cluster state changed to `state` (broadcast it)
+    kMetadataChanged,  // membership/ranks/topology changed: broadcast BuildMetadata() (epoch bumped)
+    kNodeRestarted,    // node_id re-registered with a new incarnation
+    kNodeTimedOut,     // node_id silent past heartbeat_timeout
+    kNodeRecovered,    // a timed-out node came back
+    kNodeError,        // node_id reported an error (code, message)
+    kFinishPassed,     // every live node called Finish: answer all finish waiters OK, then exit
+    kFinishFailed,     // (not used by Tick: finish deadline is per caller, see FinishMissing)
+    kScaleOut,         // start of scale-out: tell every node the new totals (worker_num, server_num, epoch)
+    kScaleIn,          // start of scale-in: tell every node; leaving_node_ids are leaving
+    kScaleDone,        // the scale operation finished; cluster READY again
+    kRollback,         // scale operation rolled back; message = reason
+    kNodeLeft,         // a scale-in node has been removed: it may exit now
+  };
+  Kind kind = Kind::kStateChanged;
+  pb::ClusterState state = pb::ClUSTER_STARTING;  // cluster state when the event was made
+  std::string node_id;
+  pb::NodeRole role = pb::WORKER;
+  int rank = -1;
+  int error_code = 0;
+  std::string message;
+  uint64_t epoch = 0;
+  int worker_num = 0;
+  int server_num = 0;
+  std::vector<std::string> leaving_node_ids;
+};
+
+class ClusterManager {
+ public:
+  ClusterManager(ClusterConfig config, const Clock* clock);
+
+  // Admits a node or re-admits a known node_id (it keeps its rank). See the .cc for rules.
+  Result<RegisterOutcome> Register(const RegisterRequest& req);
+  // kNotFound for an unknown or timed-out node: it must register again.
+  Status Heartbeat(const std::string& node_id);
+  // Applies timeouts: silent nodes, the scale-operation deadline, then the finish barrier.
+  void Tick();
+  Status ReportError(const std::string& node_id, int code, const std::string& message);
+  Status ResetNode(const std::string& node_id);  // clears the error state
+  Status Finish(const std::string& node_id);     // joins the finish barrier
+  std::vector<std::string> FinishMissing() const;  // live nodes that have not called Finish
+
+  Status ScaleOut(int worker_num, int server_num);  // new totals (each >= current)
+  Status ScaleInByIds(const std::vector<std::string>& node_ids);
+  Status ScaleInByCounts(int worker_num, int server_num);  // new totals; removes the highest ranks
+  Status ScaleOutDone(const std::string& node_id, uint64_t epoch);
+  Status ScaleInDone(const std::string& node_id, uint64_t epoch);
+  // Admin: CLUSTER_NEW_INSTANCE, CLUSTER_ENABLE_FLS, CLUSTER_DISABLE_FLS, CLUSTER_EXIT.
+  Status SetState(pb::ClusterState state);
+
+  std::vector<Event> TakeEvents();
+  pb::ClusterState state() const { return state_; }
+  uint64_t epoch() const { return epoch_; }
+  int worker_num() const { return worker_num_; }  // current target totals
+  int server_num() const { return server_num_; }
+  int registered(pb::NodeRole role) const;
+  const NodeRecord* Find(const std::string& node_id) const;
+  std::vector<const NodeRecord*> Nodes() const;  // sorted by role (server, worker), then rank
+  // servers_meta + workers_meta (sorted by rank), totals, state, epoch; devices with global
+  // ids. rank_id is left 0: the sender fills it per recipient.
+  pb::SendMetadataMessage BuildMetadata() const;
+
+ private:
+  enum class ScaleKind { kOut, kIn };
+  struct ScaleOp {
+    ScaleKind kind = ScaleKind::kOut;
+    TimePoint started;
+    int old_worker_num = 0;
+    int old_server_num = 0;
+    uint64_t expected_epoch = 0;        // the epoch a *Done must carry
+    bool new_nodes_in = false;          // scale-out: every new node registered
+    std::set<std::string> added;        // scale-out: nodes registered by this operation
+    std::set<std::string> done;         // nodes that answered *Done
+  };
+
+  Result<RegisterOutcome> Reregister(NodeRecord* rec, const RegisterRequest& req);
+  Result<RegisterOutcome> AdmitNew(const RegisterRequest& req);
+  Result<int> PickRank(pb::NodeRole role, int requested) const;
+  int Total(pb::NodeRole role) const;
+  NodeRecord* Mutable(const std::string& node_id);
+  std::vector<NodeRecord*> MutableNodes();
+  void AfterAdmit();
+  void AssignTopology();
+  void PublishMetadata();
+  void RefreshNodeState(NodeRecord* rec) const;
+  void RefreshTimeoutState();
+  void CheckFinish();
+  void CompleteScaleIn();
+  void EndScale();
+  bool AllDone() const;
+  void Rollback(const std::string& reason);
+  std::string ScaleProgress() const;
+  Status CheckCanStartScale() const;
+  Status StartScaleIn(const std::vector<std::string>& leaving);
+  Status CheckDone(ScaleKind kind, const std::string& node_id, uint64_t epoch) const;
+  void SetClusterState(pb::ClusterState state);
+  Event& Emit(Event::Kind kind, const NodeRecord* rec);
+  Event& EmitRaw(Event::Kind kind);
+
+  ClusterConfig config_;
+  const Clock* clock_;
+  pb::ClusterState state_ = pb::ClUSTER_STARTING;
+  uint64_t epoch_ = 0;
+  int worker_num_;
+  int server_num_;
+  bool finish_passed_ = false;
+  bool scaling_ = false;
+  ScaleOp op_;
+  std::map<std::string, NodeRecord> nodes_;  // by node_id; pointers stay valid until removal
+  std::vector<Event> events_;
+};
+
+}  // namespace pscore::core

@@ -1,0 +1,486 @@
+#include <algorithm>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+// Our headers first: glog defines its own CHECK, and catch.hpp must come last so that CHECK
+// below is Catch's (reports and continues) rather than glog's (aborts the binary).
+#include "core/cluster_manager.h"
+
+#include <catch2/catch.hpp>
+
+namespace pscore::core {
+namespace {
+
+using Kind = Event::Kind;
+constexpr uint64_t kInc = 100;
+
+RegisterRequest Req(const std::string& id, pb::NodeRole role, uint64_t inc = kInc,
+                    int rank = -1, int devices = 0) {
+  RegisterRequest req;
+  req.node_id = id;
+  req.role = role;
+  req.ip = "10.0.0.1";
+  req.port = 7000;
+  req.incarnation = inc;
+  req.requested_rank = rank;
+  for (int i = devices - 1; i >= 0; --i) {  // reversed on purpose: the manager sorts by local_id
+    pb::Device d;
+    d.set_local_id(i);
+    d.set_device_ip("192.168.0." + std::to_string(i));
+    req.devices.push_back(d);
+  }
+  return req;
+}
+
+std::vector<Kind> Kinds(const std::vector<Event>& events) {
+  std::vector<Kind> kinds;
+  for (const Event& e : events) kinds.push_back(e.kind);
+  return kinds;
+}
+
+struct Fixture {
+  explicit Fixture(int workers = 2, int servers = 1) {
+    config.worker_num = workers;
+    config.server_num = servers;
+    config.heartbeat_timeout = std::chrono::seconds(30);
+    config.scale_timeout = std::chrono::seconds(60);
+    cm = std::make_unique<ClusterManager>(config, &clock);
+  }
+  // Registers s0.. and w0.. up to the configured totals and drains the events.
+  void StartAll(int devices = 0) {
+    for (int i = 0; i < config.server_num; ++i) {
+      REQUIRE(cm->Register(Req("s" + std::to_string(i), pb::SERVER, kInc, -1, devices)).ok());
+    }
+    for (int i = 0; i < config.worker_num; ++i) {
+      REQUIRE(cm->Register(Req("w" + std::to_string(i), pb::WORKER, kInc, -1, devices)).ok());
+    }
+    REQUIRE(cm->state() == pb::CLUSTER_READY);
+    cm->TakeEvents();
+  }
+  void BeatAll() {
+    for (const NodeRecord* rec : cm->Nodes()) {
+      if (!rec->timed_out) REQUIRE(cm->Heartbeat(rec->node_id).ok());
+    }
+  }
+  FakeClock clock;
+  ClusterConfig config;
+  std::unique_ptr<ClusterManager> cm;
+};
+
+}  // namespace
+
+TEST_CASE("register validates role, ranks and quota with named values", "[core][cluster]") {
+  Fixture f(/*workers=*/3, /*servers=*/2);
+  Result<RegisterOutcome> bad = f.cm->Register(Req("x", pb::SCHEDULER));
+  CHECK(bad.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(bad.status().message(), Catch::Contains("unknown role SCHEDULER"));
+
+  Result<RegisterOutcome> w_a = f.cm->Register(Req("wa", pb::WORKER, kInc, /*rank=*/2));
+  REQUIRE(w_a.ok());
+  CHECK(w_a->rank == 2);
+  CHECK(f.cm->Register(Req("wb", pb::WORKER))->rank == 0);  // lowest free, arrival order
+  CHECK(f.cm->Register(Req("s0", pb::SERVER))->rank == 0);
+
+  Result<RegisterOutcome> taken = f.cm->Register(Req("wc", pb::WORKER, kInc, /*rank=*/2));
+  CHECK(taken.status().code() == Code::kAlreadyExists);
+  CHECK_THAT(taken.status().message(), Catch::Contains("worker rank 2 already taken by node wa"));
+  Result<RegisterOutcome> range = f.cm->Register(Req("wc", pb::WORKER, kInc, /*rank=*/5));
+  CHECK(range.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(range.status().message(), Catch::Contains("rank 5 out of range [0, 3)"));
+
+  CHECK(f.cm->Register(Req("wc", pb::WORKER))->rank == 1);
+  CHECK(f.cm->Register(Req("s1", pb::SERVER))->rank == 1);
+  Result<RegisterOutcome> full = f.cm->Register(Req("s2", pb::SERVER));
+  CHECK(full.status().code() == Code::kResourceExhausted);
+  CHECK_THAT(full.status().message(), Catch::Contains("server quota full (2/2)"));
+  CHECK(f.cm->registered(pb::SERVER) == 2);
+  CHECK(f.cm->registered(pb::WORKER) == 3);
+  CHECK(f.cm->Find("s2") == nullptr);
+}
+
+TEST_CASE("re-register keeps the rank; retry, restart, device and role changes", "[core][cluster]") {
+  Fixture f(/*workers=*/2, /*servers=*/1);
+  REQUIRE(f.cm->Register(Req("w0", pb::WORKER, kInc, -1, 2)).ok());
+  f.cm->TakeEvents();
+
+  Result<RegisterOutcome> retry = f.cm->Register(Req("w0", pb::WORKER, kInc, -1, 2));
+  REQUIRE(retry.ok());
+  CHECK(retry->retry);
+  CHECK_FALSE(retry->restarted);
+  CHECK(retry->rank == 0);
+  CHECK(f.cm->TakeEvents().empty());
+
+  Result<RegisterOutcome> restarted = f.cm->Register(Req("w0", pb::WORKER, kInc + 1, -1, 2));
+  REQUIRE(restarted.ok());
+  CHECK(restarted->restarted);
+  CHECK(restarted->rank == 0);
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeRestarted});
+  CHECK(events[0].node_id == "w0");
+  CHECK(f.cm->Find("w0")->incarnation == kInc + 1);
+
+  Result<RegisterOutcome> devs = f.cm->Register(Req("w0", pb::WORKER, kInc + 1, -1, 3));
+  CHECK(devs.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(devs.status().message(), Catch::Contains("3 devices, was 2"));
+  Result<RegisterOutcome> role = f.cm->Register(Req("w0", pb::SERVER, kInc + 1, -1, 2));
+  CHECK(role.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(role.status().message(), Catch::Contains("registered as worker, now claims server"));
+  CHECK(f.cm->Find("w0")->role == pb::WORKER);
+}
+
+TEST_CASE("a node in error is refused on retry until reset; a restart clears it",
+          "[core][cluster]") {
+  Fixture f;
+  f.StartAll();
+  REQUIRE(f.cm->ReportError("w1", 42, "disk full").ok());
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeError});
+  CHECK(events[0].node_id == "w1");
+  CHECK(events[0].error_code == 42);
+  CHECK(events[0].message == "disk full");
+  CHECK(f.cm->Find("w1")->state == pb::NODE_IN_ERROR);
+  CHECK(f.cm->ReportError("nope", 1, "x").code() == Code::kNotFound);
+
+  Result<RegisterOutcome> refused = f.cm->Register(Req("w1", pb::WORKER));
+  CHECK(refused.status().code() == Code::kFailedPrecondition);
+  CHECK_THAT(refused.status().message(), Catch::Contains("code 42: disk full"));
+  REQUIRE(f.cm->ResetNode("w1").ok());
+  CHECK_FALSE(f.cm->Find("w1")->in_error);
+  CHECK(f.cm->Register(Req("w1", pb::WORKER))->retry);
+
+  REQUIRE(f.cm->ReportError("w1", 7, "oom").ok());
+  Result<RegisterOutcome> fresh = f.cm->Register(Req("w1", pb::WORKER, kInc + 9));
+  REQUIRE(fresh.ok());
+  CHECK(fresh->restarted);
+  CHECK_FALSE(f.cm->Find("w1")->in_error);
+  CHECK(f.cm->Find("w1")->state == pb::NODE_READY);
+}
+
+TEST_CASE("all registered: topology ids, metadata, then READY", "[core][cluster]") {
+  Fixture f(/*workers=*/1, /*servers=*/2);
+  // The worker arrives first but its devices are numbered after every server's.
+  REQUIRE(f.cm->Register(Req("w0", pb::WORKER, kInc, -1, 1)).ok());
+  REQUIRE(f.cm->Register(Req("s1", pb::SERVER, kInc, /*rank=*/1, 2)).ok());
+  CHECK(f.cm->TakeEvents().empty());
+  CHECK(f.cm->state() == pb::ClUSTER_STARTING);
+  Result<RegisterOutcome> last = f.cm->Register(Req("s0", pb::SERVER, kInc, -1, 2));
+  REQUIRE(last.ok());
+  CHECK(last->epoch == 1);
+
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kMetadataChanged, Kind::kStateChanged});
+  CHECK(events[0].epoch == 1);
+  CHECK(events[1].state == pb::CLUSTER_READY);
+  CHECK(f.cm->epoch() == 1);
+
+  pb::SendMetadataMessage meta = f.cm->BuildMetadata();
+  CHECK(meta.epoch() == 1);
+  CHECK(meta.cluster_state() == pb::CLUSTER_READY);
+  CHECK(meta.worker_num() == 1);
+  CHECK(meta.server_num() == 2);
+  REQUIRE(meta.servers_meta_size() == 2);
+  REQUIRE(meta.workers_meta_size() == 1);
+  CHECK(meta.servers_meta(0).node_id() == "s0");
+  CHECK(meta.servers_meta(1).node_id() == "s1");
+  CHECK(meta.servers_meta(0).devices(0).local_id() == 0);
+  CHECK(meta.servers_meta(0).devices(0).global_id() == 0);
+  CHECK(meta.servers_meta(0).devices(1).global_id() == 1);
+  CHECK(meta.servers_meta(1).devices(0).global_id() == 2);
+  CHECK(meta.servers_meta(1).devices(1).global_id() == 3);
+  CHECK(meta.workers_meta(0).devices(0).global_id() == 4);
+  CHECK(meta.workers_meta(0).state() == pb::NODE_READY);
+  CHECK(meta.workers_meta(0).is_alive());
+}
+
+TEST_CASE("heartbeat timeout marks the node and the cluster; re-register recovers",
+          "[core][cluster]") {
+  Fixture f;
+  f.StartAll();
+  CHECK(f.cm->Heartbeat("ghost").code() == Code::kNotFound);
+
+  f.clock.Advance(std::chrono::seconds(20));
+  REQUIRE(f.cm->Heartbeat("s0").ok());
+  REQUIRE(f.cm->Heartbeat("w0").ok());
+  f.clock.Advance(std::chrono::seconds(11));  // w1 silent 31 s since registering
+  f.cm->Tick();
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeTimedOut, Kind::kStateChanged});
+  CHECK(events[0].node_id == "w1");
+  CHECK(events[0].rank == 1);
+  CHECK(events[1].state == pb::NODE_TIMEOUT);
+  CHECK(f.cm->Find("w1")->state == pb::NODE_TIMED_OUT);
+  CHECK_FALSE(f.cm->BuildMetadata().workers_meta(1).is_alive());
+
+  f.cm->Tick();
+  CHECK(f.cm->TakeEvents().empty());  // reported once
+  CHECK(f.cm->Heartbeat("w1").code() == Code::kNotFound);
+
+  Result<RegisterOutcome> back = f.cm->Register(Req("w1", pb::WORKER));
+  REQUIRE(back.ok());
+  CHECK(back->rank == 1);
+  events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeRecovered, Kind::kStateChanged});
+  CHECK(events[1].state == pb::CLUSTER_READY);
+  CHECK(f.cm->state() == pb::CLUSTER_READY);
+  CHECK(f.cm->Find("w1")->state == pb::NODE_READY);
+}
+
+TEST_CASE("finish barrier over live nodes; late second call is refused", "[core][cluster]") {
+  Fixture f(/*workers=*/2, /*servers=*/1);
+  f.StartAll();
+  REQUIRE(f.cm->Finish("w0").ok());
+  CHECK(f.cm->Finish("nope").code() == Code::kNotFound);
+  CHECK(f.cm->FinishMissing() == std::vector<std::string>{"s0", "w1"});
+  CHECK(f.cm->TakeEvents().empty());
+
+  // w1 goes silent: the barrier no longer waits for it.
+  f.clock.Advance(std::chrono::seconds(31));
+  REQUIRE(f.cm->Heartbeat("s0").ok());
+  REQUIRE(f.cm->Heartbeat("w0").ok());
+  f.cm->Tick();
+  f.cm->TakeEvents();
+  CHECK(f.cm->FinishMissing() == std::vector<std::string>{"s0"});
+
+  REQUIRE(f.cm->Finish("s0").ok());
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kFinishPassed, Kind::kStateChanged});
+  CHECK(events[1].state == pb::CLUSTER_EXIT);
+  CHECK(f.cm->state() == pb::CLUSTER_EXIT);
+  CHECK(f.cm->Find("s0")->state == pb::NODE_FINISH);
+  Status again = f.cm->Finish("w0");
+  CHECK(again.code() == Code::kFailedPrecondition);
+  CHECK(again.message() == "node w0 already left");
+}
+
+TEST_CASE("scale-out: new ranks follow old ones, done with newest epoch, READY", "[core][cluster]") {
+  Fixture f(/*workers=*/1, /*servers=*/1);
+  Status early = f.cm->ScaleOut(2, 2);
+  CHECK(early.code() == Code::kFailedPrecondition);
+  CHECK_THAT(early.message(), Catch::Contains("ClUSTER_STARTING"));
+  f.StartAll(/*devices=*/1);
+  CHECK(f.cm->ScaleOut(0, 2).code() == Code::kInvalidArgument);
+  CHECK(f.cm->ScaleOut(1, 1).code() == Code::kInvalidArgument);
+
+  REQUIRE(f.cm->ScaleOut(2, 2).ok());
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kScaleOut, Kind::kStateChanged});
+  CHECK(events[0].worker_num == 2);
+  CHECK(events[0].server_num == 2);
+  CHECK(events[0].epoch == 2);
+  CHECK(events[1].state == pb::CLUSTER_SCALE_OUT);
+  CHECK(f.cm->ScaleOut(3, 3).message() == "scale operation already running");
+  Status waiting = f.cm->ScaleOutDone("s0", 2);
+  CHECK(waiting.code() == Code::kFailedPrecondition);
+  CHECK_THAT(waiting.message(), Catch::Contains("0 of 1 new servers registered"));
+
+  CHECK(f.cm->Register(Req("s1", pb::SERVER, kInc, -1, 1))->rank == 1);
+  CHECK(f.cm->TakeEvents().empty());
+  CHECK(f.cm->Register(Req("w1", pb::WORKER, kInc, -1, 1))->rank == 1);
+  events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kMetadataChanged});
+  CHECK(events[0].epoch == 3);
+  CHECK(f.cm->Find("w0")->rank == 0);
+  CHECK(f.cm->Find("w0")->devices[0].global_id() == 2);  // after both servers' devices
+
+  Status stale = f.cm->ScaleOutDone("s0", 2);
+  CHECK(stale.code() == Code::kAborted);
+  CHECK_THAT(stale.message(), Catch::Contains("stale epoch 2 < 3"));
+  for (const char* id : {"s0", "s1", "w0"}) REQUIRE(f.cm->ScaleOutDone(id, 3).ok());
+  CHECK(f.cm->TakeEvents().empty());
+  REQUIRE(f.cm->ScaleOutDone("w1", 3).ok());
+  events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kScaleDone, Kind::kStateChanged});
+  CHECK(events[1].state == pb::CLUSTER_READY);
+  CHECK(f.cm->worker_num() == 2);
+  CHECK(f.cm->server_num() == 2);
+  CHECK(f.cm->Find("w1")->state == pb::NODE_READY);
+}
+
+TEST_CASE("scale-out past its deadline rolls back to the old membership", "[core][cluster]") {
+  Fixture f(/*workers=*/1, /*servers=*/1);
+  f.StartAll();
+  REQUIRE(f.cm->ScaleOut(1, 3).ok());
+  REQUIRE(f.cm->Register(Req("s1", pb::SERVER)).ok());
+  f.cm->TakeEvents();
+  for (int i = 0; i < 3; ++i) {
+    f.clock.Advance(std::chrono::seconds(20));
+    f.BeatAll();
+    f.cm->Tick();
+  }
+  CHECK(f.cm->state() == pb::CLUSTER_SCALE_OUT);  // exactly 60 s: not yet late
+  f.clock.Advance(std::chrono::seconds(1));
+  f.cm->Tick();
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) ==
+          std::vector<Kind>{Kind::kRollback, Kind::kMetadataChanged, Kind::kStateChanged});
+  CHECK(events[0].message ==
+        "scale-out timed out after 60000 ms: 1 of 2 new servers registered");
+  CHECK(events[0].epoch == 3);
+  CHECK(events[2].state == pb::CLUSTER_READY);
+  CHECK(f.cm->Find("s1") == nullptr);
+  CHECK(f.cm->server_num() == 1);
+  CHECK(f.cm->registered(pb::SERVER) == 1);
+  CHECK(f.cm->BuildMetadata().servers_meta_size() == 1);
+}
+
+TEST_CASE("a node timing out during scale-in rolls it back", "[core][cluster]") {
+  Fixture f(/*workers=*/3, /*servers=*/1);
+  f.StartAll();
+  REQUIRE(f.cm->ScaleInByIds({"w2"}).ok());
+  f.cm->TakeEvents();
+  CHECK(f.cm->Find("w2")->state == pb::NODE_LEAVING);
+  f.clock.Advance(std::chrono::seconds(31));
+  REQUIRE(f.cm->Heartbeat("s0").ok());
+  REQUIRE(f.cm->Heartbeat("w0").ok());
+  REQUIRE(f.cm->Heartbeat("w2").ok());
+  f.cm->Tick();  // w1 is silent
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeTimedOut, Kind::kRollback,
+                                             Kind::kMetadataChanged, Kind::kStateChanged,
+                                             Kind::kStateChanged});
+  CHECK(events[1].message == "worker w1 (rank 1) timed out during scale-in");
+  CHECK(events[3].state == pb::CLUSTER_READY);
+  CHECK(events[4].state == pb::NODE_TIMEOUT);  // w1 is still gone
+  CHECK(f.cm->worker_num() == 3);
+  CHECK_FALSE(f.cm->Find("w2")->leaving);
+  CHECK(f.cm->Find("w2")->state == pb::NODE_READY);
+}
+
+TEST_CASE("scale-in by ids: leaving nodes removed, ranks compacted, READY", "[core][cluster]") {
+  Fixture f(/*workers=*/3, /*servers=*/2);
+  f.StartAll(/*devices=*/1);
+  Status unknown = f.cm->ScaleInByIds({"w9"});
+  CHECK(unknown.code() == Code::kNotFound);
+  CHECK_THAT(unknown.message(), Catch::Contains("w9"));
+  Status all = f.cm->ScaleInByIds({"s0", "s1"});
+  CHECK(all.code() == Code::kInvalidArgument);
+  CHECK_THAT(all.message(), Catch::Contains("all 2 servers"));
+
+  REQUIRE(f.cm->ScaleInByIds({"w1"}).ok());
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kScaleIn, Kind::kStateChanged});
+  CHECK(events[0].leaving_node_ids == std::vector<std::string>{"w1"});
+  CHECK(events[0].worker_num == 2);
+  CHECK(events[0].server_num == 2);
+  CHECK(events[0].epoch == 2);
+  CHECK(events[1].state == pb::CLUSTER_SCALE_IN);
+  CHECK(f.cm->Register(Req("w7", pb::WORKER)).status().code() == Code::kFailedPrecondition);
+
+  CHECK(f.cm->ScaleInDone("w1", 1).code() == Code::kAborted);
+  for (const char* id : {"s0", "s1", "w0", "w1"}) REQUIRE(f.cm->ScaleInDone(id, 2).ok());
+  CHECK(f.cm->TakeEvents().empty());
+  REQUIRE(f.cm->ScaleInDone("w2", 2).ok());
+  events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeLeft, Kind::kMetadataChanged,
+                                             Kind::kScaleDone, Kind::kStateChanged});
+  CHECK(events[0].node_id == "w1");
+  CHECK(events[1].epoch == 3);
+  CHECK(events[3].state == pb::CLUSTER_READY);
+  CHECK(f.cm->Find("w1") == nullptr);
+  CHECK(f.cm->Find("w2")->rank == 1);
+  CHECK(f.cm->Find("w2")->devices[0].global_id() == 3);
+  CHECK(f.cm->Heartbeat("w1").code() == Code::kNotFound);
+  CHECK(f.cm->registered(pb::WORKER) == 2);
+}
+
+TEST_CASE("scale-in by counts removes the highest ranks", "[core][cluster]") {
+  Fixture f(/*workers=*/4, /*servers=*/2);
+  f.StartAll();
+  CHECK(f.cm->ScaleInByCounts(0, 2).code() == Code::kInvalidArgument);
+  CHECK(f.cm->ScaleInByCounts(5, 2).code() == Code::kInvalidArgument);
+  REQUIRE(f.cm->ScaleInByCounts(2, 1).ok());
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE_FALSE(events.empty());
+  CHECK(events[0].leaving_node_ids == std::vector<std::string>{"s1", "w2", "w3"});
+  CHECK(f.cm->ScaleInByCounts(1, 1).message() == "scale operation already running");
+  for (const NodeRecord* rec : f.cm->Nodes()) REQUIRE(f.cm->ScaleInDone(rec->node_id, 2).ok());
+  CHECK(f.cm->state() == pb::CLUSTER_READY);
+  CHECK(f.cm->worker_num() == 2);
+  CHECK(f.cm->server_num() == 1);
+  CHECK(f.cm->Nodes().size() == 3);
+}
+
+TEST_CASE("admin states: new instance, sticky disable, enable, exit", "[core][cluster]") {
+  Fixture f;
+  CHECK(f.cm->SetState(pb::CLUSTER_NEW_INSTANCE).code() == Code::kFailedPrecondition);
+  f.StartAll();
+  REQUIRE(f.cm->SetState(pb::CLUSTER_NEW_INSTANCE).ok());
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].state == pb::CLUSTER_NEW_INSTANCE);
+  CHECK(events[1].state == pb::CLUSTER_READY);
+
+  CHECK(f.cm->SetState(pb::CLUSTER_ENABLE_FLS).code() == Code::kFailedPrecondition);
+  REQUIRE(f.cm->SetState(pb::CLUSTER_DISABLE_FLS).ok());
+  CHECK(f.cm->state() == pb::CLUSTER_DISABLE_FLS);
+  CHECK(f.cm->ScaleOut(3, 1).code() == Code::kFailedPrecondition);
+  CHECK(f.cm->SetState(pb::CLUSTER_NEW_INSTANCE).code() == Code::kFailedPrecondition);
+  f.clock.Advance(std::chrono::seconds(40));
+  f.BeatAll();
+  f.cm->Tick();
+  CHECK(f.cm->state() == pb::CLUSTER_DISABLE_FLS);  // sticky
+  f.cm->TakeEvents();
+  REQUIRE(f.cm->SetState(pb::CLUSTER_ENABLE_FLS).ok());
+  events = f.cm->TakeEvents();
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].state == pb::CLUSTER_ENABLE_FLS);
+  CHECK(events[1].state == pb::CLUSTER_READY);
+
+  CHECK(f.cm->SetState(pb::CLUSTER_SCALE_OUT).code() == Code::kInvalidArgument);
+  REQUIRE(f.cm->SetState(pb::CLUSTER_EXIT).ok());
+  CHECK(f.cm->state() == pb::CLUSTER_EXIT);
+  CHECK(f.cm->SetState(pb::CLUSTER_EXIT).code() == Code::kFailedPrecondition);
+  CHECK(f.cm->Register(Req("w9", pb::WORKER)).status().code() == Code::kFailedPrecondition);
+}
+
+TEST_CASE("epoch only grows across membership changes", "[core][cluster]") {
+  Fixture f(/*workers=*/2, /*servers=*/1);
+  f.StartAll();
+  std::vector<uint64_t> seen{f.cm->epoch()};
+  REQUIRE(f.cm->ScaleOut(3, 1).ok());
+  seen.push_back(f.cm->epoch());
+  REQUIRE(f.cm->Register(Req("w2", pb::WORKER)).ok());
+  seen.push_back(f.cm->epoch());
+  for (const NodeRecord* rec : f.cm->Nodes()) REQUIRE(f.cm->ScaleOutDone(rec->node_id, seen.back()).ok());
+  REQUIRE(f.cm->ScaleInByIds({"w0"}).ok());
+  seen.push_back(f.cm->epoch());
+  for (const NodeRecord* rec : f.cm->Nodes()) REQUIRE(f.cm->ScaleInDone(rec->node_id, seen.back()).ok());
+  seen.push_back(f.cm->epoch());
+  RegisterRequest moved = Req("w1", pb::WORKER, kInc + 1);
+  moved.port = 7100;  // a restart on a new port republishes the address
+  REQUIRE(f.cm->Register(moved).ok());
+  seen.push_back(f.cm->epoch());
+  CHECK(seen == std::vector<uint64_t>{1, 2, 3, 4, 5, 6});
+  CHECK(f.cm->Find("w1")->rank == 0);
+  CHECK(f.cm->Find("w2")->rank == 1);
+}
+
+TEST_CASE("64 workers and 16 servers in random order get dense ranks and topology",
+          "[core][cluster]") {
+  Fixture f(/*workers=*/64, /*servers=*/16);
+  std::vector<RegisterRequest> reqs;
+  for (int i = 0; i < 16; ++i) reqs.push_back(Req("s" + std::to_string(i), pb::SERVER, 1, -1, 2));
+  for (int i = 0; i < 64; ++i) reqs.push_back(Req("w" + std::to_string(i), pb::WORKER, 1, -1, 2));
+  std::mt19937 rng(12345);
+  std::shuffle(reqs.begin(), reqs.end(), rng);
+  for (const RegisterRequest& req : reqs) REQUIRE(f.cm->Register(req).ok());
+  REQUIRE(f.cm->state() == pb::CLUSTER_READY);
+
+  std::vector<const NodeRecord*> nodes = f.cm->Nodes();
+  REQUIRE(nodes.size() == 80);
+  int next_global = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const NodeRecord* rec = nodes[i];
+    CHECK(rec->rank == (rec->role == pb::SERVER ? static_cast<int>(i) : static_cast<int>(i) - 16));
+    for (const pb::Device& d : rec->devices) CHECK(d.global_id() == next_global++);
+  }
+  CHECK(next_global == 160);
+  pb::SendMetadataMessage meta = f.cm->BuildMetadata();
+  REQUIRE(meta.workers_meta_size() == 64);
+  CHECK(meta.workers_meta(10).devices(0).global_id() > meta.workers_meta(9).devices(1).global_id());
+  CHECK(meta.workers_meta(0).devices(0).global_id() == 32);
+}
+
+}  // namespace pscore::core
