@@ -1,0 +1,332 @@
+#include "node/node.h"
+
+#include <random>
+
+#include "node/wire.h"
+
+namespace pscore::node {
+
+using comm::ConnId;
+using comm::Frame;
+
+namespace {
+
+uint64_t FreshIncarnation() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+               static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return v == 0 ? 1 : v;
+}
+
+comm::TransportOptions TransportFor(const NodeOptions& o) {
+  comm::TransportOptions t;
+  t.limits.max_message_bytes = o.max_message_bytes;
+  return t;
+}
+
+}  // namespace
+
+Node::Node(NodeOptions options, comm::EventLoop* loop)
+    : options_(std::move(options)),
+      owned_loop_(loop == nullptr ? std::make_unique<comm::EventLoop>(RoleLabel(options_.role)) : nullptr),
+      loop_(loop == nullptr ? owned_loop_.get() : loop),
+      incarnation_(FreshIncarnation()) {
+  if (options_.node_id.empty()) {
+    options_.node_id = RoleLabel(options_.role) + "-" + std::to_string(incarnation_ % 1000000007);
+  }
+  comm::Messenger::Handlers h;
+  h.on_request = [this](ConnId c, Frame&& f) { OnFrame(c, std::move(f)); };
+  h.on_close = [this](ConnId c, const Status& why) { OnPeerClosed(c, why); };
+  messenger_ = std::make_unique<comm::Messenger>(loop_, TransportFor(options_), std::move(h));
+}
+
+Node::~Node() { Stop(); }
+
+void Node::SetCallbacks(Callbacks cb) { callbacks_ = std::move(cb); }
+
+Status Node::Start() {
+  if (owned_loop_ && !owned_loop_->running()) PSCORE_RETURN_IF_ERROR(owned_loop_->Start());
+  std::future<Status> registered = start_promise_.get_future();
+  Status st = RunSync<Status>([this] {
+    PSCORE_RETURN_IF_ERROR(StartRole());
+    comm::ConnectOptions co;
+    co.timeout = options_.connect_timeout;
+    comm::TcpClient::Callbacks cb;
+    cb.on_connected = [this](ConnId c) { OnSchedulerConnected(c); };
+    cb.on_lost = [this](const Status& why) {
+      LOG(WARNING) << options_.node_id << ": lost the scheduler link (" << why << "); reconnecting";
+      registered_ = false;
+    };
+    cb.on_failed = [this](const Status& why) { OnSchedulerFailed(why); };
+    scheduler_ = std::make_unique<comm::TcpClient>(&messenger_->transport(), options_.scheduler_host,
+                                                   options_.scheduler_port, co, /*reconnect=*/true, cb);
+    scheduler_->Start();
+    stop_hook_ = loop_->AddStopHook([this] {
+      if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
+      heartbeat_timer_ = 0;
+      scheduler_.reset();
+      StopRole();
+      messenger_->Shutdown();
+    });
+    return Status::Ok();
+  });
+  if (!st.ok()) return st;
+  if (registered.wait_for(options_.connect_timeout + std::chrono::seconds(5)) != std::future_status::ready) {
+    return Status(Code::kTimeout, "registration with the scheduler did not finish in time");
+  }
+  return registered.get();
+}
+
+void Node::OnSchedulerConnected(ConnId conn) {
+  VLOG(1) << options_.node_id << ": connected to the scheduler (conn " << conn << ")";
+  Register();
+}
+
+void Node::OnSchedulerFailed(const Status& why) {
+  Status st(Code::kUnavailable, options_.node_id + " cannot reach the scheduler at " +
+                                    scheduler_->target() + ": " + why.message());
+  LOG(ERROR) << st;
+  if (!start_done_) {
+    start_done_ = true;
+    start_promise_.set_value(st);
+  }
+  Terminate(st);
+}
+
+void Node::Register() {
+  if (registering_ || scheduler_ == nullptr || !scheduler_->connected()) return;
+  registering_ = true;
+  pb::RegisterMessage msg;
+  msg.set_ip(options_.host);
+  msg.set_port(listen_port_);
+  msg.set_node_id(options_.node_id);
+  msg.set_role(options_.role);
+  msg.set_incarnation(incarnation_);
+  msg.set_requested_rank(rank_ >= 0 ? rank_ : options_.rank);
+  msg.set_host_name(options_.host_name);
+  for (auto& d : options_.devices) *msg.add_devices() = d;
+  messenger_->Call(scheduler_->conn(), MakeMeta(pb::REGISTER, options_.role, rank_), ToBuffer(msg),
+                   options_.request_timeout, [this](Result<Frame> r) {
+    registering_ = false;
+    pb::RegisterRespMessage resp;
+    Status st = r.ok() ? ParsePayload(*r, &resp) : r.status();
+    if (!st.ok()) {
+      if (st.code() == Code::kUnavailable || st.code() == Code::kTimeout) return;  // link will retry
+      LOG(ERROR) << options_.node_id << ": registration refused: " << st;
+      if (!start_done_) {
+        start_done_ = true;
+        start_promise_.set_value(st);
+      }
+      Terminate(st);
+      return;
+    }
+    registered_ = true;
+    rank_ = resp.rank_id();
+    LOG(INFO) << RoleLabel(options_.role) << " " << options_.node_id << " registered as rank " << rank_;
+    PublishSnapshot();
+    if (heartbeat_timer_ == 0) {
+      heartbeat_timer_ = loop_->AddTimer(options_.heartbeat_interval, options_.heartbeat_interval,
+                                         [this] { Heartbeat(); });
+    }
+    if (!start_done_) {
+      start_done_ = true;
+      start_promise_.set_value(Status::Ok());
+    }
+  });
+}
+
+void Node::Heartbeat() {
+  if (!registered_ || scheduler_ == nullptr || !scheduler_->connected()) return;
+  pb::HeartbeatMessage msg;
+  msg.set_node_id(options_.node_id);
+  msg.set_known_epoch(epoch_);
+  msg.set_node_state(state_ == pb::CLUSTER_READY ? pb::NODE_READY : pb::NODE_STARTING);
+  messenger_->Call(scheduler_->conn(), MakeMeta(pb::HEARTBEAT, options_.role, rank_), ToBuffer(msg),
+                   options_.heartbeat_interval * 3, [this](Result<Frame> r) {
+    if (!r.ok()) {
+      if (r.status().code() == Code::kNotFound) {
+        LOG(WARNING) << options_.node_id << ": the scheduler does not know us (" << r.status()
+                     << "); registering again";
+        registered_ = false;
+        Register();
+      }
+      return;
+    }
+    pb::HeartbeatRespMessage resp;
+    if (!ParsePayload(*r, &resp).ok()) return;
+    if (resp.has_metadata()) ApplyMetadata(resp.metadata());
+    ApplyState(resp.cluster_state());
+  });
+}
+
+void Node::OnFrame(ConnId conn, Frame&& frame) {
+  if (scheduler_ != nullptr && conn == scheduler_->conn()) {
+    HandleSchedulerPush(conn, std::move(frame));
+  } else {
+    OnPeerRequest(conn, std::move(frame));
+  }
+}
+
+void Node::OnPeerRequest(ConnId conn, Frame&& frame) {
+  LOG_FIRST_N(WARNING, 10) << options_.node_id << ": conn " << conn << " sent "
+                           << pb::NodeCommand_Name(frame.meta.cmd()) << ", which a "
+                           << RoleLabel(options_.role) << " does not serve";
+  messenger_->Reply(conn, frame.meta, Status(Code::kInvalidArgument, "a " + RoleLabel(options_.role) +
+                                                                        " does not serve " +
+                                                                        pb::NodeCommand_Name(frame.meta.cmd())))
+      .IgnoreError();
+}
+
+void Node::HandleSchedulerPush(ConnId conn, Frame&& frame) {
+  switch (frame.meta.cmd()) {
+    case pb::SEND_METADATA: {
+      pb::SendMetadataMessage md;
+      if (ParsePayload(frame, &md).ok()) ApplyMetadata(md);
+      break;
+    }
+    case pb::CLUSTER_EVENT: {
+      pb::ClusterEventMessage ev;
+      if (!ParsePayload(frame, &ev).ok()) break;
+      if (ev.kind() == pb::ClusterEventMessage::STATE_CHANGED) {
+        if (ev.cluster_state() == pb::CLUSTER_NEW_INSTANCE && callbacks_.on_new_instance) {
+          callbacks_.on_new_instance();
+        }
+        ApplyState(ev.cluster_state());
+      }
+      if (callbacks_.on_cluster_event) callbacks_.on_cluster_event(ev);
+      break;
+    }
+    case pb::SEND_EVENT: {
+      pb::EventRespMessage ev;
+      if (ParsePayload(frame, &ev).ok() && callbacks_.on_user_event) {
+        callbacks_.on_user_event(ev.node_id(), ev.event(), ev.payload());
+      }
+      break;
+    }
+    case pb::SCALE_OUT: {
+      pb::ScaleOutMessage msg;
+      if (ParsePayload(frame, &msg).ok() && callbacks_.on_scale_out) callbacks_.on_scale_out(msg);
+      break;
+    }
+    case pb::SCALE_IN: {
+      pb::ScaleInMessage msg;
+      if (ParsePayload(frame, &msg).ok() && callbacks_.on_scale_in) callbacks_.on_scale_in(msg);
+      break;
+    }
+    case pb::TERMINATE:
+      LOG(INFO) << options_.node_id << ": terminated by the scheduler";
+      Terminate(Status::Ok());
+      break;
+    default:
+      LOG(WARNING) << options_.node_id << ": unexpected " << pb::NodeCommand_Name(frame.meta.cmd())
+                   << " from the scheduler";
+  }
+}
+
+void Node::ApplyMetadata(const pb::SendMetadataMessage& md) {
+  if (md.epoch() < epoch_) {
+    LOG(WARNING) << options_.node_id << ": ignored stale metadata of epoch " << md.epoch() << " < " << epoch_;
+    return;
+  }
+  epoch_ = md.epoch();
+  metadata_ = md;
+  rank_ = md.rank_id();
+  std::map<int, std::string> addrs;
+  for (const pb::ServersMeta& s : md.servers_meta()) {
+    addrs[s.rank_id()] = s.ip() + ":" + std::to_string(s.port());
+  }
+  // Links to servers whose rank now names another address are stale.
+  for (auto it = server_conn_.begin(); it != server_conn_.end();) {
+    auto a = addrs.find(it->first);
+    if (a == addrs.end() || a->second != server_addr_[it->first]) {
+      messenger_->transport().Close(it->second, Status(Code::kCancelled, "server moved"));
+      it = server_conn_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  server_addr_ = std::move(addrs);
+  PublishSnapshot();
+  if (callbacks_.on_metadata) callbacks_.on_metadata(md);
+  OnMetadataApplied();
+  ApplyState(md.cluster_state());
+}
+
+void Node::ApplyState(pb::ClusterState state) {
+  if (state == state_) return;
+  state_ = state;
+  PublishSnapshot();
+  if (callbacks_.on_state) callbacks_.on_state(state);
+  if (state == pb::CLUSTER_EXIT) Terminate(Status::Ok());
+}
+
+void Node::PublishSnapshot() {
+  std::lock_guard<std::mutex> lock(mu_);
+  rank_snapshot_ = rank_;
+  state_snapshot_ = state_;
+  epoch_snapshot_ = epoch_;
+  metadata_snapshot_ = metadata_;
+  if (state_ == pb::CLUSTER_READY) ready_seen_ = true;
+  cv_.notify_all();
+}
+
+void Node::Terminate(const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (terminated_) return;
+    terminated_ = true;
+    termination_ = why;
+    cv_.notify_all();
+  }
+  if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
+  heartbeat_timer_ = 0;
+  if (!why.ok() && callbacks_.on_fatal) callbacks_.on_fatal(why);
+}
+
+int Node::rank() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rank_snapshot_;
+}
+
+pb::ClusterState Node::cluster_state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_snapshot_;
+}
+
+uint64_t Node::epoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return epoch_snapshot_;
+}
+
+pb::SendMetadataMessage Node::metadata() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return metadata_snapshot_;
+}
+
+void Node::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    if (!terminated_) {
+      terminated_ = true;
+      termination_ = Status(Code::kCancelled, "node stopped");
+    }
+    cv_.notify_all();
+  }
+  if (owned_loop_) {
+    owned_loop_->Stop().IgnoreError();  // The stop hook closes everything.
+  } else if (loop_->running() && !loop_->InLoopThread()) {
+    RunSync<int>([this] {
+      if (stop_hook_ != 0) loop_->RemoveStopHook(stop_hook_);
+      if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
+      heartbeat_timer_ = 0;
+      scheduler_.reset();
+      StopRole();
+      messenger_->Shutdown();
+      return 0;
+    });
+  }
+}
+
+}  // namespace pscore::node

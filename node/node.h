@@ -1,0 +1,149 @@
+// Node: what every worker and server does. It registers with the scheduler, beats,
+// follows metadata and cluster events, reaches other servers by rank, and offers the
+// coordination client (KV, barriers, errors, events) and the finish barrier.
+// Public methods are thread-safe: they post to the loop; blocking ones must not be called
+// on the loop thread. Callbacks run on the loop thread. Owned by the embedding program.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/event_loop.h"
+#include "comm/messenger.h"
+#include "comm/tcp_client.h"
+#include "node/options.h"
+
+namespace pscore::node {
+
+class Node {
+ public:
+  struct Callbacks {
+    std::function<void(pb::ClusterState)> on_state;                      // every state change
+    std::function<void(const pb::ClusterEventMessage&)> on_cluster_event;  // timeouts, errors, restarts, rollbacks
+    std::function<void(const std::string& from, uint32_t event, const std::string& payload)> on_user_event;
+    std::function<void(const Status&)> on_fatal;  // lost the scheduler, or terminated with an error
+    std::function<void(const pb::SendMetadataMessage&)> on_metadata;
+    std::function<void(const pb::ScaleOutMessage&)> on_scale_out;
+    std::function<void(const pb::ScaleInMessage&)> on_scale_in;
+    std::function<void()> on_new_instance;
+  };
+
+  Node(NodeOptions options, comm::EventLoop* loop);
+  virtual ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  void SetCallbacks(Callbacks cb);  // before Start
+  // Connects to the scheduler and registers (bounded by connect_timeout).
+  Status Start();
+  // Returns when the cluster is READY, or kTimeout naming how many nodes are missing.
+  Status WaitForReady(Duration timeout);
+  // The finish barrier over all live nodes; kTimeout names the stragglers.
+  Status Finish(Duration timeout);
+  // Blocks until the scheduler ends the job (TERMINATE / EXIT) or a fatal error.
+  Status WaitForTermination(Duration timeout);
+  // Leaves: closes every connection. Idempotent.
+  void Stop();
+
+  const std::string& node_id() const { return options_.node_id; }
+  pb::NodeRole role() const { return options_.role; }
+  int rank() const;
+  pb::ClusterState cluster_state() const;
+  uint64_t epoch() const;
+  pb::SendMetadataMessage metadata() const;
+  int listen_port() const { return listen_port_; }
+  comm::EventLoop* loop() const { return loop_; }
+
+  // Coordination client (blocking; any thread but the loop's).
+  Status KvSet(const std::string& key, const std::string& value, bool overwrite = true);
+  Result<std::string> KvGet(const std::string& key, Duration timeout);
+  Result<std::string> KvTryGet(const std::string& key);
+  Result<std::vector<std::pair<std::string, std::string>>> KvList(const std::string& dir);
+  Status KvDelete(const std::string& key);
+  Status Barrier(const std::string& id, Duration timeout, std::vector<std::string> participants = {});
+  Status CancelBarrier(const std::string& id);
+  Status ReportError(int code, const std::string& message);
+  Status SendEvent(uint32_t event, const std::string& payload);
+
+ protected:
+  // Role hooks, loop thread.
+  virtual Status StartRole() { return Status::Ok(); }  // before registering (servers listen)
+  virtual void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame);
+  virtual void OnMetadataApplied() {}
+  virtual void OnPeerClosed(comm::ConnId conn, const Status& why) {}
+  virtual void StopRole() {}
+
+  // Blocking call to the scheduler from a user thread.
+  Result<comm::Frame> CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
+                                    Duration timeout);
+  // Loop thread: the connection to server `rank` (dialled on first use); cb gets it or why not.
+  void WithServerConn(int rank, std::function<void(Result<comm::ConnId>)> cb);
+  comm::Messenger& messenger() { return *messenger_; }
+  // Posts fn to the loop and waits for its result (user threads only).
+  template <typename T>
+  T RunSync(std::function<T()> fn) {
+    CHECK(!loop_->InLoopThread()) << "blocking pscore call on the loop thread";
+    std::packaged_task<T()> task(std::move(fn));
+    auto fut = task.get_future();
+    loop_->Post([&task] { task(); });
+    return fut.get();
+  }
+
+  NodeOptions options_;
+  Callbacks callbacks_;
+
+ private:
+  void OnFrame(comm::ConnId conn, comm::Frame&& frame);
+  void OnSchedulerConnected(comm::ConnId conn);
+  void OnSchedulerFailed(const Status& why);
+  void Register();
+  void Heartbeat();
+  void ApplyMetadata(const pb::SendMetadataMessage& md);
+  void ApplyState(pb::ClusterState state);
+  void HandleSchedulerPush(comm::ConnId conn, comm::Frame&& frame);
+  void Terminate(const Status& why);
+  void PublishSnapshot();
+
+  std::unique_ptr<comm::EventLoop> owned_loop_;
+  comm::EventLoop* loop_;
+  std::unique_ptr<comm::Messenger> messenger_;
+  std::unique_ptr<comm::TcpClient> scheduler_;
+  uint64_t incarnation_;
+  int listen_port_ = 0;
+  comm::TimerId heartbeat_timer_ = 0;
+  uint64_t stop_hook_ = 0;
+  bool registered_ = false;
+  bool registering_ = false;
+  std::promise<Status> start_promise_;
+  bool start_done_ = false;
+
+  // Loop-thread view of the cluster.
+  int rank_ = -1;
+  pb::ClusterState state_ = pb::ClUSTER_STARTING;
+  uint64_t epoch_ = 0;
+  pb::SendMetadataMessage metadata_;
+  std::map<int, std::string> server_addr_;                    // rank -> ip:port
+  std::map<int, comm::ConnId> server_conn_;                   // rank -> open link
+  std::map<int, std::vector<std::function<void(Result<comm::ConnId>)>>> dialing_;
+
+  // Snapshot for other threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int rank_snapshot_ = -1;
+  pb::ClusterState state_snapshot_ = pb::ClUSTER_STARTING;
+  uint64_t epoch_snapshot_ = 0;
+  pb::SendMetadataMessage metadata_snapshot_;
+  bool ready_seen_ = false;
+  bool terminated_ = false;
+  Status termination_;
+  bool stopped_ = false;
+};
+
+}  // namespace pscore::node

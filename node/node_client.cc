@@ -1,0 +1,195 @@
+// Node, second half: blocking client calls to the scheduler (ready, finish,
+// coordination services) and links to servers by rank.
+#include "node/node.h"
+#include "node/wire.h"
+
+namespace pscore::node {
+
+using comm::ConnId;
+using comm::Frame;
+
+Result<Frame> Node::CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
+                                  Duration timeout) {
+  CHECK(!loop_->InLoopThread()) << "blocking pscore call on the loop thread";
+  auto promise = std::make_shared<std::promise<Result<Frame>>>();
+  auto fut = promise->get_future();
+  BufferPtr payload = ToBuffer(msg);
+  loop_->Post([this, cmd, payload, timeout, promise] {
+    if (scheduler_ == nullptr || !scheduler_->connected()) {
+      promise->set_value(Status(Code::kUnavailable, "not connected to the scheduler"));
+      return;
+    }
+    messenger_->Call(scheduler_->conn(), MakeMeta(cmd, options_.role, rank_), payload, timeout,
+                     [promise](Result<Frame> r) { promise->set_value(std::move(r)); });
+  });
+  // The messenger enforces the deadline; the margin only guards against a stopped loop.
+  if (fut.wait_for(timeout + std::chrono::seconds(5)) != std::future_status::ready) {
+    return Status(Code::kTimeout, pb::NodeCommand_Name(cmd) + " to the scheduler: no answer");
+  }
+  return fut.get();
+}
+
+Status Node::WaitForReady(Duration timeout) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, timeout, [this] { return ready_seen_ || terminated_; })) {
+      if (ready_seen_) return Status::Ok();
+      return termination_.ok() ? Status(Code::kAborted, "the job ended before it was ready") : termination_;
+    }
+  }
+  pb::AdminRequest req;
+  req.set_op("status");
+  Result<Frame> r = CallScheduler(pb::ADMIN, req, std::chrono::seconds(5));
+  pb::AdminResponse resp;
+  if (!r.ok() || !ParsePayload(*r, &resp).ok()) {
+    return Status(Code::kTimeout, "cluster not ready after " + std::to_string(ToMillis(timeout)) +
+                                      " ms (scheduler status unavailable)");
+  }
+  int missing_w = std::max(0, resp.worker_num() - resp.registered_workers());
+  int missing_s = std::max(0, resp.server_num() - resp.registered_servers());
+  return Status(Code::kTimeout, "cluster not ready after " + std::to_string(ToMillis(timeout)) +
+                                    " ms: " + std::to_string(missing_w + missing_s) + " node(s) missing (" +
+                                    std::to_string(missing_w) + " workers, " + std::to_string(missing_s) +
+                                    " servers)");
+}
+
+Status Node::Finish(Duration timeout) {
+  pb::FinishMessage msg;
+  msg.set_node_id(options_.node_id);
+  msg.set_timeout_ms(ToMillis(timeout));
+  Result<Frame> r = CallScheduler(pb::FINISH, msg, timeout + std::chrono::seconds(2));
+  return r.status();
+}
+
+Status Node::WaitForTermination(Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [this] { return terminated_; })) {
+    return Status(Code::kTimeout, "the job did not end within " + std::to_string(ToMillis(timeout)) + " ms");
+  }
+  return termination_;
+}
+
+Status Node::KvSet(const std::string& key, const std::string& value, bool overwrite) {
+  pb::KvRequest req;
+  req.set_op(pb::KvRequest::SET);
+  req.set_key(key);
+  req.set_value(value);
+  req.set_overwrite(overwrite);
+  return CallScheduler(pb::KV_REQUEST, req, options_.request_timeout).status();
+}
+
+Result<std::string> Node::KvGet(const std::string& key, Duration timeout) {
+  pb::KvRequest req;
+  req.set_op(pb::KvRequest::GET);
+  req.set_key(key);
+  req.set_timeout_ms(ToMillis(timeout));
+  Result<Frame> r = CallScheduler(pb::KV_REQUEST, req, timeout + std::chrono::seconds(2));
+  if (!r.ok()) return r.status();
+  pb::KvResponse resp;
+  PSCORE_RETURN_IF_ERROR(ParsePayload(*r, &resp));
+  return resp.value();
+}
+
+Result<std::string> Node::KvTryGet(const std::string& key) {
+  pb::KvRequest req;
+  req.set_op(pb::KvRequest::TRY_GET);
+  req.set_key(key);
+  Result<Frame> r = CallScheduler(pb::KV_REQUEST, req, options_.request_timeout);
+  if (!r.ok()) return r.status();
+  pb::KvResponse resp;
+  PSCORE_RETURN_IF_ERROR(ParsePayload(*r, &resp));
+  return resp.value();
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> Node::KvList(const std::string& dir) {
+  pb::KvRequest req;
+  req.set_op(pb::KvRequest::LIST);
+  req.set_key(dir);
+  Result<Frame> r = CallScheduler(pb::KV_REQUEST, req, options_.request_timeout);
+  if (!r.ok()) return r.status();
+  pb::KvResponse resp;
+  PSCORE_RETURN_IF_ERROR(ParsePayload(*r, &resp));
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& e : resp.entries()) out.emplace_back(e.key(), e.value());
+  return out;
+}
+
+Status Node::KvDelete(const std::string& key) {
+  pb::KvRequest req;
+  req.set_op(pb::KvRequest::DELETE);
+  req.set_key(key);
+  return CallScheduler(pb::KV_REQUEST, req, options_.request_timeout).status();
+}
+
+Status Node::Barrier(const std::string& id, Duration timeout, std::vector<std::string> participants) {
+  pb::BarrierRequest req;
+  req.set_id(id);
+  req.set_timeout_ms(ToMillis(timeout));
+  req.set_node_id(options_.node_id);
+  for (auto& p : participants) req.add_participants(p);
+  return CallScheduler(pb::BARRIER, req, timeout + std::chrono::seconds(2)).status();
+}
+
+Status Node::CancelBarrier(const std::string& id) {
+  pb::BarrierRequest req;
+  req.set_id(id);
+  req.set_cancel(true);
+  req.set_node_id(options_.node_id);
+  return CallScheduler(pb::BARRIER, req, options_.request_timeout).status();
+}
+
+Status Node::ReportError(int code, const std::string& message) {
+  pb::ErrorReport req;
+  req.set_node_id(options_.node_id);
+  req.set_error_code(code);
+  req.set_message(message);
+  return CallScheduler(pb::REPORT_ERROR, req, options_.request_timeout).status();
+}
+
+Status Node::SendEvent(uint32_t event, const std::string& payload) {
+  pb::EventMessage req;
+  req.set_event(event);
+  req.set_node_id(options_.node_id);
+  req.set_payload(payload);
+  return CallScheduler(pb::SEND_EVENT, req, options_.request_timeout).status();
+}
+
+void Node::WithServerConn(int rank, std::function<void(Result<ConnId>)> cb) {
+  auto open = server_conn_.find(rank);
+  if (open != server_conn_.end() && messenger_->transport().IsOpen(open->second)) {
+    cb(open->second);
+    return;
+  }
+  auto& waiting = dialing_[rank];
+  waiting.push_back(std::move(cb));
+  if (waiting.size() > 1) return;  // A dial is already under way.
+  auto addr = server_addr_.find(rank);
+  auto fail_all = [this, rank](const Status& st) {
+    auto waiters = std::move(dialing_[rank]);
+    dialing_.erase(rank);
+    for (auto& w : waiters) w(st);
+  };
+  if (addr == server_addr_.end()) {
+    return fail_all(Status(Code::kNotFound, "no server of rank " + std::to_string(rank) +
+                                                " in the metadata (epoch " + std::to_string(epoch_) + ")"));
+  }
+  size_t colon = addr->second.rfind(':');
+  std::string host = addr->second.substr(0, colon);
+  int port = std::stoi(addr->second.substr(colon + 1));
+  comm::ConnectOptions co;
+  co.timeout = options_.connect_timeout;
+  messenger_->transport().Connect(host, port, co, [this, rank, fail_all](Result<ConnId> r) {
+    if (!r.ok()) return fail_all(r.status());
+    ConnId conn = *r;
+    server_conn_[rank] = conn;
+    messenger_->transport().WatchClose(conn, [this, rank, conn](const Status&) {
+      auto it = server_conn_.find(rank);
+      if (it != server_conn_.end() && it->second == conn) server_conn_.erase(it);
+    });
+    auto waiters = std::move(dialing_[rank]);
+    dialing_.erase(rank);
+    for (auto& w : waiters) w(conn);
+  });
+}
+
+}  // namespace pscore::node

@@ -1,0 +1,372 @@
+#include "node/scheduler_node.h"
+
+#include <future>
+
+#include "node/wire.h"
+
+namespace pscore::node {
+
+using comm::ConnId;
+using comm::Frame;
+
+namespace {
+
+core::ClusterConfig MakeClusterConfig(const SchedulerOptions& o) {
+  core::ClusterConfig c;
+  c.worker_num = o.worker_num;
+  c.server_num = o.server_num;
+  c.heartbeat_timeout = o.heartbeat_timeout;
+  c.scale_timeout = o.scale_timeout;
+  return c;
+}
+
+comm::TransportOptions MakeTransportOptions(uint64_t max_message_bytes) {
+  comm::TransportOptions t;
+  t.limits.max_message_bytes = max_message_bytes;
+  return t;
+}
+
+}  // namespace
+
+SchedulerNode::SchedulerNode(SchedulerOptions options, comm::EventLoop* loop)
+    : options_(std::move(options)),
+      owned_loop_(loop == nullptr ? std::make_unique<comm::EventLoop>("scheduler") : nullptr),
+      loop_(loop == nullptr ? owned_loop_.get() : loop),
+      cluster_(MakeClusterConfig(options_), &clock_),
+      kv_(&clock_, options_.max_kv_value_bytes),
+      barriers_(&clock_) {
+  comm::Messenger::Handlers h;
+  h.on_request = [this](ConnId c, Frame&& f) { OnRequest(c, std::move(f)); };
+  h.on_close = [this](ConnId c, const Status& why) { OnClose(c, why); };
+  messenger_ = std::make_unique<comm::Messenger>(
+      loop_, MakeTransportOptions(options_.max_message_bytes), std::move(h));
+}
+
+SchedulerNode::~SchedulerNode() { Stop(); }
+
+Status SchedulerNode::Start() {
+  if (owned_loop_ && !owned_loop_->running()) PSCORE_RETURN_IF_ERROR(owned_loop_->Start());
+  std::promise<Status> started;
+  loop_->Run([this, &started] {
+    Result<int> port = messenger_->transport().Listen(options_.host, options_.port);
+    if (!port.ok()) {
+      started.set_value(port.status());
+      return;
+    }
+    port_ = *port;
+    Duration period = std::max<Duration>(options_.heartbeat_interval / 4, std::chrono::milliseconds(5));
+    tick_timer_ = loop_->AddTimer(period, period, [this] { Tick(); });
+    stop_hook_ = loop_->AddStopHook([this] {
+      if (tick_timer_ != 0) loop_->CancelTimer(tick_timer_);
+      tick_timer_ = 0;
+      messenger_->Shutdown();
+    });
+    LOG(INFO) << "scheduler listening on " << options_.host << ":" << port_ << " (expecting "
+              << options_.worker_num << " workers, " << options_.server_num << " servers)";
+    started.set_value(Status::Ok());
+  });
+  return started.get_future().get();
+}
+
+void SchedulerNode::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  if (owned_loop_) {
+    owned_loop_->Stop().IgnoreError();  // Stop hooks close the messenger.
+  } else if (loop_->running() && !loop_->InLoopThread()) {
+    std::promise<void> done;
+    loop_->Post([this, &done] {
+      if (stop_hook_ != 0) loop_->RemoveStopHook(stop_hook_);
+      if (tick_timer_ != 0) loop_->CancelTimer(tick_timer_);
+      tick_timer_ = 0;
+      messenger_->Shutdown();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+  MarkExited();
+}
+
+Status SchedulerNode::WaitForExit(Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!exit_cv_.wait_for(lock, timeout, [this] { return exited_; })) {
+    return Status(Code::kTimeout, "job did not end within " + std::to_string(ToMillis(timeout)) + " ms");
+  }
+  return Status::Ok();
+}
+
+bool SchedulerNode::exited() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return exited_;
+}
+
+pb::ClusterState SchedulerNode::cluster_state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_snapshot_;
+}
+
+uint64_t SchedulerNode::epoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return epoch_snapshot_;
+}
+
+void SchedulerNode::AddEventListener(std::function<void(const core::Event&)> fn) {
+  loop_->Run([this, fn = std::move(fn)] { listeners_.push_back(fn); });
+}
+
+void SchedulerNode::MarkExited() {
+  std::lock_guard<std::mutex> lock(mu_);
+  exited_ = true;
+  exit_cv_.notify_all();
+}
+
+std::string SchedulerNode::NodeOf(ConnId conn) const {
+  auto it = node_of_.find(conn);
+  return it == node_of_.end() ? std::string() : it->second;
+}
+
+void SchedulerNode::Reply(ConnId conn, const pb::MessageMeta& req, const Status& st, BufferPtr payload) {
+  Status sent = messenger_->Reply(conn, req, st, std::move(payload));
+  if (!sent.ok()) VLOG(1) << "reply to conn " << conn << " not sent: " << sent;
+}
+
+void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
+  switch (frame.meta.cmd()) {
+    case pb::REGISTER: HandleRegister(conn, frame); break;
+    case pb::HEARTBEAT: HandleHeartbeat(conn, frame); break;
+    case pb::FETCH_METADATA: {
+      std::string node_id = NodeOf(conn);
+      pb::SendMetadataMessage md = cluster_.BuildMetadata();
+      if (const core::NodeRecord* rec = cluster_.Find(node_id)) md.set_rank_id(rec->rank);
+      Reply(conn, frame.meta, Status::Ok(), ToBuffer(md));
+      break;
+    }
+    case pb::FINISH: HandleFinish(conn, frame); break;
+    case pb::ADMIN: HandleAdmin(conn, frame); break;
+    case pb::KV_REQUEST: HandleKv(conn, frame); break;
+    case pb::BARRIER: HandleBarrier(conn, frame); break;
+    case pb::SEND_EVENT: HandleEvent(conn, frame); break;
+    case pb::SCALE_OUT_DONE:
+    case pb::SCALE_IN_DONE: HandleScaleDone(conn, frame); break;
+    case pb::REPORT_ERROR: HandleReportError(conn, frame); break;
+    case pb::PING: Reply(conn, frame.meta, Status::Ok()); break;
+    default:
+      LOG(WARNING) << "scheduler: conn " << conn << " " << messenger_->transport().PeerAddress(conn)
+                   << " sent " << pb::NodeCommand_Name(frame.meta.cmd()) << ", which the scheduler does not serve";
+      Reply(conn, frame.meta, Status(Code::kInvalidArgument, "the scheduler does not serve " +
+                                                                 pb::NodeCommand_Name(frame.meta.cmd())));
+  }
+  DrainEvents();
+}
+
+void SchedulerNode::OnClose(ConnId conn, const Status& why) {
+  auto it = node_of_.find(conn);
+  if (it == node_of_.end()) return;
+  VLOG(1) << "scheduler: link of " << it->second << " (conn " << conn << ") closed: " << why;
+  auto c = conn_of_.find(it->second);
+  if (c != conn_of_.end() && c->second == conn) conn_of_.erase(c);
+  node_of_.erase(it);
+  // Liveness is judged by heartbeats, not by the link: a node may reconnect in time.
+}
+
+void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
+  pb::RegisterMessage msg;
+  Status st = ParsePayload(frame, &msg);
+  if (!st.ok()) return Reply(conn, frame.meta, st);
+  core::RegisterRequest req;
+  req.node_id = msg.node_id();
+  req.role = msg.role();
+  req.ip = msg.ip();
+  req.port = msg.port();
+  req.incarnation = msg.incarnation();
+  req.requested_rank = msg.requested_rank();
+  req.devices.assign(msg.devices().begin(), msg.devices().end());
+  req.host_name = msg.host_name();
+  if (req.node_id.empty() || req.node_id.size() > 256) {
+    return Reply(conn, frame.meta, Status(Code::kInvalidArgument, "node_id must be 1..256 bytes"));
+  }
+  Result<core::RegisterOutcome> out = cluster_.Register(req);
+  if (!out.ok()) {
+    LOG(WARNING) << "scheduler: refused " << RoleLabel(req.role) << " " << req.node_id << " from "
+                 << messenger_->transport().PeerAddress(conn) << ": " << out.status();
+    return Reply(conn, frame.meta, out.status());
+  }
+  auto old = conn_of_.find(req.node_id);
+  if (old != conn_of_.end() && old->second != conn) node_of_.erase(old->second);
+  conn_of_[req.node_id] = conn;
+  node_of_[conn] = req.node_id;
+  LOG(INFO) << "scheduler: " << RoleLabel(req.role) << " " << req.node_id << " registered as rank "
+            << out->rank << " from " << req.ip << ":" << req.port
+            << (out->restarted ? " (restarted)" : out->retry ? " (retry)" : "") << "; "
+            << cluster_.registered(pb::WORKER) << "/" << cluster_.worker_num() << " workers, "
+            << cluster_.registered(pb::SERVER) << "/" << cluster_.server_num() << " servers";
+  pb::RegisterRespMessage resp;
+  resp.set_node_id(req.node_id);
+  resp.set_rank_id(out->rank);
+  resp.set_epoch(cluster_.epoch());
+  resp.set_worker_num(cluster_.worker_num());
+  resp.set_server_num(cluster_.server_num());
+  Reply(conn, frame.meta, Status::Ok(), ToBuffer(resp));
+  // A node that (re)joins an already published membership needs the metadata now.
+  if (cluster_.state() != pb::ClUSTER_STARTING) SendMetadataTo(req.node_id);
+}
+
+void SchedulerNode::HandleHeartbeat(ConnId conn, const Frame& frame) {
+  pb::HeartbeatMessage msg;
+  Status st = ParsePayload(frame, &msg);
+  if (!st.ok()) return Reply(conn, frame.meta, st);
+  ++heartbeats_;
+  st = cluster_.Heartbeat(msg.node_id());
+  if (!st.ok()) return Reply(conn, frame.meta, st);
+  if (node_of_.find(conn) == node_of_.end()) {
+    // The node reconnected: this link now carries its pushes.
+    conn_of_[msg.node_id()] = conn;
+    node_of_[conn] = msg.node_id();
+  }
+  pb::HeartbeatRespMessage resp;
+  resp.set_cluster_state(cluster_.state());
+  resp.set_epoch(cluster_.epoch());
+  if (msg.known_epoch() != cluster_.epoch() && cluster_.state() != pb::ClUSTER_STARTING) {
+    *resp.mutable_metadata() = cluster_.BuildMetadata();
+    if (const core::NodeRecord* rec = cluster_.Find(msg.node_id())) {
+      resp.mutable_metadata()->set_rank_id(rec->rank);
+    }
+  }
+  Reply(conn, frame.meta, Status::Ok(), ToBuffer(resp));
+}
+
+void SchedulerNode::HandleFinish(ConnId conn, const Frame& frame) {
+  pb::FinishMessage msg;
+  Status st = ParsePayload(frame, &msg);
+  if (!st.ok()) return Reply(conn, frame.meta, st);
+  st = cluster_.Finish(msg.node_id());
+  if (!st.ok()) return Reply(conn, frame.meta, st);
+  int64_t timeout_ms = msg.timeout_ms() > 0 ? msg.timeout_ms() : 60000;
+  finish_waiters_.push_back(FinishWaiter{conn, frame.meta,
+                                         clock_.Now() + std::chrono::milliseconds(timeout_ms),
+                                         msg.node_id()});
+  LOG(INFO) << "scheduler: " << msg.node_id() << " finished; waiting for "
+            << cluster_.FinishMissing().size() << " more";
+}
+
+void SchedulerNode::AnswerFinishWaiters(const Status& st) {
+  std::vector<FinishWaiter> waiters;
+  waiters.swap(finish_waiters_);
+  for (auto& w : waiters) Reply(w.conn, w.meta, st);
+}
+
+void SchedulerNode::ExpireFinishWaiters() {
+  if (finish_waiters_.empty()) return;
+  TimePoint now = clock_.Now();
+  std::vector<std::string> missing = cluster_.FinishMissing();
+  std::string names;
+  for (auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+  bool expired = false;
+  for (auto it = finish_waiters_.begin(); it != finish_waiters_.end();) {
+    if (it->deadline > now) {
+      ++it;
+      continue;
+    }
+    expired = true;
+    Reply(it->conn, it->meta,
+          Status(Code::kTimeout, "finish timed out: " + std::to_string(missing.size()) +
+                                     " node(s) missing: " + names));
+    it = finish_waiters_.erase(it);
+  }
+  if (!expired) return;
+  // Tell the stragglers that the others gave up waiting for them.
+  for (const std::string& node_id : missing) {
+    auto c = conn_of_.find(node_id);
+    if (c == conn_of_.end()) continue;
+    pb::ClusterEventMessage ev;
+    ev.set_kind(pb::ClusterEventMessage::NODE_ERROR);
+    ev.set_node_id(node_id);
+    ev.set_error_code(static_cast<int>(Code::kTimeout));
+    ev.set_message("finish barrier timed out waiting for you");
+    messenger_->Notify(c->second, MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(ev)).IgnoreError();
+  }
+}
+
+void SchedulerNode::HandleEvent(ConnId conn, const Frame& frame) {
+  pb::EventMessage msg;
+  Status st = ParsePayload(frame, &msg);
+  if (!st.ok()) return Reply(conn, frame.meta, st);
+  pb::EventRespMessage ev;
+  ev.set_event(msg.event());
+  ev.set_node_id(msg.node_id());
+  ev.set_payload(msg.payload());
+  BufferPtr payload = ToBuffer(ev);
+  pb::MessageMeta meta = MakeMeta(pb::SEND_EVENT, pb::SCHEDULER, 0);
+  for (auto& [node_id, c] : conn_of_) {
+    if (node_id != msg.node_id()) messenger_->Notify(c, meta, payload).IgnoreError();
+  }
+  Reply(conn, frame.meta, Status::Ok());
+}
+
+void SchedulerNode::HandleScaleDone(ConnId conn, const Frame& frame) {
+  std::string node_id;
+  uint64_t epoch = 0;
+  Status st;
+  if (frame.meta.cmd() == pb::SCALE_OUT_DONE) {
+    pb::ScaleOutDoneMessage msg;
+    st = ParsePayload(frame, &msg);
+    node_id = msg.node_id();
+    epoch = msg.epoch();
+    if (st.ok()) st = cluster_.ScaleOutDone(node_id, epoch);
+  } else {
+    pb::ScaleInDoneMessage msg;
+    st = ParsePayload(frame, &msg);
+    node_id = msg.node_id();
+    epoch = msg.epoch();
+    if (st.ok()) st = cluster_.ScaleInDone(node_id, epoch);
+  }
+  if (st.code() == Code::kAborted) LOG(WARNING) << "scheduler: ignored stale " << node_id << ": " << st;
+  Reply(conn, frame.meta, st);
+}
+
+void SchedulerNode::HandleReportError(ConnId conn, const Frame& frame) {
+  pb::ErrorReport msg;
+  Status st = ParsePayload(frame, &msg);
+  if (st.ok()) st = cluster_.ReportError(msg.node_id(), msg.error_code(), msg.message());
+  if (st.ok()) barriers_.NodeFailed(msg.node_id(), "reported error: " + msg.message());
+  Reply(conn, frame.meta, st);
+}
+
+void SchedulerNode::Tick() {
+  cluster_.Tick();
+  kv_.Tick();
+  barriers_.Tick();
+  ExpireFinishWaiters();
+  DrainEvents();
+}
+
+void SchedulerNode::Broadcast(const pb::MessageMeta& meta, const BufferPtr& payload) {
+  for (auto& [node_id, c] : conn_of_) messenger_->Notify(c, meta, payload).IgnoreError();
+}
+
+void SchedulerNode::SendMetadataTo(const std::string& node_id) {
+  auto c = conn_of_.find(node_id);
+  const core::NodeRecord* rec = cluster_.Find(node_id);
+  if (c == conn_of_.end() || rec == nullptr) return;
+  pb::SendMetadataMessage md = cluster_.BuildMetadata();
+  md.set_rank_id(rec->rank);
+  messenger_->Notify(c->second, MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0), ToBuffer(md)).IgnoreError();
+}
+
+void SchedulerNode::SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind) {
+  pb::ClusterEventMessage ev;
+  ev.set_kind(kind);
+  ev.set_cluster_state(cluster_.state());
+  ev.set_node_id(e.node_id);
+  ev.set_role(e.role);
+  ev.set_rank_id(e.rank);
+  ev.set_error_code(e.error_code);
+  ev.set_message(e.message);
+  ev.set_epoch(e.epoch ? e.epoch : cluster_.epoch());
+  Broadcast(MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(ev));
+}
+
+}  // namespace pscore::node

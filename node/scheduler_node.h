@@ -1,0 +1,112 @@
+// SchedulerNode: the job's scheduler. Hosts the cluster state machine, the coordination
+// services (KV store, barriers, errors, events) and the admin surface, over the native
+// protocol on one EventLoop. Public methods are thread-safe (they post to the loop);
+// everything else runs on the loop thread. Owned by main() or an embedding program.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/event_loop.h"
+#include "comm/messenger.h"
+#include "core/barrier_manager.h"
+#include "core/cluster_manager.h"
+#include "core/kv_store.h"
+#include "node/options.h"
+
+namespace pscore::node {
+
+class SchedulerNode {
+ public:
+  // loop: shared loop to run on (nullptr: the scheduler owns one).
+  explicit SchedulerNode(SchedulerOptions options, comm::EventLoop* loop = nullptr);
+  ~SchedulerNode();
+
+  // Binds the scheduler port and starts serving. port() is valid afterwards.
+  Status Start();
+  // Stops serving and closes every connection. Idempotent.
+  void Stop();
+  // Blocks until the job ends (finish passed or terminated) or timeout: kTimeout.
+  Status WaitForExit(Duration timeout);
+  bool exited() const;
+
+  int port() const { return port_; }
+  comm::EventLoop* loop() const { return loop_; }
+  // Snapshot of the cluster state (any thread).
+  pb::ClusterState cluster_state() const;
+  uint64_t epoch() const;
+  // Called on the loop thread at every cluster event (tests, HTTP layer, rank table).
+  void AddEventListener(std::function<void(const core::Event&)> fn);
+
+  // Loop-thread accessors for the HTTP layer and tests.
+  core::ClusterManager& cluster() { return cluster_; }
+  // Runs an admin request (same as ADMIN over the wire); cb runs on the loop thread.
+  void Admin(const pb::AdminRequest& req, std::function<void(Status, pb::AdminResponse)> cb);
+  const comm::TransportStats& transport_stats() { return messenger_->transport().stats(); }
+  uint64_t heartbeats() const { return heartbeats_; }
+
+ private:
+  void OnRequest(comm::ConnId conn, comm::Frame&& frame);
+  void OnClose(comm::ConnId conn, const Status& why);
+  void HandleRegister(comm::ConnId conn, const comm::Frame& frame);
+  void HandleHeartbeat(comm::ConnId conn, const comm::Frame& frame);
+  void HandleFinish(comm::ConnId conn, const comm::Frame& frame);
+  void HandleAdmin(comm::ConnId conn, const comm::Frame& frame);
+  void HandleKv(comm::ConnId conn, const comm::Frame& frame);
+  void HandleBarrier(comm::ConnId conn, const comm::Frame& frame);
+  void HandleEvent(comm::ConnId conn, const comm::Frame& frame);
+  void HandleScaleDone(comm::ConnId conn, const comm::Frame& frame);
+  void HandleReportError(comm::ConnId conn, const comm::Frame& frame);
+  void Tick();
+  void DrainEvents();
+  void Broadcast(const pb::MessageMeta& meta, const BufferPtr& payload);
+  void SendMetadataTo(const std::string& node_id);
+  void SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind);
+  void AnswerFinishWaiters(const Status& st);
+  void ExpireFinishWaiters();
+  void MarkExited();
+  std::string NodeOf(comm::ConnId conn) const;
+  pb::AdminResponse StatusResponse(bool with_nodes) const;
+  void Reply(comm::ConnId conn, const pb::MessageMeta& req, const Status& st, BufferPtr payload = nullptr);
+
+  SchedulerOptions options_;
+  std::unique_ptr<comm::EventLoop> owned_loop_;
+  comm::EventLoop* loop_;
+  SteadyClock clock_;
+  core::ClusterManager cluster_;
+  core::KvStore kv_;
+  core::BarrierManager barriers_;
+  std::unique_ptr<comm::Messenger> messenger_;
+  int port_ = 0;
+  comm::TimerId tick_timer_ = 0;
+  uint64_t stop_hook_ = 0;
+
+  std::unordered_map<std::string, comm::ConnId> conn_of_;  // node_id -> its scheduler link
+  std::unordered_map<comm::ConnId, std::string> node_of_;
+  struct FinishWaiter {
+    comm::ConnId conn;
+    pb::MessageMeta meta;
+    TimePoint deadline;
+    std::string node_id;
+  };
+  std::vector<FinishWaiter> finish_waiters_;
+  struct KvWaiter { comm::ConnId conn; uint64_t id; };
+  std::vector<std::function<void(const core::Event&)>> listeners_;
+  uint64_t heartbeats_ = 0;
+
+  mutable std::mutex mu_;  // guards the snapshot below
+  std::condition_variable exit_cv_;
+  bool exited_ = false;
+  pb::ClusterState state_snapshot_ = pb::ClUSTER_STARTING;
+  uint64_t epoch_snapshot_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace pscore::node

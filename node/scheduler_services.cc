@@ -1,0 +1,231 @@
+// SchedulerNode, second half: cluster-event fan-out, admin operations and the
+// coordination services (KV store, barriers).
+#include "node/scheduler_node.h"
+#include "node/wire.h"
+
+namespace pscore::node {
+
+using comm::ConnId;
+using comm::Frame;
+using Kind = core::Event::Kind;
+
+void SchedulerNode::DrainEvents() {
+  for (;;) {
+    std::vector<core::Event> events = cluster_.TakeEvents();
+    if (events.empty()) break;
+    for (const core::Event& e : events) {
+      for (auto& fn : listeners_) fn(e);
+      switch (e.kind) {
+        case Kind::kStateChanged:
+          LOG(INFO) << "scheduler: cluster state " << pb::ClusterState_Name(e.state) << " (epoch "
+                    << cluster_.epoch() << ")";
+          SendClusterEvent(e, pb::ClusterEventMessage::STATE_CHANGED);
+          if (e.state == pb::CLUSTER_EXIT) {
+            Broadcast(MakeMeta(pb::TERMINATE, pb::SCHEDULER, 0), nullptr);
+            MarkExited();
+          }
+          break;
+        case Kind::kMetadataChanged: {
+          std::vector<std::string> live;
+          for (const core::NodeRecord* rec : cluster_.Nodes()) {
+            SendMetadataTo(rec->node_id);
+            if (!rec->leaving) live.push_back(rec->node_id);
+          }
+          barriers_.SetAllNodes(std::move(live));
+          break;
+        }
+        case Kind::kNodeTimedOut:
+          LOG(WARNING) << "scheduler: " << RoleLabel(e.role) << " " << e.node_id << " (rank " << e.rank
+                       << ") timed out";
+          SendClusterEvent(e, pb::ClusterEventMessage::NODE_TIMED_OUT);
+          barriers_.NodeFailed(e.node_id, "heartbeat timed out");
+          break;
+        case Kind::kNodeRestarted:
+          LOG(INFO) << "scheduler: " << e.node_id << " restarted (new incarnation)";
+          SendClusterEvent(e, pb::ClusterEventMessage::NODE_RESTARTED);
+          break;
+        case Kind::kNodeRecovered:
+          LOG(INFO) << "scheduler: " << e.node_id << " is back";
+          SendClusterEvent(e, pb::ClusterEventMessage::NODE_RECOVERED);
+          break;
+        case Kind::kNodeError:
+          LOG(WARNING) << "scheduler: " << e.node_id << " reported error " << e.error_code << ": " << e.message;
+          SendClusterEvent(e, pb::ClusterEventMessage::NODE_ERROR);
+          break;
+        case Kind::kFinishPassed:
+          LOG(INFO) << "scheduler: every node finished; the job ends";
+          AnswerFinishWaiters(Status::Ok());
+          break;
+        case Kind::kFinishFailed:
+          break;
+        case Kind::kScaleOut: {
+          LOG(INFO) << "scheduler: scale-out to " << e.worker_num << " workers, " << e.server_num
+                    << " servers (epoch " << e.epoch << ")";
+          pb::ScaleOutMessage msg;
+          msg.set_worker_num(e.worker_num);
+          msg.set_server_num(e.server_num);
+          msg.set_epoch(e.epoch);
+          Broadcast(MakeMeta(pb::SCALE_OUT, pb::SCHEDULER, 0), ToBuffer(msg));
+          break;
+        }
+        case Kind::kScaleIn: {
+          LOG(INFO) << "scheduler: scale-in to " << e.worker_num << " workers, " << e.server_num
+                    << " servers (epoch " << e.epoch << ")";
+          std::set<std::string> leaving(e.leaving_node_ids.begin(), e.leaving_node_ids.end());
+          for (auto& [node_id, c] : conn_of_) {
+            pb::ScaleInMessage msg;
+            msg.set_worker_num(e.worker_num);
+            msg.set_server_num(e.server_num);
+            msg.set_epoch(e.epoch);
+            msg.set_is_node_scale_in(leaving.count(node_id) != 0);
+            for (auto& id : e.leaving_node_ids) msg.add_leaving_node_ids(id);
+            messenger_->Notify(c, MakeMeta(pb::SCALE_IN, pb::SCHEDULER, 0), ToBuffer(msg)).IgnoreError();
+          }
+          break;
+        }
+        case Kind::kScaleDone:
+          LOG(INFO) << "scheduler: scale operation done (epoch " << cluster_.epoch() << ")";
+          break;
+        case Kind::kRollback:
+          LOG(WARNING) << "scheduler: scale operation rolled back: " << e.message;
+          SendClusterEvent(e, pb::ClusterEventMessage::ROLLBACK);
+          break;
+        case Kind::kNodeLeft: {
+          auto c = conn_of_.find(e.node_id);
+          if (c != conn_of_.end()) {
+            messenger_->Notify(c->second, MakeMeta(pb::TERMINATE, pb::SCHEDULER, 0), nullptr).IgnoreError();
+          }
+          break;
+        }
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  state_snapshot_ = cluster_.state();
+  epoch_snapshot_ = cluster_.epoch();
+}
+
+pb::AdminResponse SchedulerNode::StatusResponse(bool with_nodes) const {
+  pb::AdminResponse resp;
+  resp.set_cluster_state(cluster_.state());
+  resp.set_epoch(cluster_.epoch());
+  resp.set_worker_num(cluster_.worker_num());
+  resp.set_server_num(cluster_.server_num());
+  resp.set_registered_workers(cluster_.registered(pb::WORKER));
+  resp.set_registered_servers(cluster_.registered(pb::SERVER));
+  if (!with_nodes) return resp;
+  TimePoint now = clock_.Now();
+  for (const core::NodeRecord* rec : cluster_.Nodes()) {
+    pb::ServersMeta* m = resp.add_nodes();
+    m->set_node_id(rec->node_id);
+    m->set_role(rec->role);
+    m->set_rank_id(rec->rank);
+    m->set_ip(rec->ip);
+    m->set_port(rec->port);
+    m->set_is_alive(!rec->timed_out);
+    m->set_state(rec->state);
+    m->set_incarnation(rec->incarnation);
+    m->set_last_heartbeat_age_ms(ToMillis(now - rec->last_heartbeat));
+    for (auto& d : rec->devices) *m->add_devices() = d;
+  }
+  return resp;
+}
+
+void SchedulerNode::Admin(const pb::AdminRequest& req,
+                          std::function<void(Status, pb::AdminResponse)> cb) {
+  const std::string& op = req.op();
+  Status st;
+  if (op == "status") {
+  } else if (op == "nodes") {
+    return cb(Status::Ok(), StatusResponse(true));
+  } else if (op == "scale_out") {
+    st = cluster_.ScaleOut(req.worker_num(), req.server_num());
+  } else if (op == "scale_in") {
+    st = req.node_ids_size() > 0
+             ? cluster_.ScaleInByIds({req.node_ids().begin(), req.node_ids().end()})
+             : cluster_.ScaleInByCounts(req.worker_num(), req.server_num());
+  } else if (op == "new_instance") {
+    st = cluster_.SetState(pb::CLUSTER_NEW_INSTANCE);
+  } else if (op == "enable") {
+    st = cluster_.SetState(pb::CLUSTER_ENABLE_FLS);
+  } else if (op == "disable") {
+    st = cluster_.SetState(pb::CLUSTER_DISABLE_FLS);
+  } else if (op == "stop") {
+    st = cluster_.SetState(pb::CLUSTER_EXIT);
+  } else {
+    st = Status(Code::kInvalidArgument, "unknown admin operation '" + op + "'");
+  }
+  pb::AdminResponse resp = StatusResponse(false);
+  if (st.ok() && op != "status") resp.set_message(op + " accepted");
+  cb(st, resp);
+  DrainEvents();
+}
+
+void SchedulerNode::HandleAdmin(ConnId conn, const Frame& frame) {
+  pb::AdminRequest req;
+  Status st = ParsePayload(frame, &req);
+  if (!st.ok()) return Reply(conn, frame.meta, st);
+  pb::MessageMeta meta = frame.meta;
+  Admin(req, [this, conn, meta](Status s, pb::AdminResponse resp) {
+    Reply(conn, meta, s, ToBuffer(resp));
+  });
+}
+
+void SchedulerNode::HandleKv(ConnId conn, const Frame& frame) {
+  pb::KvRequest req;
+  Status st = ParsePayload(frame, &req);
+  if (!st.ok()) return Reply(conn, frame.meta, st);
+  pb::KvResponse resp;
+  switch (req.op()) {
+    case pb::KvRequest::SET:
+      st = kv_.Set(req.key(), req.value(), req.overwrite());
+      break;
+    case pb::KvRequest::TRY_GET: {
+      Result<std::string> r = kv_.TryGet(req.key());
+      if (r.ok()) resp.set_value(*r);
+      st = r.status();
+      break;
+    }
+    case pb::KvRequest::GET: {
+      pb::MessageMeta meta = frame.meta;
+      Duration timeout = std::chrono::milliseconds(req.timeout_ms() > 0 ? req.timeout_ms() : 0);
+      kv_.Get(req.key(), timeout, [this, conn, meta](Result<std::string> r) {
+        pb::KvResponse out;
+        if (r.ok()) out.set_value(*r);
+        Reply(conn, meta, r.status(), ToBuffer(out));
+      });
+      return;
+    }
+    case pb::KvRequest::LIST:
+      for (auto& [k, v] : kv_.List(req.key())) {
+        pb::KvEntry* e = resp.add_entries();
+        e->set_key(k);
+        e->set_value(v);
+      }
+      break;
+    case pb::KvRequest::DELETE:
+      kv_.Delete(req.key());
+      break;
+    default:
+      st = Status(Code::kInvalidArgument, "unknown KV operation " + std::to_string(req.op()));
+  }
+  Reply(conn, frame.meta, st, ToBuffer(resp));
+}
+
+void SchedulerNode::HandleBarrier(ConnId conn, const Frame& frame) {
+  pb::BarrierRequest req;
+  Status st = ParsePayload(frame, &req);
+  if (!st.ok()) return Reply(conn, frame.meta, st);
+  if (req.cancel()) return Reply(conn, frame.meta, barriers_.Cancel(req.id()));
+  std::string node_id = req.node_id().empty() ? NodeOf(conn) : req.node_id();
+  pb::MessageMeta meta = frame.meta;
+  barriers_.Arrive(req.id(), node_id, std::chrono::milliseconds(req.timeout_ms()),
+                   {req.participants().begin(), req.participants().end()},
+                   [this, conn, meta, id = req.id()](Status s) {
+                     pb::BarrierResponse resp;
+                     resp.set_id(id);
+                     Reply(conn, meta, s, ToBuffer(resp));
+                   });
+}
+
+}  // namespace pscore::node
