@@ -76,25 +76,31 @@ Result<RegisterOutcome> ClusterManager::Register(const RegisterRequest& req) {
 // process, so it clears a stored error and the finish flag. The same incarnation of a node
 // in error is refused until ResetNode, since nothing about it has changed. Either way a
 // timed-out node recovers.
-Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const RegisterRequest& req) {
-  if (req.role != rec->role) {
-    return Err(Code::kInvalidArgument, "node ", rec->node_id, " registered as ",
-               RoleName(rec->role), ", now claims ", RoleName(req.role));
+Status ClusterManager::CheckReregister(const NodeRecord& rec,
+                                       const RegisterRequest& req) const {
+  if (req.role != rec.role) {
+    return Err(Code::kInvalidArgument, "node ", rec.node_id, " registered as ",
+               RoleName(rec.role), ", now claims ", RoleName(req.role));
   }
   std::vector<pb::Device> devices = SortedDevices(req.devices);
-  if (!SameDevices(devices, rec->devices)) {
-    return Err(Code::kInvalidArgument, "node ", rec->node_id, " changed its device list (",
-               devices.size(), " devices, was ", rec->devices.size(), ")");
+  if (!SameDevices(devices, rec.devices)) {
+    return Err(Code::kInvalidArgument, "node ", rec.node_id, " changed its device list (",
+               devices.size(), " devices, was ", rec.devices.size(), ")");
   }
-  if (req.requested_rank >= 0 && req.requested_rank != rec->rank) {
-    return Err(Code::kInvalidArgument, "node ", rec->node_id, " holds ", RoleName(rec->role),
-               " rank ", rec->rank, ", cannot re-register as rank ", req.requested_rank);
+  if (req.requested_rank >= 0 && req.requested_rank != rec.rank) {
+    return Err(Code::kInvalidArgument, "node ", rec.node_id, " holds ", RoleName(rec.role),
+               " rank ", rec.rank, ", cannot re-register as rank ", req.requested_rank);
   }
+  if (req.incarnation == rec.incarnation && rec.in_error) {
+    return Err(Code::kFailedPrecondition, "node ", rec.node_id, " is in error (code ",
+               rec.error_code, ": ", rec.error_message, "); reset it or restart it");
+  }
+  return Status::Ok();
+}
+
+Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const RegisterRequest& req) {
+  PSCORE_RETURN_IF_ERROR(CheckReregister(*rec, req));
   const bool restarted = req.incarnation != rec->incarnation;
-  if (!restarted && rec->in_error) {
-    return Err(Code::kFailedPrecondition, "node ", rec->node_id, " is in error (code ",
-               rec->error_code, ": ", rec->error_message, "); reset it or restart it");
-  }
   RegisterOutcome out;
   out.rank = rec->rank;
   rec->last_heartbeat = clock_->Now();
@@ -195,7 +201,6 @@ void ClusterManager::AfterAdmit() {
       registered(pb::SERVER) == server_num_ && registered(pb::WORKER) == worker_num_) {
     op_.new_nodes_in = true;
     PublishMetadata();
-    op_.expected_epoch = epoch_;  // ScaleOutDone must answer the newest metadata
   }
 }
 
@@ -416,9 +421,15 @@ void ClusterManager::AssignTopology() {
   }
 }
 
+// During a scale operation (once scale-out's new nodes are in) every node must acknowledge
+// the newest metadata, so a republish restarts the *Done round at the new epoch.
 void ClusterManager::PublishMetadata() {
   AssignTopology();
   ++epoch_;
+  if (scaling_ && (op_.kind == ScaleKind::kIn || op_.new_nodes_in)) {
+    op_.expected_epoch = epoch_;
+    op_.done.clear();
+  }
   EmitRaw(Event::Kind::kMetadataChanged);
 }
 

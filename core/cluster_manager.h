@@ -162,6 +162,7 @@ class ClusterManager {
     std::set<std::string> done;         // nodes that answered *Done
   };
 
+  Status CheckReregister(const NodeRecord& rec, const RegisterRequest& req) const;
   Result<RegisterOutcome> Reregister(NodeRecord* rec, const RegisterRequest& req);
   Result<RegisterOutcome> AdmitNew(const RegisterRequest& req);
   Result<int> PickRank(pb::NodeRole role, int requested) const;

@@ -171,7 +171,8 @@ void ClusterManager::CompleteScaleIn() {
   for (NodeRecord* rec : MutableNodes()) {
     if (rec->leaving) {
       Emit(Event::Kind::kNodeLeft, rec);
-      nodes_.erase(rec->node_id);  // the pointer is not used after this
+      const std::string id = rec->node_id;
+      nodes_.erase(id);  // other records' pointers stay valid in a std::map
     } else {
       rec->rank = next_rank[rec->role]++;
     }

@@ -457,6 +457,47 @@ TEST_CASE("epoch only grows across membership changes", "[core][cluster]") {
   CHECK(f.cm->Find("w2")->rank == 1);
 }
 
+TEST_CASE("a restart on a new address during scale-out restarts the done round",
+          "[core][cluster]") {
+  Fixture f(/*workers=*/1, /*servers=*/1);
+  f.StartAll();
+  REQUIRE(f.cm->ScaleOut(2, 1).ok());
+  REQUIRE(f.cm->Register(Req("w1", pb::WORKER)).ok());
+  REQUIRE(f.cm->epoch() == 3);
+  REQUIRE(f.cm->ScaleOutDone("s0", 3).ok());
+  f.cm->TakeEvents();
+  RegisterRequest moved = Req("w0", pb::WORKER, kInc + 1);
+  moved.ip = "10.0.0.2";
+  REQUIRE(f.cm->Register(moved).ok());
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeRestarted, Kind::kMetadataChanged});
+  CHECK(events[1].epoch == 4);
+  CHECK(f.cm->BuildMetadata().workers_meta(0).ip() == "10.0.0.2");
+  CHECK(f.cm->ScaleOutDone("w0", 3).code() == Code::kAborted);
+  for (const char* id : {"w0", "w1"}) REQUIRE(f.cm->ScaleOutDone(id, 4).ok());
+  CHECK(f.cm->state() == pb::CLUSTER_SCALE_OUT);  // s0 must acknowledge epoch 4 as well
+  REQUIRE(f.cm->ScaleOutDone("s0", 4).ok());
+  CHECK(f.cm->state() == pb::CLUSTER_READY);
+}
+
+TEST_CASE("a node silent while starting leaves the cluster in NODE_TIMEOUT once ready",
+          "[core][cluster]") {
+  Fixture f(/*workers=*/1, /*servers=*/1);
+  REQUIRE(f.cm->Register(Req("w0", pb::WORKER)).ok());
+  f.clock.Advance(std::chrono::seconds(31));
+  f.cm->Tick();
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeTimedOut});  // no cluster state yet
+  CHECK(f.cm->state() == pb::ClUSTER_STARTING);
+  REQUIRE(f.cm->Register(Req("s0", pb::SERVER)).ok());
+  events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) ==
+          std::vector<Kind>{Kind::kMetadataChanged, Kind::kStateChanged, Kind::kStateChanged});
+  CHECK(events[1].state == pb::CLUSTER_READY);
+  CHECK(events[2].state == pb::NODE_TIMEOUT);
+  CHECK(f.cm->FinishMissing() == std::vector<std::string>{"s0"});
+}
+
 TEST_CASE("64 workers and 16 servers in random order get dense ranks and topology",
           "[core][cluster]") {
   Fixture f(/*workers=*/64, /*servers=*/16);
