@@ -211,6 +211,20 @@ Status BarrierManager::Cancel(const std::string& id) {
   return Status::Ok();
 }
 
+void BarrierManager::CancelAll(const Status& why) {
+  CHECK(!why.ok()) << "CancelAll needs an error status";
+  Answers answers;
+  for (auto& [id, series] : series_) {
+    for (auto& [gen, round] : series.rounds) {
+      if (round.state == BarrierState::kWaiting) {
+        Finish(id, gen, BarrierState::kCancelled, why, &round, &answers);
+      }
+    }
+    Prune(&series);
+  }
+  Deliver(&answers);
+}
+
 void BarrierManager::NodeFailed(const std::string& node_id, const std::string& reason) {
   Answers answers;
   for (auto& [id, series] : series_) {

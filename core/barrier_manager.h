@@ -60,6 +60,9 @@ class BarrierManager {
   // kFailedPrecondition if no round of id is waiting (it passed, failed or was cancelled).
   [[nodiscard]] Status Cancel(const std::string& id);
 
+  // Ends every waiting round of every id with `why` (which must not be OK), e.g. on shutdown.
+  void CancelAll(const Status& why);
+
   // A node died or reported an error: every waiting round it takes part in fails for all with
   // kAborted naming it and reason. The node's next Arrive on each id joins a fresh round.
   void NodeFailed(const std::string& node_id, const std::string& reason);

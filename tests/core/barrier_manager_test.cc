@@ -206,6 +206,22 @@ TEST_CASE("barrier cancel answers waiters; passed or unknown is an error", "[cor
   CHECK(a.calls("w0") == 1);
 }
 
+TEST_CASE("barrier cancel-all answers every waiting round", "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("x", "w0", Millis(100), kThree, a.For("x"));
+  bm.Arrive("y", "w1", Millis(100), kThree, a.For("y"));
+  bm.Arrive("z", "w0", Millis(100), {"w0"}, a.For("z"));
+  Status stop(Code::kUnavailable, "scheduler stopping");
+  bm.CancelAll(stop);
+  CHECK(a.last("x") == stop);
+  CHECK(a.last("y") == stop);
+  CHECK(a.last("z").ok());  // Already passed: untouched and not answered twice.
+  CHECK(a.calls("z") == 1);
+  CHECK_FALSE(bm.NextDeadline().has_value());
+}
+
 TEST_CASE("barrier fails for all when a participant fails", "[core][barrier]") {
   FakeClock clock;
   BarrierManager bm(&clock);
