@@ -1,10 +1,9 @@
-#include <catch2/catch.hpp>
+#include "comm/test_util.h"  // first: sets up Catch's CHECK
 
 #include <string>
 #include <vector>
 
 #include "comm/frame_decoder.h"
-#include "comm/test_util.h"
 
 namespace pscore::comm {
 namespace {

@@ -1,4 +1,4 @@
-#include <catch2/catch.hpp>
+#include "comm/test_util.h"  // first: sets up Catch's CHECK
 
 #include "comm/frame.h"
 

@@ -1,3 +1,4 @@
+// Include this header first in every comm test (see the CHECK note below).
 // Helpers shared by the comm tests: bounded waits on futures, running code on a loop
 // thread and getting its result back, frame encoding, and a raw blocking socket client
 // used to send malformed or slow input. Test-only; any thread.
@@ -10,11 +11,14 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
+#include <glog/logging.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <future>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,8 +27,17 @@
 
 #include "comm/event_loop.h"
 #include "comm/frame.h"
+#include "comm/messenger.h"
 #include "core/buffer.h"
 #include "proto/comm.pb.h"
+
+// glog and Catch2 both define CHECK. Every comm test includes this header, which pulls in
+// glog first and then makes CHECK Catch's non-fatal assertion, so a failed CHECK is
+// reported by Catch instead of aborting the process.
+#include <catch2/catch.hpp>
+#undef CHECK
+#define CHECK(...) \
+  INTERNAL_CATCH_TEST("CHECK", Catch::ResultDisposition::ContinueOnFailure, __VA_ARGS__)
 
 namespace pscore::comm::testing {
 
@@ -165,5 +178,109 @@ class RawSocket {
  private:
   int fd_ = -1;
 };
+
+// Requests with these user_cmd values are treated specially by EchoServer.
+inline constexpr int32_t kCmdSilent = 99;  // never answered
+
+// A Messenger on its own loop that answers every request with its own payload, and
+// records every open and close (with the reason) for the test thread to wait on.
+class EchoServer {
+ public:
+  explicit EchoServer(TransportOptions options = TransportOptions(), std::string name = "server")
+      : loop_(name) {
+    Messenger::Handlers h;
+    h.on_request = [this](ConnId c, Frame&& f) {
+      ++requests_;
+      if (f.meta.user_cmd() == kCmdSilent) return;
+      messenger_->Reply(c, f.meta, Status::Ok(), std::move(f.payload)).IgnoreError();
+    };
+    h.on_open = [this](ConnId c, bool accepted) {
+      std::lock_guard<std::mutex> lock(mu_);
+      opened_.push_back(c);
+      cv_.notify_all();
+    };
+    h.on_close = [this](ConnId c, const Status& why) {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_.emplace_back(c, why);
+      cv_.notify_all();
+    };
+    messenger_ = std::make_unique<Messenger>(&loop_, options, std::move(h));
+  }
+  ~EchoServer() { Stop().IgnoreError(); }
+
+  // Starts the loop and listens on 127.0.0.1:port (0 = any); returns the bound port.
+  int Start(int port = 0) {
+    REQUIRE(loop_.Start().ok());
+    Result<int> r = OnLoop(loop_, [&] { return messenger_->transport().Listen("127.0.0.1", port); });
+    REQUIRE(r.ok());
+    port_ = *r;
+    return port_;
+  }
+  // Stops the loop (closing every connection) and frees the messenger.
+  Status Stop() {
+    if (stopped_) return Status::Ok();
+    stopped_ = true;
+    Status st = loop_.Stop();
+    messenger_.reset();
+    return st;
+  }
+
+  // Waits until at least n connections were accepted; returns the n-th one's id.
+  ConnId WaitOpened(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, kWait, [&] { return opened_.size() >= n; })) {
+      FAIL("server never saw connection #" << n);
+    }
+    return opened_[n - 1];
+  }
+  // Waits for the close of connection `id`; returns its reason.
+  Status WaitClosed(ConnId id) {
+    std::unique_lock<std::mutex> lock(mu_);
+    Status found(Code::kInternal, "not closed");
+    bool ok = cv_.wait_for(lock, kWait, [&] {
+      for (auto& [c, why] : closed_) {
+        if (c == id) {
+          found = why;
+          return true;
+        }
+      }
+      return false;
+    });
+    if (!ok) FAIL("server never closed connection " << id);
+    return found;
+  }
+  bool IsClosed(ConnId id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [c, why] : closed_) {
+      if (c == id) return true;
+    }
+    return false;
+  }
+
+  EventLoop& loop() { return loop_; }
+  Messenger& messenger() { return *messenger_; }
+  int port() const { return port_; }
+  uint64_t requests() const { return requests_.load(); }
+
+ private:
+  EventLoop loop_;
+  std::unique_ptr<Messenger> messenger_;
+  int port_ = 0;
+  bool stopped_ = false;
+  std::atomic<uint64_t> requests_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<ConnId> opened_;
+  std::vector<std::pair<ConnId, Status>> closed_;
+};
+
+// One synchronous echo round trip over a raw socket; true when the answer matches.
+inline bool RawEcho(RawSocket& s, uint64_t request_id, const std::string& payload) {
+  if (!s.SendAll(EncodeFrame(TestMeta(request_id), payload))) return false;
+  pb::MessageMeta meta;
+  std::string got;
+  if (!s.RecvFrame(&meta, &got)) return false;
+  return meta.is_response() && meta.request_id() == request_id && got == payload;
+}
 
 }  // namespace pscore::comm::testing

@@ -1,0 +1,113 @@
+// Malformed or stalled input from raw sockets: the bad connection is closed with its
+// reason while a well-behaved connection, opened before, keeps being served.
+#include "comm/test_util.h"  // first: sets up Catch's CHECK
+
+#include <string>
+
+namespace pscore::comm {
+namespace {
+
+using testing::EchoServer;
+using testing::EncodeFrame;
+using testing::RawEcho;
+using testing::RawSocket;
+using testing::TestMeta;
+
+struct BadInputCase {
+  std::string name;
+  std::string bytes;        // sent by the bad peer
+  bool vanish;              // the bad peer closes right after sending
+  Code want_code;
+  std::string want_text;    // must appear in the close reason
+};
+
+TransportOptions SmallLimits() {
+  TransportOptions o;
+  o.limits.max_message_bytes = 1 << 20;
+  o.partial_frame_timeout = std::chrono::milliseconds(200);
+  return o;
+}
+
+void RunBadInput(const BadInputCase& c) {
+  INFO("case: " << c.name);
+  EchoServer server(SmallLimits());
+  int port = server.Start();
+  RawSocket good;
+  REQUIRE(good.Connect(port));
+  REQUIRE(RawEcho(good, 1, "before"));
+  ConnId good_id = server.WaitOpened(1);
+
+  RawSocket bad;
+  REQUIRE(bad.Connect(port));
+  ConnId bad_id = server.WaitOpened(2);
+  REQUIRE(bad.SendAll(c.bytes));
+  if (c.vanish) bad.Close();
+  Status why = server.WaitClosed(bad_id);
+  INFO("close reason: " << why);
+  CHECK(why.code() == c.want_code);
+  CHECK(why.message().find(c.want_text) != std::string::npos);
+  if (!c.vanish) CHECK(bad.WaitClosed());  // the server hung up on it
+
+  // The good connection is unaffected.
+  CHECK(RawEcho(good, 2, "after"));
+  CHECK(RawEcho(good, 3, std::string(100000, 'p')));
+  CHECK_FALSE(server.IsClosed(good_id));
+  REQUIRE(server.Stop().ok());
+}
+
+}  // namespace
+
+TEST_CASE("bad input: wrong magic", "[comm][net][bad_input]") {
+  std::string bytes = EncodeFrame(TestMeta(5), "x");
+  bytes[0] = 'X';
+  RunBadInput({"wrong magic", bytes, false, Code::kProtocol, "bad magic"});
+}
+
+TEST_CASE("bad input: meta length over 64 KiB", "[comm][net][bad_input]") {
+  RunBadInput({"meta too long", EncodeHeader(FrameHeader{kMagic, (64u << 10) + 1, 0}), false,
+               Code::kProtocol, "meta length 65537"});
+}
+
+TEST_CASE("bad input: payload over max_message_bytes", "[comm][net][bad_input]") {
+  RunBadInput({"payload too long", EncodeHeader(FrameHeader{kMagic, 0, (1u << 20) + 1}), false,
+               Code::kProtocol, "payload length 1048577"});
+}
+
+TEST_CASE("bad input: unparsable meta", "[comm][net][bad_input]") {
+  std::string junk(20, '\xff');
+  RunBadInput({"unparsable meta",
+               EncodeHeader(FrameHeader{kMagic, static_cast<uint32_t>(junk.size()), 0}) + junk,
+               false, Code::kProtocol, "unparsable meta"});
+}
+
+TEST_CASE("bad input: a frame cut off by a peer that vanishes", "[comm][net][bad_input]") {
+  std::string frame = EncodeFrame(TestMeta(6), std::string(50000, 'c'));
+  RunBadInput({"cut off", frame.substr(0, 30000), true, Code::kUnavailable,
+               "in the middle of a frame"});
+}
+
+TEST_CASE("bad input: half a header then a stall is cut off after the timeout",
+          "[comm][net][bad_input]") {
+  std::string frame = EncodeFrame(TestMeta(7), "y");
+  RunBadInput({"stalled", frame.substr(0, 8), false, Code::kTimeout, "partial frame stalled"});
+}
+
+TEST_CASE("bad input: an idle connection between frames is not cut off", "[comm][net][bad_input]") {
+  EchoServer server(SmallLimits());
+  int port = server.Start();
+  RawSocket idle;
+  REQUIRE(idle.Connect(port));
+  REQUIRE(RawEcho(idle, 1, "a"));
+  ConnId id = server.WaitOpened(1);
+  // Wait well past the 200 ms partial-frame timeout, measured on the server's loop.
+  testing::OneShot<bool> waited;
+  testing::OnLoop(server.loop(), [&] {
+    server.loop().AddTimer(std::chrono::milliseconds(600), Duration::zero(), [&] { waited.Set(true); });
+  });
+  REQUIRE(waited.Get());
+  CHECK_FALSE(server.IsClosed(id));
+  CHECK(RawEcho(idle, 2, "b"));
+  REQUIRE(server.Stop().ok());
+}
+
+}  // namespace pscore::comm
