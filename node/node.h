@@ -98,6 +98,7 @@ class Node {
 
   NodeOptions options_;
   Callbacks callbacks_;
+  int listen_port_ = 0;  // set by StartRole of roles that listen
 
  private:
   void OnFrame(comm::ConnId conn, comm::Frame&& frame);
@@ -116,7 +117,6 @@ class Node {
   std::unique_ptr<comm::Messenger> messenger_;
   std::unique_ptr<comm::TcpClient> scheduler_;
   uint64_t incarnation_;
-  int listen_port_ = 0;
   comm::TimerId heartbeat_timer_ = 0;
   uint64_t stop_hook_ = 0;
   bool registered_ = false;

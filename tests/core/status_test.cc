@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
-
 #include "core/status.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
 namespace pscore {
 

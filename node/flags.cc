@@ -1,0 +1,161 @@
+#include "node/flags.h"
+
+#include <gflags/gflags.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+
+DEFINE_string(role, "", "Node role: scheduler, worker or server.");
+DEFINE_string(scheduler_host, "127.0.0.1", "Scheduler address (numeric IP or localhost).");
+DEFINE_int32(scheduler_port, 0, "Scheduler port. The scheduler binds it (0: a free port, see --port_file).");
+DEFINE_int32(worker_num, 1, "Number of workers in the job (scheduler).");
+DEFINE_int32(server_num, 1, "Number of servers in the job (scheduler).");
+DEFINE_string(node_id, "", "Stable node id; a restarted process with the same id gets its rank back. Empty: random.");
+DEFINE_int32(rank, -1, "Rank to ask for (-1: any free rank).");
+DEFINE_string(host, "127.0.0.1", "Address this node binds and advertises.");
+DEFINE_int32(port, 0, "Port a server binds (0: a free port).");
+DEFINE_int32(heartbeat_interval_ms, 1000, "Heartbeat period.");
+DEFINE_int32(heartbeat_timeout_ms, 5000, "A node silent this long is timed out (scheduler).");
+DEFINE_int32(connect_timeout_ms, 30000, "How long a node keeps retrying to reach the scheduler before it gives up.");
+DEFINE_int32(scale_timeout_ms, 60000, "Rollback deadline of a scale operation (scheduler).");
+DEFINE_string(devices, "", "Local devices: comma-separated ordinals, each optionally id@device_ip (e.g. 0@10.0.0.1,1@10.0.0.2).");
+DEFINE_string(super_pod_id, "", "Super-pod of this node's devices (rank table 1.2).");
+DEFINE_uint64(max_message_bytes, 256ull << 20, "Largest frame payload accepted or sent.");
+DEFINE_string(job_id, "default", "Job id served by the scheduler's rank table.");
+DEFINE_string(http_host, "127.0.0.1", "Bind address of the scheduler's HTTP endpoint.");
+DEFINE_int32(http_port, -1, "HTTP port of the scheduler (-1: off, 0: a free port).");
+DEFINE_int32(handler_threads, 2, "Executor threads for server handlers (0: run on the loop thread).");
+DEFINE_bool(auto_finish, true, "Worker/server: join the finish barrier once READY and serve until the job ends.");
+DEFINE_int64(finish_timeout_ms, 24LL * 3600 * 1000, "Deadline of this node's finish barrier.");
+DEFINE_string(port_file, "", "Write the bound port (scheduler: scheduler port; server: data port) to this file.");
+DEFINE_string(update_rule, "sum", "Server parameter store rule: assign, sum or sgd.");
+DEFINE_double(learning_rate, 0.1, "Learning rate of the sgd update rule.");
+
+namespace pscore::node {
+namespace {
+
+[[noreturn]] void Die(const std::string& prog, const std::string& msg) {
+  std::cerr << prog << ": " << msg << std::endl;
+  std::exit(2);
+}
+
+// PSCORE_<NAME> fills every flag not given on the command line.
+void ApplyEnvironment(const std::string& prog) {
+  std::vector<gflags::CommandLineFlagInfo> all;
+  gflags::GetAllFlags(&all);
+  for (const auto& f : all) {
+    if (!f.is_default || f.filename.find("flags.cc") == std::string::npos) continue;
+    std::string env = "PSCORE_";
+    for (char c : f.name) env += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    const char* v = std::getenv(env.c_str());
+    if (v == nullptr) continue;
+    if (gflags::SetCommandLineOption(f.name.c_str(), v).empty()) {
+      Die(prog, "bad value '" + std::string(v) + "' in " + env + " for --" + f.name);
+    }
+  }
+}
+
+std::vector<pb::Device> ParseDevices(const std::string& prog, const std::string& spec) {
+  std::vector<pb::Device> out;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    pb::Device d;
+    std::string id = item, ip;
+    size_t at = item.find('@');
+    if (at != std::string::npos) {
+      id = item.substr(0, at);
+      ip = item.substr(at + 1);
+    }
+    char* end = nullptr;
+    long v = std::strtol(id.c_str(), &end, 10);
+    if (id.empty() || *end != '\0' || v < 0 || v > 1 << 20) Die(prog, "--devices: bad device ordinal '" + id + "'");
+    d.set_local_id(static_cast<int>(v));
+    d.set_device_ip(ip);
+    d.set_super_pod_id(FLAGS_super_pod_id);
+    if (!FLAGS_super_pod_id.empty()) d.set_super_device_id(std::to_string(v));
+    out.push_back(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
+  std::string prog = (*argc > 0) ? (*argv)[0] : "pscore";
+  size_t slash = prog.rfind('/');
+  if (slash != std::string::npos) prog = prog.substr(slash + 1);
+  gflags::SetUsageMessage(usage);
+  gflags::SetVersionString("0.1.0");
+  // gflags would exit 1 on an unknown flag; bad flags exit 2 here, with one line.
+  for (int i = 1; i < *argc; ++i) {
+    std::string a = (*argv)[i];
+    if (a == "--") break;
+    if (a.size() < 2 || a[0] != '-') continue;
+    std::string name = a.substr(a.find_first_not_of('-'));
+    name = name.substr(0, name.find('='));
+    gflags::CommandLineFlagInfo info;
+    if (gflags::GetCommandLineFlagInfo(name.c_str(), &info)) continue;
+    if (name.rfind("no", 0) == 0 && gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info)) continue;
+    Die(prog, "unknown flag " + a + " (see --help)");
+  }
+  gflags::ParseCommandLineFlags(argc, argv, true);
+  ApplyEnvironment(prog);
+
+  auto check_port = [&](const char* name, int v) {
+    if (v < 0 || v > 65535) Die(prog, std::string("--") + name + " must be in [0, 65535] (got " + std::to_string(v) + ")");
+  };
+  check_port("scheduler_port", FLAGS_scheduler_port);
+  check_port("port", FLAGS_port);
+  if (FLAGS_http_port < -1 || FLAGS_http_port > 65535) Die(prog, "--http_port must be -1 or in [0, 65535]");
+  if (FLAGS_worker_num < 0 || FLAGS_server_num < 0) Die(prog, "--worker_num and --server_num must be >= 0");
+  if (FLAGS_worker_num + FLAGS_server_num == 0) Die(prog, "the job needs at least one worker or server");
+  if (FLAGS_heartbeat_interval_ms <= 0) Die(prog, "--heartbeat_interval_ms must be > 0");
+  if (FLAGS_heartbeat_timeout_ms <= FLAGS_heartbeat_interval_ms) {
+    Die(prog, "--heartbeat_timeout_ms (" + std::to_string(FLAGS_heartbeat_timeout_ms) +
+                  ") must be greater than --heartbeat_interval_ms (" + std::to_string(FLAGS_heartbeat_interval_ms) + ")");
+  }
+  if (FLAGS_connect_timeout_ms <= 0) Die(prog, "--connect_timeout_ms must be > 0");
+  if (FLAGS_rank < -1) Die(prog, "--rank must be >= -1");
+  if (FLAGS_max_message_bytes < 1024) Die(prog, "--max_message_bytes must be >= 1024");
+  if (FLAGS_update_rule != "assign" && FLAGS_update_rule != "sum" && FLAGS_update_rule != "sgd") {
+    Die(prog, "--update_rule must be assign, sum or sgd (got '" + FLAGS_update_rule + "')");
+  }
+
+  CommandLine cl;
+  cl.role = FLAGS_role;
+  SchedulerOptions& s = cl.scheduler;
+  s.host = FLAGS_host;
+  s.port = FLAGS_scheduler_port;
+  s.worker_num = FLAGS_worker_num;
+  s.server_num = FLAGS_server_num;
+  s.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_interval_ms);
+  s.heartbeat_timeout = std::chrono::milliseconds(FLAGS_heartbeat_timeout_ms);
+  s.scale_timeout = std::chrono::milliseconds(FLAGS_scale_timeout_ms);
+  s.max_message_bytes = FLAGS_max_message_bytes;
+  s.job_id = FLAGS_job_id;
+  s.http_host = FLAGS_http_host;
+  s.http_port = FLAGS_http_port;
+  NodeOptions& n = cl.node;
+  n.node_id = FLAGS_node_id;
+  n.scheduler_host = FLAGS_scheduler_host;
+  n.scheduler_port = FLAGS_scheduler_port;
+  n.host = FLAGS_host;
+  n.port = FLAGS_port;
+  n.rank = FLAGS_rank;
+  n.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_interval_ms);
+  n.connect_timeout = std::chrono::milliseconds(FLAGS_connect_timeout_ms);
+  n.devices = ParseDevices(prog, FLAGS_devices);
+  n.max_message_bytes = FLAGS_max_message_bytes;
+  n.handler_threads = FLAGS_handler_threads;
+  cl.auto_finish = FLAGS_auto_finish;
+  cl.finish_timeout_ms = FLAGS_finish_timeout_ms;
+  cl.port_file = FLAGS_port_file;
+  cl.update_rule = FLAGS_update_rule;
+  cl.learning_rate = static_cast<float>(FLAGS_learning_rate);
+  return cl;
+}
+
+}  // namespace pscore::node

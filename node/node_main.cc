@@ -1,0 +1,119 @@
+// pscore-node: runs one scheduler, worker or server of a job. Exit codes:
+// 0 the job ended normally; 1 a runtime failure (scheduler lost, refused, port busy);
+// 2 bad flags.
+#include <csignal>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <gflags/gflags.h>
+
+#include "node/flags.h"
+#include "node/scheduler_node.h"
+#include "node/server_node.h"
+#include "node/worker_node.h"
+
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;
+void OnSignal(int sig) { g_signal = sig; }
+
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << port << "\n";
+  }
+  std::rename(tmp.c_str(), path.c_str());  // Readers never see a half-written file.
+}
+
+using namespace pscore;
+using namespace std::chrono_literals;
+
+int RunScheduler(const node::CommandLine& cl) {
+  node::SchedulerNode sched(cl.scheduler);
+  Status st = sched.Start();
+  if (!st.ok()) {
+    LOG(ERROR) << "scheduler failed to start: " << st;
+    std::cerr << "pscore-node: " << st << std::endl;
+    return 1;
+  }
+  WritePortFile(cl.port_file, sched.port());
+  while (g_signal == 0 && !sched.WaitForExit(100ms).ok()) {
+  }
+  if (g_signal != 0) LOG(INFO) << "scheduler: signal " << g_signal << ", stopping";
+  std::this_thread::sleep_for(200ms);  // Let the last answers and TERMINATE reach the nodes.
+  sched.Stop();
+  return g_signal != 0 ? 1 : 0;
+}
+
+int RunMember(const node::CommandLine& cl, pb::NodeRole role) {
+  node::NodeOptions opts = cl.node;
+  opts.role = role;
+  std::unique_ptr<node::Node> n;
+  if (role == pb::SERVER) {
+    core::ParamStore::Options so;
+    so.rule = cl.update_rule == "assign" ? core::UpdateRule::kAssign
+              : cl.update_rule == "sgd"  ? core::UpdateRule::kSgd
+                                         : core::UpdateRule::kSum;
+    so.learning_rate = cl.learning_rate;
+    n = std::make_unique<node::ServerNode>(opts, so);
+  } else {
+    n = std::make_unique<node::WorkerNode>(opts);
+  }
+  Status st = n->Start();
+  if (!st.ok()) {
+    std::cerr << "pscore-node: " << st << std::endl;
+    return 1;
+  }
+  WritePortFile(cl.port_file, n->listen_port());
+  std::thread finisher;
+  if (cl.auto_finish) {
+    finisher = std::thread([&n, &cl] {
+      if (!n->WaitForReady(std::chrono::milliseconds(cl.finish_timeout_ms)).ok()) return;
+      Status f = n->Finish(std::chrono::milliseconds(cl.finish_timeout_ms));
+      if (!f.ok()) LOG(WARNING) << n->node_id() << ": finish: " << f;
+    });
+  }
+  Status end;
+  for (;;) {
+    end = n->WaitForTermination(100ms);
+    if (end.code() != Code::kTimeout) break;
+    if (g_signal != 0) {
+      end = Status(Code::kCancelled, "signal " + std::to_string(g_signal));
+      break;
+    }
+  }
+  n->Stop();
+  if (finisher.joinable()) finisher.join();
+  if (!end.ok()) {
+    LOG(ERROR) << n->node_id() << ": " << end;
+    std::cerr << "pscore-node: " << end << std::endl;
+    return 1;
+  }
+  LOG(INFO) << n->node_id() << ": the job ended; exiting";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  node::CommandLine cl = node::ParseFlags(
+      &argc, &argv,
+      "Runs one node of a pscore job.\n"
+      "  pscore-node --role=scheduler --scheduler_port=P --worker_num=W --server_num=S\n"
+      "  pscore-node --role=server --scheduler_port=P [--node_id=ID]\n"
+      "  pscore-node --role=worker --scheduler_port=P [--node_id=ID]\n"
+      "Every flag also reads PSCORE_<FLAG_NAME> from the environment when not given.");
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGPIPE, SIG_IGN);
+  if (cl.role == "scheduler") return RunScheduler(cl);
+  if (cl.role == "server") return RunMember(cl, pb::SERVER);
+  if (cl.role == "worker") return RunMember(cl, pb::WORKER);
+  std::cerr << "pscore-node: --role must be scheduler, worker or server (got '" << cl.role << "')" << std::endl;
+  return 2;
+}

@@ -1,0 +1,239 @@
+#include "node/server_node.h"
+
+#include <atomic>
+
+#include "core/kv_codec.h"
+#include "node/wire.h"
+
+namespace pscore::node {
+
+using comm::ConnId;
+using comm::Frame;
+
+struct Responder::State {
+  comm::EventLoop* loop;
+  std::weak_ptr<ServerNode*> server;
+  std::function<void(const Status&, BufferPtr)> send;  // runs on the loop thread
+  std::atomic<bool> answered{false};
+
+  void Answer(const Status& st, BufferPtr payload) {
+    if (answered.exchange(true)) return;
+    auto fn = send;
+    std::weak_ptr<ServerNode*> weak = server;
+    loop->Run([weak, fn, st, payload] {
+      if (weak.lock()) fn(st, payload);
+    });
+  }
+  ~State() {
+    if (!answered.load()) Answer(Status(Code::kInternal, "handler did not answer"), nullptr);
+  }
+};
+
+void Responder::Reply(BufferPtr payload) const { state_->Answer(Status::Ok(), std::move(payload)); }
+void Responder::Fail(const Status& status) const { state_->Answer(status, nullptr); }
+
+ServerNode::ServerNode(NodeOptions options, core::ParamStore::Options store, comm::EventLoop* loop)
+    : Node([&] {
+        options.role = pb::SERVER;
+        return options;
+      }(), loop),
+      store_(store),
+      alive_(std::make_shared<ServerNode*>(this)) {
+  if (options_.handler_threads > 0) executor_ = std::make_unique<Executor>(options_.handler_threads);
+  RegisterHandler(kPushHandler, [this](const DataRequest& req, Responder r) { HandlePush(req, r); });
+  RegisterHandler(kPullHandler, [this](const DataRequest& req, Responder r) { HandlePull(req, r); });
+}
+
+ServerNode::~ServerNode() {
+  Stop();
+  alive_.reset();
+}
+
+void ServerNode::RegisterHandler(int user_cmd, DataHandler handler) { by_cmd_[user_cmd] = std::move(handler); }
+
+void ServerNode::RegisterHandler(const std::string& name, DataHandler handler) {
+  by_name_[name] = std::move(handler);
+}
+
+Status ServerNode::StartRole() {
+  Result<int> port = messenger().transport().Listen(options_.host, options_.port);
+  if (!port.ok()) return port.status();
+  listen_port_ = *port;
+  LOG(INFO) << "server " << options_.node_id << " listening on " << options_.host << ":" << listen_port_;
+  return Status::Ok();
+}
+
+void ServerNode::StopRole() {
+  if (executor_) executor_->Shutdown();
+  for (auto& [key, p] : waiting_) p->set_value(Status(Code::kCancelled, "server stopped"));
+  waiting_.clear();
+}
+
+Responder ServerNode::MakeResponder(ConnId conn, const pb::MessageMeta& meta) {
+  Responder r;
+  r.state_ = std::make_shared<Responder::State>();
+  r.state_->loop = loop();
+  r.state_->server = alive_;
+  r.state_->send = [this, conn, meta](const Status& st, BufferPtr payload) {
+    Status sent = messenger().Reply(conn, meta, st, std::move(payload));
+    if (!sent.ok()) VLOG(1) << "server " << options_.node_id << ": answer not sent: " << sent;
+  };
+  return r;
+}
+
+void ServerNode::OnPeerRequest(ConnId conn, Frame&& frame) {
+  switch (frame.meta.cmd()) {
+    case pb::SEND_DATA: Dispatch(conn, std::move(frame)); break;
+    case pb::COLLECTIVE_SEND_DATA: HandleCollective(conn, std::move(frame)); break;
+    case pb::PING: messenger().Reply(conn, frame.meta, Status::Ok()).IgnoreError(); break;
+    default: Node::OnPeerRequest(conn, std::move(frame));
+  }
+}
+
+void ServerNode::Dispatch(ConnId conn, Frame&& frame) {
+  const pb::MessageMeta& meta = frame.meta;
+  if (cluster_state() == pb::CLUSTER_DISABLE_FLS) {
+    messenger().Reply(conn, meta, Status(Code::kUnavailable, "server " + options_.node_id + " is disabled"))
+        .IgnoreError();
+    return;
+  }
+  const DataHandler* handler = nullptr;
+  if (!meta.handler().empty()) {
+    auto it = by_name_.find(meta.handler());
+    if (it != by_name_.end()) handler = &it->second;
+  } else {
+    auto it = by_cmd_.find(meta.user_cmd());
+    if (it != by_cmd_.end()) handler = &it->second;
+  }
+  if (handler == nullptr) {
+    std::string what = meta.handler().empty() ? "user_cmd " + std::to_string(meta.user_cmd())
+                                              : "handler '" + meta.handler() + "'";
+    messenger().Reply(conn, meta, Status(Code::kNotFound, "server " + options_.node_id + " has no " + what))
+        .IgnoreError();
+    return;
+  }
+  DataRequest req{meta.role(), meta.rank_id(), meta.user_cmd(), meta.handler(), std::move(frame.payload)};
+  Responder r = MakeResponder(conn, meta);
+  if (executor_) {
+    DataHandler h = *handler;
+    executor_->Submit([h, req = std::move(req), r] { h(req, r); });
+  } else {
+    (*handler)(req, r);
+  }
+}
+
+void ServerNode::HandlePush(const DataRequest& req, Responder r) {
+  const char* data = req.payload ? req.payload->data() : "";
+  size_t size = req.payload ? req.payload->size() : 0;
+  Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
+  if (!view.ok()) return r.Fail(view.status());
+  Status st = store_.Push(view->keys, view->lens, view->values, view->num_keys);
+  if (!st.ok()) return r.Fail(st);
+  r.Reply(nullptr);
+}
+
+void ServerNode::HandlePull(const DataRequest& req, Responder r) {
+  const char* data = req.payload ? req.payload->data() : "";
+  size_t size = req.payload ? req.payload->size() : 0;
+  Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/false);
+  if (!view.ok()) return r.Fail(view.status());
+  std::vector<uint32_t> lens;
+  std::vector<float> values;
+  Status st = store_.Pull(view->keys, view->num_keys, &lens, &values);
+  if (!st.ok()) return r.Fail(st);
+  r.Reply(core::EncodeKvPairs(view->keys, view->num_keys, lens.data(), values.data(), values.size()));
+}
+
+void ServerNode::HandleCollective(ConnId conn, Frame&& frame) {
+  auto key = std::make_pair(frame.meta.rank_id(), frame.meta.tag());
+  auto w = waiting_.find(key);
+  BufferPtr payload = frame.payload ? frame.payload : Buffer::Allocate(0);
+  if (w != waiting_.end()) {
+    w->second->set_value(payload);
+    waiting_.erase(w);
+  } else if (!arrived_.emplace(key, payload).second) {
+    messenger().Reply(conn, frame.meta, Status(Code::kAlreadyExists, "collective tag '" + key.second +
+                                                                        "' from rank " + std::to_string(key.first) +
+                                                                        " already delivered and not received"))
+        .IgnoreError();
+    return;
+  }
+  messenger().Reply(conn, frame.meta, Status::Ok()).IgnoreError();
+}
+
+std::future<Status> ServerNode::CollectiveSend(int rank, const std::string& tag, BufferPtr payload) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto fut = promise->get_future();
+  loop()->Run([this, rank, tag, payload, promise] {
+    WithServerConn(rank, [this, tag, payload, promise](Result<ConnId> c) {
+      if (!c.ok()) return promise->set_value(c.status());
+      pb::MessageMeta meta = MakeMeta(pb::COLLECTIVE_SEND_DATA, pb::SERVER, Node::rank());
+      meta.set_tag(tag);
+      messenger().Call(*c, meta, payload, options_.request_timeout,
+                       [promise](Result<Frame> r) { promise->set_value(r.status()); });
+    });
+  });
+  return fut;
+}
+
+std::future<Result<BufferPtr>> ServerNode::CollectiveRecv(int rank, const std::string& tag) {
+  auto promise = std::make_shared<std::promise<Result<BufferPtr>>>();
+  auto fut = promise->get_future();
+  loop()->Run([this, rank, tag, promise] {
+    auto key = std::make_pair(rank, tag);
+    auto a = arrived_.find(key);
+    if (a != arrived_.end()) {
+      promise->set_value(a->second);
+      arrived_.erase(a);
+      return;
+    }
+    if (waiting_.count(key)) {
+      promise->set_value(Status(Code::kAlreadyExists, "a receive of tag '" + tag + "' from rank " +
+                                                          std::to_string(rank) + " is already waiting"));
+      return;
+    }
+    waiting_[key] = promise;
+  });
+  return fut;
+}
+
+Status ServerNode::AllReduce(const std::string& tag, std::vector<float>* data, Duration timeout) {
+  int me = rank();
+  int n = metadata().server_num();
+  if (n <= 1) return Status::Ok();
+  BufferPtr mine = Buffer::Copy(data->data(), data->size() * sizeof(float));
+  std::vector<std::future<Status>> sends;
+  for (int r = 0; r < n; ++r) {
+    if (r != me) sends.push_back(CollectiveSend(r, tag, mine));
+  }
+  // Sum in rank order so every server computes bit-identical results.
+  std::vector<float> sum(data->size(), 0.0f);
+  for (int r = 0; r < n; ++r) {
+    const float* part = data->data();
+    BufferPtr got;
+    if (r != me) {
+      auto fut = CollectiveRecv(r, tag);
+      if (fut.wait_for(timeout) != std::future_status::ready) {
+        return Status(Code::kTimeout, "allreduce '" + tag + "': nothing from server rank " + std::to_string(r));
+      }
+      Result<BufferPtr> res = fut.get();
+      if (!res.ok()) return res.status();
+      got = *res;
+      if (got->size() != data->size() * sizeof(float)) {
+        return Status(Code::kInvalidArgument, "allreduce '" + tag + "': rank " + std::to_string(r) + " sent " +
+                                                  std::to_string(got->size()) + " bytes, expected " +
+                                                  std::to_string(data->size() * sizeof(float)));
+      }
+      part = reinterpret_cast<const float*>(got->data());
+    }
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+  }
+  for (auto& f : sends) {
+    if (f.wait_for(timeout) != std::future_status::ready) return Status(Code::kTimeout, "allreduce send timed out");
+    PSCORE_RETURN_IF_ERROR(f.get());
+  }
+  *data = std::move(sum);
+  return Status::Ok();
+}
+
+}  // namespace pscore::node

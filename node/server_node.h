@@ -1,0 +1,86 @@
+// ServerNode: a parameter server. Serves SEND_DATA requests from workers through
+// handlers registered by user_cmd or by name, hosts the built-in parameter store
+// (Push/Pull), and exchanges COLLECTIVE_SEND_DATA with other servers by rank and tag.
+// Handlers run on the executor (options.handler_threads > 0) or the loop thread, and
+// answer through a Responder that may be completed from any thread.
+#pragma once
+
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "core/param_store.h"
+#include "node/executor.h"
+#include "node/node.h"
+
+namespace pscore::node {
+
+struct DataRequest {
+  pb::NodeRole from_role = pb::WORKER;
+  int from_rank = -1;
+  int user_cmd = 0;
+  std::string handler;  // empty when addressed by user_cmd
+  BufferPtr payload;    // may be null (empty request)
+};
+
+// Answers one request exactly once; copyable handle, any thread. Dropping every copy
+// without answering answers kInternal "handler did not answer".
+class Responder {
+ public:
+  void Reply(BufferPtr payload = nullptr) const;
+  void Fail(const Status& status) const;
+
+ private:
+  friend class ServerNode;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+using DataHandler = std::function<void(const DataRequest&, Responder)>;
+
+// Reserved handler names of the built-in parameter store.
+inline constexpr char kPushHandler[] = "pscore.push";
+inline constexpr char kPullHandler[] = "pscore.pull";
+
+class ServerNode : public Node {
+ public:
+  ServerNode(NodeOptions options, core::ParamStore::Options store = {}, comm::EventLoop* loop = nullptr);
+  ~ServerNode() override;
+
+  // Register before Start. Names starting with "pscore." are reserved.
+  void RegisterHandler(int user_cmd, DataHandler handler);
+  void RegisterHandler(const std::string& name, DataHandler handler);
+  core::ParamStore& store() { return store_; }
+
+  // Server-to-server messages matched by (sender rank, tag), whatever the arrival order.
+  std::future<Status> CollectiveSend(int rank, const std::string& tag, BufferPtr payload);
+  std::future<Result<BufferPtr>> CollectiveRecv(int rank, const std::string& tag);
+  // Element-wise sum of `data` over all servers (same length everywhere); `tag` names
+  // the round and must be unique per call. Blocking; not on the loop thread.
+  Status AllReduce(const std::string& tag, std::vector<float>* data, Duration timeout);
+
+ protected:
+  Status StartRole() override;
+  void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame) override;
+  void StopRole() override;
+
+ private:
+  void Dispatch(comm::ConnId conn, comm::Frame&& frame);
+  void HandlePush(const DataRequest& req, Responder r);
+  void HandlePull(const DataRequest& req, Responder r);
+  void HandleCollective(comm::ConnId conn, comm::Frame&& frame);
+  Responder MakeResponder(comm::ConnId conn, const pb::MessageMeta& meta);
+
+  core::ParamStore store_;
+  std::unique_ptr<Executor> executor_;
+  std::unordered_map<int, DataHandler> by_cmd_;
+  std::unordered_map<std::string, DataHandler> by_name_;
+  // Collective mailbox (loop thread): arrived payloads and waiting receivers.
+  std::map<std::pair<int, std::string>, BufferPtr> arrived_;
+  std::map<std::pair<int, std::string>, std::shared_ptr<std::promise<Result<BufferPtr>>>> waiting_;
+  std::shared_ptr<ServerNode*> alive_;
+};
+
+}  // namespace pscore::node

@@ -1,0 +1,44 @@
+// WorkerNode: the training side. Sends requests to servers by rank (by user_cmd or by
+// handler name), broadcasts to all servers, and pushes/pulls keyed float tensors that
+// are partitioned over the servers by key range (core/key_range.h). Every call is
+// thread-safe and asynchronous (a future or a callback); callbacks run on the loop thread.
+#pragma once
+
+#include <future>
+#include <vector>
+
+#include "node/node.h"
+
+namespace pscore::node {
+
+using ReplyCallback = std::function<void(Result<BufferPtr>)>;
+
+struct PullResult {
+  std::vector<float> values;  // back to back, in the order of the requested keys
+  std::vector<uint32_t> lens;
+};
+
+class WorkerNode : public Node {
+ public:
+  explicit WorkerNode(NodeOptions options, comm::EventLoop* loop = nullptr);
+  ~WorkerNode() override;
+
+  // One request to server `rank`, addressed by user_cmd (handler empty) or handler name.
+  void SendAsync(int rank, int user_cmd, const std::string& handler, BufferPtr payload, ReplyCallback cb);
+  std::future<Result<BufferPtr>> Send(int rank, int user_cmd, BufferPtr payload);
+  std::future<Result<BufferPtr>> Call(int rank, const std::string& handler, BufferPtr payload);
+  // The same request to every server; all answers in rank order, or the first error.
+  std::future<Result<std::vector<BufferPtr>>> Broadcast(int user_cmd, const std::string& handler, BufferPtr payload);
+
+  // Push: lens[i] floats of values belong to keys[i] (lens empty: every key has
+  // values.size()/keys.size()). Keys go to their owning servers; done when all answered.
+  std::future<Status> Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
+                           const std::vector<uint32_t>& lens = {});
+  std::future<Result<PullResult>> Pull(const std::vector<uint64_t>& keys);
+  int server_count() const { return metadata().server_num(); }
+
+ private:
+  void Issue(int rank, pb::MessageMeta meta, BufferPtr payload, ReplyCallback cb);
+};
+
+}  // namespace pscore::node
