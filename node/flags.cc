@@ -31,6 +31,13 @@ DEFINE_int64(finish_timeout_ms, 24LL * 3600 * 1000, "Deadline of this node's fin
 DEFINE_string(port_file, "", "Write the bound port (scheduler: scheduler port; server: data port) to this file.");
 DEFINE_string(update_rule, "sum", "Server parameter store rule: assign, sum or sgd.");
 DEFINE_double(learning_rate, 0.1, "Learning rate of the sgd update rule.");
+// pscore-train (the demo job's worker) only.
+DEFINE_int32(steps, 60, "pscore-train: synchronous SGD steps.");
+DEFINE_int32(samples, 20000, "pscore-train: size of the synthetic data set (all workers).");
+DEFINE_int32(dim, 64, "pscore-train: number of features.");
+DEFINE_int32(keys, 8, "pscore-train: parameter keys the weights are split into.");
+DEFINE_uint64(seed, 7, "pscore-train: seed of the synthetic data set.");
+DEFINE_int32(scale_out_at, -1, "pscore-train: step at which rank 0 asks for one more server (-1: never).");
 
 namespace pscore::node {
 namespace {
@@ -155,6 +162,15 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   cl.port_file = FLAGS_port_file;
   cl.update_rule = FLAGS_update_rule;
   cl.learning_rate = static_cast<float>(FLAGS_learning_rate);
+  if (FLAGS_steps < 0 || FLAGS_samples < 1 || FLAGS_dim < 1 || FLAGS_keys < 1 || FLAGS_keys > FLAGS_dim) {
+    Die(prog, "--steps >= 0, --samples >= 1 and 1 <= --keys <= --dim are required");
+  }
+  cl.train.steps = FLAGS_steps;
+  cl.train.samples = FLAGS_samples;
+  cl.train.dim = FLAGS_dim;
+  cl.train.keys = FLAGS_keys;
+  cl.train.seed = FLAGS_seed;
+  cl.train.scale_out_at = FLAGS_scale_out_at;
   return cl;
 }
 

@@ -9,6 +9,15 @@
 
 namespace pscore::node {
 
+struct TrainOptions {
+  int steps = 60;
+  int samples = 20000;
+  int dim = 64;
+  int keys = 8;
+  uint64_t seed = 7;
+  int scale_out_at = -1;
+};
+
 struct CommandLine {
   std::string role;
   SchedulerOptions scheduler;
@@ -18,6 +27,7 @@ struct CommandLine {
   std::string port_file;
   std::string update_rule;
   float learning_rate = 0.1f;
+  TrainOptions train;
 };
 
 // Parses argv (removing flags) for the program `prog`; exits 2 on a bad flag.

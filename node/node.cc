@@ -1,5 +1,6 @@
 #include "node/node.h"
 
+#include <algorithm>
 #include <random>
 
 #include "node/wire.h"
@@ -301,6 +302,17 @@ uint64_t Node::epoch() const {
 pb::SendMetadataMessage Node::metadata() const {
   std::lock_guard<std::mutex> lock(mu_);
   return metadata_snapshot_;
+}
+
+std::vector<std::string> Node::NodeIds(pb::NodeRole role) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto& list = role == pb::SERVER ? metadata_snapshot_.servers_meta() : metadata_snapshot_.workers_meta();
+  std::vector<std::pair<int, std::string>> ranked;
+  for (const pb::ServersMeta& m : list) ranked.emplace_back(m.rank_id(), m.node_id());
+  std::sort(ranked.begin(), ranked.end());
+  std::vector<std::string> out;
+  for (auto& [r, id] : ranked) out.push_back(id);
+  return out;
 }
 
 void Node::Stop() {

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Starts or stops a local pscore job for manual runs (tests start the binaries themselves).
+#   scripts/cluster.sh start --workers=W --servers=S [--dir=DIR] [--port=P] [--http_port=H]
+#   scripts/cluster.sh add --role=server|worker --dir=DIR [--node_id=ID]   (join a running job, e.g. scale-out)
+#   scripts/cluster.sh stop --dir=DIR
+# Each process logs to DIR/<name>.log; DIR/pids lists "pid name"; DIR/scheduler.port holds the port.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$root/build}
+cmd=${1:-}
+shift || true
+workers=2 servers=2 dir="" port=0 role="" node_id="" http_port=-1
+for arg in "$@"; do
+  case $arg in
+    --workers=*) workers=${arg#*=} ;;
+    --servers=*) servers=${arg#*=} ;;
+    --dir=*) dir=${arg#*=} ;;
+    --port=*) port=${arg#*=} ;;
+    --http_port=*) http_port=${arg#*=} ;;
+    --role=*) role=${arg#*=} ;;
+    --node_id=*) node_id=${arg#*=} ;;
+    *) echo "cluster.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+[ -n "$dir" ] || dir=/tmp/pscore-job
+JOB_DIR=$dir
+export JOB_DIR
+. "$root/scripts/lib.sh"
+common=(--heartbeat_interval_ms=500 --heartbeat_timeout_ms=5000 --auto_finish=false)
+case $cmd in
+  start)
+    mkdir -p "$dir"
+    rm -f "$dir/pids" "$dir/scheduler.port"
+    start_proc scheduler "$build/pscore-node" --role=scheduler --worker_num="$workers" --server_num="$servers" \
+      --scheduler_port="$port" --http_port="$http_port" --port_file="$dir/scheduler.port" "${common[@]}"
+    wait_file "$dir/scheduler.port" 10
+    p=$(cat "$dir/scheduler.port")
+    for i in $(seq 0 $((servers - 1))); do
+      start_proc "server$i" "$build/pscore-node" --role=server --node_id="server$i" --scheduler_port="$p" "${common[@]}"
+    done
+    for i in $(seq 0 $((workers - 1))); do
+      start_proc "worker$i" "$build/pscore-node" --role=worker --node_id="worker$i" --scheduler_port="$p" "${common[@]}"
+    done
+    echo "job started: scheduler port $p, logs in $dir"
+    ;;
+  add)
+    [ -n "$role" ] || { echo "cluster.sh add: --role is required" >&2; exit 2; }
+    p=$(cat "$dir/scheduler.port")
+    [ -n "$node_id" ] || node_id="$role-$RANDOM"
+    start_proc "$node_id" "$build/pscore-node" --role="$role" --node_id="$node_id" --scheduler_port="$p" "${common[@]}"
+    echo "$role $node_id joined the job on port $p"
+    ;;
+  stop)
+    stop_all
+    rm -f "$dir/pids"
+    echo "job in $dir stopped"
+    ;;
+  *)
+    sed -n '2,7p' "$0"
+    exit 2
+    ;;
+esac

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The main job: installs missing packages, builds, starts a local job (1 scheduler,
+# 2 servers, 2 workers, each its own process) and trains logistic regression with
+# synchronous SGD over Push/Pull, printing a progress line per step and the final
+# loss/accuracy against the generating weights. Exit 0 when it converged.
+# Usage: scripts/demo.sh [--steps=N] [--workers=N] [--servers=N] [--scale-out-at=STEP]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+steps=60 workers=2 servers=2 scale_out_at=-1
+for arg in "$@"; do
+  case $arg in
+    --steps=*) steps=${arg#*=} ;;
+    --workers=*) workers=${arg#*=} ;;
+    --servers=*) servers=${arg#*=} ;;
+    --scale-out-at=*) scale_out_at=${arg#*=} ;;
+    *) echo "demo.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+build=${BUILD_DIR:-$root/build}
+if [ -z "${SKIP_BUILD:-}" ]; then
+  echo "== building (first run installs packages and takes a few minutes)"
+  "$root/scripts/build.sh" "$build"
+fi
+JOB_DIR=$(mktemp -d /tmp/pscore-demo.XXXXXX)
+export JOB_DIR
+. "$root/scripts/lib.sh"
+trap stop_all EXIT
+common=(--heartbeat_interval_ms=200 --heartbeat_timeout_ms=3000)
+echo "== job: 1 scheduler, $servers servers, $workers workers (logs in $JOB_DIR)"
+start_proc scheduler "$build/pscore-node" --role=scheduler --worker_num="$workers" --server_num="$servers" \
+  --scheduler_port=0 --port_file="$JOB_DIR/scheduler.port" "${common[@]}"
+wait_file "$JOB_DIR/scheduler.port" 10
+port=$(cat "$JOB_DIR/scheduler.port")
+for i in $(seq 0 $((servers - 1))); do
+  start_proc "server$i" "$build/pscore-node" --role=server --node_id="server$i" --scheduler_port="$port" \
+    --update_rule=sgd --learning_rate=2 "${common[@]}"
+done
+worker_pids=()
+for i in $(seq 0 $((workers - 1))); do
+  start_proc "worker$i" "$build/pscore-train" --node_id="worker$i" --scheduler_port="$port" --steps="$steps" \
+    --scale_out_at="$scale_out_at" "${common[@]}"
+  worker_pids+=("$(tail -n 1 "$JOB_DIR/pids" | cut -d' ' -f1)")
+done
+# Follow the first worker's progress while the job runs.
+tail -n +1 -f "$JOB_DIR/worker0.log" --pid="${worker_pids[0]}" | grep --line-buffered -E "^worker|pscore-train" || true
+rc=0
+for pid in "${worker_pids[@]}"; do wait "$pid" || rc=1; done
+for i in $(seq 1 $((workers - 1))); do grep -h "final" "$JOB_DIR/worker$i.log" || true; done
+sched_pid=$(head -n 1 "$JOB_DIR/pids" | cut -d' ' -f1)
+for _ in $(seq 1 100); do kill -0 "$sched_pid" 2>/dev/null || break; sleep 0.05; done
+if [ $rc -eq 0 ]; then echo "== demo converged; job finished"; else echo "== demo FAILED (logs in $JOB_DIR)"; fi
+exit $rc
