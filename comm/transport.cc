@@ -282,7 +282,20 @@ void Transport::Release(ConnId id, const Status& why) {
   it->second.release();  // The connection frees itself in its close callback.
   conns_.erase(it);
   ++stats_.connections_closed;
+  std::vector<std::function<void(const Status&)>> watchers;
+  auto range = close_watchers_.equal_range(id);
+  for (auto w = range.first; w != range.second; ++w) watchers.push_back(std::move(w->second));
+  close_watchers_.erase(id);
   if (handlers_.on_close) handlers_.on_close(id, why);
+  for (auto& w : watchers) w(why);
+}
+
+void Transport::WatchClose(ConnId id, std::function<void(const Status&)> fn) {
+  if (!IsOpen(id)) {
+    fn(Status(Code::kUnavailable, "connection " + std::to_string(id) + " already closed"));
+    return;
+  }
+  close_watchers_.emplace(id, std::move(fn));
 }
 
 void Transport::Deliver(ConnId id, Frame&& frame) {

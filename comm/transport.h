@@ -52,6 +52,8 @@ class Transport {
                std::function<void(Result<ConnId>)> done);
   Status Send(ConnId id, const pb::MessageMeta& meta, BufferPtr payload);
   void Close(ConnId id, const Status& why);
+  // Calls fn once when connection `id` closes (at once if it is already closed).
+  void WatchClose(ConnId id, std::function<void(const Status&)> fn);
   // Closes all listeners and connections and cancels dials. Idempotent.
   void Shutdown();
 
@@ -80,6 +82,7 @@ class Transport {
   TransportOptions options_;
   Handlers handlers_;
   std::unordered_map<ConnId, std::unique_ptr<Connection>> conns_;
+  std::unordered_multimap<ConnId, std::function<void(const Status&)>> close_watchers_;
   std::vector<Listener*> listeners_;
   std::vector<Dialer*> dialers_;
   ConnId next_id_ = 1;

@@ -1,0 +1,98 @@
+#include "comm/messenger.h"
+
+#include "comm/event_loop.h"
+
+namespace pscore::comm {
+namespace {
+constexpr auto kExpiryPeriod = std::chrono::milliseconds(5);
+}
+
+Status StatusOf(const pb::MessageMeta& meta) {
+  if (meta.status_code() == 0) return Status::Ok();
+  return Status(CodeFromInt(meta.status_code()), meta.error());
+}
+
+Messenger::Messenger(EventLoop* loop, TransportOptions options, Handlers handlers)
+    : loop_(loop), handlers_(std::move(handlers)) {
+  Transport::Handlers th;
+  th.on_frame = [this](ConnId c, Frame&& f) { OnFrame(c, std::move(f)); };
+  th.on_open = handlers_.on_open;
+  th.on_close = [this](ConnId c, const Status& why) { OnClose(c, why); };
+  transport_ = std::make_unique<Transport>(loop, options, std::move(th));
+}
+
+Messenger::~Messenger() {
+  if (!shut_down_ && loop_->InLoopThread()) Shutdown();
+}
+
+void Messenger::Shutdown() {
+  DCHECK(loop_->InLoopThread());
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (expiry_timer_ != 0) loop_->CancelTimer(expiry_timer_);
+  expiry_timer_ = 0;
+  transport_->Shutdown();
+  tracker_.FailAll(Status(Code::kCancelled, "messenger shut down"));
+}
+
+void Messenger::Call(ConnId conn, pb::MessageMeta meta, BufferPtr payload, Duration timeout,
+                     ResponseCallback cb) {
+  DCHECK(loop_->InLoopThread());
+  std::string what = pb::NodeCommand_Name(meta.cmd()) + " to " + transport_->PeerAddress(conn);
+  if (shut_down_) {
+    cb(Status(Code::kCancelled, what + ": messenger shut down"));
+    return;
+  }
+  uint64_t id = tracker_.Add(conn, std::chrono::steady_clock::now() + timeout, what, std::move(cb));
+  meta.set_request_id(id);
+  meta.set_is_response(false);
+  Status st = transport_->Send(conn, meta, std::move(payload));
+  if (!st.ok()) {
+    tracker_.Complete(id, st);
+    return;
+  }
+  if (expiry_timer_ == 0) {
+    expiry_timer_ = loop_->AddTimer(kExpiryPeriod, kExpiryPeriod, [this] {
+      tracker_.Expire(std::chrono::steady_clock::now());
+    });
+  }
+}
+
+Status Messenger::Notify(ConnId conn, pb::MessageMeta meta, BufferPtr payload) {
+  meta.set_oneway(true);
+  meta.set_request_id(0);
+  return transport_->Send(conn, meta, std::move(payload));
+}
+
+Status Messenger::Reply(ConnId conn, const pb::MessageMeta& request, const Status& status,
+                        BufferPtr payload) {
+  if (request.oneway()) return Status::Ok();
+  pb::MessageMeta meta;
+  meta.set_cmd(request.cmd());
+  meta.set_request_id(request.request_id());
+  meta.set_user_cmd(request.user_cmd());
+  meta.set_is_response(true);
+  if (!status.ok()) {
+    meta.set_status_code(static_cast<int32_t>(status.code()));
+    meta.set_error(status.message());
+  }
+  return transport_->Send(conn, meta, std::move(payload));
+}
+
+void Messenger::OnFrame(ConnId conn, Frame&& frame) {
+  if (frame.meta.is_response()) {
+    uint64_t id = frame.meta.request_id();
+    Status st = StatusOf(frame.meta);
+    bool known = st.ok() ? tracker_.Complete(id, std::move(frame)) : tracker_.Complete(id, st);
+    if (!known) VLOG(1) << "conn " << conn << ": late or unknown answer " << id;
+    return;
+  }
+  if (handlers_.on_request) handlers_.on_request(conn, std::move(frame));
+}
+
+void Messenger::OnClose(ConnId conn, const Status& why) {
+  tracker_.FailConnection(conn, Status(Code::kUnavailable, "connection lost (" + why.ToString() + ")"));
+  if (handlers_.on_close) handlers_.on_close(conn, why);
+}
+
+}  // namespace pscore::comm

@@ -1,0 +1,61 @@
+// Messenger: request/response and one-way messages over a Transport.
+// A request carries a fresh request_id and a deadline; the answer (is_response, same
+// request_id) completes it; a closed connection fails all its pending requests at once.
+// Non-response frames go to the request handler, which answers with Reply. Loop thread
+// only; owned by the node (or test) that creates it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm/event_loop.h"
+#include "comm/request_tracker.h"
+#include "comm/transport.h"
+
+namespace pscore::comm {
+
+class Messenger {
+ public:
+  using RequestHandler = std::function<void(ConnId, Frame&&)>;
+  struct Handlers {
+    RequestHandler on_request;
+    std::function<void(ConnId, bool accepted)> on_open;
+    std::function<void(ConnId, const Status&)> on_close;
+  };
+
+  Messenger(EventLoop* loop, TransportOptions options, Handlers handlers);
+  ~Messenger();
+
+  Transport& transport() { return *transport_; }
+  EventLoop* loop() const { return loop_; }
+
+  // Sends a request; cb runs once with the answer, or an error if the answer carries a
+  // non-OK status, the deadline passes, or the connection is lost.
+  void Call(ConnId conn, pb::MessageMeta meta, BufferPtr payload, Duration timeout,
+            ResponseCallback cb);
+  // One-way message (no answer expected).
+  Status Notify(ConnId conn, pb::MessageMeta meta, BufferPtr payload);
+  // Answers `request` (echoes cmd and request_id) with status and payload.
+  Status Reply(ConnId conn, const pb::MessageMeta& request, const Status& status,
+               BufferPtr payload = nullptr);
+  // Fails pending requests and closes all connections. Idempotent.
+  void Shutdown();
+  size_t pending_requests() const { return tracker_.pending(); }
+
+ private:
+  void OnFrame(ConnId conn, Frame&& frame);
+  void OnClose(ConnId conn, const Status& why);
+
+  EventLoop* loop_;
+  Handlers handlers_;
+  std::unique_ptr<Transport> transport_;
+  RequestTracker tracker_;
+  TimerId expiry_timer_ = 0;
+  bool shut_down_ = false;
+};
+
+// Converts the status fields of an answer's meta to a Status.
+Status StatusOf(const pb::MessageMeta& meta);
+
+}  // namespace pscore::comm

@@ -1,0 +1,51 @@
+// RequestTracker: request_id -> pending callback, with a deadline per request.
+// Pure bookkeeping (no I/O): the Messenger feeds it completions, connection losses and
+// the time. Every callback runs exactly once: answer, deadline, lost peer or shutdown.
+// Loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <unordered_map>
+
+#include "comm/frame_decoder.h"
+#include "comm/transport_types.h"
+#include "core/clock.h"
+#include "core/status.h"
+
+namespace pscore::comm {
+
+using ResponseCallback = std::function<void(Result<Frame>)>;
+
+class RequestTracker {
+ public:
+  // Registers a request; returns its id (never 0, never reused).
+  uint64_t Add(ConnId conn, TimePoint deadline, std::string what, ResponseCallback cb);
+  // Completes request `id` with `result`. False if it is unknown (late or duplicate answer).
+  bool Complete(uint64_t id, Result<Frame> result);
+  // Fails every request pending on `conn` with `why`; returns how many.
+  size_t FailConnection(ConnId conn, const Status& why);
+  // Fails every request whose deadline is at or before `now`.
+  size_t Expire(TimePoint now);
+  // Fails everything (shutdown).
+  void FailAll(const Status& why);
+  size_t pending() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    ConnId conn;
+    TimePoint deadline;
+    std::string what;
+    ResponseCallback cb;
+    std::multimap<TimePoint, uint64_t>::iterator by_deadline;
+  };
+  std::unordered_map<uint64_t, Entry> entries_;
+  std::multimap<TimePoint, uint64_t> deadlines_;
+  std::unordered_multimap<ConnId, uint64_t> by_conn_;
+  uint64_t next_id_ = 1;
+
+  Entry Take(std::unordered_map<uint64_t, Entry>::iterator it);
+};
+
+}  // namespace pscore::comm
