@@ -113,6 +113,10 @@ uint64_t SchedulerNode::epoch() const {
   return epoch_snapshot_;
 }
 
+void SchedulerNode::SetCommandHandler(pb::NodeCommand cmd, std::function<void(ConnId, Frame&&)> fn) {
+  extra_handlers_[cmd] = std::move(fn);
+}
+
 void SchedulerNode::AddEventListener(std::function<void(const core::Event&)> fn) {
   loop_->Run([this, fn = std::move(fn)] { listeners_.push_back(fn); });
 }
@@ -153,11 +157,17 @@ void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
     case pb::SCALE_IN_DONE: HandleScaleDone(conn, frame); break;
     case pb::REPORT_ERROR: HandleReportError(conn, frame); break;
     case pb::PING: Reply(conn, frame.meta, Status::Ok()); break;
-    default:
+    default: {
+      auto extra = extra_handlers_.find(frame.meta.cmd());
+      if (extra != extra_handlers_.end()) {
+        extra->second(conn, std::move(frame));
+        break;
+      }
       LOG(WARNING) << "scheduler: conn " << conn << " " << messenger_->transport().PeerAddress(conn)
                    << " sent " << pb::NodeCommand_Name(frame.meta.cmd()) << ", which the scheduler does not serve";
       Reply(conn, frame.meta, Status(Code::kInvalidArgument, "the scheduler does not serve " +
                                                                  pb::NodeCommand_Name(frame.meta.cmd())));
+    }
   }
   DrainEvents();
 }

@@ -50,6 +50,11 @@ class SchedulerNode {
   // Runs an admin request (same as ADMIN over the wire); cb runs on the loop thread.
   void Admin(const pb::AdminRequest& req, std::function<void(Status, pb::AdminResponse)> cb);
   const comm::TransportStats& transport_stats() { return messenger_->transport().stats(); }
+  // Loop thread: serves a command the scheduler does not serve itself (extensions such
+  // as the rank-table stream). Set before Start.
+  void SetCommandHandler(pb::NodeCommand cmd, std::function<void(comm::ConnId, comm::Frame&&)> fn);
+  comm::Messenger& messenger() { return *messenger_; }
+  const SchedulerOptions& options() const { return options_; }
   uint64_t heartbeats() const { return heartbeats_; }
 
  private:
@@ -99,6 +104,7 @@ class SchedulerNode {
   std::vector<FinishWaiter> finish_waiters_;
   struct KvWaiter { comm::ConnId conn; uint64_t id; };
   std::vector<std::function<void(const core::Event&)>> listeners_;
+  std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;
   uint64_t heartbeats_ = 0;
 
   mutable std::mutex mu_;  // guards the snapshot below
