@@ -106,6 +106,7 @@ class SchedulerNode {
   std::vector<std::function<void(const core::Event&)>> listeners_;
   std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;
   uint64_t heartbeats_ = 0;
+  std::string last_scale_result_;  // how the last scale operation ended (admin status)
 
   mutable std::mutex mu_;  // guards the snapshot below
   std::condition_variable exit_cv_;

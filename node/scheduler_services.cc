@@ -85,9 +85,13 @@ void SchedulerNode::DrainEvents() {
         }
         case Kind::kScaleDone:
           LOG(INFO) << "scheduler: scale operation done (epoch " << cluster_.epoch() << ")";
+          last_scale_result_ = "done: " + std::to_string(cluster_.worker_num()) + " workers, " +
+                               std::to_string(cluster_.server_num()) + " servers (epoch " +
+                               std::to_string(cluster_.epoch()) + ")";
           break;
         case Kind::kRollback:
           LOG(WARNING) << "scheduler: scale operation rolled back: " << e.message;
+          last_scale_result_ = "rolled back: " + e.message;
           SendClusterEvent(e, pb::ClusterEventMessage::ROLLBACK);
           break;
         case Kind::kNodeLeft: {
@@ -113,6 +117,7 @@ pb::AdminResponse SchedulerNode::StatusResponse(bool with_nodes) const {
   resp.set_server_num(cluster_.server_num());
   resp.set_registered_workers(cluster_.registered(pb::WORKER));
   resp.set_registered_servers(cluster_.registered(pb::SERVER));
+  resp.set_last_scale_result(last_scale_result_);
   if (!with_nodes) return resp;
   TimePoint now = clock_.Now();
   for (const core::NodeRecord* rec : cluster_.Nodes()) {
@@ -152,6 +157,19 @@ void SchedulerNode::Admin(const pb::AdminRequest& req,
     st = cluster_.SetState(pb::CLUSTER_DISABLE_FLS);
   } else if (op == "stop") {
     st = cluster_.SetState(pb::CLUSTER_EXIT);
+  } else if (op == "barriers") {
+    pb::AdminResponse resp = StatusResponse(false);
+    for (const core::BarrierInfo& b : barriers_.List()) {
+      pb::BarrierInfo* out = resp.add_barriers();
+      out->set_id(b.id);
+      out->set_generation(b.generation);
+      out->set_state(core::BarrierStateName(b.state));
+      out->set_arrived(static_cast<int32_t>(b.arrived));
+      out->set_expected(static_cast<int32_t>(b.expected));
+      for (const std::string& m : b.missing) out->add_missing(m);
+      if (!b.result.ok()) out->set_result(b.result.ToString());
+    }
+    return cb(Status::Ok(), resp);
   } else {
     st = Status(Code::kInvalidArgument, "unknown admin operation '" + op + "'");
   }
