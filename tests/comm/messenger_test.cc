@@ -1,0 +1,247 @@
+// Request/response over loopback: echo, reconnect, lost peer, deadlines.
+#include "comm/test_util.h"  // first: sets up Catch's CHECK
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "comm/messenger.h"
+#include "comm/tcp_client.h"
+
+namespace pscore::comm {
+namespace {
+
+using testing::EchoServer;
+using testing::OneShot;
+using testing::OnLoop;
+using testing::TestMeta;
+
+// A client Messenger on its own loop. Destroyed after its loop stopped.
+struct Client {
+  EventLoop loop{"client"};
+  std::unique_ptr<Messenger> messenger;
+  std::atomic<int> failed{0};
+  OneShot<int> failed_before_close;  // how many calls had failed when on_close ran
+
+  Client() {
+    Messenger::Handlers h;
+    h.on_close = [this](ConnId, const Status&) { failed_before_close.Set(failed.load()); };
+    messenger = std::make_unique<Messenger>(&loop, TransportOptions(), std::move(h));
+    REQUIRE(loop.Start().ok());
+  }
+  ConnId Connect(int port) {
+    auto conn = std::make_shared<OneShot<Result<ConnId>>>();
+    loop.Post([this, port, conn] {
+      messenger->transport().Connect("127.0.0.1", port, ConnectOptions(),
+                                     [conn](Result<ConnId> r) { conn->Set(std::move(r)); });
+    });
+    Result<ConnId> r = conn->Get();
+    REQUIRE(r.ok());
+    return *r;
+  }
+  ~Client() { Stop().IgnoreError(); }
+  Status Stop() {
+    Status st = loop.Stop();
+    messenger.reset();
+    return st;
+  }
+};
+
+// One echo call through the client's messenger; returns the answer's payload or error.
+Result<std::string> EchoOnce(Client& c, ConnId conn, const std::string& payload,
+                             Duration timeout = std::chrono::seconds(10), int32_t user_cmd = 0) {
+  auto out = std::make_shared<OneShot<Result<std::string>>>();
+  c.loop.Post([&c, conn, payload, timeout, user_cmd, out] {
+    c.messenger->Call(conn, TestMeta(0, user_cmd), Buffer::FromString(payload), timeout,
+                      [out](Result<Frame> r) {
+                        if (!r.ok()) {
+                          out->Set(r.status());
+                        } else {
+                          out->Set(std::string(r->payload ? r->payload->view() : ""));
+                        }
+                      });
+  });
+  return out->Get();
+}
+
+}  // namespace
+
+TEST_CASE("messenger: 10,000 echoed requests are all answered correctly", "[comm][net][messenger]") {
+  EchoServer server;
+  int port = server.Start();
+  Client client;
+  ConnId conn = client.Connect(port);
+  constexpr int kRequests = 10000;
+  std::atomic<int> correct{0};
+  std::atomic<int> wrong{0};
+  OneShot<bool> done;
+  std::vector<char> seen_ok(kRequests, 0);  // client loop thread only until done
+  client.loop.Post([&] {
+    std::atomic<int>* answered = new std::atomic<int>(0);
+    for (int i = 0; i < kRequests; ++i) {
+      std::string body = "request-" + std::to_string(i) + std::string(i % 97, 'z');
+      client.messenger->Call(conn, TestMeta(0, i % 50), Buffer::FromString(body), std::chrono::seconds(20),
+                             [&, i, body, answered](Result<Frame> r) {
+                               bool ok = r.ok() && r->payload && r->payload->view() == body &&
+                                         r->meta.is_response();
+                               ++(ok ? correct : wrong);
+                               if (ok) seen_ok[i] = 1;
+                               if (++*answered == kRequests) {
+                                 delete answered;
+                                 done.Set(true);
+                               }
+                             });
+    }
+  });
+  REQUIRE(done.Get());
+  int first_missing = -1;
+  for (int i = 0; i < kRequests && first_missing < 0; ++i) {
+    if (!seen_ok[i]) first_missing = i;
+  }
+  CHECK(first_missing == -1);
+  CHECK(correct.load() == kRequests);
+  CHECK(wrong.load() == 0);
+  CHECK(server.requests() == static_cast<uint64_t>(kRequests));
+  CHECK(OnLoop(client.loop, [&] { return client.messenger->pending_requests(); }) == 0);
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("messenger: an error status in the answer fails the call", "[comm][net][messenger]") {
+  EventLoop sloop("err-server");
+  Messenger::Handlers h;
+  std::unique_ptr<Messenger> srv;
+  h.on_request = [&](ConnId c, Frame&& f) {
+    srv->Reply(c, f.meta, Status(Code::kNotFound, "no such key")).IgnoreError();
+  };
+  srv = std::make_unique<Messenger>(&sloop, TransportOptions(), std::move(h));
+  REQUIRE(sloop.Start().ok());
+  Result<int> port = OnLoop(sloop, [&] { return srv->transport().Listen("127.0.0.1", 0); });
+  REQUIRE(port.ok());
+  Client client;
+  ConnId conn = client.Connect(*port);
+  Result<std::string> r = EchoOnce(client, conn, "k");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == Code::kNotFound);
+  CHECK(r.status().message() == "no such key");
+  REQUIRE(client.Stop().ok());
+  REQUIRE(sloop.Stop().ok());
+  srv.reset();
+}
+
+TEST_CASE("messenger: a request to a peer that never answers times out", "[comm][net][messenger]") {
+  EchoServer server;
+  int port = server.Start();
+  Client client;
+  ConnId conn = client.Connect(port);
+  auto start = std::chrono::steady_clock::now();
+  Result<std::string> r = EchoOnce(client, conn, "hello?", std::chrono::milliseconds(150),
+                                   testing::kCmdSilent);
+  auto took = std::chrono::steady_clock::now() - start;
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == Code::kTimeout);
+  CHECK(took >= std::chrono::milliseconds(150));
+  CHECK(took < std::chrono::seconds(5));
+  // The connection survives a timed-out request.
+  Result<std::string> ok = EchoOnce(client, conn, "still there");
+  REQUIRE(ok.ok());
+  CHECK(*ok == "still there");
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("messenger: all pending requests fail at once with kUnavailable when the peer closes",
+          "[comm][net][messenger]") {
+  EchoServer server;
+  int port = server.Start();
+  Client client;
+  ConnId conn = client.Connect(port);
+  constexpr int kPending = 100;
+  std::vector<Status> results;  // client loop thread only
+  OneShot<bool> all_failed;
+  client.loop.Post([&] {
+    for (int i = 0; i < kPending; ++i) {
+      client.messenger->Call(conn, TestMeta(0, testing::kCmdSilent), nullptr, std::chrono::seconds(60),
+                             [&](Result<Frame> r) {
+                               results.push_back(r.status());
+                               ++client.failed;
+                               if (static_cast<int>(results.size()) == kPending) all_failed.Set(true);
+                             });
+    }
+  });
+  // Wait until the server holds every request, then make it hang up.
+  ConnId server_side = server.WaitOpened(1);
+  for (int spins = 0; server.requests() < kPending; ++spins) {
+    REQUIRE(spins < 20000);
+    OnLoop(server.loop(), [] {});
+  }
+  OnLoop(server.loop(), [&] {
+    server.messenger().transport().Close(server_side, Status(Code::kCancelled, "test hangs up"));
+  });
+  REQUIRE(all_failed.Get());
+  // Every pending request had failed by the time the close handler ran: at once.
+  CHECK(client.failed_before_close.Get() == kPending);
+  for (const Status& s : results) {
+    CHECK(s.code() == Code::kUnavailable);
+    CHECK(s.message().find("connection lost") != std::string::npos);
+  }
+  CHECK(OnLoop(client.loop, [&] { return client.messenger->pending_requests(); }) == 0);
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("tcp client: reconnects after the server restarts on the same port",
+          "[comm][net][messenger]") {
+  auto server = std::make_unique<EchoServer>(TransportOptions(), "server-1");
+  int port = server->Start();
+  Client client;
+  std::mutex mu;
+  std::vector<ConnId> connects;  // guarded by mu
+  std::condition_variable cv;
+  OneShot<Status> lost;
+  std::unique_ptr<TcpClient> tcp;
+  OnLoop(client.loop, [&] {
+    TcpClient::Callbacks cb;
+    cb.on_connected = [&](ConnId c) {
+      std::lock_guard<std::mutex> lock(mu);
+      connects.push_back(c);
+      cv.notify_all();
+    };
+    cb.on_lost = [&](const Status& why) { lost.Set(why); };
+    ConnectOptions opts;
+    opts.initial_backoff = std::chrono::milliseconds(10);
+    opts.max_backoff = std::chrono::milliseconds(100);
+    tcp = std::make_unique<TcpClient>(&client.messenger->transport(), "127.0.0.1", port, opts,
+                                      /*reconnect=*/true, std::move(cb));
+    tcp->Start();
+  });
+  auto wait_connects = [&](size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, testing::kWait, [&] { return connects.size() >= n; })) {
+      FAIL("client did not (re)connect");
+    }
+    return connects[n - 1];
+  };
+  ConnId first = wait_connects(1);
+  Result<std::string> r1 = EchoOnce(client, first, "one");
+  REQUIRE(r1.ok());
+  CHECK(*r1 == "one");
+
+  REQUIRE(server->Stop().ok());
+  Status why = lost.Get();
+  CHECK(why.code() == Code::kUnavailable);
+  server = std::make_unique<EchoServer>(TransportOptions(), "server-2");
+  REQUIRE(server->Start(port) == port);
+
+  ConnId second = wait_connects(2);
+  CHECK(second != first);
+  Result<std::string> r2 = EchoOnce(client, second, "two");
+  REQUIRE(r2.ok());
+  CHECK(*r2 == "two");
+  CHECK(OnLoop(client.loop, [&] { return tcp->conn(); }) == second);
+  OnLoop(client.loop, [&] { tcp.reset(); });
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server->Stop().ok());
+}
+
+}  // namespace pscore::comm
