@@ -38,6 +38,14 @@ DEFINE_int32(dim, 64, "pscore-train: number of features.");
 DEFINE_int32(keys, 8, "pscore-train: parameter keys the weights are split into.");
 DEFINE_uint64(seed, 7, "pscore-train: seed of the synthetic data set.");
 DEFINE_int32(scale_out_at, -1, "pscore-train: step at which rank 0 asks for one more server (-1: never).");
+// pscore-admin only.
+DEFINE_int32(workers, -1, "pscore-admin scale-out/scale-in: new total of workers (-1: unchanged).");
+DEFINE_int32(servers, -1, "pscore-admin scale-out/scale-in: new total of servers (-1: unchanged).");
+DEFINE_string(node_ids, "", "pscore-admin scale-in: comma-separated ids of the nodes to remove.");
+DEFINE_bool(json, false, "pscore-admin: print JSON instead of text (status, nodes, kv, barriers).");
+DEFINE_int64(timeout_ms, 10000, "pscore-admin: deadline of the connection and of each request.");
+DEFINE_bool(wait, true, "pscore-admin scale-out/scale-in: wait until the cluster is READY again.");
+DEFINE_int64(wait_timeout_ms, 120000, "pscore-admin --wait: how long to wait for READY.");
 
 namespace pscore::node {
 namespace {
@@ -171,6 +179,21 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   cl.train.keys = FLAGS_keys;
   cl.train.seed = FLAGS_seed;
   cl.train.scale_out_at = FLAGS_scale_out_at;
+  if (FLAGS_workers < -1 || FLAGS_servers < -1) Die(prog, "--workers and --servers must be >= 0");
+  if (FLAGS_timeout_ms <= 0 || FLAGS_wait_timeout_ms <= 0) Die(prog, "--timeout_ms and --wait_timeout_ms must be > 0");
+  cl.admin.workers = FLAGS_workers;
+  cl.admin.servers = FLAGS_servers;
+  {
+    std::stringstream ids(FLAGS_node_ids);
+    std::string id;
+    while (std::getline(ids, id, ',')) {
+      if (!id.empty()) cl.admin.node_ids.push_back(id);
+    }
+  }
+  cl.admin.json = FLAGS_json;
+  cl.admin.timeout_ms = FLAGS_timeout_ms;
+  cl.admin.wait = FLAGS_wait;
+  cl.admin.wait_timeout_ms = FLAGS_wait_timeout_ms;
   return cl;
 }
 

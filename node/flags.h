@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "node/options.h"
 
@@ -18,6 +19,17 @@ struct TrainOptions {
   int scale_out_at = -1;
 };
 
+// pscore-admin only.
+struct AdminFlags {
+  int workers = -1;  // -1: not given
+  int servers = -1;
+  std::vector<std::string> node_ids;
+  bool json = false;
+  int64_t timeout_ms = 10000;
+  bool wait = true;
+  int64_t wait_timeout_ms = 120000;
+};
+
 struct CommandLine {
   std::string role;
   SchedulerOptions scheduler;
@@ -28,6 +40,7 @@ struct CommandLine {
   std::string update_rule;
   float learning_rate = 0.1f;
   TrainOptions train;
+  AdminFlags admin;
 };
 
 // Parses argv (removing flags) for the program `prog`; exits 2 on a bad flag.
