@@ -1,0 +1,84 @@
+// RequestTracker is pure bookkeeping: driven here by hand-made time points.
+#include "comm/test_util.h"  // first: sets up Catch's CHECK
+
+#include <vector>
+
+#include "comm/request_tracker.h"
+
+namespace pscore::comm {
+
+TEST_CASE("tracker: ids are fresh; each callback runs exactly once", "[comm][tracker]") {
+  FakeClock clock;
+  RequestTracker t;
+  std::vector<std::pair<uint64_t, Code>> log;
+  auto cb = [&](uint64_t tag) {
+    return [&log, tag](Result<Frame> r) { log.emplace_back(tag, r.status().code()); };
+  };
+  TimePoint now = clock.Now();
+  uint64_t a = t.Add(1, now + std::chrono::seconds(1), "a", cb(1));
+  uint64_t b = t.Add(1, now + std::chrono::seconds(3), "b", cb(2));
+  uint64_t c = t.Add(2, now + std::chrono::seconds(2), "c", cb(3));
+  CHECK(a != 0);
+  CHECK(a != b);
+  CHECK(b != c);
+  CHECK(t.pending() == 3);
+
+  Frame answer;
+  answer.meta.set_request_id(b);
+  CHECK(t.Complete(b, std::move(answer)));
+  CHECK_FALSE(t.Complete(b, Status(Code::kInternal, "duplicate")));  // second answer ignored
+  CHECK(t.pending() == 2);
+
+  clock.Advance(std::chrono::milliseconds(1500));
+  CHECK(t.Expire(clock.Now()) == 1);  // only "a" is past its deadline
+  CHECK(t.pending() == 1);
+
+  CHECK(t.FailConnection(1, Status(Code::kUnavailable, "lost")) == 0);  // nothing left on 1
+  CHECK(t.FailConnection(2, Status(Code::kUnavailable, "lost")) == 1);
+  CHECK(t.pending() == 0);
+  CHECK(t.Expire(clock.Now() + std::chrono::hours(1)) == 0);
+
+  REQUIRE(log.size() == 3);
+  CHECK(log[0] == std::make_pair(uint64_t{2}, Code::kOk));
+  CHECK(log[1] == std::make_pair(uint64_t{1}, Code::kTimeout));
+  CHECK(log[2] == std::make_pair(uint64_t{3}, Code::kUnavailable));
+}
+
+TEST_CASE("tracker: a lost connection fails its requests in issue order, with context",
+          "[comm][tracker]") {
+  FakeClock clock;
+  RequestTracker t;
+  std::vector<std::string> msgs;
+  for (int i = 0; i < 5; ++i) {
+    t.Add(7, clock.Now() + std::chrono::seconds(10 - i), "req" + std::to_string(i),
+          [&msgs](Result<Frame> r) { msgs.push_back(r.status().message()); });
+  }
+  t.Add(8, clock.Now() + std::chrono::seconds(10), "other", [&msgs](Result<Frame> r) {
+    msgs.push_back("other:" + std::string(r.ok() ? "ok" : r.status().message()));
+  });
+  CHECK(t.FailConnection(7, Status(Code::kUnavailable, "peer gone")) == 5);
+  REQUIRE(msgs.size() == 5);
+  for (int i = 0; i < 5; ++i) CHECK(msgs[i] == "req" + std::to_string(i) + ": peer gone");
+  t.FailAll(Status(Code::kCancelled, "shutdown"));
+  REQUIRE(msgs.size() == 6);
+  CHECK(msgs[5] == "other:other: shutdown");
+  CHECK(t.pending() == 0);
+}
+
+TEST_CASE("tracker: a callback may add a new request while being completed", "[comm][tracker]") {
+  FakeClock clock;
+  RequestTracker t;
+  int second_ran = 0;
+  t.Add(1, clock.Now(), "first", [&](Result<Frame>) {
+    t.Add(1, clock.Now() + std::chrono::seconds(5), "second", [&](Result<Frame> r) {
+      second_ran += r.status().code() == Code::kTimeout ? 1 : 100;
+    });
+  });
+  CHECK(t.Expire(clock.Now()) == 1);
+  CHECK(t.pending() == 1);
+  clock.Advance(std::chrono::seconds(5));
+  CHECK(t.Expire(clock.Now()) == 1);
+  CHECK(second_ran == 1);
+}
+
+}  // namespace pscore::comm

@@ -1,0 +1,206 @@
+// Transport over loopback: listen/connect, large payloads, backpressure, close watching.
+#include "comm/test_util.h"  // first: sets up Catch's CHECK
+
+#include <atomic>
+#include <string>
+
+#include "comm/transport.h"
+
+namespace pscore::comm {
+namespace {
+
+using testing::EchoServer;
+using testing::OneShot;
+using testing::OnLoop;
+using testing::RawSocket;
+using testing::TestMeta;
+
+// A Transport on its own loop that hands received frames to the test thread.
+struct Peer {
+  EventLoop loop;
+  std::unique_ptr<Transport> transport;
+  std::mutex mu;
+  std::vector<Frame> frames;  // guarded by mu
+  std::condition_variable cv;
+
+  explicit Peer(std::string name, TransportOptions options = TransportOptions()) : loop(name) {
+    Transport::Handlers h;
+    h.on_frame = [this](ConnId, Frame&& f) {
+      std::lock_guard<std::mutex> lock(mu);
+      frames.push_back(std::move(f));
+      cv.notify_all();
+    };
+    transport = std::make_unique<Transport>(&loop, options, std::move(h));
+    REQUIRE(loop.Start().ok());
+  }
+  ~Peer() { Stop().IgnoreError(); }
+  Status Stop() {
+    Status st = loop.Stop();
+    transport.reset();
+    return st;
+  }
+  Result<ConnId> Connect(int port, ConnectOptions opts = ConnectOptions()) {
+    auto out = std::make_shared<OneShot<Result<ConnId>>>();
+    loop.Post([this, port, opts, out] {
+      transport->Connect("127.0.0.1", port, opts, [out](Result<ConnId> r) { out->Set(std::move(r)); });
+    });
+    return out->Get();
+  }
+  Frame WaitFrame(size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, testing::kWait, [&] { return frames.size() >= n; })) {
+      FAIL("frame #" << n << " never arrived");
+    }
+    return std::move(frames[n - 1]);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("transport: listen on port 0, connect, send both ways", "[comm][net][transport]") {
+  Peer server("server");
+  Result<int> port = OnLoop(server.loop, [&] { return server.transport->Listen("127.0.0.1", 0); });
+  REQUIRE(port.ok());
+  CHECK(*port > 0);
+  Peer client("client");
+  Result<ConnId> conn = client.Connect(*port);
+  REQUIRE(conn.ok());
+
+  OnLoop(client.loop, [&] {
+    REQUIRE(client.transport->Send(*conn, TestMeta(1), Buffer::FromString("ping")).ok());
+    REQUIRE(client.transport->Send(*conn, TestMeta(2), nullptr).ok());
+  });
+  Frame f1 = server.WaitFrame(1);
+  Frame f2 = server.WaitFrame(2);
+  CHECK(f1.meta.request_id() == 1);
+  REQUIRE(f1.payload != nullptr);
+  CHECK(f1.payload->view() == "ping");
+  CHECK(f2.meta.request_id() == 2);
+  CHECK(f2.payload == nullptr);
+  CHECK(OnLoop(server.loop, [&] { return server.transport->num_connections(); }) == 1u);
+  TransportStats cs = OnLoop(client.loop, [&] { return client.transport->stats(); });
+  CHECK(cs.frames_out == 2);
+  CHECK(cs.connections_opened == 1);
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("transport: a 64 MiB payload arrives intact", "[comm][net][transport]") {
+  Peer server("server");
+  Result<int> port = OnLoop(server.loop, [&] { return server.transport->Listen("127.0.0.1", 0); });
+  REQUIRE(port.ok());
+  Peer client("client");
+  Result<ConnId> conn = client.Connect(*port);
+  REQUIRE(conn.ok());
+  const size_t kSize = 64ull << 20;
+  BufferPtr big = Buffer::Allocate(kSize);
+  for (size_t i = 0; i < kSize; ++i) big->data()[i] = static_cast<char>((i * 2654435761u) >> 13);
+  OnLoop(client.loop, [&] { REQUIRE(client.transport->Send(*conn, TestMeta(7), big).ok()); });
+  Frame f = server.WaitFrame(1);
+  REQUIRE(f.payload != nullptr);
+  CHECK(f.payload->size() == kSize);
+  CHECK(f.payload->view() == big->view());
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("transport: connect retries until the listener appears, and gives up in time",
+          "[comm][net][transport]") {
+  // Find a free port, then release it so nothing listens there.
+  Peer probe("probe");
+  Result<int> free_port = OnLoop(probe.loop, [&] { return probe.transport->Listen("127.0.0.1", 0); });
+  REQUIRE(free_port.ok());
+  REQUIRE(probe.Stop().ok());
+
+  Peer client("client");
+  ConnectOptions quick;
+  quick.timeout = std::chrono::milliseconds(200);
+  quick.initial_backoff = std::chrono::milliseconds(10);
+  Result<ConnId> refused = client.Connect(*free_port, quick);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == Code::kUnavailable);
+  CHECK(refused.status().message().find("attempts") != std::string::npos);
+
+  // Dial first, listen a little later: the retry finds it.
+  ConnectOptions patient;
+  patient.initial_backoff = std::chrono::milliseconds(10);
+  patient.max_backoff = std::chrono::milliseconds(50);
+  auto result = std::make_shared<OneShot<Result<ConnId>>>();
+  client.loop.Post([&, result] {
+    client.transport->Connect("127.0.0.1", *free_port, patient,
+                              [result](Result<ConnId> r) { result->Set(std::move(r)); });
+  });
+  Peer server("server");
+  OneShot<bool> listening;
+  OnLoop(server.loop, [&] {
+    server.loop.AddTimer(std::chrono::milliseconds(100), Duration::zero(), [&] {
+      listening.Set(server.transport->Listen("127.0.0.1", *free_port).ok());
+    });
+  });
+  REQUIRE(listening.Get());
+  Result<ConnId> late = result->Get();
+  REQUIRE(late.ok());
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("transport: send to a closed connection fails; WatchClose reports closes",
+          "[comm][net][transport]") {
+  Peer server("server");
+  Result<int> port = OnLoop(server.loop, [&] { return server.transport->Listen("127.0.0.1", 0); });
+  REQUIRE(port.ok());
+  Peer client("client");
+  Result<ConnId> conn = client.Connect(*port);
+  REQUIRE(conn.ok());
+  OneShot<Status> watched;
+  OnLoop(client.loop, [&] {
+    client.transport->WatchClose(*conn, [&](const Status& why) { watched.Set(why); });
+    client.transport->Close(*conn, Status(Code::kCancelled, "done here"));
+  });
+  Status why = watched.Get();
+  CHECK(why.code() == Code::kCancelled);
+  CHECK(why.message() == "done here");
+  Status send = OnLoop(client.loop, [&] { return client.transport->Send(*conn, TestMeta(1), nullptr); });
+  CHECK(send.code() == Code::kUnavailable);
+  Status late = OnLoop(client.loop, [&] {
+    auto st = std::make_shared<Status>();
+    client.transport->WatchClose(*conn, [st](const Status& s) { *st = s; });
+    return *st;
+  });
+  CHECK(late.code() == Code::kUnavailable);  // watching a closed connection answers at once
+  CHECK_FALSE(OnLoop(client.loop, [&] { return client.transport->IsOpen(*conn); }));
+  Result<int> bad = OnLoop(client.loop, [&] { return client.transport->Listen("not-an-ip", 0); });
+  CHECK(bad.status().code() == Code::kInvalidArgument);
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("transport: a peer that never reads is closed with kResourceExhausted",
+          "[comm][net][transport][backpressure]") {
+  TransportOptions small;
+  small.max_queued_write_bytes = 256 << 10;
+  EchoServer server(small);
+  int port = server.Start();
+  RawSocket good;
+  REQUIRE(good.Connect(port));
+  REQUIRE(testing::RawEcho(good, 1, "hi"));
+  ConnId good_id = server.WaitOpened(1);
+
+  RawSocket hog;
+  REQUIRE(hog.Connect(port, /*rcvbuf=*/4096));
+  ConnId hog_id = server.WaitOpened(2);
+  // Send requests whose echoes pile up at the server, and never read any of them.
+  std::string frame = testing::EncodeFrame(TestMeta(2), std::string(64 << 10, 'h'));
+  int sent = 0;
+  while (sent < 4000 && !server.IsClosed(hog_id) && hog.SendAll(frame)) ++sent;
+  Status why = server.WaitClosed(hog_id);
+  INFO("sent " << sent << " frames; close reason: " << why);
+  CHECK(why.code() == Code::kResourceExhausted);
+  CHECK(why.message().find("not reading") != std::string::npos);
+  // The well-behaved connection is still served.
+  CHECK(testing::RawEcho(good, 3, "still here"));
+  CHECK_FALSE(server.IsClosed(good_id));
+  REQUIRE(server.Stop().ok());
+}
+
+}  // namespace pscore::comm
