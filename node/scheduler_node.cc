@@ -121,6 +121,10 @@ void SchedulerNode::AddEventListener(std::function<void(const core::Event&)> fn)
   loop_->Run([this, fn = std::move(fn)] { listeners_.push_back(fn); });
 }
 
+void SchedulerNode::AddRegisterListener(std::function<void()> fn) {
+  loop_->Run([this, fn = std::move(fn)] { register_listeners_.push_back(fn); });
+}
+
 void SchedulerNode::MarkExited() {
   std::lock_guard<std::mutex> lock(mu_);
   exited_ = true;
@@ -220,6 +224,7 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   resp.set_worker_num(cluster_.worker_num());
   resp.set_server_num(cluster_.server_num());
   Reply(conn, frame.meta, Status::Ok(), ToBuffer(resp));
+  if (!out->retry) for (auto& fn : register_listeners_) fn();
   // A node that (re)joins an already published membership needs the metadata now.
   if (cluster_.state() != pb::ClUSTER_STARTING) SendMetadataTo(req.node_id);
 }

@@ -44,6 +44,9 @@ class SchedulerNode {
   uint64_t epoch() const;
   // Called on the loop thread at every cluster event (tests, HTTP layer, rank table).
   void AddEventListener(std::function<void(const core::Event&)> fn);
+  // Called on the loop thread after a node is admitted or re-admitted, which no cluster
+  // event reports while STARTING (the rank table rebuilds on it).
+  void AddRegisterListener(std::function<void()> fn);
 
   // Loop-thread accessors for the HTTP layer and tests.
   core::ClusterManager& cluster() { return cluster_; }
@@ -104,6 +107,7 @@ class SchedulerNode {
   std::vector<FinishWaiter> finish_waiters_;
   struct KvWaiter { comm::ConnId conn; uint64_t id; };
   std::vector<std::function<void(const core::Event&)>> listeners_;
+  std::vector<std::function<void()>> register_listeners_;
   std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;
   uint64_t heartbeats_ = 0;
   std::string last_scale_result_;  // how the last scale operation ended (admin status)

@@ -1,0 +1,529 @@
+#include "comm/http_server.h"
+
+#include <http_parser.h>
+
+#include <algorithm>
+#include <future>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/uv_status.h"
+
+namespace pscore::comm {
+
+// One accepted connection. Owned by the server through conns_; freed in the close callback.
+struct HttpServer::Conn {
+  uv_tcp_t tcp;
+  HttpServer* server = nullptr;  // null once the server shut down
+  HttpConnId id = 0;
+  http_parser parser;
+  HttpRequest req;
+  std::string url, field, value;
+  bool last_was_value = false;
+  size_t header_bytes = 0;
+  int fail_status = 0;      // set by a callback that refuses the request (413, 431)
+  bool in_request = false;  // a request has begun and is not complete
+  bool ready = false;       // a complete request waits to be handed out
+  bool busy = false;        // the handler holds the current request
+  bool streaming = false;
+  bool closing = false;
+  bool close_after_write = false;
+  bool in_feed = false;
+  TimePoint request_started;
+  TimePoint last_activity;
+  std::string pending;  // received bytes not yet parsed
+  uint64_t queued = 0;  // bytes handed to uv_write and not yet written
+  std::vector<std::function<void()>> watchers;
+};
+
+struct HttpServer::ListenerHandle {
+  uv_tcp_t tcp;
+  HttpServer* server = nullptr;
+};
+
+namespace {
+
+struct WriteOp {
+  uv_write_t req;
+  std::string head;
+  std::shared_ptr<const std::string> body;
+  std::string tail;
+  size_t bytes = 0;
+};
+
+// One read buffer for all connections: libuv fills it and OnRead consumes it at once.
+thread_local char g_read_buf[64 << 10];
+
+HttpServer::Conn* ConnOf(http_parser* p) { return static_cast<HttpServer::Conn*>(p->data); }
+
+int CountHeader(HttpServer::Conn* c, size_t n, size_t limit) {
+  c->header_bytes += n;
+  if (c->header_bytes <= limit) return 0;
+  c->fail_status = 431;
+  return -1;
+}
+
+void FlushHeader(HttpServer::Conn* c) {
+  if (c->field.empty()) return;
+  std::string name = c->field;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  c->req.headers[name] = c->value;
+  c->field.clear();
+  c->value.clear();
+}
+
+std::string PercentDecode(std::string_view in) {
+  std::string out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '+') {
+      out += ' ';
+    } else if (in[i] == '%' && i + 2 < in.size() &&
+               isxdigit(static_cast<unsigned char>(in[i + 1])) &&
+               isxdigit(static_cast<unsigned char>(in[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(in.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += in[i];
+    }
+  }
+  return out;
+}
+
+bool ParseTarget(const std::string& url, HttpRequest* req) {
+  http_parser_url u;
+  http_parser_url_init(&u);
+  if (http_parser_parse_url(url.data(), url.size(), 0, &u) != 0) return false;
+  if (!(u.field_set & (1 << UF_PATH))) return false;
+  req->path = url.substr(u.field_data[UF_PATH].off, u.field_data[UF_PATH].len);
+  if (!(u.field_set & (1 << UF_QUERY))) return true;
+  std::string_view q(url.data() + u.field_data[UF_QUERY].off, u.field_data[UF_QUERY].len);
+  while (!q.empty()) {
+    size_t amp = q.find('&');
+    std::string_view pair = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+    if (pair.empty()) continue;
+    size_t eq = pair.find('=');
+    std::string key = PercentDecode(pair.substr(0, eq));
+    req->query[key] = eq == std::string_view::npos ? "" : PercentDecode(pair.substr(eq + 1));
+  }
+  return true;
+}
+
+const http_parser_settings& Settings() {
+  static http_parser_settings s = [] {
+    http_parser_settings st;
+    http_parser_settings_init(&st);
+    st.on_message_begin = [](http_parser* p) {
+      HttpServer::Conn* c = ConnOf(p);
+      c->in_request = true;
+      c->request_started = SteadyClock().Now();
+      c->req = HttpRequest();
+      c->url.clear();
+      c->field.clear();
+      c->value.clear();
+      c->last_was_value = false;
+      c->header_bytes = 0;
+      return 0;
+    };
+    st.on_url = [](http_parser* p, const char* at, size_t n) {
+      HttpServer::Conn* c = ConnOf(p);
+      c->url.append(at, n);
+      return CountHeader(c, n, c->server->options().max_header_bytes);
+    };
+    st.on_header_field = [](http_parser* p, const char* at, size_t n) {
+      HttpServer::Conn* c = ConnOf(p);
+      if (c->last_was_value) FlushHeader(c);
+      c->last_was_value = false;
+      c->field.append(at, n);
+      return CountHeader(c, n, c->server->options().max_header_bytes);
+    };
+    st.on_header_value = [](http_parser* p, const char* at, size_t n) {
+      HttpServer::Conn* c = ConnOf(p);
+      c->last_was_value = true;
+      c->value.append(at, n);
+      return CountHeader(c, n, c->server->options().max_header_bytes);
+    };
+    st.on_headers_complete = [](http_parser* p) {
+      HttpServer::Conn* c = ConnOf(p);
+      FlushHeader(c);
+      if ((p->flags & F_CONTENTLENGTH) && p->content_length > c->server->options().max_body_bytes) {
+        c->fail_status = 413;
+        return -1;
+      }
+      return 0;
+    };
+    st.on_body = [](http_parser* p, const char* at, size_t n) {
+      HttpServer::Conn* c = ConnOf(p);
+      if (c->req.body.size() + n > c->server->options().max_body_bytes) {
+        c->fail_status = 413;
+        return -1;
+      }
+      c->req.body.append(at, n);
+      return 0;
+    };
+    st.on_message_complete = [](http_parser* p) {
+      HttpServer::Conn* c = ConnOf(p);
+      c->req.method = http_method_str(static_cast<http_method>(p->method));
+      c->req.keep_alive = http_should_keep_alive(p) != 0;
+      c->in_request = false;
+      c->ready = true;
+      http_parser_pause(p, 1);  // one request at a time: Feed resumes after the answer
+      return 0;
+    };
+    return st;
+  }();
+  return s;
+}
+
+}  // namespace
+
+const char* HttpReason(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 202: return "Accepted";
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Unknown";
+  }
+}
+
+HttpServer::HttpServer(EventLoop* loop, HttpServerOptions options, Handler handler)
+    : loop_(loop), options_(options), handler_(std::move(handler)) {}
+
+HttpServer::~HttpServer() {
+  if (shut_down_ || !loop_->running() || loop_->InLoopThread()) {
+    Shutdown();
+    return;
+  }
+  std::promise<void> done;
+  loop_->Post([this, &done] {
+    Shutdown();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+Result<int> HttpServer::Listen(const std::string& host, int port) {
+  DCHECK(loop_->InLoopThread());
+  if (listener_ != nullptr) return Status(Code::kFailedPrecondition, "http server already listening");
+  std::string h = host == "localhost" ? "127.0.0.1" : host;
+  sockaddr_storage addr{};
+  if (uv_ip4_addr(h.c_str(), port, reinterpret_cast<sockaddr_in*>(&addr)) != 0 &&
+      uv_ip6_addr(h.c_str(), port, reinterpret_cast<sockaddr_in6*>(&addr)) != 0) {
+    return Status(Code::kInvalidArgument, "http: bad listen address '" + host + "'");
+  }
+  auto* l = new ListenerHandle;
+  l->server = this;
+  l->tcp.data = l;
+  uv_tcp_init(loop_->uv_loop(), &l->tcp);
+  auto close_listener = [l] {
+    uv_close(reinterpret_cast<uv_handle_t*>(&l->tcp),
+             [](uv_handle_t* h) { delete static_cast<ListenerHandle*>(h->data); });
+  };
+  int rc = uv_tcp_bind(&l->tcp, reinterpret_cast<const sockaddr*>(&addr), 0);
+  if (rc == 0) {
+    rc = uv_listen(reinterpret_cast<uv_stream_t*>(&l->tcp), 1024, [](uv_stream_t* s, int status) {
+      auto* lh = static_cast<ListenerHandle*>(s->data);
+      if (status < 0) {
+        LOG(WARNING) << "http accept: " << uv_strerror(status);
+        return;
+      }
+      if (lh->server != nullptr) lh->server->OnAccept();
+    });
+  }
+  if (rc != 0) {
+    close_listener();
+    return UvStatus(rc, "http listen on " + host + ":" + std::to_string(port));
+  }
+  sockaddr_storage bound{};
+  int len = sizeof(bound);
+  uv_tcp_getsockname(&l->tcp, reinterpret_cast<sockaddr*>(&bound), &len);
+  int bound_port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  listener_ = l;
+  Duration shortest = std::min(options_.request_timeout, options_.idle_timeout);
+  Duration period = std::clamp<Duration>(shortest / 4, std::chrono::milliseconds(10), std::chrono::seconds(1));
+  sweep_timer_ = loop_->AddTimer(period, period, [this] { Sweep(); });
+  stop_hook_ = loop_->AddStopHook([this] {
+    stop_hook_ = 0;
+    Shutdown();
+  });
+  LOG(INFO) << "http listening on " << host << ":" << bound_port;
+  return bound_port;
+}
+
+void HttpServer::OnAccept() {
+  auto* c = new Conn;
+  c->tcp.data = c;
+  uv_tcp_init(loop_->uv_loop(), &c->tcp);
+  if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener_->tcp), reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0 ||
+      shut_down_ || conns_.size() >= options_.max_connections) {
+    // Over the cap: accept to drain the backlog, then close at once.
+    if (conns_.size() >= options_.max_connections) {
+      ++stats_.connections_refused;
+      LOG_EVERY_N(WARNING, 100) << "http: " << conns_.size() << " connections, refusing more";
+    }
+    uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), [](uv_handle_t* h) { delete static_cast<Conn*>(h->data); });
+    return;
+  }
+  c->server = this;
+  c->id = next_id_++;
+  c->last_activity = SteadyClock().Now();
+  http_parser_init(&c->parser, HTTP_REQUEST);
+  c->parser.data = c;
+  uv_tcp_nodelay(&c->tcp, 1);
+  conns_[c->id] = c;
+  ++stats_.connections_accepted;
+  uv_read_start(
+      reinterpret_cast<uv_stream_t*>(&c->tcp),
+      [](uv_handle_t*, size_t, uv_buf_t* buf) { *buf = uv_buf_init(g_read_buf, sizeof(g_read_buf)); },
+      [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
+        auto* conn = static_cast<Conn*>(s->data);
+        if (conn->server == nullptr || conn->closing) return;
+        if (n < 0) return conn->server->CloseConn(conn);
+        if (n > 0) conn->server->OnRead(conn, buf->base, static_cast<size_t>(n));
+      });
+}
+
+void HttpServer::OnRead(Conn* c, const char* data, size_t n) {
+  stats_.bytes_in += n;
+  c->last_activity = SteadyClock().Now();
+  if (c->streaming) return;  // a stream's client has nothing more to say; ignore it
+  if (c->pending.size() + n > options_.max_header_bytes + options_.max_body_bytes + 4096) {
+    return Fail(c, 413, "request too large");
+  }
+  c->pending.append(data, n);
+  Feed(c);
+}
+
+// Parses pending input until a complete request is handed out, the input runs dry, or
+// the connection fails. Re-entrancy safe: a handler answering inline just continues it.
+void HttpServer::Feed(Conn* c) {
+  if (c->in_feed) return;
+  c->in_feed = true;
+  const HttpConnId id = c->id;
+  while (!c->closing && !c->busy && !c->streaming && !c->pending.empty()) {
+    size_t used = http_parser_execute(&c->parser, &Settings(), c->pending.data(), c->pending.size());
+    http_errno err = HTTP_PARSER_ERRNO(&c->parser);
+    if (err == HPE_PAUSED) {
+      http_parser_pause(&c->parser, 0);
+    } else if (err != HPE_OK) {
+      int status = c->fail_status != 0 ? c->fail_status : 400;
+      c->in_feed = false;
+      return Fail(c, status, std::string("bad request: ") + http_errno_description(err));
+    }
+    c->pending.erase(0, used);
+    if (!c->ready) break;
+    c->ready = false;
+    if (!ParseTarget(c->url, &c->req)) {
+      c->in_feed = false;
+      return Fail(c, 400, "bad request target");
+    }
+    c->busy = true;
+    ++stats_.requests;
+    handler_(id, std::move(c->req));
+    if (Find(id) != c) return;  // closed inside the handler (c is still valid until its close callback)
+  }
+  c->in_feed = false;
+}
+
+Status HttpServer::Write(Conn* c, std::string head, std::shared_ptr<const std::string> body, std::string tail) {
+  auto* op = new WriteOp;
+  op->head = std::move(head);
+  op->body = std::move(body);
+  op->tail = std::move(tail);
+  uv_buf_t bufs[3];
+  int nbufs = 0;
+  bufs[nbufs++] = uv_buf_init(op->head.data(), op->head.size());
+  if (op->body && !op->body->empty()) {
+    bufs[nbufs++] = uv_buf_init(const_cast<char*>(op->body->data()), op->body->size());
+  }
+  if (!op->tail.empty()) bufs[nbufs++] = uv_buf_init(op->tail.data(), op->tail.size());
+  op->bytes = op->head.size() + (op->body ? op->body->size() : 0) + op->tail.size();
+  op->req.data = c;
+  int rc = uv_write(&op->req, reinterpret_cast<uv_stream_t*>(&c->tcp), bufs, nbufs, [](uv_write_t* req, int) {
+    auto* w = reinterpret_cast<WriteOp*>(req);
+    auto* conn = static_cast<Conn*>(req->data);
+    size_t bytes = w->bytes;
+    delete w;
+    if (conn->server != nullptr) conn->server->OnWritten(conn, bytes);
+  });
+  if (rc != 0) {
+    delete op;
+    Status st = UvStatus(rc, "http write");
+    CloseConn(c);
+    return st;
+  }
+  c->queued += op->bytes;
+  stats_.bytes_out += op->bytes;
+  if (c->queued > options_.max_queued_bytes) {
+    LOG(WARNING) << "http: conn " << c->id << " has " << c->queued << " unsent bytes; closing";
+    CloseConn(c);
+    return Status(Code::kResourceExhausted, "http peer not reading");
+  }
+  return Status::Ok();
+}
+
+void HttpServer::OnWritten(Conn* c, size_t bytes) {
+  c->queued -= std::min<uint64_t>(c->queued, bytes);
+  if (c->close_after_write && c->queued == 0) CloseConn(c);
+}
+
+Status HttpServer::Respond(HttpConnId id, int status, const std::string& content_type, std::string body) {
+  DCHECK(loop_->InLoopThread());
+  Conn* c = Find(id);
+  if (c == nullptr) return Status(Code::kNotFound, "http connection " + std::to_string(id) + " is closed");
+  if (!c->busy || c->streaming) return Status(Code::kFailedPrecondition, "no request to answer");
+  const bool keep = c->parser.http_errno == HPE_OK && c->fail_status == 0 && c->req.keep_alive &&
+                    !c->close_after_write;
+  std::string head = "HTTP/1.1 " + std::to_string(status) + " " + HttpReason(status) +
+                     "\r\nContent-Type: " + content_type + "\r\nContent-Length: " +
+                     std::to_string(body.size()) + "\r\nConnection: " + (keep ? "keep-alive" : "close") +
+                     "\r\n\r\n";
+  c->busy = false;
+  c->last_activity = SteadyClock().Now();
+  if (!keep) c->close_after_write = true;
+  PSCORE_RETURN_IF_ERROR(Write(c, std::move(head), std::make_shared<const std::string>(std::move(body)), ""));
+  if (!keep || c->pending.empty() || c->in_feed) return Status::Ok();
+  // A pipelined request is waiting: parse it on a later turn, never inside the caller.
+  loop_->Post([this, id, alive = std::weak_ptr<void>(alive_)] {
+    if (alive.expired()) return;
+    if (Conn* conn = Find(id)) Feed(conn);
+  });
+  return Status::Ok();
+}
+
+Status HttpServer::StartStream(HttpConnId id, int status, const std::string& content_type) {
+  DCHECK(loop_->InLoopThread());
+  Conn* c = Find(id);
+  if (c == nullptr) return Status(Code::kNotFound, "http connection " + std::to_string(id) + " is closed");
+  if (!c->busy || c->streaming) return Status(Code::kFailedPrecondition, "no request to answer");
+  c->streaming = true;
+  c->pending.clear();
+  std::string head = "HTTP/1.1 " + std::to_string(status) + " " + HttpReason(status) +
+                     "\r\nContent-Type: " + content_type +
+                     "\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\nConnection: keep-alive\r\n\r\n";
+  return Write(c, std::move(head), nullptr, "");
+}
+
+Status HttpServer::SendChunk(HttpConnId id, std::shared_ptr<const std::string> data) {
+  DCHECK(loop_->InLoopThread());
+  Conn* c = Find(id);
+  if (c == nullptr) return Status(Code::kNotFound, "http connection " + std::to_string(id) + " is closed");
+  if (!c->streaming) return Status(Code::kFailedPrecondition, "connection is not streaming");
+  if (!data || data->empty()) return Status::Ok();  // an empty chunk would end the stream
+  char size[24];
+  snprintf(size, sizeof(size), "%zx\r\n", data->size());
+  return Write(c, size, std::move(data), "\r\n");
+}
+
+void HttpServer::Fail(Conn* c, int status, const std::string& why) {
+  ++stats_.bad_requests;
+  VLOG(1) << "http: conn " << c->id << " " << status << " " << why;
+  nlohmann::json body = {{"code", status}, {"message", why}, {"data", nullptr}};
+  std::string text = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string head = "HTTP/1.1 " + std::to_string(status) + " " + HttpReason(status) +
+                     "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(text.size()) +
+                     "\r\nConnection: close\r\n\r\n";
+  c->busy = true;  // nothing more is parsed on this connection
+  c->close_after_write = true;
+  c->pending.clear();
+  if (!c->streaming && Write(c, std::move(head), std::make_shared<const std::string>(std::move(text)), "").ok()) {
+    uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->tcp));
+    return;
+  }
+  CloseConn(c);
+}
+
+void HttpServer::Close(HttpConnId id) {
+  if (Conn* c = Find(id)) CloseConn(c);
+}
+
+void HttpServer::CloseConn(Conn* c) {
+  if (c->closing) return;
+  c->closing = true;
+  uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), [](uv_handle_t* h) {
+    auto* conn = static_cast<Conn*>(h->data);
+    if (conn->server != nullptr) conn->server->OnConnClosed(conn);
+    delete conn;
+  });
+}
+
+void HttpServer::OnConnClosed(Conn* c) {
+  conns_.erase(c->id);
+  std::vector<std::function<void()>> watchers;
+  watchers.swap(c->watchers);
+  for (auto& fn : watchers) fn();
+}
+
+void HttpServer::WatchClose(HttpConnId id, std::function<void()> fn) {
+  Conn* c = Find(id);
+  if (c == nullptr) return fn();
+  c->watchers.push_back(std::move(fn));
+}
+
+uint64_t HttpServer::QueuedBytes(HttpConnId id) const {
+  Conn* c = Find(id);
+  return c == nullptr ? 0 : c->queued;
+}
+
+HttpServer::Conn* HttpServer::Find(HttpConnId id) const {
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : it->second;
+}
+
+// Cuts off requests that take too long to arrive and keep-alive connections left idle.
+// Streams are exempt: their subscribers are policed by whoever feeds them.
+void HttpServer::Sweep() {
+  TimePoint now = SteadyClock().Now();
+  std::vector<Conn*> slow, idle;
+  for (auto& [id, c] : conns_) {
+    if (c->closing || c->streaming || c->busy) continue;
+    if (c->in_request || !c->pending.empty()) {
+      if (now - c->request_started > options_.request_timeout) slow.push_back(c);
+    } else if (now - c->last_activity > options_.idle_timeout && c->queued == 0) {
+      idle.push_back(c);
+    }
+  }
+  for (Conn* c : slow) Fail(c, 408, "request not completed within " +
+                                         std::to_string(ToMillis(options_.request_timeout)) + " ms");
+  for (Conn* c : idle) CloseConn(c);
+}
+
+void HttpServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  alive_.reset();
+  if (sweep_timer_ != 0) loop_->CancelTimer(sweep_timer_);
+  sweep_timer_ = 0;
+  if (stop_hook_ != 0) loop_->RemoveStopHook(stop_hook_);
+  stop_hook_ = 0;
+  if (listener_ != nullptr) {
+    listener_->server = nullptr;
+    uv_close(reinterpret_cast<uv_handle_t*>(&listener_->tcp),
+             [](uv_handle_t* h) { delete static_cast<ListenerHandle*>(h->data); });
+    listener_ = nullptr;
+  }
+  std::unordered_map<HttpConnId, Conn*> conns;
+  conns.swap(conns_);
+  for (auto& [id, c] : conns) {
+    std::vector<std::function<void()>> watchers;
+    watchers.swap(c->watchers);
+    c->server = nullptr;
+    CloseConn(c);
+    for (auto& fn : watchers) fn();
+  }
+}
+
+}  // namespace pscore::comm

@@ -1,0 +1,109 @@
+// HttpServer: a small HTTP/1.1 server on an EventLoop, parsing with Debian's http-parser.
+// Serves one request at a time per connection (pipelined requests wait their turn),
+// plain responses with keep-alive, and chunked streams. Bounded everywhere: headers,
+// body, connections, request time, idle time, queued output. Loop thread only after
+// construction; owned by whoever serves HTTP (the scheduler's HTTP layer, tests).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "comm/event_loop.h"
+#include "core/status.h"
+
+namespace pscore::comm {
+
+using HttpConnId = uint64_t;
+
+struct HttpRequest {
+  std::string method;  // "GET", "POST", ...
+  std::string path;    // without the query
+  std::map<std::string, std::string> query;  // percent-decoded; last value wins
+  std::map<std::string, std::string> headers;  // names lower-cased
+  std::string body;
+  bool keep_alive = true;
+};
+
+struct HttpServerOptions {
+  size_t max_header_bytes = 16 << 10;  // request line + headers: more is 431
+  size_t max_body_bytes = 64 << 10;    // more is 413
+  size_t max_connections = 4096;       // more are accepted and closed at once
+  Duration request_timeout = std::chrono::seconds(10);  // a started request must complete
+  Duration idle_timeout = std::chrono::seconds(60);     // keep-alive connection with no request
+  uint64_t max_queued_bytes = 64ull << 20;  // unsent output above this closes the peer
+};
+
+struct HttpServerStats {
+  uint64_t connections_accepted = 0;
+  uint64_t connections_refused = 0;  // over max_connections
+  uint64_t requests = 0;
+  uint64_t bad_requests = 0;  // parse errors, oversized, timed out
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+};
+
+class HttpServer {
+ public:
+  using Handler = std::function<void(HttpConnId, HttpRequest&&)>;
+
+  HttpServer(EventLoop* loop, HttpServerOptions options, Handler handler);
+  ~HttpServer();  // Closes everything (on the loop thread or after it stopped).
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds and listens (numeric host or "localhost"); port 0 picks one. Returns the port.
+  Result<int> Listen(const std::string& host, int port);
+  // Answers the connection's current request. Closes afterwards unless keep-alive.
+  Status Respond(HttpConnId id, int status, const std::string& content_type, std::string body);
+  // Starts a chunked response; the connection then only carries chunks until closed.
+  Status StartStream(HttpConnId id, int status, const std::string& content_type);
+  // One chunk; `data` is shared, not copied (many streams may send the same bytes).
+  Status SendChunk(HttpConnId id, std::shared_ptr<const std::string> data);
+  void Close(HttpConnId id);
+  // fn runs once when the connection closes (at once if it is already closed).
+  void WatchClose(HttpConnId id, std::function<void()> fn);
+  uint64_t QueuedBytes(HttpConnId id) const;
+  bool IsOpen(HttpConnId id) const { return conns_.count(id) != 0; }
+  size_t num_connections() const { return conns_.size(); }
+  const HttpServerStats& stats() const { return stats_; }
+  const HttpServerOptions& options() const { return options_; }
+  // Closes the listener and every connection. Idempotent.
+  void Shutdown();
+
+  // Internal (trampolines in the .cc).
+  struct Conn;
+  void OnAccept();
+  void OnRead(Conn* c, const char* data, size_t n);
+  void OnConnClosed(Conn* c);
+  void OnWritten(Conn* c, size_t bytes);
+  void OnMessage(Conn* c);
+
+ private:
+  Status Write(Conn* c, std::string head, std::shared_ptr<const std::string> body, std::string tail);
+  void Feed(Conn* c);
+  void Fail(Conn* c, int status, const std::string& why);
+  void CloseConn(Conn* c);
+  void Sweep();
+  Conn* Find(HttpConnId id) const;
+
+  EventLoop* loop_;
+  HttpServerOptions options_;
+  Handler handler_;
+  struct ListenerHandle;
+  ListenerHandle* listener_ = nullptr;
+  std::unordered_map<HttpConnId, Conn*> conns_;  // owned; freed in the close callback
+  HttpConnId next_id_ = 1;
+  TimerId sweep_timer_ = 0;
+  uint64_t stop_hook_ = 0;
+  bool shut_down_ = false;
+  HttpServerStats stats_;
+  std::shared_ptr<void> alive_ = std::make_shared<int>(0);  // expires at Shutdown
+};
+
+// Reason phrase of a status code ("Not Found").
+const char* HttpReason(int status);
+
+}  // namespace pscore::comm

@@ -1,0 +1,215 @@
+#include "node/ranktable_hub.h"
+
+#include <future>
+
+#include <nlohmann/json.hpp>
+
+#include "core/rank_table.h"
+#include "node/wire.h"
+
+namespace pscore::node {
+
+namespace {
+
+// Timed-out nodes hold no live rank, so they leave the table until they come back.
+std::vector<core::RankTableNode> TableNodes(const core::ClusterManager& cluster) {
+  std::vector<core::RankTableNode> out;
+  for (const core::NodeRecord* rec : cluster.Nodes()) {
+    if (rec->timed_out) continue;
+    out.push_back(core::RankTableNode{rec->node_id, rec->role, rec->rank, rec->ip, rec->host_name, rec->devices});
+  }
+  return out;
+}
+
+}  // namespace
+
+RankTableHub::RankTableHub(SchedulerNode* sched, RankTableHubOptions options)
+    : sched_(sched), options_(options) {}
+
+RankTableHub::~RankTableHub() { Stop(); }
+
+Status RankTableHub::Start() {
+  if (started_) return Status(Code::kFailedPrecondition, "rank-table hub already started");
+  if (!sched_->loop()->running()) return Status(Code::kFailedPrecondition, "scheduler loop not running");
+  started_ = true;
+  std::promise<void> done;
+  sched_->loop()->Run([this, &done] {
+    InstallOnLoop();
+    done.set_value();
+  });
+  done.get_future().wait();
+  return Status::Ok();
+}
+
+void RankTableHub::InstallOnLoop() {
+  std::weak_ptr<bool> alive = alive_;
+  sched_->SetCommandHandler(pb::SUBSCRIBE_RANKTABLE, [this, alive](comm::ConnId conn, comm::Frame&& frame) {
+    if (alive.expired()) {
+      sched_->messenger().Reply(conn, frame.meta, Status(Code::kUnavailable, "rank-table service stopped"))
+          .IgnoreError();
+      return;
+    }
+    OnSubscribe(conn, std::move(frame));
+  });
+  sched_->AddEventListener([this, alive](const core::Event&) {
+    if (!alive.expired()) Rebuild();
+  });
+  sched_->AddRegisterListener([this, alive] {
+    if (!alive.expired()) Rebuild();
+  });
+  Rebuild();
+}
+
+void RankTableHub::Stop() {
+  if (!started_ || stopped_) return;
+  stopped_ = true;
+  auto shutdown = [this] {
+    alive_.reset();
+    // A stopped loop already cancelled every timer.
+    if (check_timer_ != 0 && sched_->loop()->running()) sched_->loop()->CancelTimer(check_timer_);
+    check_timer_ = 0;
+    subs_.clear();
+    congested_.clear();
+  };
+  if (!sched_->loop()->running() || sched_->loop()->InLoopThread()) {
+    shutdown();
+    return;
+  }
+  std::promise<void> done;
+  sched_->loop()->Post([&] {
+    shutdown();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+Status RankTableHub::CheckJob(const std::string& job_id) const {
+  if (job_id.empty() || job_id == this->job_id()) return Status::Ok();
+  return Status(Code::kNotFound, "unknown jobId '" + job_id + "': this scheduler serves job '" +
+                                     this->job_id() + "'");
+}
+
+// Builds the table; publishes a new version only when the text changed.
+void RankTableHub::Rebuild() {
+  const core::ClusterManager& cluster = sched_->cluster();
+  std::string table = core::BuildRankTable(TableNodes(cluster), cluster.state() == pb::CLUSTER_READY);
+  if (current_ && current_->table == table) return;
+  auto snap = std::make_shared<RankTableSnapshot>();
+  snap->version = ++stats_.versions;
+  snap->job_id = job_id();
+  snap->table = std::move(table);
+  pb::RankTableStream msg;
+  msg.set_jobid(snap->job_id);
+  msg.set_ranktable(snap->table);
+  snap->native = ToBuffer(msg);
+  nlohmann::json line = {{"jobId", snap->job_id}, {"rankTable", snap->table}};
+  snap->line = std::make_shared<const std::string>(
+      line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  current_ = snap;
+  LOG(INFO) << "rank table version " << snap->version << " (" << snap->table.size() << " bytes, epoch "
+            << cluster.epoch() << ", " << pb::ClusterState_Name(cluster.state()) << ") to "
+            << subs_.size() << " subscriber(s)";
+  for (auto& [id, sub] : subs_) Deliver(id, &sub, current_);
+}
+
+uint64_t RankTableHub::AddSubscriber(Sink sink) {
+  DCHECK(sched_->loop()->InLoopThread());
+  uint64_t id = next_id_++;
+  Sub& sub = subs_[id];
+  sub.sink = std::move(sink);
+  ++stats_.subscribed;
+  VLOG(1) << "rank table: subscriber " << id << " (" << sub.sink.label << ", role '" << sub.sink.role << "')";
+  if (current_) Deliver(id, &sub, current_);
+  return id;
+}
+
+void RankTableHub::RemoveSubscriber(uint64_t id) {
+  subs_.erase(id);
+  congested_.erase(id);
+}
+
+void RankTableHub::Deliver(uint64_t id, Sub* sub, const std::shared_ptr<const RankTableSnapshot>& snap) {
+  if (sub->sink.queued_bytes() > options_.coalesce_bytes) {
+    if (sub->held) ++stats_.coalesced;
+    sub->held = snap;
+    if (!sub->congested) {
+      sub->congested = true;
+      sub->congested_since = SteadyClock().Now();
+      congested_.insert(id);
+    }
+    if (check_timer_ == 0) {
+      check_timer_ = sched_->loop()->AddTimer(options_.check_period, options_.check_period,
+                                              [this] { CheckCongested(); });
+    }
+    return;
+  }
+  sub->held.reset();
+  Status st = sub->sink.send(*snap);
+  if (st.ok()) ++stats_.sent;
+  else VLOG(1) << "rank table: send to " << sub->sink.label << " failed: " << st;
+}
+
+// Sends the held table to subscribers that drained; drops the ones stuck past the bound.
+void RankTableHub::CheckCongested() {
+  TimePoint now = SteadyClock().Now();
+  std::vector<uint64_t> ids(congested_.begin(), congested_.end());
+  for (uint64_t id : ids) {
+    auto it = subs_.find(id);
+    if (it == subs_.end()) {
+      congested_.erase(id);
+      continue;
+    }
+    Sub& sub = it->second;
+    if (sub.sink.queued_bytes() <= options_.coalesce_bytes) {
+      sub.congested = false;
+      congested_.erase(id);
+      if (sub.held) {
+        std::shared_ptr<const RankTableSnapshot> held = std::move(sub.held);
+        Deliver(id, &sub, held);
+      }
+      continue;
+    }
+    if (now - sub.congested_since < options_.stall_timeout) continue;
+    LOG(WARNING) << "rank table: dropping subscriber " << id << " (" << sub.sink.label << "): "
+                 << sub.sink.queued_bytes() << " bytes unsent for " << ToMillis(now - sub.congested_since)
+                 << " ms";
+    ++stats_.dropped;
+    Sink sink = std::move(sub.sink);
+    RemoveSubscriber(id);
+    sink.drop(Status(Code::kResourceExhausted, "rank-table subscriber stopped reading"));
+  }
+  if (congested_.empty() && check_timer_ != 0) {
+    sched_->loop()->CancelTimer(check_timer_);
+    check_timer_ = 0;
+  }
+}
+
+void RankTableHub::OnSubscribe(comm::ConnId conn, comm::Frame&& frame) {
+  comm::Messenger& m = sched_->messenger();
+  pb::ClientInfo info;
+  Status st = ParsePayload(frame, &info);
+  if (st.ok()) st = CheckJob(info.jobid());
+  if (!st.ok()) {
+    ++stats_.refused;
+    LOG(WARNING) << "rank table: refused subscription from " << m.transport().PeerAddress(conn) << ": " << st;
+    m.Reply(conn, frame.meta, st).IgnoreError();
+    return;
+  }
+  m.Reply(conn, frame.meta, Status::Ok()).IgnoreError();
+  comm::Transport* t = &m.transport();
+  Sink sink;
+  sink.label = "native conn " + std::to_string(conn) + " " + t->PeerAddress(conn);
+  sink.role = info.role();
+  sink.queued_bytes = [t, conn] { return t->QueuedBytes(conn); };
+  sink.send = [&m, conn](const RankTableSnapshot& snap) {
+    return m.Notify(conn, MakeMeta(pb::RANKTABLE_STREAM, pb::SCHEDULER, 0), snap.native);
+  };
+  sink.drop = [t, conn](const Status& why) { t->Close(conn, why); };
+  uint64_t id = AddSubscriber(std::move(sink));
+  std::weak_ptr<bool> alive = alive_;
+  t->WatchClose(conn, [this, alive, id](const Status&) {
+    if (!alive.expired()) RemoveSubscriber(id);
+  });
+}
+
+}  // namespace pscore::node

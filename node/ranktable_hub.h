@@ -1,0 +1,105 @@
+// RankTableHub: the scheduler's live rank table and its subscribers.
+// Rebuilds the `global-ranktable` JSON (core::BuildRankTable) on every cluster event and
+// registration, and pushes each new version to every subscriber: native ones
+// (SUBSCRIBE_RANKTABLE / RANKTABLE_STREAM) and any other Sink (the HTTP stream).
+// A subscriber whose connection holds more than coalesce_bytes unsent keeps only the newest
+// table; one stuck above that bound for stall_timeout is dropped with a log line.
+// Owned next to the SchedulerNode (which must outlive it); loop thread only except
+// Start/Stop.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "node/scheduler_node.h"
+
+namespace pscore::node {
+
+// One published version of the table, shared by every subscriber that sends it.
+struct RankTableSnapshot {
+  uint64_t version = 0;  // 1, 2, ... per change
+  std::string job_id;
+  std::string table;                        // the global-ranktable JSON text
+  BufferPtr native;                         // serialized pb::RankTableStream
+  std::shared_ptr<const std::string> line;  // {"jobId":..,"rankTable":..}\n for HTTP
+};
+
+struct RankTableHubOptions {
+  uint64_t coalesce_bytes = 256 << 10;
+  Duration stall_timeout = std::chrono::seconds(30);
+  Duration check_period = std::chrono::milliseconds(10);
+};
+
+struct RankTableHubStats {
+  uint64_t versions = 0;         // tables published
+  uint64_t sent = 0;             // messages handed to subscribers
+  uint64_t coalesced = 0;        // tables replaced by a newer one before being sent
+  uint64_t dropped = 0;          // subscribers dropped for stalling
+  uint64_t refused = 0;          // subscriptions refused (unknown job, bad request)
+  uint64_t subscribed = 0;       // subscriptions accepted
+};
+
+class RankTableHub {
+ public:
+  // A subscriber's way out. All three are called on the loop thread.
+  struct Sink {
+    std::string label;  // for logs: "native conn 7", "http conn 3"
+    std::string role;
+    std::function<uint64_t()> queued_bytes;
+    std::function<Status(const RankTableSnapshot&)> send;
+    std::function<void(const Status& why)> drop;  // close the subscriber's connection
+  };
+
+  RankTableHub(SchedulerNode* sched, RankTableHubOptions options = {});
+  ~RankTableHub();
+  RankTableHub(const RankTableHub&) = delete;
+  RankTableHub& operator=(const RankTableHub&) = delete;
+
+  // Any thread but the loop's: installs the command handler and listeners, builds the
+  // first table. The scheduler must have been started.
+  Status Start();
+  // Any thread but the loop's: forgets every subscriber. Idempotent.
+  void Stop();
+
+  // Loop thread. OK for the scheduler's job (or an empty id); else kNotFound.
+  Status CheckJob(const std::string& job_id) const;
+  std::shared_ptr<const RankTableSnapshot> current() const { return current_; }
+  // Adds a subscriber and sends it the current table at once. Returns its id.
+  uint64_t AddSubscriber(Sink sink);
+  void RemoveSubscriber(uint64_t id);
+  size_t num_subscribers() const { return subs_.size(); }
+  const RankTableHubStats& stats() const { return stats_; }
+  const std::string& job_id() const { return sched_->options().job_id; }
+
+ private:
+  struct Sub {
+    Sink sink;
+    std::shared_ptr<const RankTableSnapshot> held;  // newest table not yet sent
+    TimePoint congested_since;
+    bool congested = false;
+  };
+
+  void InstallOnLoop();
+  void OnSubscribe(comm::ConnId conn, comm::Frame&& frame);
+  void Rebuild();
+  void Deliver(uint64_t id, Sub* sub, const std::shared_ptr<const RankTableSnapshot>& snap);
+  void CheckCongested();
+
+  SchedulerNode* sched_;
+  RankTableHubOptions options_;
+  std::shared_ptr<const RankTableSnapshot> current_;
+  std::map<uint64_t, Sub> subs_;
+  std::set<uint64_t> congested_;
+  uint64_t next_id_ = 1;
+  comm::TimerId check_timer_ = 0;
+  bool started_ = false;
+  bool stopped_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards listener callbacks
+  RankTableHubStats stats_;
+};
+
+}  // namespace pscore::node
