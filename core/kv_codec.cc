@@ -15,10 +15,14 @@ namespace {
 // A vector whose elements the builder reserved but did not fill: where it will
 // sit in the finished buffer (as a distance from its end, which never changes
 // while the builder grows) and what to copy there.
+struct Segment {
+  const void* source;
+  size_t bytes;
+};
 struct Hole {
   size_t offset_from_end = 0;
   size_t bytes = 0;
-  const void* source = nullptr;
+  std::vector<Segment> segments;  // filled back to back
 };
 
 template <typename T>
@@ -30,8 +34,31 @@ flatbuffers::Offset<flatbuffers::Vector<T>> Reserve(flatbuffers::FlatBufferBuild
   // CreateUninitializedVector leaves GetSize() - 4 (the length field) at the
   // element start; the elements begin right after the length.
   const size_t data_from_end = offset.o - sizeof(flatbuffers::uoffset_t);
-  if (count > 0) holes->push_back(Hole{data_from_end, count * sizeof(T), source});
+  if (count > 0) holes->push_back(Hole{data_from_end, count * sizeof(T), {{source, count * sizeof(T)}}});
   return offset;
+}
+
+// Copies the builder's skeleton around the holes and fills each hole from its segments:
+// every array byte is copied once, straight from the caller's memory.
+BufferPtr Assemble(const flatbuffers::FlatBufferBuilder& fbb, std::vector<Hole> holes) {
+  const size_t size = fbb.GetSize();
+  const char* built = reinterpret_cast<const char*>(fbb.GetBufferPointer());
+  BufferPtr out = Buffer::Allocate(size);
+  std::sort(holes.begin(), holes.end(),
+            [](const Hole& a, const Hole& b) { return a.offset_from_end > b.offset_from_end; });
+  size_t cursor = 0;
+  for (const Hole& h : holes) {
+    const size_t begin = size - h.offset_from_end;
+    std::memcpy(out->data() + cursor, built + cursor, begin - cursor);
+    size_t at = begin;
+    for (const Segment& seg : h.segments) {
+      if (seg.bytes > 0) std::memcpy(out->data() + at, seg.source, seg.bytes);
+      at += seg.bytes;
+    }
+    cursor = begin + h.bytes;
+  }
+  std::memcpy(out->data() + cursor, built + cursor, size - cursor);
+  return out;
 }
 
 }  // namespace
@@ -58,21 +85,42 @@ BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* l
   kv.add_op(op);
   fb::FinishKvPairsBuffer(fbb, kv.Finish());
 
-  // Copy the skeleton around the holes, then each array straight from the caller.
-  const size_t size = fbb.GetSize();
-  const char* built = reinterpret_cast<const char*>(fbb.GetBufferPointer());
-  BufferPtr out = Buffer::Allocate(size);
-  std::sort(holes.begin(), holes.end(),
-            [](const Hole& a, const Hole& b) { return a.offset_from_end > b.offset_from_end; });
-  size_t cursor = 0;
-  for (const Hole& h : holes) {
-    const size_t begin = size - h.offset_from_end;
-    std::memcpy(out->data() + cursor, built + cursor, begin - cursor);
-    std::memcpy(out->data() + begin, h.source, h.bytes);
-    cursor = begin + h.bytes;
+  return Assemble(fbb, std::move(holes));
+}
+
+BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
+                              const uint64_t* value_offsets, const size_t* indices,
+                              size_t num_indices, uint8_t op) {
+  std::vector<uint64_t> k(num_indices);
+  std::vector<uint32_t> l(num_indices);
+  Hole value_hole;
+  size_t num_values = 0;
+  for (size_t j = 0; j < num_indices; ++j) {
+    size_t i = indices[j];
+    k[j] = keys[i];
+    l[j] = lens[i];
+    value_hole.segments.push_back(Segment{values + value_offsets[i], lens[i] * sizeof(float)});
+    num_values += lens[i];
   }
-  std::memcpy(out->data() + cursor, built + cursor, size - cursor);
-  return out;
+  const size_t estimate = 128 + num_indices * (sizeof(uint64_t) + sizeof(uint32_t)) + num_values * sizeof(float);
+  flatbuffers::FlatBufferBuilder fbb(estimate);
+  std::vector<Hole> holes;
+  float* unused = nullptr;
+  auto values_off = fbb.CreateUninitializedVector<float>(num_values, &unused);
+  if (num_values > 0) {
+    value_hole.offset_from_end = values_off.o - sizeof(flatbuffers::uoffset_t);
+    value_hole.bytes = num_values * sizeof(float);
+    holes.push_back(std::move(value_hole));
+  }
+  auto lens_off = Reserve(&fbb, l.data(), num_indices, &holes);
+  auto keys_off = Reserve(&fbb, k.data(), num_indices, &holes);
+  fb::KvPairsBuilder kv(fbb);
+  kv.add_keys(keys_off);
+  kv.add_lens(lens_off);
+  kv.add_values(values_off);
+  kv.add_op(op);
+  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  return Assemble(fbb, std::move(holes));
 }
 
 namespace {

@@ -32,6 +32,12 @@ BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* l
 
 // Points into the decoded buffer: valid while that buffer lives; no copy.
 // Absent vectors are null pointers with a zero count.
+// Like EncodeKvPairs, for the subset `indices` of a larger batch: key i has lens[i]
+// floats starting at values + value_offsets[i]. Values are still copied exactly once.
+BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
+                              const uint64_t* value_offsets, const size_t* indices,
+                              size_t num_indices, uint8_t op = 0);
+
 struct KvView {
   const uint64_t* keys = nullptr;
   size_t num_keys = 0;

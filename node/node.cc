@@ -206,12 +206,38 @@ void Node::HandleSchedulerPush(ConnId conn, Frame&& frame) {
     }
     case pb::SCALE_OUT: {
       pb::ScaleOutMessage msg;
-      if (ParsePayload(frame, &msg).ok() && callbacks_.on_scale_out) callbacks_.on_scale_out(msg);
+      if (!ParsePayload(frame, &msg).ok()) break;
+      if (msg.epoch() < epoch_) {
+        LOG(WARNING) << options_.node_id << ": ignored stale SCALE_OUT of epoch " << msg.epoch();
+        break;
+      }
+      LOG(INFO) << options_.node_id << ": scale-out to " << msg.worker_num() << " workers, "
+                << msg.server_num() << " servers";
+      ApplyState(pb::CLUSTER_SCALE_OUT);
+      if (callbacks_.on_scale_out) callbacks_.on_scale_out(msg);
       break;
     }
     case pb::SCALE_IN: {
       pb::ScaleInMessage msg;
-      if (ParsePayload(frame, &msg).ok() && callbacks_.on_scale_in) callbacks_.on_scale_in(msg);
+      if (!ParsePayload(frame, &msg).ok()) break;
+      if (msg.epoch() < epoch_ || msg.epoch() <= scale_in_epoch_) {
+        LOG(WARNING) << options_.node_id << ": ignored stale SCALE_IN of epoch " << msg.epoch();
+        break;
+      }
+      LOG(INFO) << options_.node_id << ": scale-in to " << msg.worker_num() << " workers, " << msg.server_num()
+                << " servers" << (msg.is_node_scale_in() ? "; this node leaves" : "");
+      scale_in_epoch_ = msg.epoch();
+      scale_in_handed_over_ = false;
+      ApplyState(pb::CLUSTER_SCALE_IN);
+      if (callbacks_.on_scale_in) callbacks_.on_scale_in(msg);
+      uint64_t epoch = msg.epoch();
+      OnScaleInStart(msg, [this, epoch] {
+        loop_->Run([this, epoch] {
+          if (scale_in_epoch_ != epoch) return;
+          scale_in_handed_over_ = true;
+          SendScaleDone(pb::SCALE_IN_DONE, epoch_ > epoch ? epoch_ : epoch);
+        });
+      });
       break;
     }
     case pb::TERMINATE:
@@ -249,14 +275,59 @@ void Node::ApplyMetadata(const pb::SendMetadataMessage& md) {
   server_addr_ = std::move(addrs);
   PublishSnapshot();
   if (callbacks_.on_metadata) callbacks_.on_metadata(md);
-  OnMetadataApplied();
   ApplyState(md.cluster_state());
+  OnMetadataApplied();
+  MaybeFinishScaleOut(md);
+  // A republish during scale-in restarts the done round at the new epoch.
+  if (md.cluster_state() == pb::CLUSTER_SCALE_IN && scale_in_handed_over_ && md.epoch() > scale_in_epoch_) {
+    SendScaleDone(pb::SCALE_IN_DONE, md.epoch());
+  }
+}
+
+// Scale-out: once the metadata holds every new node, the role moves what it must and
+// answers SCALE_OUT_DONE with that metadata's epoch (once per epoch).
+void Node::MaybeFinishScaleOut(const pb::SendMetadataMessage& md) {
+  if (md.cluster_state() != pb::CLUSTER_SCALE_OUT || md.epoch() <= scale_out_acked_epoch_) return;
+  if (md.servers_meta_size() != md.server_num() || md.workers_meta_size() != md.worker_num()) return;
+  scale_out_acked_epoch_ = md.epoch();
+  uint64_t epoch = md.epoch();
+  OnScaleOutReady(md, [this, epoch] {
+    loop_->Run([this, epoch] {
+      if (epoch_ == epoch) SendScaleDone(pb::SCALE_OUT_DONE, epoch);
+    });
+  });
+}
+
+void Node::SendScaleDone(pb::NodeCommand cmd, uint64_t epoch) {
+  if (scheduler_ == nullptr || !scheduler_->connected()) return;
+  BufferPtr payload;
+  if (cmd == pb::SCALE_OUT_DONE) {
+    pb::ScaleOutDoneMessage msg;
+    msg.set_node_id(options_.node_id);
+    msg.set_epoch(epoch);
+    payload = ToBuffer(msg);
+  } else {
+    pb::ScaleInDoneMessage msg;
+    msg.set_node_id(options_.node_id);
+    msg.set_epoch(epoch);
+    payload = ToBuffer(msg);
+  }
+  VLOG(1) << options_.node_id << ": " << pb::NodeCommand_Name(cmd) << " epoch " << epoch;
+  messenger_->Call(scheduler_->conn(), MakeMeta(cmd, options_.role, rank_), payload, options_.request_timeout,
+                   [this, cmd, epoch](Result<Frame> r) {
+                     if (!r.ok()) {
+                       LOG(WARNING) << options_.node_id << ": " << pb::NodeCommand_Name(cmd) << " of epoch "
+                                    << epoch << " refused: " << r.status();
+                     }
+                   });
 }
 
 void Node::ApplyState(pb::ClusterState state) {
   if (state == state_) return;
   state_ = state;
+  if (state != pb::CLUSTER_SCALE_IN) scale_in_epoch_ = 0;
   PublishSnapshot();
+  OnStateApplied(state);
   if (callbacks_.on_state) callbacks_.on_state(state);
   if (state == pb::CLUSTER_EXIT) Terminate(Status::Ok());
 }

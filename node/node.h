@@ -79,6 +79,12 @@ class Node {
   virtual Status StartRole() { return Status::Ok(); }  // before registering (servers listen)
   virtual void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame);
   virtual void OnMetadataApplied() {}
+  virtual void OnStateApplied(pb::ClusterState state) {}
+  // Scale-out: every new node is in (md is the complete new membership). Move what must
+  // move, then call done() (any thread) to answer SCALE_OUT_DONE.
+  virtual void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) { done(); }
+  // Scale-in started (msg names the leaving nodes). Hand over, then call done().
+  virtual void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) { done(); }
   virtual void OnPeerClosed(comm::ConnId conn, const Status& why) {}
   virtual void StopRole() {}
 
@@ -113,6 +119,8 @@ class Node {
   void HandleSchedulerPush(comm::ConnId conn, comm::Frame&& frame);
   void Terminate(const Status& why);
   void PublishSnapshot();
+  void SendScaleDone(pb::NodeCommand cmd, uint64_t epoch);
+  void MaybeFinishScaleOut(const pb::SendMetadataMessage& md);
 
   std::unique_ptr<comm::EventLoop> owned_loop_;
   comm::EventLoop* loop_;
@@ -131,6 +139,9 @@ class Node {
   pb::ClusterState state_ = pb::ClUSTER_STARTING;
   uint64_t epoch_ = 0;
   pb::SendMetadataMessage metadata_;
+  uint64_t scale_out_acked_epoch_ = 0;  // newest metadata epoch whose scale-out was handled
+  uint64_t scale_in_epoch_ = 0;         // scale-in under way (0: none)
+  bool scale_in_handed_over_ = false;
   std::map<int, std::string> server_addr_;                    // rank -> ip:port
   std::map<int, comm::ConnId> server_conn_;                   // rank -> open link
   std::map<int, std::vector<std::function<void(Result<comm::ConnId>)>>> dialing_;

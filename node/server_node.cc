@@ -5,6 +5,12 @@
 #include "core/kv_codec.h"
 #include "node/wire.h"
 
+#define PSCORE_RETURN_IF_ERROR_RESPOND(expr, responder) \
+  do {                                                  \
+    ::pscore::Status _st = (expr);                      \
+    if (!_st.ok()) return (responder).Fail(_st);        \
+  } while (0)
+
 namespace pscore::node {
 
 using comm::ConnId;
@@ -42,6 +48,7 @@ ServerNode::ServerNode(NodeOptions options, core::ParamStore::Options store, com
   if (options_.handler_threads > 0) executor_ = std::make_unique<Executor>(options_.handler_threads);
   RegisterHandler(kPushHandler, [this](const DataRequest& req, Responder r) { HandlePush(req, r); });
   RegisterHandler(kPullHandler, [this](const DataRequest& req, Responder r) { HandlePull(req, r); });
+  RegisterHandler(kMigrateHandler, [this](const DataRequest& req, Responder r) { HandleMigrate(req, r); });
 }
 
 ServerNode::~ServerNode() {
@@ -127,6 +134,8 @@ void ServerNode::HandlePush(const DataRequest& req, Responder r) {
   size_t size = req.payload ? req.payload->size() : 0;
   Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
   if (!view.ok()) return r.Fail(view.status());
+  std::shared_lock<std::shared_mutex> lock(view_mu_);
+  PSCORE_RETURN_IF_ERROR_RESPOND(CheckOwned(view->keys, view->num_keys), r);
   Status st = store_.Push(view->keys, view->lens, view->values, view->num_keys);
   if (!st.ok()) return r.Fail(st);
   r.Reply(nullptr);
@@ -139,7 +148,10 @@ void ServerNode::HandlePull(const DataRequest& req, Responder r) {
   if (!view.ok()) return r.Fail(view.status());
   std::vector<uint32_t> lens;
   std::vector<float> values;
+  std::shared_lock<std::shared_mutex> lock(view_mu_);
+  PSCORE_RETURN_IF_ERROR_RESPOND(CheckOwned(view->keys, view->num_keys), r);
   Status st = store_.Pull(view->keys, view->num_keys, &lens, &values);
+  lock.unlock();
   if (!st.ok()) return r.Fail(st);
   r.Reply(core::EncodeKvPairs(view->keys, view->num_keys, lens.data(), values.data(), values.size()));
 }

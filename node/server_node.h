@@ -7,6 +7,7 @@
 
 #include <future>
 #include <map>
+#include <shared_mutex>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -43,6 +44,7 @@ using DataHandler = std::function<void(const DataRequest&, Responder)>;
 // Reserved handler names of the built-in parameter store.
 inline constexpr char kPushHandler[] = "pscore.push";
 inline constexpr char kPullHandler[] = "pscore.pull";
+inline constexpr char kMigrateHandler[] = "pscore.migrate";  // server to server, during scaling
 
 class ServerNode : public Node {
  public:
@@ -65,12 +67,23 @@ class ServerNode : public Node {
   Status StartRole() override;
   void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame) override;
   void StopRole() override;
+  void OnMetadataApplied() override;
+  void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) override;
+  void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) override;
 
  private:
   void Dispatch(comm::ConnId conn, comm::Frame&& frame);
   void HandlePush(const DataRequest& req, Responder r);
   void HandlePull(const DataRequest& req, Responder r);
   void HandleCollective(comm::ConnId conn, comm::Frame&& frame);
+  void HandleMigrate(const DataRequest& req, Responder r);
+  // Which keys this server serves: those with ServerForKey(key, view_n_) == view_rank_.
+  Status CheckOwned(const uint64_t* keys, size_t n) const;  // view_mu_ held (shared)
+  // Switches the view to (rank, n) and ships the entries it no longer owns to
+  // dest_rank(new owner) (a rank of the current metadata); done() once all are stored.
+  void MoveKeys(int rank, int n, std::function<int(int)> dest_rank, std::function<void()> done);
+  void SendEntries(std::vector<std::pair<uint64_t, std::vector<float>>> entries, std::function<int(int)> dest_rank,
+                   int n, std::function<void()> done);
   Responder MakeResponder(comm::ConnId conn, const pb::MessageMeta& meta);
 
   core::ParamStore store_;
@@ -81,6 +94,9 @@ class ServerNode : public Node {
   std::map<std::pair<int, std::string>, BufferPtr> arrived_;
   std::map<std::pair<int, std::string>, std::shared_ptr<std::promise<Result<BufferPtr>>>> waiting_;
   std::shared_ptr<ServerNode*> alive_;
+  mutable std::shared_mutex view_mu_;
+  int view_rank_ = -1;
+  int view_n_ = 0;
 };
 
 }  // namespace pscore::node

@@ -93,101 +93,197 @@ std::future<Result<std::vector<BufferPtr>>> WorkerNode::Broadcast(int user_cmd, 
   return fut;
 }
 
+// One Push or Pull across servers. Loop thread only after creation.
+struct WorkerNode::KvOp {
+  bool push = true;
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> lens;      // push
+  std::vector<float> values;       // push
+  std::vector<uint64_t> offsets;   // push: first value of each key
+  std::vector<std::vector<float>> pulled;  // pull: per key
+  size_t outstanding = 0;          // keys not yet acknowledged
+  TimePoint deadline;
+  bool finished = false;
+  std::promise<Status> push_done;
+  std::promise<Result<PullResult>> pull_done;
+
+  void Fail(const Status& st) {
+    if (finished) return;
+    finished = true;
+    if (push) {
+      push_done.set_value(st);
+    } else {
+      pull_done.set_value(st);
+    }
+  }
+  void Acked(size_t n) {
+    outstanding -= n;
+    if (outstanding != 0 || finished) return;
+    finished = true;
+    if (push) {
+      push_done.set_value(Status::Ok());
+      return;
+    }
+    PullResult out;
+    for (auto& v : pulled) {
+      out.lens.push_back(static_cast<uint32_t>(v.size()));
+      out.values.insert(out.values.end(), v.begin(), v.end());
+    }
+    pull_done.set_value(std::move(out));
+  }
+};
+
 std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
                                      const std::vector<uint32_t>& lens_in) {
-  auto promise = std::make_shared<std::promise<Status>>();
-  auto fut = promise->get_future();
-  std::vector<uint32_t> lens = lens_in;
-  if (lens.empty() && !keys.empty()) lens.assign(keys.size(), static_cast<uint32_t>(values.size() / keys.size()));
-  if (lens.size() != keys.size() ||
-      std::accumulate(lens.begin(), lens.end(), uint64_t{0}) != values.size()) {
-    promise->set_value(Status(Code::kInvalidArgument, "push: " + std::to_string(keys.size()) + " keys, " +
-                                                          std::to_string(lens.size()) + " lens and " +
-                                                          std::to_string(values.size()) + " values do not match"));
+  auto op = std::make_shared<KvOp>();
+  auto fut = op->push_done.get_future();
+  op->lens = lens_in;
+  if (op->lens.empty() && !keys.empty()) {
+    op->lens.assign(keys.size(), static_cast<uint32_t>(values.size() / keys.size()));
+  }
+  if (op->lens.size() != keys.size() ||
+      std::accumulate(op->lens.begin(), op->lens.end(), uint64_t{0}) != values.size()) {
+    op->Fail(Status(Code::kInvalidArgument, "push: " + std::to_string(keys.size()) + " keys, " +
+                                                std::to_string(lens_in.size()) + " lens and " +
+                                                std::to_string(values.size()) + " values do not match"));
     return fut;
   }
-  int n = server_count();
-  if (n == 0) {
-    promise->set_value(Status(Code::kUnavailable, "push: no servers in the metadata yet"));
-    return fut;
-  }
-  // Group keys by owning server, keeping each key's values.
-  std::vector<std::vector<uint64_t>> k(n);
-  std::vector<std::vector<uint32_t>> l(n);
-  std::vector<std::vector<float>> v(n);
-  size_t off = 0;
+  op->keys = keys;
+  op->values = values;  // Kept until acknowledged: a part refused during scaling is re-sent.
+  op->offsets.resize(keys.size());
+  uint64_t off = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
-    int s = core::ServerForKey(keys[i], n);
-    k[s].push_back(keys[i]);
-    l[s].push_back(lens[i]);
-    v[s].insert(v[s].end(), values.begin() + off, values.begin() + off + lens[i]);
-    off += lens[i];
+    op->offsets[i] = off;
+    off += op->lens[i];
   }
-  auto g = std::make_shared<Gather<BufferPtr>>(n);
-  for (int s = 0; s < n; ++s) {
-    if (k[s].empty()) {
-      g->Put(s, BufferPtr());
-      continue;
-    }
-    BufferPtr payload = core::EncodeKvPairs(k[s].data(), k[s].size(), l[s].data(), v[s].data(), v[s].size());
-    SendAsync(s, 0, kPushHandler, payload, [g, s](Result<BufferPtr> r) { g->Put(s, std::move(r)); });
+  op->outstanding = keys.size();
+  op->deadline = std::chrono::steady_clock::now() + options_.request_timeout;
+  if (keys.empty()) {
+    op->Acked(0);
+    return fut;
   }
-  auto gf = std::make_shared<std::future<Result<std::vector<BufferPtr>>>>(g->promise.get_future());
-  return std::async(std::launch::deferred, [gf] { return gf->get().status(); });
+  loop()->Run([this, op] {
+    std::vector<size_t> all(op->keys.size());
+    std::iota(all.begin(), all.end(), 0);
+    Dispatch(op, std::move(all));
+  });
+  return fut;
 }
 
 std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& keys) {
-  int n = server_count();
-  if (n == 0) {
-    std::promise<Result<PullResult>> p;
-    p.set_value(Status(Code::kUnavailable, "pull: no servers in the metadata yet"));
-    return p.get_future();
+  auto op = std::make_shared<KvOp>();
+  op->push = false;
+  auto fut = op->pull_done.get_future();
+  op->keys = keys;
+  op->pulled.resize(keys.size());
+  op->outstanding = keys.size();
+  op->deadline = std::chrono::steady_clock::now() + options_.request_timeout;
+  if (keys.empty()) {
+    op->Acked(0);
+    return fut;
   }
-  auto groups = std::make_shared<std::vector<std::vector<size_t>>>(n);  // indices into keys
-  for (size_t i = 0; i < keys.size(); ++i) (*groups)[core::ServerForKey(keys[i], n)].push_back(i);
-  auto g = std::make_shared<Gather<BufferPtr>>(n);
+  loop()->Run([this, op] {
+    std::vector<size_t> all(op->keys.size());
+    std::iota(all.begin(), all.end(), 0);
+    Dispatch(op, std::move(all));
+  });
+  return fut;
+}
+
+void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, std::vector<size_t> indices) {
+  if (op->finished) return;
+  int n = metadata().server_num();
+  if (holding_ || n == 0) {
+    held_.emplace_back(op, std::move(indices));
+    return;
+  }
+  std::vector<std::vector<size_t>> by_server(n);
+  for (size_t i : indices) by_server[core::ServerForKey(op->keys[i], n)].push_back(i);
   for (int s = 0; s < n; ++s) {
-    if ((*groups)[s].empty()) {
-      g->Put(s, BufferPtr());
+    if (by_server[s].empty()) continue;
+    std::vector<size_t>& part = by_server[s];
+    BufferPtr payload;
+    if (op->push) {
+      payload = core::EncodeKvPairsGather(op->keys.data(), op->lens.data(), op->values.data(),
+                                          op->offsets.data(), part.data(), part.size());
+    } else {
+      std::vector<uint64_t> ks;
+      ks.reserve(part.size());
+      for (size_t i : part) ks.push_back(op->keys[i]);
+      payload = core::EncodeKvPairs(ks.data(), ks.size(), nullptr, nullptr, 0);
+    }
+    SendAsync(s, 0, op->push ? kPushHandler : kPullHandler, payload,
+              [this, op, part = std::move(part)](Result<BufferPtr> r) mutable {
+                OnPart(op, std::move(part), std::move(r));
+              });
+  }
+}
+
+void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, std::vector<size_t> indices, Result<BufferPtr> r) {
+  if (op->finished) return;
+  if (!r.ok()) {
+    // kAborted: the server no longer owns these keys (a scale operation moved them). Nothing
+    // of this part was applied, so it is safe to send it again once the metadata is new.
+    if (r.status().code() == Code::kAborted && std::chrono::steady_clock::now() < op->deadline) {
+      VLOG(1) << options_.node_id << ": " << indices.size() << " keys moved; re-sending after the scale";
+      held_.emplace_back(op, std::move(indices));
+      if (retry_timer_ == 0) {
+        retry_timer_ = loop()->AddTimer(std::chrono::milliseconds(50), Duration::zero(), [this] {
+          retry_timer_ = 0;
+          if (!holding_) ReleaseHeld();
+        });
+      }
+      return;
+    }
+    op->Fail(r.status());
+    return;
+  }
+  if (!op->push) {
+    const BufferPtr& b = *r;
+    Result<core::KvView> view = core::DecodeKvPairs(b->data(), b->size(), /*expect_values=*/true);
+    if (!view.ok()) return op->Fail(view.status());
+    if (view->num_keys != indices.size()) {
+      return op->Fail(Status(Code::kProtocol, "pull: answer has " + std::to_string(view->num_keys) +
+                                                  " keys, asked " + std::to_string(indices.size())));
+    }
+    const float* p = view->values;
+    for (size_t j = 0; j < indices.size(); ++j) {
+      op->pulled[indices[j]].assign(p, p + view->lens[j]);
+      p += view->lens[j];
+    }
+  }
+  op->Acked(indices.size());
+}
+
+void WorkerNode::ReleaseHeld() {
+  auto held = std::move(held_);
+  held_.clear();
+  TimePoint now = std::chrono::steady_clock::now();
+  for (auto& [op, indices] : held) {
+    if (now >= op->deadline) {
+      op->Fail(Status(Code::kTimeout, "key-value request held past its deadline while the cluster scaled"));
       continue;
     }
-    std::vector<uint64_t> ks;
-    for (size_t i : (*groups)[s]) ks.push_back(keys[i]);
-    BufferPtr payload = core::EncodeKvPairs(ks.data(), ks.size(), nullptr, nullptr, 0);
-    SendAsync(s, 0, kPullHandler, payload, [g, s](Result<BufferPtr> r) { g->Put(s, std::move(r)); });
+    Dispatch(op, std::move(indices));
   }
-  auto gf = std::make_shared<std::future<Result<std::vector<BufferPtr>>>>(g->promise.get_future());
-  size_t num_keys = keys.size();
-  return std::async(std::launch::deferred, [gf, groups, num_keys]() -> Result<PullResult> {
-    Result<std::vector<BufferPtr>> answers = gf->get();
-    if (!answers.ok()) return answers.status();
-    // Reassemble in the caller's key order.
-    std::vector<const float*> src(num_keys);
-    std::vector<uint32_t> lens(num_keys);
-    for (size_t s = 0; s < groups->size(); ++s) {
-      if ((*groups)[s].empty()) continue;
-      const BufferPtr& b = (*answers)[s];
-      Result<core::KvView> view = core::DecodeKvPairs(b->data(), b->size(), /*expect_values=*/true);
-      if (!view.ok()) return view.status();
-      if (view->num_keys != (*groups)[s].size()) {
-        return Status(Code::kProtocol, "pull: server " + std::to_string(s) + " answered " +
-                                           std::to_string(view->num_keys) + " keys, asked " +
-                                           std::to_string((*groups)[s].size()));
-      }
-      const float* p = view->values;
-      for (size_t j = 0; j < view->num_keys; ++j) {
-        size_t i = (*groups)[s][j];
-        src[i] = p;
-        lens[i] = view->lens[j];
-        p += view->lens[j];
-      }
-    }
-    PullResult out;
-    out.lens = lens;
-    out.values.reserve(std::accumulate(lens.begin(), lens.end(), size_t{0}));
-    for (size_t i = 0; i < num_keys; ++i) out.values.insert(out.values.end(), src[i], src[i] + lens[i]);
-    return out;
-  });
+}
+
+void WorkerNode::OnStateApplied(pb::ClusterState state) {
+  bool scaling = state == pb::CLUSTER_SCALE_OUT || state == pb::CLUSTER_SCALE_IN;
+  if (scaling == holding_) return;
+  holding_ = scaling;
+  if (!holding_) ReleaseHeld();
+}
+
+void WorkerNode::OnMetadataApplied() {
+  if (!holding_ && !held_.empty()) ReleaseHeld();
+}
+
+void WorkerNode::OnScaleOutReady(const pb::SendMetadataMessage&, std::function<void()> done) { done(); }
+
+void WorkerNode::OnScaleInStart(const pb::ScaleInMessage&, std::function<void()> done) {
+  holding_ = true;
+  done();
 }
 
 }  // namespace pscore::node

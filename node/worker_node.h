@@ -37,8 +37,24 @@ class WorkerNode : public Node {
   std::future<Result<PullResult>> Pull(const std::vector<uint64_t>& keys);
   int server_count() const { return metadata().server_num(); }
 
+ protected:
+  void OnMetadataApplied() override;
+  void OnStateApplied(pb::ClusterState state) override;
+  void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) override;
+  void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) override;
+
  private:
+  struct KvOp;
   void Issue(int rank, pb::MessageMeta meta, BufferPtr payload, ReplyCallback cb);
+  // Loop thread. Sends the keys `indices` of op to their owners, or holds them while the
+  // cluster is scaling; parts refused as moved are held and re-sent under new metadata.
+  void Dispatch(const std::shared_ptr<KvOp>& op, std::vector<size_t> indices);
+  void OnPart(const std::shared_ptr<KvOp>& op, std::vector<size_t> indices, Result<BufferPtr> r);
+  void ReleaseHeld();
+
+  bool holding_ = false;  // the cluster is scaling: new key-value traffic waits
+  std::vector<std::pair<std::shared_ptr<KvOp>, std::vector<size_t>>> held_;
+  comm::TimerId retry_timer_ = 0;
 };
 
 }  // namespace pscore::node

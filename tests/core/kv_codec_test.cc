@@ -142,3 +142,30 @@ TEST_CASE("random bytes are refused", "[core][kvcodec]") {
 }  // namespace
 }  // namespace core
 }  // namespace pscore
+
+namespace pscore::core {
+
+TEST_CASE("gather encoding of a subset equals encoding the gathered arrays", "[core][kvcodec]") {
+  std::vector<uint64_t> keys = {10, 11, 12, 13};
+  std::vector<uint32_t> lens = {1, 3, 0, 2};
+  std::vector<float> values = {1, 2, 3, 4, 5, 6};
+  std::vector<uint64_t> offsets = {0, 1, 4, 4};
+  std::vector<size_t> pick = {3, 1, 2};
+  BufferPtr got = EncodeKvPairsGather(keys.data(), lens.data(), values.data(), offsets.data(), pick.data(),
+                                      pick.size(), 2);
+  Result<KvView> v = DecodeKvPairs(got->data(), got->size(), true);
+  REQUIRE(v.ok());
+  REQUIRE(v->num_keys == 3);
+  CHECK(v->keys[0] == 13);
+  CHECK(v->keys[1] == 11);
+  CHECK(v->keys[2] == 12);
+  CHECK(v->lens[0] == 2);
+  CHECK(v->lens[1] == 3);
+  CHECK(v->lens[2] == 0);
+  REQUIRE(v->num_values == 5);
+  std::vector<float> flat(v->values, v->values + v->num_values);
+  CHECK((flat == std::vector<float>{5, 6, 2, 3, 4}));
+  CHECK(v->op == 2);
+}
+
+}  // namespace pscore::core

@@ -1,0 +1,194 @@
+// ServerNode, scaling half: which keys this server owns, and moving the built-in
+// parameter store's entries to their new owners during scale-out and scale-in.
+//
+// Protocol (see docs/scaling.md): workers hold key-value traffic while the cluster
+// scales. Each server switches its ownership view first, then copies the entries it
+// no longer owns to their new owners (kMigrateHandler) and answers *_DONE once all are
+// stored. Requests for keys a server does not own under its view are refused with
+// kAborted (nothing applied), and workers re-send them under the new metadata. Moved
+// entries are erased only when the cluster is READY under the new view, so a rollback
+// needs no copying back.
+#include <algorithm>
+#include <atomic>
+#include <set>
+
+#include "core/key_range.h"
+#include "core/kv_codec.h"
+#include "node/server_node.h"
+#include "node/wire.h"
+
+namespace pscore::node {
+
+using comm::ConnId;
+using comm::Frame;
+
+namespace {
+constexpr size_t kMigrateChunkBytes = 32u << 20;
+}
+
+Status ServerNode::CheckOwned(const uint64_t* keys, size_t n) const {
+  if (view_n_ <= 0) return Status(Code::kAborted, "server " + options_.node_id + " owns no keys yet");
+  for (size_t i = 0; i < n; ++i) {
+    int owner = core::ServerForKey(keys[i], view_n_);
+    if (owner != view_rank_) {
+      return Status(Code::kAborted, "key " + std::to_string(keys[i]) + " is owned by server rank " +
+                                        std::to_string(owner) + " of " + std::to_string(view_n_) +
+                                        ", not " + std::to_string(view_rank_));
+    }
+  }
+  return Status::Ok();
+}
+
+void ServerNode::HandleMigrate(const DataRequest& req, Responder r) {
+  const char* data = req.payload ? req.payload->data() : "";
+  size_t size = req.payload ? req.payload->size() : 0;
+  Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
+  if (!view.ok()) return r.Fail(view.status());
+  const float* p = view->values;
+  for (size_t i = 0; i < view->num_keys; ++i) {
+    store_.Insert(view->keys[i], std::vector<float>(p, p + view->lens[i]));
+    p += view->lens[i];
+  }
+  r.Reply(nullptr);
+}
+
+void ServerNode::OnMetadataApplied() {
+  pb::SendMetadataMessage md = metadata();
+  pb::ClusterState s = md.cluster_state();
+  if (s == pb::CLUSTER_SCALE_OUT || s == pb::CLUSTER_SCALE_IN || s == pb::ClUSTER_STARTING) return;
+  int rank = md.rank_id();
+  int n = md.server_num();
+  {
+    std::unique_lock<std::shared_mutex> lock(view_mu_);
+    if (view_rank_ == rank && view_n_ == n) return;
+    view_rank_ = rank;
+    view_n_ = n;
+  }
+  // READY under a (possibly new) view: entries moved away are no longer needed here.
+  size_t dropped = store_.ExtractNotOwned(rank, n, /*erase=*/true).size();
+  LOG(INFO) << "server " << options_.node_id << " serves key range " << rank << "/" << n
+            << (dropped ? " (dropped " + std::to_string(dropped) + " moved keys)" : "");
+}
+
+void ServerNode::OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) {
+  bool old_member;
+  {
+    std::shared_lock<std::shared_mutex> lock(view_mu_);
+    old_member = view_n_ > 0;
+  }
+  if (!old_member) {
+    // A new server: it receives entries; workers send nothing until READY.
+    std::unique_lock<std::shared_mutex> lock(view_mu_);
+    view_rank_ = md.rank_id();
+    view_n_ = md.server_num();
+    lock.unlock();
+    done();
+    return;
+  }
+  // Scale-out keeps existing ranks: the new owner's rank is its rank in md.
+  MoveKeys(md.rank_id(), md.server_num(), [](int r) { return r; }, std::move(done));
+}
+
+void ServerNode::OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) {
+  pb::SendMetadataMessage md = metadata();
+  std::set<std::string> leaving(msg.leaving_node_ids().begin(), msg.leaving_node_ids().end());
+  std::vector<std::pair<int, std::string>> survivors;  // old rank, node id
+  for (const pb::ServersMeta& s : md.servers_meta()) {
+    if (!leaving.count(s.node_id())) survivors.emplace_back(s.rank_id(), s.node_id());
+  }
+  std::sort(survivors.begin(), survivors.end());
+  // Survivors keep their relative order: new rank = position among the survivors.
+  int new_rank = -1;
+  std::vector<int> old_rank_of(survivors.size());
+  for (size_t i = 0; i < survivors.size(); ++i) {
+    old_rank_of[i] = survivors[i].first;
+    if (survivors[i].second == options_.node_id) new_rank = static_cast<int>(i);
+  }
+  MoveKeys(new_rank, static_cast<int>(survivors.size()),
+           [old_rank_of](int r) { return old_rank_of[r]; }, std::move(done));
+}
+
+void ServerNode::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, std::function<void()> done) {
+  auto work = [this, rank, n, dest_rank, done]() mutable {
+    std::vector<std::pair<uint64_t, std::vector<float>>> entries;
+    {
+      std::unique_lock<std::shared_mutex> lock(view_mu_);
+      view_rank_ = rank;
+      view_n_ = n;
+      entries = store_.ExtractNotOwned(rank, n, /*erase=*/false);
+    }
+    LOG(INFO) << "server " << options_.node_id << " now rank " << rank << " of " << n << "; moving "
+              << entries.size() << " keys";
+    std::weak_ptr<ServerNode*> weak = alive_;
+    loop()->Run([this, weak, entries = std::move(entries), dest_rank, n, done]() mutable {
+      if (!weak.lock()) return;
+      SendEntries(std::move(entries), dest_rank, n, std::move(done));
+    });
+  };
+  // Copying the entries may take a while: keep it off the loop thread when possible.
+  if (executor_) {
+    executor_->Submit(std::move(work));
+  } else {
+    work();
+  }
+}
+
+void ServerNode::SendEntries(std::vector<std::pair<uint64_t, std::vector<float>>> entries,
+                             std::function<int(int)> dest_rank, int n, std::function<void()> done) {
+  // Batches per destination, each at most kMigrateChunkBytes of values.
+  std::map<int, std::vector<BufferPtr>> batches;
+  std::map<int, std::vector<size_t>> pending;  // destination -> entry indices of the open batch
+  auto flush = [&](int dest, std::vector<size_t>& idx) {
+    if (idx.empty()) return;
+    std::vector<uint64_t> keys;
+    std::vector<uint32_t> lens;
+    std::vector<float> values;
+    for (size_t i : idx) {
+      keys.push_back(entries[i].first);
+      lens.push_back(static_cast<uint32_t>(entries[i].second.size()));
+      values.insert(values.end(), entries[i].second.begin(), entries[i].second.end());
+    }
+    batches[dest].push_back(core::EncodeKvPairs(keys.data(), keys.size(), lens.data(), values.data(), values.size()));
+    idx.clear();
+  };
+  std::map<int, size_t> open_bytes;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    int dest = dest_rank(core::ServerForKey(entries[i].first, n));
+    pending[dest].push_back(i);
+    open_bytes[dest] += entries[i].second.size() * sizeof(float);
+    if (open_bytes[dest] >= kMigrateChunkBytes) {
+      flush(dest, pending[dest]);
+      open_bytes[dest] = 0;
+    }
+  }
+  for (auto& [dest, idx] : pending) flush(dest, idx);
+  size_t total = 0;
+  for (auto& [dest, list] : batches) total += list.size();
+  if (total == 0) {
+    done();
+    return;
+  }
+  auto left = std::make_shared<std::atomic<size_t>>(total);
+  auto failed = std::make_shared<std::atomic<bool>>(false);
+  for (auto& [dest, list] : batches) {
+    for (BufferPtr& payload : list) {
+      WithServerConn(dest, [this, payload, left, failed, done, dest](Result<ConnId> c) {
+        auto finish = [left, failed, done, this, dest](const Status& st) {
+          if (!st.ok()) {
+            // The operation cannot complete; the scheduler's scale timeout rolls it back.
+            LOG(ERROR) << "server " << options_.node_id << ": moving keys to rank " << dest << " failed: " << st;
+            failed->store(true);
+          }
+          if (--*left == 0 && !failed->load()) done();
+        };
+        if (!c.ok()) return finish(c.status());
+        pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::SERVER, rank());
+        meta.set_handler(kMigrateHandler);
+        messenger().Call(*c, meta, payload, options_.request_timeout,
+                         [finish](Result<Frame> r) { finish(r.status()); });
+      });
+    }
+  }
+}
+
+}  // namespace pscore::node
