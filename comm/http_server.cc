@@ -431,7 +431,9 @@ Status HttpServer::SendChunk(HttpConnId id, std::shared_ptr<const std::string> d
 void HttpServer::Fail(Conn* c, int status, const std::string& why) {
   ++stats_.bad_requests;
   VLOG(1) << "http: conn " << c->id << " " << status << " " << why;
-  nlohmann::json body = {{"code", status}, {"message", why}, {"data", nullptr}};
+  // Same shape as the node layer's answers: code is a pscore::Code number.
+  Code code = status == 408 ? Code::kTimeout : status == 400 ? Code::kInvalidArgument : Code::kResourceExhausted;
+  nlohmann::json body = {{"code", static_cast<int>(code)}, {"message", why}, {"data", nullptr}};
   std::string text = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::string head = "HTTP/1.1 " + std::to_string(status) + " " + HttpReason(status) +
                      "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(text.size()) +

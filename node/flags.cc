@@ -28,6 +28,7 @@ DEFINE_int32(http_port, -1, "HTTP port of the scheduler (-1: off, 0: a free port
 DEFINE_int32(handler_threads, 2, "Executor threads for server handlers (0: run on the loop thread).");
 DEFINE_bool(auto_finish, true, "Worker/server: join the finish barrier once READY and serve until the job ends.");
 DEFINE_int64(finish_timeout_ms, 24LL * 3600 * 1000, "Deadline of this node's finish barrier.");
+DEFINE_string(http_port_file, "", "Scheduler: write the bound HTTP port to this file (with --http_port >= 0).");
 DEFINE_string(port_file, "", "Write the bound port (scheduler: scheduler port; server: data port) to this file.");
 DEFINE_string(update_rule, "sum", "Server parameter store rule: assign, sum or sgd.");
 DEFINE_double(learning_rate, 0.1, "Learning rate of the sgd update rule.");
@@ -168,6 +169,7 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   cl.auto_finish = FLAGS_auto_finish;
   cl.finish_timeout_ms = FLAGS_finish_timeout_ms;
   cl.port_file = FLAGS_port_file;
+  cl.http_port_file = FLAGS_http_port_file;
   cl.update_rule = FLAGS_update_rule;
   cl.learning_rate = static_cast<float>(FLAGS_learning_rate);
   if (FLAGS_steps < 0 || FLAGS_samples < 1 || FLAGS_dim < 1 || FLAGS_keys < 1 || FLAGS_keys > FLAGS_dim) {

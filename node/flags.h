@@ -37,6 +37,7 @@ struct CommandLine {
   bool auto_finish = true;
   int64_t finish_timeout_ms = 0;
   std::string port_file;
+  std::string http_port_file;  // scheduler: where to write the bound HTTP port
   std::string update_rule;
   float learning_rate = 0.1f;
   TrainOptions train;

@@ -9,6 +9,8 @@
 #include <gflags/gflags.h>
 
 #include "node/flags.h"
+#include "node/ranktable_hub.h"
+#include "node/scheduler_http.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
 #include "node/worker_node.h"
@@ -40,10 +42,30 @@ int RunScheduler(const node::CommandLine& cl) {
     return 1;
   }
   WritePortFile(cl.port_file, sched.port());
+  // The rank-table hub always runs (native subscribers); HTTP only with --http_port >= 0.
+  node::RankTableHub hub(&sched);
+  node::SchedulerHttp http(&sched, &hub);
+  st = hub.Start();
+  if (st.ok() && cl.scheduler.http_port >= 0) {
+    Result<int> port = http.Start(cl.scheduler.http_host, cl.scheduler.http_port);
+    st = port.status();
+    if (st.ok()) {
+      std::cout << "pscore-node: HTTP on " << cl.scheduler.http_host << ":" << *port << std::endl;
+      WritePortFile(cl.http_port_file, *port);
+    }
+  }
+  if (!st.ok()) {
+    LOG(ERROR) << "scheduler HTTP/rank table failed to start: " << st;
+    std::cerr << "pscore-node: " << st << std::endl;
+    sched.Stop();
+    return 1;
+  }
   while (g_signal == 0 && !sched.WaitForExit(100ms).ok()) {
   }
   if (g_signal != 0) LOG(INFO) << "scheduler: signal " << g_signal << ", stopping";
   std::this_thread::sleep_for(200ms);  // Let the last answers and TERMINATE reach the nodes.
+  http.Stop();
+  hub.Stop();
   sched.Stop();
   return g_signal != 0 ? 1 : 0;
 }

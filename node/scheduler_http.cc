@@ -1,0 +1,291 @@
+#include "node/scheduler_http.h"
+
+#include <future>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "node/wire.h"
+
+namespace pscore::node {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kJson = "application/json";
+const std::set<std::string> kAdminOps = {"scale_out", "scale_in", "new_instance", "enable", "disable", "stop"};
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json ToJson(const google::protobuf::Message& msg) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  o.always_print_enums_as_ints = false;
+  std::string text;
+  if (!google::protobuf::util::MessageToJsonString(msg, &text, o).ok()) return json::object();
+  return json::parse(text, nullptr, false);
+}
+
+// Reads the admin body: {"worker_num":int,"server_num":int,"node_ids":[string]}, all optional.
+Status ParseAdminBody(const std::string& body, const std::string& op, pb::AdminRequest* req) {
+  req->set_op(op);
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos) return Status::Ok();
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded()) return Status(Code::kInvalidArgument, "request body is not valid JSON");
+  if (!j.is_object()) return Status(Code::kInvalidArgument, "request body must be a JSON object");
+  for (auto& [key, value] : j.items()) {
+    if (key == "worker_num" || key == "server_num") {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > 1000000) {
+        return Status(Code::kInvalidArgument, key + " must be an integer in [0, 1000000]");
+      }
+      int v = value.get<int>();
+      key == "worker_num" ? req->set_worker_num(v) : req->set_server_num(v);
+    } else if (key == "node_ids") {
+      if (!value.is_array()) return Status(Code::kInvalidArgument, "node_ids must be an array of strings");
+      for (auto& id : value) {
+        if (!id.is_string()) return Status(Code::kInvalidArgument, "node_ids must be an array of strings");
+        req->add_node_ids(id.get<std::string>());
+      }
+    } else {
+      return Status(Code::kInvalidArgument, "unknown field '" + key + "'");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int HttpStatusOf(Code code) {
+  switch (code) {
+    case Code::kOk: return 200;
+    case Code::kInvalidArgument:
+    case Code::kProtocol: return 400;
+    case Code::kPermissionDenied: return 403;
+    case Code::kNotFound: return 404;
+    case Code::kAlreadyExists:
+    case Code::kFailedPrecondition:
+    case Code::kAborted: return 409;
+    case Code::kResourceExhausted: return 429;
+    case Code::kUnimplemented: return 501;
+    case Code::kUnavailable:
+    case Code::kCancelled: return 503;
+    case Code::kTimeout: return 504;
+    default: return 500;
+  }
+}
+
+SchedulerHttp::SchedulerHttp(SchedulerNode* sched, RankTableHub* hub, comm::HttpServerOptions options)
+    : sched_(sched), hub_(hub), options_(options) {}
+
+SchedulerHttp::~SchedulerHttp() { Stop(); }
+
+Result<int> SchedulerHttp::Start(const std::string& host, int port) {
+  if (server_) return Status(Code::kFailedPrecondition, "http already started");
+  std::promise<Result<int>> done;
+  sched_->loop()->Run([&] {
+    server_ = std::make_unique<comm::HttpServer>(
+        sched_->loop(), options_, [this](comm::HttpConnId id, comm::HttpRequest&& req) { OnRequest(id, std::move(req)); });
+    std::weak_ptr<bool> alive = alive_;
+    sched_->AddEventListener([this, alive](const core::Event& e) {
+      if (alive.expired()) return;
+      if (e.kind == core::Event::Kind::kScaleDone) ++scale_results_["done"];
+      if (e.kind == core::Event::Kind::kRollback) ++scale_results_["rolled_back"];
+    });
+    done.set_value(server_->Listen(host, port));
+  });
+  Result<int> r = done.get_future().get();
+  if (r.ok()) port_ = *r;
+  return r;
+}
+
+void SchedulerHttp::Stop() {
+  if (stopped_ || !server_) return;
+  stopped_ = true;
+  auto shutdown = [this] {
+    server_->Shutdown();  // its close watchers take the streams off the hub first
+    alive_.reset();
+  };
+  if (!sched_->loop()->running() || sched_->loop()->InLoopThread()) {
+    shutdown();
+    return;
+  }
+  std::promise<void> done;
+  sched_->loop()->Post([&] {
+    shutdown();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+void SchedulerHttp::Reply(comm::HttpConnId id, const Status& st, json data) {
+  int status = HttpStatusOf(st.code());
+  ++responses_[status];
+  json body = {{"code", static_cast<int>(st.code())},
+               {"message", st.ok() ? "ok" : st.ToString()},
+               {"data", std::move(data)}};
+  server_->Respond(id, status, kJson, Dump(body)).IgnoreError();
+}
+
+void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
+  const std::string& p = req.path;
+  const bool get = req.method == "GET";
+  const bool post = req.method == "POST";
+  auto wrong_method = [&](const char* allowed) {
+    ++responses_[405];
+    json body = {{"code", static_cast<int>(Code::kInvalidArgument)},
+                 {"message", req.method + " not allowed on " + p + "; use " + allowed},
+                 {"data", nullptr}};
+    server_->Respond(id, 405, kJson, Dump(body)).IgnoreError();
+  };
+  if (p == "/v1/ranktable") return get ? ServeRankTable(id, req) : wrong_method("GET");
+  if (p == "/v1/ranktable/stream") return get ? ServeStream(id, req) : wrong_method("GET");
+  if (p == "/metrics") return get ? ServeMetrics(id) : wrong_method("GET");
+  if (p == "/v1/cluster" || p == "/v1/nodes") {
+    if (!get) return wrong_method("GET");
+    pb::AdminRequest areq;
+    areq.set_op(p == "/v1/nodes" ? "nodes" : "status");
+    return sched_->Admin(areq, [this, id](Status st, pb::AdminResponse resp) { Reply(id, st, ToJson(resp)); });
+  }
+  if (p.rfind("/v1/", 0) == 0 && kAdminOps.count(p.substr(4)) != 0) {
+    return post ? ServeAdmin(id, p.substr(4), req) : wrong_method("POST");
+  }
+  Reply(id, Status(Code::kNotFound, "no such endpoint: " + p), nullptr);
+}
+
+void SchedulerHttp::ServeRankTable(comm::HttpConnId id, const comm::HttpRequest& req) {
+  auto job = req.query.find("jobId");
+  Status st = hub_->CheckJob(job == req.query.end() ? "" : job->second);
+  if (!st.ok()) return Reply(id, st, nullptr);
+  std::shared_ptr<const RankTableSnapshot> snap = hub_->current();
+  if (!snap) return Reply(id, Status(Code::kUnavailable, "rank table not built yet"), nullptr);
+  Reply(id, Status::Ok(), json{{"jobId", snap->job_id}, {"version", snap->version},
+                               {"rankTable", json::parse(snap->table, nullptr, false)}});
+}
+
+void SchedulerHttp::ServeStream(comm::HttpConnId id, const comm::HttpRequest& req) {
+  auto job = req.query.find("jobId");
+  Status st = hub_->CheckJob(job == req.query.end() ? "" : job->second);
+  if (!st.ok()) return Reply(id, st, nullptr);
+  auto role = req.query.find("role");
+  ++responses_[200];
+  if (!server_->StartStream(id, 200, "application/x-ndjson").ok()) return;
+  comm::HttpServer* server = server_.get();
+  RankTableHub::Sink sink;
+  sink.label = "http conn " + std::to_string(id);
+  sink.role = role == req.query.end() ? "" : role->second;
+  sink.queued_bytes = [server, id] { return server->QueuedBytes(id); };
+  sink.send = [server, id](const RankTableSnapshot& snap) { return server->SendChunk(id, snap.line); };
+  sink.drop = [server, id](const Status&) { server->Close(id); };
+  uint64_t sub = hub_->AddSubscriber(std::move(sink));
+  ++http_subscribers_;
+  std::weak_ptr<bool> alive = alive_;
+  server_->WatchClose(id, [this, alive, sub] {
+    if (alive.expired()) return;
+    hub_->RemoveSubscriber(sub);
+    --http_subscribers_;
+  });
+}
+
+void SchedulerHttp::CountScale(const std::string& op, const Status& st) {
+  ++scale_ops_[{op, st.ok() ? "accepted" : "refused"}];
+}
+
+void SchedulerHttp::ServeAdmin(comm::HttpConnId id, const std::string& op, const comm::HttpRequest& req) {
+  pb::AdminRequest areq;
+  Status st = ParseAdminBody(req.body, op, &areq);
+  if (!st.ok()) {
+    CountScale(op, st);
+    return Reply(id, st, nullptr);
+  }
+  sched_->Admin(areq, [this, id, op](Status s, pb::AdminResponse resp) {
+    CountScale(op, s);
+    Reply(id, s, ToJson(resp));
+  });
+}
+
+// Prometheus text format 0.0.4: a HELP and TYPE line per family, then its samples.
+void SchedulerHttp::ServeMetrics(comm::HttpConnId id) {
+  std::string out;
+  auto family = [&out](const std::string& name, const char* type, const char* help) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  auto sample = [&out](const std::string& name, const std::string& labels, uint64_t value) {
+    out += name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(value) + "\n";
+  };
+  const core::ClusterManager& cluster = sched_->cluster();
+  family("pscore_cluster_state", "gauge", "1 for the cluster's current state, 0 for the others.");
+  const google::protobuf::EnumDescriptor* states = pb::ClusterState_descriptor();
+  for (int i = 0; i < states->value_count(); ++i) {
+    const auto* v = states->value(i);
+    sample("pscore_cluster_state", "state=\"" + v->name() + "\"", v->number() == cluster.state() ? 1 : 0);
+  }
+  family("pscore_membership_version", "gauge", "Membership epoch (bumped at every published topology).");
+  sample("pscore_membership_version", "", cluster.epoch());
+  family("pscore_nodes", "gauge", "Registered nodes by role and state.");
+  std::map<std::pair<std::string, std::string>, uint64_t> nodes;
+  for (const char* role : {"server", "worker"}) {
+    for (const char* state : {"NODE_STARTING", "NODE_READY", "NODE_TIMED_OUT"}) nodes[{role, state}] = 0;
+  }
+  for (const core::NodeRecord* rec : cluster.Nodes()) {
+    ++nodes[{RoleLabel(rec->role), pb::NodeState_Name(rec->state)}];
+  }
+  for (auto& [key, n] : nodes) sample("pscore_nodes", "role=\"" + key.first + "\",state=\"" + key.second + "\"", n);
+  family("pscore_nodes_expected", "gauge", "Target number of nodes by role.");
+  sample("pscore_nodes_expected", "role=\"server\"", cluster.server_num());
+  sample("pscore_nodes_expected", "role=\"worker\"", cluster.worker_num());
+  family("pscore_heartbeats_received_total", "counter", "Heartbeats received by the scheduler.");
+  sample("pscore_heartbeats_received_total", "", sched_->heartbeats());
+  const comm::TransportStats& t = sched_->transport_stats();
+  family("pscore_messages_total", "counter", "Native protocol frames by direction.");
+  sample("pscore_messages_total", "direction=\"in\"", t.frames_in);
+  sample("pscore_messages_total", "direction=\"out\"", t.frames_out);
+  family("pscore_bytes_total", "counter", "Native protocol bytes by direction.");
+  sample("pscore_bytes_total", "direction=\"in\"", t.bytes_in);
+  sample("pscore_bytes_total", "direction=\"out\"", t.bytes_out);
+  family("pscore_protocol_errors_total", "counter", "Native connections closed for bad input.");
+  sample("pscore_protocol_errors_total", "", t.protocol_errors);
+  family("pscore_connections", "gauge", "Open connections by protocol.");
+  sample("pscore_connections", "protocol=\"native\"", sched_->messenger().transport().num_connections());
+  sample("pscore_connections", "protocol=\"http\"", server_->num_connections());
+  family("pscore_connections_opened_total", "counter", "Connections opened by protocol.");
+  sample("pscore_connections_opened_total", "protocol=\"native\"", t.connections_opened);
+  sample("pscore_connections_opened_total", "protocol=\"http\"", server_->stats().connections_accepted);
+  const comm::HttpServerStats& hs = server_->stats();
+  family("pscore_http_requests_total", "counter", "HTTP requests parsed.");
+  sample("pscore_http_requests_total", "", hs.requests);
+  family("pscore_http_bad_requests_total", "counter", "HTTP requests refused before routing (parse, size, time).");
+  sample("pscore_http_bad_requests_total", "", hs.bad_requests);
+  family("pscore_http_responses_total", "counter", "HTTP responses by status code.");
+  for (auto& [code, n] : responses_) sample("pscore_http_responses_total", "code=\"" + std::to_string(code) + "\"", n);
+  family("pscore_http_bytes_total", "counter", "HTTP bytes by direction.");
+  sample("pscore_http_bytes_total", "direction=\"in\"", hs.bytes_in);
+  sample("pscore_http_bytes_total", "direction=\"out\"", hs.bytes_out);
+  const RankTableHubStats& rs = hub_->stats();
+  family("pscore_ranktable_subscribers", "gauge", "Rank-table subscribers by protocol.");
+  sample("pscore_ranktable_subscribers", "protocol=\"native\"", hub_->num_subscribers() - http_subscribers_);
+  sample("pscore_ranktable_subscribers", "protocol=\"http\"", http_subscribers_);
+  family("pscore_ranktable_version", "gauge", "Version of the current rank table.");
+  sample("pscore_ranktable_version", "", rs.versions);
+  family("pscore_ranktable_messages_total", "counter", "Rank-table messages sent to subscribers.");
+  sample("pscore_ranktable_messages_total", "", rs.sent);
+  family("pscore_ranktable_coalesced_total", "counter", "Tables replaced by a newer one before a slow subscriber got them.");
+  sample("pscore_ranktable_coalesced_total", "", rs.coalesced);
+  family("pscore_ranktable_dropped_total", "counter", "Subscribers dropped for not reading.");
+  sample("pscore_ranktable_dropped_total", "", rs.dropped);
+  family("pscore_scale_operations_total", "counter", "Admin operations over HTTP by operation and outcome.");
+  for (const std::string& op : kAdminOps) {
+    for (const char* outcome : {"accepted", "refused"}) {
+      auto it = scale_ops_.find({op, outcome});
+      sample("pscore_scale_operations_total", "op=\"" + op + "\",outcome=\"" + outcome + "\"",
+             it == scale_ops_.end() ? 0 : it->second);
+    }
+  }
+  family("pscore_scale_results_total", "counter", "Scale operations that ended, by result.");
+  sample("pscore_scale_results_total", "result=\"done\"", scale_results_["done"]);
+  sample("pscore_scale_results_total", "result=\"rolled_back\"", scale_results_["rolled_back"]);
+  ++responses_[200];
+  server_->Respond(id, 200, "text/plain; version=0.0.4", std::move(out)).IgnoreError();
+}
+
+}  // namespace pscore::node
