@@ -2,6 +2,8 @@
 
 #include <uv.h>
 
+#include <algorithm>
+
 #include "comm/event_loop.h"
 #include "comm/transport.h"
 #include "comm/uv_status.h"
@@ -174,9 +176,31 @@ void Connection::Flush() {
     const BufferPtr& p = batch->payloads[i];
     if (p) bufs.push_back(uv_buf_init(const_cast<char*>(p->data()), static_cast<unsigned>(p->size())));
   }
+  // Write what the socket takes at once; queue only the rest. On an idle socket this
+  // saves the write request, its deferred callback and an epoll_ctl per flush.
+  auto* stream = reinterpret_cast<uv_stream_t*>(tcp_);
+  int n = uv_try_write(stream, bufs.data(), static_cast<unsigned>(bufs.size()));
+  if (n < 0 && n != UV_EAGAIN) {
+    queued_bytes_ -= batch->bytes;
+    Close(UvStatus(n, "write"));
+    return;
+  }
+  size_t first = 0;
+  for (size_t left = n > 0 ? static_cast<size_t>(n) : 0; left > 0;) {
+    size_t take = std::min<size_t>(left, bufs[first].len);
+    bufs[first].base += take;
+    bufs[first].len -= take;
+    left -= take;
+    if (bufs[first].len == 0) ++first;
+  }
+  while (first < bufs.size() && bufs[first].len == 0) ++first;
+  if (first == bufs.size()) {
+    queued_bytes_ -= batch->bytes;  // All written; payload references drop with the batch.
+    return;
+  }
   batch->req.data = batch.get();
-  int rc = uv_write(&batch->req, reinterpret_cast<uv_stream_t*>(tcp_), bufs.data(),
-                    static_cast<unsigned>(bufs.size()), &ConnectionCallbacks::OnWriteDone);
+  int rc = uv_write(&batch->req, stream, bufs.data() + first,
+                    static_cast<unsigned>(bufs.size() - first), &ConnectionCallbacks::OnWriteDone);
   if (rc < 0) {
     queued_bytes_ -= batch->bytes;
     Close(UvStatus(rc, "uv_write"));

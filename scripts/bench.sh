@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Benchmark dispatcher: scripts/bench.sh <name> [args passed to the benchmark binary]
+# Builds in build-bench (Release) when needed, then runs the named benchmark.
+# Figures are printed one per line as `name value unit`; see docs/benchmarks.md.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${PSCORE_BENCH_BUILD:-$ROOT/build-bench}"
+JOBS="${PSCORE_BENCH_JOBS:-1}"
+
+usage() {
+  echo "usage: $0 {transport|control|dataplane|coord|ranktable|scale} [args...]" >&2
+  exit 1
+}
+
+# Configures build-bench in Release (once) and builds one target.
+build() {
+  local target="$1"
+  if [[ ! -f "$BUILD/build.ninja" ]]; then
+    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  fi
+  ninja -C "$BUILD" -j"$JOBS" "$target" >&2
+}
+
+not_yet() {
+  echo "benchmark '$1': not yet implemented" >&2
+  exit 2
+}
+
+[[ $# -ge 1 ]] || usage
+name="$1"
+shift
+
+case "$name" in
+  transport)
+    build transport_bench
+    exec "$BUILD/transport_bench" "$@"
+    ;;
+  # ---- Placeholders: add a *_bench.cc under tests/bench/ and wire it here. ----
+  control)   not_yet control ;;    # control-plane (register/heartbeat) rates
+  dataplane) not_yet dataplane ;;  # push/pull throughput between workers and servers
+  coord)     not_yet coord ;;      # KV store and barrier latency
+  ranktable) not_yet ranktable ;;  # rank table build and subscription fan-out
+  scale)     not_yet scale ;;      # scale-out/scale-in time
+  *) usage ;;
+esac

@@ -1,0 +1,339 @@
+// Transport benchmark on loopback: one-way throughput per payload size and 64 B request/
+// response rates through pscore's Transport/Messenger, each beside a plain blocking-socket
+// baseline measured in the same run. Prints one line per figure: `name value unit`.
+// Run through scripts/bench.sh transport (Release build).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <glog/logging.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/event_loop.h"
+#include "comm/messenger.h"
+#include "comm/transport.h"
+
+namespace pscore::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+void Print(const std::string& name, double value, const char* unit) {
+  std::printf("%-34s %12.2f %s\n", name.c_str(), value, unit);
+  std::fflush(stdout);
+}
+
+std::string SizeName(size_t size) {
+  if (size >= (1u << 20)) return std::to_string(size >> 20) + "MiB";
+  if (size >= (1u << 10)) return std::to_string(size >> 10) + "KiB";
+  return std::to_string(size) + "B";
+}
+
+// Messages sent for a payload size: 1 GiB in total, at most 1M messages.
+uint64_t MessageCount(size_t size) {
+  return std::min<uint64_t>((1ull << 30) / size, 1000000);
+}
+
+template <typename T>
+T Wait(std::future<T>& f) {
+  CHECK(f.wait_for(std::chrono::minutes(5)) == std::future_status::ready) << "benchmark stuck";
+  return f.get();
+}
+
+template <typename F>
+auto OnLoop(EventLoop& loop, F fn) -> decltype(fn()) {
+  using R = decltype(fn());
+  auto p = std::make_shared<std::promise<R>>();
+  auto f = p->get_future();
+  loop.Post([p, fn]() mutable {
+    if constexpr (std::is_void_v<R>) {
+      fn();
+      p->set_value();
+    } else {
+      p->set_value(fn());
+    }
+  });
+  return Wait(f);
+}
+
+// ---- pscore one-way throughput ----
+
+// Receiver: counts payload bytes and acknowledges every quarter window so the sender
+// keeps at most `window` bytes in flight.
+double PscoreThroughput(size_t size) {
+  const uint64_t count = MessageCount(size);
+  const uint64_t window = std::max<uint64_t>(2ull << 20, 4 * size);
+  EventLoop rloop("recv"), sloop("send");
+  std::promise<Clock::time_point> finished;
+  uint64_t got_msgs = 0, got_bytes = 0, acked_bytes = 0;  // receiver loop only
+  std::unique_ptr<Transport> receiver;
+  Transport::Handlers rh;
+  rh.on_frame = [&](ConnId c, Frame&& f) {
+    ++got_msgs;
+    got_bytes += f.payload ? f.payload->size() : 0;
+    if (got_bytes - acked_bytes >= window / 4 || got_msgs == count) {
+      acked_bytes = got_bytes;
+      pb::MessageMeta ack;
+      ack.set_request_id(got_bytes);
+      receiver->Send(c, ack, nullptr).IgnoreError();
+    }
+    if (got_msgs == count) finished.set_value(Clock::now());
+  };
+  receiver = std::make_unique<Transport>(&rloop, TransportOptions(), std::move(rh));
+
+  // Sender state, sender loop only.
+  std::unique_ptr<Transport> sender;
+  ConnId conn = kNoConn;
+  BufferPtr payload = Buffer::Allocate(size);
+  std::memset(payload->data(), 'p', size);
+  uint64_t sent = 0, sent_bytes = 0, peer_acked = 0;
+  pb::MessageMeta meta;
+  meta.set_cmd(pb::SEND_DATA);
+  auto pump = [&] {
+    while (sent < count && sent_bytes - peer_acked < window) {
+      meta.set_request_id(sent);
+      sender->Send(conn, meta, payload).IgnoreError();
+      ++sent;
+      sent_bytes += size;
+    }
+  };
+  Transport::Handlers sh;
+  sh.on_frame = [&](ConnId, Frame&& f) {
+    peer_acked = f.meta.request_id();
+    pump();
+  };
+  sender = std::make_unique<Transport>(&sloop, TransportOptions(), std::move(sh));
+  CHECK(rloop.Start().ok());
+  CHECK(sloop.Start().ok());
+  int port = *OnLoop(rloop, [&] { return receiver->Listen("127.0.0.1", 0); });
+  std::promise<Result<ConnId>> connected;
+  sloop.Post([&] {
+    sender->Connect("127.0.0.1", port, ConnectOptions(),
+                    [&](Result<ConnId> r) { connected.set_value(std::move(r)); });
+  });
+  auto cf = connected.get_future();
+  conn = *Wait(cf);
+  Clock::time_point start = Clock::now();
+  sloop.Post(pump);
+  auto ff = finished.get_future();
+  Clock::time_point end = Wait(ff);
+  CHECK(sloop.Stop().ok());
+  CHECK(rloop.Stop().ok());
+  return static_cast<double>(count * size) / Seconds(end - start) / 1e6;
+}
+
+// ---- blocking-socket baseline ----
+
+struct SocketPair {
+  int client = -1;
+  int server = -1;
+};
+
+SocketPair ConnectedPair() {
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  CHECK_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  CHECK_EQ(::listen(lfd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+  SocketPair p;
+  p.client = ::socket(AF_INET, SOCK_STREAM, 0);
+  CHECK_EQ(::connect(p.client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  p.server = ::accept(lfd, nullptr, nullptr);
+  ::close(lfd);
+  int one = 1;
+  ::setsockopt(p.client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(p.server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return p;
+}
+
+void WriteAll(int fd, iovec* iov, int n) {
+  while (n > 0) {
+    ssize_t w = ::writev(fd, iov, n);
+    CHECK_GT(w, 0);
+    size_t left = static_cast<size_t>(w);
+    while (n > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --n;
+    }
+    if (n > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+}
+
+void ReadAll(int fd, char* out, size_t n) {
+  while (n > 0) {
+    ssize_t r = ::read(fd, out, n);
+    CHECK_GT(r, 0);
+    out += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+void SendMessage(int fd, const char* data, uint64_t size) {
+  iovec iov[2] = {{&size, sizeof(size)}, {const_cast<char*>(data), size}};
+  WriteAll(fd, iov, 2);
+}
+
+uint64_t RecvMessage(int fd, std::vector<char>* buf) {
+  uint64_t size = 0;
+  ReadAll(fd, reinterpret_cast<char*>(&size), sizeof(size));
+  if (buf->size() < size) buf->resize(size);
+  ReadAll(fd, buf->data(), size);
+  return size;
+}
+
+double BaselineThroughput(size_t size) {
+  const uint64_t count = MessageCount(size);
+  SocketPair p = ConnectedPair();
+  std::vector<char> payload(size, 'p');
+  Clock::time_point start = Clock::now();
+  std::thread sender([&] {
+    for (uint64_t i = 0; i < count; ++i) SendMessage(p.client, payload.data(), size);
+  });
+  std::vector<char> buf;
+  uint64_t bytes = 0;
+  for (uint64_t i = 0; i < count; ++i) bytes += RecvMessage(p.server, &buf);
+  Clock::time_point end = Clock::now();
+  sender.join();
+  ::close(p.client);
+  ::close(p.server);
+  return static_cast<double>(bytes) / Seconds(end - start) / 1e6;
+}
+
+// ---- request/response ----
+
+// Rate of 64 B echo round trips through Messenger with `depth` requests in flight.
+double PscoreRoundTrips(uint64_t total, int depth) {
+  EventLoop sloop("echo-server"), cloop("echo-client");
+  std::unique_ptr<Messenger> server;
+  Messenger::Handlers sh;
+  sh.on_request = [&](ConnId c, Frame&& f) {
+    server->Reply(c, f.meta, Status::Ok(), std::move(f.payload)).IgnoreError();
+  };
+  server = std::make_unique<Messenger>(&sloop, TransportOptions(), std::move(sh));
+  auto client = std::make_unique<Messenger>(&cloop, TransportOptions(), Messenger::Handlers());
+  CHECK(sloop.Start().ok());
+  CHECK(cloop.Start().ok());
+  int port = *OnLoop(sloop, [&] { return server->transport().Listen("127.0.0.1", 0); });
+  std::promise<Result<ConnId>> connected;
+  cloop.Post([&] {
+    client->transport().Connect("127.0.0.1", port, ConnectOptions(),
+                                [&](Result<ConnId> r) { connected.set_value(std::move(r)); });
+  });
+  auto cf = connected.get_future();
+  ConnId conn = *Wait(cf);
+
+  BufferPtr payload = Buffer::Allocate(64);
+  std::memset(payload->data(), 'r', 64);
+  uint64_t issued = 0, answered = 0;  // client loop only
+  std::promise<Clock::time_point> finished;
+  std::function<void()> issue = [&] {
+    ++issued;
+    pb::MessageMeta meta;
+    meta.set_cmd(pb::SEND_DATA);
+    client->Call(conn, meta, payload, std::chrono::seconds(30), [&](Result<Frame> r) {
+      CHECK(r.ok()) << r.status();
+      if (++answered == total) finished.set_value(Clock::now());
+      if (issued < total) issue();
+    });
+  };
+  Clock::time_point start = Clock::now();
+  cloop.Post([&] {
+    for (int i = 0; i < depth && issued < total; ++i) issue();
+  });
+  auto ff = finished.get_future();
+  Clock::time_point end = Wait(ff);
+  CHECK(cloop.Stop().ok());
+  CHECK(sloop.Stop().ok());
+  client.reset();
+  server.reset();
+  return static_cast<double>(total) / Seconds(end - start);
+}
+
+double BaselineRoundTrips(uint64_t total) {
+  SocketPair p = ConnectedPair();
+  std::thread echo([&] {
+    std::vector<char> buf;
+    for (uint64_t i = 0; i < total; ++i) {
+      uint64_t n = RecvMessage(p.server, &buf);
+      SendMessage(p.server, buf.data(), n);
+    }
+  });
+  std::vector<char> payload(64, 'r'), buf;
+  Clock::time_point start = Clock::now();
+  for (uint64_t i = 0; i < total; ++i) {
+    SendMessage(p.client, payload.data(), payload.size());
+    CHECK_EQ(RecvMessage(p.client, &buf), payload.size());
+  }
+  Clock::time_point end = Clock::now();
+  echo.join();
+  ::close(p.client);
+  ::close(p.server);
+  return static_cast<double>(total) / Seconds(end - start);
+}
+
+// Best of kReps runs, pscore and baseline interleaved, so a burst of load from other
+// processes on the machine does not decide a ratio.
+constexpr int kReps = 3;
+
+// only: "" runs everything, "oneway" or "rtt" one group (handy under a profiler).
+int Main(const std::string& only) {
+  const size_t sizes[] = {64, 4 << 10, 64 << 10, 1 << 20, 16 << 20};
+  std::printf("# pscore transport benchmark (loopback; MB = 1e6 bytes; best of %d)\n", kReps);
+  for (size_t size : sizes) {
+    if (!only.empty() && only != "oneway") break;
+    std::string n = SizeName(size);
+    double base = 0, ps = 0;
+    for (int i = 0; i < kReps; ++i) {
+      base = std::max(base, BaselineThroughput(size));
+      ps = std::max(ps, PscoreThroughput(size));
+    }
+    Print("oneway_" + n + "_baseline", base, "MB/s");
+    Print("oneway_" + n + "_pscore", ps, "MB/s");
+    Print("oneway_" + n + "_ratio", ps / base, "x");
+  }
+  if (!only.empty() && only != "rtt") return 0;
+  const uint64_t kRoundTrips = 50000;
+  double base_rtt = 0, ps_rtt = 0, ps_rtt64 = 0;
+  for (int i = 0; i < kReps; ++i) {
+    base_rtt = std::max(base_rtt, BaselineRoundTrips(kRoundTrips));
+    ps_rtt = std::max(ps_rtt, PscoreRoundTrips(kRoundTrips, 1));
+    ps_rtt64 = std::max(ps_rtt64, PscoreRoundTrips(4 * kRoundTrips, 64));
+  }
+  Print("rtt_64B_depth1_baseline", base_rtt, "req/s");
+  Print("rtt_64B_depth1_pscore", ps_rtt, "req/s");
+  Print("rtt_64B_depth1_ratio", ps_rtt / base_rtt, "x");
+  Print("rtt_64B_depth64_pscore", ps_rtt64, "req/s");
+  Print("rtt_64B_depth64_vs_depth1_baseline", ps_rtt64 / base_rtt, "x");
+  return 0;
+}
+
+}  // namespace
+}  // namespace pscore::comm
+
+int main(int argc, char** argv) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = 1;
+  return pscore::comm::Main(argc > 1 ? argv[1] : "");
+}
