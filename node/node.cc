@@ -262,16 +262,19 @@ void Node::ApplyMetadata(const pb::SendMetadataMessage& md) {
   for (const pb::ServersMeta& s : md.servers_meta()) {
     addrs[s.rank_id()] = s.ip() + ":" + std::to_string(s.port());
   }
-  // Links to servers whose rank now names another address are stale.
+  // Links to servers whose rank now names another address are stale. Closing runs close
+  // watchers that edit server_conn_, so collect first.
+  std::vector<ConnId> stale;
   for (auto it = server_conn_.begin(); it != server_conn_.end();) {
     auto a = addrs.find(it->first);
     if (a == addrs.end() || a->second != server_addr_[it->first]) {
-      messenger_->transport().Close(it->second, Status(Code::kCancelled, "server moved"));
+      stale.push_back(it->second);
       it = server_conn_.erase(it);
     } else {
       ++it;
     }
   }
+  for (ConnId c : stale) messenger_->transport().Close(c, Status(Code::kCancelled, "server moved"));
   server_addr_ = std::move(addrs);
   PublishSnapshot();
   if (callbacks_.on_metadata) callbacks_.on_metadata(md);

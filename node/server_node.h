@@ -68,6 +68,7 @@ class ServerNode : public Node {
   void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame) override;
   void StopRole() override;
   void OnMetadataApplied() override;
+  void OnStateApplied(pb::ClusterState state) override;
   void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) override;
   void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) override;
 
@@ -77,6 +78,8 @@ class ServerNode : public Node {
   void HandlePull(const DataRequest& req, Responder r);
   void HandleCollective(comm::ConnId conn, comm::Frame&& frame);
   void HandleMigrate(const DataRequest& req, Responder r);
+  // Outside a scale operation, serve the key range of the current metadata.
+  void RefreshView();
   // Which keys this server serves: those with ServerForKey(key, view_n_) == view_rank_.
   Status CheckOwned(const uint64_t* keys, size_t n) const;  // view_mu_ held (shared)
   // Switches the view to (rank, n) and ships the entries it no longer owns to

@@ -52,22 +52,30 @@ void ServerNode::HandleMigrate(const DataRequest& req, Responder r) {
   r.Reply(nullptr);
 }
 
-void ServerNode::OnMetadataApplied() {
+void ServerNode::OnMetadataApplied() { RefreshView(); }
+
+void ServerNode::OnStateApplied(pb::ClusterState) { RefreshView(); }
+
+void ServerNode::RefreshView() {
   pb::SendMetadataMessage md = metadata();
-  pb::ClusterState s = md.cluster_state();
+  pb::ClusterState s = cluster_state();
   if (s == pb::CLUSTER_SCALE_OUT || s == pb::CLUSTER_SCALE_IN || s == pb::ClUSTER_STARTING) return;
   int rank = md.rank_id();
   int n = md.server_num();
+  bool changed;
   {
     std::unique_lock<std::shared_mutex> lock(view_mu_);
-    if (view_rank_ == rank && view_n_ == n) return;
+    changed = view_rank_ != rank || view_n_ != n;
     view_rank_ = rank;
     view_n_ = n;
   }
-  // READY under a (possibly new) view: entries moved away are no longer needed here.
+  // Stable under this view: entries moved away (or copied here by a rolled-back
+  // operation) are no longer needed here.
   size_t dropped = store_.ExtractNotOwned(rank, n, /*erase=*/true).size();
-  LOG(INFO) << "server " << options_.node_id << " serves key range " << rank << "/" << n
-            << (dropped ? " (dropped " + std::to_string(dropped) + " moved keys)" : "");
+  if (changed || dropped > 0) {
+    LOG(INFO) << "server " << options_.node_id << " serves key range " << rank << "/" << n
+              << (dropped ? " (dropped " + std::to_string(dropped) + " keys owned elsewhere)" : "");
+  }
 }
 
 void ServerNode::OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) {
