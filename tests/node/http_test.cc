@@ -1,0 +1,463 @@
+// The scheduler's HTTP surface: endpoints, bad input, the chunked rank-table stream
+// (stalled and many subscribers), a real curl following the stream, Prometheus grammar.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "node/ranktable_hub.h"
+#include "node/scheduler_http.h"
+#include "node/scheduler_node.h"
+#include "node/server_node.h"
+#include "node/worker_node.h"
+
+#include "node/ranktable_fixture.h"  // last: pulls in Catch
+
+namespace pscore::node {
+namespace {
+
+using namespace testing;
+using comm::testing::RawSocket;
+
+// Scheduler + hub + HTTP endpoint, all on the scheduler's loop.
+struct Stack {
+  explicit Stack(SchedulerOptions o, comm::HttpServerOptions ho = {}, RankTableHubOptions hub_opts = {})
+      : sched(o), hub(&sched, hub_opts), http(&sched, &hub, ho) {
+    REQUIRE(sched.Start().ok());
+    REQUIRE(hub.Start().ok());
+    Result<int> p = http.Start("127.0.0.1", 0);
+    REQUIRE(p.ok());
+    port = *p;
+  }
+  ~Stack() {
+    http.Stop();
+    hub.Stop();
+    sched.Stop();
+  }
+  SchedulerNode sched;
+  RankTableHub hub;
+  SchedulerHttp http;
+  int port = 0;
+};
+
+struct HttpAnswer {
+  int status = 0;
+  std::string head;
+  std::string body;
+};
+
+// One request over a fresh connection with Connection: close; reads to EOF (5 s timeout).
+HttpAnswer Request(int port, const std::string& method, const std::string& target, const std::string& body = "") {
+  RawSocket s;
+  HttpAnswer a;
+  if (!s.Connect(port)) return a;
+  std::string req = method + " " + target + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " +
+                    std::to_string(body.size()) + "\r\n\r\n" + body;
+  if (!s.SendAll(req)) return a;
+  std::string all;
+  char buf[4096];
+  for (;;) {
+    ssize_t r = ::recv(s.fd(), buf, sizeof(buf), 0);
+    if (r <= 0) break;
+    all.append(buf, static_cast<size_t>(r));
+  }
+  size_t split = all.find("\r\n\r\n");
+  if (all.size() < 12 || split == std::string::npos) return a;
+  a.status = std::stoi(all.substr(9, 3));
+  a.head = all.substr(0, split);
+  a.body = all.substr(split + 4);
+  return a;
+}
+
+// True if body is {"code":int,"message":string,"data":...} and nothing else.
+bool Shaped(const std::string& body) {
+  nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  return j.is_object() && j.size() == 3 && j["code"].is_number_integer() && j["message"].is_string() &&
+         j.contains("data");
+}
+
+// Reads whatever is available within `ms` milliseconds (non-blocking poll).
+std::string Drain(int fd, int ms) {
+  std::string out;
+  pollfd p{fd, POLLIN, 0};
+  char buf[65536];
+  while (::poll(&p, 1, ms) > 0) {
+    ssize_t r = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (r <= 0) break;
+    out.append(buf, static_cast<size_t>(r));
+    ms = 0;
+  }
+  return out;
+}
+
+std::string StreamLine(const std::string& job, const std::string& table) {
+  return nlohmann::json{{"jobId", job}, {"rankTable", table}}.dump() + "\n";
+}
+
+// A child process killed (SIGKILL) and reaped at scope exit, even when the test fails.
+class Child {
+ public:
+  Child(const std::vector<std::string>& argv, const std::string& out_path) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      ::_exit(127);
+    }
+  }
+  ~Child() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  bool started() const { return pid_ > 0; }
+  // True once the child exited (then reaped; the destructor has nothing left to do).
+  bool Exited() {
+    if (pid_ <= 0) return true;
+    int st = 0;
+    if (::waitpid(pid_, &st, WNOHANG) != pid_) return false;
+    pid_ = -1;
+    return true;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// Runs a short command (curl) with a deadline; returns its stdout.
+std::string Run(const std::vector<std::string>& argv) {
+  std::string path = "/tmp/pscore_http_test_" + std::to_string(::getpid()) + ".out";
+  {
+    Child c(argv, path);  // curl -m bounds its own run; the guard kills it otherwise
+    // Poll the child instead of blocking: the guard must still be able to kill it.
+    for (int i = 0; i < 300 && !c.Exited(); ++i) std::this_thread::sleep_for(50ms);
+  }
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  ::unlink(path.c_str());
+  return ss.str();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Waits until the last complete line of the file satisfies pred.
+template <typename Pred>
+bool WaitLastLine(const std::string& path, Pred pred, std::chrono::milliseconds timeout = 20s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::string all = ReadFile(path);
+    size_t end = all.rfind('\n');
+    if (end != std::string::npos) {
+      size_t begin = all.rfind('\n', end - 1);
+      std::string line = all.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1));
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && pred(j["rankTable"].get<std::string>())) return true;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("http: endpoints answer with one JSON shape and proper status codes", "[node][net]") {
+  Stack st(SchedOpts(1, 1));
+  HttpAnswer a = Request(st.port, "GET", "/v1/ranktable?jobId=job-7");
+  CHECK(a.status == 200);
+  REQUIRE(Shaped(a.body));
+  nlohmann::json j = nlohmann::json::parse(a.body);
+  CHECK(j["code"] == 0);
+  CHECK(j["data"]["jobId"] == "job-7");
+  CHECK(j["data"]["rankTable"]["status"] == "initializing");
+
+  a = Request(st.port, "GET", "/v1/ranktable?jobId=nope");
+  CHECK(a.status == 404);
+  CHECK(Shaped(a.body));
+  CHECK(a.body.find("nope") != std::string::npos);
+  a = Request(st.port, "GET", "/v1/ranktable/stream?jobId=nope");
+  CHECK(a.status == 404);
+  CHECK(Shaped(a.body));
+
+  a = Request(st.port, "GET", "/v1/cluster");
+  CHECK(a.status == 200);
+  CHECK(Shaped(a.body));
+  CHECK(nlohmann::json::parse(a.body)["data"]["cluster_state"] == "ClUSTER_STARTING");
+  a = Request(st.port, "GET", "/v1/nodes");
+  CHECK(a.status == 200);
+  CHECK(Shaped(a.body));
+
+  CHECK(Request(st.port, "GET", "/v1/nothing").status == 404);
+  CHECK(Request(st.port, "GET", "/").status == 404);
+  a = Request(st.port, "POST", "/v1/cluster");
+  CHECK(a.status == 405);
+  CHECK(Shaped(a.body));
+  CHECK(Request(st.port, "GET", "/v1/scale_out").status == 405);
+  CHECK(Request(st.port, "DELETE", "/metrics").status == 405);
+  a = Request(st.port, "POST", "/v1/scale_out", "{\"worker_num\": ");
+  CHECK(a.status == 400);
+  CHECK(Shaped(a.body));
+  CHECK(Request(st.port, "POST", "/v1/scale_out", "[1,2]").status == 400);
+  CHECK(Request(st.port, "POST", "/v1/scale_out", "{\"worker_num\": \"3\"}").status == 400);
+  CHECK(Request(st.port, "POST", "/v1/scale_in", "{\"bogus\": 1}").status == 400);
+  // While STARTING the cluster refuses to scale: a 4xx with the reason, never a 5xx.
+  a = Request(st.port, "POST", "/v1/scale_out", "{\"worker_num\": 2, \"server_num\": 1}");
+  CHECK(a.status >= 400);
+  CHECK(a.status < 500);
+  CHECK(Shaped(a.body));
+  CHECK(st.sched.cluster_state() == pb::ClUSTER_STARTING);
+}
+
+TEST_CASE("http: bad input gets the right 4xx or a closed connection", "[node][net]") {
+  comm::HttpServerOptions ho;
+  ho.request_timeout = 300ms;
+  ho.idle_timeout = 2s;
+  ho.max_connections = 300;
+  Stack st(SchedOpts(1, 1), ho);
+
+  SECTION("oversized body: 413 from Content-Length, before the body arrives") {
+    RawSocket s;
+    REQUIRE(s.Connect(st.port));
+    REQUIRE(s.SendAll("POST /v1/scale_out HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"));
+    std::string got = Drain(s.fd(), 5000);
+    CHECK(got.rfind("HTTP/1.1 413", 0) == 0);
+    CHECK(s.WaitClosed());
+    // A chunked body that grows past the bound is cut off the same way.
+    RawSocket c;
+    REQUIRE(c.Connect(st.port));
+    std::string chunk(40000, 'x');
+    char size[16];
+    snprintf(size, sizeof(size), "%zx\r\n", chunk.size());
+    c.SendAll("POST /v1/scale_out HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+    c.SendAll(std::string(size) + chunk + "\r\n" + size + chunk + "\r\n");
+    CHECK(Drain(c.fd(), 5000).rfind("HTTP/1.1 413", 0) == 0);
+  }
+  SECTION("huge headers: 431") {
+    RawSocket s;
+    REQUIRE(s.Connect(st.port));
+    s.SendAll("GET /v1/cluster HTTP/1.1\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n");
+    CHECK(Drain(s.fd(), 5000).rfind("HTTP/1.1 431", 0) == 0);
+  }
+  SECTION("garbage: 400 and closed") {
+    RawSocket s;
+    REQUIRE(s.Connect(st.port));
+    REQUIRE(s.SendAll("HELLO THERE\r\n\r\n"));
+    CHECK(Drain(s.fd(), 5000).rfind("HTTP/1.1 400", 0) == 0);
+    CHECK(s.WaitClosed());
+  }
+  SECTION("half-sent request: 408 and closed after the request timeout") {
+    RawSocket s;
+    REQUIRE(s.Connect(st.port));
+    REQUIRE(s.SendAll("GET /v1/cluster HTTP/1.1\r\nHost: x\r\n"));  // never finished
+    CHECK(Drain(s.fd(), 5000).rfind("HTTP/1.1 408", 0) == 0);
+    CHECK(s.WaitClosed());
+  }
+  SECTION("keep-alive and pipelined requests are answered in order") {
+    RawSocket s;
+    REQUIRE(s.Connect(st.port));
+    REQUIRE(s.SendAll("GET /v1/cluster HTTP/1.1\r\nHost: x\r\n\r\nGET /nothing HTTP/1.1\r\nHost: x\r\n\r\n"));
+    std::string got;
+    for (int i = 0; i < 50 && got.find("HTTP/1.1 404") == std::string::npos; ++i) got += Drain(s.fd(), 100);
+    CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(got.find("HTTP/1.1 404") != std::string::npos);
+  }
+  SECTION("many idle connections: capped, idle ones closed, the cluster unaffected") {
+    std::vector<std::unique_ptr<RawSocket>> idle;
+    for (int i = 0; i < 1000; ++i) {
+      idle.push_back(std::make_unique<RawSocket>());
+      REQUIRE(idle.back()->Connect(st.port));
+    }
+    // Over the cap (300) the extra connections are closed at once; the cluster carries on.
+    Registrar reg(st.sched.port());
+    REQUIRE(reg.Register("w0", pb::WORKER).ok());
+    REQUIRE(reg.Register("s0", pb::SERVER).ok());
+    CHECK(st.sched.cluster_state() == pb::CLUSTER_READY);
+    // Idle connections are closed after the idle timeout, so new clients get in again.
+    HttpAnswer a;
+    for (int i = 0; i < 100 && a.status != 200; ++i) {
+      a = Request(st.port, "GET", "/v1/cluster");
+      if (a.status != 200) std::this_thread::sleep_for(100ms);
+    }
+    CHECK(a.status == 200);
+    size_t closed = 0;
+    for (auto& s : idle) closed += s->WaitClosed() ? 1 : 0;
+    CHECK(closed == idle.size());
+  }
+}
+
+TEST_CASE("http stream: a stalled reader does not delay another; 220 readers get the final table", "[node][net]") {
+  RankTableHubOptions hub_opts;
+  hub_opts.coalesce_bytes = 4096;
+  hub_opts.stall_timeout = 60s;
+  Stack st(SchedOpts(100, 1), {}, hub_opts);
+  const std::string req = "GET /v1/ranktable/stream?jobId=job-7&role=worker HTTP/1.1\r\nHost: x\r\n\r\n";
+  RawSocket stalled;
+  REQUIRE(stalled.Connect(st.port, 4096));
+  REQUIRE(stalled.SendAll(req));
+  constexpr int kReaders = 220;
+  std::vector<std::unique_ptr<RawSocket>> readers;
+  for (int i = 0; i < kReaders; ++i) {
+    readers.push_back(std::make_unique<RawSocket>());
+    REQUIRE(readers.back()->Connect(st.port));
+    REQUIRE(readers.back()->SendAll(req));
+  }
+  size_t subscribed = 0;
+  for (int i = 0; i < 400 && subscribed != kReaders + 1; ++i) {
+    subscribed = OnLoop(*st.sched.loop(), [&] { return st.hub.num_subscribers(); });
+    if (subscribed != kReaders + 1) std::this_thread::sleep_for(25ms);
+  }
+  REQUIRE(subscribed == kReaders + 1);
+  Registrar reg(st.sched.port());
+  for (int i = 0; i < 100; ++i) REQUIRE(reg.Register("w" + std::to_string(i), pb::WORKER, 8).ok());
+  REQUIRE(reg.Register("s0", pb::SERVER).ok());
+  const std::string last = StreamLine("job-7", CurrentTable(st.sched, st.hub));
+  CHECK(TableStatus(CurrentTable(st.sched, st.hub)) == "completed");
+  std::vector<std::string> got(kReaders);
+  std::vector<bool> done(kReaders, false);
+  int remaining = kReaders;
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (remaining > 0 && std::chrono::steady_clock::now() < deadline) {
+    for (int i = 0; i < kReaders; ++i) {
+      if (done[i]) continue;
+      got[i] += Drain(readers[i]->fd(), 0);
+      if (got[i].find(last) != std::string::npos) {
+        done[i] = true;
+        --remaining;
+      }
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  CHECK(remaining == 0);
+  // Chunked framing: the head, then "<hex>\r\n<line>\r\n" per table.
+  CHECK(got[0].find("Transfer-Encoding: chunked") != std::string::npos);
+  CHECK(OnLoop(*st.sched.loop(), [&] { return st.hub.stats().coalesced; }) > 0u);
+}
+
+TEST_CASE("curl follows the stream while nodes join and leave, and calls every endpoint", "[node][net][multiproc]") {
+  if (std::system("command -v curl >/dev/null 2>&1") != 0) {
+    WARN("curl not installed (scripts/setup.sh installs it); skipped");
+    return;
+  }
+  SchedulerOptions o = SchedOpts(2, 1);
+  o.heartbeat_timeout = 1s;
+  Stack st(o);
+  const std::string base = "http://127.0.0.1:" + std::to_string(st.port);
+  const std::string out = "/tmp/pscore_curl_stream_" + std::to_string(::getpid()) + ".txt";
+  Child curl({"curl", "-sN", "-m", "60", base + "/v1/ranktable/stream?jobId=job-7&role=worker"}, out);
+  REQUIRE(curl.started());
+  REQUIRE(WaitLastLine(out, [](const std::string& t) { return WorkerHosts(t) == 0; }));
+
+  auto opts = [&](pb::NodeRole role, const std::string& id) {
+    NodeOptions n;
+    n.role = role;
+    n.scheduler_port = st.sched.port();
+    n.node_id = id;
+    n.host_name = "host-" + id;
+    n.heartbeat_interval = 50ms;
+    n.connect_timeout = 5s;
+    return n;
+  };
+  auto w0 = std::make_unique<WorkerNode>(opts(pb::WORKER, "w0"));
+  auto w1 = std::make_unique<WorkerNode>(opts(pb::WORKER, "w1"));
+  auto s0 = std::make_unique<ServerNode>(opts(pb::SERVER, "s0"));
+  REQUIRE(s0->Start().ok());
+  REQUIRE(w0->Start().ok());
+  REQUIRE(w1->Start().ok());
+  CHECK(WaitLastLine(out, [](const std::string& t) { return TableStatus(t) == "completed" && WorkerHosts(t) == 2; }));
+  w1->Stop();  // leaves: times out, and the table drops it
+  CHECK(WaitLastLine(out, [](const std::string& t) { return WorkerHosts(t) == 1; }));
+
+  auto call = [&](const std::string& method, const std::string& path, const std::string& body = "") {
+    std::vector<std::string> argv = {"curl", "-s", "-m", "10", "-w", "\n%{http_code}", "-X", method};
+    if (!body.empty()) argv.insert(argv.end(), {"-H", "Content-Type: application/json", "-d", body});
+    argv.push_back(base + path);
+    std::string r = Run(argv);
+    size_t nl = r.rfind('\n');
+    int code = nl == std::string::npos ? 0 : std::atoi(r.c_str() + nl + 1);
+    return std::make_pair(code, r.substr(0, nl == std::string::npos ? 0 : nl));
+  };
+  auto [c1, b1] = call("GET", "/v1/ranktable?jobId=job-7");
+  CHECK(c1 == 200);
+  CHECK(Shaped(b1));
+  for (const char* p : {"/v1/cluster", "/v1/nodes"}) {
+    auto [c, b] = call("GET", p);
+    CHECK(c == 200);
+    CHECK(Shaped(b));
+  }
+  auto [cm, bm] = call("GET", "/metrics");
+  CHECK(cm == 200);
+  CHECK(bm.find("pscore_ranktable_subscribers{protocol=\"http\"} 1") != std::string::npos);
+  for (const char* op : {"scale_out", "scale_in", "new_instance", "enable", "disable"}) {
+    auto [c, b] = call("POST", std::string("/v1/") + op, op == std::string("scale_in") ? "{\"node_ids\":[\"nobody\"]}" : "{}");
+    INFO(op << " -> " << c << " " << b);
+    CHECK(c != 404);
+    CHECK(c != 405);
+    CHECK(c < 500);
+    CHECK(Shaped(b));
+  }
+  auto [cs, bs] = call("POST", "/v1/stop");
+  CHECK(cs == 200);
+  CHECK(Shaped(bs));
+  CHECK(st.sched.WaitForExit(10s).ok());
+  w0->Stop();
+  s0->Stop();
+  ::unlink(out.c_str());
+}
+
+TEST_CASE("http: /metrics is valid Prometheus text", "[node][net]") {
+  Stack st(SchedOpts(1, 1));
+  Registrar reg(st.sched.port());
+  REQUIRE(reg.Register("w0", pb::WORKER).ok());
+  Request(st.port, "GET", "/nothing");
+  HttpAnswer a = Request(st.port, "GET", "/metrics");
+  REQUIRE(a.status == 200);
+  CHECK(a.head.find("Content-Type: text/plain; version=0.0.4") != std::string::npos);
+  const std::regex help(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) \S.*)");
+  const std::regex type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped))");
+  const std::regex sample(
+      R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*\})? -?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?)");
+  std::istringstream in(a.body);
+  std::string line, family, typed;
+  std::set<std::string> seen_families;
+  int samples = 0;
+  REQUIRE(!a.body.empty());
+  CHECK(a.body.back() == '\n');
+  while (std::getline(in, line)) {
+    std::smatch m;
+    INFO(line);
+    if (std::regex_match(line, m, help)) {
+      family = m[1];
+      CHECK(seen_families.insert(family).second);  // each family once
+    } else if (std::regex_match(line, m, type)) {
+      CHECK(m[1] == family);
+      typed = family;
+    } else {
+      REQUIRE(std::regex_match(line, m, sample));
+      CHECK(m[1] == typed);  // samples follow their own TYPE line
+      ++samples;
+    }
+  }
+  CHECK(samples > 20);
+  for (const char* f : {"pscore_cluster_state", "pscore_nodes", "pscore_membership_version",
+                        "pscore_heartbeats_received_total", "pscore_messages_total", "pscore_bytes_total",
+                        "pscore_connections", "pscore_ranktable_subscribers", "pscore_scale_operations_total"}) {
+    CHECK(seen_families.count(f) == 1);
+  }
+  CHECK(a.body.find("pscore_nodes{role=\"worker\",state=\"NODE_STARTING\"} 1") != std::string::npos);
+  CHECK(a.body.find("pscore_http_responses_total{code=\"404\"} 1") != std::string::npos);
+}
+
+}  // namespace pscore::node
