@@ -38,9 +38,15 @@ case "$name" in
     ;;
   # ---- Placeholders: add a *_bench.cc under tests/bench/ and wire it here. ----
   control)   not_yet control ;;    # control-plane (register/heartbeat) rates
-  dataplane) not_yet dataplane ;;  # push/pull throughput between workers and servers
+  dataplane)  # push/pull throughput, pull latency, send rates vs blocking sockets
+    build dataplane_bench
+    exec "$BUILD/dataplane_bench" "$@"
+    ;;
   coord)     not_yet coord ;;      # KV store and barrier latency
-  ranktable) not_yet ranktable ;;  # rank table build and subscription fan-out
+  ranktable)
+    build ranktable_bench
+    exec "$BUILD/ranktable_bench" "$@"
+    ;;
   scale)     not_yet scale ;;      # scale-out/scale-in time
   *) usage ;;
 esac

@@ -1,0 +1,398 @@
+// Data-plane benchmark on loopback: Push and Pull throughput through real WorkerNode /
+// ServerNode objects (1 worker/1 server and 2 workers/2 servers), 64 B Pull latency,
+// Send round trips with 1 and 64 in flight, each beside a blocking-socket baseline
+// measured in the same run (length prefix + writev/read: one-way rate and ping-pong).
+// Also prints the payload copies per direction. One figure per line: `name value unit`.
+// Run through `scripts/bench.sh dataplane [quick|push|pull]` (Release build).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/frame.h"
+#include "comm/frame_decoder.h"
+#include "core/key_range.h"
+#include "core/kv_codec.h"
+#include "node/scheduler_node.h"
+#include "node/server_node.h"
+#include "node/worker_node.h"
+
+namespace pscore::node {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+void Print(const std::string& name, double value, const char* unit) {
+  std::printf("%-40s %12.2f %s\n", name.c_str(), value, unit);
+  std::fflush(stdout);
+}
+
+std::string SizeName(size_t size) {
+  if (size >= (1u << 20)) return std::to_string(size >> 20) + "MiB";
+  if (size >= (1u << 10)) return std::to_string(size >> 10) + "KiB";
+  return std::to_string(size) + "B";
+}
+
+template <typename T>
+T Wait(std::future<T>& f) {
+  CHECK(f.wait_for(std::chrono::minutes(5)) == std::future_status::ready) << "benchmark stuck";
+  return f.get();
+}
+
+// Bytes moved per measurement (per direction, all workers together).
+uint64_t g_volume = 512ull << 20;
+
+// ---- blocking-socket baseline ----
+
+struct SocketPair {
+  int client = -1;
+  int server = -1;
+};
+
+SocketPair ConnectedPair() {
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  CHECK_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  CHECK_EQ(::listen(lfd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+  SocketPair p;
+  p.client = ::socket(AF_INET, SOCK_STREAM, 0);
+  CHECK_EQ(::connect(p.client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  p.server = ::accept(lfd, nullptr, nullptr);
+  ::close(lfd);
+  int one = 1;
+  ::setsockopt(p.client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(p.server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return p;
+}
+
+void WriteMessage(int fd, const char* data, uint64_t size) {
+  iovec iov[2] = {{&size, sizeof(size)}, {const_cast<char*>(data), size}};
+  iovec* v = iov;
+  int n = 2;
+  while (n > 0) {
+    ssize_t w = ::writev(fd, v, n);
+    CHECK_GT(w, 0);
+    size_t left = static_cast<size_t>(w);
+    while (n > 0 && left >= v->iov_len) {
+      left -= v->iov_len;
+      ++v;
+      --n;
+    }
+    if (n > 0) {
+      v->iov_base = static_cast<char*>(v->iov_base) + left;
+      v->iov_len -= left;
+    }
+  }
+}
+
+void ReadFull(int fd, char* out, size_t n) {
+  while (n > 0) {
+    ssize_t r = ::read(fd, out, n);
+    CHECK_GT(r, 0);
+    out += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+uint64_t ReadMessage(int fd, std::vector<char>* buf) {
+  uint64_t size = 0;
+  ReadFull(fd, reinterpret_cast<char*>(&size), sizeof(size));
+  if (buf->size() < size) buf->resize(size);
+  ReadFull(fd, buf->data(), size);
+  return size;
+}
+
+// One-way payload rate (MB/s) of `size`-byte messages, one sender thread, one reader.
+double BaselineOneWay(size_t size) {
+  const uint64_t count = std::max<uint64_t>(4, std::min<uint64_t>(g_volume / size, 200000));
+  SocketPair p = ConnectedPair();
+  std::vector<char> payload(size, 'p');
+  Clock::time_point start = Clock::now();
+  std::thread sender([&] {
+    for (uint64_t i = 0; i < count; ++i) WriteMessage(p.client, payload.data(), size);
+  });
+  std::vector<char> buf;
+  uint64_t bytes = 0;
+  for (uint64_t i = 0; i < count; ++i) bytes += ReadMessage(p.server, &buf);
+  double s = Seconds(Clock::now() - start);
+  sender.join();
+  ::close(p.client);
+  ::close(p.server);
+  return static_cast<double>(bytes) / s / 1e6;
+}
+
+// 64 B ping-pong: per-round-trip latencies in microseconds.
+std::vector<double> BaselinePingPong(int rounds) {
+  SocketPair p = ConnectedPair();
+  std::thread echo([&] {
+    std::vector<char> buf;
+    for (int i = 0; i < rounds; ++i) {
+      uint64_t n = ReadMessage(p.server, &buf);
+      WriteMessage(p.server, buf.data(), n);
+    }
+  });
+  std::vector<char> payload(64, 'r'), buf;
+  std::vector<double> us;
+  us.reserve(rounds);
+  for (int i = 0; i < rounds; ++i) {
+    Clock::time_point t0 = Clock::now();
+    WriteMessage(p.client, payload.data(), payload.size());
+    CHECK_EQ(ReadMessage(p.client, &buf), payload.size());
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  echo.join();
+  ::close(p.client);
+  ::close(p.server);
+  return us;
+}
+
+double Percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+// ---- pscore cluster ----
+
+// Scheduler + servers + workers in this process, each node on its own loop thread.
+class Cluster {
+ public:
+  Cluster(int workers, int servers) {
+    SchedulerOptions so;
+    so.worker_num = workers;
+    so.server_num = servers;
+    so.max_message_bytes = 1ull << 30;
+    sched_ = std::make_unique<SchedulerNode>(so);
+    CHECK(sched_->Start().ok());
+    core::ParamStore::Options store;
+    store.rule = core::UpdateRule::kSum;
+    for (int i = 0; i < servers; ++i) {
+      servers_.push_back(std::make_unique<ServerNode>(Opts("s" + std::to_string(i)), store));
+      ServerNode* s = servers_.back().get();
+      s->RegisterHandler(1, [](const DataRequest& req, Responder r) { r.Reply(req.payload); });
+      CHECK(s->Start().ok());
+    }
+    for (int i = 0; i < workers; ++i) {
+      workers_.push_back(std::make_unique<WorkerNode>(Opts("w" + std::to_string(i))));
+      CHECK(workers_.back()->Start().ok());
+    }
+    for (auto& w : workers_) CHECK(w->WaitForReady(30s).ok());
+    for (auto& s : servers_) CHECK(s->WaitForReady(30s).ok());
+  }
+  ~Cluster() {
+    for (auto& w : workers_) w->Stop();
+    for (auto& s : servers_) s->Stop();
+    sched_->Stop();
+  }
+  WorkerNode& worker(int i) { return *workers_[i]; }
+  int workers() const { return static_cast<int>(workers_.size()); }
+  int servers() const { return static_cast<int>(servers_.size()); }
+
+ private:
+  NodeOptions Opts(const std::string& id) {
+    NodeOptions o;
+    o.scheduler_port = sched_->port();
+    o.node_id = id;
+    o.max_message_bytes = 1ull << 30;
+    return o;
+  }
+  std::unique_ptr<SchedulerNode> sched_;
+  std::vector<std::unique_ptr<ServerNode>> servers_;
+  std::vector<std::unique_ptr<WorkerNode>> workers_;
+};
+
+// A key owned by server `rank` of `n`, distinct per (value size, worker, rank): a stored
+// key keeps its length, so every size gets keys of its own.
+uint64_t KeyFor(size_t size, int worker, int rank, int n) {
+  for (uint64_t k = size * 64 + 1000 * static_cast<uint64_t>(worker + 1);; ++k) {
+    if (core::ServerForKey(k, n) == rank) return k;
+  }
+}
+
+// Push (or Pull) of one `size`-byte value per call; every worker alternates over keys owned
+// by each server and keeps a few calls in flight. Returns aggregate value bytes per second.
+double KvThroughput(Cluster& c, size_t size, bool push) {
+  const size_t floats = size / sizeof(float);
+  const uint64_t per_worker = std::max<uint64_t>(4, std::min<uint64_t>(g_volume / size / c.workers(), 100000));
+  const size_t depth = std::clamp<size_t>((32u << 20) / size, 2, 16);
+  // Create the keys (a pull needs them to exist).
+  for (int w = 0; w < c.workers(); ++w) {
+    for (int s = 0; s < c.servers(); ++s) {
+      auto f = c.worker(w).Push({KeyFor(size, w, s, c.servers())}, std::vector<float>(floats, 1.0f));
+      CHECK(Wait(f).ok());
+    }
+  }
+  std::vector<std::thread> threads;
+  Clock::time_point start = Clock::now();
+  for (int w = 0; w < c.workers(); ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<float> values(floats, 0.5f);
+      std::deque<std::future<Status>> pushes;
+      std::deque<std::future<Result<PullResult>>> pulls;
+      for (uint64_t i = 0; i < per_worker; ++i) {
+        std::vector<uint64_t> key = {KeyFor(size, w, static_cast<int>(i % c.servers()), c.servers())};
+        if (push) {
+          pushes.push_back(c.worker(w).Push(key, values));
+          if (pushes.size() >= depth) {
+            CHECK(Wait(pushes.front()).ok());
+            pushes.pop_front();
+          }
+        } else {
+          pulls.push_back(c.worker(w).Pull(key));
+          if (pulls.size() >= depth) {
+            CHECK_EQ(Wait(pulls.front())->values.size(), floats);
+            pulls.pop_front();
+          }
+        }
+      }
+      for (auto& f : pushes) CHECK(Wait(f).ok());
+      for (auto& f : pulls) CHECK(Wait(f).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  double s = Seconds(Clock::now() - start);
+  return static_cast<double>(per_worker * c.workers() * floats * sizeof(float)) / s / 1e6;
+}
+
+// Sequential 64 B Pulls (16 floats, one key): latencies in microseconds.
+std::vector<double> PullLatencies(Cluster& c, int rounds) {
+  auto f = c.worker(0).Push({7}, std::vector<float>(16, 1.0f));
+  CHECK(Wait(f).ok());
+  std::vector<double> us;
+  us.reserve(rounds);
+  for (int i = 0; i < rounds; ++i) {
+    Clock::time_point t0 = Clock::now();
+    auto p = c.worker(0).Pull({7});
+    CHECK_EQ(Wait(p)->values.size(), 16u);
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  return us;
+}
+
+// 64 B Send round trips per second with `depth` in flight (callbacks keep the window full).
+double SendRate(Cluster& c, uint64_t total, int depth) {
+  BufferPtr payload = Buffer::Allocate(64);
+  std::memset(payload->data(), 's', 64);
+  std::atomic<uint64_t> issued{0}, answered{0};
+  std::promise<void> done;
+  std::function<void()> issue = [&] {
+    if (issued.fetch_add(1) >= total) return;
+    c.worker(0).SendAsync(0, 1, "", payload, [&](Result<BufferPtr> r) {
+      CHECK(r.ok()) << r.status();
+      issue();  // before counting: `issue` must not be used once done is set
+      if (answered.fetch_add(1) + 1 == total) done.set_value();
+    });
+  };
+  Clock::time_point start = Clock::now();
+  for (int i = 0; i < depth; ++i) issue();
+  auto f = done.get_future();
+  Wait(f);
+  return static_cast<double>(total) / Seconds(Clock::now() - start);
+}
+
+// Payload bytes FrameDecoder copies out of its input buffer for one frame of `size`
+// payload bytes, fed as a socket would deliver it (reads of at most 256 KiB).
+uint64_t DecoderCopies(size_t size) {
+  comm::Limits limits;
+  limits.max_message_bytes = 1ull << 30;
+  comm::FrameDecoder dec(limits);
+  pb::MessageMeta meta;
+  meta.set_cmd(pb::SEND_DATA);
+  meta.set_handler(kPushHandler);
+  std::string wire = comm::EncodeHeader(comm::FrameHeader{comm::kMagic, static_cast<uint32_t>(meta.ByteSizeLong()), size});
+  wire += meta.SerializeAsString();
+  wire.append(size, 'x');
+  std::vector<comm::Frame> out;
+  size_t off = 0;
+  while (off < wire.size()) {
+    size_t room = 0;
+    char* region = dec.ReadRegion(&room);
+    size_t n = std::min({room, wire.size() - off, size_t{256} << 10});
+    std::memcpy(region, wire.data() + off, n);
+    CHECK(dec.Commit(n, &out).ok());
+    off += n;
+  }
+  CHECK_EQ(out.size(), 1u);
+  return dec.copied_payload_bytes();
+}
+
+void PrintCopies() {
+  std::printf("# payload copies in user space per direction (kernel socket copies not counted)\n");
+  // Counted from node/worker_node.cc, node/server_node.cc and core/param_store.cc as of this
+  // commit; see docs/benchmarks.md for each one.
+  Print("copies_push_worker_side", 2, "copies");   // Push(): op->values = values; encode gather
+  Print("copies_push_server_side", 0, "copies");   // in-place decode; the update reads the frame
+  Print("copies_pull_server_side", 2, "copies");   // ParamStore::Pull into a vector; encode
+  Print("copies_pull_worker_side", 2, "copies");   // pulled[i].assign; PullResult concatenation
+  for (size_t size : {size_t{64}, size_t{4} << 10, size_t{64} << 10, size_t{1} << 20}) {
+    Print("decoder_copied_" + SizeName(size), static_cast<double>(DecoderCopies(size)), "bytes");
+  }
+}
+
+int Main(const std::string& mode) {
+  const bool quick = mode == "quick";
+  if (mode == "push" || mode == "pull") {  // one figure, handy under a profiler
+    Cluster c(1, 1);
+    Print(mode + "_1w1s_1MiB", KvThroughput(c, 1u << 20, mode == "push"), "MB/s");
+    return 0;
+  }
+  if (quick) g_volume = 64ull << 20;
+  std::vector<size_t> sizes = {4u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
+  std::printf("# pscore data-plane benchmark (loopback; MB = 1e6 bytes; %llu MiB per figure)\n",
+              static_cast<unsigned long long>(g_volume >> 20));
+  PrintCopies();
+  for (size_t size : sizes) Print("baseline_oneway_" + SizeName(size), BaselineOneWay(size), "MB/s");
+  for (int servers : {1, 2}) {
+    Cluster c(servers, servers);
+    std::string tag = std::to_string(servers) + "w" + std::to_string(servers) + "s";
+    for (size_t size : sizes) {
+      Print("push_" + tag + "_" + SizeName(size), KvThroughput(c, size, true), "MB/s");
+      Print("pull_" + tag + "_" + SizeName(size), KvThroughput(c, size, false), "MB/s");
+    }
+  }
+  const int rounds = quick ? 2000 : 20000;
+  std::vector<double> base = BaselinePingPong(rounds);
+  Cluster c(1, 1);
+  std::vector<double> pull = PullLatencies(c, rounds);
+  Print("baseline_pingpong_64B_p50", Percentile(base, 0.5), "us");
+  Print("baseline_pingpong_64B_p99", Percentile(base, 0.99), "us");
+  Print("pull_64B_p50", Percentile(pull, 0.5), "us");
+  Print("pull_64B_p99", Percentile(pull, 0.99), "us");
+  Print("pull_64B_p50_vs_pingpong_p50", Percentile(pull, 0.5) / Percentile(base, 0.5), "x");
+  const uint64_t sends = quick ? 20000 : 100000;
+  Print("baseline_pingpong_64B_rate", 1e6 / (std::accumulate(base.begin(), base.end(), 0.0) / base.size()),
+        "rt/s");
+  Print("send_64B_depth1", SendRate(c, sends / 4, 1), "rt/s");
+  Print("send_64B_depth64", SendRate(c, sends, 64), "rt/s");
+  return 0;
+}
+
+}  // namespace
+}  // namespace pscore::node
+
+int main(int argc, char** argv) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_minloglevel = 1;  // no per-node INFO lines in the figures
+  return pscore::node::Main(argc > 1 ? argv[1] : "");
+}
