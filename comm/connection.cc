@@ -155,9 +155,11 @@ Status Connection::Send(const pb::MessageMeta& meta, BufferPtr payload) {
   if (transport_ != nullptr) transport_->CountOut(frame_bytes);
   if (!flush_scheduled_) {
     flush_scheduled_ = true;
-    loop_->RunBeforePoll([this, id = id_, t = transport_] {
-      // The connection may have closed (and been freed) since: look it up again.
-      if (t == nullptr || t->Lookup(id) != this) return;
+    std::weak_ptr<Transport*> alive = transport_ ? transport_->alive_token() : std::weak_ptr<Transport*>();
+    loop_->RunBeforePoll([this, id = id_, alive] {
+      // The connection (or its Transport) may be gone since: look it up again.
+      auto t = alive.lock();
+      if (!t || (*t)->Lookup(id) != this) return;
       Flush();
     });
   }

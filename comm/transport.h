@@ -66,6 +66,8 @@ class Transport {
   const TransportOptions& options() const { return options_; }
 
   // Used by Connection, Listener and Dialer (comm-internal).
+  // Deferred callbacks hold this weakly: expired once the Transport is destroyed.
+  std::weak_ptr<Transport*> alive_token() const { return alive_; }
   Connection* Lookup(ConnId id) const;
   void Release(ConnId id, const Status& why);
   void Deliver(ConnId id, Frame&& frame);
@@ -90,6 +92,7 @@ class Transport {
   uint64_t sweep_timer_ = 0;
   bool shut_down_ = false;
   TransportStats stats_;
+  std::shared_ptr<Transport*> alive_ = std::make_shared<Transport*>(this);
 };
 
 }  // namespace pscore::comm
