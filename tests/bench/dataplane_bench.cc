@@ -3,7 +3,7 @@
 // Send round trips with 1 and 64 in flight, each beside a blocking-socket baseline
 // measured in the same run (length prefix + writev/read: one-way rate and ping-pong).
 // Also prints the payload copies per direction. One figure per line: `name value unit`.
-// Run through `scripts/bench.sh dataplane [quick|push|pull]` (Release build).
+// Run through `scripts/bench.sh dataplane [quick | push MiB | pull MiB]` (Release build).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -178,7 +178,7 @@ double Percentile(std::vector<double> v, double q) {
 // Scheduler + servers + workers in this process, each node on its own loop thread.
 class Cluster {
  public:
-  Cluster(int workers, int servers) {
+  Cluster(int workers, int servers, int handler_threads = 2) : handler_threads_(handler_threads) {
     SchedulerOptions so;
     so.worker_num = workers;
     so.server_num = servers;
@@ -215,8 +215,10 @@ class Cluster {
     o.scheduler_port = sched_->port();
     o.node_id = id;
     o.max_message_bytes = 1ull << 30;
+    o.handler_threads = handler_threads_;
     return o;
   }
+  int handler_threads_;
   std::unique_ptr<SchedulerNode> sched_;
   std::vector<std::unique_ptr<ServerNode>> servers_;
   std::vector<std::unique_ptr<WorkerNode>> workers_;
@@ -350,11 +352,11 @@ void PrintCopies() {
   }
 }
 
-int Main(const std::string& mode) {
+int Main(const std::string& mode, size_t mib) {
   const bool quick = mode == "quick";
   if (mode == "push" || mode == "pull") {  // one figure, handy under a profiler
     Cluster c(1, 1);
-    Print(mode + "_1w1s_1MiB", KvThroughput(c, 1u << 20, mode == "push"), "MB/s");
+    Print(mode + "_1w1s_" + SizeName(mib << 20), KvThroughput(c, mib << 20, mode == "push"), "MB/s");
     return 0;
   }
   if (quick) g_volume = 64ull << 20;
@@ -380,6 +382,14 @@ int Main(const std::string& mode) {
   Print("pull_64B_p50", Percentile(pull, 0.5), "us");
   Print("pull_64B_p99", Percentile(pull, 0.99), "us");
   Print("pull_64B_p50_vs_pingpong_p50", Percentile(pull, 0.5) / Percentile(base, 0.5), "x");
+  {
+    // The same with handlers on the server's loop thread (handler_threads = 0): two
+    // thread handoffs fewer per request.
+    Cluster inline_cluster(1, 1, 0);
+    std::vector<double> inline_pull = PullLatencies(inline_cluster, rounds);
+    Print("pull_64B_inline_handlers_p50", Percentile(inline_pull, 0.5), "us");
+    Print("pull_64B_inline_handlers_p99", Percentile(inline_pull, 0.99), "us");
+  }
   const uint64_t sends = quick ? 20000 : 100000;
   Print("baseline_pingpong_64B_rate", 1e6 / (std::accumulate(base.begin(), base.end(), 0.0) / base.size()),
         "rt/s");
@@ -394,5 +404,5 @@ int Main(const std::string& mode) {
 int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_minloglevel = 1;  // no per-node INFO lines in the figures
-  return pscore::node::Main(argc > 1 ? argv[1] : "");
+  return pscore::node::Main(argc > 1 ? argv[1] : "", argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 1);
 }
