@@ -1,9 +1,11 @@
 // pscore-admin: the operator's command line for a running job (see docs/admin.md).
 // Exit codes: 0 done; 1 the scheduler refused or the operation failed (reason on stderr);
 // 2 bad usage or flags; 3 the scheduler is unreachable.
+#include <condition_variable>
 #include <csignal>
 #include <iomanip>
 #include <iostream>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -12,6 +14,7 @@
 
 #include "node/admin_client.h"
 #include "node/flags.h"
+#include "node/ranktable_subscriber.h"
 #include "node/wire.h"
 
 namespace {
@@ -35,7 +38,7 @@ constexpr const char* kUsageText =
     "  new-instance | disable | enable | stop\n"
     "  kv get KEY | kv set KEY VALUE | kv ls DIR | kv rm KEY\n"
     "  barriers                        barrier rounds kept by the scheduler\n"
-    "  watch-ranktable                 stream rank-table updates\n"
+    "  watch-ranktable [--job_id=ID]   print every rank table the scheduler publishes\n"
     "Scheduler: --scheduler_host/--scheduler_port (or PSCORE_SCHEDULER_HOST/PORT).\n"
     "Exit codes: 0 done, 1 refused or failed, 2 bad usage, 3 scheduler unreachable.";
 
@@ -234,14 +237,61 @@ int StateOp(node::AdminClient& client, const std::string& op) {
   return kOk;
 }
 
+volatile std::sig_atomic_t g_signal = 0;
+void OnSignal(int sig) { g_signal = sig; }
+
+// Prints every rank table the scheduler pushes (the current one first) until the stream
+// ends (the job is over: exit 0) or a signal arrives (exit 0).
+int WatchRankTable(const node::CommandLine& cl) {
+  node::RankTableSubscriberOptions o;
+  o.host = cl.node.scheduler_host;
+  o.port = cl.node.scheduler_port;
+  o.job_id = cl.scheduler.job_id;
+  o.role = "admin";
+  o.timeout = std::chrono::milliseconds(cl.admin.timeout_ms);
+  if (o.port <= 0) return Fail(kUsage, "no scheduler port given (--scheduler_port or PSCORE_SCHEDULER_PORT)");
+  std::mutex mu;
+  std::condition_variable cv;
+  bool closed = false;
+  Status why;
+  const bool json = cl.admin.json;
+  node::RankTableSubscriber sub(
+      o,
+      [json](const pb::RankTableStream& s) {
+        if (json) {
+          Json line = {{"jobId", s.jobid()}, {"rankTable", Json::parse(s.ranktable(), nullptr, false)}};
+          std::cout << line.dump() << std::endl;
+        } else {
+          std::cout << s.ranktable() << std::endl;
+        }
+      },
+      [&](const Status& st) {
+        std::lock_guard<std::mutex> lock(mu);
+        closed = true;
+        why = st;
+        cv.notify_all();
+      });
+  Status st = sub.Start();
+  if (!st.ok()) {
+    bool unreachable = st.code() == Code::kUnavailable || st.code() == Code::kTimeout;
+    return Fail(unreachable ? kUnreachable : kRefused, "watch-ranktable: " + st.ToString());
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  while (!closed && g_signal == 0) cv.wait_for(lock, std::chrono::milliseconds(100));
+  lock.unlock();
+  sub.Stop();
+  if (closed) std::cerr << "pscore-admin: rank table stream ended (" << why << ")" << std::endl;
+  return kOk;
+}
+
 int Run(const node::CommandLine& cl, const std::vector<std::string>& args) {
   const std::string& cmd = args[0];
   static const std::set<std::string> kKnown = {"status",  "nodes",   "scale-out", "scale-in",  "new-instance",
                                                "disable", "enable",  "stop",      "kv",        "barriers",
                                                "watch-ranktable"};
   if (kKnown.count(cmd) == 0) return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
-  if (cmd == "watch-ranktable") return Fail(kUsage, "watch-ranktable: not yet available");
   if (cmd != "kv" && args.size() > 1) return Fail(kUsage, cmd + ": unexpected argument '" + args[1] + "'");
+  if (cmd == "watch-ranktable") return WatchRankTable(cl);
 
   node::AdminClientOptions o;
   o.scheduler_host = cl.node.scheduler_host;
@@ -277,6 +327,8 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 2;  // Only errors: the command's own output is the report.
   std::signal(SIGPIPE, SIG_IGN);
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) return Fail(kUsage, "no command given (see --help)");
   return Run(cl, args);

@@ -249,9 +249,8 @@ TEST_CASE("pscore-admin refuses bad commands with a reason and exit code", "[mul
   CHECK(Has(unknown, "unknown command 'frobnicate'"));
   CHECK(job.Admin({}).code == 2);
   CHECK(job.Admin({"status", "--no_such_flag=1"}).code == 2);
-  AdminRun watch = job.Admin({"watch-ranktable"});
-  CHECK(watch.code == 2);
-  CHECK(Has(watch, "not yet available"));
+  AdminRun watch_args = job.Admin({"watch-ranktable", "extra"});
+  CHECK(watch_args.code == 2);
 
   Process offline;
   TempDir tmp;
@@ -318,6 +317,32 @@ TEST_CASE("pscore-admin reports a scale-out rolled back when the new server neve
   CHECK(!Has(nowait, "done"));
   CHECK(job.WaitReady());
   job.StopAndCheckExits();
+}
+
+}  // namespace pscore
+
+namespace pscore {
+
+TEST_CASE("pscore-admin watch-ranktable prints the tables until the job ends", "[multiproc][net]") {
+  Job job;
+  auto watch = job.StartAdmin({"watch-ranktable", "--json"});
+  std::string first;
+  for (int i = 0; i < 400 && first.empty(); ++i) {
+    std::string log = watch->Log();
+    size_t nl = log.find('\n');
+    if (nl != std::string::npos) first = log.substr(0, nl);
+    if (first.empty()) std::this_thread::sleep_for(25ms);
+  }
+  REQUIRE(!first.empty());
+  nlohmann::json line = nlohmann::json::parse(first, nullptr, false);
+  INFO(first);
+  REQUIRE(line.is_object());
+  CHECK(line["jobId"] == "default");
+  CHECK(line["rankTable"].is_object());
+  job.StopAndCheckExits();
+  AdminRun end = Job::Finish(*watch);
+  CHECK(end.code == 0);
+  CHECK(Has(end, "rank table stream ended"));
 }
 
 }  // namespace pscore
