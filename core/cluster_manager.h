@@ -149,6 +149,12 @@ class ClusterManager {
   // ids. rank_id is left 0: the sender fills it per recipient.
   pb::SendMetadataMessage BuildMetadata() const;
 
+  // Persistence (cluster_manager_state.cc): Snapshot holds the registry, state, epoch,
+  // totals and a running scale operation (not the KV store). Restore loads one into a
+  // fresh manager (nothing registered yet); the .cc says what a restart changes.
+  pb::PersistedState Snapshot() const;
+  Status Restore(const pb::PersistedState& state);
+
  private:
   enum class ScaleKind { kOut, kIn };
   struct ScaleOp {

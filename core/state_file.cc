@@ -1,0 +1,155 @@
+#include "core/state_file.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "core/cluster_manager.h"
+#include "core/kv_store.h"
+
+namespace pscore::core {
+namespace {
+
+using internal::Err;
+
+std::array<uint32_t, 256> MakeCrcTable() {
+  std::array<uint32_t, 256> table{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    table[i] = c;
+  }
+  return table;
+}
+
+void PutLe(uint64_t v, size_t bytes, char* out) {
+  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+uint64_t GetLe(const char* in, size_t bytes) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in[i])) << (8 * i);
+  return v;
+}
+
+Status ValidateNode(const pb::PersistedNode& n) {
+  if (n.node_id().empty() || n.node_id().size() > kMaxStateNodeIdBytes) {
+    return Err(Code::kInvalidArgument, "node id of ", n.node_id().size(), " bytes (want 1..",
+               kMaxStateNodeIdBytes, ")");
+  }
+  if (n.role() != pb::SERVER && n.role() != pb::WORKER) {
+    return Err(Code::kInvalidArgument, "node ", n.node_id(), " has role ", static_cast<int>(n.role()));
+  }
+  if (n.rank() < 0 || n.rank() >= kMaxStateRoleTotal) {
+    return Err(Code::kInvalidArgument, "node ", n.node_id(), " has rank ", n.rank());
+  }
+  if (n.port() < 0 || n.port() > 65535) {
+    return Err(Code::kInvalidArgument, "node ", n.node_id(), " has port ", n.port());
+  }
+  if (n.devices_size() > kMaxStateDevicesPerNode) {
+    return Err(Code::kInvalidArgument, "node ", n.node_id(), " has ", n.devices_size(), " devices (max ",
+               kMaxStateDevicesPerNode, ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+uint32_t Crc32(const void* data, size_t size) {
+  static const std::array<uint32_t, 256> kTable = MakeCrcTable();
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < size; ++i) c = kTable[(c ^ p[i]) & 0xff] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+std::string SerializeState(const pb::PersistedState& state) {
+  std::string body = state.SerializeAsString();
+  std::string out(kStateHeaderBytes, '\0');
+  PutLe(kStateMagic, 4, &out[0]);
+  PutLe(kStateVersion, 4, &out[4]);
+  PutLe(body.size(), 8, &out[8]);
+  PutLe(Crc32(body.data(), body.size()), 4, &out[16]);
+  out += body;
+  return out;
+}
+
+Result<pb::PersistedState> ParseState(std::string_view bytes) {
+  if (bytes.size() < kStateHeaderBytes) {
+    return Err(Code::kInvalidArgument, "truncated: ", bytes.size(), " bytes, the header alone is ",
+               kStateHeaderBytes);
+  }
+  const uint32_t magic = static_cast<uint32_t>(GetLe(bytes.data(), 4));
+  if (magic != kStateMagic) return Err(Code::kInvalidArgument, "not a pscore state file (bad magic)");
+  const uint32_t version = static_cast<uint32_t>(GetLe(bytes.data() + 4, 4));
+  if (version != kStateVersion) {
+    return Err(Code::kUnimplemented, "state file version ", version, "; this build reads version ",
+               kStateVersion);
+  }
+  const uint64_t body_len = GetLe(bytes.data() + 8, 8);
+  if (body_len > kMaxStateBodyBytes) {
+    return Err(Code::kInvalidArgument, "body length ", body_len, " > limit ", kMaxStateBodyBytes);
+  }
+  const uint64_t have = bytes.size() - kStateHeaderBytes;
+  if (have != body_len) {
+    return Err(Code::kInvalidArgument, have < body_len ? "truncated" : "trailing bytes", ": body is ",
+               have, " bytes, header says ", body_len);
+  }
+  const uint32_t crc = static_cast<uint32_t>(GetLe(bytes.data() + 16, 4));
+  const char* body = bytes.data() + kStateHeaderBytes;
+  if (Crc32(body, body_len) != crc) return Status(Code::kInvalidArgument, "checksum mismatch");
+  pb::PersistedState state;
+  if (!state.ParseFromArray(body, static_cast<int>(body_len))) {
+    return Status(Code::kInvalidArgument, "body does not parse as PersistedState");
+  }
+  PSCORE_RETURN_IF_ERROR(ValidateState(state));
+  return state;
+}
+
+Status ValidateState(const pb::PersistedState& state) {
+  if (!pb::ClusterState_IsValid(state.cluster_state())) {
+    return Err(Code::kInvalidArgument, "unknown cluster state ", static_cast<int>(state.cluster_state()));
+  }
+  const pb::PersistedScale& scale = state.scale();
+  for (int total : {state.worker_num(), state.server_num(), scale.old_worker_num(), scale.old_server_num()}) {
+    if (total < 0 || total > kMaxStateRoleTotal) return Err(Code::kInvalidArgument, "role total ", total);
+  }
+  if (state.nodes_size() > kMaxStateNodes) {
+    return Err(Code::kInvalidArgument, state.nodes_size(), " nodes (max ", kMaxStateNodes, ")");
+  }
+  if (state.kv_size() > kMaxStateKvEntries) {
+    return Err(Code::kInvalidArgument, state.kv_size(), " KV entries (max ", kMaxStateKvEntries, ")");
+  }
+  std::set<std::string> ids;
+  std::set<std::pair<int, int>> ranks;
+  std::map<int, int> per_role;
+  for (const pb::PersistedNode& n : state.nodes()) {
+    PSCORE_RETURN_IF_ERROR(ValidateNode(n));
+    if (!ids.insert(n.node_id()).second) return Err(Code::kInvalidArgument, "node ", n.node_id(), " listed twice");
+    if (!ranks.insert({n.role(), n.rank()}).second) {
+      return Err(Code::kInvalidArgument, RoleName(n.role()), " rank ", n.rank(), " held twice");
+    }
+    ++per_role[n.role()];
+  }
+  const bool scaling = state.has_scale();
+  const int max_servers = std::max(state.server_num(), scaling ? scale.old_server_num() : 0);
+  const int max_workers = std::max(state.worker_num(), scaling ? scale.old_worker_num() : 0);
+  if (per_role[pb::SERVER] > max_servers || per_role[pb::WORKER] > max_workers) {
+    return Err(Code::kInvalidArgument, per_role[pb::SERVER], " servers and ", per_role[pb::WORKER],
+               " workers registered, over the totals ", state.server_num(), " and ", state.worker_num());
+  }
+  for (const std::string& id : scale.added()) {
+    if (ids.count(id) == 0) return Err(Code::kInvalidArgument, "scale operation names unknown node ", id);
+  }
+  for (const pb::KvEntry& e : state.kv()) {
+    if (e.key().empty() || e.key().size() > kMaxKeyBytes) {
+      return Err(Code::kInvalidArgument, "KV key of ", e.key().size(), " bytes");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace pscore::core

@@ -1,0 +1,49 @@
+// State file codec: frames a pb::PersistedState (the scheduler's membership, cluster state,
+// epoch, totals and KV store) with a magic, a format version, a length and a CRC-32, and
+// validates all of it on the way back in. Pure functions, any thread; no I/O here (the
+// writer thread is node/state_writer.h).
+//
+// Layout (little-endian):
+//   | magic u32 "PSST" | version u32 | body_len u64 | crc32(body) u32 |  20 bytes
+//   | body: pb::PersistedState, body_len bytes                         |
+// The file must be exactly 20 + body_len bytes; every count and size in the body is
+// bounded (see kMax* below) so a damaged or hostile file cannot make the loader allocate
+// without limit or hand the cluster an impossible registry.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+#include "proto/comm.pb.h"
+
+namespace pscore::core {
+
+inline constexpr uint32_t kStateMagic = 0x54535350;  // "PSST" read as little-endian bytes
+inline constexpr uint32_t kStateVersion = 1;
+inline constexpr size_t kStateHeaderBytes = 20;
+inline constexpr uint64_t kMaxStateBodyBytes = 1ull << 30;
+inline constexpr int kMaxStateNodes = 1 << 16;
+inline constexpr int kMaxStateDevicesPerNode = 4096;
+inline constexpr int kMaxStateKvEntries = 1 << 20;
+inline constexpr int kMaxStateRoleTotal = 1 << 16;
+inline constexpr size_t kMaxStateNodeIdBytes = 256;
+
+// CRC-32 (IEEE 802.3, reflected, as zlib's crc32) of data.
+uint32_t Crc32(const void* data, size_t size);
+
+// Frames state as a state file (header + body).
+std::string SerializeState(const pb::PersistedState& state);
+
+// Parses and validates a whole state file. Errors are kInvalidArgument (damaged: bad magic,
+// wrong length, checksum mismatch, unparsable body, out-of-bounds count or value) or
+// kUnimplemented (a format version this build does not read); the message says what.
+Result<pb::PersistedState> ParseState(std::string_view bytes);
+
+// The body checks alone (already parsed): bounded counts, known roles and states, unique
+// node ids and unique ranks per role.
+Status ValidateState(const pb::PersistedState& state);
+
+}  // namespace pscore::core
