@@ -37,7 +37,10 @@ case "$name" in
     exec "$BUILD/transport_bench" "$@"
     ;;
   # ---- Placeholders: add a *_bench.cc under tests/bench/ and wire it here. ----
-  control)   not_yet control ;;    # control-plane (register/heartbeat) rates
+  control)  # register 1,000 nodes to READY; scheduler CPU per heartbeat at 2,000 nodes; death notice
+    build control_bench
+    exec "$BUILD/control_bench" "$@"
+    ;;
   dataplane)  # push/pull throughput, pull latency, send rates vs blocking sockets
     build dataplane_bench
     exec "$BUILD/dataplane_bench" "$@"

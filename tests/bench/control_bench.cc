@@ -1,0 +1,398 @@
+// Control-plane benchmark (scripts/bench.sh control). A real SchedulerNode runs on its own
+// loop thread; simulated nodes are lightweight clients on a second loop, each on its own
+// TCP connection, speaking REGISTER / HEARTBEAT protobufs directly. Measures:
+//   1. time for N nodes to connect, register and all hear READY;
+//   2. scheduler CPU per heartbeat with M nodes beating every 100 ms: the scheduler loop
+//      thread's own CPU time (CLOCK_THREAD_CPUTIME_ID, read on that thread through Post)
+//      over a window, divided by the heartbeats it served in that window. Client CPU is
+//      on another thread and is not counted; the scheduler's periodic liveness scan,
+//      wakeups and writes are (they are part of serving heartbeats);
+//   3. time from a node's death (it stops beating) to the last survivor hearing of it.
+// Prints `name value unit` lines and ratios against the targets of issue 3.
+#include <sys/resource.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
+#include "comm/event_loop.h"
+#include "comm/messenger.h"
+#include "node/scheduler_node.h"
+#include "node/wire.h"
+
+namespace pscore::bench {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using comm::ConnId;
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+void Print(const char* name, double value, const char* unit) { std::printf("%s %.3f %s\n", name, value, unit); }
+
+void RaiseFdLimit(size_t need) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  if (rl.rlim_cur < need) {
+    std::fprintf(stderr, "control_bench: open-file limit %llu < %zu needed; results may fail\n",
+                 static_cast<unsigned long long>(rl.rlim_cur), need);
+  }
+}
+
+double ThreadCpuUs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+// Runs fn on `loop` and waits for its result.
+template <typename T>
+T OnLoop(comm::EventLoop* loop, std::function<T()> fn) {
+  std::packaged_task<T()> task(std::move(fn));
+  auto fut = task.get_future();
+  loop->Post([&task] { task(); });
+  return fut.get();
+}
+
+// Reads only cluster_state and epoch of a SendMetadataMessage, skipping the server and
+// worker lists: one client thread stands in for thousands of machines, each of which
+// would parse its own copy in parallel, so a full parse here would measure the client.
+bool ScanMetadata(const comm::Frame& f, uint64_t* epoch, int* state) {
+  if (!f.payload) return false;
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(f.payload->data()),
+                                            static_cast<int>(f.payload->size()));
+  using WFL = google::protobuf::internal::WireFormatLite;
+  for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+    const int field = WFL::GetTagFieldNumber(tag);
+    uint64_t v = 0;
+    if (field == 4 || field == 10) {
+      if (!in.ReadVarint64(&v)) return false;
+      if (field == 4) *state = static_cast<int>(v);
+      if (field == 10) *epoch = v;
+    } else if (!WFL::SkipField(&in, tag)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Simulated nodes: one connection each, all on one client loop (loop thread state).
+class SimNodes {
+ public:
+  struct Sim {
+    ConnId conn = comm::kNoConn;
+    std::string node_id;
+    uint64_t epoch = 0;
+    bool registered = false;
+    bool ready = false;
+    bool dead = false;
+    Clock::time_point heard_death{};
+  };
+
+  SimNodes(int count, int servers, int sched_port) : port_(sched_port), servers_(servers), loop_("sim") {
+    sims_.resize(count);
+    for (int i = 0; i < count; ++i) sims_[i].node_id = "sim-" + std::to_string(i);
+    comm::Messenger::Handlers h;
+    h.on_request = [this](ConnId c, comm::Frame&& f) { OnPush(c, std::move(f)); };
+    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), std::move(h));
+    if (!loop_.Start().ok()) std::abort();
+  }
+  ~SimNodes() {
+    OnLoop<int>(&loop_, [this] {
+      if (beat_timer_ != 0) loop_.CancelTimer(beat_timer_);
+      messenger_->Shutdown();
+      return 0;
+    });
+    loop_.Stop().IgnoreError();
+  }
+
+  // Connects and registers every node; returns when all heard READY (or the deadline).
+  // Sets the connect, register and ready times since the start.
+  bool RegisterAll(Duration timeout, double* connect_ms, double* register_ms, double* ready_ms) {
+    start_ = Clock::now();
+    loop_.Post([this] {
+      for (size_t i = 0; i < sims_.size(); ++i) Connect(i);
+    });
+    auto fut = all_ready_.get_future();
+    if (fut.wait_for(timeout) != std::future_status::ready) {
+      OnLoop<int>(&loop_, [this] {
+        std::fprintf(stderr, "control_bench: %zu connected, %zu registered, %zu ready of %zu\n", connected_,
+                     registered_, ready_count_, sims_.size());
+        return 0;
+      });
+      return false;
+    }
+    *connect_ms = Ms(last_connect_ - start_);
+    *register_ms = Ms(last_register_ - start_);
+    *ready_ms = Ms(last_ready_ - start_);
+    return true;
+  }
+
+  // Every registered node beats once per period, spread evenly over the period (nodes
+  // beat from their registration on, as real ones do, so none times out while others join).
+  void StartBeating(Duration period) {
+    loop_.Post([this, period] {
+      slot_ = period / static_cast<int>(sims_.size());
+      next_beat_ = Clock::now();
+      beat_timer_ = loop_.AddTimer(1ms, 1ms, [this] { BeatDue(); });
+    });
+  }
+
+  // Node `i` stops beating now; returns when every other node heard of it (or deadline).
+  // Sets death -> first and death -> last survivor hearing, in ms.
+  bool Kill(size_t victim, Duration timeout, double* first_ms, double* last_ms) {
+    Clock::time_point died = OnLoop<Clock::time_point>(&loop_, [this, victim] {
+      victim_ = victim;
+      sims_[victim].dead = true;
+      return Clock::now();
+    });
+    auto fut = all_heard_.get_future();
+    if (fut.wait_for(timeout) != std::future_status::ready) return false;
+    Clock::time_point first = Clock::time_point::max(), last{};
+    OnLoop<int>(&loop_, [&] {
+      for (size_t i = 0; i < sims_.size(); ++i) {
+        if (i == victim) continue;
+        first = std::min(first, sims_[i].heard_death);
+        last = std::max(last, sims_[i].heard_death);
+      }
+      return 0;
+    });
+    *first_ms = Ms(first - died);
+    *last_ms = Ms(last - died);
+    return true;
+  }
+
+  uint64_t beats_failed() const { return beats_failed_.load(); }
+
+ private:
+  void Connect(size_t i) {
+    comm::ConnectOptions co;
+    co.timeout = 30s;
+    messenger_->transport().Connect("127.0.0.1", port_, co, [this, i](Result<ConnId> c) {
+      if (!c.ok()) {
+        std::fprintf(stderr, "control_bench: connect %zu failed: %s\n", i, c.status().ToString().c_str());
+        return;
+      }
+      last_connect_ = Clock::now();
+      ++connected_;
+      sims_[i].conn = *c;
+      by_conn_[*c] = i;
+      Register(i);
+    });
+  }
+
+  void Register(size_t i) {
+    pb::RegisterMessage msg;
+    msg.set_ip("127.0.0.1");
+    msg.set_port(static_cast<int>(20000 + i % 40000));
+    msg.set_node_id(sims_[i].node_id);
+    const bool server = static_cast<int>(i) < servers_;
+    msg.set_role(server ? pb::SERVER : pb::WORKER);
+    msg.set_incarnation(i + 1);
+    msg.set_requested_rank(-1);
+    pb::Device* d = msg.add_devices();
+    d->set_local_id(0);
+    d->set_device_ip("10.0." + std::to_string(i / 250) + "." + std::to_string(i % 250));
+    messenger_->Call(sims_[i].conn, node::MakeMeta(pb::REGISTER, msg.role(), -1), node::ToBuffer(msg), 30s,
+                     [this, i](Result<comm::Frame> r) {
+                       if (!r.ok()) {
+                         std::fprintf(stderr, "control_bench: register %zu: %s\n", i, r.status().ToString().c_str());
+                         return;
+                       }
+                       last_register_ = Clock::now();
+                       ++registered_;
+                       sims_[i].registered = true;
+                     });
+  }
+
+  void OnPush(ConnId c, comm::Frame&& f) {
+    auto it = by_conn_.find(c);
+    if (it == by_conn_.end()) return;
+    Sim& s = sims_[it->second];
+    bool ready = false;
+    if (f.meta.cmd() == pb::SEND_METADATA) {
+      uint64_t epoch = 0;
+      int state = -1;
+      if (!ScanMetadata(f, &epoch, &state)) return;
+      s.epoch = std::max(s.epoch, epoch);
+      ready = state == pb::CLUSTER_READY;
+    } else if (f.meta.cmd() == pb::CLUSTER_EVENT) {
+      pb::ClusterEventMessage ev;
+      if (!node::ParsePayload(f, &ev).ok()) return;
+      ready = ev.kind() == pb::ClusterEventMessage::STATE_CHANGED && ev.cluster_state() == pb::CLUSTER_READY;
+      if (ev.kind() == pb::ClusterEventMessage::NODE_TIMED_OUT && victim_ < sims_.size() &&
+          ev.node_id() == sims_[victim_].node_id && it->second != victim_ &&
+          s.heard_death == Clock::time_point{}) {
+        s.heard_death = Clock::now();
+        if (++heard_ == sims_.size() - 1) all_heard_.set_value();
+      }
+    }
+    if (ready && !s.ready) {
+      s.ready = true;
+      last_ready_ = Clock::now();
+      if (++ready_count_ == sims_.size()) all_ready_.set_value();
+    }
+  }
+
+  // Beats every node whose slot came due, catching up after a late timer.
+  void BeatDue() {
+    const Clock::time_point now = Clock::now();
+    while (next_beat_ <= now) {
+      Sim& s = sims_[cursor_];
+      if (!s.dead && s.registered) Beat(s);
+      cursor_ = (cursor_ + 1) % sims_.size();
+      next_beat_ += slot_;
+    }
+  }
+
+  void Beat(Sim& s) {
+    pb::HeartbeatMessage msg;
+    msg.set_node_id(s.node_id);
+    msg.set_node_state(pb::NODE_READY);
+    msg.set_known_epoch(s.epoch);
+    messenger_->Call(s.conn, node::MakeMeta(pb::HEARTBEAT, pb::WORKER, -1), node::ToBuffer(msg), 2s,
+                     [this](Result<comm::Frame> r) {
+                       if (!r.ok()) ++beats_failed_;
+                     });
+  }
+
+  int port_;
+  int servers_;
+  comm::EventLoop loop_;
+  std::unique_ptr<comm::Messenger> messenger_;
+  std::vector<Sim> sims_;
+  std::unordered_map<ConnId, size_t> by_conn_;
+  Clock::time_point start_, last_connect_, last_register_, last_ready_;
+  size_t ready_count_ = 0;
+  size_t connected_ = 0;
+  size_t registered_ = 0;
+  std::promise<void> all_ready_;
+  size_t victim_ = SIZE_MAX;
+  size_t heard_ = 0;
+  std::promise<void> all_heard_;
+  comm::TimerId beat_timer_ = 0;
+  Duration slot_{};
+  Clock::time_point next_beat_;
+  size_t cursor_ = 0;
+  std::atomic<uint64_t> beats_failed_{0};
+};
+
+node::SchedulerOptions SchedOpts(int nodes, int servers, Duration timeout) {
+  node::SchedulerOptions o;
+  o.worker_num = nodes - servers;
+  o.server_num = servers;
+  o.heartbeat_interval = 100ms;
+  o.heartbeat_timeout = timeout;
+  return o;
+}
+
+int Run(int reg_nodes, int beat_nodes, int window_s) {
+  RaiseFdLimit(2 * static_cast<size_t>(std::max(reg_nodes, beat_nodes)) + 64);
+  // 1. Registration of reg_nodes, each on its own connection.
+  {
+    const int servers = std::max(1, reg_nodes / 8);
+    node::SchedulerNode sched(SchedOpts(reg_nodes, servers, 500ms));
+    if (!sched.Start().ok()) return 1;
+    SimNodes sims(reg_nodes, servers, sched.port());
+    sims.StartBeating(100ms);
+    double connect_ms = 0, register_ms = 0, ready_ms = 0;
+    if (!sims.RegisterAll(60s, &connect_ms, &register_ms, &ready_ms)) {
+      std::fprintf(stderr, "control_bench: %d nodes did not all reach READY\n", reg_nodes);
+      return 1;
+    }
+    std::printf("# %d nodes (%d servers), each on its own connection\n", reg_nodes, servers);
+    Print("register_connect_all", connect_ms, "ms");
+    Print("register_all_registered", register_ms, "ms");
+    Print("register_all_ready", ready_ms, "ms");
+    Print("register_ready_target_ratio", ready_ms / 150.0, "x_of_150ms_target");
+    Print("register_ready_speedup_vs_grpc", 800.0 / ready_ms, "x_vs_0.8s");
+    sched.Stop();
+  }
+  // 2. Heartbeat cost and 3. death notice, with beat_nodes beating every 100 ms.
+  const int servers = std::max(1, beat_nodes / 8);
+  // 2 s: at 2,000 nodes the registration storm delays beats past 500 ms (see docs/benchmarks.md).
+  node::SchedulerNode sched(SchedOpts(beat_nodes, servers, 2s));
+  if (!sched.Start().ok()) return 1;
+  SimNodes sims(beat_nodes, servers, sched.port());
+  sims.StartBeating(100ms);
+  double c = 0, r = 0, ready_ms = 0;
+  if (!sims.RegisterAll(60s, &c, &r, &ready_ms)) {
+    std::fprintf(stderr, "control_bench: %d nodes did not all reach READY\n", beat_nodes);
+    return 1;
+  }
+  std::printf("# %d nodes beating every 100 ms (READY after %.1f ms)\n", beat_nodes, ready_ms);
+  std::this_thread::sleep_for(1s);  // warm-up: every node has beaten a few times
+  auto sample = [&sched] {
+    return OnLoop<std::pair<double, uint64_t>>(sched.loop(), [&sched] {
+      return std::make_pair(ThreadCpuUs(), sched.heartbeats());
+    });
+  };
+  const Clock::time_point t0 = Clock::now();
+  auto [cpu0, hb0] = sample();
+  std::this_thread::sleep_for(std::chrono::seconds(window_s));
+  auto [cpu1, hb1] = sample();
+  const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double beats = static_cast<double>(hb1 - hb0);
+  const double us_per_beat = (cpu1 - cpu0) / beats;
+  Print("heartbeats_per_s", beats / wall_s, "1/s");
+  Print("scheduler_cpu_percent", (cpu1 - cpu0) / (wall_s * 1e4), "%");
+  Print("scheduler_cpu_per_heartbeat", us_per_beat, "us");
+  Print("heartbeat_capacity_per_core", 1e6 / us_per_beat, "1/s");
+  Print("heartbeat_cpu_target_ratio", us_per_beat / 4.0, "x_of_4us_target");
+  Print("heartbeat_cpu_speedup_vs_grpc", 36.0 / us_per_beat, "x_vs_36us");
+  Print("heartbeats_failed", static_cast<double>(sims.beats_failed()), "count");
+
+  double first_ms = 0, last_ms = 0;
+  if (!sims.Kill(static_cast<size_t>(beat_nodes - 1), 10s, &first_ms, &last_ms)) {
+    std::fprintf(stderr, "control_bench: the survivors did not all hear of the death\n");
+    return 1;
+  }
+  std::printf("# death notice (heartbeat timeout 2000 ms, interval 100 ms)\n");
+  Print("death_to_first_survivor", first_ms, "ms");
+  Print("death_to_last_survivor", last_ms, "ms");
+  Print("death_fanout_first_to_last", last_ms - first_ms, "ms");
+  sched.Stop();
+  return 0;
+}
+
+}  // namespace
+}  // namespace pscore::bench
+
+int main(int argc, char** argv) {
+  int reg_nodes = 1000, beat_nodes = 2000, window_s = 5;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&a] { return std::atoi(a.substr(a.find('=') + 1).c_str()); };
+    if (a.rfind("--nodes=", 0) == 0) {
+      reg_nodes = val();
+    } else if (a.rfind("--beat_nodes=", 0) == 0) {
+      beat_nodes = val();
+    } else if (a.rfind("--window_s=", 0) == 0) {
+      window_s = val();
+    } else {
+      std::fprintf(stderr, "usage: control_bench [--nodes=1000] [--beat_nodes=2000] [--window_s=5]\n");
+      return 2;
+    }
+  }
+  if (reg_nodes < 2 || beat_nodes < 2 || window_s < 1) return 2;
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = false;
+  FLAGS_stderrthreshold = 2;  // ERROR: the scheduler's INFO lines go to glog's log file, as in production
+  return pscore::bench::Run(reg_nodes, beat_nodes, window_s);
+}
