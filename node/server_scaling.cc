@@ -178,8 +178,9 @@ void ServerNode::SendEntries(std::vector<std::pair<uint64_t, std::vector<float>>
   }
   auto left = std::make_shared<std::atomic<size_t>>(total);
   auto failed = std::make_shared<std::atomic<bool>>(false);
-  for (auto& [dest, list] : batches) {
-    for (BufferPtr& payload : list) {
+  for (auto& batch : batches) {
+    const int dest = batch.first;  // a named copy: C++17 lambdas cannot capture a structured binding
+    for (BufferPtr& payload : batch.second) {
       WithServerConn(dest, [this, payload, left, failed, done, dest](Result<ConnId> c) {
         auto finish = [left, failed, done, this, dest](const Status& st) {
           if (!st.ok()) {
