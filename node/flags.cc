@@ -30,6 +30,10 @@ DEFINE_bool(auto_finish, true, "Worker/server: join the finish barrier once READ
 DEFINE_int64(finish_timeout_ms, 24LL * 3600 * 1000, "Deadline of this node's finish barrier.");
 DEFINE_string(http_port_file, "", "Scheduler: write the bound HTTP port to this file (with --http_port >= 0).");
 DEFINE_string(port_file, "", "Write the bound port (scheduler: scheduler port; server: data port) to this file.");
+DEFINE_string(state_dir, "", "Scheduler: persist membership, cluster state and the KV store in this directory and "
+              "reload them on restart, so nodes re-register and the job carries on (empty: off).");
+DEFINE_bool(state_reset_on_corrupt, false, "Scheduler: a damaged state file is set aside (.corrupt) and the job "
+            "starts fresh, instead of exiting 1.");
 DEFINE_string(update_rule, "sum", "Server parameter store rule: assign, sum or sgd.");
 DEFINE_double(learning_rate, 0.1, "Learning rate of the sgd update rule.");
 // pscore-train (the demo job's worker) only.
@@ -154,6 +158,8 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   s.job_id = FLAGS_job_id;
   s.http_host = FLAGS_http_host;
   s.http_port = FLAGS_http_port;
+  s.state_dir = FLAGS_state_dir;
+  s.state_reset_on_corrupt = FLAGS_state_reset_on_corrupt;
   NodeOptions& n = cl.node;
   n.node_id = FLAGS_node_id;
   n.scheduler_host = FLAGS_scheduler_host;

@@ -25,6 +25,9 @@ struct SchedulerOptions {
   std::string job_id = "default";
   std::string http_host = "127.0.0.1";
   int http_port = -1;  // -1: no HTTP endpoint; 0: a free port
+  // Restart recovery: persist membership, state and KV here (empty: nothing persisted).
+  std::string state_dir;
+  bool state_reset_on_corrupt = false;  // a damaged state file: start fresh, not exit 1
 };
 
 struct NodeOptions {

@@ -2,6 +2,7 @@
 
 #include <future>
 
+#include "node/state_writer.h"
 #include "node/wire.h"
 
 namespace pscore::node {
@@ -46,6 +47,7 @@ SchedulerNode::~SchedulerNode() { Stop(); }
 
 Status SchedulerNode::Start() {
   if (owned_loop_ && !owned_loop_->running()) PSCORE_RETURN_IF_ERROR(owned_loop_->Start());
+  PSCORE_RETURN_IF_ERROR(OpenState());  // --state_dir: restore before anyone can connect
   std::promise<Status> started;
   loop_->Run([this, &started] {
     Result<int> port = messenger_->transport().Listen(options_.host, options_.port);
@@ -259,6 +261,7 @@ void SchedulerNode::HandleFinish(ConnId conn, const Frame& frame) {
   if (!st.ok()) return Reply(conn, frame.meta, st);
   st = cluster_.Finish(msg.node_id());
   if (!st.ok()) return Reply(conn, frame.meta, st);
+  MarkStateDirty(/*urgent=*/true);
   int64_t timeout_ms = msg.timeout_ms() > 0 ? msg.timeout_ms() : 60000;
   finish_waiters_.push_back(FinishWaiter{conn, frame.meta,
                                          clock_.Now() + std::chrono::milliseconds(timeout_ms),

@@ -23,6 +23,8 @@
 
 namespace pscore::node {
 
+class StateWriter;
+
 class SchedulerNode {
  public:
   // loop: shared loop to run on (nullptr: the scheduler owns one).
@@ -83,6 +85,15 @@ class SchedulerNode {
   std::string NodeOf(comm::ConnId conn) const;
   pb::AdminResponse StatusResponse(bool with_nodes) const;
   void Reply(comm::ConnId conn, const pb::MessageMeta& req, const Status& st, BufferPtr payload = nullptr);
+
+  // --state_dir persistence (scheduler_state.cc).
+  Status OpenState();
+  void MarkStateDirty(bool urgent);
+  void PersistState();
+  std::unique_ptr<StateWriter> state_writer_;
+  bool state_dirty_ = false;   // changed since the last snapshot
+  bool state_urgent_ = false;  // membership/state changed: write now, not when the writer is idle
+  uint64_t state_sequence_ = 0;
 
   SchedulerOptions options_;
   std::unique_ptr<comm::EventLoop> owned_loop_;

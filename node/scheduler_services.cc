@@ -137,6 +137,7 @@ void SchedulerNode::DrainEvents() {
       }
     }
   }
+  PersistState();  // --state_dir: a snapshot if anything changed
   std::lock_guard<std::mutex> lock(mu_);
   state_snapshot_ = cluster_.state();
   epoch_snapshot_ = cluster_.epoch();
@@ -259,6 +260,9 @@ void SchedulerNode::HandleKv(ConnId conn, const Frame& frame) {
       break;
     default:
       st = Status(Code::kInvalidArgument, "unknown KV operation " + std::to_string(req.op()));
+  }
+  if (st.ok() && (req.op() == pb::KvRequest::SET || req.op() == pb::KvRequest::DELETE)) {
+    MarkStateDirty(/*urgent=*/false);
   }
   Reply(conn, frame.meta, st, ToBuffer(resp));
 }

@@ -1,0 +1,117 @@
+// SchedulerNode, restart recovery (--state_dir): loads the persisted state at Start, before
+// the port is open, and writes a snapshot whenever membership, cluster state, epoch, the
+// finish barrier or the KV store change. Snapshots are built and serialized on the loop
+// thread and written by a StateWriter thread; the loop never waits on the disk.
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <optional>
+
+#include "core/state_file.h"
+#include "node/scheduler_node.h"
+#include "node/state_writer.h"
+
+namespace pscore::node {
+
+namespace {
+
+// Reads and checks the state file; nullopt when there is nothing to restore.
+Result<std::optional<pb::PersistedState>> LoadStateFile(const SchedulerOptions& o, const std::string& path) {
+  Result<std::string> bytes = ReadStateFile(path);
+  if (!bytes.ok()) {
+    if (bytes.status().code() == Code::kNotFound) return std::optional<pb::PersistedState>();
+    return bytes.status();
+  }
+  Result<pb::PersistedState> parsed = core::ParseState(*bytes);
+  if (!parsed.ok()) {
+    const std::string why = "state file " + path + " is damaged: " + parsed.status().message();
+    if (!o.state_reset_on_corrupt) {
+      return Status(parsed.status().code(), why + " (move it away, or pass --state_reset_on_corrupt to start fresh)");
+    }
+    const std::string aside = path + ".corrupt";
+    std::rename(path.c_str(), aside.c_str());
+    LOG(WARNING) << why << "; starting fresh (--state_reset_on_corrupt), the damaged file is kept as " << aside;
+    return std::optional<pb::PersistedState>();
+  }
+  if (parsed->job_id() != o.job_id) {
+    return Status(Code::kFailedPrecondition, "state file " + path + " belongs to job '" + parsed->job_id() +
+                                                 "', this scheduler runs job '" + o.job_id + "'");
+  }
+  if (parsed->cluster_state() == pb::CLUSTER_EXIT) {
+    LOG(INFO) << "state file " << path << " holds a job that ended; starting fresh";
+    return std::optional<pb::PersistedState>();
+  }
+  return std::optional<pb::PersistedState>(std::move(*parsed));
+}
+
+}  // namespace
+
+Status SchedulerNode::OpenState() {
+  if (options_.state_dir.empty()) return Status::Ok();
+  const std::string path = StateFilePath(options_.state_dir);
+  Result<std::optional<pb::PersistedState>> loaded = LoadStateFile(options_, path);
+  if (!loaded.ok()) return loaded.status();
+  state_writer_ = std::make_unique<StateWriter>(path);
+  PSCORE_RETURN_IF_ERROR(state_writer_->Start());
+  std::promise<Status> done;
+  loop_->Run([this, &loaded, &path, &done] {
+    const std::optional<pb::PersistedState>& state = *loaded;
+    if (state) {
+      Status st = cluster_.Restore(*state);
+      if (!st.ok()) return done.set_value(Status(st.code(), "state file " + path + ": " + st.message()));
+      core::KvStore::Entries entries;
+      for (const pb::KvEntry& e : state->kv()) entries.emplace_back(e.key(), e.value());
+      kv_.Restore(entries);
+      state_sequence_ = state->sequence();
+      LOG(INFO) << "scheduler: restored from " << path << " (" << cluster_.Nodes().size() << " nodes, "
+                << entries.size() << " KV entries, state " << pb::ClusterState_Name(cluster_.state())
+                << ", epoch " << cluster_.epoch() << "); nodes have until their heartbeat timeout to re-register";
+    } else {
+      LOG(INFO) << "scheduler: no state to restore in " << options_.state_dir << "; starting fresh";
+    }
+    // Every cluster event, and every admission (none is reported while STARTING), is a change.
+    listeners_.push_back([this](const core::Event&) { MarkStateDirty(/*urgent=*/true); });
+    register_listeners_.push_back([this] { MarkStateDirty(/*urgent=*/true); });
+    if (owned_loop_) {
+      // A clean stop writes what the writer had no time for (the writer drains at exit).
+      loop_->AddStopHook([this] {
+        MarkStateDirty(/*urgent=*/true);
+        PersistState();
+      });
+    }
+    MarkStateDirty(/*urgent=*/true);  // the first snapshot replaces an ended or damaged file
+    DrainEvents();                    // applies the restore's events; persists
+    done.set_value(Status::Ok());
+  });
+  return done.get_future().get();
+}
+
+void SchedulerNode::MarkStateDirty(bool urgent) {
+  if (!state_writer_) return;
+  state_dirty_ = true;
+  state_urgent_ = state_urgent_ || urgent;
+}
+
+// Membership and state changes are written at once (the writer coalesces). KV-only changes
+// are written when the writer is idle, else at a later tick: a burst of KV sets costs one
+// snapshot per disk write, not one per set.
+void SchedulerNode::PersistState() {
+  if (!state_writer_ || !state_dirty_) return;
+  if (!state_urgent_ && !state_writer_->idle()) return;
+  pb::PersistedState st = cluster_.Snapshot();
+  st.set_sequence(++state_sequence_);
+  st.set_job_id(options_.job_id);
+  st.set_written_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count());
+  for (auto& [key, value] : kv_.Snapshot()) {
+    pb::KvEntry* e = st.add_kv();
+    e->set_key(key);
+    e->set_value(value);
+  }
+  state_writer_->Submit(core::SerializeState(st));
+  state_dirty_ = false;
+  state_urgent_ = false;
+}
+
+}  // namespace pscore::node
