@@ -356,7 +356,7 @@ TEST_CASE("a Pull issued after a Push from the same worker sees that Push", "[no
   for (auto& f : pushes) CHECK(Await(f).ok());
 }
 
-TEST_CASE("malformed pscore.push payloads are refused with an error answer; the server stays up",
+TEST_CASE("malformed pscore.push payloads are refused with an error answer and the server stays up",
           "[node][net][dataplane]") {
   TestCluster::Config config;
   TestCluster c(config);
@@ -417,7 +417,7 @@ TEST_CASE("a 64 MiB Push/Pull round-trips and heartbeats stay on time", "[node][
   CHECK(c.timeouts() == 0);
 }
 
-TEST_CASE("a 1 GiB Push/Pull works with max_message_bytes raised; heartbeats stay on time",
+TEST_CASE("a 1 GiB Push/Pull works with max_message_bytes raised and heartbeats stay on time",
           "[node][net][dataplane][slow]") {
   TestCluster::Config config;
   config.max_message_bytes = 2ull << 30;
