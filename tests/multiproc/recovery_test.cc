@@ -1,0 +1,218 @@
+// Scheduler restart recovery with the real pscore-node binary: a scheduler with
+// --state_dir is SIGKILLed and restarted on the same port; the servers and workers (never
+// restarted) re-register, keep their ranks, the cluster is READY again, server parameters
+// and KV entries survive. A damaged state file makes the scheduler exit 1 naming the file
+// (or, with --state_reset_on_corrupt, start fresh). Losing a scheduler that runs without
+// --state_dir is covered in membership_mp_test.cc. Children are killed by pid at the end.
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/state_file.h"
+#include "multiproc/admin_probe.h"
+#include "multiproc/process.h"
+#include "node/worker_node.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kIntervalMs = 100;
+constexpr int kTimeoutMs = 3000;          // the restart must fit in it
+constexpr int kConnectTimeoutMs = 20000;  // nodes keep retrying this long
+
+std::vector<std::string> Timing() {
+  return {"--heartbeat_interval_ms=" + std::to_string(kIntervalMs),
+          "--heartbeat_timeout_ms=" + std::to_string(kTimeoutMs),
+          "--connect_timeout_ms=" + std::to_string(kConnectTimeoutMs)};
+}
+
+std::vector<std::string> SchedulerArgs(int port, const std::string& state_dir, const std::string& port_file) {
+  std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--scheduler_port=" + std::to_string(port),
+                                   "--worker_num=2", "--server_num=2", "--state_dir=" + state_dir,
+                                   "--port_file=" + port_file};
+  for (auto& f : Timing()) argv.push_back(f);
+  return argv;
+}
+
+bool WaitForState(AdminProbe& admin, pb::ClusterState state, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    Result<pb::AdminResponse> r = admin.Call("status", 2s);
+    if (r.ok() && r->cluster_state() == state) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+// Waits until the state file parses and holds the KV key (the writer is asynchronous).
+bool WaitForPersistedKey(const std::string& path, const std::string& key, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    Result<pb::PersistedState> st = core::ParseState(ReadFile(path));
+    if (st.ok() && st->cluster_state() == pb::CLUSTER_READY) {
+      for (const pb::KvEntry& e : st->kv()) {
+        if (e.key() == key) return true;
+      }
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+std::map<std::string, int> Ranks(const pb::AdminResponse& resp) {
+  std::map<std::string, int> out;
+  for (const pb::ServersMeta& m : resp.nodes()) out[m.node_id()] = m.rank_id();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a SIGKILLed scheduler restarted with its --state_dir resumes the job with no node restarted",
+          "[multiproc][net]") {
+  TempDir dir;
+  REQUIRE(dir.ok());
+  const std::string state_dir = dir.File("state");
+  Process scheduler;
+  REQUIRE(scheduler.Start(SchedulerArgs(0, state_dir, dir.File("sched.port")), dir.File("sched1.log")));
+  const int port = ReadPortFile(dir.File("sched.port"), 10s);
+  INFO(scheduler.Log());
+  REQUIRE(port > 0);
+
+  std::vector<std::unique_ptr<Process>> members;
+  for (std::string spec : {"server:s0", "server:s1", "worker:w0"}) {
+    const std::string role = spec.substr(0, spec.find(':'));
+    const std::string id = spec.substr(spec.find(':') + 1);
+    std::vector<std::string> argv = {NodeBinary(), "--role=" + role, "--node_id=" + id,
+                                     "--scheduler_port=" + std::to_string(port), "--auto_finish=false"};
+    for (auto& f : Timing()) argv.push_back(f);
+    members.push_back(std::make_unique<Process>());
+    REQUIRE(members.back()->Start(argv, dir.File(id + ".log")));
+  }
+  // The second worker runs in this process: it pushes, pulls and uses the KV store.
+  node::NodeOptions o;
+  o.role = pb::WORKER;
+  o.node_id = "w1";
+  o.scheduler_port = port;
+  o.heartbeat_interval = std::chrono::milliseconds(kIntervalMs);
+  o.connect_timeout = std::chrono::milliseconds(kConnectTimeoutMs);
+  o.request_timeout = 10s;
+  node::WorkerNode worker(o);
+  REQUIRE(worker.Start().ok());
+  REQUIRE(worker.WaitForReady(15s).ok());
+
+  const std::vector<uint64_t> keys = {1, 2, 3, 1000, 1u << 30, 1ull << 40};
+  std::vector<float> values;
+  for (size_t i = 0; i < keys.size() * 4; ++i) values.push_back(0.5f * static_cast<float>(i));
+  REQUIRE(worker.Push(keys, values).get().ok());
+  REQUIRE(worker.KvSet("job/config", "lr=0.1").ok());
+  REQUIRE(worker.KvSet("job/step", "17").ok());
+
+  AdminProbe admin1(port);
+  Result<pb::AdminResponse> before = admin1.Call("nodes");
+  REQUIRE(before.ok());
+  REQUIRE(before->nodes_size() == 4);
+  REQUIRE(WaitForPersistedKey(state_dir + "/scheduler.state", "job/step", 5s));
+
+  scheduler.Signal(SIGKILL);
+  REQUIRE(scheduler.Wait(5s).has_value());
+  Process restarted;
+  REQUIRE(restarted.Start(SchedulerArgs(port, state_dir, dir.File("sched2.port")), dir.File("sched2.log")));
+  REQUIRE(ReadPortFile(dir.File("sched2.port"), 10s) == port);
+
+  AdminProbe admin2(port);
+  INFO(restarted.Log());
+  REQUIRE(WaitForState(admin2, pb::CLUSTER_READY, 10s));
+  // READY is restored at once; every node re-registers as a harmless retry (same
+  // incarnation), and none is reported as restarted.
+  for (std::string id : {"s0", "s1", "w0", "w1"}) {
+    const auto until = Clock::now() + 10s;
+    const std::string line = id + " registered as rank";
+    while (Clock::now() < until && restarted.Log().find(line) == std::string::npos) {
+      std::this_thread::sleep_for(20ms);
+    }
+    INFO(id);
+    CHECK(restarted.Log().find(line) != std::string::npos);
+  }
+  CHECK(restarted.Log().find("restored from") != std::string::npos);
+  CHECK(restarted.Log().find("restarted (new incarnation)") == std::string::npos);
+  Result<pb::AdminResponse> after = admin2.Call("nodes");
+  REQUIRE(after.ok());
+  CHECK(after->cluster_state() == pb::CLUSTER_READY);
+  CHECK(Ranks(*after) == Ranks(*before));
+  CHECK(after->epoch() > before->epoch());
+  for (std::string id : {"s0", "s1", "w0", "w1"}) {
+    const pb::ServersMeta* b = AdminProbe::FindNode(*before, id);
+    const pb::ServersMeta* a = AdminProbe::FindNode(*after, id);
+    REQUIRE(b != nullptr);
+    REQUIRE(a != nullptr);
+    CHECK(a->incarnation() == b->incarnation());  // the same processes
+    CHECK(a->is_alive());
+  }
+  for (auto& m : members) CHECK(m->running());  // no worker or server restarted
+
+  // Parameters and KV entries survived; the data plane still works.
+  Result<node::PullResult> pulled = worker.Pull(keys).get();
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == values);
+  Result<std::string> step = worker.KvTryGet("job/step");
+  REQUIRE(step.ok());
+  CHECK(*step == "17");
+  Result<std::string> cfg = worker.KvTryGet("job/config");
+  REQUIRE(cfg.ok());
+  CHECK(*cfg == "lr=0.1");
+  REQUIRE(worker.Push(keys, values).get().ok());
+  pulled = worker.Pull(keys).get();
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values[1] == 2 * values[1]);
+  CHECK(WaitForState(admin2, pb::CLUSTER_READY, 1s));
+
+  worker.Stop();
+}
+
+TEST_CASE("a damaged state file stops the scheduler with exit 1 naming the file, unless told to reset",
+          "[multiproc][net]") {
+  TempDir dir;
+  REQUIRE(dir.ok());
+  const std::string state_dir = dir.File("state");
+  REQUIRE(std::filesystem::create_directories(state_dir));
+  const std::string path = state_dir + "/scheduler.state";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "PSST this is not a state file";
+  }
+  Process bad;
+  REQUIRE(bad.Start(SchedulerArgs(0, state_dir, dir.File("bad.port")), dir.File("bad.log")));
+  std::optional<int> code = bad.Wait(10s);
+  INFO(bad.Log());
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  CHECK(bad.Log().find(path) != std::string::npos);
+  CHECK(bad.Log().find("--state_reset_on_corrupt") != std::string::npos);
+
+  std::vector<std::string> argv = SchedulerArgs(0, state_dir, dir.File("reset.port"));
+  argv.push_back("--state_reset_on_corrupt");
+  Process reset;
+  REQUIRE(reset.Start(argv, dir.File("reset.log")));
+  INFO(reset.Log());
+  REQUIRE(ReadPortFile(dir.File("reset.port"), 10s) > 0);
+  CHECK(std::filesystem::exists(path + ".corrupt"));
+  // A fresh, valid file replaced the damaged one.
+  const auto deadline = Clock::now() + 5s;
+  while (Clock::now() < deadline && !core::ParseState(ReadFile(path)).ok()) std::this_thread::sleep_for(10ms);
+  Result<pb::PersistedState> fresh = core::ParseState(ReadFile(path));
+  REQUIRE(fresh.ok());
+  CHECK(fresh->nodes_size() == 0);
+  CHECK(fresh->cluster_state() == pb::ClUSTER_STARTING);
+}
+
+}  // namespace pscore::testing
