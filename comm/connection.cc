@@ -211,6 +211,11 @@ void Connection::Flush() {
   batch.release();  // Freed in OnWriteDone.
 }
 
+void Connection::CloseAfterFlush(const Status& why) {
+  if (!closing_) Flush();
+  Close(why);
+}
+
 void Connection::Close(const Status& why) {
   DCHECK(loop_->InLoopThread());
   if (closing_) return;

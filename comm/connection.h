@@ -34,6 +34,8 @@ class Connection {
   Status Send(const pb::MessageMeta& meta, BufferPtr payload);
   // Idempotent. Does not free: libuv still references the handle until OnClosed runs.
   void Close(const Status& why);
+  // Writes what is queued (as far as the socket takes it now), then closes.
+  void CloseAfterFlush(const Status& why);
 
   ConnId id() const { return id_; }
   const std::string& peer() const { return peer_; }

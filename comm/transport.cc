@@ -78,12 +78,12 @@ void OnConnect(uv_connect_t* req, int status) {
     return;
   }
   if (status == 0) {
-    ConnId id = d->transport->Adopt(tcp, /*accepted=*/false);
-    if (id == kNoConn) {
-      Finish(d, Status(Code::kUnavailable, "connect to " + d->target + ": could not start reading"));
-    } else {
-      Finish(d, id);
-    }
+    // The connection reports itself ready (after the token handshake, if any).
+    Transport* t = d->transport;
+    auto done = std::move(d->done);
+    d->done = nullptr;
+    Finish(d, kNoConn);
+    t->Adopt(tcp, /*accepted=*/false, std::move(done));
     return;
   }
   CloseAndFree(tcp);
@@ -232,7 +232,7 @@ void Transport::Connect(const std::string& host, int port, ConnectOptions option
   Attempt(d);
 }
 
-ConnId Transport::Adopt(uv_tcp_t* tcp, bool accepted) {
+ConnId Transport::Adopt(uv_tcp_t* tcp, bool accepted, std::function<void(Result<ConnId>)> ready) {
   ConnId id = next_id_++;
   auto conn = std::make_unique<Connection>(this, loop_, id, tcp, options_);
   Status st = conn->StartReading();
@@ -240,6 +240,7 @@ ConnId Transport::Adopt(uv_tcp_t* tcp, bool accepted) {
     LOG(WARNING) << "conn " << id << " " << conn->peer() << ": " << st;
     conns_.emplace(id, std::move(conn));
     Close(id, st);
+    if (ready) ready(st);
     return kNoConn;
   }
   VLOG(1) << "conn " << id << " " << (accepted ? "accepted from " : "connected to ") << conn->peer();
@@ -249,8 +250,17 @@ ConnId Transport::Adopt(uv_tcp_t* tcp, bool accepted) {
     Duration period = std::max<Duration>(options_.partial_frame_timeout / 4, std::chrono::milliseconds(10));
     sweep_timer_ = loop_->AddTimer(period, period, [this] { SweepStalled(); });
   }
-  if (handlers_.on_open) handlers_.on_open(id, accepted);
+  if (!options_.auth_token.empty()) {
+    StartAuth(id, accepted, std::move(ready));
+  } else {
+    Opened(id, accepted, std::move(ready));
+  }
   return id;
+}
+
+void Transport::Opened(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready) {
+  if (handlers_.on_open) handlers_.on_open(id, accepted);
+  if (ready) ready(id);
 }
 
 void Transport::SweepStalled() {
@@ -282,6 +292,16 @@ void Transport::Release(ConnId id, const Status& why) {
   it->second.release();  // The connection frees itself in its close callback.
   conns_.erase(it);
   ++stats_.connections_closed;
+  recent_close_reasons_[id] = why.ToString();
+  if (recent_close_reasons_.size() > 64) recent_close_reasons_.erase(recent_close_reasons_.begin());
+  auto auth = pending_auth_.find(id);
+  if (auth != pending_auth_.end()) {
+    PendingAuth p = std::move(auth->second);
+    pending_auth_.erase(auth);
+    if (p.timer != 0) loop_->CancelTimer(p.timer);
+    if (p.ready) p.ready(Status(why.code(), "connection closed during the token handshake: " + why.message()));
+    return;  // Never opened: nobody else knows this connection.
+  }
   std::vector<std::function<void(const Status&)>> watchers;
   auto range = close_watchers_.equal_range(id);
   for (auto w = range.first; w != range.second; ++w) watchers.push_back(std::move(w->second));
@@ -299,13 +319,25 @@ void Transport::WatchClose(ConnId id, std::function<void(const Status&)> fn) {
 }
 
 void Transport::Deliver(ConnId id, Frame&& frame) {
+  if (!pending_auth_.empty() && pending_auth_.count(id)) return OnAuthFrame(id, std::move(frame));
+  if (options_.auth_token.empty() && frame.meta.cmd() == pb::HELLO && !frame.meta.is_response() &&
+      frame.payload) {
+    // A token challenge while we have no token: say so instead of a puzzling failure.
+    Status why(Code::kPermissionDenied, "peer " + PeerAddress(id) + " requires a cluster token (--cluster_token_file)");
+    LOG(ERROR) << "conn " << id << ": " << why;
+    return Close(id, why);
+  }
   if (handlers_.on_frame) handlers_.on_frame(id, std::move(frame));
 }
 
 Status Transport::Send(ConnId id, const pb::MessageMeta& meta, BufferPtr payload) {
   DCHECK(loop_->InLoopThread());
   Connection* c = Lookup(id);
-  if (c == nullptr) return Status(Code::kUnavailable, "connection " + std::to_string(id) + " is closed");
+  if (c == nullptr) {
+    auto why = recent_close_reasons_.find(id);
+    return Status(Code::kUnavailable, "connection " + std::to_string(id) + " is closed" +
+                                          (why == recent_close_reasons_.end() ? "" : " (" + why->second + ")"));
+  }
   return c->Send(meta, std::move(payload));
 }
 

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
@@ -71,14 +72,30 @@ class Transport {
   Connection* Lookup(ConnId id) const;
   void Release(ConnId id, const Status& why);
   void Deliver(ConnId id, Frame&& frame);
-  ConnId Adopt(uv_tcp_s* tcp, bool accepted);  // takes an initialised, connected handle
+  // Takes an initialised, connected handle. `ready` (dialled connections) runs once the
+  // connection may carry frames: at once, or after the token handshake.
+  ConnId Adopt(uv_tcp_s* tcp, bool accepted, std::function<void(Result<ConnId>)> ready = nullptr);
   void CountIn(size_t bytes, size_t frames) { stats_.bytes_in += bytes; stats_.frames_in += frames; }
   void CountOut(size_t bytes) { stats_.bytes_out += bytes; ++stats_.frames_out; }
   void CountProtocolError() { ++stats_.protocol_errors; }
   void DialerDone(Dialer* d);
 
  private:
+  // Token handshake state of a connection that may not carry frames yet.
+  struct PendingAuth {
+    bool accepted;
+    std::string nonce;  // accepting side: the challenge sent
+    std::function<void(Result<ConnId>)> ready;
+    uint64_t timer = 0;  // TimerId of the handshake deadline
+  };
   void SweepStalled();
+  void StartAuth(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready);
+  void OnAuthFrame(ConnId id, Frame&& frame);
+  void AuthDone(ConnId id, const Status& st);
+  void Opened(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready);
+  std::unordered_map<ConnId, PendingAuth> pending_auth_;
+  // Why recently closed connections closed, so a late Send can say why (bounded).
+  std::map<ConnId, std::string> recent_close_reasons_;
 
   EventLoop* loop_;
   TransportOptions options_;

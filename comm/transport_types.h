@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 #include "comm/frame.h"
 #include "core/clock.h"
@@ -21,6 +22,11 @@ struct TransportOptions {
   Duration partial_frame_timeout = std::chrono::seconds(30);
   // Socket options.
   bool tcp_nodelay = true;
+  // Cluster token: when set, every connection starts with a challenge (a nonce from the
+  // accepting side) and an HMAC proof from the connecting side; nothing else flows
+  // until the proof is checked. Empty: no authentication.
+  std::string auth_token;
+  Duration auth_timeout = std::chrono::seconds(10);
 };
 
 struct TransportStats {

@@ -2,7 +2,10 @@
 
 #include <gflags/gflags.h>
 
+#include <cctype>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <iostream>
 #include <sstream>
 
@@ -34,6 +37,8 @@ DEFINE_string(state_dir, "", "Scheduler: persist membership, cluster state and t
               "reload them on restart, so nodes re-register and the job carries on (empty: off).");
 DEFINE_bool(state_reset_on_corrupt, false, "Scheduler: a damaged state file is set aside (.corrupt) and the job "
             "starts fresh, instead of exiting 1.");
+DEFINE_string(cluster_token_file, "", "File holding the cluster token (trailing whitespace ignored). Every process of the job "
+              "must use the same token; connections and admin commands then prove it with an HMAC.");
 DEFINE_string(update_rule, "sum", "Server parameter store rule: assign, sum or sgd.");
 DEFINE_double(learning_rate, 0.1, "Learning rate of the sgd update rule.");
 // pscore-train (the demo job's worker) only.
@@ -146,6 +151,17 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
 
   CommandLine cl;
   cl.role = FLAGS_role;
+  std::string token;
+  if (!FLAGS_cluster_token_file.empty()) {
+    std::ifstream in(FLAGS_cluster_token_file, std::ios::binary);
+    if (!in) Die(prog, "--cluster_token_file: cannot read " + FLAGS_cluster_token_file);
+    token.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+    if (token.empty()) Die(prog, "--cluster_token_file: " + FLAGS_cluster_token_file + " is empty");
+  }
+  cl.cluster_token = token;
+  cl.scheduler.cluster_token = token;
+  cl.node.cluster_token = token;
   SchedulerOptions& s = cl.scheduler;
   s.host = FLAGS_host;
   s.port = FLAGS_scheduler_port;

@@ -32,6 +32,7 @@ struct AdminFlags {
 
 struct CommandLine {
   std::string role;
+  std::string cluster_token;  // from --cluster_token_file; empty: none
   SchedulerOptions scheduler;
   NodeOptions node;
   bool auto_finish = true;

@@ -22,6 +22,7 @@ uint64_t FreshIncarnation() {
 comm::TransportOptions TransportFor(const NodeOptions& o) {
   comm::TransportOptions t;
   t.limits.max_message_bytes = o.max_message_bytes;
+  t.auth_token = o.cluster_token;
   return t;
 }
 
@@ -166,6 +167,17 @@ void Node::OnFrame(ConnId conn, Frame&& frame) {
   } else {
     OnPeerRequest(conn, std::move(frame));
   }
+}
+
+void Node::InjectForTest(ConnId conn, Frame&& frame, bool from_scheduler) {
+  RunSync<int>([&] {
+    if (from_scheduler) {
+      HandleSchedulerPush(conn, std::move(frame));
+    } else {
+      OnPeerRequest(conn, std::move(frame));
+    }
+    return 0;
+  });
 }
 
 void Node::OnPeerRequest(ConnId conn, Frame&& frame) {

@@ -28,6 +28,7 @@ struct SchedulerOptions {
   // Restart recovery: persist membership, state and KV here (empty: nothing persisted).
   std::string state_dir;
   bool state_reset_on_corrupt = false;  // a damaged state file: start fresh, not exit 1
+  std::string cluster_token;  // empty: no authentication
 };
 
 struct NodeOptions {
@@ -46,6 +47,7 @@ struct NodeOptions {
   uint64_t max_message_bytes = 256ull << 20;
   // Server handlers run on this many executor threads (0: on the loop thread).
   int handler_threads = 2;
+  std::string cluster_token;  // empty: no authentication
 };
 
 }  // namespace pscore::node

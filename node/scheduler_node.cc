@@ -21,9 +21,10 @@ core::ClusterConfig MakeClusterConfig(const SchedulerOptions& o) {
   return c;
 }
 
-comm::TransportOptions MakeTransportOptions(uint64_t max_message_bytes) {
+comm::TransportOptions MakeTransportOptions(const SchedulerOptions& o) {
   comm::TransportOptions t;
-  t.limits.max_message_bytes = max_message_bytes;
+  t.limits.max_message_bytes = o.max_message_bytes;
+  t.auth_token = o.cluster_token;
   return t;
 }
 
@@ -40,7 +41,7 @@ SchedulerNode::SchedulerNode(SchedulerOptions options, comm::EventLoop* loop)
   h.on_request = [this](ConnId c, Frame&& f) { OnRequest(c, std::move(f)); };
   h.on_close = [this](ConnId c, const Status& why) { OnClose(c, why); };
   messenger_ = std::make_unique<comm::Messenger>(
-      loop_, MakeTransportOptions(options_.max_message_bytes), std::move(h));
+      loop_, MakeTransportOptions(options_), std::move(h));
 }
 
 SchedulerNode::~SchedulerNode() { Stop(); }
@@ -176,6 +177,15 @@ void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
     }
   }
   DrainEvents();
+}
+
+void SchedulerNode::InjectForTest(ConnId conn, Frame&& frame) {
+  std::promise<void> done;
+  loop_->Post([this, conn, &frame, &done] {
+    OnRequest(conn, std::move(frame));
+    done.set_value();
+  });
+  done.get_future().wait();
 }
 
 void SchedulerNode::OnClose(ConnId conn, const Status& why) {
