@@ -1,0 +1,57 @@
+// Regression tests for inputs found by the fuzzers (tests/fuzz/, docs/fuzzing.md).
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/kv_codec.h"
+
+#include <catch2/catch.hpp>
+
+namespace pscore::core {
+namespace {
+
+// kv_codec_fuzz, crash-29a80a78: the encoder lays out an empty keys vector without padding
+// it to 8 bytes (flatbuffers skips alignment for zero-length vectors), and the decoder
+// refused its own output as "keys not 8-byte aligned". An empty vector reads nothing, so
+// the decoder now checks the alignment of keys only when there are keys.
+TEST_CASE("kv codec: an empty batch round-trips whatever the op and the arrays present", "[core][fuzz]") {
+  const uint32_t lens[1] = {0};
+  const float values[1] = {0};
+  for (int op = 0; op < 256; ++op) {
+    for (int arrays = 0; arrays < 4; ++arrays) {
+      const uint32_t* l = (arrays & 1) ? lens : nullptr;
+      const float* v = (arrays & 2) ? values : nullptr;
+      BufferPtr buf = EncodeKvPairs(nullptr, 0, l, v, 0, static_cast<uint8_t>(op));
+      auto pull = DecodeKvPairs(buf->data(), buf->size(), /*expect_values=*/false);
+      INFO("op " << op << " arrays " << arrays);
+      REQUIRE(pull.ok());
+      CHECK(pull->num_keys == 0);
+      CHECK(pull->op == op);
+      if (l != nullptr) {
+        auto push = DecodeKvPairs(buf->data(), buf->size(), /*expect_values=*/true);
+        REQUIRE(push.ok());
+        CHECK(push->num_values == 0);
+      }
+    }
+  }
+}
+
+// The fuzzer's input itself (29 bytes: keys and lens present and empty, op 0xf5): it
+// decodes, and so must its re-encoding.
+TEST_CASE("kv codec: the fuzzer's empty-keys buffer round-trips", "[core][fuzz]") {
+  const unsigned char input[] = {0x0c, 0x00, 0x00, 0x00, 0x04, 0x00, 0x04, 0x00, 0x00, 0x00, 0x10,
+                                 0x00, 0x0c, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00,
+                                 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0xf5};
+  std::vector<uint64_t> aligned((sizeof input + 7) / 8);
+  std::memcpy(aligned.data(), input, sizeof input);
+  auto v = DecodeKvPairs(reinterpret_cast<const char*>(aligned.data()), sizeof input, false);
+  REQUIRE(v.ok());
+  BufferPtr again = EncodeKvPairs(v->keys, v->num_keys, v->lens, v->values, v->num_values, v->op);
+  auto back = DecodeKvPairs(again->data(), again->size(), false);
+  INFO(back.status().ToString());
+  CHECK(back.ok());
+}
+
+}  // namespace
+}  // namespace pscore::core
