@@ -1,0 +1,151 @@
+// StateWriter (node/state_writer.h): atomic replace, coalescing of a burst, draining at
+// destruction, errors for an unusable directory; and an in-process scheduler with
+// --state_dir that persists registrations and KV entries and restores them.
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <string>
+
+#include "core/state_file.h"
+#include "node/scheduler_node.h"
+#include "node/server_node.h"
+#include "node/state_writer.h"
+#include "node/worker_node.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::node {
+namespace {
+
+using namespace std::chrono_literals;
+
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base != nullptr ? base : "/tmp") + "/pscore-sw-XXXXXX";
+    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string Slurp(const std::string& path) {
+  Result<std::string> r = ReadStateFile(path);
+  return r.ok() ? *r : std::string();
+}
+
+}  // namespace
+
+TEST_CASE("state writer replaces the file atomically and coalesces a burst", "[node][state]") {
+  ScratchDir dir;
+  REQUIRE_FALSE(dir.path().empty());
+  const std::string path = StateFilePath(dir.path() + "/sub/dir");
+  CHECK(ReadStateFile(path).status().code() == Code::kNotFound);
+  {
+    StateWriter writer(path);
+    REQUIRE(writer.Start().ok());  // creates the directories
+    CHECK(writer.idle());
+    writer.Submit("first");
+    REQUIRE(writer.Flush(5s).ok());
+    CHECK(Slurp(path) == "first");
+    CHECK(writer.writes() == 1);
+    CHECK(writer.idle());
+    for (int i = 0; i < 200; ++i) writer.Submit(std::string(4096, 'a') + std::to_string(i));
+    REQUIRE(writer.Flush(10s).ok());
+    CHECK(Slurp(path) == std::string(4096, 'a') + "199");  // the newest always lands
+    CHECK(writer.writes() <= 201);
+    CHECK(writer.failures() == 0);
+    CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
+    writer.Submit("last");  // pending at destruction: still written
+  }
+  CHECK(Slurp(path) == "last");
+}
+
+TEST_CASE("state writer reports a directory it cannot create", "[node][state]") {
+  ScratchDir dir;
+  REQUIRE_FALSE(dir.path().empty());
+  const std::string file = dir.path() + "/plain";
+  std::ofstream(file) << "x";
+  StateWriter writer(StateFilePath(file + "/state"));
+  Status st = writer.Start();
+  CHECK(st.code() == Code::kUnavailable);
+  CHECK_THAT(st.message(), Catch::Contains(file));
+}
+
+TEST_CASE("an in-process scheduler with a state dir restores nodes and KV after a stop",
+          "[node][state][net]") {
+  ScratchDir dir;
+  REQUIRE_FALSE(dir.path().empty());
+  SchedulerOptions so;
+  so.worker_num = 1;
+  so.server_num = 1;
+  so.heartbeat_interval = 50ms;
+  so.heartbeat_timeout = 2s;
+  so.state_dir = dir.path();
+  int port = 0;
+  uint64_t epoch = 0;
+  {
+    SchedulerNode sched(so);
+    REQUIRE(sched.Start().ok());
+    port = sched.port();
+    NodeOptions wo;
+    wo.role = pb::WORKER;
+    wo.node_id = "w0";
+    wo.scheduler_port = port;
+    wo.heartbeat_interval = 50ms;
+    wo.connect_timeout = 5s;
+    NodeOptions ko = wo;
+    ko.role = pb::SERVER;
+    ko.node_id = "s0";
+    WorkerNode worker(wo);
+    ServerNode other(ko, core::ParamStore::Options());
+    REQUIRE(worker.Start().ok());
+    REQUIRE(other.Start().ok());
+    REQUIRE(worker.WaitForReady(5s).ok());
+    REQUIRE(worker.KvSet("a/b", "v1").ok());
+    REQUIRE(worker.KvSet("a/c", "v2").ok());
+    REQUIRE(worker.KvDelete("a/c").ok());
+    epoch = sched.epoch();
+    worker.Stop();
+    other.Stop();
+    sched.Stop();  // a clean stop writes what is pending
+  }
+  Result<pb::PersistedState> st = core::ParseState(Slurp(StateFilePath(dir.path())));
+  REQUIRE(st.ok());
+  CHECK(st->nodes_size() == 2);
+  REQUIRE(st->kv_size() == 1);
+  CHECK(st->kv(0).key() == "a/b");
+  CHECK(st->job_id() == "default");
+
+  so.port = 0;
+  SchedulerNode again(so);
+  REQUIRE(again.Start().ok());
+  CHECK(again.cluster_state() == pb::CLUSTER_READY);
+  CHECK(again.epoch() == epoch + 1);
+  std::promise<std::pair<int, std::string>> seen;
+  again.loop()->Run([&] {
+    const core::NodeRecord* s0 = again.cluster().Find("s0");
+    seen.set_value({static_cast<int>(again.cluster().Nodes().size()), s0 ? s0->node_id : ""});
+  });
+  auto [count, id] = seen.get_future().get();
+  CHECK(count == 2);
+  CHECK(id == "s0");
+  again.Stop();
+
+  so.job_id = "another";
+  SchedulerNode wrong(so);
+  Status bad = wrong.Start();
+  CHECK(bad.code() == Code::kFailedPrecondition);
+  CHECK_THAT(bad.message(), Catch::Contains(StateFilePath(dir.path())));
+}
+
+}  // namespace pscore::node
