@@ -22,6 +22,7 @@ Status Unreachable(const std::string& target, const std::string& why) {
 AdminClient::AdminClient(AdminClientOptions options) : options_(std::move(options)), loop_("admin") {
   comm::TransportOptions t;
   t.limits.max_message_bytes = options_.max_message_bytes;
+  t.auth_token = options_.cluster_token;
   comm::Messenger::Handlers h;
   // The scheduler sends an admin client nothing but answers; ignore anything else.
   h.on_request = [](comm::ConnId, comm::Frame&&) {};

@@ -25,6 +25,7 @@ struct AdminClientOptions {
   // Deadline of the connection attempt and of each request.
   Duration timeout = std::chrono::seconds(10);
   uint64_t max_message_bytes = 256ull << 20;
+  std::string cluster_token;  // the job's token, when it has one
 };
 
 class AdminClient {

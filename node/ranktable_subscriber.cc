@@ -20,7 +20,9 @@ RankTableSubscriber::RankTableSubscriber(RankTableSubscriberOptions options, Tab
     conn_ = comm::kNoConn;
     if (on_close_ && !stopped_) on_close_(why);
   };
-  messenger_ = std::make_unique<comm::Messenger>(loop_, comm::TransportOptions(), std::move(h));
+  comm::TransportOptions t;
+  t.auth_token = options_.cluster_token;
+  messenger_ = std::make_unique<comm::Messenger>(loop_, t, std::move(h));
 }
 
 RankTableSubscriber::~RankTableSubscriber() {

@@ -21,6 +21,7 @@ struct RankTableSubscriberOptions {
   std::string job_id = "default";
   std::string role = "worker";
   Duration timeout = std::chrono::seconds(10);  // connect and subscribe
+  std::string cluster_token;  // the job's token, when it has one
 };
 
 class RankTableSubscriber {

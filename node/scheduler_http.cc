@@ -1,5 +1,7 @@
 #include "node/scheduler_http.h"
 
+#include <openssl/crypto.h>
+
 #include <future>
 
 #include <google/protobuf/util/json_util.h>
@@ -127,6 +129,18 @@ void SchedulerHttp::Reply(comm::HttpConnId id, const Status& st, json data) {
   server_->Respond(id, status, kJson, Dump(body)).IgnoreError();
 }
 
+// Mutating endpoints need the cluster token as a bearer token when the job has one.
+bool SchedulerHttp::Authorized(const comm::HttpRequest& req) const {
+  const std::string& token = sched_->options().cluster_token;
+  if (token.empty()) return true;
+  auto h = req.headers.find("authorization");
+  if (h == req.headers.end()) return false;
+  const std::string prefix = "Bearer ";
+  if (h->second.compare(0, prefix.size(), prefix) != 0) return false;
+  std::string given = h->second.substr(prefix.size());
+  return given.size() == token.size() && CRYPTO_memcmp(given.data(), token.data(), token.size()) == 0;
+}
+
 void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
   const std::string& p = req.path;
   const bool get = req.method == "GET";
@@ -148,7 +162,15 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
     return sched_->Admin(areq, [this, id](Status st, pb::AdminResponse resp) { Reply(id, st, ToJson(resp)); });
   }
   if (p.rfind("/v1/", 0) == 0 && kAdminOps.count(p.substr(4)) != 0) {
-    return post ? ServeAdmin(id, p.substr(4), req) : wrong_method("POST");
+    if (!post) return wrong_method("POST");
+    if (!Authorized(req)) {
+      ++responses_[401];
+      json body = {{"code", static_cast<int>(Code::kPermissionDenied)},
+                   {"message", "this job has a cluster token: send Authorization: Bearer <token>"},
+                   {"data", nullptr}};
+      return server_->Respond(id, 401, kJson, Dump(body)).IgnoreError();
+    }
+    return ServeAdmin(id, p.substr(4), req);
   }
   Reply(id, Status(Code::kNotFound, "no such endpoint: " + p), nullptr);
 }

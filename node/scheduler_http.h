@@ -30,6 +30,7 @@ class SchedulerHttp {
   int port() const { return port_; }
 
  private:
+  bool Authorized(const comm::HttpRequest& req) const;
   void OnRequest(comm::HttpConnId id, comm::HttpRequest&& req);
   void ServeRankTable(comm::HttpConnId id, const comm::HttpRequest& req);
   void ServeStream(comm::HttpConnId id, const comm::HttpRequest& req);
