@@ -71,7 +71,8 @@ Status SchedulerNode::OpenState() {
     }
     // Every cluster event, and every admission (none is reported while STARTING), is a change.
     listeners_.push_back([this](const core::Event&) { MarkStateDirty(/*urgent=*/true); });
-    register_listeners_.push_back([this] { MarkStateDirty(/*urgent=*/true); });
+    // An admission alone is not urgent: a node whose admission is lost registers again.
+    register_listeners_.push_back([this] { MarkStateDirty(/*urgent=*/false); });
     if (owned_loop_) {
       // A clean stop writes what the writer had no time for (the writer drains at exit).
       loop_->AddStopHook([this] {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -30,17 +31,25 @@ constexpr int kIntervalMs = 100;
 constexpr int kTimeoutMs = 3000;          // the restart must fit in it
 constexpr int kConnectTimeoutMs = 20000;  // nodes keep retrying this long
 
-std::vector<std::string> Timing() {
+std::vector<std::string> Timing(int timeout_ms = kTimeoutMs) {
   return {"--heartbeat_interval_ms=" + std::to_string(kIntervalMs),
-          "--heartbeat_timeout_ms=" + std::to_string(kTimeoutMs),
+          "--heartbeat_timeout_ms=" + std::to_string(timeout_ms),
           "--connect_timeout_ms=" + std::to_string(kConnectTimeoutMs)};
 }
 
-std::vector<std::string> SchedulerArgs(int port, const std::string& state_dir, const std::string& port_file) {
+std::vector<std::string> SchedulerArgs(int port, const std::string& state_dir, const std::string& port_file,
+                                       int timeout_ms = kTimeoutMs) {
   std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--scheduler_port=" + std::to_string(port),
                                    "--worker_num=2", "--server_num=2", "--state_dir=" + state_dir,
                                    "--port_file=" + port_file};
-  for (auto& f : Timing()) argv.push_back(f);
+  for (auto& f : Timing(timeout_ms)) argv.push_back(f);
+  return argv;
+}
+
+std::vector<std::string> MemberArgs(const std::string& role, const std::string& id, int port, int timeout_ms) {
+  std::vector<std::string> argv = {NodeBinary(), "--role=" + role, "--node_id=" + id,
+                                   "--scheduler_port=" + std::to_string(port), "--auto_finish=false"};
+  for (auto& f : Timing(timeout_ms)) argv.push_back(f);
   return argv;
 }
 
@@ -54,17 +63,22 @@ bool WaitForState(AdminProbe& admin, pb::ClusterState state, std::chrono::millis
   return false;
 }
 
-// Waits until the state file parses and holds the KV key (the writer is asynchronous).
-bool WaitForPersistedKey(const std::string& path, const std::string& key, std::chrono::milliseconds timeout) {
+// Waits until the state file parses and satisfies `ok` (the writer is asynchronous).
+bool WaitForPersisted(const std::string& path, const std::function<bool(const pb::PersistedState&)>& ok,
+                      std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   while (Clock::now() < deadline) {
     Result<pb::PersistedState> st = core::ParseState(ReadFile(path));
-    if (st.ok() && st->cluster_state() == pb::CLUSTER_READY) {
-      for (const pb::KvEntry& e : st->kv()) {
-        if (e.key() == key) return true;
-      }
-    }
+    if (st.ok() && ok(*st)) return true;
     std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+bool ReadyWithKey(const pb::PersistedState& st, const std::string& key) {
+  if (st.cluster_state() != pb::CLUSTER_READY) return false;
+  for (const pb::KvEntry& e : st.kv()) {
+    if (e.key() == key) return true;
   }
   return false;
 }
@@ -92,11 +106,8 @@ TEST_CASE("a SIGKILLed scheduler restarted with its --state_dir resumes the job 
   for (std::string spec : {"server:s0", "server:s1", "worker:w0"}) {
     const std::string role = spec.substr(0, spec.find(':'));
     const std::string id = spec.substr(spec.find(':') + 1);
-    std::vector<std::string> argv = {NodeBinary(), "--role=" + role, "--node_id=" + id,
-                                     "--scheduler_port=" + std::to_string(port), "--auto_finish=false"};
-    for (auto& f : Timing()) argv.push_back(f);
     members.push_back(std::make_unique<Process>());
-    REQUIRE(members.back()->Start(argv, dir.File(id + ".log")));
+    REQUIRE(members.back()->Start(MemberArgs(role, id, port, kTimeoutMs), dir.File(id + ".log")));
   }
   // The second worker runs in this process: it pushes, pulls and uses the KV store.
   node::NodeOptions o;
@@ -121,7 +132,8 @@ TEST_CASE("a SIGKILLed scheduler restarted with its --state_dir resumes the job 
   Result<pb::AdminResponse> before = admin1.Call("nodes");
   REQUIRE(before.ok());
   REQUIRE(before->nodes_size() == 4);
-  REQUIRE(WaitForPersistedKey(state_dir + "/scheduler.state", "job/step", 5s));
+  REQUIRE(WaitForPersisted(state_dir + "/scheduler.state",
+                           [](const pb::PersistedState& st) { return ReadyWithKey(st, "job/step"); }, 5s));
 
   scheduler.Signal(SIGKILL);
   REQUIRE(scheduler.Wait(5s).has_value());
@@ -213,6 +225,60 @@ TEST_CASE("a damaged state file stops the scheduler with exit 1 naming the file,
   REQUIRE(fresh.ok());
   CHECK(fresh->nodes_size() == 0);
   CHECK(fresh->cluster_state() == pb::ClUSTER_STARTING);
+}
+
+TEST_CASE("after a scheduler restart, a node that does not come back times out as usual",
+          "[multiproc][net]") {
+  constexpr int kShortTimeoutMs = 1000;
+  TempDir dir;
+  REQUIRE(dir.ok());
+  const std::string state_dir = dir.File("state");
+  Process scheduler;
+  REQUIRE(scheduler.Start(SchedulerArgs(0, state_dir, dir.File("s.port"), kShortTimeoutMs), dir.File("s1.log")));
+  const int port = ReadPortFile(dir.File("s.port"), 10s);
+  REQUIRE(port > 0);
+  std::map<std::string, std::unique_ptr<Process>> members;
+  for (std::string spec : {"server:s0", "server:s1", "worker:w0", "worker:w1"}) {
+    const std::string role = spec.substr(0, spec.find(':'));
+    const std::string id = spec.substr(spec.find(':') + 1);
+    members[id] = std::make_unique<Process>();
+    REQUIRE(members[id]->Start(MemberArgs(role, id, port, kShortTimeoutMs), dir.File(id + ".log")));
+  }
+  AdminProbe admin1(port);
+  REQUIRE(WaitForState(admin1, pb::CLUSTER_READY, 15s));
+  Result<pb::AdminResponse> before = admin1.Call("nodes");
+  REQUIRE(before.ok());
+  REQUIRE(WaitForPersisted(
+      state_dir + "/scheduler.state",
+      [](const pb::PersistedState& st) { return st.cluster_state() == pb::CLUSTER_READY && st.nodes_size() == 4; },
+      5s));
+
+  scheduler.Signal(SIGKILL);
+  members["w1"]->Signal(SIGKILL);  // dies while the scheduler is down
+  REQUIRE(scheduler.Wait(5s).has_value());
+  REQUIRE(members["w1"]->Wait(5s).has_value());
+  Process restarted;
+  REQUIRE(restarted.Start(SchedulerArgs(port, state_dir, dir.File("s2.port"), kShortTimeoutMs), dir.File("s2.log")));
+  REQUIRE(ReadPortFile(dir.File("s2.port"), 10s) == port);
+  AdminProbe admin2(port);
+  INFO(restarted.Log());
+  // Restored READY, then NODE_TIMEOUT once w1's restored heartbeat budget runs out.
+  REQUIRE(WaitForState(admin2, pb::NODE_TIMEOUT, 10s));
+  Result<pb::AdminResponse> during = admin2.Call("nodes");
+  REQUIRE(during.ok());
+  for (const pb::ServersMeta& m : during->nodes()) {
+    INFO(m.node_id());
+    CHECK(m.is_alive() == (m.node_id() != "w1"));
+  }
+  for (const char* id : {"s0", "s1", "w0"}) CHECK(members[id]->running());
+
+  // w1 restarted with its id: the same rank, READY again.
+  members["w1"] = std::make_unique<Process>();
+  REQUIRE(members["w1"]->Start(MemberArgs("worker", "w1", port, kShortTimeoutMs), dir.File("w1b.log")));
+  REQUIRE(WaitForState(admin2, pb::CLUSTER_READY, 10s));
+  Result<pb::AdminResponse> after = admin2.Call("nodes");
+  REQUIRE(after.ok());
+  CHECK(Ranks(*after) == Ranks(*before));
 }
 
 }  // namespace pscore::testing
