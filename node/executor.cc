@@ -3,42 +3,51 @@
 namespace pscore::node {
 
 Executor::Executor(int threads) {
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Worker(); });
+  for (int i = 0; i < threads; ++i) {
+    lanes_.push_back(std::make_unique<Lane>());
+    Lane* lane = lanes_.back().get();
+    lane->thread = std::thread([lane] { Run(lane); });
+  }
 }
 
 Executor::~Executor() { Shutdown(); }
 
-void Executor::Submit(std::function<void()> fn) {
+void Executor::Submit(uint64_t affinity, std::function<void()> fn) {
+  if (lanes_.empty()) return;
+  Lane& lane = *lanes_[affinity % lanes_.size()];
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    queue_.push_back(std::move(fn));
+    std::lock_guard<std::mutex> lock(lane.mu);
+    if (lane.stopping) return;
+    lane.queue.push_back(std::move(fn));
   }
-  cv_.notify_one();
+  lane.cv.notify_one();
 }
 
 void Executor::Shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && threads_.empty()) return;
-    stopping_ = true;
+  std::lock_guard<std::mutex> guard(shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  for (auto& lane : lanes_) {
+    {
+      std::lock_guard<std::mutex> lock(lane->mu);
+      lane->stopping = true;
+    }
+    lane->cv.notify_all();
   }
-  cv_.notify_all();
-  for (auto& t : threads_) {
-    if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
+  for (auto& lane : lanes_) {
+    if (lane->thread.joinable() && lane->thread.get_id() != std::this_thread::get_id()) lane->thread.join();
   }
-  threads_.clear();
 }
 
-void Executor::Worker() {
+void Executor::Run(Lane* lane) {
   for (;;) {
     std::function<void()> fn;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      fn = std::move(queue_.front());
-      queue_.pop_front();
+      std::unique_lock<std::mutex> lock(lane->mu);
+      lane->cv.wait(lock, [lane] { return lane->stopping || !lane->queue.empty(); });
+      if (lane->queue.empty()) return;
+      fn = std::move(lane->queue.front());
+      lane->queue.pop_front();
     }
     fn();
   }

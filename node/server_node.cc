@@ -123,7 +123,7 @@ void ServerNode::Dispatch(ConnId conn, Frame&& frame) {
   Responder r = MakeResponder(conn, meta);
   if (executor_) {
     DataHandler h = *handler;
-    executor_->Submit([h, req = std::move(req), r] { h(req, r); });
+    executor_->Submit(conn, [h, req = std::move(req), r] { h(req, r); });
   } else {
     (*handler)(req, r);
   }

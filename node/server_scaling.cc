@@ -135,7 +135,7 @@ void ServerNode::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, st
   };
   // Copying the entries may take a while: keep it off the loop thread when possible.
   if (executor_) {
-    executor_->Submit(std::move(work));
+    executor_->Submit(0, std::move(work));
   } else {
     work();
   }

@@ -331,10 +331,9 @@ TEST_CASE("Push/Pull: sums from 8 workers x 1000 pushes are exact", "[node][net]
   CHECK(c.server(1).store().num_keys() > 0);
 }
 
-// KNOWN BUG (reported to the lead): ServerNode hands push and pull to a multi-thread
-// executor, so a pull can overtake the push issued just before it on the same connection.
-// [!mayfail] keeps the run green; drop it once requests of one connection are ordered.
-TEST_CASE("a Pull issued after a Push from the same worker sees that Push", "[node][net][dataplane][!mayfail]") {
+// Regression: requests of one connection run on one executor lane, in order, so a pull
+// cannot overtake the push issued just before it.
+TEST_CASE("a Pull issued after a Push from the same worker sees that Push", "[node][net][dataplane]") {
   TestCluster::Config config;
   config.servers = 2;
   config.store.rule = core::UpdateRule::kAssign;
