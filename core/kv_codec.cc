@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@ struct Hole {
   size_t offset_from_end = 0;
   size_t bytes = 0;
   std::vector<Segment> segments;  // filled back to back
+  std::function<Status(char*)> fill;  // or written by the caller, in place
 };
 
 template <typename T>
@@ -34,13 +36,13 @@ flatbuffers::Offset<flatbuffers::Vector<T>> Reserve(flatbuffers::FlatBufferBuild
   // CreateUninitializedVector leaves GetSize() - 4 (the length field) at the
   // element start; the elements begin right after the length.
   const size_t data_from_end = offset.o - sizeof(flatbuffers::uoffset_t);
-  if (count > 0) holes->push_back(Hole{data_from_end, count * sizeof(T), {{source, count * sizeof(T)}}});
+  if (count > 0) holes->push_back(Hole{data_from_end, count * sizeof(T), {{source, count * sizeof(T)}}, nullptr});
   return offset;
 }
 
 // Copies the builder's skeleton around the holes and fills each hole from its segments:
 // every array byte is copied once, straight from the caller's memory.
-BufferPtr Assemble(const flatbuffers::FlatBufferBuilder& fbb, std::vector<Hole> holes) {
+Result<BufferPtr> Assemble(const flatbuffers::FlatBufferBuilder& fbb, std::vector<Hole> holes) {
   const size_t size = fbb.GetSize();
   const char* built = reinterpret_cast<const char*>(fbb.GetBufferPointer());
   BufferPtr out = Buffer::Allocate(size);
@@ -51,6 +53,10 @@ BufferPtr Assemble(const flatbuffers::FlatBufferBuilder& fbb, std::vector<Hole> 
     const size_t begin = size - h.offset_from_end;
     std::memcpy(out->data() + cursor, built + cursor, begin - cursor);
     size_t at = begin;
+    if (h.fill) {
+      Status st = h.fill(out->data() + begin);
+      if (!st.ok()) return st;
+    }
     for (const Segment& seg : h.segments) {
       if (seg.bytes > 0) std::memcpy(out->data() + at, seg.source, seg.bytes);
       at += seg.bytes;
@@ -85,7 +91,7 @@ BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* l
   kv.add_op(op);
   fb::FinishKvPairsBuffer(fbb, kv.Finish());
 
-  return Assemble(fbb, std::move(holes));
+  return *Assemble(fbb, std::move(holes));
 }
 
 BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
@@ -119,6 +125,30 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
   kv.add_lens(lens_off);
   kv.add_values(values_off);
   kv.add_op(op);
+  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  return *Assemble(fbb, std::move(holes));
+}
+
+Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                                      size_t num_values, const std::function<Status(float*)>& fill) {
+  const size_t estimate = 128 + num_keys * (sizeof(uint64_t) + sizeof(uint32_t)) + num_values * sizeof(float);
+  flatbuffers::FlatBufferBuilder fbb(estimate);
+  std::vector<Hole> holes;
+  float* unused = nullptr;
+  auto values_off = fbb.CreateUninitializedVector<float>(num_values, &unused);
+  if (num_values > 0) {
+    Hole h;
+    h.offset_from_end = values_off.o - sizeof(flatbuffers::uoffset_t);
+    h.bytes = num_values * sizeof(float);
+    h.fill = [&fill](char* dst) { return fill(reinterpret_cast<float*>(dst)); };
+    holes.push_back(std::move(h));
+  }
+  auto lens_off = Reserve(&fbb, lens, num_keys, &holes);
+  auto keys_off = Reserve(&fbb, keys, num_keys, &holes);
+  fb::KvPairsBuilder kv(fbb);
+  kv.add_keys(keys_off);
+  kv.add_lens(lens_off);
+  kv.add_values(values_off);
   fb::FinishKvPairsBuffer(fbb, kv.Finish());
   return Assemble(fbb, std::move(holes));
 }

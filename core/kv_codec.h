@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "core/buffer.h"
 #include "core/status.h"
@@ -37,6 +38,11 @@ BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* l
 BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
                               const uint64_t* value_offsets, const size_t* indices,
                               size_t num_indices, uint8_t op = 0);
+
+// A KvPairs with keys and lens copied from the caller and the values written in place
+// by fill(dst) (num_values floats; dst is 4-byte aligned). A fill error is returned.
+Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                                      size_t num_values, const std::function<Status(float*)>& fill);
 
 struct KvView {
   const uint64_t* keys = nullptr;

@@ -1,5 +1,7 @@
 #include "core/param_store.h"
 
+#include <cstring>
+
 #include <algorithm>
 #include <string>
 
@@ -108,6 +110,29 @@ Status ParamStore::Pull(const uint64_t* keys, size_t num_keys, std::vector<uint3
     }
     lens->push_back(static_cast<uint32_t>(it->second.size()));
     values->insert(values->end(), it->second.begin(), it->second.end());
+  }
+  return Status::Ok();
+}
+
+Status ParamStore::Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const {
+  for (size_t i = 0; i < num_keys; ++i) {
+    const Stripe& stripe = StripeFor(keys[i]);
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    auto it = stripe.entries.find(keys[i]);
+    if (it == stripe.entries.end()) return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
+    lens[i] = static_cast<uint32_t>(it->second.size());
+  }
+  return Status::Ok();
+}
+
+Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, float* out) const {
+  for (size_t i = 0; i < num_keys; ++i) {
+    const Stripe& stripe = StripeFor(keys[i]);
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    auto it = stripe.entries.find(keys[i]);
+    if (it == stripe.entries.end()) return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
+    std::memcpy(out, it->second.data(), it->second.size() * sizeof(float));
+    out += it->second.size();
   }
   return Status::Ok();
 }

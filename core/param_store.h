@@ -52,6 +52,14 @@ class ParamStore {
   Status Pull(const uint64_t* keys, size_t num_keys, std::vector<uint32_t>* lens,
               std::vector<float>* values) const;
 
+  // Pull in two steps, so a caller can copy straight into its own buffer: Lens writes
+  // each key's length (kNotFound names a missing key); CopyValues copies the floats back
+  // to back into out, which must hold the sum of those lengths. A key's length never
+  // changes once it exists, so the two agree unless a key is removed in between
+  // (then CopyValues is kNotFound).
+  Status Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const;
+  Status CopyValues(const uint64_t* keys, size_t num_keys, float* out) const;
+
   // For scaling and migration: every entry whose ServerForKey(key, num_servers)
   // differs from `rank`, sorted by key, erased from the store when `erase`.
   // A rank outside [0, num_servers) owns nothing, so a leaving server gets all

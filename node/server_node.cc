@@ -146,14 +146,19 @@ void ServerNode::HandlePull(const DataRequest& req, Responder r) {
   size_t size = req.payload ? req.payload->size() : 0;
   Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/false);
   if (!view.ok()) return r.Fail(view.status());
-  std::vector<uint32_t> lens;
-  std::vector<float> values;
   std::shared_lock<std::shared_mutex> lock(view_mu_);
   PSCORE_RETURN_IF_ERROR_RESPOND(CheckOwned(view->keys, view->num_keys), r);
-  Status st = store_.Pull(view->keys, view->num_keys, &lens, &values);
+  // Values are copied once: from the store straight into the answer.
+  std::vector<uint32_t> lens(view->num_keys);
+  PSCORE_RETURN_IF_ERROR_RESPOND(store_.Lens(view->keys, view->num_keys, lens.data()), r);
+  uint64_t total = 0;
+  for (uint32_t l : lens) total += l;
+  Result<BufferPtr> answer = core::EncodeKvPairsFilled(
+      view->keys, view->num_keys, lens.data(), total,
+      [&](float* dst) { return store_.CopyValues(view->keys, view->num_keys, dst); });
   lock.unlock();
-  if (!st.ok()) return r.Fail(st);
-  r.Reply(core::EncodeKvPairs(view->keys, view->num_keys, lens.data(), values.data(), values.size()));
+  if (!answer.ok()) return r.Fail(answer.status());
+  r.Reply(*answer);
 }
 
 void ServerNode::HandleCollective(ConnId conn, Frame&& frame) {

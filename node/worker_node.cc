@@ -1,6 +1,7 @@
 #include "node/worker_node.h"
 
 #include <atomic>
+#include <cstring>
 #include <numeric>
 
 #include "core/key_range.h"
@@ -96,12 +97,12 @@ std::future<Result<std::vector<BufferPtr>>> WorkerNode::Broadcast(int user_cmd, 
 // One Push or Pull across servers. Loop thread only after creation.
 struct WorkerNode::KvOp {
   bool push = true;
-  std::vector<uint64_t> keys;
-  std::vector<uint32_t> lens;      // push
-  std::vector<float> values;       // push
-  std::vector<uint64_t> offsets;   // push: first value of each key
-  std::vector<std::vector<float>> pulled;  // pull: per key
-  size_t outstanding = 0;          // keys not yet acknowledged
+  std::vector<uint64_t> keys;  // pull: the requested keys
+  // Pull answers stay alive until the result is assembled with one copy.
+  std::vector<BufferPtr> answers;
+  std::vector<const float*> src;  // per requested key: its floats inside an answer
+  std::vector<uint32_t> src_lens;
+  size_t outstanding = 0;  // keys not yet acknowledged
   TimePoint deadline;
   bool finished = false;
   std::promise<Status> push_done;
@@ -110,6 +111,7 @@ struct WorkerNode::KvOp {
   void Fail(const Status& st) {
     if (finished) return;
     finished = true;
+    answers.clear();
     if (push) {
       push_done.set_value(st);
     } else {
@@ -125,36 +127,50 @@ struct WorkerNode::KvOp {
       return;
     }
     PullResult out;
-    for (auto& v : pulled) {
-      out.lens.push_back(static_cast<uint32_t>(v.size()));
-      out.values.insert(out.values.end(), v.begin(), v.end());
+    out.lens = src_lens;
+    out.values.resize(std::accumulate(src_lens.begin(), src_lens.end(), size_t{0}));
+    float* dst = out.values.data();
+    for (size_t i = 0; i < src.size(); ++i) {
+      std::memcpy(dst, src[i], src_lens[i] * sizeof(float));
+      dst += src_lens[i];
     }
+    answers.clear();
     pull_done.set_value(std::move(out));
   }
 };
+
+// What one request carries: a push payload already encoded for `for_servers` servers
+// (re-split from its own bytes if the server count changed), or pull key indices.
+struct WorkerNode::KvPart {
+  int server = -1;
+  int for_servers = 0;
+  BufferPtr payload;            // push
+  size_t num_keys = 0;          // push
+  std::vector<size_t> indices;  // pull
+};
+
+namespace {
+
+// Groups indices [0, n) of keys by owner among `servers`.
+std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int servers) {
+  std::vector<std::vector<size_t>> out(servers);
+  for (size_t i = 0; i < n; ++i) out[core::ServerForKey(keys[i], servers)].push_back(i);
+  return out;
+}
+
+}  // namespace
 
 std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
                                      const std::vector<uint32_t>& lens_in) {
   auto op = std::make_shared<KvOp>();
   auto fut = op->push_done.get_future();
-  op->lens = lens_in;
-  if (op->lens.empty() && !keys.empty()) {
-    op->lens.assign(keys.size(), static_cast<uint32_t>(values.size() / keys.size()));
-  }
-  if (op->lens.size() != keys.size() ||
-      std::accumulate(op->lens.begin(), op->lens.end(), uint64_t{0}) != values.size()) {
+  std::vector<uint32_t> lens = lens_in;
+  if (lens.empty() && !keys.empty()) lens.assign(keys.size(), static_cast<uint32_t>(values.size() / keys.size()));
+  if (lens.size() != keys.size() || std::accumulate(lens.begin(), lens.end(), uint64_t{0}) != values.size()) {
     op->Fail(Status(Code::kInvalidArgument, "push: " + std::to_string(keys.size()) + " keys, " +
                                                 std::to_string(lens_in.size()) + " lens and " +
                                                 std::to_string(values.size()) + " values do not match"));
     return fut;
-  }
-  op->keys = keys;
-  op->values = values;  // Kept until acknowledged: a part refused during scaling is re-sent.
-  op->offsets.resize(keys.size());
-  uint64_t off = 0;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    op->offsets[i] = off;
-    off += op->lens[i];
   }
   op->outstanding = keys.size();
   op->deadline = std::chrono::steady_clock::now() + options_.request_timeout;
@@ -162,10 +178,28 @@ std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const st
     op->Acked(0);
     return fut;
   }
-  loop()->Run([this, op] {
-    std::vector<size_t> all(op->keys.size());
-    std::iota(all.begin(), all.end(), 0);
-    Dispatch(op, std::move(all));
+  // Encode on the caller's thread, straight from its arrays: the one copy of the values.
+  std::vector<uint64_t> offsets(keys.size());
+  uint64_t off = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    offsets[i] = off;
+    off += lens[i];
+  }
+  int n = std::max(1, server_count());
+  std::vector<KvPart> parts;
+  std::vector<std::vector<size_t>> groups = ByOwner(keys.data(), keys.size(), n);
+  for (int s = 0; s < n; ++s) {
+    if (groups[s].empty()) continue;
+    KvPart part;
+    part.server = s;
+    part.for_servers = server_count() > 0 ? n : 0;  // 0: split again once servers are known
+    part.num_keys = groups[s].size();
+    part.payload = core::EncodeKvPairsGather(keys.data(), lens.data(), values.data(), offsets.data(),
+                                             groups[s].data(), groups[s].size());
+    parts.push_back(std::move(part));
+  }
+  loop()->Run([this, op, parts = std::move(parts)]() mutable {
+    for (KvPart& p : parts) Dispatch(op, std::move(p));
   });
   return fut;
 }
@@ -175,7 +209,8 @@ std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& ke
   op->push = false;
   auto fut = op->pull_done.get_future();
   op->keys = keys;
-  op->pulled.resize(keys.size());
+  op->src.resize(keys.size());
+  op->src_lens.resize(keys.size());
   op->outstanding = keys.size();
   op->deadline = std::chrono::steady_clock::now() + options_.request_timeout;
   if (keys.empty()) {
@@ -183,50 +218,82 @@ std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& ke
     return fut;
   }
   loop()->Run([this, op] {
-    std::vector<size_t> all(op->keys.size());
-    std::iota(all.begin(), all.end(), 0);
+    KvPart all;
+    all.indices.resize(op->keys.size());
+    std::iota(all.indices.begin(), all.indices.end(), 0);
     Dispatch(op, std::move(all));
   });
   return fut;
 }
 
-void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, std::vector<size_t> indices) {
+void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
   if (op->finished) return;
   int n = metadata().server_num();
   if (holding_ || n == 0) {
-    held_.emplace_back(op, std::move(indices));
+    held_.emplace_back(op, std::move(part));
     return;
   }
-  std::vector<std::vector<size_t>> by_server(n);
-  for (size_t i : indices) by_server[core::ServerForKey(op->keys[i], n)].push_back(i);
-  for (int s = 0; s < n; ++s) {
-    if (by_server[s].empty()) continue;
-    std::vector<size_t>& part = by_server[s];
-    BufferPtr payload;
-    if (op->push) {
-      payload = core::EncodeKvPairsGather(op->keys.data(), op->lens.data(), op->values.data(),
-                                          op->offsets.data(), part.data(), part.size());
-    } else {
-      std::vector<uint64_t> ks;
-      ks.reserve(part.size());
-      for (size_t i : part) ks.push_back(op->keys[i]);
-      payload = core::EncodeKvPairs(ks.data(), ks.size(), nullptr, nullptr, 0);
+  if (op->push && part.for_servers != n) {
+    // Encoded for another server count: split this payload again from its own bytes.
+    Result<core::KvView> v = core::DecodeKvPairs(part.payload->data(), part.payload->size(), true);
+    if (!v.ok()) return op->Fail(v.status());
+    std::vector<uint64_t> offsets(v->num_keys);
+    uint64_t off = 0;
+    for (size_t i = 0; i < v->num_keys; ++i) {
+      offsets[i] = off;
+      off += v->lens[i];
     }
-    SendAsync(s, 0, op->push ? kPushHandler : kPullHandler, payload,
-              [this, op, part = std::move(part)](Result<BufferPtr> r) mutable {
-                OnPart(op, std::move(part), std::move(r));
-              });
+    std::vector<std::vector<size_t>> groups = ByOwner(v->keys, v->num_keys, n);
+    for (int s = 0; s < n; ++s) {
+      if (groups[s].empty()) continue;
+      KvPart sub;
+      sub.server = s;
+      sub.for_servers = n;
+      sub.num_keys = groups[s].size();
+      sub.payload = core::EncodeKvPairsGather(v->keys, v->lens, v->values, offsets.data(), groups[s].data(),
+                                              groups[s].size());
+      Send(op, std::move(sub));
+    }
+    return;
+  }
+  if (op->push) return Send(op, std::move(part));
+  std::vector<uint64_t> ks;
+  for (size_t i : part.indices) ks.push_back(op->keys[i]);
+  std::vector<std::vector<size_t>> groups = ByOwner(ks.data(), ks.size(), n);
+  for (int s = 0; s < n; ++s) {
+    if (groups[s].empty()) continue;
+    KvPart sub;
+    sub.server = s;
+    sub.for_servers = n;
+    for (size_t j : groups[s]) sub.indices.push_back(part.indices[j]);
+    Send(op, std::move(sub));
   }
 }
 
-void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, std::vector<size_t> indices, Result<BufferPtr> r) {
+void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
+  BufferPtr payload = part.payload;
+  if (!op->push) {
+    std::vector<uint64_t> ks;
+    ks.reserve(part.indices.size());
+    for (size_t i : part.indices) ks.push_back(op->keys[i]);
+    payload = core::EncodeKvPairs(ks.data(), ks.size(), nullptr, nullptr, 0);
+  }
+  int server = part.server;
+  SendAsync(server, 0, op->push ? kPushHandler : kPullHandler, payload,
+            [this, op, part = std::move(part)](Result<BufferPtr> r) mutable {
+              OnPart(op, std::move(part), std::move(r));
+            });
+}
+
+void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<BufferPtr> r) {
   if (op->finished) return;
+  size_t keys = op->push ? part.num_keys : part.indices.size();
   if (!r.ok()) {
     // kAborted: the server no longer owns these keys (a scale operation moved them). Nothing
     // of this part was applied, so it is safe to send it again once the metadata is new.
     if (r.status().code() == Code::kAborted && std::chrono::steady_clock::now() < op->deadline) {
-      VLOG(1) << options_.node_id << ": " << indices.size() << " keys moved; re-sending after the scale";
-      held_.emplace_back(op, std::move(indices));
+      VLOG(1) << options_.node_id << ": " << keys << " keys moved; re-sending after the scale";
+      held_.emplace_back(op, std::move(part));
       if (retry_timer_ == 0) {
         retry_timer_ = loop()->AddTimer(std::chrono::milliseconds(50), Duration::zero(), [this] {
           retry_timer_ = 0;
@@ -242,29 +309,31 @@ void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, std::vector<size_t> ind
     const BufferPtr& b = *r;
     Result<core::KvView> view = core::DecodeKvPairs(b->data(), b->size(), /*expect_values=*/true);
     if (!view.ok()) return op->Fail(view.status());
-    if (view->num_keys != indices.size()) {
+    if (view->num_keys != keys) {
       return op->Fail(Status(Code::kProtocol, "pull: answer has " + std::to_string(view->num_keys) +
-                                                  " keys, asked " + std::to_string(indices.size())));
+                                                  " keys, asked " + std::to_string(keys)));
     }
     const float* p = view->values;
-    for (size_t j = 0; j < indices.size(); ++j) {
-      op->pulled[indices[j]].assign(p, p + view->lens[j]);
+    for (size_t j = 0; j < keys; ++j) {
+      op->src[part.indices[j]] = p;
+      op->src_lens[part.indices[j]] = view->lens[j];
       p += view->lens[j];
     }
+    op->answers.push_back(b);
   }
-  op->Acked(indices.size());
+  op->Acked(keys);
 }
 
 void WorkerNode::ReleaseHeld() {
   auto held = std::move(held_);
   held_.clear();
   TimePoint now = std::chrono::steady_clock::now();
-  for (auto& [op, indices] : held) {
+  for (auto& [op, part] : held) {
     if (now >= op->deadline) {
       op->Fail(Status(Code::kTimeout, "key-value request held past its deadline while the cluster scaled"));
       continue;
     }
-    Dispatch(op, std::move(indices));
+    Dispatch(op, std::move(part));
   }
 }
 

@@ -45,15 +45,17 @@ class WorkerNode : public Node {
 
  private:
   struct KvOp;
+  struct KvPart;
   void Issue(int rank, pb::MessageMeta meta, BufferPtr payload, ReplyCallback cb);
   // Loop thread. Sends the keys `indices` of op to their owners, or holds them while the
   // cluster is scaling; parts refused as moved are held and re-sent under new metadata.
-  void Dispatch(const std::shared_ptr<KvOp>& op, std::vector<size_t> indices);
-  void OnPart(const std::shared_ptr<KvOp>& op, std::vector<size_t> indices, Result<BufferPtr> r);
+  void Dispatch(const std::shared_ptr<KvOp>& op, KvPart part);
+  void Send(const std::shared_ptr<KvOp>& op, KvPart part);
+  void OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<BufferPtr> r);
   void ReleaseHeld();
 
   bool holding_ = false;  // the cluster is scaling: new key-value traffic waits
-  std::vector<std::pair<std::shared_ptr<KvOp>, std::vector<size_t>>> held_;
+  std::vector<std::pair<std::shared_ptr<KvOp>, KvPart>> held_;
   comm::TimerId retry_timer_ = 0;
 };
 

@@ -169,3 +169,27 @@ TEST_CASE("gather encoding of a subset equals encoding the gathered arrays", "[c
 }
 
 }  // namespace pscore::core
+
+namespace pscore::core {
+
+TEST_CASE("filled encoding writes values in place and passes fill errors on", "[core][kvcodec]") {
+  std::vector<uint64_t> keys = {1, 2};
+  std::vector<uint32_t> lens = {2, 1};
+  Result<BufferPtr> b = EncodeKvPairsFilled(keys.data(), keys.size(), lens.data(), 3, [](float* dst) {
+    dst[0] = 1.5f;
+    dst[1] = 2.5f;
+    dst[2] = 3.5f;
+    return Status::Ok();
+  });
+  REQUIRE(b.ok());
+  Result<KvView> v = DecodeKvPairs((*b)->data(), (*b)->size(), true);
+  REQUIRE(v.ok());
+  REQUIRE(v->num_values == 3);
+  CHECK(v->values[0] == 1.5f);
+  CHECK(v->values[2] == 3.5f);
+  Result<BufferPtr> bad = EncodeKvPairsFilled(keys.data(), keys.size(), lens.data(), 3,
+                                              [](float*) { return Status(Code::kNotFound, "gone"); });
+  CHECK(bad.status().code() == Code::kNotFound);
+}
+
+}  // namespace pscore::core

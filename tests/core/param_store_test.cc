@@ -168,3 +168,24 @@ TEST_CASE("ExtractNotOwned moves exactly the keys another server owns", "[core][
 }  // namespace
 }  // namespace core
 }  // namespace pscore
+
+namespace pscore::core {
+
+TEST_CASE("two-step pull gives lengths then the values back to back", "[core][paramstore]") {
+  ParamStore store(ParamStore::Options{UpdateRule::kAssign, 0.1f});
+  std::vector<uint64_t> keys = {7, 9};
+  std::vector<uint32_t> lens = {2, 3};
+  std::vector<float> vals = {1, 2, 3, 4, 5};
+  REQUIRE(store.Push(keys.data(), lens.data(), vals.data(), 2).ok());
+  std::vector<uint32_t> got(2);
+  REQUIRE(store.Lens(keys.data(), 2, got.data()).ok());
+  CHECK(got == lens);
+  std::vector<float> out(5);
+  REQUIRE(store.CopyValues(keys.data(), 2, out.data()).ok());
+  CHECK(out == vals);
+  uint64_t missing = 8;
+  CHECK(store.Lens(&missing, 1, got.data()).code() == Code::kNotFound);
+  CHECK(store.CopyValues(&missing, 1, out.data()).code() == Code::kNotFound);
+}
+
+}  // namespace pscore::core
