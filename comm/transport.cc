@@ -149,9 +149,14 @@ void Transport::Shutdown() {
       loop_->CancelTimer(d->retry_timer);
       Finish(d, Status(Code::kCancelled, "connect to " + d->target + " cancelled"));
     } else if (d->tcp != nullptr) {
+      // Answer now, while the owner of the callback is surely alive: it may be destroyed
+      // before OnConnect runs (with UV_ECANCELED), which then only frees d.
+      auto done = std::move(d->done);
+      d->done = nullptr;
       uv_tcp_t* tcp = d->tcp;
       d->tcp = nullptr;
-      CloseAndFree(tcp);  // OnConnect then runs with UV_ECANCELED and frees d.
+      CloseAndFree(tcp);
+      if (done) done(Status(Code::kCancelled, "connect to " + d->target + " cancelled"));
     }
   }
   std::vector<ConnId> ids;

@@ -62,6 +62,10 @@ class Node {
   std::vector<std::string> NodeIds(pb::NodeRole role) const;
   int listen_port() const { return listen_port_; }
   comm::EventLoop* loop() const { return loop_; }
+  // Tests and fuzzers (not on the loop thread): handles `frame` as if it had arrived on
+  // `conn` (from_scheduler: as a push on the scheduler link), on the loop thread, and
+  // returns once it is handled. Answers to a conn that does not exist are dropped.
+  void InjectForTest(comm::ConnId conn, comm::Frame&& frame, bool from_scheduler = false);
 
   // Coordination client (blocking; any thread but the loop's).
   Status KvSet(const std::string& key, const std::string& value, bool overwrite = true);

@@ -61,6 +61,10 @@ class SchedulerNode {
   comm::Messenger& messenger() { return *messenger_; }
   const SchedulerOptions& options() const { return options_; }
   uint64_t heartbeats() const { return heartbeats_; }
+  // Tests and fuzzers (not on the loop thread): handles `frame` as if it had arrived on
+  // `conn`, on the loop thread, and returns once it is handled. Answers to a conn that
+  // does not exist are dropped.
+  void InjectForTest(comm::ConnId conn, comm::Frame&& frame);
 
  private:
   void OnRequest(comm::ConnId conn, comm::Frame&& frame);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/frame_decoder.h"
+#include "comm/transport_types.h"
 #include "core/buffer.h"
 #include "proto/comm.pb.h"
 

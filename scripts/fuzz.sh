@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz/*_fuzz.cc) with clang in build-fuzz and runs
+# each for N seconds (default 60) from the checked-in seed corpus. Fails on any crash,
+# sanitizer report, leak, timeout (10 s per input) or RSS over 2 GiB. See docs/fuzzing.md.
+# Usage: scripts/fuzz.sh [seconds] [target...]   (FUZZ_BUILD_DIR, JOBS may be set)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+secs=${1:-60}
+shift || true
+dir=${FUZZ_BUILD_DIR:-$root/build-fuzz}
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  for src in "$root"/tests/fuzz/*_fuzz.cc; do targets+=("$(basename "$src" .cc)"); done
+fi
+
+"$root/scripts/setup.sh"
+cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPSCORE_FUZZ=ON \
+  -DPSCORE_BUILD_TESTS=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+ninja -C "$dir" -j "${JOBS:-$(nproc)}" "${targets[@]}"
+
+# Longest input worth trying per target: the formats are small; longer inputs only slow
+# the search down.
+max_len() {
+  case "$1" in
+    frame_decoder_fuzz) echo 70000 ;;  # reaches the direct payload read (>= 16 KiB)
+    http_request_fuzz) echo 8192 ;;    # over the fuzz server's 2 KiB header limit
+    *) echo 4096 ;;
+  esac
+}
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failed=()
+for t in "${targets[@]}"; do
+  # The checked-in seeds stay untouched: new inputs go to a scratch corpus.
+  mkdir -p "$work/$t" "$work/artifacts-$t"
+  seeds="$root/tests/fuzz/corpus/$t"
+  [ -d "$seeds" ] || seeds=""
+  echo "== $t: ${secs}s, -max_len=$(max_len "$t")"
+  if "$dir/$t" -max_total_time="$secs" -max_len="$(max_len "$t")" -rss_limit_mb=2048 -timeout=10 \
+       -print_final_stats=1 -artifact_prefix="$work/artifacts-$t/" "$work/$t" $seeds \
+       >"$work/$t.log" 2>&1; then
+    grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$work/$t.log" | tr '\n' ' '
+    echo "corpus: $(ls "$work/$t" | wc -l) inputs"
+  else
+    echo "!! $t failed; log tail:"
+    tail -60 "$work/$t.log"
+    mkdir -p "$root/fuzz-artifacts"
+    cp "$work/artifacts-$t"/* "$root/fuzz-artifacts/" 2>/dev/null || true
+    echo "!! reproducer(s) copied to fuzz-artifacts/ (run: $dir/$t <file>)"
+    failed+=("$t")
+  fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz: FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "fuzz: all ${#targets[@]} targets ran ${secs}s without a finding"
