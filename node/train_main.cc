@@ -2,6 +2,10 @@
 // on a deterministic synthetic data set whose generating weights w* are known, through
 // Push/Pull on the job's servers (which run --update_rule=sgd). Prints one progress line
 // per step and ends comparing the final loss and accuracy with those of w*.
+// With --scale_out_at=STEP, worker rank 0 asks the scheduler for one more server right
+// after that step's barrier (the operator, e.g. scripts/demo.sh, starts the process); the
+// next Push/Pull of every worker holds until the cluster is READY again, so synchronous
+// SGD ends with the same weights as without the scale-out.
 // Exit codes: 0 converged; 1 runtime error or no convergence; 2 bad flags.
 #include <cmath>
 #include <cstdio>
@@ -10,6 +14,7 @@
 
 #include <gflags/gflags.h>
 
+#include "node/admin_client.h"
 #include "node/flags.h"
 #include "node/worker_node.h"
 
@@ -76,6 +81,28 @@ Eval Evaluate(const DataSet& d, const std::vector<float>& w, size_t begin, size_
   return e;
 }
 
+// Asks the scheduler for one more server (same workers) and returns once it accepted the
+// operation; the new server registers when the operator starts it.
+Status RequestOneMoreServer(const node::NodeOptions& opts, int workers, int servers) {
+  node::AdminClientOptions ao;
+  ao.scheduler_host = opts.scheduler_host;
+  ao.scheduler_port = opts.scheduler_port;
+  ao.cluster_token = opts.cluster_token;
+  ao.timeout = 10s;
+  node::AdminClient admin(ao);
+  PSCORE_RETURN_IF_ERROR(admin.Connect());
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(workers);
+  req.set_server_num(servers + 1);
+  Result<pb::AdminResponse> r = admin.Admin(req);
+  if (!r.ok()) return Status(r.status().code(), "scale-out request refused: " + r.status().message());
+  std::printf("worker 0 asked for a scale-out to %d servers (membership version %llu)\n", servers + 1,
+              static_cast<unsigned long long>(r->epoch()));
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
 int Train(const node::CommandLine& cl) {
   const node::TrainOptions& t = cl.train;
   node::NodeOptions opts = cl.node;
@@ -114,8 +141,15 @@ int Train(const node::CommandLine& cl) {
     // Each worker's share of the full-batch mean gradient; the servers sum the pushes.
     std::vector<float> g(t.dim);
     for (int j = 0; j < t.dim; ++j) g[j] = static_cast<float>(grad[j] / data.size());
-    st = worker.Push(keys, g, lens).get();
+    // Synchronous: no worker pushes step `step` before every worker pulled for it (a fast
+    // worker's push would otherwise leak into a slow worker's pull of the same step).
+    st = worker.Barrier("train/pulled", 60s, peers);
+    if (st.ok()) st = worker.Push(keys, g, lens).get();
     if (st.ok()) st = worker.Barrier("train/step", 60s, peers);
+    // Every push of this step is acknowledged: the scale-out moves finished parameters.
+    if (st.ok() && step == t.scale_out_at && rank == 0) {
+      st = RequestOneMoreServer(opts, workers, worker.server_count());
+    }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::printf("worker %d step %3d loss %.5f acc %.4f throughput %.0f samples/s\n", rank, step, e.loss,
                 e.accuracy, shard / std::max(secs, 1e-9));

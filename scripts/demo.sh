@@ -41,6 +41,23 @@ for i in $(seq 0 $((workers - 1))); do
     --scale_out_at="$scale_out_at" "${common[@]}"
   worker_pids+=("$(tail -n 1 "$JOB_DIR/pids" | cut -d' ' -f1)")
 done
+# --scale-out-at: worker 0 asks the scheduler for one more server after that step. A server
+# that registers before the scale-out starts is refused (quota full) and exits, so start it
+# only once `pscore-admin status` shows CLUSTER_SCALE_OUT (polled while the workers run).
+if [ "$scale_out_at" -ge 0 ]; then
+  (
+    while kill -0 "${worker_pids[0]}" 2>/dev/null; do
+      if "$build/pscore-admin" --scheduler_port="$port" --timeout_ms=2000 status 2>/dev/null |
+        grep -q CLUSTER_SCALE_OUT; then
+        echo "== scale-out started: adding server$servers"
+        start_proc "server$servers" "$build/pscore-node" --role=server --node_id="server$servers" \
+          --scheduler_port="$port" --update_rule=sgd --learning_rate=2 "${common[@]}"
+        break
+      fi
+      sleep 0.1
+    done
+  ) &
+fi
 # Follow the first worker's progress while the job runs.
 tail -n +1 -f "$JOB_DIR/worker0.log" --pid="${worker_pids[0]}" | grep --line-buffered -E "^worker|pscore-train" || true
 rc=0
