@@ -12,8 +12,15 @@ Status StatusOf(const pb::MessageMeta& meta) {
   return Status(CodeFromInt(meta.status_code()), meta.error());
 }
 
+std::string Messenger::Describe(ConnId conn, int cmd) const {
+  auto p = peers_.find(conn);
+  std::string peer = p != peers_.end() ? p->second : transport_->PeerAddress(conn);
+  if (peer.empty()) peer = "connection " + std::to_string(conn);
+  return pb::NodeCommand_Name(static_cast<pb::NodeCommand>(cmd)) + " to " + peer;
+}
+
 Messenger::Messenger(EventLoop* loop, TransportOptions options, Handlers handlers)
-    : loop_(loop), handlers_(std::move(handlers)) {
+    : loop_(loop), handlers_(std::move(handlers)), tracker_([this](ConnId c, int cmd) { return Describe(c, cmd); }) {
   Transport::Handlers th;
   th.on_frame = [this](ConnId c, Frame&& f) { OnFrame(c, std::move(f)); };
   th.on_open = handlers_.on_open;
@@ -38,12 +45,12 @@ void Messenger::Shutdown() {
 void Messenger::Call(ConnId conn, pb::MessageMeta meta, BufferPtr payload, Duration timeout,
                      ResponseCallback cb) {
   DCHECK(loop_->InLoopThread());
-  std::string what = pb::NodeCommand_Name(meta.cmd()) + " to " + transport_->PeerAddress(conn);
   if (shut_down_) {
-    cb(Status(Code::kCancelled, what + ": messenger shut down"));
+    cb(Status(Code::kCancelled, Describe(conn, meta.cmd()) + ": messenger shut down"));
     return;
   }
-  uint64_t id = tracker_.Add(conn, std::chrono::steady_clock::now() + timeout, what, std::move(cb));
+  if (peers_.find(conn) == peers_.end()) peers_.emplace(conn, transport_->PeerAddress(conn));
+  uint64_t id = tracker_.Add(conn, std::chrono::steady_clock::now() + timeout, meta.cmd(), std::move(cb));
   meta.set_request_id(id);
   meta.set_is_response(false);
   Status st = transport_->Send(conn, meta, std::move(payload));
@@ -92,6 +99,7 @@ void Messenger::OnFrame(ConnId conn, Frame&& frame) {
 
 void Messenger::OnClose(ConnId conn, const Status& why) {
   tracker_.FailConnection(conn, Status(Code::kUnavailable, "connection lost (" + why.ToString() + ")"));
+  peers_.erase(conn);
   if (handlers_.on_close) handlers_.on_close(conn, why);
 }
 

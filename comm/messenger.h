@@ -46,11 +46,13 @@ class Messenger {
  private:
   void OnFrame(ConnId conn, Frame&& frame);
   void OnClose(ConnId conn, const Status& why);
+  std::string Describe(ConnId conn, int cmd) const;
 
   EventLoop* loop_;
   Handlers handlers_;
   std::unique_ptr<Transport> transport_;
   RequestTracker tracker_;
+  std::unordered_map<ConnId, std::string> peers_;  // peer address per connection with requests
   TimerId expiry_timer_ = 0;
   bool shut_down_ = false;
 };

@@ -5,10 +5,15 @@
 
 namespace pscore::comm {
 
-uint64_t RequestTracker::Add(ConnId conn, TimePoint deadline, std::string what, ResponseCallback cb) {
+std::string RequestTracker::What(const Entry& e) const {
+  if (describe_) return describe_(e.conn, e.cmd);
+  return "request " + std::to_string(e.cmd) + " on connection " + std::to_string(e.conn);
+}
+
+uint64_t RequestTracker::Add(ConnId conn, TimePoint deadline, int cmd, ResponseCallback cb) {
   uint64_t id = next_id_++;
   auto by_deadline = deadlines_.emplace(deadline, id);
-  entries_.emplace(id, Entry{conn, deadline, std::move(what), std::move(cb), by_deadline});
+  entries_.emplace(id, Entry{conn, deadline, cmd, std::move(cb), by_deadline});
   by_conn_.emplace(conn, id);
   return id;
 }
@@ -46,7 +51,7 @@ size_t RequestTracker::FailConnection(ConnId conn, const Status& why) {
     auto it = entries_.find(id);
     if (it == entries_.end()) continue;
     Entry e = Take(it);
-    e.cb(Status(why.code(), e.what + ": " + why.message()));
+    e.cb(Status(why.code(), What(e) + ": " + why.message()));
   }
   return ids.size();
 }
@@ -57,7 +62,7 @@ size_t RequestTracker::Expire(TimePoint now) {
     auto it = entries_.find(deadlines_.begin()->second);
     Entry e = Take(it);
     ++n;
-    e.cb(Status(Code::kTimeout, e.what + ": no answer before the deadline"));
+    e.cb(Status(Code::kTimeout, What(e) + ": no answer before the deadline"));
   }
   return n;
 }
@@ -65,7 +70,7 @@ size_t RequestTracker::Expire(TimePoint now) {
 void RequestTracker::FailAll(const Status& why) {
   while (!entries_.empty()) {
     Entry e = Take(entries_.begin());
-    e.cb(Status(why.code(), e.what + ": " + why.message()));
+    e.cb(Status(why.code(), What(e) + ": " + why.message()));
   }
 }
 

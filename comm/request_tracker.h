@@ -20,8 +20,14 @@ using ResponseCallback = std::function<void(Result<Frame>)>;
 
 class RequestTracker {
  public:
+  // Names a request in error messages ("SEND_DATA to 127.0.0.1:4000"); called only when
+  // a request fails, so the hot path builds no strings.
+  using Describer = std::function<std::string(ConnId conn, int cmd)>;
+  RequestTracker() = default;
+  explicit RequestTracker(Describer describe) : describe_(std::move(describe)) {}
+
   // Registers a request; returns its id (never 0, never reused).
-  uint64_t Add(ConnId conn, TimePoint deadline, std::string what, ResponseCallback cb);
+  uint64_t Add(ConnId conn, TimePoint deadline, int cmd, ResponseCallback cb);
   // Completes request `id` with `result`. False if it is unknown (late or duplicate answer).
   bool Complete(uint64_t id, Result<Frame> result);
   // Fails every request pending on `conn` with `why`; returns how many.
@@ -36,7 +42,7 @@ class RequestTracker {
   struct Entry {
     ConnId conn;
     TimePoint deadline;
-    std::string what;
+    int cmd;
     ResponseCallback cb;
     std::multimap<TimePoint, uint64_t>::iterator by_deadline;
   };
@@ -44,6 +50,8 @@ class RequestTracker {
   std::multimap<TimePoint, uint64_t> deadlines_;
   std::unordered_multimap<ConnId, uint64_t> by_conn_;
   uint64_t next_id_ = 1;
+  Describer describe_;
+  std::string What(const Entry& e) const;
 
   Entry Take(std::unordered_map<uint64_t, Entry>::iterator it);
 };

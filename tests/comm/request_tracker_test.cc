@@ -15,9 +15,9 @@ TEST_CASE("tracker: ids are fresh; each callback runs exactly once", "[comm][tra
     return [&log, tag](Result<Frame> r) { log.emplace_back(tag, r.status().code()); };
   };
   TimePoint now = clock.Now();
-  uint64_t a = t.Add(1, now + std::chrono::seconds(1), "a", cb(1));
-  uint64_t b = t.Add(1, now + std::chrono::seconds(3), "b", cb(2));
-  uint64_t c = t.Add(2, now + std::chrono::seconds(2), "c", cb(3));
+  uint64_t a = t.Add(1, now + std::chrono::seconds(1), 1, cb(1));
+  uint64_t b = t.Add(1, now + std::chrono::seconds(3), 2, cb(2));
+  uint64_t c = t.Add(2, now + std::chrono::seconds(2), 3, cb(3));
   CHECK(a != 0);
   CHECK(a != b);
   CHECK(b != c);
@@ -47,13 +47,16 @@ TEST_CASE("tracker: ids are fresh; each callback runs exactly once", "[comm][tra
 TEST_CASE("tracker: a lost connection fails its requests in issue order, with context",
           "[comm][tracker]") {
   FakeClock clock;
-  RequestTracker t;
+  // The describer names requests only when they fail.
+  RequestTracker t([](ConnId conn, int cmd) {
+    return conn == 8 ? std::string("other") : "req" + std::to_string(cmd);
+  });
   std::vector<std::string> msgs;
   for (int i = 0; i < 5; ++i) {
-    t.Add(7, clock.Now() + std::chrono::seconds(10 - i), "req" + std::to_string(i),
+    t.Add(7, clock.Now() + std::chrono::seconds(10 - i), i,
           [&msgs](Result<Frame> r) { msgs.push_back(r.status().message()); });
   }
-  t.Add(8, clock.Now() + std::chrono::seconds(10), "other", [&msgs](Result<Frame> r) {
+  t.Add(8, clock.Now() + std::chrono::seconds(10), 0, [&msgs](Result<Frame> r) {
     msgs.push_back("other:" + std::string(r.ok() ? "ok" : r.status().message()));
   });
   CHECK(t.FailConnection(7, Status(Code::kUnavailable, "peer gone")) == 5);
@@ -69,8 +72,8 @@ TEST_CASE("tracker: a callback may add a new request while being completed", "[c
   FakeClock clock;
   RequestTracker t;
   int second_ran = 0;
-  t.Add(1, clock.Now(), "first", [&](Result<Frame>) {
-    t.Add(1, clock.Now() + std::chrono::seconds(5), "second", [&](Result<Frame> r) {
+  t.Add(1, clock.Now(), 1, [&](Result<Frame>) {
+    t.Add(1, clock.Now() + std::chrono::seconds(5), 2, [&](Result<Frame> r) {
       second_ran += r.status().code() == Code::kTimeout ? 1 : 100;
     });
   });
