@@ -1,0 +1,363 @@
+// Elastic scaling with real processes: a pscore-node scheduler and pscore-node servers
+// (--auto_finish=false, 100 ms heartbeats), and in-process WorkerNode pushers that add 1
+// to every key in rounds without pause while the admin scales the job. Checked: no
+// acknowledged push lost or applied twice (sums equal the acknowledged rounds), each key
+// answered by exactly one server, ranks kept on scale-out and compacted in old-rank order
+// on scale-in, and rollback (with every node told) when a new server is SIGKILLed mid-scale.
+// A new server that never starts (rollback after --scale_timeout_ms, reason to the admin)
+// and the admin's refusals are covered by admin_test.cc.
+#include <atomic>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/key_range.h"
+#include "core/kv_codec.h"
+#include "multiproc/process.h"
+#include "node/admin_client.h"
+#include "node/server_node.h"
+#include "node/worker_node.h"
+
+#include <catch2/catch.hpp>
+
+namespace pscore {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Process;
+using testing::TempDir;
+
+constexpr int kKeys = 64;
+constexpr int kFloatsPerKey = 4;
+
+// Scheduler plus named node processes; every process is SIGKILLed by pid at destruction.
+class ScaleJob {
+ public:
+  ScaleJob(int workers, int servers) {
+    REQUIRE(dir_.ok());
+    REQUIRE(scheduler_.Start({testing::NodeBinary(), "--role=scheduler", "--worker_num=" + std::to_string(workers),
+                              "--server_num=" + std::to_string(servers), "--scale_timeout_ms=30000",
+                              "--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=1000",
+                              "--port_file=" + dir_.File("sched.port")},
+                             dir_.File("scheduler.log")));
+    port_ = testing::ReadPortFile(dir_.File("sched.port"), 10s);
+    REQUIRE(port_ > 0);
+    node::AdminClientOptions o;
+    o.scheduler_port = port_;
+    o.timeout = 5s;
+    admin_ = std::make_unique<node::AdminClient>(o);
+    REQUIRE(admin_->Connect().ok());
+  }
+
+  // A pscore-node server or worker; rank -1: any.
+  Process& Start(const std::string& role, const std::string& id, int rank = -1) {
+    auto p = std::make_unique<Process>();
+    REQUIRE(p->Start({testing::NodeBinary(), "--role=" + role, "--node_id=" + id, "--rank=" + std::to_string(rank),
+                      "--scheduler_port=" + std::to_string(port_), "--auto_finish=false",
+                      "--heartbeat_interval_ms=100"},
+                     dir_.File(id + ".log")));
+    procs_[id] = std::move(p);
+    return *procs_[id];
+  }
+
+  node::NodeOptions WorkerOptions(const std::string& id) const {
+    node::NodeOptions o;
+    o.role = pb::WORKER;
+    o.node_id = id;
+    o.scheduler_port = port_;
+    o.heartbeat_interval = 100ms;
+    o.connect_timeout = 10s;
+    o.request_timeout = 30s;
+    return o;
+  }
+
+  pb::AdminResponse Admin(const pb::AdminRequest& req) {
+    Result<pb::AdminResponse> r = admin_->Admin(req);
+    INFO(req.op() << ": " << r.status());
+    REQUIRE(r.ok());
+    return *r;
+  }
+  // node id -> rank of every registered node.
+  std::map<std::string, int> Ranks() {
+    Result<pb::AdminResponse> r = admin_->Admin("nodes");
+    REQUIRE(r.ok());
+    std::map<std::string, int> out;
+    for (const pb::ServersMeta& n : r->nodes()) out[n.node_id()] = n.rank_id();
+    return out;
+  }
+  pb::AdminResponse WaitReady() {
+    Result<pb::AdminResponse> r = admin_->WaitForReady(30s, 20ms);
+    INFO(r.status() << "\nscheduler log:\n" << scheduler_.Log());
+    REQUIRE(r.ok());
+    return *r;
+  }
+  bool WaitRegistered(const std::string& id) {
+    for (int i = 0; i < 500; ++i) {
+      if (Ranks().count(id) == 1) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+
+  Process& proc(const std::string& id) { return *procs_.at(id); }
+  std::string SchedulerLog() const { return scheduler_.Log(); }
+
+ private:
+  TempDir dir_;
+  Process scheduler_;
+  int port_ = 0;
+  std::unique_ptr<node::AdminClient> admin_;
+  std::map<std::string, std::unique_ptr<Process>> procs_;
+};
+
+// Pushes +1 to every key in rounds until stopped; counts acknowledged and failed rounds.
+class Pusher {
+ public:
+  explicit Pusher(node::WorkerNode* worker) : worker_(worker) {}
+  ~Pusher() { Stop(); }
+  void Start() {
+    thread_ = std::thread([this] {
+      std::vector<uint64_t> keys(kKeys);
+      for (int k = 0; k < kKeys; ++k) keys[k] = k;
+      const std::vector<float> ones(kKeys * kFloatsPerKey, 1.0f);
+      while (!stop_) {
+        Status st = worker_->Push(keys, ones).get();
+        if (st.ok()) {
+          ++acked_;
+        } else {
+          ++failed_;
+          std::lock_guard<std::mutex> lock(mu_);
+          last_error_ = st.ToString();
+        }
+      }
+    });
+  }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  int acked() const { return acked_; }
+  int failed() const { return failed_; }
+  std::string last_error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_error_;
+  }
+
+ private:
+  node::WorkerNode* worker_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> acked_{0};
+  std::atomic<int> failed_{0};
+  std::mutex mu_;
+  std::string last_error_;
+};
+
+std::vector<uint64_t> AllKeys() {
+  std::vector<uint64_t> keys(kKeys);
+  for (int k = 0; k < kKeys; ++k) keys[k] = k;
+  return keys;
+}
+
+// Every key holds `expected` in each of its floats (pulled through the worker's partition).
+void CheckSums(node::WorkerNode& w, int expected) {
+  Result<node::PullResult> r = w.Pull(AllKeys()).get();
+  INFO(r.status());
+  REQUIRE(r.ok());
+  REQUIRE(r->values.size() == static_cast<size_t>(kKeys * kFloatsPerKey));
+  int wrong = 0;
+  for (float v : r->values) wrong += v == static_cast<float>(expected) ? 0 : 1;
+  INFO("expected " << expected << ", first value " << r->values[0]);
+  CHECK(wrong == 0);
+}
+
+// Asks every server rank directly for each key (pscore.pull to that rank alone): exactly
+// one server answers, the key's owner under `servers`, with `expected`; every other server
+// refuses with kAborted.
+void CheckExactlyOneOwner(node::WorkerNode& w, int servers, int expected) {
+  REQUIRE(w.server_count() == servers);
+  for (uint64_t k : AllKeys()) {
+    int answered = 0;
+    for (int rank = 0; rank < servers; ++rank) {
+      BufferPtr req = core::EncodeKvPairs(&k, 1, nullptr, nullptr, 0);
+      Result<BufferPtr> r = w.Call(rank, node::kPullHandler, req).get();
+      if (!r.ok()) {
+        INFO("key " << k << " at rank " << rank << ": " << r.status());
+        CHECK(r.status().code() == Code::kAborted);
+        continue;
+      }
+      ++answered;
+      CHECK(rank == core::ServerForKey(k, servers));
+      Result<core::KvView> v = core::DecodeKvPairs((*r)->data(), (*r)->size(), /*expect_values=*/true);
+      REQUIRE(v.ok());
+      REQUIRE(v->num_values == static_cast<size_t>(kFloatsPerKey));
+      CHECK(v->values[0] == static_cast<float>(expected));
+    }
+    INFO("key " << k);
+    CHECK(answered == 1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("scale-out 2->4 servers and 2->3 workers while two workers push loses no update",
+          "[multiproc][net][scale]") {
+  ScaleJob job(/*workers=*/2, /*servers=*/2);
+  job.Start("server", "s0");
+  job.Start("server", "s1");
+  node::WorkerNode w0(job.WorkerOptions("w0"));
+  node::WorkerNode w1(job.WorkerOptions("w1"));
+  REQUIRE(w0.Start().ok());
+  REQUIRE(w1.Start().ok());
+  REQUIRE(w0.WaitForReady(20s).ok());
+  REQUIRE(w1.WaitForReady(20s).ok());
+  const std::map<std::string, int> before = job.Ranks();
+  REQUIRE(before.size() == 4);
+
+  Pusher p0(&w0), p1(&w1);
+  p0.Start();
+  p1.Start();
+  std::this_thread::sleep_for(200ms);
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(3);
+  req.set_server_num(4);
+  pb::AdminResponse started = job.Admin(req);
+  CHECK(started.cluster_state() == pb::CLUSTER_SCALE_OUT);
+  job.Start("server", "s2");
+  job.Start("server", "s3");
+  job.Start("worker", "w2");
+  pb::AdminResponse ready = job.WaitReady();
+  CHECK(ready.server_num() == 4);
+  CHECK(ready.worker_num() == 3);
+  CHECK(ready.registered_servers() == 4);
+  std::this_thread::sleep_for(300ms);  // pushes go on under the new membership
+  p0.Stop();
+  p1.Stop();
+  INFO("w0 last error: " << p0.last_error() << "; w1 last error: " << p1.last_error());
+  CHECK(p0.failed() == 0);
+  CHECK(p1.failed() == 0);
+  REQUIRE(p0.acked() > 0);
+  REQUIRE(p1.acked() > 0);
+  const int expected = p0.acked() + p1.acked();
+  CheckSums(w0, expected);
+  CheckSums(w1, expected);
+  CheckExactlyOneOwner(w0, 4, expected);
+
+  std::map<std::string, int> after = job.Ranks();
+  for (const auto& [id, rank] : before) {
+    INFO(id);
+    CHECK(after[id] == rank);  // existing ranks never change on scale-out
+  }
+  CHECK(std::set<int>{after["s2"], after["s3"]} == std::set<int>{2, 3});
+  CHECK(after["w2"] == 2);
+  w0.Stop();
+  w1.Stop();
+}
+
+TEST_CASE("scale-in of server rank 0 of 3 while pushing loses no update and compacts ranks",
+          "[multiproc][net][scale]") {
+  ScaleJob job(/*workers=*/2, /*servers=*/3);
+  for (int i = 0; i < 3; ++i) job.Start("server", "s" + std::to_string(i), i);
+  node::WorkerNode w0(job.WorkerOptions("w0"));
+  node::WorkerNode w1(job.WorkerOptions("w1"));
+  REQUIRE(w0.Start().ok());
+  REQUIRE(w1.Start().ok());
+  REQUIRE(w0.WaitForReady(20s).ok());
+  REQUIRE(w1.WaitForReady(20s).ok());
+  REQUIRE(job.Ranks()["s0"] == 0);
+
+  Pusher p0(&w0), p1(&w1);
+  p0.Start();
+  p1.Start();
+  std::this_thread::sleep_for(200ms);
+  pb::AdminRequest req;
+  req.set_op("scale_in");
+  req.add_node_ids("s0");
+  job.Admin(req);
+  {
+    std::optional<int> code = job.proc("s0").Wait(20s);
+    INFO(job.proc("s0").Log());
+    CHECK(code == std::optional<int>(0));  // the leaving process exits cleanly
+  }
+  pb::AdminResponse ready = job.WaitReady();
+  CHECK(ready.server_num() == 2);
+  std::this_thread::sleep_for(300ms);
+  p0.Stop();
+  p1.Stop();
+  INFO("w0 last error: " << p0.last_error() << "; w1 last error: " << p1.last_error());
+  CHECK(p0.failed() == 0);
+  CHECK(p1.failed() == 0);
+  const int expected = p0.acked() + p1.acked();
+  CheckSums(w0, expected);
+  CheckExactlyOneOwner(w1, 2, expected);
+
+  std::map<std::string, int> after = job.Ranks();
+  CHECK(after.count("s0") == 0);
+  CHECK(after["s1"] == 0);  // survivors keep their order by old rank, made dense
+  CHECK(after["s2"] == 1);
+  CHECK(job.proc("s1").running());
+  CHECK(job.proc("s2").running());
+  w0.Stop();
+  w1.Stop();
+}
+
+TEST_CASE("SIGKILL of a new server in the middle of a scale-out rolls back and tells every node",
+          "[multiproc][net][scale]") {
+  ScaleJob job(/*workers=*/1, /*servers=*/2);
+  job.Start("server", "s0");
+  job.Start("server", "s1");
+  node::WorkerNode w0(job.WorkerOptions("w0"));
+  auto rollback = std::make_shared<std::promise<std::string>>();
+  auto told = std::make_shared<std::atomic<bool>>(false);
+  node::Node::Callbacks cb;
+  cb.on_cluster_event = [rollback, told](const pb::ClusterEventMessage& ev) {
+    if (ev.kind() == pb::ClusterEventMessage::ROLLBACK && !told->exchange(true)) rollback->set_value(ev.message());
+  };
+  w0.SetCallbacks(cb);
+  REQUIRE(w0.Start().ok());
+  REQUIRE(w0.WaitForReady(20s).ok());
+  Pusher pusher(&w0);
+  pusher.Start();
+  std::this_thread::sleep_for(200ms);
+
+  // The scale-out also wants a second worker that never comes: it stays open, with s2 in.
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(2);
+  req.set_server_num(3);
+  job.Admin(req);
+  job.Start("server", "s2");
+  REQUIRE(job.WaitRegistered("s2"));
+  job.proc("s2").Signal(SIGKILL);
+
+  auto fut = rollback->get_future();
+  REQUIRE(fut.wait_for(15s) == std::future_status::ready);
+  const std::string why = fut.get();
+  CHECK_THAT(why, Catch::Contains("s2") && Catch::Contains("timed out during scale-out"));
+  pb::AdminResponse ready = job.WaitReady();
+  CHECK(ready.server_num() == 2);
+  CHECK(ready.worker_num() == 1);
+  CHECK_THAT(ready.last_scale_result(), Catch::Contains("rolled back"));
+  std::map<std::string, int> ranks = job.Ranks();
+  CHECK(ranks.count("s2") == 0);
+  CHECK(ranks["s0"] + ranks["s1"] == 1);
+
+  std::this_thread::sleep_for(300ms);  // the job serves on with its old membership
+  pusher.Stop();
+  INFO("last error: " << pusher.last_error());
+  CHECK(pusher.failed() == 0);
+  CheckSums(w0, pusher.acked());
+  CheckExactlyOneOwner(w0, 2, pusher.acked());
+  CHECK(job.proc("s0").running());
+  CHECK(job.proc("s1").running());
+  w0.Stop();
+}
+
+}  // namespace pscore
