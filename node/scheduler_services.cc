@@ -189,6 +189,12 @@ void SchedulerNode::Admin(const pb::AdminRequest& req,
     st = cluster_.SetState(pb::CLUSTER_ENABLE_FLS);
   } else if (op == "disable") {
     st = cluster_.SetState(pb::CLUSTER_DISABLE_FLS);
+  } else if (op == "reset") {  // clears the error state of node_ids (ClusterManager::ResetNode)
+    if (req.node_ids_size() == 0) st = Status(Code::kInvalidArgument, "reset needs node ids");
+    for (const std::string& id : req.node_ids()) {
+      if (st.ok()) st = cluster_.ResetNode(id);
+    }
+    if (st.ok()) MarkStateDirty(/*urgent=*/true);  // the error state is persisted
   } else if (op == "stop") {
     st = cluster_.SetState(pb::CLUSTER_EXIT);
   } else if (op == "barriers") {

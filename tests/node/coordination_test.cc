@@ -1,0 +1,599 @@
+// In-process coordination tests with real sockets (issue 6): the membership barrier,
+// incarnations and the in-error policy, KV and barriers through nodes, error delivery
+// (also to late joiners), the shutdown barrier, the device topology, and two stress runs
+// (3 x 1,000 concurrent KvSet; 64 nodes x 100 barrier rounds).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "comm/event_loop.h"
+#include "comm/messenger.h"
+#include "node/scheduler_node.h"
+#include "node/server_node.h"
+#include "node/wire.h"
+#include "node/worker_node.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::node {
+namespace {
+
+using namespace std::chrono_literals;
+using EventPred = std::function<bool(const pb::ClusterEventMessage&)>;
+
+SchedulerOptions SchedOpts(int workers, int servers, Duration interval = 100ms, Duration timeout = 5s) {
+  SchedulerOptions o;
+  o.worker_num = workers;
+  o.server_num = servers;
+  o.heartbeat_interval = interval;
+  o.heartbeat_timeout = timeout;
+  return o;
+}
+
+NodeOptions MemberOpts(pb::NodeRole role, int sched_port, const std::string& id, Duration interval = 100ms) {
+  NodeOptions o;
+  o.role = role;
+  o.scheduler_port = sched_port;
+  o.node_id = id;
+  o.heartbeat_interval = interval;
+  o.connect_timeout = 10s;
+  o.request_timeout = 10s;
+  o.handler_threads = 0;
+  return o;
+}
+
+// The cluster events one node heard (callbacks on its loop thread, reads on the test's).
+class EventLog {
+ public:
+  void Add(const pb::ClusterEventMessage& ev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(ev);
+    cv_.notify_all();
+  }
+  bool WaitFor(const EventPred& pred, Duration timeout, pb::ClusterEventMessage* out = nullptr) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] {
+      for (const auto& ev : events_) {
+        if (!pred(ev)) continue;
+        if (out != nullptr) *out = ev;
+        return true;
+      }
+      return false;
+    });
+  }
+  int Count(const EventPred& pred) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(std::count_if(events_.begin(), events_.end(), pred));
+  }
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<pb::ClusterEventMessage> events_;
+};
+
+EventPred Kind(pb::ClusterEventMessage::Kind kind, const std::string& node_id) {
+  return [kind, node_id](const pb::ClusterEventMessage& ev) { return ev.kind() == kind && ev.node_id() == node_id; };
+}
+
+struct Member {
+  std::unique_ptr<Node> node;
+  EventLog events;
+};
+
+// A scheduler (on its own loop) and its members (each on its own loop, or all on
+// `member_loop`); stops every member, then the scheduler, even when the test fails.
+class TestCluster {
+ public:
+  explicit TestCluster(SchedulerOptions opts, comm::EventLoop* member_loop = nullptr)
+      : loop_(member_loop), sched_(std::move(opts)) {
+    REQUIRE(sched_.Start().ok());
+  }
+  ~TestCluster() {
+    for (auto it = members_.rbegin(); it != members_.rend(); ++it) (*it)->node->Stop();
+    sched_.Stop();
+  }
+  // Adds (does not start) a member; `tweak` may edit its options.
+  Member& Add(pb::NodeRole role, const std::string& id, const std::function<void(NodeOptions&)>& tweak = {}) {
+    NodeOptions o = MemberOpts(role, sched_.port(), id);
+    if (tweak) tweak(o);
+    auto m = std::make_unique<Member>();
+    if (role == pb::SERVER) {
+      m->node = std::make_unique<ServerNode>(o, core::ParamStore::Options(), loop_);
+    } else {
+      m->node = std::make_unique<WorkerNode>(o, loop_);
+    }
+    Member* raw = m.get();
+    Node::Callbacks cb;
+    cb.on_cluster_event = [raw](const pb::ClusterEventMessage& ev) { raw->events.Add(ev); };
+    m->node->SetCallbacks(cb);
+    members_.push_back(std::move(m));
+    return *members_.back();
+  }
+  // Adds workers w0..w{n-1}, starts them and waits for READY.
+  void StartWorkers(int n) {
+    for (int i = 0; i < n; ++i) Add(pb::WORKER, "w" + std::to_string(i));
+    for (auto& m : members_) REQUIRE(m->node->Start().ok());
+    for (auto& m : members_) REQUIRE(m->node->WaitForReady(20s).ok());
+  }
+  Node& node(size_t i) { return *members_.at(i)->node; }
+  Member& member(size_t i) { return *members_.at(i); }
+  size_t size() const { return members_.size(); }
+  SchedulerNode& sched() { return sched_; }
+
+ private:
+  comm::EventLoop* loop_;
+  SchedulerNode sched_;
+  std::vector<std::unique_ptr<Member>> members_;
+};
+
+// A bare protocol client on its own loop: registers with chosen incarnations and sends
+// admin requests, which a Node cannot do.
+class RawClient {
+ public:
+  explicit RawClient(int port) : loop_("raw") {
+    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), comm::Messenger::Handlers());
+    REQUIRE(loop_.Start().ok());
+    auto connected = std::make_shared<std::promise<Result<comm::ConnId>>>();
+    auto fut = connected->get_future();
+    loop_.Post([this, port, connected] {
+      messenger_->transport().Connect("127.0.0.1", port, comm::ConnectOptions(),
+                                      [connected](Result<comm::ConnId> c) { connected->set_value(c); });
+    });
+    REQUIRE(fut.wait_for(15s) == std::future_status::ready);
+    Result<comm::ConnId> c = fut.get();
+    REQUIRE(c.ok());
+    conn_ = *c;
+  }
+  ~RawClient() {
+    std::promise<void> done;
+    loop_.Post([this, &done] {
+      messenger_->Shutdown();
+      done.set_value();
+    });
+    done.get_future().wait();
+    loop_.Stop().IgnoreError();
+  }
+  Result<comm::Frame> Call(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg) {
+    auto promise = std::make_shared<std::promise<Result<comm::Frame>>>();
+    auto fut = promise->get_future();
+    BufferPtr payload = ToBuffer(msg);
+    loop_.Post([this, cmd, payload, promise] {
+      messenger_->Call(conn_, MakeMeta(cmd, pb::WORKER, -1), payload, 5s,
+                       [promise](Result<comm::Frame> r) { promise->set_value(std::move(r)); });
+    });
+    if (fut.wait_for(10s) != std::future_status::ready) return Status(Code::kTimeout, "raw call: no answer");
+    return fut.get();
+  }
+  Result<int> Register(const std::string& node_id, uint64_t incarnation) {
+    pb::RegisterMessage msg;
+    msg.set_ip("127.0.0.1");
+    msg.set_port(1);
+    msg.set_node_id(node_id);
+    msg.set_role(pb::WORKER);
+    msg.set_incarnation(incarnation);
+    msg.set_requested_rank(-1);
+    Result<comm::Frame> r = Call(pb::REGISTER, msg);
+    pb::RegisterRespMessage resp;
+    if (!r.ok()) return r.status();
+    PSCORE_RETURN_IF_ERROR(ParsePayload(*r, &resp));
+    return resp.rank_id();
+  }
+  Result<pb::AdminResponse> Admin(const std::string& op, std::vector<std::string> ids = {}) {
+    pb::AdminRequest req;
+    req.set_op(op);
+    for (auto& id : ids) req.add_node_ids(id);
+    Result<comm::Frame> r = Call(pb::ADMIN, req);
+    if (!r.ok()) return r.status();
+    pb::AdminResponse resp;
+    PSCORE_RETURN_IF_ERROR(ParsePayload(*r, &resp));
+    return resp;
+  }
+  // Waits until barrier `id`'s newest round has `arrived` arrivals (polling, with a deadline).
+  bool WaitArrived(const std::string& id, int arrived) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      Result<pb::AdminResponse> r = Admin("barriers");
+      if (r.ok()) {
+        for (const pb::BarrierInfo& b : r->barriers()) {
+          if (b.id() == id && b.state() == "waiting" && b.arrived() >= arrived) return true;
+        }
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    return false;
+  }
+
+ private:
+  comm::EventLoop loop_;
+  std::unique_ptr<comm::Messenger> messenger_;
+  comm::ConnId conn_ = comm::kNoConn;
+};
+
+std::future<Status> BarrierAsync(Node& n, const std::string& id, Duration timeout,
+                                 std::vector<std::string> participants = {}) {
+  return std::async(std::launch::async, [&n, id, timeout, participants] {
+    return n.Barrier(id, timeout, participants);
+  });
+}
+
+// The status of a barrier call that must end long before its own deadline.
+Status Soon(std::future<Status>& f) {
+  if (f.wait_for(5s) != std::future_status::ready) return Status(Code::kTimeout, "still waiting");
+  return f.get();
+}
+
+// A value, or its error as text (so a failed call fails a comparison, not the process).
+std::string Val(const Result<std::string>& r) { return r.ok() ? *r : "<" + r.status().ToString() + ">"; }
+
+std::vector<std::string> Keys(const Result<std::vector<std::pair<std::string, std::string>>>& list) {
+  std::vector<std::string> keys;
+  if (!list.ok()) return {"<" + list.status().ToString() + ">"};
+  for (auto& [k, v] : *list) keys.push_back(k);
+  return keys;
+}
+
+}  // namespace
+
+TEST_CASE("WaitForReady times out naming how many are missing; a late arrival in time is fine",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(3, 0));
+  c.Add(pb::WORKER, "w0");
+  c.Add(pb::WORKER, "w1");
+  Member& late = c.Add(pb::WORKER, "w2");
+  REQUIRE(c.node(0).Start().ok());
+  REQUIRE(c.node(1).Start().ok());
+  Status st = c.node(0).WaitForReady(300ms);
+  CHECK(st.code() == Code::kTimeout);
+  CHECK_THAT(st.message(), Catch::Contains("1 node(s) missing") && Catch::Contains("1 workers"));
+  auto waiting = std::async(std::launch::async, [&c] { return c.node(1).WaitForReady(20s); });
+  std::this_thread::sleep_for(200ms);
+  REQUIRE(late.node->Start().ok());
+  REQUIRE(waiting.wait_for(20s) == std::future_status::ready);
+  CHECK(waiting.get().ok());
+  CHECK(c.node(0).WaitForReady(20s).ok());
+  CHECK(late.node->WaitForReady(20s).ok());
+}
+
+TEST_CASE("incarnation: same one is a retry, a new one a restart the others hear of; in error needs reset",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(3, 0, 100ms, 60s));  // the raw client never beats
+  c.Add(pb::WORKER, "w0");
+  c.Add(pb::WORKER, "w1");
+  for (size_t i = 0; i < 2; ++i) REQUIRE(c.node(i).Start().ok());
+  RawClient x(c.sched().port());
+  Result<int> rank = x.Register("x", 100);
+  REQUIRE(rank.ok());
+  for (size_t i = 0; i < 2; ++i) REQUIRE(c.node(i).WaitForReady(20s).ok());
+
+  // The same incarnation again: a harmless retry (same rank, nobody is told).
+  Result<int> again = x.Register("x", 100);
+  REQUIRE(again.ok());
+  CHECK(*again == *rank);  // (no NODE_RESTARTED: counted below)
+  // A new incarnation: a restart, and every other node hears of it exactly once (the
+  // retry before it, on the same ordered link, produced nothing).
+  Result<int> restarted = x.Register("x", 101);
+  REQUIRE(restarted.ok());
+  CHECK(*restarted == *rank);
+  for (size_t i = 0; i < 2; ++i) {
+    REQUIRE(c.member(i).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x"), 5s));
+    CHECK(c.member(i).events.Count(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x")) == 1);
+  }
+
+  // In error: the same incarnation is refused until an explicit reset...
+  pb::ErrorReport err;
+  err.set_node_id("x");
+  err.set_error_code(9);
+  err.set_message("device lost");
+  REQUIRE(x.Call(pb::REPORT_ERROR, err).ok());
+  Result<int> refused = x.Register("x", 101);
+  CHECK(refused.status().code() == Code::kFailedPrecondition);
+  CHECK_THAT(refused.status().message(), Catch::Contains("in error") && Catch::Contains("device lost"));
+  CHECK(x.Admin("reset", {"nobody"}).status().code() == Code::kNotFound);
+  REQUIRE(x.Admin("reset", {"x"}).ok());
+  CHECK(x.Register("x", 101).ok());
+  // ...or a restart (new incarnation), which clears the error.
+  REQUIRE(x.Call(pb::REPORT_ERROR, err).ok());
+  CHECK(x.Register("x", 102).ok());
+  Result<pb::AdminResponse> nodes = x.Admin("nodes");
+  REQUIRE(nodes.ok());
+  for (const pb::ServersMeta& m : nodes->nodes()) {
+    if (m.node_id() == "x") CHECK(m.state() != pb::NODE_IN_ERROR);
+  }
+}
+
+TEST_CASE("KV through nodes: set, overwrite, blocking get, timeout, try-get, sorted list, delete",
+          "[node][net][coord]") {
+  SchedulerOptions so = SchedOpts(3, 0);
+  so.max_kv_value_bytes = 1024;
+  TestCluster c(so);
+  c.StartWorkers(3);
+  Node& a = c.node(0);
+  Node& b = c.node(1);
+
+  REQUIRE(a.KvSet("job/conf", "1").ok());
+  CHECK(Val(b.KvTryGet("/job//conf/")) == "1");  // normalised: same key
+  Status exists = b.KvSet("job/conf", "2", /*overwrite=*/false);
+  CHECK(exists.code() == Code::kAlreadyExists);
+  CHECK(Val(a.KvTryGet("job/conf")) == "1");
+  REQUIRE(b.KvSet("job/conf", "2").ok());
+  CHECK(Val(a.KvGet("job/conf", 1s)) == "2");
+  CHECK(a.KvSet("big", std::string(2000, 'x')).code() == Code::kInvalidArgument);
+  CHECK(a.KvTryGet("missing").status().code() == Code::kNotFound);
+  // A Get waiting on a missing key is answered by a later Set from another node; a
+  // Delete in between does not disturb it.
+  auto waiting = std::async(std::launch::async, [&b] { return b.KvGet("late/key", 20s); });
+  std::this_thread::sleep_for(100ms);  // (a sleep too short only makes the Get not wait)
+  REQUIRE(a.KvDelete("late/key").ok());
+  REQUIRE(c.node(2).KvSet("late/key", std::string("v\0w", 3)).ok());
+  REQUIRE(waiting.wait_for(20s) == std::future_status::ready);
+  CHECK(Val(waiting.get()) == std::string("v\0w", 3));
+  Result<std::string> timed_out = a.KvGet("never", 200ms);
+  CHECK(timed_out.status().code() == Code::kTimeout);
+  CHECK_THAT(timed_out.status().message(), Catch::Contains("never"));
+  for (const char* k : {"dir/b", "dir/a/2", "dir/a/1", "dir/c/x/y", "dirx", "dir", "dir!"}) {
+    REQUIRE(a.KvSet(k, k).ok());
+  }
+  CHECK(Keys(b.KvList("dir")) == std::vector<std::string>{"dir/a/1", "dir/a/2", "dir/b", "dir/c/x/y"});
+  REQUIRE(b.KvDelete("dir/a/").ok());  // the directory and everything under it
+  CHECK(Keys(b.KvList("/dir/")) == std::vector<std::string>{"dir/b", "dir/c/x/y"});
+  CHECK(Val(a.KvTryGet("dirx")) == "dirx");
+  CHECK(a.KvDelete("no/such/key").ok());
+}
+
+TEST_CASE("barriers through nodes: pass, timeout names the missing, mismatch fails at once, cancel",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(3, 0));
+  c.StartWorkers(3);
+  RawClient admin(c.sched().port());
+
+  SECTION("all pass, in rounds") {
+    for (int round = 0; round < 5; ++round) {
+      std::vector<std::future<Status>> f;
+      for (size_t i = 0; i < 3; ++i) f.push_back(BarrierAsync(c.node(i), "epoch", 20s));
+      for (auto& x : f) CHECK(Soon(x).ok());
+    }
+    Result<pb::AdminResponse> r = admin.Admin("barriers");
+    REQUIRE(r.ok());
+    REQUIRE(r->barriers_size() >= 1);
+    const pb::BarrierInfo& last = r->barriers(r->barriers_size() - 1);
+    CHECK(last.id() == "epoch");
+    CHECK(last.generation() == 5);
+    CHECK(last.state() == "passed");
+    // Cancelling a passed barrier or an unknown one is an error.
+    CHECK(c.node(0).CancelBarrier("epoch").code() == Code::kFailedPrecondition);
+    CHECK(c.node(0).CancelBarrier("unknown").code() == Code::kNotFound);
+  }
+  SECTION("timeout: every waiter gets the same error naming the missing") {
+    auto f0 = BarrierAsync(c.node(0), "b", 300ms);
+    auto f1 = BarrierAsync(c.node(1), "b", 300ms);
+    Status s0 = Soon(f0), s1 = Soon(f1);
+    CHECK(s0.code() == Code::kTimeout);
+    CHECK_THAT(s0.message(), Catch::Contains("2/3 arrived") && Catch::Contains("missing: w2"));
+    CHECK(s1.ToString() == s0.ToString());
+  }
+  SECTION("a different participant set fails at once for everyone") {
+    auto f0 = BarrierAsync(c.node(0), "b", 30s, {"w0", "w1", "w2"});
+    REQUIRE(admin.WaitArrived("b", 1));
+    Status s1 = c.node(1).Barrier("b", 30s, {"w1", "w0"});
+    Status s0 = Soon(f0);
+    CHECK(s1.code() == Code::kFailedPrecondition);
+    CHECK(s0.code() == Code::kFailedPrecondition);
+    CHECK_THAT(s0.message(), Catch::Contains("participant set mismatch"));
+  }
+  SECTION("a caller outside the set fails it at once for everyone") {
+    auto f0 = BarrierAsync(c.node(0), "b", 30s, {"w0", "w1"});
+    REQUIRE(admin.WaitArrived("b", 1));
+    Status s2 = c.node(2).Barrier("b", 30s, {"w0", "w1"});
+    CHECK(s2.code() == Code::kInvalidArgument);
+    CHECK(Soon(f0).code() == Code::kInvalidArgument);
+  }
+  SECTION("cancel: waiters get cancelled; cancelling again is an error") {
+    auto f0 = BarrierAsync(c.node(0), "b", 30s);
+    auto f1 = BarrierAsync(c.node(1), "b", 30s);
+    REQUIRE(admin.WaitArrived("b", 2));
+    REQUIRE(c.node(2).CancelBarrier("b").ok());
+    CHECK(Soon(f0).code() == Code::kCancelled);
+    CHECK(Soon(f1).code() == Code::kCancelled);
+    CHECK(c.node(2).CancelBarrier("b").code() == Code::kFailedPrecondition);
+  }
+  SECTION("a participant reporting an error fails it for all") {
+    auto f0 = BarrierAsync(c.node(0), "b", 30s);
+    auto f1 = BarrierAsync(c.node(1), "b", 30s);
+    REQUIRE(admin.WaitArrived("b", 2));
+    REQUIRE(c.node(2).ReportError(3, "out of memory").ok());
+    Status s0 = Soon(f0);
+    CHECK(s0.code() == Code::kAborted);
+    CHECK_THAT(s0.message(), Catch::Contains("w2") && Catch::Contains("out of memory"));
+    CHECK(Soon(f1).ToString() == s0.ToString());
+  }
+}
+
+TEST_CASE("a barrier participant that dies fails the barrier for all", "[node][net][coord]") {
+  TestCluster c(SchedOpts(3, 0, 100ms, 600ms));
+  c.StartWorkers(3);
+  RawClient admin(c.sched().port());
+  auto f0 = BarrierAsync(c.node(0), "b", 30s);
+  auto f1 = BarrierAsync(c.node(1), "b", 30s);
+  REQUIRE(admin.WaitArrived("b", 2));
+  c.node(2).Stop();  // silent from now on: times out after 600 ms
+  Status s0 = Soon(f0);
+  CHECK(s0.code() == Code::kAborted);
+  CHECK_THAT(s0.message(), Catch::Contains("w2") && Catch::Contains("heartbeat"));
+  CHECK(Soon(f1).code() == Code::kAborted);
+}
+
+TEST_CASE("errors reach every other node within a heartbeat interval; a late joiner hears at once",
+          "[node][net][coord]") {
+  const Duration interval = 2s;  // long: the notices must be pushed, not ride on heartbeats
+  TestCluster c(SchedOpts(5, 0, interval, 20s));
+  for (int i = 0; i < 5; ++i) {
+    c.Add(pb::WORKER, "w" + std::to_string(i), [interval](NodeOptions& o) { o.heartbeat_interval = interval; });
+  }
+  for (size_t i = 0; i < 4; ++i) REQUIRE(c.node(i).Start().ok());
+  const auto sent = std::chrono::steady_clock::now();
+  REQUIRE(c.node(0).ReportError(7, "disk full").ok());
+  for (size_t i = 1; i < 4; ++i) {
+    pb::ClusterEventMessage ev;
+    const Duration left = interval - (std::chrono::steady_clock::now() - sent);
+    REQUIRE(c.member(i).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_ERROR, "w0"),
+                                       std::max<Duration>(left, Duration::zero()), &ev));
+    CHECK(ev.error_code() == 7);
+    CHECK(ev.message() == "disk full");
+    CHECK(ev.role() == pb::WORKER);
+  }
+  // w4 registers after the error was reported: the stored error is replayed to it.
+  const auto joined = std::chrono::steady_clock::now();
+  REQUIRE(c.node(4).Start().ok());
+  pb::ClusterEventMessage ev;
+  const Duration left = interval - (std::chrono::steady_clock::now() - joined);
+  REQUIRE(c.member(4).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_ERROR, "w0"),
+                                     std::max<Duration>(left, Duration::zero()), &ev));
+  CHECK(ev.error_code() == 7);
+  CHECK(ev.message() == "disk full");
+}
+
+TEST_CASE("finish: a timeout names the stragglers, who are told; a second Finish after leaving fails",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(3, 0));
+  c.StartWorkers(3);
+  auto f0 = std::async(std::launch::async, [&c] { return c.node(0).Finish(300ms); });
+  auto f1 = std::async(std::launch::async, [&c] { return c.node(1).Finish(300ms); });
+  Status s0 = Soon(f0), s1 = Soon(f1);
+  CHECK(s0.code() == Code::kTimeout);
+  CHECK_THAT(s0.message(), Catch::Contains("1 node(s) missing: w2"));
+  CHECK(s1.code() == Code::kTimeout);
+  pb::ClusterEventMessage told;
+  REQUIRE(c.member(2).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_ERROR, "w2"), 5s, &told));
+  CHECK_THAT(told.message(), Catch::Contains("finish barrier timed out"));
+  CHECK(told.error_code() == static_cast<int>(Code::kTimeout));
+  // The straggler arrives: w0 and w1 already joined, so the barrier passes and the job ends.
+  CHECK(c.node(2).Finish(10s).ok());
+  CHECK(c.sched().WaitForExit(10s).ok());
+  CHECK(c.node(0).WaitForTermination(10s).ok());
+  Status again = c.node(0).Finish(1s);
+  CHECK(again.code() == Code::kFailedPrecondition);
+  CHECK_THAT(again.message(), Catch::Contains("already left"));
+}
+
+TEST_CASE("topology: 11 servers and a worker get dense global ids by role, numeric rank, local id",
+          "[node][net][coord]") {
+  constexpr int kServers = 11;
+  comm::EventLoop loop("shared");
+  REQUIRE(loop.Start().ok());
+  {
+    TestCluster c(SchedOpts(1, kServers), &loop);
+    auto two_devices = [](NodeOptions& o) {
+      o.devices.resize(2);
+      o.devices[0].set_local_id(1);  // out of order: the scheduler sorts them
+      o.devices[0].set_device_ip("10.0." + o.node_id + ".1");
+      o.devices[1].set_local_id(0);
+      o.devices[1].set_device_ip("10.0." + o.node_id + ".0");
+    };
+    // Ranks asked for, from the highest down, so arrival order does not give the answer.
+    for (int r = kServers - 1; r >= 0; --r) {
+      c.Add(pb::SERVER, "s" + std::to_string(r), [&](NodeOptions& o) {
+        two_devices(o);
+        o.rank = r;
+      });
+    }
+    c.Add(pb::WORKER, "w0", two_devices);
+    for (size_t i = 0; i < c.size(); ++i) REQUIRE(c.node(i).Start().ok());
+    for (size_t i = 0; i < c.size(); ++i) REQUIRE(c.node(i).WaitForReady(20s).ok());
+    pb::SendMetadataMessage md = c.node(0).metadata();
+    std::vector<std::tuple<int, int, int, int>> devs;  // (role order, rank, local, global)
+    auto collect = [&devs](const auto& list, int role_order) {
+      for (const pb::ServersMeta& m : list) {
+        CHECK(m.node_id() == (role_order == 0 ? "s" : "w") + std::to_string(m.rank_id()));
+        for (const pb::Device& d : m.devices()) devs.emplace_back(role_order, m.rank_id(), d.local_id(), d.global_id());
+      }
+    };
+    collect(md.servers_meta(), 0);
+    collect(md.workers_meta(), 1);
+    REQUIRE(devs.size() == 2u * (kServers + 1));
+    std::sort(devs.begin(), devs.end());
+    for (size_t i = 0; i < devs.size(); ++i) CHECK(std::get<3>(devs[i]) == static_cast<int>(i));
+    CHECK(devs[18] == std::make_tuple(0, 9, 0, 18));  // rank 10 comes after rank 9
+    CHECK(devs[20] == std::make_tuple(0, 10, 0, 20));
+    CHECK(devs[22] == std::make_tuple(1, 0, 0, 22));
+
+    // A restart of s3 that declares another device list is refused.
+    NodeOptions o = MemberOpts(pb::SERVER, c.sched().port(), "s3");
+    o.devices.resize(1);
+    o.devices[0].set_local_id(0);
+    ServerNode changed(o, core::ParamStore::Options(), &loop);
+    Status st = changed.Start();
+    CHECK(st.code() == Code::kInvalidArgument);
+    CHECK_THAT(st.message(), Catch::Contains("changed its device list"));
+  }
+  CHECK(loop.Stop().ok());
+}
+
+TEST_CASE("stress: 3 nodes x 1,000 concurrent KvSet to distinct keys, then List returns all 3,000",
+          "[node][net][coord]") {
+  constexpr int kNodes = 3, kThreads = 4, kPerNode = 1000;
+  TestCluster c(SchedOpts(kNodes, 0));
+  c.StartWorkers(kNodes);
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (int n = 0; n < kNodes; ++n) {
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&c, &failed, n, t] {
+        for (int i = t; i < kPerNode; i += kThreads) {
+          const std::string key = "stress/n" + std::to_string(n) + "/" + std::to_string(i);
+          if (!c.node(n).KvSet(key, key).ok()) ++failed;
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failed.load() == 0);
+  auto list = c.node(0).KvList("stress");
+  REQUIRE(list.ok());
+  CHECK(list->size() == kNodes * kPerNode);
+  CHECK(std::is_sorted(list->begin(), list->end()));
+  CHECK(std::all_of(list->begin(), list->end(), [](const auto& kv) { return kv.first == kv.second; }));
+}
+
+TEST_CASE("stress: 64 nodes x 100 barrier rounds all pass", "[node][net][coord]") {
+  constexpr int kNodes = 64, kRounds = 100;
+  comm::EventLoop loop("shared");
+  REQUIRE(loop.Start().ok());
+  {
+    TestCluster c(SchedOpts(kNodes, 0, 200ms, 10s), &loop);
+    for (int i = 0; i < kNodes; ++i) c.Add(pb::WORKER, "w" + std::to_string(i));
+    for (size_t i = 0; i < c.size(); ++i) REQUIRE(c.node(i).Start().ok());
+    for (size_t i = 0; i < c.size(); ++i) REQUIRE(c.node(i).WaitForReady(20s).ok());
+    std::atomic<int> passed{0};
+    std::mutex mu;
+    std::string first_failure;
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kNodes; ++i) {
+      threads.emplace_back([&, i] {
+        for (int r = 0; r < kRounds; ++r) {
+          Status st = c.node(i).Barrier("round", 30s);
+          if (!st.ok()) {
+            std::lock_guard<std::mutex> lock(mu);
+            if (first_failure.empty()) first_failure = "w" + std::to_string(i) + ": " + st.ToString();
+            return;
+          }
+          ++passed;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    INFO(first_failure);
+    CHECK(passed.load() == kNodes * kRounds);
+  }
+  CHECK(loop.Stop().ok());
+}
+
+}  // namespace pscore::node
