@@ -45,11 +45,17 @@ case "$name" in
     build dataplane_bench
     exec "$BUILD/dataplane_bench" "$@"
     ;;
-  coord)     not_yet coord ;;      # KV store and barrier latency
+  coord)  # KV set+get pairs/s and MB/s, 64-node barrier release, error fan-out to 256 nodes
+    build coord_bench
+    exec "$BUILD/coord_bench" "$@"
+    ;;
   ranktable)
     build ranktable_bench
     exec "$BUILD/ranktable_bench" "$@"
     ;;
-  scale)     not_yet scale ;;      # scale-out/scale-in time
+  scale)  # admin command to READY for 2->4 and 4->8 servers at 64 MiB..1 GiB; migration vs Push rate
+    build scale_bench
+    exec "$BUILD/scale_bench" "$@"
+    ;;
   *) usage ;;
 esac

@@ -1,0 +1,187 @@
+// Scale-out benchmark: time from the admin command to READY for S -> 2S servers holding
+// 64 MiB, 256 MiB and 1 GiB of parameters (keys of 256 KiB), and the rate at which the
+// parameters that change owner move, against the data-plane Push rate of the same run:
+// one Push of the same total size through the same worker and servers, measured first
+// (once creating the keys, once adding into them). In-process nodes, each on its own loop
+// thread; the new servers are started right after the admin command, as an operator would.
+// One figure per line: `name value unit`. Run through `scripts/bench.sh scale [quick |
+// FROM TO MIB]` (Release build).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/key_range.h"
+#include "node/scheduler_node.h"
+#include "node/server_node.h"
+#include "node/worker_node.h"
+
+namespace pscore::node {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr size_t kKeyBytes = 256u << 10;
+constexpr size_t kKeyFloats = kKeyBytes / sizeof(float);
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+void Print(const std::string& name, double value, const char* unit) {
+  std::printf("%-40s %12.3f %s\n", name.c_str(), value, unit);
+  std::fflush(stdout);
+}
+
+template <typename T>
+T Wait(std::future<T>& f) {
+  CHECK(f.wait_for(std::chrono::minutes(10)) == std::future_status::ready) << "benchmark stuck";
+  return f.get();
+}
+
+// A scheduler, `servers` servers and one worker in this process; servers may be added.
+class Job {
+ public:
+  explicit Job(int servers) {
+    SchedulerOptions so;
+    so.worker_num = 1;
+    so.server_num = servers;
+    so.max_message_bytes = 2ull << 30;
+    so.heartbeat_interval = 200ms;
+    so.heartbeat_timeout = 30s;  // a loop copying a large batch must not look dead
+    so.scale_timeout = std::chrono::minutes(10);
+    sched_ = std::make_unique<SchedulerNode>(so);
+    CHECK(sched_->Start().ok());
+    for (int i = 0; i < servers; ++i) AddServer();
+    worker_ = std::make_unique<WorkerNode>(Opts("w0"));
+    CHECK(worker_->Start().ok());
+    CHECK(worker_->WaitForReady(60s).ok());
+  }
+  ~Job() {
+    worker_->Stop();
+    for (auto& s : servers_) s->Stop();
+    sched_->Stop();
+  }
+
+  void AddServer() {
+    core::ParamStore::Options store;
+    store.rule = core::UpdateRule::kSum;
+    servers_.push_back(std::make_unique<ServerNode>(Opts("s" + std::to_string(servers_.size())), store));
+    CHECK(servers_.back()->Start().ok());
+  }
+
+  // Admin command, new servers started, READY at the scheduler: seconds end to end.
+  double ScaleOutTo(int servers) {
+    pb::AdminRequest req;
+    req.set_op("scale_out");
+    req.set_worker_num(1);
+    req.set_server_num(servers);
+    std::promise<Status> accepted;
+    const Clock::time_point start = Clock::now();
+    sched_->loop()->Post([&] {
+      sched_->Admin(req, [&](Status st, pb::AdminResponse) { accepted.set_value(st); });
+    });
+    Status st = accepted.get_future().get();
+    CHECK(st.ok()) << st;
+    while (static_cast<int>(servers_.size()) < servers) AddServer();
+    while (sched_->cluster_state() != pb::CLUSTER_READY) {
+      CHECK(Clock::now() - start < std::chrono::minutes(10)) << "scale-out did not finish";
+      std::this_thread::sleep_for(200us);
+    }
+    return Seconds(Clock::now() - start);
+  }
+
+  WorkerNode& worker() { return *worker_; }
+
+ private:
+  NodeOptions Opts(const std::string& id) {
+    NodeOptions o;
+    o.scheduler_port = sched_->port();
+    o.node_id = id;
+    o.heartbeat_interval = 200ms;
+    o.request_timeout = std::chrono::minutes(10);
+    o.max_message_bytes = 2ull << 30;
+    return o;
+  }
+
+  std::unique_ptr<SchedulerNode> sched_;
+  std::vector<std::unique_ptr<ServerNode>> servers_;
+  std::unique_ptr<WorkerNode> worker_;
+};
+
+// One Push of every key (all values = v); seconds.
+double PushAll(WorkerNode& w, const std::vector<uint64_t>& keys, float v) {
+  std::vector<float> values(keys.size() * kKeyFloats, v);
+  const Clock::time_point start = Clock::now();
+  auto f = w.Push(keys, values);
+  Status st = Wait(f);
+  CHECK(st.ok()) << st;
+  return Seconds(Clock::now() - start);
+}
+
+void RunCase(int from, int to, size_t mib) {
+  const std::string name = std::to_string(from) + "to" + std::to_string(to) + "_" + std::to_string(mib) + "MiB";
+  const size_t bytes = mib << 20;
+  std::vector<uint64_t> keys(bytes / kKeyBytes);
+  for (size_t k = 0; k < keys.size(); ++k) keys[k] = k;
+  size_t moved_keys = 0;
+  for (uint64_t k : keys) moved_keys += core::ServerForKey(k, from) != core::ServerForKey(k, to) ? 1 : 0;
+  const double moved_bytes = static_cast<double>(moved_keys * kKeyBytes);
+
+  Job job(from);
+  const double first = PushAll(job.worker(), keys, 1.0f);   // creates the keys
+  const double steady = PushAll(job.worker(), keys, 0.5f);  // adds into them
+  const double push_rate = bytes / steady / 1e9;
+  Print("push_create_" + name, bytes / first / 1e9, "GB/s");
+  Print("push_" + name, push_rate, "GB/s");
+
+  const double secs = job.ScaleOutTo(to);
+  const double move_rate = moved_bytes / secs / 1e9;
+  Print("scaleout_" + name + "_to_ready", secs * 1e3, "ms");
+  Print("moved_" + name, moved_bytes / (1 << 20), "MiB");
+  Print("migrate_" + name, move_rate, "GB/s");
+  Print("migrate_over_push_" + name, move_rate / push_rate, "ratio");
+
+  // Sanity: a sample of keys holds both pushes under the new partition.
+  std::vector<uint64_t> sample;
+  for (size_t k = 0; k < keys.size(); k += 7) sample.push_back(keys[k]);
+  auto f = job.worker().Pull(sample);
+  Result<PullResult> r = Wait(f);
+  CHECK(r.ok()) << r.status();
+  CHECK_EQ(job.worker().server_count(), to);
+  for (float v : r->values) CHECK_EQ(v, 1.5f) << "a moved parameter lost or doubled an update";
+}
+
+int Main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "quick") {
+    RunCase(2, 4, 64);
+    return 0;
+  }
+  if (argc == 4) {
+    RunCase(std::atoi(argv[1]), std::atoi(argv[2]), std::strtoul(argv[3], nullptr, 10));
+    return 0;
+  }
+  if (argc != 1) {
+    std::fprintf(stderr, "usage: scale_bench [quick | FROM TO MIB]\n");
+    return 2;
+  }
+  for (size_t mib : {64, 256, 1024}) {
+    RunCase(2, 4, mib);
+    RunCase(4, 8, mib);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pscore::node
+
+int main(int argc, char** argv) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_minloglevel = std::getenv("PSCORE_BENCH_LOG") != nullptr ? 0 : 1;  // INFO lines only on request
+  return pscore::node::Main(argc, argv);
+}
