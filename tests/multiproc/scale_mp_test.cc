@@ -5,7 +5,8 @@
 // answered by exactly one server, ranks kept on scale-out and compacted in old-rank order
 // on scale-in, and rollback (with every node told) when a new server is SIGKILLed mid-scale.
 // A new server that never starts (rollback after --scale_timeout_ms, reason to the admin)
-// and the admin's refusals are covered by admin_test.cc.
+// and the admin's refusals are covered by admin_test.cc; here, a new server that did start
+// but whose operation timed out is dropped and exits 1.
 #include <atomic>
 #include <future>
 #include <map>
@@ -39,10 +40,10 @@ constexpr int kFloatsPerKey = 4;
 // Scheduler plus named node processes; every process is SIGKILLed by pid at destruction.
 class ScaleJob {
  public:
-  ScaleJob(int workers, int servers) {
+  ScaleJob(int workers, int servers, int scale_timeout_ms = 30000) {
     REQUIRE(dir_.ok());
     REQUIRE(scheduler_.Start({testing::NodeBinary(), "--role=scheduler", "--worker_num=" + std::to_string(workers),
-                              "--server_num=" + std::to_string(servers), "--scale_timeout_ms=30000",
+                              "--server_num=" + std::to_string(servers), "--scale_timeout_ms=" + std::to_string(scale_timeout_ms),
                               "--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=1000",
                               "--port_file=" + dir_.File("sched.port")},
                              dir_.File("scheduler.log")));
@@ -358,6 +359,33 @@ TEST_CASE("SIGKILL of a new server in the middle of a scale-out rolls back and t
   CHECK(job.proc("s0").running());
   CHECK(job.proc("s1").running());
   w0.Stop();
+}
+
+TEST_CASE("a scale-out that times out drops the new server it admitted, which then exits 1",
+          "[multiproc][net][scale]") {
+  ScaleJob job(/*workers=*/1, /*servers=*/1, /*scale_timeout_ms=*/1500);
+  job.Start("server", "s0");
+  job.Start("worker", "w0");
+  job.WaitReady();
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(2);  // the second worker never comes
+  req.set_server_num(2);
+  job.Admin(req);
+  job.Start("server", "s1");
+  REQUIRE(job.WaitRegistered("s1"));
+  pb::AdminResponse ready = job.WaitReady();
+  CHECK(ready.server_num() == 1);
+  CHECK(ready.worker_num() == 1);
+  CHECK_THAT(ready.last_scale_result(), Catch::Contains("rolled back: scale-out timed out after 1500 ms"));
+  CHECK_THAT(ready.last_scale_result(), Catch::Contains("0 of 1 new workers registered"));
+  std::optional<int> code = job.proc("s1").Wait(15s);
+  const std::string log = job.proc("s1").Log();
+  INFO(log);
+  CHECK(code == std::optional<int>(1));
+  CHECK_THAT(log, Catch::Contains("quota full"));
+  CHECK(job.Ranks().count("s1") == 0);
+  CHECK(job.proc("s0").running());
 }
 
 }  // namespace pscore
