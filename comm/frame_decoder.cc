@@ -8,9 +8,12 @@ namespace {
 constexpr size_t kInitialInput = 128 << 10;  // holds a full header + 64 KiB meta
 }
 
-FrameDecoder::FrameDecoder(const Limits& limits) : limits_(limits), in_(kInitialInput) {}
+// The input buffer is allocated at the first read, so a connection that never speaks
+// costs no buffer (thousands of idle peers would otherwise pin 128 KiB each).
+FrameDecoder::FrameDecoder(const Limits& limits) : limits_(limits) {}
 
 char* FrameDecoder::ReadRegion(size_t* size) {
+  if (in_.empty()) in_.resize(kInitialInput);
   if (payload_ != nullptr) {
     size_t missing = payload_->size() - payload_filled_;
     if (missing >= kDirectReadMin) {

@@ -1,0 +1,390 @@
+// Hostile peers against a real job (pscore-node scheduler with HTTP, one server, one
+// worker): every port (scheduler, server data port, scheduler HTTP) gets random bytes, a
+// valid header with absurd lengths, a half frame then silence, and 2000 connections that
+// never speak; raw clients send commands of the wrong role (SCALE_OUT to the scheduler,
+// SEND_DATA to a server without registering). Each is closed or refused with a reason (in
+// the peer's log, and as a close or an error answer at the client); the job keeps its
+// state (READY, same epoch) and the scheduler's RSS stays under a ceiling. Children are
+// SIGKILLed by pid at the end.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/frame.h"
+#include "core/kv_codec.h"
+#include "multiproc/process.h"
+#include "node/admin_client.h"
+#include "node/server_node.h"
+#include "proto/comm.pb.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kSilentConnections = 2000;
+constexpr int64_t kRssCeilingKb = 200 * 1024;
+
+// A blocking client socket owned by the test (closed at destruction).
+class RawConn {
+ public:
+  explicit RawConn(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~RawConn() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RawConn(const RawConn&) = delete;
+  RawConn& operator=(const RawConn&) = delete;
+  bool ok() const { return fd_ >= 0; }
+
+  bool Send(const std::string& bytes) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return false;  // the peer may close while we write: that is an answer too
+      off += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // Reads until the peer closes (true) or the deadline passes (false); *got collects bytes.
+  bool ReadUntilClosed(std::chrono::milliseconds timeout, std::string* got = nullptr) {
+    const auto deadline = Clock::now() + timeout;
+    char buf[4096];
+    while (Clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+      if (::poll(&p, 1, std::max(left, 1)) <= 0) continue;
+      ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) return true;  // EOF or reset
+      if (got != nullptr) got->append(buf, static_cast<size_t>(n));
+    }
+    return false;
+  }
+  // Reads exactly n bytes with a deadline.
+  bool ReadExact(size_t n, std::string* out, std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    out->clear();
+    while (out->size() < n && Clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      char buf[4096];
+      ssize_t r = ::recv(fd_, buf, std::min(sizeof(buf), n - out->size()), 0);
+      if (r <= 0) return false;
+      out->append(buf, static_cast<size_t>(r));
+    }
+    return out->size() == n;
+  }
+  // Reads one frame's meta (the payload is skipped); nullopt on close or timeout.
+  std::optional<pb::MessageMeta> ReadMeta(std::chrono::milliseconds timeout) {
+    std::string header;
+    if (!ReadExact(comm::kHeaderBytes, &header, timeout)) return std::nullopt;
+    comm::FrameHeader h = comm::LoadHeader(header.data());
+    if (h.magic != comm::kMagic || h.meta_len > comm::kMaxMetaBytes || h.data_len > (1u << 20)) return std::nullopt;
+    std::string meta, data;
+    if (!ReadExact(h.meta_len, &meta, timeout) || !ReadExact(h.data_len, &data, timeout)) return std::nullopt;
+    pb::MessageMeta m;
+    if (!m.ParseFromString(meta)) return std::nullopt;
+    return m;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::string Frame(const pb::MessageMeta& meta, const std::string& payload) {
+  std::string m = meta.SerializeAsString();
+  comm::FrameHeader h;
+  h.meta_len = static_cast<uint32_t>(m.size());
+  h.data_len = payload.size();
+  return comm::EncodeHeader(h) + m + payload;
+}
+
+std::string RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string out(n, '\0');
+  for (char& c : out) c = static_cast<char>(rng());
+  return out;
+}
+
+int64_t RssKb(pid_t pid) {
+  std::string status = ReadFile("/proc/" + std::to_string(pid) + "/status");
+  size_t at = status.find("VmRSS:");
+  if (at == std::string::npos) return -1;
+  return std::stoll(status.substr(at + 6));
+}
+
+class Job {
+ public:
+  Job() {
+    REQUIRE(dir_.ok());
+    std::vector<std::string> timing = {"--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=3000"};
+    std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--scheduler_port=0", "--worker_num=1",
+                                     "--server_num=1", "--http_port=0", "--port_file=" + dir_.File("sched.port"),
+                                     "--http_port_file=" + dir_.File("http.port")};
+    argv.insert(argv.end(), timing.begin(), timing.end());
+    REQUIRE(scheduler_.Start(argv, dir_.File("scheduler.log")));
+    sched_port_ = ReadPortFile(dir_.File("sched.port"), 10s);
+    http_port_ = ReadPortFile(dir_.File("http.port"), 10s);
+    REQUIRE(sched_port_ > 0);
+    REQUIRE(http_port_ > 0);
+    for (std::string role : {"server", "worker"}) {
+      std::vector<std::string> a = {NodeBinary(), "--role=" + role, "--node_id=" + role.substr(0, 1) + "0",
+                                    "--scheduler_port=" + std::to_string(sched_port_), "--auto_finish=false",
+                                    "--port_file=" + dir_.File(role + ".port")};
+      a.insert(a.end(), timing.begin(), timing.end());
+      REQUIRE((role == "server" ? server_ : worker_).Start(a, dir_.File(role + ".log")));
+    }
+    server_port_ = ReadPortFile(dir_.File("server.port"), 10s);
+    REQUIRE(server_port_ > 0);
+    node::AdminClientOptions o;
+    o.scheduler_port = sched_port_;
+    o.timeout = 5s;
+    admin_ = std::make_unique<node::AdminClient>(o);
+    REQUIRE(admin_->Connect().ok());
+    Result<pb::AdminResponse> ready = admin_->WaitForReady(15s);
+    REQUIRE(ready.ok());
+    epoch_ = ready->epoch();
+  }
+
+  // The job is READY with the epoch it had, and every process runs.
+  void CheckIntact() {
+    Result<pb::AdminResponse> st = admin_->Admin("status");
+    REQUIRE(st.ok());
+    CHECK(st->cluster_state() == pb::CLUSTER_READY);
+    CHECK(st->epoch() == epoch_);
+    CHECK(scheduler_.running());
+    CHECK(server_.running());
+    CHECK(worker_.running());
+  }
+
+  Process& scheduler() { return scheduler_; }
+  Process& server() { return server_; }
+  int sched_port() const { return sched_port_; }
+  int server_port() const { return server_port_; }
+  int http_port() const { return http_port_; }
+
+ private:
+  TempDir dir_;
+  Process scheduler_, server_, worker_;
+  std::unique_ptr<node::AdminClient> admin_;
+  int sched_port_ = 0, server_port_ = 0, http_port_ = 0;
+  uint64_t epoch_ = 0;
+};
+
+bool Contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+void RaiseFdLimit() {
+  rlimit r{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &r) == 0);
+  const rlim_t want = 3 * kSilentConnections + 1024;
+  if (r.rlim_cur < want) {
+    r.rlim_cur = std::min<rlim_t>(want, r.rlim_max);
+    ::setrlimit(RLIMIT_NOFILE, &r);
+  }
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &r) == 0);
+  REQUIRE(r.rlim_cur >= static_cast<rlim_t>(kSilentConnections + 256));
+}
+
+}  // namespace
+
+TEST_CASE("hostile peers: garbage, absurd lengths and wrong-role frames are closed or refused; the job keeps its state",
+          "[multiproc][net]") {
+  RaiseFdLimit();  // before the job starts: the children inherit it
+  Job job;
+
+  // Random bytes: native ports close the connection (bad magic), HTTP answers 400 and closes.
+  for (int port : {job.sched_port(), job.server_port()}) {
+    RawConn c(port);
+    REQUIRE(c.ok());
+    c.Send(RandomBytes(4096, 1));
+    CHECK(c.ReadUntilClosed(5s));
+  }
+  {
+    RawConn c(job.http_port());
+    REQUIRE(c.ok());
+    c.Send(RandomBytes(4096, 2));
+    std::string got;
+    CHECK(c.ReadUntilClosed(5s, &got));
+    CHECK(Contains(got, "400"));
+  }
+
+  // A valid header with absurd lengths: closed before anything is allocated.
+  for (int port : {job.sched_port(), job.server_port()}) {
+    for (auto [meta_len, data_len] : {std::pair<uint32_t, uint64_t>{0xFFFFFFFFu, 0},
+                                      {16, ~0ull}, {16, 1ull << 40}}) {
+      comm::FrameHeader h;
+      h.meta_len = meta_len;
+      h.data_len = data_len;
+      RawConn c(port);
+      REQUIRE(c.ok());
+      c.Send(comm::EncodeHeader(h));
+      CHECK(c.ReadUntilClosed(5s));
+    }
+  }
+  {
+    RawConn c(job.http_port());
+    REQUIRE(c.ok());
+    c.Send("POST /cluster/scale_out HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999\r\n\r\n");
+    std::string got;
+    CHECK(c.ReadUntilClosed(5s, &got));
+    CHECK(Contains(got, "413"));
+  }
+  std::this_thread::sleep_for(200ms);  // let the logs flush
+  CHECK(Contains(job.scheduler().Log(), "closing"));
+  CHECK(Contains(job.server().Log(), "closing"));
+
+  // Wrong role: a raw client (never registered) sends SCALE_OUT to the scheduler: an error answer.
+  {
+    RawConn c(job.sched_port());
+    REQUIRE(c.ok());
+    pb::MessageMeta m;
+    m.set_cmd(pb::SCALE_OUT);
+    m.set_request_id(7);
+    m.set_role(pb::WORKER);
+    REQUIRE(c.Send(Frame(m, "")));
+    std::optional<pb::MessageMeta> answer = c.ReadMeta(5s);
+    REQUIRE(answer.has_value());
+    CHECK(answer->is_response());
+    CHECK(answer->request_id() == 7);
+    CHECK(answer->status_code() != 0);
+    CHECK(Contains(answer->error(), "does not serve SCALE_OUT"));
+    // A heartbeat and a finish for a node that never registered: refused.
+    pb::HeartbeatMessage hb;
+    hb.set_node_id("intruder");
+    m.set_cmd(pb::HEARTBEAT);
+    m.set_request_id(8);
+    REQUIRE(c.Send(Frame(m, hb.SerializeAsString())));
+    answer = c.ReadMeta(5s);
+    REQUIRE(answer.has_value());
+    CHECK(answer->status_code() != 0);
+    pb::FinishMessage fin;
+    fin.set_node_id("intruder");
+    m.set_cmd(pb::FINISH);
+    m.set_request_id(9);
+    REQUIRE(c.Send(Frame(m, fin.SerializeAsString())));
+    answer = c.ReadMeta(5s);
+    REQUIRE(answer.has_value());
+    CHECK(answer->status_code() != 0);
+  }
+  // A scheduler-only command sent to a server by a raw peer: refused.
+  {
+    RawConn c(job.server_port());
+    REQUIRE(c.ok());
+    pb::MessageMeta m;
+    m.set_cmd(pb::ADMIN);
+    m.set_request_id(3);
+    m.set_role(pb::ADMIN_CLIENT);
+    REQUIRE(c.Send(Frame(m, "")));
+    std::optional<pb::MessageMeta> answer = c.ReadMeta(5s);
+    INFO(job.server().Log());
+    if (answer.has_value()) {
+      CHECK(answer->status_code() != 0);
+    }  // else the server closed the connection: also a refusal
+  }
+  // SEND_DATA from a peer that never registered nor said HELLO: garbage is refused with an
+  // error answer; a well-formed push is served (no membership check on the data port; with
+  // --cluster_token_file the connection itself must prove the token first). See
+  // docs/reliability.md, Hostile peers.
+  {
+    RawConn c(job.server_port());
+    REQUIRE(c.ok());
+    pb::MessageMeta m;
+    m.set_cmd(pb::SEND_DATA);
+    m.set_request_id(11);
+    m.set_role(pb::WORKER);
+    m.set_handler(node::kPushHandler);
+    REQUIRE(c.Send(Frame(m, RandomBytes(64, 3))));
+    std::optional<pb::MessageMeta> answer = c.ReadMeta(5s);
+    REQUIRE(answer.has_value());
+    CHECK(answer->status_code() != 0);
+    const uint64_t key = 1ull << 50;
+    const uint32_t len = 1;
+    const float value = 1.0f;
+    BufferPtr push = core::EncodeKvPairs(&key, 1, &len, &value, 1);
+    m.set_request_id(12);
+    REQUIRE(c.Send(Frame(m, std::string(push->data(), push->size()))));
+    answer = c.ReadMeta(5s);
+    REQUIRE(answer.has_value());
+    INFO("unregistered SEND_DATA push: " << answer->error());
+    CHECK(answer->request_id() == 12);
+  }
+  std::this_thread::sleep_for(200ms);
+  CHECK(Contains(job.scheduler().Log(), "which the scheduler does not serve"));
+  job.CheckIntact();
+
+  // 2000 connections per port that never speak, plus a half frame then silence on each native
+  // port; the job keeps answering and the scheduler's memory stays bounded.
+  std::vector<std::unique_ptr<RawConn>> silent;
+  for (int port : {job.sched_port(), job.server_port(), job.http_port()}) {
+    for (int i = 0; i < kSilentConnections; ++i) {
+      auto c = std::make_unique<RawConn>(port);
+      if (!c->ok()) break;
+      silent.push_back(std::move(c));
+    }
+  }
+  INFO("silent connections opened: " << silent.size());
+  CHECK(silent.size() >= 2 * kSilentConnections);
+  std::vector<std::unique_ptr<RawConn>> halves;
+  for (int port : {job.sched_port(), job.server_port()}) {
+    pb::MessageMeta m;
+    m.set_cmd(pb::PING);
+    std::string f = Frame(m, std::string(1000, 'x'));
+    halves.push_back(std::make_unique<RawConn>(port));
+    REQUIRE(halves.back()->ok());
+    REQUIRE(halves.back()->Send(f.substr(0, f.size() / 2)));
+  }
+  std::this_thread::sleep_for(500ms);
+  job.CheckIntact();
+  const int64_t rss = RssKb(job.scheduler().pid());
+  INFO("scheduler VmRSS after the storm: " << rss << " kB");
+  CHECK(rss > 0);
+  CHECK(rss < kRssCeilingKb);
+  silent.clear();
+  halves.clear();
+  std::this_thread::sleep_for(300ms);
+  job.CheckIntact();
+}
+
+TEST_CASE("hostile peers: a half frame then silence is cut off after the partial-frame timeout",
+          "[multiproc][net][slow]") {
+  Job job;
+  std::vector<std::unique_ptr<RawConn>> halves;
+  for (int port : {job.sched_port(), job.server_port()}) {
+    pb::MessageMeta m;
+    m.set_cmd(pb::PING);
+    std::string f = Frame(m, std::string(1000, 'x'));
+    halves.push_back(std::make_unique<RawConn>(port));
+    REQUIRE(halves.back()->ok());
+    REQUIRE(halves.back()->Send(f.substr(0, f.size() / 2)));
+  }
+  for (auto& c : halves) CHECK(c->ReadUntilClosed(40s));  // the transport's default is 30 s
+  CHECK(Contains(job.scheduler().Log(), "partial frame stalled"));
+  CHECK(Contains(job.server().Log(), "partial frame stalled"));
+  job.CheckIntact();
+}
+
+}  // namespace pscore::testing
