@@ -2,10 +2,10 @@
 // 64 MiB, 256 MiB and 1 GiB of parameters (keys of 256 KiB), and the rate at which the
 // parameters that change owner move, against the data-plane Push rate of the same run:
 // one Push of the same total size through the same worker and servers, measured first
-// (once creating the keys, once adding into them). In-process nodes, each on its own loop
-// thread; the new servers are started right after the admin command, as an operator would.
-// One figure per line: `name value unit`. Run through `scripts/bench.sh scale [quick |
-// FROM TO MIB]` (Release build).
+// (once creating the keys, then twice adding into them). In-process nodes, each on its own
+// loop thread; the new servers are started right after the admin command, as an operator
+// would. Each case runs PSCORE_SCALE_REPS (default 3) fresh jobs. One figure per line:
+// `name value unit`. Run through `scripts/bench.sh scale [quick | FROM TO MIB]`.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -123,30 +123,21 @@ double PushAll(WorkerNode& w, const std::vector<uint64_t>& keys, float v) {
   return Seconds(Clock::now() - start);
 }
 
-void RunCase(int from, int to, size_t mib) {
-  const std::string name = std::to_string(from) + "to" + std::to_string(to) + "_" + std::to_string(mib) + "MiB";
-  const size_t bytes = mib << 20;
-  std::vector<uint64_t> keys(bytes / kKeyBytes);
-  for (size_t k = 0; k < keys.size(); ++k) keys[k] = k;
-  size_t moved_keys = 0;
-  for (uint64_t k : keys) moved_keys += core::ServerForKey(k, from) != core::ServerForKey(k, to) ? 1 : 0;
-  const double moved_bytes = static_cast<double>(moved_keys * kKeyBytes);
+struct Sample {
+  double push_create = 0;  // GB/s
+  double push = 0;         // GB/s, best of two pushes into existing keys
+  double scale_secs = 0;   // admin command to READY
+};
 
+Sample RunOnce(int from, int to, const std::vector<uint64_t>& keys) {
+  const double bytes = static_cast<double>(keys.size() * kKeyBytes);
+  Sample s;
   Job job(from);
-  const double first = PushAll(job.worker(), keys, 1.0f);   // creates the keys
-  const double steady = PushAll(job.worker(), keys, 0.5f);  // adds into them
-  const double push_rate = bytes / steady / 1e9;
-  Print("push_create_" + name, bytes / first / 1e9, "GB/s");
-  Print("push_" + name, push_rate, "GB/s");
-
-  const double secs = job.ScaleOutTo(to);
-  const double move_rate = moved_bytes / secs / 1e9;
-  Print("scaleout_" + name + "_to_ready", secs * 1e3, "ms");
-  Print("moved_" + name, moved_bytes / (1 << 20), "MiB");
-  Print("migrate_" + name, move_rate, "GB/s");
-  Print("migrate_over_push_" + name, move_rate / push_rate, "ratio");
-
-  // Sanity: a sample of keys holds both pushes under the new partition.
+  s.push_create = bytes / PushAll(job.worker(), keys, 1.0f) / 1e9;  // creates the keys
+  double best = std::min(PushAll(job.worker(), keys, 0.25f), PushAll(job.worker(), keys, 0.25f));
+  s.push = bytes / best / 1e9;
+  s.scale_secs = job.ScaleOutTo(to);
+  // Sanity: a sample of keys holds all three pushes under the new partition.
   std::vector<uint64_t> sample;
   for (size_t k = 0; k < keys.size(); k += 7) sample.push_back(keys[k]);
   auto f = job.worker().Pull(sample);
@@ -154,25 +145,58 @@ void RunCase(int from, int to, size_t mib) {
   CHECK(r.ok()) << r.status();
   CHECK_EQ(job.worker().server_count(), to);
   for (float v : r->values) CHECK_EQ(v, 1.5f) << "a moved parameter lost or doubled an update";
+  return s;
+}
+
+// `reps` fresh jobs; rates are the best of the repetitions (the machine is shared: the
+// best run is the one least disturbed), the time to READY is the median.
+void RunCase(int from, int to, size_t mib, int reps) {
+  const std::string name = std::to_string(from) + "to" + std::to_string(to) + "_" + std::to_string(mib) + "MiB";
+  std::vector<uint64_t> keys((mib << 20) / kKeyBytes);
+  for (size_t k = 0; k < keys.size(); ++k) keys[k] = k;
+  size_t moved_keys = 0;
+  for (uint64_t k : keys) moved_keys += core::ServerForKey(k, from) != core::ServerForKey(k, to) ? 1 : 0;
+  const double moved_bytes = static_cast<double>(moved_keys * kKeyBytes);
+  std::vector<Sample> runs;
+  for (int i = 0; i < reps; ++i) runs.push_back(RunOnce(from, to, keys));
+  double create = 0, push = 0, fastest = 1e30;
+  std::vector<double> secs;
+  for (const Sample& s : runs) {
+    create = std::max(create, s.push_create);
+    push = std::max(push, s.push);
+    fastest = std::min(fastest, s.scale_secs);
+    secs.push_back(s.scale_secs);
+  }
+  std::sort(secs.begin(), secs.end());
+  const double migrate = moved_bytes / fastest / 1e9;
+  Print("push_create_" + name, create, "GB/s");
+  Print("push_" + name, push, "GB/s");
+  Print("scaleout_" + name + "_to_ready_median", secs[secs.size() / 2] * 1e3, "ms");
+  Print("scaleout_" + name + "_to_ready_best", fastest * 1e3, "ms");
+  Print("moved_" + name, moved_bytes / (1 << 20), "MiB");
+  Print("migrate_" + name, migrate, "GB/s");
+  Print("migrate_over_push_" + name, migrate / push, "ratio");
 }
 
 int Main(int argc, char** argv) {
+  const char* env_reps = std::getenv("PSCORE_SCALE_REPS");
+  const int reps = std::max(1, env_reps != nullptr ? std::atoi(env_reps) : 3);
   std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "quick") {
-    RunCase(2, 4, 64);
+    RunCase(2, 4, 64, 1);
     return 0;
   }
   if (argc == 4) {
-    RunCase(std::atoi(argv[1]), std::atoi(argv[2]), std::strtoul(argv[3], nullptr, 10));
+    RunCase(std::atoi(argv[1]), std::atoi(argv[2]), std::strtoul(argv[3], nullptr, 10), reps);
     return 0;
   }
   if (argc != 1) {
-    std::fprintf(stderr, "usage: scale_bench [quick | FROM TO MIB]\n");
+    std::fprintf(stderr, "usage: scale_bench [quick | FROM TO MIB]  (PSCORE_SCALE_REPS=3 runs per case)\n");
     return 2;
   }
   for (size_t mib : {64, 256, 1024}) {
-    RunCase(2, 4, mib);
-    RunCase(4, 8, mib);
+    RunCase(2, 4, mib, reps);
+    RunCase(4, 8, mib, reps);
   }
   return 0;
 }
