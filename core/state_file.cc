@@ -144,16 +144,16 @@ Status ValidateState(const pb::PersistedState& state) {
   for (const std::string& id : scale.added()) {
     if (ids.count(id) == 0) return Err(Code::kInvalidArgument, "scale operation names unknown node ", id);
   }
-  if (scaling && !scale.scale_in()) {
-    // A restart rolls a scale-out back: the added nodes go, the old totals return. The
-    // nodes that stay must fit those totals, or the restored registry is impossible.
+  if (scaling) {
+    // A restart rolls a scale operation back: the added nodes go, the old totals return.
+    // The nodes that stay must fit those totals, or the restored registry is impossible.
     std::set<std::string> added(scale.added().begin(), scale.added().end());
     std::map<int, int> kept;
     for (const pb::PersistedNode& n : state.nodes()) {
       if (added.count(n.node_id()) == 0) ++kept[n.role()];
     }
     if (kept[pb::SERVER] > scale.old_server_num() || kept[pb::WORKER] > scale.old_worker_num()) {
-      return Err(Code::kInvalidArgument, "scale-out rollback keeps ", kept[pb::SERVER], " servers and ",
+      return Err(Code::kInvalidArgument, "scale rollback keeps ", kept[pb::SERVER], " servers and ",
                  kept[pb::WORKER], " workers, over the old totals ", scale.old_server_num(), " and ",
                  scale.old_worker_num());
     }

@@ -83,11 +83,22 @@ pb::PersistedState ScalingOutState(bool list_added) {
 // state_loader_fuzz, crash-8ecb45e9: a scale-out state whose new server is missing from
 // scale.added loaded; the restart rolled the totals back to 1 server but kept 2, and the
 // restored scheduler then wrote a state file it refused to load on the next restart.
-TEST_CASE("state file: a scale-out whose rollback keeps too many nodes is refused", "[core][fuzz]") {
+TEST_CASE("state file: a scale operation whose rollback keeps too many nodes is refused", "[core][fuzz]") {
   auto bad = ParseState(SerializeState(ScalingOutState(false)));
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().code() == Code::kInvalidArgument);
   CHECK(bad.status().message().find("rollback") != std::string::npos);
+
+  // crash-c0b5db6d, the same for a scale-in: its rollback restores old totals (here 0
+  // servers) that the registered servers do not fit.
+  pb::PersistedState in = ScalingOutState(true);
+  in.set_cluster_state(pb::CLUSTER_SCALE_IN);
+  in.mutable_scale()->set_scale_in(true);
+  in.mutable_scale()->clear_added();
+  in.mutable_scale()->set_old_server_num(0);
+  auto bad_in = ParseState(SerializeState(in));
+  REQUIRE_FALSE(bad_in.ok());
+  CHECK(bad_in.status().message().find("rollback") != std::string::npos);
 
   auto good = ParseState(SerializeState(ScalingOutState(true)));
   REQUIRE(good.ok());
