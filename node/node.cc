@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 
 #include "node/wire.h"
 
@@ -274,19 +275,17 @@ void Node::ApplyMetadata(const pb::SendMetadataMessage& md) {
   for (const pb::ServersMeta& s : md.servers_meta()) {
     addrs[s.rank_id()] = s.ip() + ":" + std::to_string(s.port());
   }
-  // Links to servers whose rank now names another address are stale. Closing runs close
-  // watchers that edit server_conn_, so collect first.
-  std::vector<ConnId> stale;
-  for (auto it = server_conn_.begin(); it != server_conn_.end();) {
-    auto a = addrs.find(it->first);
-    if (a == addrs.end() || a->second != server_addr_[it->first]) {
-      stale.push_back(it->second);
-      it = server_conn_.erase(it);
-    } else {
-      ++it;
-    }
+  // Links to servers no longer in the membership are closed once their requests had
+  // time to finish (a leaving server usually exits first and closes them itself).
+  std::set<std::string> current;
+  for (auto& [r, a] : addrs) current.insert(a);
+  for (auto& [addr, conn] : server_conn_) {
+    if (current.count(addr)) continue;
+    ConnId c = conn;
+    loop_->AddTimer(options_.request_timeout, Duration::zero(), [this, c] {
+      messenger_->transport().Close(c, Status(Code::kCancelled, "server left the membership"));
+    });
   }
-  for (ConnId c : stale) messenger_->transport().Close(c, Status(Code::kCancelled, "server moved"));
   server_addr_ = std::move(addrs);
   PublishSnapshot();
   if (callbacks_.on_metadata) callbacks_.on_metadata(md);

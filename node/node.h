@@ -147,8 +147,10 @@ class Node {
   uint64_t scale_in_epoch_ = 0;         // scale-in under way (0: none)
   bool scale_in_handed_over_ = false;
   std::map<int, std::string> server_addr_;                    // rank -> ip:port
-  std::map<int, comm::ConnId> server_conn_;                   // rank -> open link
-  std::map<int, std::vector<std::function<void(Result<comm::ConnId>)>>> dialing_;
+  // Links are keyed by address, not rank: when ranks are compacted a server keeps its
+  // link, and requests in flight on it are never cut.
+  std::map<std::string, comm::ConnId> server_conn_;  // ip:port -> open link
+  std::map<std::string, std::vector<std::function<void(Result<comm::ConnId>)>>> dialing_;
 
   // Snapshot for other threads.
   mutable std::mutex mu_;

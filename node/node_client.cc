@@ -155,40 +155,37 @@ Status Node::SendEvent(uint32_t event, const std::string& payload) {
 }
 
 void Node::WithServerConn(int rank, std::function<void(Result<ConnId>)> cb) {
-  auto open = server_conn_.find(rank);
+  auto a = server_addr_.find(rank);
+  if (a == server_addr_.end()) {
+    return cb(Status(Code::kNotFound, "no server of rank " + std::to_string(rank) + " in the metadata (epoch " +
+                                          std::to_string(epoch_) + ")"));
+  }
+  const std::string addr = a->second;
+  auto open = server_conn_.find(addr);
   if (open != server_conn_.end() && messenger_->transport().IsOpen(open->second)) {
     cb(open->second);
     return;
   }
-  auto& waiting = dialing_[rank];
+  auto& waiting = dialing_[addr];
   waiting.push_back(std::move(cb));
   if (waiting.size() > 1) return;  // A dial is already under way.
-  auto addr = server_addr_.find(rank);
-  auto fail_all = [this, rank](const Status& st) {
-    auto waiters = std::move(dialing_[rank]);
-    dialing_.erase(rank);
-    for (auto& w : waiters) w(st);
-  };
-  if (addr == server_addr_.end()) {
-    return fail_all(Status(Code::kNotFound, "no server of rank " + std::to_string(rank) +
-                                                " in the metadata (epoch " + std::to_string(epoch_) + ")"));
-  }
-  size_t colon = addr->second.rfind(':');
-  std::string host = addr->second.substr(0, colon);
-  int port = std::stoi(addr->second.substr(colon + 1));
+  size_t colon = addr.rfind(':');
+  std::string host = addr.substr(0, colon);
+  int port = std::atoi(addr.c_str() + colon + 1);
   comm::ConnectOptions co;
   co.timeout = options_.connect_timeout;
-  messenger_->transport().Connect(host, port, co, [this, rank, fail_all](Result<ConnId> r) {
-    if (!r.ok()) return fail_all(r.status());
-    ConnId conn = *r;
-    server_conn_[rank] = conn;
-    messenger_->transport().WatchClose(conn, [this, rank, conn](const Status&) {
-      auto it = server_conn_.find(rank);
-      if (it != server_conn_.end() && it->second == conn) server_conn_.erase(it);
-    });
-    auto waiters = std::move(dialing_[rank]);
-    dialing_.erase(rank);
-    for (auto& w : waiters) w(conn);
+  messenger_->transport().Connect(host, port, co, [this, addr](Result<ConnId> r) {
+    auto waiters = std::move(dialing_[addr]);
+    dialing_.erase(addr);
+    if (r.ok()) {
+      ConnId conn = *r;
+      server_conn_[addr] = conn;
+      messenger_->transport().WatchClose(conn, [this, addr, conn](const Status&) {
+        auto it = server_conn_.find(addr);
+        if (it != server_conn_.end() && it->second == conn) server_conn_.erase(it);
+      });
+    }
+    for (auto& w : waiters) w(r);
   });
 }
 
