@@ -47,9 +47,9 @@ for t in "${targets[@]}"; do
   else
     echo "!! $t failed; log tail:"
     tail -60 "$work/$t.log"
-    mkdir -p "$root/fuzz-artifacts"
-    cp "$work/artifacts-$t"/* "$root/fuzz-artifacts/" 2>/dev/null || true
-    echo "!! reproducer(s) copied to fuzz-artifacts/ (run: $dir/$t <file>)"
+    mkdir -p "$dir/artifacts"
+    cp "$work/artifacts-$t"/* "$dir/artifacts/" 2>/dev/null || true
+    echo "!! reproducer(s) copied to $dir/artifacts/ (run: $dir/$t <file>)"
     failed+=("$t")
   fi
 done
