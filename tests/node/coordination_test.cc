@@ -74,6 +74,7 @@ class EventLog {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int>(std::count_if(events_.begin(), events_.end(), pred));
   }
+
  private:
   std::mutex mu_;
   std::condition_variable cv_;
@@ -199,13 +200,11 @@ class RawClient {
   }
   // Waits until barrier `id`'s newest round has `arrived` arrivals (polling, with a deadline).
   bool WaitArrived(const std::string& id, int arrived) {
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (std::chrono::steady_clock::now() < deadline) {
+    for (auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;) {
       Result<pb::AdminResponse> r = Admin("barriers");
-      if (r.ok()) {
-        for (const pb::BarrierInfo& b : r->barriers()) {
-          if (b.id() == id && b.state() == "waiting" && b.arrived() >= arrived) return true;
-        }
+      for (int i = 0; r.ok() && i < r->barriers_size(); ++i) {
+        const pb::BarrierInfo& b = r->barriers(i);
+        if (b.id() == id && b.state() == "waiting" && b.arrived() >= arrived) return true;
       }
       std::this_thread::sleep_for(5ms);
     }
@@ -276,13 +275,11 @@ TEST_CASE("incarnation: same one is a retry, a new one a restart the others hear
 
   // The same incarnation again: a harmless retry (same rank, nobody is told).
   Result<int> again = x.Register("x", 100);
-  REQUIRE(again.ok());
-  CHECK(*again == *rank);  // (no NODE_RESTARTED: counted below)
+  CHECK((again.ok() && *again == *rank));  // (no NODE_RESTARTED: counted below)
   // A new incarnation: a restart, and every other node hears of it exactly once (the
   // retry before it, on the same ordered link, produced nothing).
   Result<int> restarted = x.Register("x", 101);
-  REQUIRE(restarted.ok());
-  CHECK(*restarted == *rank);
+  CHECK((restarted.ok() && *restarted == *rank));
   for (size_t i = 0; i < 2; ++i) {
     REQUIRE(c.member(i).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x"), 5s));
     CHECK(c.member(i).events.Count(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x")) == 1);
@@ -316,8 +313,7 @@ TEST_CASE("KV through nodes: set, overwrite, blocking get, timeout, try-get, sor
   so.max_kv_value_bytes = 1024;
   TestCluster c(so);
   c.StartWorkers(3);
-  Node& a = c.node(0);
-  Node& b = c.node(1);
+  Node &a = c.node(0), &b = c.node(1);
 
   REQUIRE(a.KvSet("job/conf", "1").ok());
   CHECK(Val(b.KvTryGet("/job//conf/")) == "1");  // normalised: same key
@@ -331,7 +327,7 @@ TEST_CASE("KV through nodes: set, overwrite, blocking get, timeout, try-get, sor
   // A Get waiting on a missing key is answered by a later Set from another node; a
   // Delete in between does not disturb it.
   auto waiting = std::async(std::launch::async, [&b] { return b.KvGet("late/key", 20s); });
-  std::this_thread::sleep_for(100ms);  // (a sleep too short only makes the Get not wait)
+  std::this_thread::sleep_for(100ms);
   REQUIRE(a.KvDelete("late/key").ok());
   REQUIRE(c.node(2).KvSet("late/key", std::string("v\0w", 3)).ok());
   REQUIRE(waiting.wait_for(20s) == std::future_status::ready);
@@ -429,6 +425,11 @@ TEST_CASE("a barrier participant that dies fails the barrier for all", "[node][n
   CHECK(s0.code() == Code::kAborted);
   CHECK_THAT(s0.message(), Catch::Contains("w2") && Catch::Contains("heartbeat"));
   CHECK(Soon(f1).code() == Code::kAborted);
+  // A node registering afterwards (w0, restarted) is told of the dead node at once.
+  c.node(0).Stop();
+  Member& again = c.Add(pb::WORKER, "w0");
+  REQUIRE(again.node->Start().ok());
+  CHECK(again.events.WaitFor(Kind(pb::ClusterEventMessage::NODE_TIMED_OUT, "w2"), 5s));
 }
 
 TEST_CASE("errors reach every other node within a heartbeat interval; a late joiner hears at once",
