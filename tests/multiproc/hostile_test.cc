@@ -211,7 +211,7 @@ void RaiseFdLimit() {
 
 }  // namespace
 
-TEST_CASE("hostile peers: garbage, absurd lengths and wrong-role frames are closed or refused; the job keeps its state",
+TEST_CASE("hostile peers: garbage and absurd lengths and wrong-role frames are closed or refused and the job keeps its state",
           "[multiproc][net]") {
   RaiseFdLimit();  // before the job starts: the children inherit it
   Job job;
