@@ -217,6 +217,15 @@ Status ClusterManager::Heartbeat(const std::string& node_id) {
   return Status::Ok();
 }
 
+void ClusterManager::Pause(Duration stalled) {
+  if (stalled <= Duration::zero()) return;
+  const TimePoint now = clock_->Now();
+  for (NodeRecord* rec : MutableNodes()) {
+    if (!rec->timed_out) rec->last_heartbeat = std::min(now, rec->last_heartbeat + stalled);
+  }
+  if (scaling_) op_.started = std::min(now, op_.started + stalled);
+}
+
 void ClusterManager::Tick() {
   if (state_ == pb::CLUSTER_EXIT) return;
   const TimePoint now = clock_->Now();

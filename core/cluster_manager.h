@@ -124,6 +124,10 @@ class ClusterManager {
   Status Heartbeat(const std::string& node_id);
   // Applies timeouts: silent nodes, the scale-operation deadline, then the finish barrier.
   void Tick();
+  // The scheduler itself did not run for `stalled` (stopped, swapped out): that time does
+  // not count against nodes' heartbeats or the scale deadline, since their messages
+  // were waiting in our sockets. Call before Tick.
+  void Pause(Duration stalled);
   Status ReportError(const std::string& node_id, int code, const std::string& message);
   Status ResetNode(const std::string& node_id);  // clears the error state
   Status Finish(const std::string& node_id);     // joins the finish barrier

@@ -109,6 +109,8 @@ class SchedulerNode {
   std::unique_ptr<comm::Messenger> messenger_;
   int port_ = 0;
   comm::TimerId tick_timer_ = 0;
+  Duration tick_period_{};
+  TimePoint last_tick_{};
   uint64_t stop_hook_ = 0;
 
   std::unordered_map<std::string, comm::ConnId> conn_of_;  // node_id -> its scheduler link

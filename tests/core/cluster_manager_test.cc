@@ -525,3 +525,35 @@ TEST_CASE("64 workers and 16 servers in random order get dense ranks and topolog
 }
 
 }  // namespace pscore::core
+
+namespace pscore::core {
+
+TEST_CASE("time the scheduler did not run does not time nodes out", "[core][cluster]") {
+  FakeClock clock;
+  ClusterConfig config;
+  config.worker_num = 1;
+  config.server_num = 1;
+  config.heartbeat_timeout = std::chrono::seconds(1);
+  ClusterManager cm(config, &clock);
+  RegisterRequest w;
+  w.node_id = "w0";
+  w.role = pb::WORKER;
+  w.incarnation = 1;
+  RegisterRequest s = w;
+  s.node_id = "s0";
+  s.role = pb::SERVER;
+  REQUIRE(cm.Register(w).ok());
+  REQUIRE(cm.Register(s).ok());
+  REQUIRE(cm.state() == pb::CLUSTER_READY);
+  cm.TakeEvents();
+  clock.Advance(std::chrono::seconds(5));  // The scheduler was stopped for 5 s.
+  cm.Pause(std::chrono::seconds(5));
+  cm.Tick();
+  CHECK(cm.state() == pb::CLUSTER_READY);
+  CHECK(cm.TakeEvents().empty());
+  clock.Advance(std::chrono::milliseconds(1500));  // Now really silent past the timeout.
+  cm.Tick();
+  CHECK(cm.state() == pb::NODE_TIMEOUT);
+}
+
+}  // namespace pscore::core

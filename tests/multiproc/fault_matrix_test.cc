@@ -388,7 +388,7 @@ FAULT_CELL(kWorker, SIGKILL, kReady, kTimedOutRestarted, "", -1)
 FAULT_CELL(kWorker, SIGSTOP, kReady, kTimedOutRejoins, "", -1)
 
 FAULT_CELL(kScheduler, SIGKILL, kScaleOut, kJobEnds, "", -1)
-FAULT_CELL(kScheduler, SIGSTOP, kScaleOut, kContinues, "rolled back", -1)
+FAULT_CELL(kScheduler, SIGSTOP, kScaleOut, kContinues, "done", -1)
 FAULT_CELL(kServer, SIGKILL, kScaleOut, kTimedOutRestarted, "rolled back", -1)
 FAULT_CELL(kServer, SIGSTOP, kScaleOut, kTimedOutRejoins, "rolled back", -1)
 FAULT_CELL(kWorker, SIGKILL, kScaleOut, kTimedOutRestarted, "rolled back", -1)
