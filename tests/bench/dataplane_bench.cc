@@ -343,10 +343,10 @@ void PrintCopies() {
   std::printf("# payload copies in user space per direction (kernel socket copies not counted)\n");
   // Counted from node/worker_node.cc, node/server_node.cc and core/param_store.cc as of this
   // commit; see docs/benchmarks.md for each one.
-  Print("copies_push_worker_side", 2, "copies");   // Push(): op->values = values; encode gather
+  Print("copies_push_worker_side", 1, "copies");   // Push(): gather-encode from the caller's arrays
   Print("copies_push_server_side", 0, "copies");   // in-place decode; the update reads the frame
-  Print("copies_pull_server_side", 2, "copies");   // ParamStore::Pull into a vector; encode
-  Print("copies_pull_worker_side", 2, "copies");   // pulled[i].assign; PullResult concatenation
+  Print("copies_pull_server_side", 1, "copies");   // store -> answer (EncodeKvPairsFilled + CopyValues)
+  Print("copies_pull_worker_side", 1, "copies");   // answers -> PullResult (one assembly)
   for (size_t size : {size_t{64}, size_t{4} << 10, size_t{64} << 10, size_t{1} << 20}) {
     Print("decoder_copied_" + SizeName(size), static_cast<double>(DecoderCopies(size)), "bytes");
   }
