@@ -150,13 +150,23 @@ void ServerNode::SendEntries(std::vector<std::pair<uint64_t, std::vector<float>>
     if (idx.empty()) return;
     std::vector<uint64_t> keys;
     std::vector<uint32_t> lens;
-    std::vector<float> values;
+    size_t total = 0;
     for (size_t i : idx) {
       keys.push_back(entries[i].first);
       lens.push_back(static_cast<uint32_t>(entries[i].second.size()));
-      values.insert(values.end(), entries[i].second.begin(), entries[i].second.end());
+      total += entries[i].second.size();
     }
-    batches[dest].push_back(core::EncodeKvPairs(keys.data(), keys.size(), lens.data(), values.data(), values.size()));
+    // Values go straight from the entries into the payload: one copy, no staging vector.
+    Result<BufferPtr> payload =
+        core::EncodeKvPairsFilled(keys.data(), keys.size(), lens.data(), total, [&](float* dst) {
+          for (size_t i : idx) {
+            std::copy(entries[i].second.begin(), entries[i].second.end(), dst);
+            dst += entries[i].second.size();
+          }
+          return Status::Ok();
+        });
+    CHECK(payload.ok()) << payload.status();  // the fill above cannot fail
+    batches[dest].push_back(*payload);
     idx.clear();
   };
   std::map<int, size_t> open_bytes;
