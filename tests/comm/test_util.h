@@ -75,9 +75,13 @@ class OneShot {
  public:
   OneShot() : future_(promise_.get_future()) {}
   void Set(T v) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (set_) return;
-    set_ = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (set_) return;
+      set_ = true;
+    }
+    // Outside the lock: the waiter may return and destroy *this as soon as the value is
+    // set, and unlocking mu_ afterwards touched a dead object (ThreadSanitizer).
     promise_.set_value(std::move(v));
   }
   T Get(std::chrono::milliseconds timeout = kWait) { return Await(future_, timeout); }
