@@ -1,7 +1,7 @@
 // ServerNode, scaling half: which keys this server owns, and moving the built-in
 // parameter store's entries to their new owners during scale-out and scale-in.
 //
-// Protocol (see docs/scaling.md): workers hold key-value traffic while the cluster
+// Protocol (see docs/operations.md, Scaling): workers hold key-value traffic while the cluster
 // scales. Each server switches its ownership view first, then copies the entries it
 // no longer owns to their new owners (kMigrateHandler) and answers *_DONE once all are
 // stored. Requests for keys a server does not own under its view are refused with
