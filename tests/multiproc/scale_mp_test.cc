@@ -389,3 +389,58 @@ TEST_CASE("a scale-out that times out drops the new server it admitted, which th
 }
 
 }  // namespace pscore
+
+namespace pscore {
+
+TEST_CASE("scale-out then scale-in back to back while pushing: every update kept, ranks as documented",
+          "[multiproc][net][scale]") {
+  ScaleJob job(/*workers=*/2, /*servers=*/2);
+  job.Start("server", "s0", 0);
+  job.Start("server", "s1", 1);
+  node::WorkerNode w0(job.WorkerOptions("w0"));
+  node::WorkerNode w1(job.WorkerOptions("w1"));
+  REQUIRE(w0.Start().ok());
+  REQUIRE(w1.Start().ok());
+  REQUIRE(w0.WaitForReady(20s).ok());
+  REQUIRE(w1.WaitForReady(20s).ok());
+  Pusher p0(&w0), p1(&w1);
+  p0.Start();
+  p1.Start();
+  for (int round = 0; round < 3; ++round) {
+    const std::string id = "n" + std::to_string(round);
+    pb::AdminRequest out;
+    out.set_op("scale_out");
+    out.set_worker_num(2);
+    out.set_server_num(3);
+    job.Admin(out);
+    job.Start("server", id);
+    job.WaitReady();
+    // The oldest server leaves at once: the new one must hand over keys it just received.
+    std::map<std::string, int> ranks = job.Ranks();
+    std::string leaving;
+    for (const auto& [node_id, rank] : ranks) {
+      if (rank == 0 && node_id[0] != 'w') leaving = node_id;
+    }
+    REQUIRE(!leaving.empty());
+    pb::AdminRequest in;
+    in.set_op("scale_in");
+    in.add_node_ids(leaving);
+    job.Admin(in);
+    CHECK(job.proc(leaving).Wait(20s) == std::optional<int>(0));
+    pb::AdminResponse ready = job.WaitReady();
+    CHECK(ready.server_num() == 2);
+  }
+  std::this_thread::sleep_for(200ms);
+  p0.Stop();
+  p1.Stop();
+  INFO("w0 last error: " << p0.last_error() << "; w1 last error: " << p1.last_error());
+  CHECK(p0.failed() == 0);
+  CHECK(p1.failed() == 0);
+  const int expected = p0.acked() + p1.acked();
+  CheckSums(w0, expected);
+  CheckExactlyOneOwner(w1, 2, expected);
+  w0.Stop();
+  w1.Stop();
+}
+
+}  // namespace pscore
