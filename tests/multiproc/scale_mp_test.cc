@@ -3,7 +3,8 @@
 // to every key in rounds without pause while the admin scales the job. Checked: no
 // acknowledged push lost or applied twice (sums equal the acknowledged rounds), each key
 // answered by exactly one server, ranks kept on scale-out and compacted in old-rank order
-// on scale-in, and rollback (with every node told) when a new server is SIGKILLed mid-scale.
+// on scale-in, back-to-back operations, and rollback (with every node told) when a new or
+// an old server is SIGKILLed mid-scale.
 // A new server that never starts (rollback after --scale_timeout_ms, reason to the admin)
 // and the admin's refusals are covered by admin_test.cc; here, a new server that did start
 // but whose operation timed out is dropped and exits 1.
@@ -441,6 +442,56 @@ TEST_CASE("scale-out then scale-in back to back while pushing: every update kept
   CheckExactlyOneOwner(w1, 2, expected);
   w0.Stop();
   w1.Stop();
+}
+
+}  // namespace pscore
+
+namespace pscore {
+
+TEST_CASE("SIGKILL of an old server mid-scale-out rolls back; the job waits for it in NODE_TIMEOUT",
+          "[multiproc][net][scale]") {
+  ScaleJob job(/*workers=*/1, /*servers=*/2);
+  job.Start("server", "s0", 0);
+  job.Start("server", "s1", 1);
+  node::WorkerNode w0(job.WorkerOptions("w0"));
+  auto rollback = std::make_shared<std::promise<std::string>>();
+  auto told = std::make_shared<std::atomic<bool>>(false);
+  node::Node::Callbacks cb;
+  cb.on_cluster_event = [rollback, told](const pb::ClusterEventMessage& ev) {
+    if (ev.kind() == pb::ClusterEventMessage::ROLLBACK && !told->exchange(true)) rollback->set_value(ev.message());
+  };
+  w0.SetCallbacks(cb);
+  REQUIRE(w0.Start().ok());
+  REQUIRE(w0.WaitForReady(20s).ok());
+  REQUIRE(w0.Push(AllKeys(), std::vector<float>(kKeys * kFloatsPerKey, 1.0f)).get().ok());
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(1);
+  req.set_server_num(3);
+  job.Admin(req);
+  job.proc("s1").Signal(SIGKILL);
+  auto fut = rollback->get_future();
+  REQUIRE(fut.wait_for(15s) == std::future_status::ready);
+  CHECK_THAT(fut.get(), Catch::Contains("s1") && Catch::Contains("timed out during scale-out"));
+  for (int i = 0; i < 100 && w0.cluster_state() != pb::NODE_TIMEOUT; ++i) std::this_thread::sleep_for(50ms);
+  CHECK(pb::ClusterState_Name(w0.cluster_state()) == "NODE_TIMEOUT");
+  CHECK(w0.server_count() == 2);
+  job.Start("server", "s1", 1);  // the same node id comes back with its rank
+  job.WaitReady();
+  CHECK(job.Ranks()["s1"] == 1);
+  // Nothing replicates a server's store: keys of the killed server are gone (a Pull names
+  // one), the survivor's keys are intact.
+  Result<node::PullResult> all = w0.Pull(AllKeys()).get();
+  CHECK(all.status().code() == Code::kNotFound);
+  std::vector<uint64_t> kept;
+  for (uint64_t k : AllKeys()) {
+    if (core::ServerForKey(k, 2) == 0) kept.push_back(k);
+  }
+  REQUIRE(!kept.empty());
+  Result<node::PullResult> survivor = w0.Pull(kept).get();
+  REQUIRE(survivor.ok());
+  for (float v : survivor->values) CHECK(v == 1.0f);
+  w0.Stop();
 }
 
 }  // namespace pscore
