@@ -81,6 +81,25 @@ void EventLoop::Run(std::function<void()> fn) {
   }
 }
 
+void EventLoop::RunAndWait(const std::function<void()>& fn) {
+  if (!running_ || InLoopThread()) {
+    fn();
+    return;
+  }
+  auto done = std::make_shared<std::promise<void>>();
+  auto fut = done->get_future();
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    if (stopping_) return;
+    posted_.push_back([&fn, done] {
+      fn();
+      done->set_value();
+    });
+  }
+  uv_async_send(&impl_->wakeup);
+  fut.wait();
+}
+
 void EventLoop::Drain() {
   std::vector<std::function<void()>> batch;
   {

@@ -38,6 +38,10 @@ class EventLoop {
   void Post(std::function<void()> fn);
   // Runs fn now when called on the loop thread, else posts it.
   void Run(std::function<void()> fn);
+  // Runs fn on the loop thread and waits for it (at once when already there, or when the
+  // loop is not running). When the loop is stopping, fn does not run: its stop hooks
+  // clean up instead. Never call it from a callback that the loop thread waits on.
+  void RunAndWait(const std::function<void()>& fn);
   bool InLoopThread() const;
   bool running() const { return running_; }
 

@@ -203,16 +203,7 @@ HttpServer::HttpServer(EventLoop* loop, HttpServerOptions options, Handler handl
     : loop_(loop), options_(options), handler_(std::move(handler)) {}
 
 HttpServer::~HttpServer() {
-  if (shut_down_ || !loop_->running() || loop_->InLoopThread()) {
-    Shutdown();
-    return;
-  }
-  std::promise<void> done;
-  loop_->Post([this, &done] {
-    Shutdown();
-    done.set_value();
-  });
-  done.get_future().wait();
+  loop_->RunAndWait([this] { Shutdown(); });
 }
 
 Result<int> HttpServer::Listen(const std::string& host, int port) {

@@ -50,34 +50,42 @@ void Node::SetCallbacks(Callbacks cb) { callbacks_ = std::move(cb); }
 Status Node::Start() {
   if (owned_loop_ && !owned_loop_->running()) PSCORE_RETURN_IF_ERROR(owned_loop_->Start());
   std::future<Status> registered = start_promise_.get_future();
-  Status st = RunSync<Status>([this] {
-    PSCORE_RETURN_IF_ERROR(StartRole());
-    comm::ConnectOptions co;
-    co.timeout = options_.connect_timeout;
-    comm::TcpClient::Callbacks cb;
-    cb.on_connected = [this](ConnId c) { OnSchedulerConnected(c); };
-    cb.on_lost = [this](const Status& why) {
-      LOG(WARNING) << options_.node_id << ": lost the scheduler link (" << why << "); reconnecting";
-      registered_ = false;
-    };
-    cb.on_failed = [this](const Status& why) { OnSchedulerFailed(why); };
-    scheduler_ = std::make_unique<comm::TcpClient>(&messenger_->transport(), options_.scheduler_host,
-                                                   options_.scheduler_port, co, /*reconnect=*/true, cb);
-    scheduler_->Start();
-    stop_hook_ = loop_->AddStopHook([this] {
-      if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
-      heartbeat_timer_ = 0;
-      scheduler_.reset();
-      StopRole();
-      messenger_->Shutdown();
-    });
-    return Status::Ok();
-  });
+  CHECK(!loop_->InLoopThread()) << "Node::Start on the loop thread";
+  Status st(Code::kCancelled, "the event loop is stopping");
+  loop_->RunAndWait([this, &st] { st = StartOnLoop(); });
   if (!st.ok()) return st;
   if (registered.wait_for(options_.connect_timeout + std::chrono::seconds(5)) != std::future_status::ready) {
     return Status(Code::kTimeout, "registration with the scheduler did not finish in time");
   }
   return registered.get();
+}
+
+// Loop thread: the role's start (servers listen), then dial the scheduler.
+Status Node::StartOnLoop() {
+  PSCORE_RETURN_IF_ERROR(StartRole());
+  comm::ConnectOptions co;
+  co.timeout = options_.connect_timeout;
+  comm::TcpClient::Callbacks cb;
+  cb.on_connected = [this](ConnId c) { OnSchedulerConnected(c); };
+  cb.on_lost = [this](const Status& why) {
+    LOG(WARNING) << options_.node_id << ": lost the scheduler link (" << why << "); reconnecting";
+    registered_ = false;
+  };
+  cb.on_failed = [this](const Status& why) { OnSchedulerFailed(why); };
+  scheduler_ = std::make_unique<comm::TcpClient>(&messenger_->transport(), options_.scheduler_host,
+                                                 options_.scheduler_port, co, /*reconnect=*/true, cb);
+  scheduler_->Start();
+  stop_hook_ = loop_->AddStopHook([this] { CloseOnLoop(); });
+  return Status::Ok();
+}
+
+// Loop thread: closes what the node owns on the loop (also run as the loop's stop hook).
+void Node::CloseOnLoop() {
+  if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
+  heartbeat_timer_ = 0;
+  scheduler_.reset();
+  StopRole();
+  messenger_->Shutdown();
 }
 
 void Node::OnSchedulerConnected(ConnId conn) {
@@ -171,13 +179,12 @@ void Node::OnFrame(ConnId conn, Frame&& frame) {
 }
 
 void Node::InjectForTest(ConnId conn, Frame&& frame, bool from_scheduler) {
-  RunSync<int>([&] {
+  loop_->RunAndWait([&] {
     if (from_scheduler) {
       HandleSchedulerPush(conn, std::move(frame));
     } else {
       OnPeerRequest(conn, std::move(frame));
     }
-    return 0;
   });
 }
 
@@ -414,14 +421,9 @@ void Node::Stop() {
   if (owned_loop_) {
     owned_loop_->Stop().IgnoreError();  // The stop hook closes everything.
   } else if (loop_->running() && !loop_->InLoopThread()) {
-    RunSync<int>([this] {
+    loop_->RunAndWait([this] {
       if (stop_hook_ != 0) loop_->RemoveStopHook(stop_hook_);
-      if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
-      heartbeat_timer_ = 0;
-      scheduler_.reset();
-      StopRole();
-      messenger_->Shutdown();
-      return 0;
+      CloseOnLoop();
     });
   }
 }

@@ -98,15 +98,6 @@ class Node {
   // Loop thread: the connection to server `rank` (dialled on first use); cb gets it or why not.
   void WithServerConn(int rank, std::function<void(Result<comm::ConnId>)> cb);
   comm::Messenger& messenger() { return *messenger_; }
-  // Posts fn to the loop and waits for its result (user threads only).
-  template <typename T>
-  T RunSync(std::function<T()> fn) {
-    CHECK(!loop_->InLoopThread()) << "blocking pscore call on the loop thread";
-    std::packaged_task<T()> task(std::move(fn));
-    auto fut = task.get_future();
-    loop_->Post([&task] { task(); });
-    return fut.get();
-  }
 
   NodeOptions options_;
   Callbacks callbacks_;
@@ -114,6 +105,8 @@ class Node {
 
  private:
   void OnFrame(comm::ConnId conn, comm::Frame&& frame);
+  Status StartOnLoop();
+  void CloseOnLoop();
   void OnSchedulerConnected(comm::ConnId conn);
   void OnSchedulerFailed(const Status& why);
   void Register();

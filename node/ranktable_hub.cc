@@ -32,12 +32,7 @@ Status RankTableHub::Start() {
   if (started_) return Status(Code::kFailedPrecondition, "rank-table hub already started");
   if (!sched_->loop()->running()) return Status(Code::kFailedPrecondition, "scheduler loop not running");
   started_ = true;
-  std::promise<void> done;
-  sched_->loop()->Run([this, &done] {
-    InstallOnLoop();
-    done.set_value();
-  });
-  done.get_future().wait();
+  sched_->loop()->RunAndWait([this] { InstallOnLoop(); });
   return Status::Ok();
 }
 
@@ -71,16 +66,7 @@ void RankTableHub::Stop() {
     subs_.clear();
     congested_.clear();
   };
-  if (!sched_->loop()->running() || sched_->loop()->InLoopThread()) {
-    shutdown();
-    return;
-  }
-  std::promise<void> done;
-  sched_->loop()->Post([&] {
-    shutdown();
-    done.set_value();
-  });
-  done.get_future().wait();
+  sched_->loop()->RunAndWait(shutdown);
 }
 
 Status RankTableHub::CheckJob(const std::string& job_id) const {

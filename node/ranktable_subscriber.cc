@@ -30,12 +30,7 @@ RankTableSubscriber::~RankTableSubscriber() {
   if (owned_loop_) owned_loop_->Stop().IgnoreError();
   if (loop_->running() && !loop_->InLoopThread()) {
     // The messenger must die on the loop thread of a shared loop.
-    std::promise<void> done;
-    loop_->Post([this, &done] {
-      messenger_.reset();
-      done.set_value();
-    });
-    done.get_future().wait();
+    loop_->RunAndWait([this] { messenger_.reset(); });
   }
 }
 
@@ -68,12 +63,7 @@ void RankTableSubscriber::Stop() {
   if (stopped_) return;
   stopped_ = true;
   if (!loop_->running()) return;
-  std::promise<void> done;
-  loop_->Run([this, &done] {
-    messenger_->Shutdown();
-    done.set_value();
-  });
-  done.get_future().wait();
+  loop_->RunAndWait([this] { messenger_->Shutdown(); });
 }
 
 void RankTableSubscriber::OnFrame(comm::ConnId conn, comm::Frame&& frame) {

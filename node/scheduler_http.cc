@@ -108,16 +108,7 @@ void SchedulerHttp::Stop() {
     server_->Shutdown();  // its close watchers take the streams off the hub first
     alive_.reset();
   };
-  if (!sched_->loop()->running() || sched_->loop()->InLoopThread()) {
-    shutdown();
-    return;
-  }
-  std::promise<void> done;
-  sched_->loop()->Post([&] {
-    shutdown();
-    done.set_value();
-  });
-  done.get_future().wait();
+  sched_->loop()->RunAndWait(shutdown);
 }
 
 void SchedulerHttp::Reply(comm::HttpConnId id, const Status& st, json data) {

@@ -81,15 +81,12 @@ void SchedulerNode::Stop() {
   if (owned_loop_) {
     owned_loop_->Stop().IgnoreError();  // Stop hooks close the messenger.
   } else if (loop_->running() && !loop_->InLoopThread()) {
-    std::promise<void> done;
-    loop_->Post([this, &done] {
+    loop_->RunAndWait([this] {
       if (stop_hook_ != 0) loop_->RemoveStopHook(stop_hook_);
       if (tick_timer_ != 0) loop_->CancelTimer(tick_timer_);
       tick_timer_ = 0;
       messenger_->Shutdown();
-      done.set_value();
     });
-    done.get_future().wait();
   }
   MarkExited();
 }
@@ -181,12 +178,7 @@ void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
 }
 
 void SchedulerNode::InjectForTest(ConnId conn, Frame&& frame) {
-  std::promise<void> done;
-  loop_->Post([this, conn, &frame, &done] {
-    OnRequest(conn, std::move(frame));
-    done.set_value();
-  });
-  done.get_future().wait();
+  loop_->RunAndWait([this, conn, &frame] { OnRequest(conn, std::move(frame)); });
 }
 
 void SchedulerNode::OnClose(ConnId conn, const Status& why) {
