@@ -95,6 +95,10 @@ class Node {
   // Blocking call to the scheduler from a user thread.
   Result<comm::Frame> CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
                                     Duration timeout);
+  // Loop thread: the address of server `rank` in the current metadata ("" if none), and
+  // whether an address still belongs to a member.
+  std::string ServerAddress(int rank) const;
+  bool IsServerAddress(const std::string& addr) const;
   // Loop thread: the connection to server `rank` (dialled on first use); cb gets it or why not.
   void WithServerConn(int rank, std::function<void(Result<comm::ConnId>)> cb);
   comm::Messenger& messenger() { return *messenger_; }

@@ -154,6 +154,18 @@ Status Node::SendEvent(uint32_t event, const std::string& payload) {
   return CallScheduler(pb::SEND_EVENT, req, options_.request_timeout).status();
 }
 
+std::string Node::ServerAddress(int rank) const {
+  auto a = server_addr_.find(rank);
+  return a == server_addr_.end() ? std::string() : a->second;
+}
+
+bool Node::IsServerAddress(const std::string& addr) const {
+  for (auto& [rank, a] : server_addr_) {
+    if (a == addr) return true;
+  }
+  return false;
+}
+
 void Node::WithServerConn(int rank, std::function<void(Result<ConnId>)> cb) {
   auto a = server_addr_.find(rank);
   if (a == server_addr_.end()) {

@@ -147,6 +147,8 @@ struct WorkerNode::KvPart {
   BufferPtr payload;            // push
   size_t num_keys = 0;          // push
   std::vector<size_t> indices;  // pull
+  std::string addr;             // the server it was sent to
+  Status lost;                  // set when that server's link died before the answer
 };
 
 namespace {
@@ -279,6 +281,8 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
     payload = core::EncodeKvPairs(ks.data(), ks.size(), nullptr, nullptr, 0);
   }
   int server = part.server;
+  part.addr = ServerAddress(server);
+  part.lost = Status::Ok();
   SendAsync(server, 0, op->push ? kPushHandler : kPullHandler, payload,
             [this, op, part = std::move(part)](Result<BufferPtr> r) mutable {
               OnPart(op, std::move(part), std::move(r));
@@ -293,6 +297,22 @@ void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<Buf
     // of this part was applied, so it is safe to send it again once the metadata is new.
     if (r.status().code() == Code::kAborted && std::chrono::steady_clock::now() < op->deadline) {
       VLOG(1) << options_.node_id << ": " << keys << " keys moved; re-sending after the scale";
+      held_.emplace_back(op, std::move(part));
+      if (retry_timer_ == 0) {
+        retry_timer_ = loop()->AddTimer(std::chrono::milliseconds(50), Duration::zero(), [this] {
+          retry_timer_ = 0;
+          if (!holding_) ReleaseHeld();
+        });
+      }
+      return;
+    }
+    // The link died before the answer. If the server left the membership by a scale-in,
+    // it had handed its keys over and stopped owning any before it went (it refuses, never
+    // applies, what arrives after that), so the part is re-sent once the new metadata is
+    // here. If it is still a member, it may have applied the part: report the loss.
+    if (r.status().code() == Code::kUnavailable && !part.addr.empty() &&
+        std::chrono::steady_clock::now() < op->deadline) {
+      part.lost = r.status();
       held_.emplace_back(op, std::move(part));
       if (retry_timer_ == 0) {
         retry_timer_ = loop()->AddTimer(std::chrono::milliseconds(50), Duration::zero(), [this] {
@@ -332,6 +352,13 @@ void WorkerNode::ReleaseHeld() {
     if (now >= op->deadline) {
       op->Fail(Status(Code::kTimeout, "key-value request held past its deadline while the cluster scaled"));
       continue;
+    }
+    if (!part.lost.ok()) {
+      if (IsServerAddress(part.addr)) {
+        op->Fail(part.lost);
+        continue;
+      }
+      VLOG(1) << options_.node_id << ": server " << part.addr << " left the job; re-sending its part";
     }
     Dispatch(op, std::move(part));
   }
