@@ -59,6 +59,7 @@ Status SchedulerNode::Start() {
     port_ = *port;
     Duration period = std::max<Duration>(options_.heartbeat_interval / 4, std::chrono::milliseconds(5));
     tick_period_ = period;
+    last_tick_ = clock_.Now();  // A stall before the first tick counts as one too.
     tick_timer_ = loop_->AddTimer(period, period, [this] { Tick(); });
     stop_hook_ = loop_->AddStopHook([this] {
       if (tick_timer_ != 0) loop_->CancelTimer(tick_timer_);
@@ -376,13 +377,11 @@ void SchedulerNode::Tick() {
   // long stall): heartbeats are waiting unread in the sockets, so the gap must not time
   // nodes out.
   TimePoint now = clock_.Now();
-  if (last_tick_ != TimePoint()) {
-    Duration gap = now - last_tick_;
-    if (gap > options_.heartbeat_timeout / 2) {
-      LOG(WARNING) << "scheduler: did not run for " << ToMillis(gap)
-                   << " ms; that time does not count against heartbeats";
-      cluster_.Pause(gap - tick_period_);
-    }
+  Duration gap = now - last_tick_;
+  if (gap > options_.heartbeat_timeout / 2) {
+    LOG(WARNING) << "scheduler: did not run for " << ToMillis(gap)
+                 << " ms; that time does not count against heartbeats";
+    cluster_.Pause(gap - tick_period_);
   }
   last_tick_ = now;
   cluster_.Tick();
