@@ -140,7 +140,7 @@ Status Connection::Send(const pb::MessageMeta& meta, BufferPtr payload) {
     return why;
   }
   if (!pending_) {
-    pending_ = std::make_unique<WriteBatch>();
+    pending_ = spare_ ? std::move(spare_) : std::make_unique<WriteBatch>();
     pending_->conn = this;
   }
   WriteBatch& b = *pending_;
@@ -170,8 +170,8 @@ void Connection::Flush() {
   flush_scheduled_ = false;
   if (!pending_ || closing_) return;
   std::unique_ptr<WriteBatch> batch = std::move(pending_);
-  std::vector<uv_buf_t> bufs;
-  bufs.reserve(batch->head_spans.size() * 2);
+  std::vector<uv_buf_t>& bufs = iov_;  // reused: no allocation per flush
+  bufs.clear();
   for (size_t i = 0; i < batch->head_spans.size(); ++i) {
     auto [off, len] = batch->head_spans[i];
     bufs.push_back(uv_buf_init(&batch->head[off], static_cast<unsigned>(len)));
@@ -197,7 +197,12 @@ void Connection::Flush() {
   }
   while (first < bufs.size() && bufs[first].len == 0) ++first;
   if (first == bufs.size()) {
-    queued_bytes_ -= batch->bytes;  // All written; payload references drop with the batch.
+    queued_bytes_ -= batch->bytes;  // All written: drop the payload references, keep the storage.
+    batch->head.clear();
+    batch->head_spans.clear();
+    batch->payloads.clear();
+    batch->bytes = 0;
+    if (batch->head.capacity() <= (1u << 20)) spare_ = std::move(batch);  // Don't hoard big ones.
     return;
   }
   batch->req.data = batch.get();

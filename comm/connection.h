@@ -15,6 +15,7 @@
 #include "core/clock.h"
 
 struct uv_tcp_s;
+struct uv_buf_t;
 
 namespace pscore::comm {
 
@@ -60,6 +61,8 @@ class Connection {
   FrameDecoder decoder_;
   std::vector<Frame> decoded_;
   std::unique_ptr<WriteBatch> pending_;  // frames queued this iteration, flushed before poll
+  std::unique_ptr<WriteBatch> spare_;    // a written batch kept for reuse (no allocation per flush)
+  std::vector<uv_buf_t> iov_;             // scratch scatter/gather list of Flush
   uint64_t queued_bytes_ = 0;            // queued or in flight
   bool flush_scheduled_ = false;
   bool closing_ = false;

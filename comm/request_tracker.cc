@@ -1,6 +1,7 @@
 #include "comm/request_tracker.h"
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 namespace pscore::comm {
@@ -12,24 +13,27 @@ std::string RequestTracker::What(const Entry& e) const {
 
 uint64_t RequestTracker::Add(ConnId conn, TimePoint deadline, int cmd, ResponseCallback cb) {
   uint64_t id = next_id_++;
-  auto by_deadline = deadlines_.emplace(deadline, id);
-  entries_.emplace(id, Entry{conn, deadline, cmd, std::move(cb), by_deadline});
-  by_conn_.emplace(conn, id);
+  entries_.emplace(id, Entry{conn, deadline, cmd, std::move(cb)});
+  PushDeadline(deadline, id);
   return id;
+}
+
+void RequestTracker::PushDeadline(TimePoint t, uint64_t id) {
+  if (deadlines_.size() > 64 && deadlines_.size() > 2 * entries_.size()) {
+    // Mostly completed requests: rebuild from the live ones.
+    deadlines_.clear();
+    for (auto& [live_id, e] : entries_) {
+      if (live_id != id) deadlines_.emplace_back(e.deadline, live_id);
+    }
+    std::make_heap(deadlines_.begin(), deadlines_.end(), std::greater<Deadline>());
+  }
+  deadlines_.emplace_back(t, id);
+  std::push_heap(deadlines_.begin(), deadlines_.end(), std::greater<Deadline>());
 }
 
 RequestTracker::Entry RequestTracker::Take(std::unordered_map<uint64_t, Entry>::iterator it) {
   Entry e = std::move(it->second);
-  uint64_t id = it->first;
   entries_.erase(it);
-  deadlines_.erase(e.by_deadline);
-  auto range = by_conn_.equal_range(e.conn);
-  for (auto c = range.first; c != range.second; ++c) {
-    if (c->second == id) {
-      by_conn_.erase(c);
-      break;
-    }
-  }
   return e;
 }
 
@@ -42,14 +46,16 @@ bool RequestTracker::Complete(uint64_t id, Result<Frame> result) {
 }
 
 size_t RequestTracker::FailConnection(ConnId conn, const Status& why) {
+  // Rare (a lost peer), so a scan beats keeping a per-connection index on every request.
   std::vector<uint64_t> ids;
-  auto range = by_conn_.equal_range(conn);
-  for (auto c = range.first; c != range.second; ++c) ids.push_back(c->second);
+  for (auto& [id, e] : entries_) {
+    if (e.conn == conn) ids.push_back(id);
+  }
   // Fail in issue order so callers see a deterministic sequence.
   std::sort(ids.begin(), ids.end());
   for (uint64_t id : ids) {
     auto it = entries_.find(id);
-    if (it == entries_.end()) continue;
+    if (it == entries_.end()) continue;  // A callback completed it meanwhile.
     Entry e = Take(it);
     e.cb(Status(why.code(), What(e) + ": " + why.message()));
   }
@@ -58,8 +64,12 @@ size_t RequestTracker::FailConnection(ConnId conn, const Status& why) {
 
 size_t RequestTracker::Expire(TimePoint now) {
   size_t n = 0;
-  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
-    auto it = entries_.find(deadlines_.begin()->second);
+  while (!deadlines_.empty() && deadlines_.front().first <= now) {
+    uint64_t id = deadlines_.front().second;
+    std::pop_heap(deadlines_.begin(), deadlines_.end(), std::greater<Deadline>());
+    deadlines_.pop_back();
+    auto it = entries_.find(id);
+    if (it == entries_.end()) continue;  // Completed already: a stale slot.
     Entry e = Take(it);
     ++n;
     e.cb(Status(Code::kTimeout, What(e) + ": no answer before the deadline"));
@@ -68,6 +78,7 @@ size_t RequestTracker::Expire(TimePoint now) {
 }
 
 void RequestTracker::FailAll(const Status& why) {
+  deadlines_.clear();
   while (!entries_.empty()) {
     Entry e = Take(entries_.begin());
     e.cb(Status(why.code(), What(e) + ": " + why.message()));

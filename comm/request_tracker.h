@@ -6,8 +6,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <unordered_map>
+#include <vector>
 
 #include "comm/frame_decoder.h"
 #include "comm/transport_types.h"
@@ -44,11 +44,14 @@ class RequestTracker {
     TimePoint deadline;
     int cmd;
     ResponseCallback cb;
-    std::multimap<TimePoint, uint64_t>::iterator by_deadline;
   };
+  // Deadlines in a min-heap with lazy deletion: a completed request's slot stays until
+  // it reaches the top (or the heap is rebuilt), so adding and completing a request
+  // allocate nothing but the map node. Rebuilt when more than half of it is stale.
+  using Deadline = std::pair<TimePoint, uint64_t>;
   std::unordered_map<uint64_t, Entry> entries_;
-  std::multimap<TimePoint, uint64_t> deadlines_;
-  std::unordered_multimap<ConnId, uint64_t> by_conn_;
+  std::vector<Deadline> deadlines_;
+  void PushDeadline(TimePoint t, uint64_t id);
   uint64_t next_id_ = 1;
   Describer describe_;
   std::string What(const Entry& e) const;

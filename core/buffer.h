@@ -16,7 +16,7 @@ class Buffer {
  public:
   // Uninitialised storage of `size` bytes (no zeroing: the reader fills it).
   static std::shared_ptr<Buffer> Allocate(size_t size) {
-    return std::shared_ptr<Buffer>(new Buffer(size));
+    return std::make_shared<Buffer>(Private{}, size);  // object and count in one block
   }
   static std::shared_ptr<Buffer> Copy(const void* data, size_t size) {
     auto b = Allocate(size);
@@ -34,7 +34,12 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
 
  private:
-  explicit Buffer(size_t size) : data_(size ? new char[size] : nullptr), size_(size) {}
+  struct Private {};  // Only Allocate may construct (through make_shared).
+
+ public:
+  Buffer(Private, size_t size) : data_(size ? new char[size] : nullptr), size_(size) {}
+
+ private:
   std::unique_ptr<char[]> data_;
   size_t size_;
 };
