@@ -166,22 +166,23 @@ Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
 
 Result<int> ClusterManager::PickRank(pb::NodeRole role, int requested) const {
   const int total = Total(role);
-  std::map<int, std::string> used;
-  for (const auto& [id, rec] : nodes_) {
-    if (rec.role == role) used[rec.rank] = id;
-  }
   if (requested < -1 || requested >= total) {
     return Err(Code::kInvalidArgument, "requested ", RoleName(role), " rank ", requested,
                " out of range [0, ", total, ")");
   }
+  // Owner of each rank of the role (one pass, no per-node allocation: this runs for every
+  // registration, so a job of N nodes registering at once costs O(N^2) small steps).
+  std::vector<const std::string*> owner(total, nullptr);
+  for (const auto& [id, rec] : nodes_) {
+    if (rec.role == role && rec.rank >= 0 && rec.rank < total) owner[rec.rank] = &id;
+  }
   if (requested >= 0) {
-    auto it = used.find(requested);
-    if (it == used.end()) return requested;
+    if (owner[requested] == nullptr) return requested;
     return Err(Code::kAlreadyExists, RoleName(role), " rank ", requested,
-               " already taken by node ", it->second);
+               " already taken by node ", *owner[requested]);
   }
   for (int r = 0; r < total; ++r) {
-    if (used.count(r) == 0) return r;
+    if (owner[r] == nullptr) return r;
   }
   return Status(Code::kResourceExhausted, "no free " + RoleName(role) + " rank");
 }

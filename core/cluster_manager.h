@@ -149,6 +149,11 @@ class ClusterManager {
   int registered(pb::NodeRole role) const;
   const NodeRecord* Find(const std::string& node_id) const;
   std::vector<const NodeRecord*> Nodes() const;  // sorted by role (server, worker), then rank
+  // Every node in no particular order (no sort, no allocation).
+  template <typename Fn>
+  void ForEachNode(Fn&& fn) const {
+    for (const auto& [id, rec] : nodes_) fn(rec);
+  }
   // servers_meta + workers_meta (sorted by rank), totals, state, epoch; devices with global
   // ids. rank_id is left 0: the sender fills it per recipient.
   pb::SendMetadataMessage BuildMetadata() const;

@@ -47,12 +47,27 @@ void RankTableHub::InstallOnLoop() {
     OnSubscribe(conn, std::move(frame));
   });
   sched_->AddEventListener([this, alive](const core::Event&) {
-    if (!alive.expired()) Rebuild();
+    if (!alive.expired()) RebuildSoon();
   });
   sched_->AddRegisterListener([this, alive] {
-    if (!alive.expired()) Rebuild();
+    if (!alive.expired()) RebuildSoon();
   });
   Rebuild();
+}
+
+// Changes made while handling one batch of I/O (a burst of registrations, an event and
+// the metadata it causes) are folded into one rebuild at the end of the loop iteration:
+// building the table is O(nodes), so once per change would be O(nodes^2) for a job that
+// registers all at once.
+void RankTableHub::RebuildSoon() {
+  if (rebuild_pending_) return;
+  rebuild_pending_ = true;
+  std::weak_ptr<bool> alive = alive_;
+  sched_->loop()->RunBeforePoll([this, alive] {
+    if (alive.expired()) return;
+    rebuild_pending_ = false;
+    Rebuild();
+  });
 }
 
 void RankTableHub::Stop() {

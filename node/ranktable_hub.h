@@ -86,6 +86,7 @@ class RankTableHub {
   void InstallOnLoop();
   void OnSubscribe(comm::ConnId conn, comm::Frame&& frame);
   void Rebuild();
+  void RebuildSoon();
   void Deliver(uint64_t id, Sub* sub, const std::shared_ptr<const RankTableSnapshot>& snap);
   void CheckCongested();
 
@@ -96,6 +97,7 @@ class RankTableHub {
   std::set<uint64_t> congested_;
   uint64_t next_id_ = 1;
   comm::TimerId check_timer_ = 0;
+  bool rebuild_pending_ = false;
   bool started_ = false;
   bool stopped_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards listener callbacks

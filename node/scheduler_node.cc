@@ -235,19 +235,19 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   if (cluster_.state() != pb::ClUSTER_STARTING) SendMetadataTo(req.node_id);
   // It also learns at once of every stored error and heartbeat loss it may have missed
   // (a late joiner, or a node whose link was down when the notice went out).
-  for (const core::NodeRecord* rec : cluster_.Nodes()) {
-    if (rec->node_id == req.node_id || (!rec->in_error && !rec->timed_out)) continue;
+  cluster_.ForEachNode([&](const core::NodeRecord& rec) {
+    if (rec.node_id == req.node_id || (!rec.in_error && !rec.timed_out)) return;
     pb::ClusterEventMessage ev;
-    ev.set_kind(rec->in_error ? pb::ClusterEventMessage::NODE_ERROR : pb::ClusterEventMessage::NODE_TIMED_OUT);
+    ev.set_kind(rec.in_error ? pb::ClusterEventMessage::NODE_ERROR : pb::ClusterEventMessage::NODE_TIMED_OUT);
     ev.set_cluster_state(cluster_.state());
-    ev.set_node_id(rec->node_id);
-    ev.set_role(rec->role);
-    ev.set_rank_id(rec->rank);
-    ev.set_error_code(rec->in_error ? rec->error_code : 0);
-    ev.set_message(rec->in_error ? rec->error_message : "heartbeat timed out");
+    ev.set_node_id(rec.node_id);
+    ev.set_role(rec.role);
+    ev.set_rank_id(rec.rank);
+    ev.set_error_code(rec.in_error ? rec.error_code : 0);
+    ev.set_message(rec.in_error ? rec.error_message : "heartbeat timed out");
     ev.set_epoch(cluster_.epoch());
     messenger_->Notify(conn, MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(ev)).IgnoreError();
-  }
+  });
 }
 
 void SchedulerNode::HandleHeartbeat(ConnId conn, const Frame& frame) {
