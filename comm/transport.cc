@@ -25,6 +25,13 @@ Status ResolveAddress(const std::string& host, int port, sockaddr_storage* out) 
                 "host '" + host + "' is not a numeric IP address (or localhost)");
 }
 
+// A HELLO carrying a nonce is the accepting side's token challenge (a node's own HELLO
+// greeting carries none).
+bool IsTokenChallenge(const Buffer& payload) {
+  pb::HelloMessage hello;
+  return hello.ParseFromArray(payload.data(), static_cast<int>(payload.size())) && !hello.nonce().empty();
+}
+
 }  // namespace
 
 // A listening socket. Owned by the Transport until closed; freed in its close callback.
@@ -326,7 +333,7 @@ void Transport::WatchClose(ConnId id, std::function<void(const Status&)> fn) {
 void Transport::Deliver(ConnId id, Frame&& frame) {
   if (!pending_auth_.empty() && pending_auth_.count(id)) return OnAuthFrame(id, std::move(frame));
   if (options_.auth_token.empty() && frame.meta.cmd() == pb::HELLO && !frame.meta.is_response() &&
-      frame.payload) {
+      frame.payload && IsTokenChallenge(*frame.payload)) {
     // A token challenge while we have no token: say so instead of a puzzling failure.
     Status why(Code::kPermissionDenied, "peer " + PeerAddress(id) + " requires a cluster token (--cluster_token_file)");
     LOG(ERROR) << "conn " << id << ": " << why;
@@ -350,6 +357,12 @@ void Transport::Close(ConnId id, const Status& why) {
   DCHECK(loop_->InLoopThread());
   Connection* c = Lookup(id);
   if (c != nullptr) c->Close(why);
+}
+
+void Transport::CloseAfterFlush(ConnId id, const Status& why) {
+  DCHECK(loop_->InLoopThread());
+  Connection* c = Lookup(id);
+  if (c != nullptr) c->CloseAfterFlush(why);
 }
 
 std::string Transport::PeerAddress(ConnId id) const {

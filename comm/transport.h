@@ -53,6 +53,9 @@ class Transport {
                std::function<void(Result<ConnId>)> done);
   Status Send(ConnId id, const pb::MessageMeta& meta, BufferPtr payload);
   void Close(ConnId id, const Status& why);
+  // Writes what is queued for `id` (as far as the socket takes it now), then closes: so a
+  // refusal answer reaches the peer before the close.
+  void CloseAfterFlush(ConnId id, const Status& why);
   // Calls fn once when connection `id` closes (at once if it is already closed).
   void WatchClose(ConnId id, std::function<void(const Status&)> fn);
   // Closes all listeners and connections and cancels dials. Idempotent.

@@ -183,6 +183,7 @@ void Node::InjectForTest(ConnId conn, Frame&& frame, bool from_scheduler) {
     if (from_scheduler) {
       HandleSchedulerPush(conn, std::move(frame));
     } else {
+      TrustPeerForTest(conn);
       OnPeerRequest(conn, std::move(frame));
     }
   });

@@ -90,6 +90,8 @@ class Node {
   // Scale-in started (msg names the leaving nodes). Hand over, then call done().
   virtual void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) { done(); }
   virtual void OnPeerClosed(comm::ConnId conn, const Status& why) {}
+  // InjectForTest: treat `conn` as an identified member (fuzzers, tests).
+  virtual void TrustPeerForTest(comm::ConnId conn) {}
   virtual void StopRole() {}
 
   // Blocking call to the scheduler from a user thread.

@@ -191,6 +191,12 @@ void Node::WithServerConn(int rank, std::function<void(Result<ConnId>)> cb) {
     dialing_.erase(addr);
     if (r.ok()) {
       ConnId conn = *r;
+      // Say who we are first: servers serve data only to members of the job.
+      pb::HelloMessage hello;
+      hello.set_node_id(options_.node_id);
+      hello.set_role(options_.role);
+      hello.set_rank_id(rank_);
+      messenger_->Notify(conn, MakeMeta(pb::HELLO, options_.role, rank_), ToBuffer(hello)).IgnoreError();
       server_conn_[addr] = conn;
       messenger_->transport().WatchClose(conn, [this, addr, conn](const Status&) {
         auto it = server_conn_.find(addr);

@@ -1,5 +1,6 @@
 #include "node/server_node.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "core/kv_codec.h"
@@ -90,12 +91,55 @@ Responder ServerNode::MakeResponder(ConnId conn, const pb::MessageMeta& meta) {
 
 void ServerNode::OnPeerRequest(ConnId conn, Frame&& frame) {
   switch (frame.meta.cmd()) {
-    case pb::SEND_DATA: Dispatch(conn, std::move(frame)); break;
-    case pb::COLLECTIVE_SEND_DATA: HandleCollective(conn, std::move(frame)); break;
+    case pb::HELLO: HandleHello(conn, frame); break;
+    case pb::SEND_DATA:
+      if (CheckMember(conn, frame.meta)) Dispatch(conn, std::move(frame));
+      break;
+    case pb::COLLECTIVE_SEND_DATA:
+      if (CheckMember(conn, frame.meta)) HandleCollective(conn, std::move(frame));
+      break;
     case pb::PING: messenger().Reply(conn, frame.meta, Status::Ok()).IgnoreError(); break;
     default: Node::OnPeerRequest(conn, std::move(frame));
   }
 }
+
+// A peer link starts with HELLO {node_id}: data is served only to nodes in the job's
+// metadata. (Without a cluster token the claim is not proven; with one, the connection
+// has already proven the token.)
+void ServerNode::HandleHello(ConnId conn, const Frame& frame) {
+  pb::HelloMessage hello;
+  Status st = ParsePayload(frame, &hello);
+  if (st.ok()) {
+    std::vector<std::string> ids = NodeIds(pb::WORKER);
+    std::vector<std::string> servers = NodeIds(pb::SERVER);
+    ids.insert(ids.end(), servers.begin(), servers.end());
+    if (std::find(ids.begin(), ids.end(), hello.node_id()) == ids.end()) {
+      st = Status(Code::kPermissionDenied, "node '" + hello.node_id() + "' is not a member of this job");
+    }
+  }
+  if (!st.ok()) {
+    LOG(WARNING) << "server " << options_.node_id << ": conn " << conn << " "
+                 << messenger().transport().PeerAddress(conn) << " refused: " << st;
+    messenger().Reply(conn, frame.meta, st).IgnoreError();
+    messenger().transport().CloseAfterFlush(conn, st);
+    return;
+  }
+  members_[conn] = hello.node_id();
+  messenger().Reply(conn, frame.meta, Status::Ok()).IgnoreError();
+}
+
+bool ServerNode::CheckMember(ConnId conn, const pb::MessageMeta& meta) {
+  if (members_.count(conn)) return true;
+  Status why(Code::kPermissionDenied, "peer " + messenger().transport().PeerAddress(conn) +
+                                         " sent " + pb::NodeCommand_Name(meta.cmd()) +
+                                         " without identifying itself as a member (HELLO)");
+  LOG_EVERY_N(WARNING, 100) << "server " << options_.node_id << ": " << why;
+  messenger().Reply(conn, meta, why).IgnoreError();
+  messenger().transport().CloseAfterFlush(conn, why);
+  return false;
+}
+
+void ServerNode::OnPeerClosed(ConnId conn, const Status&) { members_.erase(conn); }
 
 void ServerNode::Dispatch(ConnId conn, Frame&& frame) {
   const pb::MessageMeta& meta = frame.meta;

@@ -67,6 +67,8 @@ class ServerNode : public Node {
   Status StartRole() override;
   void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame) override;
   void StopRole() override;
+  void OnPeerClosed(comm::ConnId conn, const Status& why) override;
+  void TrustPeerForTest(comm::ConnId conn) override { members_[conn] = "test"; }
   void OnMetadataApplied() override;
   void OnStateApplied(pb::ClusterState state) override;
   void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) override;
@@ -77,6 +79,10 @@ class ServerNode : public Node {
   void HandlePush(const DataRequest& req, Responder r);
   void HandlePull(const DataRequest& req, Responder r);
   void HandleCollective(comm::ConnId conn, comm::Frame&& frame);
+  void HandleHello(comm::ConnId conn, const comm::Frame& frame);
+  // Refuses (and closes) a data request from a connection that did not identify itself
+  // as a member of the job; true when the request may be served.
+  bool CheckMember(comm::ConnId conn, const pb::MessageMeta& meta);
   void HandleMigrate(const DataRequest& req, Responder r);
   // Outside a scale operation, serve the key range of the current metadata.
   void RefreshView();
@@ -97,6 +103,7 @@ class ServerNode : public Node {
   std::map<std::pair<int, std::string>, BufferPtr> arrived_;
   std::map<std::pair<int, std::string>, std::shared_ptr<std::promise<Result<BufferPtr>>>> waiting_;
   std::shared_ptr<ServerNode*> alive_;
+  std::unordered_map<comm::ConnId, std::string> members_;  // identified peer links (loop thread)
   mutable std::shared_mutex view_mu_;
   int view_rank_ = -1;
   int view_n_ = 0;

@@ -305,11 +305,10 @@ TEST_CASE("hostile peers: garbage and absurd lengths and wrong-role frames are c
       CHECK(answer->status_code() != 0);
     }  // else the server closed the connection: also a refusal
   }
-  // SEND_DATA from a peer that never registered nor said HELLO: garbage is refused with an
-  // error answer; a well-formed push is served (no membership check on the data port; with
-  // --cluster_token_file the connection itself must prove the token first). See
-  // docs/reliability.md, Hostile peers.
-  {
+  // SEND_DATA from a peer that never said HELLO as a member of the job: refused with
+  // permission_denied and the connection closed, for garbage and well-formed pushes alike.
+  // A HELLO naming a node that is not a member is refused the same way.
+  for (bool well_formed : {false, true}) {
     RawConn c(job.server_port());
     REQUIRE(c.ok());
     pb::MessageMeta m;
@@ -317,20 +316,30 @@ TEST_CASE("hostile peers: garbage and absurd lengths and wrong-role frames are c
     m.set_request_id(11);
     m.set_role(pb::WORKER);
     m.set_handler(node::kPushHandler);
-    REQUIRE(c.Send(Frame(m, RandomBytes(64, 3))));
-    std::optional<pb::MessageMeta> answer = c.ReadMeta(5s);
-    REQUIRE(answer.has_value());
-    CHECK(answer->status_code() != 0);
     const uint64_t key = 1ull << 50;
     const uint32_t len = 1;
     const float value = 1.0f;
     BufferPtr push = core::EncodeKvPairs(&key, 1, &len, &value, 1);
-    m.set_request_id(12);
-    REQUIRE(c.Send(Frame(m, std::string(push->data(), push->size()))));
-    answer = c.ReadMeta(5s);
+    REQUIRE(c.Send(Frame(m, well_formed ? std::string(push->data(), push->size()) : RandomBytes(64, 3))));
+    std::optional<pb::MessageMeta> answer = c.ReadMeta(5s);
     REQUIRE(answer.has_value());
-    INFO("unregistered SEND_DATA push: " << answer->error());
-    CHECK(answer->request_id() == 12);
+    INFO("unregistered SEND_DATA: " << answer->error());
+    CHECK(answer->status_code() == static_cast<int>(Code::kPermissionDenied));
+    CHECK_FALSE(c.ReadMeta(2s).has_value());  // closed
+  }
+  {
+    RawConn c(job.server_port());
+    REQUIRE(c.ok());
+    pb::MessageMeta m;
+    m.set_cmd(pb::HELLO);
+    m.set_request_id(13);
+    pb::HelloMessage hello;
+    hello.set_node_id("intruder");
+    REQUIRE(c.Send(Frame(m, hello.SerializeAsString())));
+    std::optional<pb::MessageMeta> answer = c.ReadMeta(5s);
+    REQUIRE(answer.has_value());
+    CHECK(answer->status_code() == static_cast<int>(Code::kPermissionDenied));
+    CHECK_THAT(answer->error(), Catch::Contains("not a member"));
   }
   std::this_thread::sleep_for(200ms);
   CHECK(Contains(job.scheduler().Log(), "which the scheduler does not serve"));
