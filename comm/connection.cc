@@ -64,14 +64,16 @@ struct ConnectionCallbacks {
 };
 
 Connection::Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_t* tcp,
-                       const TransportOptions& options)
+                       const TransportOptions& options, bool accepted)
     : transport_(transport),
       loop_(loop),
       id_(id),
       tcp_(tcp),
       options_(options),
       decoder_(options.limits),
-      last_read_(std::chrono::steady_clock::now()) {
+      last_read_(std::chrono::steady_clock::now()),
+      opened_(last_read_),
+      accepted_(accepted) {
   tcp_->data = this;
   if (options.tcp_nodelay) uv_tcp_nodelay(tcp_, 1);
   sockaddr_storage addr{};
@@ -105,6 +107,7 @@ void Connection::OnBytes(size_t n) {
   last_read_ = std::chrono::steady_clock::now();
   Status st = decoder_.Commit(n, &decoded_);
   if (transport_ != nullptr) transport_->CountIn(n, decoded_.size());
+  if (!decoded_.empty()) heard_ = true;
   // Deliver what decoded before any error: those frames were valid.
   for (size_t i = 0; i < decoded_.size() && !closing_; ++i) {
     if (transport_ != nullptr) transport_->Deliver(id_, std::move(decoded_[i]));

@@ -27,7 +27,7 @@ class Connection {
  public:
   // Takes an initialised uv_tcp_t (accepted or connected); ownership passes to *this.
   Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_s* tcp,
-             const TransportOptions& options);
+             const TransportOptions& options, bool accepted);
   ~Connection();
 
   Status StartReading();
@@ -43,6 +43,9 @@ class Connection {
   bool closing() const { return closing_; }
   bool mid_frame() const { return decoder_.mid_frame(); }
   TimePoint last_read() const { return last_read_; }
+  bool accepted() const { return accepted_; }
+  TimePoint opened() const { return opened_; }
+  bool heard() const { return heard_; }  // at least one whole frame decoded
   uint64_t queued_bytes() const { return queued_bytes_; }
   // Called by Transport when it goes away first: the close callback must not touch it.
   void Detach() { transport_ = nullptr; }
@@ -68,6 +71,9 @@ class Connection {
   bool closing_ = false;
   Status close_reason_;
   TimePoint last_read_;
+  TimePoint opened_;
+  bool accepted_;
+  bool heard_ = false;
 };
 
 }  // namespace pscore::comm

@@ -204,6 +204,10 @@ Result<int> Transport::Listen(const std::string& host, int port) {
       CloseAndFree(tcp);
       return;
     }
+    if (!listener->transport->AdmitAccepted()) {
+      CloseAndFree(tcp);
+      return;
+    }
     listener->transport->Adopt(tcp, /*accepted=*/true);
   });
   if (rc < 0) return fail(UvStatus(rc, "listen " + where));
@@ -246,7 +250,7 @@ void Transport::Connect(const std::string& host, int port, ConnectOptions option
 
 ConnId Transport::Adopt(uv_tcp_t* tcp, bool accepted, std::function<void(Result<ConnId>)> ready) {
   ConnId id = next_id_++;
-  auto conn = std::make_unique<Connection>(this, loop_, id, tcp, options_);
+  auto conn = std::make_unique<Connection>(this, loop_, id, tcp, options_, accepted);
   Status st = conn->StartReading();
   if (!st.ok()) {
     LOG(WARNING) << "conn " << id << " " << conn->peer() << ": " << st;
@@ -258,9 +262,9 @@ ConnId Transport::Adopt(uv_tcp_t* tcp, bool accepted, std::function<void(Result<
   VLOG(1) << "conn " << id << " " << (accepted ? "accepted from " : "connected to ") << conn->peer();
   conns_.emplace(id, std::move(conn));
   ++stats_.connections_opened;
-  if (sweep_timer_ == 0 && options_.partial_frame_timeout.count() > 0) {
-    Duration period = std::max<Duration>(options_.partial_frame_timeout / 4, std::chrono::milliseconds(10));
-    sweep_timer_ = loop_->AddTimer(period, period, [this] { SweepStalled(); });
+  if (accepted) ++num_accepted_;
+  if (sweep_timer_ == 0 && SweepPeriod().count() > 0) {
+    sweep_timer_ = loop_->AddTimer(SweepPeriod(), SweepPeriod(), [this] { SweepStalled(); });
   }
   if (!options_.auth_token.empty()) {
     StartAuth(id, accepted, std::move(ready));
@@ -275,19 +279,51 @@ void Transport::Opened(ConnId id, bool accepted, std::function<void(Result<ConnI
   if (ready) ready(id);
 }
 
+bool Transport::AdmitAccepted() {
+  if (options_.max_accepted_connections == 0 || num_accepted_ < options_.max_accepted_connections) return true;
+  ++stats_.connections_refused;
+  TimePoint now = std::chrono::steady_clock::now();
+  if (now - last_refusal_log_ > std::chrono::seconds(1)) {  // at most one line per second
+    last_refusal_log_ = now;
+    LOG(WARNING) << "refusing accepted connections: " << num_accepted_ << " open, the cap is "
+                 << options_.max_accepted_connections << " (" << stats_.connections_refused << " refused so far)";
+  }
+  return false;
+}
+
+Duration Transport::SweepPeriod() const {
+  Duration shortest{0};
+  for (Duration d : {options_.partial_frame_timeout, options_.first_frame_timeout}) {
+    if (d.count() > 0 && (shortest.count() == 0 || d < shortest)) shortest = d;
+  }
+  if (shortest.count() == 0) return shortest;
+  return std::max<Duration>(shortest / 4, std::chrono::milliseconds(10));
+}
+
 void Transport::SweepStalled() {
   TimePoint now = std::chrono::steady_clock::now();
-  std::vector<ConnId> stalled;
+  std::vector<std::pair<ConnId, Status>> doomed;
+  bool partial = options_.partial_frame_timeout.count() > 0;
+  bool silent = options_.first_frame_timeout.count() > 0;
   for (auto& [id, c] : conns_) {
-    if (c->mid_frame() && now - c->last_read() > options_.partial_frame_timeout) stalled.push_back(id);
+    if (partial && c->mid_frame() && now - c->last_read() > options_.partial_frame_timeout) {
+      doomed.emplace_back(id, Status(Code::kTimeout, "partial frame stalled for over " +
+                                                         std::to_string(ToMillis(options_.partial_frame_timeout)) + " ms"));
+    } else if (silent && c->accepted() && !c->heard() && now - c->opened() > options_.first_frame_timeout) {
+      doomed.emplace_back(id, Status(Code::kTimeout, "no whole frame within " +
+                                                         std::to_string(ToMillis(options_.first_frame_timeout)) +
+                                                         " ms of accepting the connection"));
+    }
   }
-  for (ConnId id : stalled) {
+  for (auto& [id, why] : doomed) {
     Connection* c = Lookup(id);
     if (c == nullptr) continue;
-    Status why(Code::kTimeout, "partial frame stalled for over " +
-                                   std::to_string(ToMillis(options_.partial_frame_timeout)) + " ms");
     LOG(WARNING) << "conn " << id << " " << c->peer() << ": " << why << ", closing";
-    ++stats_.protocol_errors;
+    if (c->mid_frame()) {
+      ++stats_.protocol_errors;
+    } else {
+      ++stats_.silent_closed;
+    }
     c->Close(why);
   }
 }
@@ -300,6 +336,7 @@ Connection* Transport::Lookup(ConnId id) const {
 void Transport::Release(ConnId id, const Status& why) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
+  if (it->second->accepted()) --num_accepted_;
   it->second->Detach();
   it->second.release();  // The connection frees itself in its close callback.
   conns_.erase(it);

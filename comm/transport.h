@@ -92,6 +92,9 @@ class Transport {
     uint64_t timer = 0;  // TimerId of the handshake deadline
   };
   void SweepStalled();
+  Duration SweepPeriod() const;
+  // The listener's check before it adopts an accepted socket: false when at the cap.
+  bool AdmitAccepted();
   void StartAuth(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready);
   void OnAuthFrame(ConnId id, Frame&& frame);
   void AuthDone(ConnId id, const Status& st);
@@ -108,6 +111,8 @@ class Transport {
   std::vector<Listener*> listeners_;
   std::vector<Dialer*> dialers_;
   ConnId next_id_ = 1;
+  size_t num_accepted_ = 0;  // open accepted connections (against max_accepted_connections)
+  TimePoint last_refusal_log_{};
   uint64_t stop_hook_ = 0;
   uint64_t sweep_timer_ = 0;
   bool shut_down_ = false;

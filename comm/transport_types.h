@@ -20,6 +20,12 @@ struct TransportOptions {
   uint64_t max_queued_write_bytes = 2ull << 30;
   // A frame started but not completed, with no byte received for this long, is cut off.
   Duration partial_frame_timeout = std::chrono::seconds(30);
+  // An accepted connection that has not delivered one whole frame this long after it was
+  // accepted is closed (0: never). Dialled connections are not subject to it.
+  Duration first_frame_timeout = std::chrono::seconds(30);
+  // Accepted connections beyond this many open at once are closed as soon as they are
+  // accepted, with a log line (0: no cap). Dialled connections do not count.
+  size_t max_accepted_connections = 10000;
   // Socket options.
   bool tcp_nodelay = true;
   // Cluster token: when set, every connection starts with a challenge (a nonce from the
@@ -37,6 +43,8 @@ struct TransportStats {
   uint64_t connections_opened = 0;
   uint64_t connections_closed = 0;
   uint64_t protocol_errors = 0;
+  uint64_t connections_refused = 0;  // over max_accepted_connections
+  uint64_t silent_closed = 0;        // no whole frame within first_frame_timeout
 };
 
 }  // namespace pscore::comm

@@ -39,6 +39,10 @@ DEFINE_bool(state_reset_on_corrupt, false, "Scheduler: a damaged state file is s
             "starts fresh, instead of exiting 1.");
 DEFINE_string(cluster_token_file, "", "File holding the cluster token (trailing whitespace ignored). Every process of the job "
               "must use the same token; connections and admin commands then prove it with an HMAC.");
+DEFINE_int32(max_connections, 10000, "Scheduler and server: accepted connections beyond this many open at once are "
+             "closed at once with a log line (0: no cap).");
+DEFINE_int32(first_frame_timeout_ms, 30000, "Scheduler and server: an accepted connection that sends no whole frame "
+             "within this long is closed (0: never).");
 DEFINE_string(update_rule, "sum", "Server parameter store rule: assign, sum or sgd.");
 DEFINE_double(learning_rate, 0.1, "Learning rate of the sgd update rule.");
 // pscore-train (the demo job's worker) only.
@@ -145,6 +149,8 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   if (FLAGS_connect_timeout_ms <= 0) Die(prog, "--connect_timeout_ms must be > 0");
   if (FLAGS_rank < -1) Die(prog, "--rank must be >= -1");
   if (FLAGS_max_message_bytes < 1024) Die(prog, "--max_message_bytes must be >= 1024");
+  if (FLAGS_max_connections < 0) Die(prog, "--max_connections must be >= 0");
+  if (FLAGS_first_frame_timeout_ms < 0) Die(prog, "--first_frame_timeout_ms must be >= 0");
   if (FLAGS_update_rule != "assign" && FLAGS_update_rule != "sum" && FLAGS_update_rule != "sgd") {
     Die(prog, "--update_rule must be assign, sum or sgd (got '" + FLAGS_update_rule + "')");
   }
@@ -176,6 +182,8 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   s.http_port = FLAGS_http_port;
   s.state_dir = FLAGS_state_dir;
   s.state_reset_on_corrupt = FLAGS_state_reset_on_corrupt;
+  s.max_connections = static_cast<size_t>(FLAGS_max_connections);
+  s.first_frame_timeout = std::chrono::milliseconds(FLAGS_first_frame_timeout_ms);
   NodeOptions& n = cl.node;
   n.node_id = FLAGS_node_id;
   n.scheduler_host = FLAGS_scheduler_host;
@@ -188,6 +196,8 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   n.devices = ParseDevices(prog, FLAGS_devices);
   n.max_message_bytes = FLAGS_max_message_bytes;
   n.handler_threads = FLAGS_handler_threads;
+  n.max_connections = static_cast<size_t>(FLAGS_max_connections);
+  n.first_frame_timeout = std::chrono::milliseconds(FLAGS_first_frame_timeout_ms);
   cl.auto_finish = FLAGS_auto_finish;
   cl.finish_timeout_ms = FLAGS_finish_timeout_ms;
   cl.port_file = FLAGS_port_file;

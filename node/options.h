@@ -29,6 +29,10 @@ struct SchedulerOptions {
   std::string state_dir;
   bool state_reset_on_corrupt = false;  // a damaged state file: start fresh, not exit 1
   std::string cluster_token;  // empty: no authentication
+  // Accepted connections: at most this many open (0: no cap); each must deliver one whole
+  // frame within first_frame_timeout of being accepted or it is closed (0: no deadline).
+  size_t max_connections = 10000;
+  Duration first_frame_timeout = std::chrono::seconds(30);
 };
 
 struct NodeOptions {
@@ -48,6 +52,9 @@ struct NodeOptions {
   // Server handlers run on this many executor threads (0: on the loop thread).
   int handler_threads = 2;
   std::string cluster_token;  // empty: no authentication
+  // Accepted (peer) connections of a server: as SchedulerOptions.
+  size_t max_connections = 10000;
+  Duration first_frame_timeout = std::chrono::seconds(30);
 };
 
 }  // namespace pscore::node

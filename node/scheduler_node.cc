@@ -25,6 +25,8 @@ comm::TransportOptions MakeTransportOptions(const SchedulerOptions& o) {
   comm::TransportOptions t;
   t.limits.max_message_bytes = o.max_message_bytes;
   t.auth_token = o.cluster_token;
+  t.max_accepted_connections = o.max_connections;
+  t.first_frame_timeout = o.first_frame_timeout;
   return t;
 }
 

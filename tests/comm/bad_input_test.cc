@@ -110,4 +110,58 @@ TEST_CASE("bad input: an idle connection between frames is not cut off", "[comm]
   REQUIRE(server.Stop().ok());
 }
 
+TEST_CASE("bad input: an accepted connection that never sends a frame is closed after the deadline",
+          "[comm][net][bad_input]") {
+  TransportOptions o = SmallLimits();
+  o.first_frame_timeout = std::chrono::milliseconds(200);
+  EchoServer server(o);
+  int port = server.Start();
+  RawSocket good;
+  REQUIRE(good.Connect(port));
+  REQUIRE(RawEcho(good, 1, "hello"));
+  ConnId good_id = server.WaitOpened(1);
+  RawSocket silent;
+  REQUIRE(silent.Connect(port));
+  ConnId silent_id = server.WaitOpened(2);
+  Status why = server.WaitClosed(silent_id);
+  INFO("close reason: " << why);
+  CHECK(why.code() == Code::kTimeout);
+  CHECK(why.message().find("no whole frame within 200 ms") != std::string::npos);
+  CHECK(silent.WaitClosed());
+  // The connection that spoke once stays, however long it is idle afterwards.
+  CHECK_FALSE(server.IsClosed(good_id));
+  CHECK(RawEcho(good, 2, "still here"));
+  TransportStats stats = testing::OnLoop(server.loop(), [&] { return server.messenger().transport().stats(); });
+  CHECK(stats.silent_closed == 1);
+  CHECK(stats.protocol_errors == 0);
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("bad input: accepted connections over the cap are closed at once", "[comm][net][bad_input]") {
+  TransportOptions o = SmallLimits();
+  o.max_accepted_connections = 3;
+  EchoServer server(o);
+  int port = server.Start();
+  RawSocket a, b, c, extra;
+  REQUIRE(a.Connect(port));
+  REQUIRE(b.Connect(port));
+  REQUIRE(c.Connect(port));
+  REQUIRE(RawEcho(a, 1, "a"));
+  REQUIRE(RawEcho(b, 1, "b"));
+  REQUIRE(RawEcho(c, 1, "c"));
+  REQUIRE(extra.Connect(port));  // the kernel completes the handshake; the server then hangs up
+  CHECK(extra.WaitClosed());
+  CHECK(RawEcho(a, 2, "a again"));
+  TransportStats stats = testing::OnLoop(server.loop(), [&] { return server.messenger().transport().stats(); });
+  CHECK(stats.connections_refused == 1);
+  // A slot freed by a close is usable again.
+  ConnId a_id = server.WaitOpened(1);
+  a.Close();
+  CHECK(server.WaitClosed(a_id).code() == Code::kUnavailable);
+  RawSocket later;
+  REQUIRE(later.Connect(port));
+  CHECK(RawEcho(later, 1, "later"));
+  REQUIRE(server.Stop().ok());
+}
+
 }  // namespace pscore::comm

@@ -139,9 +139,11 @@ int64_t RssKb(pid_t pid) {
 
 class Job {
  public:
-  Job() {
+  // `extra` flags go to every process.
+  explicit Job(const std::vector<std::string>& extra = {}) {
     REQUIRE(dir_.ok());
     std::vector<std::string> timing = {"--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=3000"};
+    timing.insert(timing.end(), extra.begin(), extra.end());
     std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--scheduler_port=0", "--worker_num=1",
                                      "--server_num=1", "--http_port=0", "--port_file=" + dir_.File("sched.port"),
                                      "--http_port_file=" + dir_.File("http.port")};
@@ -393,6 +395,36 @@ TEST_CASE("hostile peers: a half frame then silence is cut off after the partial
   for (auto& c : halves) CHECK(c->ReadUntilClosed(40s));  // the transport's default is 30 s
   CHECK(Contains(job.scheduler().Log(), "partial frame stalled"));
   CHECK(Contains(job.server().Log(), "partial frame stalled"));
+  job.CheckIntact();
+}
+
+TEST_CASE("hostile peers: connections that never speak are closed; accepted connections are capped",
+          "[multiproc][net]") {
+  Job job({"--first_frame_timeout_ms=1000", "--max_connections=40"});
+  // The scheduler already holds 3 accepted connections (server, worker, admin client) and
+  // the server 1 (the worker): 37 and 39 more fit under the cap; the rest are refused.
+  std::vector<std::unique_ptr<RawConn>> sched_conns, server_conns;
+  for (int i = 0; i < 60; ++i) {
+    sched_conns.push_back(std::make_unique<RawConn>(job.sched_port()));
+    server_conns.push_back(std::make_unique<RawConn>(job.server_port()));
+    REQUIRE(sched_conns.back()->ok());
+    REQUIRE(server_conns.back()->ok());
+  }
+  // Every one of them is closed: the refused at once, the admitted after about a second.
+  const auto start = std::chrono::steady_clock::now();
+  for (auto* list : {&sched_conns, &server_conns}) {
+    for (auto& c : *list) CHECK(c->ReadUntilClosed(15s));
+  }
+  INFO("all closed after " << std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::steady_clock::now() - start).count() << " ms");
+  std::this_thread::sleep_for(200ms);
+  for (Process* p : {&job.scheduler(), &job.server()}) {
+    INFO(p->Log());
+    CHECK(Contains(p->Log(), "no whole frame within 1000 ms"));
+    CHECK(Contains(p->Log(), "refusing accepted connections"));
+  }
+  // The members' own connections spoke long ago and are kept: the job is untouched, and a
+  // new connection that speaks at once is served again now that the silent ones are gone.
   job.CheckIntact();
 }
 
