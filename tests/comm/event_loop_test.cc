@@ -68,7 +68,7 @@ TEST_CASE("loop: Stop with posts still queued neither crashes nor leaks", "[comm
   CHECK(loop.Stop().ok());  // idempotent
 }
 
-TEST_CASE("loop: posts made before Start run once it starts; Stop without Start is clean",
+TEST_CASE("loop: posts made before Start run once it starts - Stop without Start is clean",
           "[comm][loop]") {
   {
     EventLoop loop("prestart");

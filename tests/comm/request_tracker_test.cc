@@ -7,7 +7,7 @@
 
 namespace pscore::comm {
 
-TEST_CASE("tracker: ids are fresh; each callback runs exactly once", "[comm][tracker]") {
+TEST_CASE("tracker: ids are fresh - each callback runs exactly once", "[comm][tracker]") {
   FakeClock clock;
   RequestTracker t;
   std::vector<std::pair<uint64_t, Code>> log;

@@ -144,7 +144,7 @@ TEST_CASE("transport: connect retries until the listener appears, and gives up i
   REQUIRE(server.Stop().ok());
 }
 
-TEST_CASE("transport: send to a closed connection fails; WatchClose reports closes",
+TEST_CASE("transport: send to a closed connection fails - WatchClose reports closes",
           "[comm][net][transport]") {
   Peer server("server");
   Result<int> port = OnLoop(server.loop, [&] { return server.transport->Listen("127.0.0.1", 0); });

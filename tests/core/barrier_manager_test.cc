@@ -182,7 +182,7 @@ TEST_CASE("barrier retry with an explicit generation gets the same result",
   CHECK(bm.List()[0].state == BarrierState::kPassed);
 }
 
-TEST_CASE("barrier cancel answers waiters; passed or unknown is an error", "[core][barrier]") {
+TEST_CASE("barrier cancel answers waiters - passed or unknown is an error", "[core][barrier]") {
   FakeClock clock;
   BarrierManager bm(&clock);
   Answers a;

@@ -100,7 +100,7 @@ TEST_CASE("register validates role, ranks and quota with named values", "[core][
   CHECK(f.cm->Find("s2") == nullptr);
 }
 
-TEST_CASE("re-register keeps the rank; retry, restart, device and role changes", "[core][cluster]") {
+TEST_CASE("re-register keeps the rank - retry, restart, device and role changes", "[core][cluster]") {
   Fixture f(/*workers=*/2, /*servers=*/1);
   REQUIRE(f.cm->Register(Req("w0", pb::WORKER, kInc, -1, 2)).ok());
   f.cm->TakeEvents();
@@ -130,7 +130,7 @@ TEST_CASE("re-register keeps the rank; retry, restart, device and role changes",
   CHECK(f.cm->Find("w0")->role == pb::WORKER);
 }
 
-TEST_CASE("a node in error is refused on retry until reset; a restart clears it",
+TEST_CASE("a node in error is refused on retry until reset - a restart clears it",
           "[core][cluster]") {
   Fixture f;
   f.StartAll();
@@ -194,7 +194,7 @@ TEST_CASE("all registered: topology ids, metadata, then READY", "[core][cluster]
   CHECK(meta.workers_meta(0).is_alive());
 }
 
-TEST_CASE("heartbeat timeout marks the node and the cluster; re-register recovers",
+TEST_CASE("heartbeat timeout marks the node and the cluster - re-register recovers",
           "[core][cluster]") {
   Fixture f;
   f.StartAll();
@@ -227,7 +227,7 @@ TEST_CASE("heartbeat timeout marks the node and the cluster; re-register recover
   CHECK(f.cm->Find("w1")->state == pb::NODE_READY);
 }
 
-TEST_CASE("finish barrier over live nodes; late second call is refused", "[core][cluster]") {
+TEST_CASE("finish barrier over live nodes - late second call is refused", "[core][cluster]") {
   Fixture f(/*workers=*/2, /*servers=*/1);
   f.StartAll();
   REQUIRE(f.cm->Finish("w0").ok());

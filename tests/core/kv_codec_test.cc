@@ -44,7 +44,7 @@ TEST_CASE("kv pairs round trip in place", "[core][kvcodec]") {
   CHECK(reinterpret_cast<const char*>(v.values + v.num_values) <= buf->data() + buf->size());
 }
 
-TEST_CASE("pull request has keys only; large batches round trip", "[core][kvcodec]") {
+TEST_CASE("pull request has keys only - large batches round trip", "[core][kvcodec]") {
   std::vector<uint64_t> keys(1000);
   for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 977;
   BufferPtr pull = EncodeKvPairs(keys.data(), keys.size(), nullptr, nullptr, 0);

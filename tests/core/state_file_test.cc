@@ -155,7 +155,7 @@ TEST_CASE("state file: an impossible registry is refused even with a good checks
   refused(st, "empty key");
 }
 
-TEST_CASE("restored cluster keeps ranks; a retry from the same incarnation changes nothing",
+TEST_CASE("restored cluster keeps ranks - a retry from the same incarnation changes nothing",
           "[core][state]") {
   FakeClock clock;
   const pb::PersistedState st = ReadyState(&clock);
@@ -197,7 +197,7 @@ TEST_CASE("restored cluster keeps ranks; a retry from the same incarnation chang
   CHECK(again.cluster_state() == pb::NODE_TIMEOUT);
 }
 
-TEST_CASE("restore during a scale-out rolls it back; an ended job is not restored", "[core][state]") {
+TEST_CASE("restore during a scale-out rolls it back - an ended job is not restored", "[core][state]") {
   FakeClock clock;
   ClusterManager cm(Config(1, 1), &clock);
   REQUIRE(cm.Register(Req("s0", pb::SERVER)).ok());

@@ -4,7 +4,7 @@
 
 namespace pscore {
 
-TEST_CASE("status carries code and message; result holds value or error", "[core]") {
+TEST_CASE("status carries code and message - result holds value or error", "[core]") {
   Status ok = Status::Ok();
   CHECK(ok.ok());
   CHECK(ok.ToString() == "ok");

@@ -398,7 +398,7 @@ TEST_CASE("hostile peers: a half frame then silence is cut off after the partial
   job.CheckIntact();
 }
 
-TEST_CASE("hostile peers: connections that never speak are closed; accepted connections are capped",
+TEST_CASE("hostile peers: connections that never speak are closed - accepted connections are capped",
           "[multiproc][net]") {
   Job job({"--first_frame_timeout_ms=1000", "--max_connections=40"});
   // The scheduler already holds 3 accepted connections (server, worker, admin client) and

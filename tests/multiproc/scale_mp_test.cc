@@ -448,7 +448,7 @@ TEST_CASE("scale-out then scale-in back to back while pushing: every update kept
 
 namespace pscore {
 
-TEST_CASE("SIGKILL of an old server mid-scale-out rolls back; the job waits for it in NODE_TIMEOUT",
+TEST_CASE("SIGKILL of an old server mid-scale-out rolls back - the job waits for it in NODE_TIMEOUT",
           "[multiproc][net][scale]") {
   ScaleJob job(/*workers=*/1, /*servers=*/2);
   job.Start("server", "s0", 0);

@@ -242,7 +242,7 @@ std::vector<std::string> Keys(const Result<std::vector<std::pair<std::string, st
 
 }  // namespace
 
-TEST_CASE("WaitForReady times out naming how many are missing; a late arrival in time is fine",
+TEST_CASE("WaitForReady times out naming how many are missing - a late arrival in time is fine",
           "[node][net][coord]") {
   TestCluster c(SchedOpts(3, 0));
   c.Add(pb::WORKER, "w0");
@@ -262,7 +262,7 @@ TEST_CASE("WaitForReady times out naming how many are missing; a late arrival in
   CHECK(late.node->WaitForReady(20s).ok());
 }
 
-TEST_CASE("incarnation: same one is a retry, a new one a restart the others hear of; in error needs reset",
+TEST_CASE("incarnation: same one is a retry, a new one a restart the others hear of - in error needs reset",
           "[node][net][coord]") {
   TestCluster c(SchedOpts(3, 0, 100ms, 60s));  // the raw client never beats
   c.Add(pb::WORKER, "w0");
@@ -432,7 +432,7 @@ TEST_CASE("a barrier participant that dies fails the barrier for all", "[node][n
   CHECK(again.events.WaitFor(Kind(pb::ClusterEventMessage::NODE_TIMED_OUT, "w2"), 5s));
 }
 
-TEST_CASE("errors reach every other node within a heartbeat interval; a late joiner hears at once",
+TEST_CASE("errors reach every other node within a heartbeat interval - a late joiner hears at once",
           "[node][net][coord]") {
   const Duration interval = 2s;  // long: the notices must be pushed, not ride on heartbeats
   TestCluster c(SchedOpts(5, 0, interval, 20s));
@@ -462,7 +462,7 @@ TEST_CASE("errors reach every other node within a heartbeat interval; a late joi
   CHECK(ev.message() == "disk full");
 }
 
-TEST_CASE("finish: a timeout names the stragglers, who are told; a second Finish after leaving fails",
+TEST_CASE("finish: a timeout names the stragglers, who are told - a second Finish after leaving fails",
           "[node][net][coord]") {
   TestCluster c(SchedOpts(3, 0));
   c.StartWorkers(3);

@@ -298,7 +298,7 @@ TEST_CASE("http: bad input gets the right 4xx or a closed connection", "[node][n
   }
 }
 
-TEST_CASE("http stream: a stalled reader does not delay another; 220 readers get the final table", "[node][net]") {
+TEST_CASE("http stream: a stalled reader does not delay another - 220 readers get the final table", "[node][net]") {
   RankTableHubOptions hub_opts;
   hub_opts.coalesce_bytes = 4096;
   hub_opts.stall_timeout = 60s;
