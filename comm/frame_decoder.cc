@@ -5,15 +5,31 @@
 
 namespace pscore::comm {
 namespace {
-constexpr size_t kInitialInput = 128 << 10;  // holds a full header + 64 KiB meta
-}
+constexpr size_t kInitialInput = 4 << 10;
+constexpr size_t kMaxInput = 128 << 10;  // growth by reads stops here (a 64 KiB meta still fits)
+constexpr size_t kMinRoom = 1024;        // never hand out less room than this
+}  // namespace
 
 // The input buffer is allocated at the first read, so a connection that never speaks
-// costs no buffer (thousands of idle peers would otherwise pin 128 KiB each).
+// costs no buffer; it starts at 4 KiB, so a connection of small frames costs little.
 FrameDecoder::FrameDecoder(const Limits& limits) : limits_(limits) {}
 
+void FrameDecoder::Reallocate(size_t capacity) {
+  std::unique_ptr<char[]> bigger(new char[capacity]);  // not zero-filled
+  size_t held = in_end_ - in_begin_;
+  if (held > 0) std::memcpy(bigger.get(), in_.get() + in_begin_, held);
+  in_ = std::move(bigger);
+  in_cap_ = capacity;
+  in_begin_ = 0;
+  in_end_ = held;
+}
+
 char* FrameDecoder::ReadRegion(size_t* size) {
-  if (in_.empty()) in_.resize(kInitialInput);
+  if (in_ == nullptr) Reallocate(kInitialInput);
+  if (grow_) {
+    grow_ = false;
+    if (in_cap_ < kMaxInput) Reallocate(std::min(in_cap_ * 2, kMaxInput));
+  }
   if (payload_ != nullptr) {
     size_t missing = payload_->size() - payload_filled_;
     if (missing >= kDirectReadMin) {
@@ -23,18 +39,19 @@ char* FrameDecoder::ReadRegion(size_t* size) {
     }
   }
   direct_ = false;
-  if (in_.size() - in_end_ < 4096) Compact(4096);
-  *size = in_.size() - in_end_;
-  return in_.data() + in_end_;
+  if (in_cap_ - in_end_ < kMinRoom) Compact(kMinRoom);
+  *size = last_room_ = in_cap_ - in_end_;
+  return in_.get() + in_end_;
 }
 
+// Moves the unconsumed bytes to the front and makes room for `need` more after them.
 void FrameDecoder::Compact(size_t need) {
   if (in_begin_ > 0) {
-    std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+    std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
     in_end_ -= in_begin_;
     in_begin_ = 0;
   }
-  if (in_.size() - in_end_ < need) in_.resize(in_end_ + std::max(need, in_.size()));
+  if (in_cap_ - in_end_ < need) Reallocate(in_end_ + std::max(need, in_cap_));
 }
 
 Status FrameDecoder::Commit(size_t n, std::vector<Frame>* out) {
@@ -49,6 +66,7 @@ Status FrameDecoder::Commit(size_t n, std::vector<Frame>* out) {
     return Status::Ok();
   }
   in_end_ += n;
+  if (n == last_room_ && n > 0) grow_ = true;
   return DecodeBuffered(out);
 }
 
@@ -58,7 +76,7 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
     size_t avail = in_end_ - in_begin_;
     if (payload_ != nullptr) {
       size_t take = std::min(avail, payload_->size() - payload_filled_);
-      std::memcpy(payload_->data() + payload_filled_, in_.data() + in_begin_, take);
+      std::memcpy(payload_->data() + payload_filled_, in_.get() + in_begin_, take);
       copied_payload_bytes_ += take;
       payload_filled_ += take;
       in_begin_ += take;
@@ -70,14 +88,14 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
     }
     std::optional<FrameHeader> header;
     PSCORE_RETURN_IF_ERROR(
-        ParseHeader(std::string_view(in_.data() + in_begin_, avail), limits_, &header));
+        ParseHeader(std::string_view(in_.get() + in_begin_, avail), limits_, &header));
     if (!header) break;
     size_t head = kHeaderBytes + header->meta_len;
     if (avail < head) {
-      if (in_.size() - in_begin_ < head) Compact(head);
+      if (in_cap_ - in_begin_ < head) Compact(head);
       break;
     }
-    if (!meta_.ParseFromArray(in_.data() + in_begin_ + kHeaderBytes,
+    if (!meta_.ParseFromArray(in_.get() + in_begin_ + kHeaderBytes,
                               static_cast<int>(header->meta_len))) {
       return Status(Code::kProtocol, "unparsable meta (" + std::to_string(header->meta_len) +
                                          " bytes)");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -45,9 +46,15 @@ class FrameDecoder {
  private:
   Status DecodeBuffered(std::vector<Frame>* out);
   void Compact(size_t need);
+  void Reallocate(size_t capacity);
 
   Limits limits_;
-  std::vector<char> in_;
+  // Input buffer, not zero-filled: starts small (most connections carry small frames) and
+  // doubles, up to kMaxInput, whenever a read fills all the room it was given.
+  std::unique_ptr<char[]> in_;
+  size_t in_cap_ = 0;
+  size_t last_room_ = 0;   // room handed out by the last buffered ReadRegion
+  bool grow_ = false;      // the last buffered read filled its room
   size_t in_begin_ = 0;  // first unconsumed byte
   size_t in_end_ = 0;    // one past the last received byte
   // Set while a payload is being received.

@@ -144,9 +144,7 @@ Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
   }
   Result<int> rank = PickRank(req.role, req.requested_rank);
   if (!rank.ok()) return rank.status();
-  NodeRecord rec;
-  rec.node_id = req.node_id;
-  rec.role = req.role;
+  NodeRecord& rec = AddNode(req.node_id, req.role);
   rec.rank = *rank;
   rec.ip = req.ip;
   rec.port = req.port;
@@ -154,9 +152,8 @@ Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
   rec.devices = SortedDevices(req.devices);
   rec.host_name = req.host_name;
   rec.last_heartbeat = clock_->Now();
-  nodes_[req.node_id] = std::move(rec);
   if (scaling_) op_.added.insert(req.node_id);
-  VLOG(1) << "registered " << Label(nodes_[req.node_id]);
+  VLOG(1) << "registered " << Label(rec);
   AfterAdmit();
   RegisterOutcome out;
   out.rank = *rank;
@@ -362,9 +359,24 @@ std::vector<Event> ClusterManager::TakeEvents() {
 }
 
 int ClusterManager::registered(pb::NodeRole role) const {
-  int n = 0;
-  for (const auto& [id, rec] : nodes_) n += rec.role == role ? 1 : 0;
-  return n;
+  return role >= 0 && role < 4 ? role_count_[role] : 0;
+}
+
+NodeRecord& ClusterManager::AddNode(const std::string& node_id, pb::NodeRole role) {
+  auto [it, added] = nodes_.try_emplace(node_id);
+  if (!added && it->second.role >= 0 && it->second.role < 4) --role_count_[it->second.role];
+  it->second = NodeRecord();
+  it->second.node_id = node_id;
+  it->second.role = role;
+  if (role >= 0 && role < 4) ++role_count_[role];
+  return it->second;
+}
+
+void ClusterManager::RemoveNode(const std::string& node_id) {
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return;
+  if (it->second.role >= 0 && it->second.role < 4) --role_count_[it->second.role];
+  nodes_.erase(it);
 }
 
 int ClusterManager::Total(pb::NodeRole role) const {

@@ -212,6 +212,11 @@ class ClusterManager {
   bool scaling_ = false;
   ScaleOp op_;
   std::map<std::string, NodeRecord> nodes_;  // by node_id; pointers stay valid until removal
+  // Records in nodes_ by role (a record's role never changes), so registered() is O(1):
+  // it runs several times per registration. Kept by AddNode / RemoveNode.
+  int role_count_[4] = {0, 0, 0, 0};
+  NodeRecord& AddNode(const std::string& node_id, pb::NodeRole role);
+  void RemoveNode(const std::string& node_id);
   std::vector<Event> events_;
 };
 

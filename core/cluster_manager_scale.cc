@@ -172,7 +172,7 @@ void ClusterManager::CompleteScaleIn() {
     if (rec->leaving) {
       Emit(Event::Kind::kNodeLeft, rec);
       const std::string id = rec->node_id;
-      nodes_.erase(id);  // other records' pointers stay valid in a std::map
+      RemoveNode(id);  // other records' pointers stay valid in a std::map
     } else {
       rec->rank = next_rank[rec->role]++;
     }
@@ -195,7 +195,7 @@ void ClusterManager::EndScale() {
 // Undoes the running scale operation: nodes it added are dropped, leaving nodes stay, the
 // old totals return. Old ranks never moved, so only the topology is recomputed.
 void ClusterManager::Rollback(const std::string& reason) {
-  for (const std::string& id : op_.added) nodes_.erase(id);
+  for (const std::string& id : op_.added) RemoveNode(id);
   for (auto& [id, rec] : nodes_) rec.leaving = false;
   worker_num_ = op_.old_worker_num;
   server_num_ = op_.old_server_num;

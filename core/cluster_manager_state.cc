@@ -64,9 +64,7 @@ Status ClusterManager::Restore(const pb::PersistedState& state) {
   }
   const TimePoint now = clock_->Now();
   for (const pb::PersistedNode& n : state.nodes()) {
-    NodeRecord& rec = nodes_[n.node_id()];
-    rec.node_id = n.node_id();
-    rec.role = n.role();
+    NodeRecord& rec = AddNode(n.node_id(), n.role());
     rec.rank = n.rank();
     rec.ip = n.ip();
     rec.port = n.port();
