@@ -156,15 +156,9 @@ Status Connection::Send(const pb::MessageMeta& meta, BufferPtr payload) {
   b.bytes += frame_bytes;
   queued_bytes_ += frame_bytes;
   if (transport_ != nullptr) transport_->CountOut(frame_bytes);
-  if (!flush_scheduled_) {
+  if (!flush_scheduled_ && transport_ != nullptr) {
     flush_scheduled_ = true;
-    std::weak_ptr<Transport*> alive = transport_ ? transport_->alive_token() : std::weak_ptr<Transport*>();
-    loop_->RunBeforePoll([this, id = id_, alive] {
-      // The connection (or its Transport) may be gone since: look it up again.
-      auto t = alive.lock();
-      if (!t || (*t)->Lookup(id) != this) return;
-      Flush();
-    });
+    transport_->QueueFlush(id_);  // one before-poll pass per loop iteration flushes them all
   }
   return Status::Ok();
 }

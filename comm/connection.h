@@ -49,10 +49,11 @@ class Connection {
   uint64_t queued_bytes() const { return queued_bytes_; }
   // Called by Transport when it goes away first: the close callback must not touch it.
   void Detach() { transport_ = nullptr; }
+  // Writes the frames queued since the last flush (Transport calls it before the loop polls).
+  void Flush();
 
  private:
   friend struct ConnectionCallbacks;  // libuv trampolines, defined in connection.cc
-  void Flush();
   void OnBytes(size_t n);
 
   Transport* transport_;

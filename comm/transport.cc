@@ -328,6 +328,24 @@ void Transport::SweepStalled() {
   }
 }
 
+void Transport::QueueFlush(ConnId id) {
+  to_flush_.push_back(id);
+  if (flush_queued_) return;
+  flush_queued_ = true;
+  loop_->RunBeforePoll([alive = alive_token()] {
+    auto t = alive.lock();
+    if (!t) return;
+    Transport* self = *t;
+    self->flush_queued_ = false;
+    self->flushing_.swap(self->to_flush_);
+    for (ConnId c : self->flushing_) {
+      // A connection closed since it queued is gone from the table: nothing to write.
+      if (Connection* conn = self->Lookup(c)) conn->Flush();
+    }
+    self->flushing_.clear();
+  });
+}
+
 Connection* Transport::Lookup(ConnId id) const {
   auto it = conns_.find(id);
   return it == conns_.end() ? nullptr : it->second.get();

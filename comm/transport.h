@@ -81,6 +81,8 @@ class Transport {
   void CountIn(size_t bytes, size_t frames) { stats_.bytes_in += bytes; stats_.frames_in += frames; }
   void CountOut(size_t bytes) { stats_.bytes_out += bytes; ++stats_.frames_out; }
   void CountProtocolError() { ++stats_.protocol_errors; }
+  // Connection `id` has frames queued: flush it before the loop next polls.
+  void QueueFlush(ConnId id);
   void DialerDone(Dialer* d);
 
  private:
@@ -111,6 +113,9 @@ class Transport {
   std::vector<Listener*> listeners_;
   std::vector<Dialer*> dialers_;
   ConnId next_id_ = 1;
+  std::vector<ConnId> to_flush_;   // connections with queued frames, in order of first Send
+  std::vector<ConnId> flushing_;   // the list being flushed (swapped, so no allocation per pass)
+  bool flush_queued_ = false;      // a before-poll pass is scheduled
   size_t num_accepted_ = 0;  // open accepted connections (against max_accepted_connections)
   TimePoint last_refusal_log_{};
   uint64_t stop_hook_ = 0;
