@@ -43,6 +43,8 @@ DEFINE_int32(max_connections, 10000, "Scheduler and server: accepted connections
              "closed at once with a log line (0: no cap).");
 DEFINE_int32(first_frame_timeout_ms, 30000, "Scheduler and server: an accepted connection that sends no whole frame "
              "within this long is closed (0: never).");
+DEFINE_string(data_dir, "", "Server: journal the parameter store in this directory (one per server) so a restart "
+              "with the same --node_id and directory gets its parameters back. Empty: memory only.");
 DEFINE_string(update_rule, "sum", "Server parameter store rule: assign, sum or sgd.");
 DEFINE_double(learning_rate, 0.1, "Learning rate of the sgd update rule.");
 // pscore-train (the demo job's worker) only.
@@ -196,6 +198,7 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   n.devices = ParseDevices(prog, FLAGS_devices);
   n.max_message_bytes = FLAGS_max_message_bytes;
   n.handler_threads = FLAGS_handler_threads;
+  n.data_dir = FLAGS_data_dir;
   n.max_connections = static_cast<size_t>(FLAGS_max_connections);
   n.first_frame_timeout = std::chrono::milliseconds(FLAGS_first_frame_timeout_ms);
   cl.auto_finish = FLAGS_auto_finish;

@@ -51,6 +51,10 @@ struct NodeOptions {
   uint64_t max_message_bytes = 256ull << 20;
   // Server handlers run on this many executor threads (0: on the loop thread).
   int handler_threads = 2;
+  // Server: journal the built-in parameter store here (node/server_journal.h), so a
+  // restart with the same directory (and node_id) gets the parameters back. One directory
+  // per server. Empty: parameters live in memory only.
+  std::string data_dir;
   std::string cluster_token;  // empty: no authentication
   // Accepted (peer) connections of a server: as SchedulerOptions.
   size_t max_connections = 10000;

@@ -64,6 +64,12 @@ void ServerNode::RegisterHandler(const std::string& name, DataHandler handler) {
 }
 
 Status ServerNode::StartRole() {
+  if (!options_.data_dir.empty()) {
+    journal_ = std::make_unique<ServerJournal>(options_.data_dir);
+    PSCORE_RETURN_IF_ERROR(journal_->Open(&store_));
+    LOG(INFO) << "server " << options_.node_id << ": parameters journaled in " << journal_->path() << " ("
+              << journal_->restored_keys() << " keys restored)";
+  }
   Result<int> port = messenger().transport().Listen(options_.host, options_.port);
   if (!port.ok()) return port.status();
   listen_port_ = *port;
@@ -180,9 +186,24 @@ void ServerNode::HandlePush(const DataRequest& req, Responder r) {
   if (!view.ok()) return r.Fail(view.status());
   std::shared_lock<std::shared_mutex> lock(view_mu_);
   PSCORE_RETURN_IF_ERROR_RESPOND(CheckOwned(view->keys, view->num_keys), r);
-  Status st = store_.Push(view->keys, view->lens, view->values, view->num_keys);
+  Status st = Journaled(core::JournalOp::kPush, std::string_view(data, size), [&] {
+    return store_.Push(view->keys, view->lens, view->values, view->num_keys);
+  });
   if (!st.ok()) return r.Fail(st);
   r.Reply(nullptr);
+}
+
+Status ServerNode::Journaled(core::JournalOp op, std::string_view body, const std::function<Status()>& apply) {
+  if (!journal_) return apply();
+  std::lock_guard<std::mutex> lock(journal_mu_);
+  Status logged = journal_->Append(op, body);
+  if (!logged.ok()) {
+    LOG(ERROR) << "server " << options_.node_id << ": " << logged;
+    return Status(Code::kUnavailable, "server " + options_.node_id + " cannot journal the change: " + logged.message());
+  }
+  Status st = apply();
+  journal_->MaybeCompact();
+  return st;
 }
 
 void ServerNode::HandlePull(const DataRequest& req, Responder r) {

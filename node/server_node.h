@@ -7,14 +7,17 @@
 
 #include <future>
 #include <map>
+#include <mutex>
 #include <shared_mutex>
 #include <memory>
 #include <string>
 #include <unordered_map>
 
+#include "core/param_journal.h"
 #include "core/param_store.h"
 #include "node/executor.h"
 #include "node/node.h"
+#include "node/server_journal.h"
 
 namespace pscore::node {
 
@@ -95,7 +98,14 @@ class ServerNode : public Node {
                    int n, std::function<void()> done);
   Responder MakeResponder(comm::ConnId conn, const pb::MessageMeta& meta);
 
+  // Applies one store change, journaled first when options_.data_dir is set (the journal
+  // lock orders records as the changes are applied). An append error is returned and
+  // nothing is applied.
+  Status Journaled(core::JournalOp op, std::string_view body, const std::function<Status()>& apply);
+
   core::ParamStore store_;
+  std::unique_ptr<ServerJournal> journal_;
+  std::mutex journal_mu_;
   std::unique_ptr<Executor> executor_;
   std::unordered_map<int, DataHandler> by_cmd_;
   std::unordered_map<std::string, DataHandler> by_name_;

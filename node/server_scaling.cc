@@ -44,11 +44,15 @@ void ServerNode::HandleMigrate(const DataRequest& req, Responder r) {
   size_t size = req.payload ? req.payload->size() : 0;
   Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
   if (!view.ok()) return r.Fail(view.status());
-  const float* p = view->values;
-  for (size_t i = 0; i < view->num_keys; ++i) {
-    store_.Insert(view->keys[i], std::vector<float>(p, p + view->lens[i]));
-    p += view->lens[i];
-  }
+  Status st = Journaled(core::JournalOp::kInsert, std::string_view(data, size), [&] {
+    const float* p = view->values;
+    for (size_t i = 0; i < view->num_keys; ++i) {
+      store_.Insert(view->keys[i], std::vector<float>(p, p + view->lens[i]));
+      p += view->lens[i];
+    }
+    return Status::Ok();
+  });
+  if (!st.ok()) return r.Fail(st);
   r.Reply(nullptr);
 }
 
@@ -71,7 +75,12 @@ void ServerNode::RefreshView() {
   }
   // Stable under this view: entries moved away (or copied here by a rolled-back
   // operation) are no longer needed here.
-  size_t dropped = store_.ExtractNotOwned(rank, n, /*erase=*/true).size();
+  size_t dropped = 0;
+  Status st = Journaled(core::JournalOp::kDrop, core::EncodeJournalDrop(rank, n), [&] {
+    dropped = store_.ExtractNotOwned(rank, n, /*erase=*/true).size();
+    return Status::Ok();
+  });
+  if (!st.ok()) LOG(ERROR) << "server " << options_.node_id << ": entries owned elsewhere kept: " << st;
   if (changed || dropped > 0) {
     LOG(INFO) << "server " << options_.node_id << " serves key range " << rank << "/" << n
               << (dropped ? " (dropped " + std::to_string(dropped) + " keys owned elsewhere)" : "");

@@ -1,0 +1,119 @@
+#include "core/param_journal.h"
+
+#include <cstring>
+
+#include "core/buffer.h"
+#include "core/kv_codec.h"
+#include "core/state_file.h"
+
+namespace pscore::core {
+namespace {
+
+void PutLe(uint64_t v, size_t bytes, char* out) {
+  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+uint64_t GetLe(const char* in, size_t bytes) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in[i])) << (8 * i);
+  return v;
+}
+
+// The checksum covers the op byte and the body, so a flipped op is caught too.
+uint32_t RecordCrc(uint8_t op, std::string_view body) {
+  std::string covered(1, static_cast<char>(op));
+  covered.append(body);
+  return Crc32(covered.data(), covered.size());
+}
+
+bool KnownOp(uint8_t op) { return op >= 1 && op <= 3; }
+
+}  // namespace
+
+std::string JournalFileHeader() {
+  std::string out(kJournalFileHeaderBytes, '\0');
+  PutLe(kJournalMagic, 4, &out[0]);
+  PutLe(kJournalVersion, 4, &out[4]);
+  return out;
+}
+
+std::string JournalRecordHeader(JournalOp op, std::string_view body) {
+  std::string out(kJournalRecordHeaderBytes, '\0');
+  out[0] = static_cast<char>(op);
+  PutLe(body.size(), 4, &out[1]);
+  PutLe(RecordCrc(static_cast<uint8_t>(op), body), 4, &out[5]);
+  return out;
+}
+
+std::string EncodeJournalDrop(int rank, int num_servers) {
+  std::string out(8, '\0');
+  PutLe(static_cast<uint32_t>(rank), 4, &out[0]);
+  PutLe(static_cast<uint32_t>(num_servers), 4, &out[4]);
+  return out;
+}
+
+Result<ParsedJournal> ParseJournal(std::string_view bytes) {
+  if (bytes.size() < kJournalFileHeaderBytes) {
+    return Status(Code::kInvalidArgument, "journal shorter than its header (" + std::to_string(bytes.size()) + " bytes)");
+  }
+  if (GetLe(bytes.data(), 4) != kJournalMagic) return Status(Code::kInvalidArgument, "not a journal (bad magic)");
+  const uint64_t version = GetLe(bytes.data() + 4, 4);
+  if (version != kJournalVersion) {
+    return Status(Code::kInvalidArgument, "journal format version " + std::to_string(version) +
+                                              " (this build reads " + std::to_string(kJournalVersion) + ")");
+  }
+  ParsedJournal out;
+  size_t at = kJournalFileHeaderBytes;
+  while (at < bytes.size()) {
+    if (bytes.size() - at < kJournalRecordHeaderBytes) break;  // torn header
+    const uint8_t op = static_cast<uint8_t>(bytes[at]);
+    const uint64_t len = GetLe(bytes.data() + at + 1, 4);
+    const uint32_t crc = static_cast<uint32_t>(GetLe(bytes.data() + at + 5, 4));
+    if (!KnownOp(op) || len > kMaxJournalBodyBytes) {
+      return Status(Code::kInvalidArgument, "damaged journal record at offset " + std::to_string(at) +
+                                                " (op " + std::to_string(op) + ", length " + std::to_string(len) + ")");
+    }
+    if (bytes.size() - at - kJournalRecordHeaderBytes < len) break;  // torn body
+    std::string_view body = bytes.substr(at + kJournalRecordHeaderBytes, len);
+    if (RecordCrc(op, body) != crc) {
+      return Status(Code::kInvalidArgument, "journal record at offset " + std::to_string(at) + " fails its checksum");
+    }
+    out.records.push_back(JournalRecord{static_cast<JournalOp>(op), body});
+    at += kJournalRecordHeaderBytes + len;
+  }
+  out.valid_bytes = at;
+  return out;
+}
+
+Status ReplayJournal(const std::vector<JournalRecord>& records, ParamStore* store) {
+  for (size_t i = 0; i < records.size(); ++i) {
+    const JournalRecord& r = records[i];
+    if (r.op == JournalOp::kDrop) {
+      if (r.body.size() != 8) {
+        return Status(Code::kInvalidArgument, "journal record " + std::to_string(i) + ": drop body of " +
+                                                  std::to_string(r.body.size()) + " bytes");
+      }
+      const int rank = static_cast<int32_t>(GetLe(r.body.data(), 4));
+      const int n = static_cast<int32_t>(GetLe(r.body.data() + 4, 4));
+      store->ExtractNotOwned(rank, n, /*erase=*/true);
+      continue;
+    }
+    BufferPtr aligned = Buffer::Copy(r.body.data(), r.body.size());  // the decoder wants 8-byte alignment
+    Result<KvView> view = DecodeKvPairs(aligned->data(), aligned->size(), /*expect_values=*/true);
+    if (!view.ok()) {
+      return Status(Code::kInvalidArgument, "journal record " + std::to_string(i) + ": " + view.status().message());
+    }
+    if (r.op == JournalOp::kPush) {
+      store->Push(view->keys, view->lens, view->values, view->num_keys).IgnoreError();  // as when served
+      continue;
+    }
+    const float* p = view->values;
+    for (size_t k = 0; k < view->num_keys; ++k) {
+      store->Insert(view->keys[k], std::vector<float>(p, p + view->lens[k]));
+      p += view->lens[k];
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace pscore::core

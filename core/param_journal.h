@@ -1,0 +1,65 @@
+// Parameter journal codec: the ordered record of every change a server made to its
+// ParamStore, so a server killed and restarted with the same data directory gets its
+// parameters back (node/server_journal.h does the file I/O). Pure functions, any thread.
+//
+// File layout (little-endian):
+//   | magic u32 "PSJL" | version u32 |                                   8 bytes, once
+//   | op u8 | body_len u32 | crc32(op byte + body) u32 | body |           per record
+// Bodies: kPush and kInsert carry a kv-pairs request (core/kv_codec.h) with values;
+// kDrop carries | rank i32 | num_servers i32 |.
+//
+// Records are appended whole, in the order the changes were applied, so only the last
+// record can be torn (a process killed mid-append). A torn tail is cut off; a complete
+// record with a wrong checksum, an unknown op or an undecodable body is damage, reported
+// with its offset.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/param_store.h"
+#include "core/status.h"
+
+namespace pscore::core {
+
+inline constexpr uint32_t kJournalMagic = 0x4C4A5350;  // "PSJL" read as little-endian bytes
+inline constexpr uint32_t kJournalVersion = 1;
+inline constexpr size_t kJournalFileHeaderBytes = 8;
+inline constexpr size_t kJournalRecordHeaderBytes = 9;
+inline constexpr uint32_t kMaxJournalBodyBytes = 1u << 31;
+
+enum class JournalOp : uint8_t {
+  kPush = 1,    // ParamStore::Push of the body's keys, lens and values
+  kInsert = 2,  // ParamStore::Insert of each of the body's entries (migration, compaction)
+  kDrop = 3,    // ParamStore::ExtractNotOwned(rank, num_servers, erase = true)
+};
+
+struct JournalRecord {
+  JournalOp op;
+  std::string_view body;  // points into the parsed bytes
+};
+
+// The 8-byte file header.
+std::string JournalFileHeader();
+// The 9-byte header of a record whose body is `body`; write the body right after it.
+std::string JournalRecordHeader(JournalOp op, std::string_view body);
+// Body of a kDrop record.
+std::string EncodeJournalDrop(int rank, int num_servers);
+
+struct ParsedJournal {
+  std::vector<JournalRecord> records;
+  size_t valid_bytes = 0;  // file header + whole records; anything after is a torn tail
+};
+
+// Parses a whole journal file. kInvalidArgument names what is damaged and where.
+Result<ParsedJournal> ParseJournal(std::string_view bytes);
+
+// Applies the records in order to `store`. A push record is applied exactly as it was
+// when served (a key of the wrong length is skipped again, the others applied).
+// kInvalidArgument when a body does not decode (the record index is named).
+Status ReplayJournal(const std::vector<JournalRecord>& records, ParamStore* store);
+
+}  // namespace pscore::core
