@@ -94,7 +94,16 @@ void ServerNode::OnScaleOutReady(const pb::SendMetadataMessage& md, std::functio
     old_member = view_n_ > 0;
   }
   if (!old_member) {
-    // A new server: it receives entries; workers send nothing until READY.
+    // A new server: it receives entries; workers send nothing until READY. Entries it
+    // restored from a journal of an earlier membership are stale: the owners send theirs.
+    if (size_t stale = store_.num_keys(); stale > 0) {
+      Status st = Journaled(core::JournalOp::kDrop, core::EncodeJournalDrop(-1, 1), [&] {
+        store_.ExtractNotOwned(-1, 1, /*erase=*/true);
+        return Status::Ok();
+      });
+      LOG(WARNING) << "server " << options_.node_id << " joins as a new server: dropped " << stale
+                   << " keys restored from an earlier membership" << (st.ok() ? "" : " (" + st.ToString() + ")");
+    }
     std::unique_lock<std::shared_mutex> lock(view_mu_);
     view_rank_ = md.rank_id();
     view_n_ = md.server_num();

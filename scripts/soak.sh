@@ -3,12 +3,12 @@
 # A scheduler (--state_dir), 2 servers and 2 soak_driver workers pushing +1 to 64 keys and
 # counting acknowledged pushes. Until the time is up, one fault at a time, at random:
 #   - SIGKILL a worker and restart it with the same --node_id;
+#   - SIGKILL a server and restart it with the same --node_id and --data_dir (its
+#     parameter journal: every acknowledged push must survive);
 #   - a scale-out to 3 servers (pscore-admin, a new server s2) and back (scale-in: s2
 #     hands its keys over and leaves);
 #   - once, SIGKILL the scheduler and restart it on the same port with its --state_dir.
-# Servers are never SIGKILLed: a killed server's parameters are lost (no replication yet),
-# which would make "lost updates = 0" meaningless; servers are exercised by the graceful
-# scale-out/in instead (docs/reliability.md, Soak). At the end the drivers stop, worker w0
+# At the end the drivers stop, worker w0
 # pulls every key and checks acknowledged <= value <= sent; the job is stopped.
 # Exit 0 only if no acknowledged update was lost (nor duplicated) and the job recovered
 # from every fault. BUILD_DIR (default build) selects the build tree; SOAK_SEED the RNG.
@@ -27,7 +27,7 @@ dir=$(mktemp -d "${TMPDIR:-/tmp}/pscore-soak-XXXXXX")
 RANDOM=${SOAK_SEED:-$$}
 timing=(--heartbeat_interval_ms=200 --heartbeat_timeout_ms=3000 --connect_timeout_ms=30000)
 declare -A pid=()
-faults=0 recoveries=0 scale_ops=0 failures=0 worker_kills=0 scheduler_restarts=0
+faults=0 recoveries=0 scale_ops=0 failures=0 worker_kills=0 server_kills=0 scheduler_restarts=0
 
 log() { echo "soak [$(date +%T)] $*"; }
 cleanup() {
@@ -52,7 +52,7 @@ start_scheduler() {
   port=$(cat "$dir/sched.port")
 }
 start_server() {
-  "$node" --role=server --node_id="$1" --scheduler_port="$port" --auto_finish=false "${timing[@]}" \
+  "$node" --role=server --node_id="$1" --scheduler_port="$port" --auto_finish=false --data_dir="$dir/$1.data" "${timing[@]}" \
     >>"$dir/$1.log" 2>&1 &
   pid[$1]=$!
 }
@@ -103,7 +103,17 @@ while [ $SECONDS -lt $end ]; do
     wait_ready 60 && recoveries=$((recoveries + 1)) && log "recovered: scheduler restarted from its state file"
     continue
   fi
-  case $((RANDOM % 3)) in
+  case $((RANDOM % 4)) in
+    3)
+      s=s$((RANDOM % 2))
+      log "fault: SIGKILL $s (pushes acked so far: $(acked))"
+      kill -KILL "${pid[$s]}"
+      wait "${pid[$s]}" 2>/dev/null || true
+      sleep 0.$((RANDOM % 10))
+      start_server "$s"
+      faults=$((faults + 1)) server_kills=$((server_kills + 1))
+      wait_ready 60 && recoveries=$((recoveries + 1)) && log "recovered: $s restarted from its journal"
+      ;;
     0 | 1)
       w=w$((RANDOM % 2))
       log "fault: SIGKILL $w (pushes acked so far: $(acked))"
@@ -154,7 +164,7 @@ done
 lost=$(sed -n 's/.*lost updates \([0-9]*\).*/\1/p' <<<"$check")
 echo "== soak summary ($minutes min, dir $dir)"
 echo "operations: $(acked) pushes acknowledged ($(cat "$dir"/w*.sent | wc -c) sent), $scale_ops scale operations"
-echo "faults injected: $faults ($worker_kills worker SIGKILLs, $scheduler_restarts scheduler SIGKILL+restart); servers are not SIGKILLed (no replication)"
+echo "faults injected: $faults ($worker_kills worker SIGKILLs, $server_kills server SIGKILLs, $scheduler_restarts scheduler SIGKILL+restart)"
 echo "recoveries: $recoveries of $faults; other failures: $failures"
 echo "${check:-soak check: no result (w0 exit $code)}"
 echo "lost updates = ${lost:-unknown}"
