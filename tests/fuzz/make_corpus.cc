@@ -11,6 +11,7 @@
 
 #include "comm/frame.h"
 #include "core/kv_codec.h"
+#include "core/param_journal.h"
 #include "core/state_file.h"
 #include "fuzz/dispatch_input.h"
 #include "node/server_node.h"
@@ -294,6 +295,24 @@ void StateSeeds() {
   added->set_rank(1);
   st.mutable_scale()->add_added("server-b");
   Write(t, "body_scaling", std::string(1, '\1') + st.SerializeAsString());
+  // Parameter journals (mode 2: a whole file; mode 3: records the harness frames).
+  const uint64_t keys[2] = {3, 9};
+  const uint32_t lens[2] = {2, 1};
+  const float values[3] = {1.0f, 2.0f, 3.0f};
+  pscore::BufferPtr push = pscore::core::EncodeKvPairs(keys, 2, lens, values, 3);
+  std::string body(push->data(), push->size());
+  body.resize((body.size() + 7) / 8 * 8, '\0');  // the framed mode takes bodies in 8-byte units
+  std::string journal = pscore::core::JournalFileHeader();
+  journal += pscore::core::JournalRecordHeader(pscore::core::JournalOp::kPush, body) + body;
+  journal += pscore::core::JournalRecordHeader(pscore::core::JournalOp::kInsert, body) + body;
+  const std::string drop = pscore::core::EncodeJournalDrop(0, 2);
+  journal += pscore::core::JournalRecordHeader(pscore::core::JournalOp::kDrop, drop) + drop;
+  Write(t, "journal_file", std::string(1, '\2') + journal);
+  std::string records;
+  records += std::string(1, '\0') + std::string(1, static_cast<char>(body.size() / 8)) + body;  // push
+  records += std::string(1, '\1') + std::string(1, static_cast<char>(body.size() / 8)) + body;  // insert
+  records += std::string(1, '\2') + std::string(1, '\1') + drop;                                // drop
+  Write(t, "journal_records", std::string(1, '\3') + records);
 }
 
 }  // namespace

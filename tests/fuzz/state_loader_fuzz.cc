@@ -7,6 +7,10 @@
 // A state that loads is restored into a fresh ClusterManager; the manager's own snapshot
 // must then serialize and load again, and a tick, metadata and a register must not fail
 // hard.
+// Mode with bit 1 set: the server's parameter journal loader (core/param_journal.h)
+// instead. Bit 0 clear: `rest` is a whole journal file. Bit 0 set: `rest` is a list of
+// [op u8][len u8][len*8 bytes of body] that the harness frames as records with correct
+// headers and checksums after a valid file header, so the replay gets fuzzed too.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -14,6 +18,8 @@
 
 #include "core/clock.h"
 #include "core/cluster_manager.h"
+#include "core/param_journal.h"
+#include "core/param_store.h"
 #include "core/state_file.h"
 
 namespace {
@@ -35,11 +41,37 @@ std::string Framed(std::string_view body) {
   return s;
 }
 
+std::string FramedJournal(std::string_view rest) {
+  std::string file = pscore::core::JournalFileHeader();
+  while (rest.size() >= 2) {
+    auto op = static_cast<pscore::core::JournalOp>(1 + static_cast<uint8_t>(rest[0]) % 3);
+    size_t len = std::min<size_t>(static_cast<uint8_t>(rest[1]) * 8u, rest.size() - 2);
+    std::string_view body = rest.substr(2, len);
+    file += pscore::core::JournalRecordHeader(op, body);
+    file.append(body.data(), body.size());
+    rest.remove_prefix(2 + len);
+  }
+  return file;
+}
+
+void FuzzJournal(uint8_t mode, std::string_view rest) {
+  std::string file = (mode & 1) ? FramedJournal(rest) : std::string(rest);
+  auto parsed = pscore::core::ParseJournal(file);
+  if (!parsed.ok()) return;
+  if (parsed->valid_bytes > file.size()) __builtin_trap();
+  pscore::core::ParamStore store({pscore::core::UpdateRule::kSum, 0.1f});
+  (void)pscore::core::ReplayJournal(parsed->records, &store);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
+  if (data[0] & 2) {
+    FuzzJournal(data[0], rest);
+    return 0;
+  }
   std::string file = (data[0] & 1) ? Framed(rest) : std::string(rest);
   auto state = pscore::core::ParseState(file);
   if (!state.ok()) return 0;
