@@ -89,6 +89,18 @@ class Collector {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, timeout, [&] { return !tables_.empty() && pred(tables_.back()); });
   }
+  // Waits until some table received after the first `from` satisfies pred (not only the
+  // newest: a later change may already have replaced it); false after the deadline.
+  template <typename Pred>
+  bool WaitForAnySince(size_t from, Pred pred, std::chrono::milliseconds timeout = 20s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] {
+      for (size_t i = from; i < tables_.size(); ++i) {
+        if (pred(tables_[i])) return true;
+      }
+      return false;
+    });
+  }
   bool WaitForTable(const std::string& table, std::chrono::milliseconds timeout = 20s) {
     return WaitFor([&](const std::string& t) { return t == table; }, timeout);
   }
