@@ -26,7 +26,7 @@ uint32_t RecordCrc(uint8_t op, std::string_view body) {
   return Crc32(covered.data(), covered.size());
 }
 
-bool KnownOp(uint8_t op) { return op >= 1 && op <= 3; }
+bool KnownOp(uint8_t op) { return op >= 1 && op <= 4; }
 
 }  // namespace
 
@@ -49,6 +49,12 @@ std::string EncodeJournalDrop(int rank, int num_servers) {
   std::string out(8, '\0');
   PutLe(static_cast<uint32_t>(rank), 4, &out[0]);
   PutLe(static_cast<uint32_t>(num_servers), 4, &out[4]);
+  return out;
+}
+
+std::string EncodeJournalDropKeys(const std::vector<uint64_t>& keys) {
+  std::string out(8 * keys.size(), '\0');
+  for (size_t i = 0; i < keys.size(); ++i) PutLe(keys[i], 8, &out[8 * i]);
   return out;
 }
 
@@ -96,6 +102,17 @@ Status ReplayJournal(const std::vector<JournalRecord>& records, ParamStore* stor
       const int rank = static_cast<int32_t>(GetLe(r.body.data(), 4));
       const int n = static_cast<int32_t>(GetLe(r.body.data() + 4, 4));
       store->ExtractNotOwned(rank, n, /*erase=*/true);
+      continue;
+    }
+    if (r.op == JournalOp::kDropKeys) {
+      if (r.body.size() % 8 != 0) {
+        return Status(Code::kInvalidArgument, "journal record " + std::to_string(i) + ": key-drop body of " +
+                                                  std::to_string(r.body.size()) + " bytes");
+      }
+      for (size_t at = 0; at < r.body.size(); at += 8) {
+        const uint64_t key = GetLe(r.body.data() + at, 8);
+        store->Erase(&key, 1);
+      }
       continue;
     }
     BufferPtr aligned = Buffer::Copy(r.body.data(), r.body.size());  // the decoder wants 8-byte alignment

@@ -6,7 +6,7 @@
 //   | magic u32 "PSJL" | version u32 |                                   8 bytes, once
 //   | op u8 | body_len u32 | crc32(op byte + body) u32 | body |           per record
 // Bodies: kPush and kInsert carry a kv-pairs request (core/kv_codec.h) with values;
-// kDrop carries | rank i32 | num_servers i32 |.
+// kDrop carries | rank i32 | num_servers i32 |; kDropKeys carries | key u64 |*.
 //
 // Records are appended whole, in the order the changes were applied, so only the last
 // record can be torn (a process killed mid-append). A torn tail is cut off; a complete
@@ -35,6 +35,7 @@ enum class JournalOp : uint8_t {
   kPush = 1,    // ParamStore::Push of the body's keys, lens and values
   kInsert = 2,  // ParamStore::Insert of each of the body's entries (migration, compaction)
   kDrop = 3,    // ParamStore::ExtractNotOwned(rank, num_servers, erase = true)
+  kDropKeys = 4,  // ParamStore::Erase of the body's keys
 };
 
 struct JournalRecord {
@@ -48,6 +49,8 @@ std::string JournalFileHeader();
 std::string JournalRecordHeader(JournalOp op, std::string_view body);
 // Body of a kDrop record.
 std::string EncodeJournalDrop(int rank, int num_servers);
+// Body of a kDropKeys record.
+std::string EncodeJournalDropKeys(const std::vector<uint64_t>& keys);
 
 struct ParsedJournal {
   std::vector<JournalRecord> records;

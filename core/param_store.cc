@@ -160,6 +160,27 @@ std::vector<std::pair<uint64_t, std::vector<float>>> ParamStore::ExtractNotOwned
   return out;
 }
 
+bool ParamStore::HasNotOwned(int rank, int num_servers) const {
+  if (num_servers <= 0) return false;
+  for (const Stripe& stripe : stripes_) {
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    for (const auto& entry : stripe.entries) {
+      if (ServerForKey(entry.first, num_servers) != rank) return true;
+    }
+  }
+  return false;
+}
+
+size_t ParamStore::Erase(const uint64_t* keys, size_t num_keys) {
+  size_t erased = 0;
+  for (size_t i = 0; i < num_keys; ++i) {
+    Stripe& stripe = StripeFor(keys[i]);
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    erased += stripe.entries.erase(keys[i]);
+  }
+  return erased;
+}
+
 void ParamStore::Insert(uint64_t key, std::vector<float> value) {
   Stripe& stripe = StripeFor(key);
   std::lock_guard<std::mutex> lock(stripe.mu);
@@ -171,6 +192,15 @@ void ParamStore::Clear() {
     std::lock_guard<std::mutex> lock(stripe.mu);
     stripe.entries.clear();
   }
+}
+
+std::vector<uint64_t> ParamStore::Keys() const {
+  std::vector<uint64_t> out;
+  for (const Stripe& stripe : stripes_) {
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    for (const auto& entry : stripe.entries) out.push_back(entry.first);
+  }
+  return out;
 }
 
 size_t ParamStore::num_keys() const {

@@ -67,11 +67,17 @@ class ParamStore {
   std::vector<std::pair<uint64_t, std::vector<float>>> ExtractNotOwned(int rank, int num_servers,
                                                                        bool erase);
 
+  // True when some entry's ServerForKey(key, num_servers) differs from `rank`.
+  bool HasNotOwned(int rank, int num_servers) const;
+
   // Stores `value` under `key`, replacing any previous value.
   void Insert(uint64_t key, std::vector<float> value);
+  // Removes the given keys (missing ones are fine); returns how many were present.
+  size_t Erase(const uint64_t* keys, size_t num_keys);
   void Clear();
 
   // Snapshots: exact when no other thread is writing.
+  std::vector<uint64_t> Keys() const;
   size_t num_keys() const;
   size_t num_floats() const;
 

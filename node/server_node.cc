@@ -69,6 +69,9 @@ Status ServerNode::StartRole() {
     PSCORE_RETURN_IF_ERROR(journal_->Open(&store_));
     LOG(INFO) << "server " << options_.node_id << ": parameters journaled in " << journal_->path() << " ("
               << journal_->restored_keys() << " keys restored)";
+    std::vector<uint64_t> keys = store_.Keys();
+    std::lock_guard<std::mutex> lock(journal_mu_);
+    restored_unconfirmed_.insert(keys.begin(), keys.end());
   }
   Result<int> port = messenger().transport().Listen(options_.host, options_.port);
   if (!port.ok()) return port.status();

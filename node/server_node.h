@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/param_journal.h"
 #include "core/param_store.h"
@@ -102,10 +103,16 @@ class ServerNode : public Node {
   // lock orders records as the changes are applied). An append error is returned and
   // nothing is applied.
   Status Journaled(core::JournalOp op, std::string_view body, const std::function<Status()>& apply);
+  // A server joining a scale-out as a new member: drops the restored entries no
+  // migration has overwritten (they belong to an earlier membership); returns how many.
+  size_t DropUnconfirmedRestored();
 
   core::ParamStore store_;
   std::unique_ptr<ServerJournal> journal_;
   std::mutex journal_mu_;
+  // Keys restored from the journal and not yet confirmed: by a view of this server as a
+  // member (RefreshView) or by a migration overwriting them (guarded by journal_mu_).
+  std::unordered_set<uint64_t> restored_unconfirmed_;
   std::unique_ptr<Executor> executor_;
   std::unordered_map<int, DataHandler> by_cmd_;
   std::unordered_map<std::string, DataHandler> by_name_;

@@ -49,6 +49,7 @@ void ServerNode::HandleMigrate(const DataRequest& req, Responder r) {
     for (size_t i = 0; i < view->num_keys; ++i) {
       store_.Insert(view->keys[i], std::vector<float>(p, p + view->lens[i]));
       p += view->lens[i];
+      if (journal_) restored_unconfirmed_.erase(view->keys[i]);  // journal_mu_ is held
     }
     return Status::Ok();
   });
@@ -73,14 +74,20 @@ void ServerNode::RefreshView() {
     view_rank_ = rank;
     view_n_ = n;
   }
+  if (journal_) {
+    std::lock_guard<std::mutex> lock(journal_mu_);
+    restored_unconfirmed_.clear();  // this server is a member with this view: they are its own
+  }
   // Stable under this view: entries moved away (or copied here by a rolled-back
   // operation) are no longer needed here.
   size_t dropped = 0;
-  Status st = Journaled(core::JournalOp::kDrop, core::EncodeJournalDrop(rank, n), [&] {
-    dropped = store_.ExtractNotOwned(rank, n, /*erase=*/true).size();
-    return Status::Ok();
-  });
-  if (!st.ok()) LOG(ERROR) << "server " << options_.node_id << ": entries owned elsewhere kept: " << st;
+  if (store_.HasNotOwned(rank, n)) {
+    Status st = Journaled(core::JournalOp::kDrop, core::EncodeJournalDrop(rank, n), [&] {
+      dropped = store_.ExtractNotOwned(rank, n, /*erase=*/true).size();
+      return Status::Ok();
+    });
+    if (!st.ok()) LOG(ERROR) << "server " << options_.node_id << ": entries owned elsewhere kept: " << st;
+  }
   if (changed || dropped > 0) {
     LOG(INFO) << "server " << options_.node_id << " serves key range " << rank << "/" << n
               << (dropped ? " (dropped " + std::to_string(dropped) + " keys owned elsewhere)" : "");
@@ -94,15 +101,12 @@ void ServerNode::OnScaleOutReady(const pb::SendMetadataMessage& md, std::functio
     old_member = view_n_ > 0;
   }
   if (!old_member) {
-    // A new server: it receives entries; workers send nothing until READY. Entries it
-    // restored from a journal of an earlier membership are stale: the owners send theirs.
-    if (size_t stale = store_.num_keys(); stale > 0) {
-      Status st = Journaled(core::JournalOp::kDrop, core::EncodeJournalDrop(-1, 1), [&] {
-        store_.ExtractNotOwned(-1, 1, /*erase=*/true);
-        return Status::Ok();
-      });
+    // A new server: it receives entries (some may have arrived already); workers send
+    // nothing until READY. Entries it restored from a journal of an earlier membership
+    // and no owner has sent again are stale.
+    if (size_t stale = DropUnconfirmedRestored(); stale > 0) {
       LOG(WARNING) << "server " << options_.node_id << " joins as a new server: dropped " << stale
-                   << " keys restored from an earlier membership" << (st.ok() ? "" : " (" + st.ToString() + ")");
+                   << " keys restored from an earlier membership";
     }
     std::unique_lock<std::shared_mutex> lock(view_mu_);
     view_rank_ = md.rank_id();
@@ -113,6 +117,22 @@ void ServerNode::OnScaleOutReady(const pb::SendMetadataMessage& md, std::functio
   }
   // Scale-out keeps existing ranks: the new owner's rank is its rank in md.
   MoveKeys(md.rank_id(), md.server_num(), [](int r) { return r; }, std::move(done));
+}
+
+size_t ServerNode::DropUnconfirmedRestored() {
+  if (!journal_) return 0;
+  std::lock_guard<std::mutex> lock(journal_mu_);
+  if (restored_unconfirmed_.empty()) return 0;
+  std::vector<uint64_t> keys(restored_unconfirmed_.begin(), restored_unconfirmed_.end());
+  restored_unconfirmed_.clear();
+  Status logged = journal_->Append(core::JournalOp::kDropKeys, core::EncodeJournalDropKeys(keys));
+  if (!logged.ok()) {
+    LOG(ERROR) << "server " << options_.node_id << ": stale restored entries kept: " << logged;
+    return 0;
+  }
+  size_t dropped = store_.Erase(keys.data(), keys.size());
+  journal_->MaybeCompact();
+  return dropped;
 }
 
 void ServerNode::OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) {

@@ -78,6 +78,30 @@ TEST_CASE("journal: a drop record removes the entries another server owns", "[co
   for (uint64_t k : keys) CHECK(Get(replayed, k) == Get(direct, k));
 }
 
+TEST_CASE("journal: a key-drop record removes exactly its keys, missing ones too", "[core][journal]") {
+  std::string f = JournalFileHeader();
+  Add(&f, JournalOp::kInsert, KvBody({1, 2, 3}, {1, 1, 1}, {10, 20, 30}));
+  Add(&f, JournalOp::kDropKeys, EncodeJournalDropKeys({1, 3, 99}));
+  Add(&f, JournalOp::kInsert, KvBody({3}, {1}, {31}));
+  Result<ParsedJournal> parsed = ParseJournal(f);
+  REQUIRE(parsed.ok());
+  REQUIRE(parsed->records.size() == 3);
+  ParamStore store({UpdateRule::kSum, 0.1f});
+  REQUIRE(ReplayJournal(parsed->records, &store).ok());
+  CHECK(Get(store, 1).empty());
+  CHECK(Get(store, 2) == std::vector<float>{20});
+  CHECK(Get(store, 3) == std::vector<float>{31});
+  CHECK(store.num_keys() == 2);
+
+  std::string bad = JournalFileHeader();
+  Add(&bad, JournalOp::kDropKeys, std::string(12, '\0'));
+  Result<ParsedJournal> p = ParseJournal(bad);
+  REQUIRE(p.ok());
+  Status st = ReplayJournal(p->records, &store);
+  CHECK(st.code() == Code::kInvalidArgument);
+  CHECK_THAT(st.message(), Catch::Contains("key-drop body of 12 bytes"));
+}
+
 TEST_CASE("journal: every truncation parses to a prefix of the records, the torn rest cut", "[core][journal]") {
   const std::string f = SampleJournal();
   Result<ParsedJournal> whole = ParseJournal(f);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -186,6 +187,26 @@ TEST_CASE("two-step pull gives lengths then the values back to back", "[core][pa
   uint64_t missing = 8;
   CHECK(store.Lens(&missing, 1, got.data()).code() == Code::kNotFound);
   CHECK(store.CopyValues(&missing, 1, out.data()).code() == Code::kNotFound);
+}
+
+TEST_CASE("Erase, Keys and HasNotOwned agree with ExtractNotOwned", "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  for (uint64_t k = 0; k < 32; ++k) store.Insert(k, {static_cast<float>(k)});
+  CHECK(store.Keys().size() == 32);
+  CHECK(store.HasNotOwned(0, 2));
+  CHECK_FALSE(store.HasNotOwned(0, 1));
+  CHECK(store.HasNotOwned(-1, 1));
+  CHECK_FALSE(store.HasNotOwned(0, 0));
+  std::vector<uint64_t> gone = {3, 5, 77};
+  CHECK(store.Erase(gone.data(), gone.size()) == 2);
+  CHECK(store.num_keys() == 30);
+  std::vector<uint64_t> keys = store.Keys();
+  std::sort(keys.begin(), keys.end());
+  CHECK(std::find(keys.begin(), keys.end(), 3) == keys.end());
+  CHECK(std::find(keys.begin(), keys.end(), 4) != keys.end());
+  store.ExtractNotOwned(1, 2, /*erase=*/true);
+  CHECK_FALSE(store.HasNotOwned(1, 2));
+  CHECK(store.num_keys() > 0);
 }
 
 }  // namespace pscore::core

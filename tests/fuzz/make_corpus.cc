@@ -307,11 +307,14 @@ void StateSeeds() {
   journal += pscore::core::JournalRecordHeader(pscore::core::JournalOp::kInsert, body) + body;
   const std::string drop = pscore::core::EncodeJournalDrop(0, 2);
   journal += pscore::core::JournalRecordHeader(pscore::core::JournalOp::kDrop, drop) + drop;
+  const std::string drop_keys = pscore::core::EncodeJournalDropKeys({3});
+  journal += pscore::core::JournalRecordHeader(pscore::core::JournalOp::kDropKeys, drop_keys) + drop_keys;
   Write(t, "journal_file", std::string(1, '\2') + journal);
   std::string records;
   records += std::string(1, '\0') + std::string(1, static_cast<char>(body.size() / 8)) + body;  // push
   records += std::string(1, '\1') + std::string(1, static_cast<char>(body.size() / 8)) + body;  // insert
   records += std::string(1, '\2') + std::string(1, '\1') + drop;                                // drop
+  records += std::string(1, '\3') + std::string(1, '\1') + drop_keys;                           // drop keys
   Write(t, "journal_records", std::string(1, '\3') + records);
 }
 

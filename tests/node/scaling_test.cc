@@ -4,6 +4,9 @@
 #include <thread>
 
 #include "core/key_range.h"
+#include "core/kv_codec.h"
+#include "multiproc/process.h"
+#include "node/server_journal.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
 #include "node/worker_node.h"
@@ -132,6 +135,70 @@ TEST_CASE("scale-out 2->4 servers while pushing loses no update and keeps old ra
       std::vector<float> vals;
       bool has = s->store().Pull(&k, 1, &lens, &vals).ok();
       CHECK(has == (core::ServerForKey(k, 4) == s->rank()));
+    }
+  }
+  worker.Stop();
+  for (auto& s : servers) s->Stop();
+  sched.Stop();
+}
+
+TEST_CASE("a new server whose data dir holds an earlier membership's entries keeps only what the owners send",
+          "[node][net][scale][journal]") {
+  // The journal of an earlier life: every pushed key with a stale value, and keys no
+  // server of this job has.
+  testing::TempDir dir;
+  REQUIRE(!dir.path().empty());
+  std::vector<uint64_t> stale_keys;
+  for (uint64_t k = 0; k < 64; ++k) stale_keys.push_back(k);
+  for (uint64_t k = 5000; k < 5016; ++k) stale_keys.push_back(k);
+  {
+    core::ParamStore scratch(core::ParamStore::Options{});
+    ServerJournal journal(dir.path());
+    REQUIRE(journal.Open(&scratch).ok());
+    std::vector<uint32_t> lens(stale_keys.size(), 4);
+    std::vector<float> values(stale_keys.size() * 4, 1000.0f);
+    BufferPtr body = core::EncodeKvPairs(stale_keys.data(), stale_keys.size(), lens.data(), values.data(),
+                                         values.size());
+    REQUIRE(journal.Append(core::JournalOp::kInsert, std::string_view(body->data(), body->size())).ok());
+  }
+
+  SchedulerNode sched(Sched(1, 2));
+  REQUIRE(sched.Start().ok());
+  std::vector<std::unique_ptr<ServerNode>> servers;
+  for (int i = 0; i < 2; ++i) {
+    servers.push_back(std::make_unique<ServerNode>(Opts(pb::SERVER, sched.port(), "s" + std::to_string(i))));
+    REQUIRE(servers.back()->Start().ok());
+  }
+  WorkerNode worker(Opts(pb::WORKER, sched.port(), "w0"));
+  REQUIRE(worker.Start().ok());
+  REQUIRE(worker.WaitForReady(10s).ok());
+
+  Pusher pusher;
+  pusher.worker = &worker;
+  for (uint64_t k = 0; k < 64; ++k) pusher.keys.push_back(k);
+  pusher.Start();
+  std::this_thread::sleep_for(100ms);
+
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(1);
+  req.set_server_num(3);
+  REQUIRE(AdminOp(sched, req).ok());
+  NodeOptions o = Opts(pb::SERVER, sched.port(), "s2");
+  o.data_dir = dir.path();
+  servers.push_back(std::make_unique<ServerNode>(o));
+  REQUIRE(servers.back()->Start().ok());
+  REQUIRE(WaitState(sched, pb::CLUSTER_READY, 15s));
+  std::this_thread::sleep_for(200ms);
+  pusher.Stop();
+  CHECK(pusher.failed == 0);
+  REQUIRE(pusher.acked > 0);
+  CheckSums(worker, pusher.keys, pusher.acked);
+  for (auto& s : servers) {
+    for (uint64_t k = 5000; k < 5016; ++k) {
+      std::vector<uint32_t> lens;
+      std::vector<float> vals;
+      CHECK_FALSE(s->store().Pull(&k, 1, &lens, &vals).ok());
     }
   }
   worker.Stop();
