@@ -3,6 +3,7 @@
 #include <uv.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "comm/event_loop.h"
 #include "comm/transport.h"
@@ -11,12 +12,13 @@
 namespace pscore::comm {
 
 // All frames queued in one loop iteration go out in one uv_write (writev): header+meta
-// bytes are owned here, payloads are referenced until the write completes.
+// bytes (and payloads of at most kInlinePayloadBytes) are owned here, larger payloads are
+// referenced until the write completes.
 struct WriteBatch {
   uv_write_t req;
   Connection* conn = nullptr;
   std::string head;                    // headers and metas back to back
-  std::vector<std::pair<size_t, size_t>> head_spans;  // (offset, len) per frame
+  std::vector<std::pair<size_t, size_t>> head_spans;  // (offset, len) per frame, back to back
   std::vector<BufferPtr> payloads;     // per frame; null when empty
   uint64_t bytes = 0;
 };
@@ -121,17 +123,45 @@ void Connection::OnBytes(size_t n) {
 }
 
 Status Connection::Send(const pb::MessageMeta& meta, BufferPtr payload) {
+  const uint64_t data_len = payload ? payload->size() : 0;
+  const bool inline_payload = data_len <= kInlinePayloadBytes;
+  Status st;
+  char* room = Append(meta, data_len, inline_payload ? data_len : 0, inline_payload ? nullptr : payload, &st);
+  if (room == nullptr) return st;
+  if (inline_payload && data_len > 0) std::memcpy(room, payload->data(), data_len);
+  return Status::Ok();
+}
+
+Status Connection::Send(const pb::MessageMeta& meta, const google::protobuf::MessageLite& body) {
+  const size_t data_len = body.ByteSizeLong();
+  if (data_len > kInlinePayloadBytes) {
+    BufferPtr payload = Buffer::Allocate(data_len);
+    body.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(payload->data()));
+    return Send(meta, std::move(payload));
+  }
+  Status st;
+  char* room = Append(meta, data_len, data_len, nullptr, &st);
+  if (room == nullptr) return st;
+  body.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(room));
+  return Status::Ok();
+}
+
+char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t inline_bytes, BufferPtr payload,
+                         Status* st) {
   DCHECK(loop_->InLoopThread());
-  if (closing_) return Status(Code::kUnavailable, "connection " + std::to_string(id_) + " closed");
+  if (closing_) {
+    *st = Status(Code::kUnavailable, "connection " + std::to_string(id_) + " closed");
+    return nullptr;
+  }
   size_t meta_len = meta.ByteSizeLong();
-  uint64_t data_len = payload ? payload->size() : 0;
   if (meta_len > options_.limits.max_meta_bytes) {
-    return Status(Code::kInvalidArgument, "meta of " + std::to_string(meta_len) + " bytes over limit");
+    *st = Status(Code::kInvalidArgument, "meta of " + std::to_string(meta_len) + " bytes over limit");
+    return nullptr;
   }
   if (data_len > options_.limits.max_message_bytes) {
-    return Status(Code::kInvalidArgument, "payload of " + std::to_string(data_len) +
-                                              " bytes > max_message_bytes " +
-                                              std::to_string(options_.limits.max_message_bytes));
+    *st = Status(Code::kInvalidArgument, "payload of " + std::to_string(data_len) + " bytes > max_message_bytes " +
+                                             std::to_string(options_.limits.max_message_bytes));
+    return nullptr;
   }
   uint64_t frame_bytes = kHeaderBytes + meta_len + data_len;
   if (queued_bytes_ + frame_bytes > options_.max_queued_write_bytes) {
@@ -140,19 +170,21 @@ Status Connection::Send(const pb::MessageMeta& meta, BufferPtr payload) {
                    " bytes queued, cap " + std::to_string(options_.max_queued_write_bytes));
     LOG(WARNING) << "conn " << id_ << ": " << why;
     Close(why);
-    return why;
+    *st = why;
+    return nullptr;
   }
   if (!pending_) {
     pending_ = spare_ ? std::move(spare_) : std::make_unique<WriteBatch>();
     pending_->conn = this;
   }
   WriteBatch& b = *pending_;
+  const size_t head_len = kHeaderBytes + meta_len + inline_bytes;
   size_t off = b.head.size();
-  b.head.resize(off + kHeaderBytes + meta_len);
+  b.head.resize(off + head_len);
   StoreHeader(FrameHeader{kMagic, static_cast<uint32_t>(meta_len), data_len}, &b.head[off]);
   meta.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&b.head[off + kHeaderBytes]));
-  b.head_spans.emplace_back(off, kHeaderBytes + meta_len);
-  b.payloads.push_back(data_len ? std::move(payload) : nullptr);
+  b.head_spans.emplace_back(off, head_len);
+  b.payloads.push_back(std::move(payload));
   b.bytes += frame_bytes;
   queued_bytes_ += frame_bytes;
   if (transport_ != nullptr) transport_->CountOut(frame_bytes);
@@ -160,7 +192,7 @@ Status Connection::Send(const pb::MessageMeta& meta, BufferPtr payload) {
     flush_scheduled_ = true;
     transport_->QueueFlush(id_);  // one before-poll pass per loop iteration flushes them all
   }
-  return Status::Ok();
+  return &b.head[off + kHeaderBytes + meta_len];
 }
 
 void Connection::Flush() {
@@ -171,7 +203,11 @@ void Connection::Flush() {
   bufs.clear();
   for (size_t i = 0; i < batch->head_spans.size(); ++i) {
     auto [off, len] = batch->head_spans[i];
-    bufs.push_back(uv_buf_init(&batch->head[off], static_cast<unsigned>(len)));
+    if (!bufs.empty() && bufs.back().base + bufs.back().len == &batch->head[off]) {
+      bufs.back().len += len;  // head bytes follow head bytes (no payload between): one iovec
+    } else {
+      bufs.push_back(uv_buf_init(&batch->head[off], static_cast<unsigned>(len)));
+    }
     const BufferPtr& p = batch->payloads[i];
     if (p) bufs.push_back(uv_buf_init(const_cast<char*>(p->data()), static_cast<unsigned>(p->size())));
   }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <google/protobuf/message_lite.h>
+
 #include "comm/frame_decoder.h"
 #include "comm/transport_types.h"
 #include "core/buffer.h"
@@ -23,6 +25,9 @@ class EventLoop;
 class Transport;
 struct WriteBatch;
 
+// Payloads up to this size are copied into the write batch (one iovec per run of frames).
+inline constexpr uint64_t kInlinePayloadBytes = 512;
+
 class Connection {
  public:
   // Takes an initialised uv_tcp_t (accepted or connected); ownership passes to *this.
@@ -31,8 +36,11 @@ class Connection {
   ~Connection();
 
   Status StartReading();
-  // Queues one frame. The payload is referenced, not copied, until its write completes.
+  // Queues one frame. A payload of at most kInlinePayloadBytes is copied into the batch;
+  // a larger one is referenced, not copied, until its write completes.
   Status Send(const pb::MessageMeta& meta, BufferPtr payload);
+  // Queues one frame whose payload is `body` serialised (straight into the batch when small).
+  Status Send(const pb::MessageMeta& meta, const google::protobuf::MessageLite& body);
   // Idempotent. Does not free: libuv still references the handle until OnClosed runs.
   void Close(const Status& why);
   // Writes what is queued (as far as the socket takes it now), then closes.
@@ -55,6 +63,11 @@ class Connection {
  private:
   friend struct ConnectionCallbacks;  // libuv trampolines, defined in connection.cc
   void OnBytes(size_t n);
+  // Checks the limits and appends a frame's header and meta plus `inline_bytes` of room to
+  // the pending batch (`payload` is referenced after them when not null). Returns the room,
+  // or null with *st set.
+  char* Append(const pb::MessageMeta& meta, uint64_t data_len, size_t inline_bytes, BufferPtr payload,
+               Status* st);
 
   Transport* transport_;
   EventLoop* loop_;

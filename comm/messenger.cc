@@ -71,9 +71,9 @@ Status Messenger::Notify(ConnId conn, pb::MessageMeta meta, BufferPtr payload) {
   return transport_->Send(conn, meta, std::move(payload));
 }
 
-Status Messenger::Reply(ConnId conn, const pb::MessageMeta& request, const Status& status,
-                        BufferPtr payload) {
-  if (request.oneway()) return Status::Ok();
+namespace {
+
+pb::MessageMeta AnswerMeta(const pb::MessageMeta& request, const Status& status) {
   pb::MessageMeta meta;
   meta.set_cmd(request.cmd());
   meta.set_request_id(request.request_id());
@@ -83,7 +83,20 @@ Status Messenger::Reply(ConnId conn, const pb::MessageMeta& request, const Statu
     meta.set_status_code(static_cast<int32_t>(status.code()));
     meta.set_error(status.message());
   }
-  return transport_->Send(conn, meta, std::move(payload));
+  return meta;
+}
+
+}  // namespace
+
+Status Messenger::Reply(ConnId conn, const pb::MessageMeta& request, const Status& status,
+                        BufferPtr payload) {
+  if (request.oneway()) return Status::Ok();
+  return transport_->Send(conn, AnswerMeta(request, status), std::move(payload));
+}
+
+Status Messenger::Reply(ConnId conn, const pb::MessageMeta& request, const google::protobuf::MessageLite& body) {
+  if (request.oneway()) return Status::Ok();
+  return transport_->Send(conn, AnswerMeta(request, Status::Ok()), body);
 }
 
 void Messenger::OnFrame(ConnId conn, Frame&& frame) {

@@ -39,6 +39,8 @@ class Messenger {
   // Answers `request` (echoes cmd and request_id) with status and payload.
   Status Reply(ConnId conn, const pb::MessageMeta& request, const Status& status,
                BufferPtr payload = nullptr);
+  // The same with a protobuf answer, serialised straight into the write batch when small.
+  Status Reply(ConnId conn, const pb::MessageMeta& request, const google::protobuf::MessageLite& body);
   // Fails pending requests and closes all connections. Idempotent.
   void Shutdown();
   size_t pending_requests() const { return tracker_.pending(); }

@@ -397,15 +397,23 @@ void Transport::Deliver(ConnId id, Frame&& frame) {
   if (handlers_.on_frame) handlers_.on_frame(id, std::move(frame));
 }
 
-Status Transport::Send(ConnId id, const pb::MessageMeta& meta, BufferPtr payload) {
+Result<Connection*> Transport::Open(ConnId id) const {
   DCHECK(loop_->InLoopThread());
   Connection* c = Lookup(id);
-  if (c == nullptr) {
-    auto why = recent_close_reasons_.find(id);
-    return Status(Code::kUnavailable, "connection " + std::to_string(id) + " is closed" +
-                                          (why == recent_close_reasons_.end() ? "" : " (" + why->second + ")"));
-  }
-  return c->Send(meta, std::move(payload));
+  if (c != nullptr) return c;
+  auto why = recent_close_reasons_.find(id);
+  return Status(Code::kUnavailable, "connection " + std::to_string(id) + " is closed" +
+                                        (why == recent_close_reasons_.end() ? "" : " (" + why->second + ")"));
+}
+
+Status Transport::Send(ConnId id, const pb::MessageMeta& meta, BufferPtr payload) {
+  Result<Connection*> c = Open(id);
+  return c.ok() ? (*c)->Send(meta, std::move(payload)) : c.status();
+}
+
+Status Transport::Send(ConnId id, const pb::MessageMeta& meta, const google::protobuf::MessageLite& body) {
+  Result<Connection*> c = Open(id);
+  return c.ok() ? (*c)->Send(meta, body) : c.status();
 }
 
 void Transport::Close(ConnId id, const Status& why) {

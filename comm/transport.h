@@ -52,6 +52,7 @@ class Transport {
   void Connect(const std::string& host, int port, ConnectOptions options,
                std::function<void(Result<ConnId>)> done);
   Status Send(ConnId id, const pb::MessageMeta& meta, BufferPtr payload);
+  Status Send(ConnId id, const pb::MessageMeta& meta, const google::protobuf::MessageLite& body);
   void Close(ConnId id, const Status& why);
   // Writes what is queued for `id` (as far as the socket takes it now), then closes: so a
   // refusal answer reaches the peer before the close.
@@ -73,6 +74,8 @@ class Transport {
   // Deferred callbacks hold this weakly: expired once the Transport is destroyed.
   std::weak_ptr<Transport*> alive_token() const { return alive_; }
   Connection* Lookup(ConnId id) const;
+  // The open connection `id`, or kUnavailable naming why it closed (when still known).
+  Result<Connection*> Open(ConnId id) const;
   void Release(ConnId id, const Status& why);
   void Deliver(ConnId id, Frame&& frame);
   // Takes an initialised, connected handle. `ready` (dialled connections) runs once the

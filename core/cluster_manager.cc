@@ -104,6 +104,7 @@ Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const Regist
   RegisterOutcome out;
   out.rank = rec->rank;
   rec->last_heartbeat = clock_->Now();
+  next_timeout_scan_ = TimePoint::min();
   const bool recovered = rec->timed_out;
   const bool moved = rec->ip != req.ip || rec->port != req.port;
   if (!restarted && !recovered && !moved) {
@@ -115,7 +116,7 @@ Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const Regist
   rec->port = req.port;
   rec->host_name = req.host_name;
   rec->incarnation = req.incarnation;
-  rec->timed_out = false;
+  SetTimedOut(rec, false);
   if (restarted) {
     rec->in_error = false;
     rec->error_code = 0;
@@ -202,8 +203,14 @@ void ClusterManager::AfterAdmit() {
   }
 }
 
-Status ClusterManager::Heartbeat(const std::string& node_id) {
-  NodeRecord* rec = Mutable(node_id);
+Status ClusterManager::Heartbeat(const std::string& node_id, NodeHint* hint) {
+  NodeRecord* rec = nullptr;
+  if (hint != nullptr && hint->generation == generation_ && hint->rec != nullptr && hint->node_id == node_id) {
+    rec = hint->rec;  // the hint's copy of the id is warm; the record is touched once below
+  } else {
+    rec = Mutable(node_id);
+    if (hint != nullptr) *hint = NodeHint{rec, generation_, node_id};
+  }
   if (rec == nullptr) {
     return Err(Code::kNotFound, "unknown node ", node_id, "; register again");
   }
@@ -228,14 +235,32 @@ void ClusterManager::Tick() {
   if (state_ == pb::CLUSTER_EXIT) return;
   const TimePoint now = clock_->Now();
   std::string first_timeout;
-  for (NodeRecord* rec : MutableNodes()) {
-    const Duration silent = now - rec->last_heartbeat;
-    if (rec->timed_out || silent <= config_.heartbeat_timeout) continue;
-    rec->timed_out = true;
-    RefreshNodeState(rec);
-    LOG(WARNING) << Label(*rec) << " timed out: silent for " << ToMillis(silent) << " ms";
-    Emit(Event::Kind::kNodeTimedOut, rec).message = Cat("silent for ", ToMillis(silent), " ms");
-    if (first_timeout.empty()) first_timeout = Label(*rec);
+  if (now > next_timeout_scan_) {
+    // One pass over the records, in no order; the (rare) expired ones are then handled in
+    // role, rank order so logs and events read the same every run.
+    TimePoint earliest = TimePoint::max();
+    std::vector<NodeRecord*> expired;
+    for (auto& [id, rec] : nodes_) {
+      if (rec.timed_out) continue;
+      const TimePoint deadline = rec.last_heartbeat + config_.heartbeat_timeout;
+      if (now > deadline) {
+        expired.push_back(&rec);
+      } else {
+        earliest = std::min(earliest, deadline);
+      }
+    }
+    next_timeout_scan_ = earliest;
+    std::sort(expired.begin(), expired.end(), [](const NodeRecord* a, const NodeRecord* b) {
+      return std::tie(a->role, a->rank, a->node_id) < std::tie(b->role, b->rank, b->node_id);
+    });
+    for (NodeRecord* rec : expired) {
+      const Duration silent = now - rec->last_heartbeat;
+      SetTimedOut(rec, true);
+      RefreshNodeState(rec);
+      LOG(WARNING) << Label(*rec) << " timed out: silent for " << ToMillis(silent) << " ms";
+      Emit(Event::Kind::kNodeTimedOut, rec).message = Cat("silent for ", ToMillis(silent), " ms");
+      if (first_timeout.empty()) first_timeout = Label(*rec);
+    }
   }
   if (scaling_) {
     const char* what = op_.kind == ScaleKind::kOut ? "scale-out" : "scale-in";
@@ -365,10 +390,12 @@ int ClusterManager::registered(pb::NodeRole role) const {
 NodeRecord& ClusterManager::AddNode(const std::string& node_id, pb::NodeRole role) {
   auto [it, added] = nodes_.try_emplace(node_id);
   if (!added && it->second.role >= 0 && it->second.role < 4) --role_count_[it->second.role];
+  if (!added && it->second.timed_out) --timed_out_count_;
   it->second = NodeRecord();
   it->second.node_id = node_id;
   it->second.role = role;
   if (role >= 0 && role < 4) ++role_count_[role];
+  next_timeout_scan_ = TimePoint::min();
   return it->second;
 }
 
@@ -376,7 +403,15 @@ void ClusterManager::RemoveNode(const std::string& node_id) {
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) return;
   if (it->second.role >= 0 && it->second.role < 4) --role_count_[it->second.role];
+  if (it->second.timed_out) --timed_out_count_;
   nodes_.erase(it);
+  ++generation_;
+}
+
+void ClusterManager::SetTimedOut(NodeRecord* rec, bool timed_out) {
+  if (rec->timed_out == timed_out) return;
+  rec->timed_out = timed_out;
+  timed_out_count_ += timed_out ? 1 : -1;
 }
 
 int ClusterManager::Total(pb::NodeRole role) const {
@@ -473,8 +508,7 @@ void ClusterManager::RefreshNodeState(NodeRecord* rec) const {
 // READY <-> NODE_TIMEOUT follows whether any node is timed out. Other states (starting,
 // scaling, disabled, exiting) are left alone; they re-check when they return to READY.
 void ClusterManager::RefreshTimeoutState() {
-  bool any = false;
-  for (const auto& [id, rec] : nodes_) any = any || rec.timed_out;
+  const bool any = timed_out_count_ > 0;
   if (state_ == pb::CLUSTER_READY && any) SetClusterState(pb::NODE_TIMEOUT);
   if (state_ == pb::NODE_TIMEOUT && !any) SetClusterState(pb::CLUSTER_READY);
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <unordered_map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -64,6 +65,9 @@ struct RegisterOutcome {
 
 // What the registry keeps per node.
 struct NodeRecord {
+  // First, on one cache line: what every heartbeat reads and writes.
+  TimePoint last_heartbeat;
+  bool timed_out = false;
   std::string node_id;
   pb::NodeRole role = pb::WORKER;
   int rank = -1;
@@ -73,14 +77,12 @@ struct NodeRecord {
   std::vector<pb::Device> devices;  // sorted by local_id; global_id set with the topology
   std::string host_name;
   pb::NodeState state = pb::NODE_STARTING;
-  TimePoint last_heartbeat;
   bool in_error = false;
   int error_code = 0;
   std::string error_message;
   bool finished = false;
   bool leaving = false;
-  // Additions: the facts `state` is derived from.
-  bool timed_out = false;
+  // Additions: the facts `state` is derived from (with timed_out above).
   bool in_metadata = false;  // part of a published topology
 };
 
@@ -120,8 +122,16 @@ class ClusterManager {
 
   // Admits a node or re-admits a known node_id (it keeps its rank). See the .cc for rules.
   Result<RegisterOutcome> Register(const RegisterRequest& req);
+  // What a caller may keep per link so the next Heartbeat skips the registry lookup: the
+  // record found for `node_id` while generation() was `generation`. Checked before use (the
+  // same generation and node id); a stale hint costs the lookup.
+  struct NodeHint {
+    NodeRecord* rec = nullptr;
+    uint64_t generation = 0;
+    std::string node_id;
+  };
   // kNotFound for an unknown or timed-out node: it must register again.
-  Status Heartbeat(const std::string& node_id);
+  Status Heartbeat(const std::string& node_id, NodeHint* hint = nullptr);
   // Applies timeouts: silent nodes, the scale-operation deadline, then the finish barrier.
   void Tick();
   // The scheduler itself did not run for `stalled` (stopped, swapped out): that time does
@@ -211,11 +221,18 @@ class ClusterManager {
   bool finish_passed_ = false;
   bool scaling_ = false;
   ScaleOp op_;
-  std::map<std::string, NodeRecord> nodes_;  // by node_id; pointers stay valid until removal
+  std::unordered_map<std::string, NodeRecord> nodes_;  // by node_id; pointers stay valid until removal
+  // No live node can time out before this (the earliest last_heartbeat + timeout at the
+  // last scan; heartbeats only move deadlines later), so Tick skips the scan until then.
+  // Reset whenever a node becomes live (AddNode, Reregister).
+  TimePoint next_timeout_scan_ = TimePoint::min();
   // Records in nodes_ by role (a record's role never changes), so registered() is O(1):
   // it runs several times per registration. Kept by AddNode / RemoveNode.
   int role_count_[4] = {0, 0, 0, 0};
+  uint64_t generation_ = 1;  // bumped when a record is erased (NodeHint pointers die)
+  int timed_out_count_ = 0;  // records with timed_out set; kept by SetTimedOut / AddNode / RemoveNode
   NodeRecord& AddNode(const std::string& node_id, pb::NodeRole role);
+  void SetTimedOut(NodeRecord* rec, bool timed_out);
   void RemoveNode(const std::string& node_id);
   std::vector<Event> events_;
 };

@@ -77,7 +77,7 @@ Status ClusterManager::Restore(const pb::PersistedState& state) {
     rec.error_message = n.error_message();
     rec.finished = n.finished();
     rec.leaving = n.leaving();
-    rec.timed_out = n.timed_out();
+    SetTimedOut(&rec, n.timed_out());
     rec.in_metadata = n.in_metadata();
   }
   worker_num_ = state.worker_num();

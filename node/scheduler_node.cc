@@ -137,7 +137,7 @@ void SchedulerNode::MarkExited() {
 
 std::string SchedulerNode::NodeOf(ConnId conn) const {
   auto it = node_of_.find(conn);
-  return it == node_of_.end() ? std::string() : it->second;
+  return it == node_of_.end() ? std::string() : it->second.node_id;
 }
 
 void SchedulerNode::Reply(ConnId conn, const pb::MessageMeta& req, const Status& st, BufferPtr payload) {
@@ -187,8 +187,8 @@ void SchedulerNode::InjectForTest(ConnId conn, Frame&& frame) {
 void SchedulerNode::OnClose(ConnId conn, const Status& why) {
   auto it = node_of_.find(conn);
   if (it == node_of_.end()) return;
-  VLOG(1) << "scheduler: link of " << it->second << " (conn " << conn << ") closed: " << why;
-  auto c = conn_of_.find(it->second);
+  VLOG(1) << "scheduler: link of " << it->second.node_id << " (conn " << conn << ") closed: " << why;
+  auto c = conn_of_.find(it->second.node_id);
   if (c != conn_of_.end() && c->second == conn) conn_of_.erase(c);
   node_of_.erase(it);
   // Liveness is judged by heartbeats, not by the link: a node may reconnect in time.
@@ -219,7 +219,7 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   auto old = conn_of_.find(req.node_id);
   if (old != conn_of_.end() && old->second != conn) node_of_.erase(old->second);
   conn_of_[req.node_id] = conn;
-  node_of_[conn] = req.node_id;
+  node_of_[conn] = LinkNode{req.node_id, {}};
   LOG(INFO) << "scheduler: " << RoleLabel(req.role) << " " << req.node_id << " registered as rank "
             << out->rank << " from " << req.ip << ":" << req.port
             << (out->restarted ? " (restarted)" : out->retry ? " (retry)" : "") << "; "
@@ -253,18 +253,22 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
 }
 
 void SchedulerNode::HandleHeartbeat(ConnId conn, const Frame& frame) {
-  pb::HeartbeatMessage msg;
+  // The hottest request: the messages are members, reused (no allocation once warm).
+  pb::HeartbeatMessage& msg = heartbeat_in_;
   Status st = ParsePayload(frame, &msg);
   if (!st.ok()) return Reply(conn, frame.meta, st);
   ++heartbeats_;
-  st = cluster_.Heartbeat(msg.node_id());
+  auto link = node_of_.find(conn);
+  core::ClusterManager::NodeHint* hint = link == node_of_.end() ? nullptr : &link->second.hint;
+  st = cluster_.Heartbeat(msg.node_id(), hint);
   if (!st.ok()) return Reply(conn, frame.meta, st);
-  if (node_of_.find(conn) == node_of_.end()) {
+  if (link == node_of_.end()) {
     // The node reconnected: this link now carries its pushes.
     conn_of_[msg.node_id()] = conn;
-    node_of_[conn] = msg.node_id();
+    node_of_[conn] = LinkNode{msg.node_id(), {}};
   }
-  pb::HeartbeatRespMessage resp;
+  pb::HeartbeatRespMessage& resp = heartbeat_out_;
+  resp.Clear();
   resp.set_cluster_state(cluster_.state());
   resp.set_epoch(cluster_.epoch());
   if (msg.known_epoch() != cluster_.epoch() && cluster_.state() != pb::ClUSTER_STARTING) {
@@ -273,7 +277,8 @@ void SchedulerNode::HandleHeartbeat(ConnId conn, const Frame& frame) {
       resp.mutable_metadata()->set_rank_id(rec->rank);
     }
   }
-  Reply(conn, frame.meta, Status::Ok(), ToBuffer(resp));
+  Status sent = messenger_->Reply(conn, frame.meta, resp);
+  if (!sent.ok()) VLOG(1) << "heartbeat answer to conn " << conn << " not sent: " << sent;
 }
 
 void SchedulerNode::HandleFinish(ConnId conn, const Frame& frame) {

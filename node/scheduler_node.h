@@ -114,7 +114,11 @@ class SchedulerNode {
   uint64_t stop_hook_ = 0;
 
   std::unordered_map<std::string, comm::ConnId> conn_of_;  // node_id -> its scheduler link
-  std::unordered_map<comm::ConnId, std::string> node_of_;
+  struct LinkNode {
+    std::string node_id;
+    core::ClusterManager::NodeHint hint;  // spares the registry lookup per heartbeat
+  };
+  std::unordered_map<comm::ConnId, LinkNode> node_of_;
   struct FinishWaiter {
     comm::ConnId conn;
     pb::MessageMeta meta;
@@ -127,6 +131,11 @@ class SchedulerNode {
   std::vector<std::function<void()>> register_listeners_;
   std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;
   uint64_t heartbeats_ = 0;
+  pb::HeartbeatMessage heartbeat_in_;     // HandleHeartbeat scratch (loop thread)
+  pb::HeartbeatRespMessage heartbeat_out_;
+  // What the snapshot below last got (loop thread), so DrainEvents locks only on a change.
+  pb::ClusterState published_state_ = pb::ClUSTER_STARTING;
+  uint64_t published_epoch_ = 0;
   std::string last_scale_result_;  // how the last scale operation ended (admin status)
 
   mutable std::mutex mu_;  // guards the snapshot below

@@ -138,9 +138,13 @@ void SchedulerNode::DrainEvents() {
     }
   }
   PersistState();  // --state_dir: a snapshot if anything changed
+  // This runs after every request: take the lock only when there is news for readers.
+  if (cluster_.state() == published_state_ && cluster_.epoch() == published_epoch_) return;
+  published_state_ = cluster_.state();
+  published_epoch_ = cluster_.epoch();
   std::lock_guard<std::mutex> lock(mu_);
-  state_snapshot_ = cluster_.state();
-  epoch_snapshot_ = cluster_.epoch();
+  state_snapshot_ = published_state_;
+  epoch_snapshot_ = published_epoch_;
 }
 
 pb::AdminResponse SchedulerNode::StatusResponse(bool with_nodes) const {
