@@ -227,6 +227,72 @@ TEST_CASE("heartbeat timeout marks the node and the cluster - re-register recove
   CHECK(f.cm->Find("w1")->state == pb::NODE_READY);
 }
 
+TEST_CASE("timeouts are found at the first tick past the deadline, also after every node timed out",
+          "[core][cluster]") {
+  Fixture f(/*workers=*/2, /*servers=*/1);
+  f.StartAll();
+  // Ticks before the earliest deadline find nothing; the first one past it finds w1.
+  f.clock.Advance(std::chrono::seconds(10));
+  REQUIRE(f.cm->Heartbeat("s0").ok());
+  REQUIRE(f.cm->Heartbeat("w0").ok());
+  f.cm->Tick();
+  f.clock.Advance(std::chrono::seconds(20));  // w1: exactly 30 s, not past
+  f.cm->Tick();
+  CHECK(f.cm->TakeEvents().empty());
+  f.clock.Advance(std::chrono::milliseconds(1));
+  f.cm->Tick();
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE_FALSE(events.empty());
+  CHECK(events[0].kind == Kind::kNodeTimedOut);
+  CHECK(events[0].node_id == "w1");
+  // Everyone else goes silent too; several time out in one tick, reported in role, rank order.
+  f.clock.Advance(std::chrono::seconds(31));
+  f.cm->Tick();
+  events = f.cm->TakeEvents();
+  std::vector<std::string> ids;
+  for (const Event& e : events) {
+    if (e.kind == Kind::kNodeTimedOut) ids.push_back(e.node_id);
+  }
+  CHECK(ids == std::vector<std::string>{"s0", "w0"});
+  // No live node is left; one that re-registers must still be watched.
+  REQUIRE(f.cm->Register(Req("w0", pb::WORKER)).ok());
+  f.cm->TakeEvents();
+  f.clock.Advance(std::chrono::seconds(29));
+  f.cm->Tick();
+  CHECK(f.cm->TakeEvents().empty());
+  f.clock.Advance(std::chrono::seconds(2));
+  f.cm->Tick();
+  events = f.cm->TakeEvents();
+  REQUIRE_FALSE(events.empty());
+  CHECK(events[0].kind == Kind::kNodeTimedOut);
+  CHECK(events[0].node_id == "w0");
+}
+
+TEST_CASE("a heartbeat hint skips the lookup only while it is valid", "[core][cluster]") {
+  Fixture f(/*workers=*/3, /*servers=*/1);
+  f.StartAll();
+  ClusterManager::NodeHint hint;
+  REQUIRE(f.cm->Heartbeat("w1", &hint).ok());
+  CHECK(hint.rec == f.cm->Find("w1"));
+  CHECK(hint.node_id == "w1");
+  // A hint for another node (a link reused by a different id) is not trusted.
+  f.clock.Advance(std::chrono::seconds(5));
+  REQUIRE(f.cm->Heartbeat("w2", &hint).ok());
+  CHECK(hint.rec == f.cm->Find("w2"));
+  CHECK(f.cm->Find("w2")->last_heartbeat == f.clock.Now());
+  CHECK(f.cm->Find("w1")->last_heartbeat != f.clock.Now());
+  // Removing a record (a scale-in) invalidates every hint: the next call looks up again.
+  ClusterManager::NodeHint w1_hint;
+  REQUIRE(f.cm->Heartbeat("w1", &w1_hint).ok());
+  REQUIRE(f.cm->ScaleInByIds({"w1"}).ok());
+  for (const char* id : {"s0", "w0", "w1", "w2"}) REQUIRE(f.cm->ScaleInDone(id, f.cm->epoch()).ok());
+  REQUIRE(f.cm->Find("w1") == nullptr);
+  CHECK(f.cm->Heartbeat("w1", &w1_hint).code() == Code::kNotFound);
+  CHECK(w1_hint.rec == nullptr);
+  REQUIRE(f.cm->Heartbeat("w2", &hint).ok());
+  CHECK(hint.rec == f.cm->Find("w2"));
+}
+
 TEST_CASE("finish barrier over live nodes - late second call is refused", "[core][cluster]") {
   Fixture f(/*workers=*/2, /*servers=*/1);
   f.StartAll();
