@@ -2,8 +2,12 @@
 // Payloads travel as std::shared_ptr<Buffer> so neither send nor receive copies them:
 // the sender keeps a reference until the write completes; the receiver reads straight
 // into a Buffer sized from the frame header. Any thread may hold a reference.
-// Up to kSmallBytes live inside the object (one allocation with the reference count);
-// storage is 16-byte aligned either way.
+// Up to kSmallBytes live inside the object (one allocation with the reference count).
+// From kPooledBytes on, storage comes from a process-wide pool of released blocks (sizes
+// rounded up to a quarter of their power of two), so a stream of large payloads reuses
+// mapped memory instead of faulting in (and the kernel zeroing) fresh pages for each one.
+// The pool keeps at most PoolLimit() bytes (SetPoolLimit; 0 turns it off). Storage is
+// 16-byte aligned either way.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +32,15 @@ class Buffer {
   static std::shared_ptr<Buffer> FromString(std::string_view s) { return Copy(s.data(), s.size()); }
 
   static constexpr size_t kSmallBytes = 64;
+  static constexpr size_t kPooledBytes = 128 * 1024;
+  static constexpr size_t kDefaultPoolLimit = size_t{256} << 20;
+
+  // The pool of released large blocks (thread-safe). Lowering the limit frees at once.
+  static void SetPoolLimit(size_t bytes);
+  static size_t PoolLimit();
+  static size_t PooledBytes();  // held by the pool now, not in use
+  // The capacity a pooled block of `size` bytes gets (exposed for tests).
+  static size_t PooledCapacity(size_t size);
 
   char* data() { return data_; }
   const char* data() const { return data_; }
@@ -37,18 +50,35 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer() {
-    if (data_ != small_) delete[] data_;
+    if (capacity_ != 0) {
+      ReleaseLarge(data_, capacity_);
+    } else if (data_ != small_) {
+      delete[] data_;
+    }
   }
 
  private:
   struct Private {};  // Only Allocate may construct (through make_shared).
 
  public:
-  Buffer(Private, size_t size) : data_(size <= kSmallBytes ? small_ : new char[size]), size_(size) {}
+  Buffer(Private, size_t size) : size_(size) {
+    if (size <= kSmallBytes) {
+      data_ = small_;
+    } else if (size >= kPooledBytes) {
+      capacity_ = PooledCapacity(size);
+      data_ = AcquireLarge(capacity_);
+    } else {
+      data_ = new char[size];
+    }
+  }
 
  private:
+  static char* AcquireLarge(size_t capacity);
+  static void ReleaseLarge(char* block, size_t capacity);
+
   char* data_;
   size_t size_;
+  size_t capacity_ = 0;  // non-zero: a pooled block of this capacity
   alignas(16) char small_[kSmallBytes];
 };
 

@@ -9,6 +9,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/buffer.h"
+
 DEFINE_string(role, "", "Node role: scheduler, worker or server.");
 DEFINE_string(scheduler_host, "127.0.0.1", "Scheduler address (numeric IP or localhost).");
 DEFINE_int32(scheduler_port, 0, "Scheduler port. The scheduler binds it (0: a free port, see --port_file).");
@@ -25,6 +27,8 @@ DEFINE_int32(scale_timeout_ms, 60000, "Rollback deadline of a scale operation (s
 DEFINE_string(devices, "", "Local devices: comma-separated ordinals, each optionally id@device_ip (e.g. 0@10.0.0.1,1@10.0.0.2).");
 DEFINE_string(super_pod_id, "", "Super-pod of this node's devices (rank table 1.2).");
 DEFINE_uint64(max_message_bytes, 256ull << 20, "Largest frame payload accepted or sent.");
+DEFINE_uint64(buffer_pool_mb, 256, "Released payload buffers of 128 KiB and more are kept for reuse up to this many "
+              "MiB (0: none), so large transfers do not fault in fresh pages for every message.");
 DEFINE_string(job_id, "default", "Job id served by the scheduler's rank table.");
 DEFINE_string(http_host, "127.0.0.1", "Bind address of the scheduler's HTTP endpoint.");
 DEFINE_int32(http_port, -1, "HTTP port of the scheduler (-1: off, 0: a free port).");
@@ -151,6 +155,8 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   if (FLAGS_connect_timeout_ms <= 0) Die(prog, "--connect_timeout_ms must be > 0");
   if (FLAGS_rank < -1) Die(prog, "--rank must be >= -1");
   if (FLAGS_max_message_bytes < 1024) Die(prog, "--max_message_bytes must be >= 1024");
+  if (FLAGS_buffer_pool_mb > (1ull << 20)) Die(prog, "--buffer_pool_mb must be <= 1048576");
+  Buffer::SetPoolLimit(static_cast<size_t>(FLAGS_buffer_pool_mb) << 20);  // process-wide
   if (FLAGS_max_connections < 0) Die(prog, "--max_connections must be >= 0");
   if (FLAGS_first_frame_timeout_ms < 0) Die(prog, "--first_frame_timeout_ms must be >= 0");
   if (FLAGS_update_rule != "assign" && FLAGS_update_rule != "sum" && FLAGS_update_rule != "sgd") {

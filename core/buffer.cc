@@ -1,0 +1,93 @@
+#include "core/buffer.h"
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace pscore {
+namespace {
+
+// Released large blocks by capacity. Never destroyed (blocks may be released during
+// static destruction); what it holds stays reachable, so leak checkers do not report it.
+struct LargeBlockPool {
+  std::mutex mu;
+  std::map<size_t, std::vector<char*>> free_blocks;  // guarded by mu
+  size_t pooled = 0;                                  // bytes in free_blocks; guarded by mu
+  size_t limit = Buffer::kDefaultPoolLimit;           // guarded by mu
+};
+
+LargeBlockPool& Pool() {
+  static auto* pool = new LargeBlockPool;
+  return *pool;
+}
+
+// Frees blocks (largest first) until the pool holds at most `limit`; mu held.
+void TrimLocked(LargeBlockPool& pool, size_t limit) {
+  while (pool.pooled > limit && !pool.free_blocks.empty()) {
+    auto last = std::prev(pool.free_blocks.end());
+    delete[] last->second.back();
+    last->second.pop_back();
+    pool.pooled -= last->first;
+    if (last->second.empty()) pool.free_blocks.erase(last);
+  }
+}
+
+}  // namespace
+
+size_t Buffer::PooledCapacity(size_t size) {
+  // Round up to a multiple of a quarter of the largest power of two <= size: at most 25%
+  // more than asked, and few distinct capacities for a stream of similar payloads.
+  size_t top = size_t{1} << (63 - __builtin_clzll(size));
+  size_t step = top >= 4 ? top / 4 : 1;
+  return (size + step - 1) / step * step;
+}
+
+char* Buffer::AcquireLarge(size_t capacity) {
+  LargeBlockPool& pool = Pool();
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    auto it = pool.free_blocks.find(capacity);
+    if (it != pool.free_blocks.end()) {
+      char* block = it->second.back();
+      it->second.pop_back();
+      if (it->second.empty()) pool.free_blocks.erase(it);
+      pool.pooled -= capacity;
+      return block;
+    }
+  }
+  return new char[capacity];
+}
+
+void Buffer::ReleaseLarge(char* block, size_t capacity) {
+  LargeBlockPool& pool = Pool();
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (pool.pooled + capacity <= pool.limit) {
+      pool.free_blocks[capacity].push_back(block);
+      pool.pooled += capacity;
+      return;
+    }
+  }
+  delete[] block;
+}
+
+void Buffer::SetPoolLimit(size_t bytes) {
+  LargeBlockPool& pool = Pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  pool.limit = bytes;
+  TrimLocked(pool, bytes);
+}
+
+size_t Buffer::PoolLimit() {
+  LargeBlockPool& pool = Pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  return pool.limit;
+}
+
+size_t Buffer::PooledBytes() {
+  LargeBlockPool& pool = Pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  return pool.pooled;
+}
+
+}  // namespace pscore

@@ -1,0 +1,95 @@
+// Buffer storage: small buffers inside the object, large ones from the pool of released
+// blocks (reused, bounded by the pool limit), every size aligned and intact.
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "core/buffer.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore {
+namespace {
+
+// Restores the process-wide pool limit when a test ends.
+struct PoolLimitGuard {
+  size_t saved = Buffer::PoolLimit();
+  ~PoolLimitGuard() { Buffer::SetPoolLimit(saved); }
+};
+
+void Fill(Buffer& b, uint8_t seed) {
+  for (size_t i = 0; i < b.size(); ++i) b.data()[i] = static_cast<char>(seed + i * 31);
+}
+
+bool Holds(const Buffer& b, uint8_t seed) {
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (b.data()[i] != static_cast<char>(seed + i * 31)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("buffer: every size is 16-byte aligned and keeps its bytes", "[core][buffer]") {
+  std::vector<BufferPtr> held;
+  for (size_t size : {size_t{0}, size_t{1}, Buffer::kSmallBytes, Buffer::kSmallBytes + 1, size_t{4096},
+                      Buffer::kPooledBytes - 1, Buffer::kPooledBytes, size_t{3} << 20}) {
+    BufferPtr b = Buffer::Allocate(size);
+    REQUIRE(b->size() == size);
+    CHECK(reinterpret_cast<uintptr_t>(b->data()) % 16 == 0);
+    Fill(*b, static_cast<uint8_t>(size));
+    held.push_back(b);
+  }
+  for (const BufferPtr& b : held) CHECK(Holds(*b, static_cast<uint8_t>(b->size())));
+}
+
+TEST_CASE("buffer: pooled capacities round up by at most a quarter", "[core][buffer]") {
+  CHECK(Buffer::PooledCapacity(size_t{1} << 20) == size_t{1} << 20);
+  CHECK(Buffer::PooledCapacity((size_t{1} << 20) + 1) == (size_t{1} << 20) + (size_t{1} << 18));
+  CHECK(Buffer::PooledCapacity((size_t{16} << 20) + 24) == size_t{20} << 20);
+  for (size_t size = Buffer::kPooledBytes; size < (size_t{1} << 30); size = size * 3 / 2 + 7) {
+    size_t cap = Buffer::PooledCapacity(size);
+    CHECK(cap >= size);
+    CHECK(cap <= size + size / 4);
+    CHECK(Buffer::PooledCapacity(cap) == cap);  // a capacity is its own class
+  }
+}
+
+TEST_CASE("buffer: a released large block is reused, within the pool limit", "[core][buffer]") {
+  PoolLimitGuard guard;
+  Buffer::SetPoolLimit(Buffer::kDefaultPoolLimit);
+  const size_t size = (size_t{2} << 20) + 100;
+  const char* first = nullptr;
+  {
+    BufferPtr b = Buffer::Allocate(size);
+    first = b->data();
+  }
+  CHECK(Buffer::PooledBytes() >= Buffer::PooledCapacity(size));
+  BufferPtr again = Buffer::Allocate(size - 50);  // the same capacity class
+  CHECK(again->data() == first);
+  CHECK(again->size() == size - 50);
+  Fill(*again, 7);
+  CHECK(Holds(*again, 7));
+
+  // Two at once: the second is a fresh block.
+  BufferPtr other = Buffer::Allocate(size);
+  CHECK(other->data() != again->data());
+  again.reset();
+  other.reset();
+
+  // Lowering the limit frees what the pool holds; with limit 0 nothing is kept.
+  Buffer::SetPoolLimit(0);
+  CHECK(Buffer::PooledBytes() == 0);
+  { BufferPtr b = Buffer::Allocate(size); }
+  CHECK(Buffer::PooledBytes() == 0);
+
+  // A limit smaller than a block keeps none of that size.
+  Buffer::SetPoolLimit(size);
+  { BufferPtr b = Buffer::Allocate(size); }
+  CHECK(Buffer::PooledBytes() == 0);
+  Buffer::SetPoolLimit(Buffer::PooledCapacity(size));
+  { BufferPtr b = Buffer::Allocate(size); }
+  CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(size));
+}
+
+}  // namespace pscore
