@@ -128,12 +128,9 @@ struct WorkerNode::KvOp {
     }
     PullResult out;
     out.lens = src_lens;
-    out.values.resize(std::accumulate(src_lens.begin(), src_lens.end(), size_t{0}));
-    float* dst = out.values.data();
-    for (size_t i = 0; i < src.size(); ++i) {
-      std::memcpy(dst, src[i], src_lens[i] * sizeof(float));
-      dst += src_lens[i];
-    }
+    // reserve + insert: the values are written once (resize would zero them first).
+    out.values.reserve(std::accumulate(src_lens.begin(), src_lens.end(), size_t{0}));
+    for (size_t i = 0; i < src.size(); ++i) out.values.insert(out.values.end(), src[i], src[i] + src_lens[i]);
     answers.clear();
     pull_done.set_value(std::move(out));
   }
