@@ -62,10 +62,27 @@ void Buffer::ReleaseLarge(char* block, size_t capacity) {
   LargeBlockPool& pool = Pool();
   {
     std::lock_guard<std::mutex> lock(pool.mu);
-    if (pool.pooled + capacity <= pool.limit) {
-      pool.free_blocks[capacity].push_back(block);
-      pool.pooled += capacity;
-      return;
+    if (capacity <= pool.limit) {
+      // The sizes in use now are the ones worth keeping: make room by freeing blocks of
+      // other capacities (a stream of 64 MiB pushes after one of 16 MiB ones must not
+      // find the pool full of 16 MiB blocks).
+      for (auto it = pool.free_blocks.begin(); pool.pooled + capacity > pool.limit && it != pool.free_blocks.end();) {
+        if (it->first == capacity) {
+          ++it;
+          continue;
+        }
+        while (!it->second.empty() && pool.pooled + capacity > pool.limit) {
+          delete[] it->second.back();
+          it->second.pop_back();
+          pool.pooled -= it->first;
+        }
+        it = it->second.empty() ? pool.free_blocks.erase(it) : std::next(it);
+      }
+      if (pool.pooled + capacity <= pool.limit) {
+        pool.free_blocks[capacity].push_back(block);
+        pool.pooled += capacity;
+        return;
+      }
     }
   }
   delete[] block;

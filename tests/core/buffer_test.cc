@@ -57,6 +57,7 @@ TEST_CASE("buffer: pooled capacities round up by at most a quarter", "[core][buf
 
 TEST_CASE("buffer: a released large block is reused, within the pool limit", "[core][buffer]") {
   PoolLimitGuard guard;
+  Buffer::SetPoolLimit(0);  // empty: earlier tests may have left blocks in it
   Buffer::SetPoolLimit(Buffer::kDefaultPoolLimit);
   const size_t size = (size_t{2} << 20) + 100;
   const char* first = nullptr;
@@ -76,6 +77,16 @@ TEST_CASE("buffer: a released large block is reused, within the pool limit", "[c
   CHECK(other->data() != again->data());
   again.reset();
   other.reset();
+
+  // A full pool makes room for the size released now by freeing blocks of other sizes.
+  const size_t big = size * 4;
+  Buffer::SetPoolLimit(Buffer::PooledCapacity(big) + Buffer::PooledCapacity(size));
+  Buffer::SetPoolLimit(0);
+  Buffer::SetPoolLimit(Buffer::PooledCapacity(big) + Buffer::PooledCapacity(size));
+  { BufferPtr b1 = Buffer::Allocate(size), b2 = Buffer::Allocate(size); }  // two small ones pooled
+  CHECK(Buffer::PooledBytes() == 2 * Buffer::PooledCapacity(size));
+  { BufferPtr b = Buffer::Allocate(big); }
+  CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(big) + Buffer::PooledCapacity(size));
 
   // Lowering the limit frees what the pool holds; with limit 0 nothing is kept.
   Buffer::SetPoolLimit(0);
