@@ -78,6 +78,17 @@ class Node {
   Status ReportError(int code, const std::string& message);
   Status SendEvent(uint32_t event, const std::string& payload);
 
+  // Coordination client, asynchronous: any thread (the loop's too); `done` runs once, on
+  // the loop thread, and must not block (calls issued after Stop() may never complete).
+  // Many calls may be in flight at once, answered in any order (a GET waits for its key):
+  // no thread waits per call, so one client with several calls in flight costs the
+  // machine far less than as many blocking threads.
+  void KvSetAsync(const std::string& key, const std::string& value, bool overwrite, std::function<void(Status)> done);
+  void KvGetAsync(const std::string& key, Duration timeout, std::function<void(Result<std::string>)> done);
+  void KvTryGetAsync(const std::string& key, std::function<void(Result<std::string>)> done);
+  void BarrierAsync(const std::string& id, Duration timeout, std::vector<std::string> participants,
+                    std::function<void(Status)> done);
+
  protected:
   // Role hooks, loop thread.
   virtual Status StartRole() { return Status::Ok(); }  // before registering (servers listen)
@@ -97,6 +108,9 @@ class Node {
   // Blocking call to the scheduler from a user thread.
   Result<comm::Frame> CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
                                     Duration timeout);
+  // The same without waiting: any thread; done runs on the loop thread.
+  void CallSchedulerAsync(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
+                          std::function<void(Result<comm::Frame>)> done);
   // Loop thread: the address of server `rank` in the current metadata ("" if none), and
   // whether an address still belongs to a member.
   std::string ServerAddress(int rank) const;

@@ -8,20 +8,25 @@ namespace pscore::node {
 using comm::ConnId;
 using comm::Frame;
 
+void Node::CallSchedulerAsync(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
+                              std::function<void(Result<Frame>)> done) {
+  BufferPtr payload = ToBuffer(msg);
+  loop_->Run([this, cmd, payload = std::move(payload), timeout, done = std::move(done)]() mutable {
+    if (scheduler_ == nullptr || !scheduler_->connected()) {
+      done(Status(Code::kUnavailable, "not connected to the scheduler"));
+      return;
+    }
+    messenger_->Call(scheduler_->conn(), MakeMeta(cmd, options_.role, rank_), std::move(payload), timeout,
+                     std::move(done));
+  });
+}
+
 Result<Frame> Node::CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
                                   Duration timeout) {
   CHECK(!loop_->InLoopThread()) << "blocking pscore call on the loop thread";
   auto promise = std::make_shared<std::promise<Result<Frame>>>();
   auto fut = promise->get_future();
-  BufferPtr payload = ToBuffer(msg);
-  loop_->Post([this, cmd, payload, timeout, promise] {
-    if (scheduler_ == nullptr || !scheduler_->connected()) {
-      promise->set_value(Status(Code::kUnavailable, "not connected to the scheduler"));
-      return;
-    }
-    messenger_->Call(scheduler_->conn(), MakeMeta(cmd, options_.role, rank_), payload, timeout,
-                     [promise](Result<Frame> r) { promise->set_value(std::move(r)); });
-  });
+  CallSchedulerAsync(cmd, msg, timeout, [promise](Result<Frame> r) { promise->set_value(std::move(r)); });
   // The messenger enforces the deadline; the margin only guards against a stopped loop.
   if (fut.wait_for(timeout + std::chrono::seconds(5)) != std::future_status::ready) {
     return Status(Code::kTimeout, pb::NodeCommand_Name(cmd) + " to the scheduler: no answer");
@@ -69,36 +74,61 @@ Status Node::WaitForTermination(Duration timeout) {
   return termination_;
 }
 
-Status Node::KvSet(const std::string& key, const std::string& value, bool overwrite) {
+namespace {
+
+pb::KvRequest KvRequestFor(pb::KvRequest::Op op, const std::string& key) {
   pb::KvRequest req;
-  req.set_op(pb::KvRequest::SET);
+  req.set_op(op);
   req.set_key(key);
+  return req;
+}
+
+// The value of a GET or TRY_GET answer.
+Result<std::string> KvValue(Result<Frame> r) {
+  if (!r.ok()) return r.status();
+  pb::KvResponse resp;
+  PSCORE_RETURN_IF_ERROR(ParsePayload(*r, &resp));
+  return std::move(*resp.mutable_value());
+}
+
+}  // namespace
+
+Status Node::KvSet(const std::string& key, const std::string& value, bool overwrite) {
+  pb::KvRequest req = KvRequestFor(pb::KvRequest::SET, key);
   req.set_value(value);
   req.set_overwrite(overwrite);
   return CallScheduler(pb::KV_REQUEST, req, options_.request_timeout).status();
 }
 
 Result<std::string> Node::KvGet(const std::string& key, Duration timeout) {
-  pb::KvRequest req;
-  req.set_op(pb::KvRequest::GET);
-  req.set_key(key);
+  pb::KvRequest req = KvRequestFor(pb::KvRequest::GET, key);
   req.set_timeout_ms(ToMillis(timeout));
-  Result<Frame> r = CallScheduler(pb::KV_REQUEST, req, timeout + std::chrono::seconds(2));
-  if (!r.ok()) return r.status();
-  pb::KvResponse resp;
-  PSCORE_RETURN_IF_ERROR(ParsePayload(*r, &resp));
-  return resp.value();
+  return KvValue(CallScheduler(pb::KV_REQUEST, req, timeout + std::chrono::seconds(2)));
 }
 
 Result<std::string> Node::KvTryGet(const std::string& key) {
-  pb::KvRequest req;
-  req.set_op(pb::KvRequest::TRY_GET);
-  req.set_key(key);
-  Result<Frame> r = CallScheduler(pb::KV_REQUEST, req, options_.request_timeout);
-  if (!r.ok()) return r.status();
-  pb::KvResponse resp;
-  PSCORE_RETURN_IF_ERROR(ParsePayload(*r, &resp));
-  return resp.value();
+  return KvValue(CallScheduler(pb::KV_REQUEST, KvRequestFor(pb::KvRequest::TRY_GET, key), options_.request_timeout));
+}
+
+void Node::KvSetAsync(const std::string& key, const std::string& value, bool overwrite,
+                      std::function<void(Status)> done) {
+  pb::KvRequest req = KvRequestFor(pb::KvRequest::SET, key);
+  req.set_value(value);
+  req.set_overwrite(overwrite);
+  CallSchedulerAsync(pb::KV_REQUEST, req, options_.request_timeout,
+                     [done = std::move(done)](Result<Frame> r) { done(r.status()); });
+}
+
+void Node::KvGetAsync(const std::string& key, Duration timeout, std::function<void(Result<std::string>)> done) {
+  pb::KvRequest req = KvRequestFor(pb::KvRequest::GET, key);
+  req.set_timeout_ms(ToMillis(timeout));
+  CallSchedulerAsync(pb::KV_REQUEST, req, timeout + std::chrono::seconds(2),
+                     [done = std::move(done)](Result<Frame> r) { done(KvValue(std::move(r))); });
+}
+
+void Node::KvTryGetAsync(const std::string& key, std::function<void(Result<std::string>)> done) {
+  CallSchedulerAsync(pb::KV_REQUEST, KvRequestFor(pb::KvRequest::TRY_GET, key), options_.request_timeout,
+                     [done = std::move(done)](Result<Frame> r) { done(KvValue(std::move(r))); });
 }
 
 Result<std::vector<std::pair<std::string, std::string>>> Node::KvList(const std::string& dir) {
@@ -121,13 +151,30 @@ Status Node::KvDelete(const std::string& key) {
   return CallScheduler(pb::KV_REQUEST, req, options_.request_timeout).status();
 }
 
-Status Node::Barrier(const std::string& id, Duration timeout, std::vector<std::string> participants) {
+namespace {
+
+pb::BarrierRequest BarrierRequestFor(const std::string& id, Duration timeout, const std::string& node_id,
+                                     const std::vector<std::string>& participants) {
   pb::BarrierRequest req;
   req.set_id(id);
   req.set_timeout_ms(ToMillis(timeout));
-  req.set_node_id(options_.node_id);
-  for (auto& p : participants) req.add_participants(p);
+  req.set_node_id(node_id);
+  for (const auto& p : participants) req.add_participants(p);
+  return req;
+}
+
+}  // namespace
+
+Status Node::Barrier(const std::string& id, Duration timeout, std::vector<std::string> participants) {
+  pb::BarrierRequest req = BarrierRequestFor(id, timeout, options_.node_id, participants);
   return CallScheduler(pb::BARRIER, req, timeout + std::chrono::seconds(2)).status();
+}
+
+void Node::BarrierAsync(const std::string& id, Duration timeout, std::vector<std::string> participants,
+                        std::function<void(Status)> done) {
+  pb::BarrierRequest req = BarrierRequestFor(id, timeout, options_.node_id, participants);
+  CallSchedulerAsync(pb::BARRIER, req, timeout + std::chrono::seconds(2),
+                     [done = std::move(done)](Result<Frame> r) { done(r.status()); });
 }
 
 Status Node::CancelBarrier(const std::string& id) {

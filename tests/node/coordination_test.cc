@@ -345,6 +345,77 @@ TEST_CASE("KV through nodes: set, overwrite, blocking get, timeout, try-get, sor
   CHECK(a.KvDelete("no/such/key").ok());
 }
 
+TEST_CASE("KV asynchronous calls: many in flight, chained from callbacks, the same answers and errors",
+          "[node][net][coord]") {
+  SchedulerOptions so = SchedOpts(2, 0);
+  so.max_kv_value_bytes = 1024;
+  TestCluster c(so);
+  c.StartWorkers(2);
+  Node &a = c.node(0), &b = c.node(1);
+
+  // 200 sets in flight at once from this thread, each then read back from its callback
+  // (on the loop thread) with a chained get.
+  constexpr int kCalls = 200;
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  std::vector<std::string> got(kCalls);
+  std::vector<Status> errors;
+  for (int i = 0; i < kCalls; ++i) {
+    const std::string key = "async/k" + std::to_string(i);
+    a.KvSetAsync(key, "v" + std::to_string(i), true, [&, key, i](Status st) {
+      CHECK(a.loop()->InLoopThread());
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back(st);
+        ++finished;
+        cv.notify_all();
+        return;
+      }
+      a.KvTryGetAsync(key, [&, i](Result<std::string> r) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (r.ok()) {
+          got[i] = *r;
+        } else {
+          errors.push_back(r.status());
+        }
+        ++finished;
+        cv.notify_all();
+      });
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    REQUIRE(cv.wait_for(lock, 20s, [&] { return finished == kCalls; }));
+  }
+  CHECK(errors.empty());
+  for (int i = 0; i < kCalls; ++i) CHECK(got[i] == "v" + std::to_string(i));
+  CHECK(Keys(b.KvList("async")).size() == static_cast<size_t>(kCalls));
+
+  // Errors arrive as the blocking calls give them.
+  std::promise<Status> exists;
+  b.KvSetAsync("async/k0", "other", /*overwrite=*/false, [&](Status st) { exists.set_value(st); });
+  CHECK(exists.get_future().get().code() == Code::kAlreadyExists);
+  std::promise<Status> too_big;
+  b.KvSetAsync("async/big", std::string(2000, 'x'), true, [&](Status st) { too_big.set_value(st); });
+  CHECK(too_big.get_future().get().code() == Code::kInvalidArgument);
+  std::promise<Result<std::string>> missing;
+  b.KvTryGetAsync("async/missing", [&](Result<std::string> r) { missing.set_value(std::move(r)); });
+  CHECK(missing.get_future().get().status().code() == Code::kNotFound);
+  std::promise<Result<std::string>> timed_out;
+  b.KvGetAsync("async/never", 200ms, [&](Result<std::string> r) { timed_out.set_value(std::move(r)); });
+  CHECK(timed_out.get_future().get().status().code() == Code::kTimeout);
+
+  // A waiting asynchronous get is answered by a later set from another node.
+  std::promise<Result<std::string>> late;
+  b.KvGetAsync("async/late", 20s, [&](Result<std::string> r) { late.set_value(std::move(r)); });
+  std::this_thread::sleep_for(100ms);
+  REQUIRE(a.KvSet("async/late", "here").ok());
+  auto late_fut = late.get_future();
+  REQUIRE(late_fut.wait_for(20s) == std::future_status::ready);
+  CHECK(Val(late_fut.get()) == "here");
+}
+
 TEST_CASE("barriers through nodes: pass, timeout names the missing, mismatch fails at once, cancel",
           "[node][net][coord]") {
   TestCluster c(SchedOpts(3, 0));
@@ -411,6 +482,27 @@ TEST_CASE("barriers through nodes: pass, timeout names the missing, mismatch fai
     CHECK_THAT(s0.message(), Catch::Contains("w2") && Catch::Contains("out of memory"));
     CHECK(Soon(f1).ToString() == s0.ToString());
   }
+}
+
+TEST_CASE("barriers asynchronous: all pass together, a timeout names the missing", "[node][net][coord]") {
+  TestCluster c(SchedOpts(3, 0));
+  c.StartWorkers(3);
+  std::vector<std::promise<Status>> done(3);
+  for (int i = 0; i < 3; ++i) {
+    c.node(i).BarrierAsync("together", 10s, {}, [&done, i](Status st) { done[i].set_value(st); });
+  }
+  for (auto& p : done) {
+    auto f = p.get_future();
+    REQUIRE(f.wait_for(20s) == std::future_status::ready);
+    CHECK(f.get().ok());
+  }
+  std::promise<Status> alone;
+  c.node(0).BarrierAsync("alone", 200ms, {}, [&](Status st) { alone.set_value(st); });
+  auto f = alone.get_future();
+  REQUIRE(f.wait_for(20s) == std::future_status::ready);
+  Status st = f.get();
+  CHECK(st.code() == Code::kTimeout);
+  CHECK_THAT(st.message(), Catch::Contains("w1"));
 }
 
 TEST_CASE("a barrier participant that dies fails the barrier for all", "[node][net][coord]") {
