@@ -56,6 +56,13 @@ struct Peer {
   }
 };
 
+// `server` listens on an ephemeral port; `client` connects to it.
+Result<ConnId> ListenAndConnect(Peer& server, Peer& client) {
+  Result<int> port = OnLoop(server.loop, [&] { return server.transport->Listen("127.0.0.1", 0); });
+  if (!port.ok()) return port.status();
+  return client.Connect(*port);
+}
+
 }  // namespace
 
 TEST_CASE("transport: listen on port 0, connect, send both ways", "[comm][net][transport]") {
@@ -122,10 +129,8 @@ TEST_CASE("transport: small and large payloads, buffers and messages, interleave
 
 TEST_CASE("transport: a 64 MiB payload arrives intact", "[comm][net][transport]") {
   Peer server("server");
-  Result<int> port = OnLoop(server.loop, [&] { return server.transport->Listen("127.0.0.1", 0); });
-  REQUIRE(port.ok());
   Peer client("client");
-  Result<ConnId> conn = client.Connect(*port);
+  Result<ConnId> conn = ListenAndConnect(server, client);
   REQUIRE(conn.ok());
   const size_t kSize = 64ull << 20;
   BufferPtr big = Buffer::Allocate(kSize);
@@ -182,10 +187,8 @@ TEST_CASE("transport: connect retries until the listener appears, and gives up i
 TEST_CASE("transport: send to a closed connection fails - WatchClose reports closes",
           "[comm][net][transport]") {
   Peer server("server");
-  Result<int> port = OnLoop(server.loop, [&] { return server.transport->Listen("127.0.0.1", 0); });
-  REQUIRE(port.ok());
   Peer client("client");
-  Result<ConnId> conn = client.Connect(*port);
+  Result<ConnId> conn = ListenAndConnect(server, client);
   REQUIRE(conn.ok());
   OneShot<Status> watched;
   OnLoop(client.loop, [&] {

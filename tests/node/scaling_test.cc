@@ -91,55 +91,83 @@ void CheckSums(WorkerNode& w, const std::vector<uint64_t>& keys, int acked) {
 
 }  // namespace
 
-TEST_CASE("scale-out 2->4 servers while pushing loses no update and keeps old ranks", "[node][net][scale]") {
-  SchedulerNode sched(Sched(1, 2));
-  REQUIRE(sched.Start().ok());
-  std::vector<std::unique_ptr<ServerNode>> servers;
-  for (int i = 0; i < 2; ++i) {
-    servers.push_back(std::make_unique<ServerNode>(Opts(pb::SERVER, sched.port(), "s" + std::to_string(i))));
-    REQUIRE(servers.back()->Start().ok());
+// A scheduler, servers s0.. (server i asks for rank i), one worker w0 at READY, and a
+// pusher adding 1 to keys 0..63 in rounds. Stops everything, in order, when it goes.
+class PushingJob {
+ public:
+  explicit PushingJob(int servers) : sched_(Sched(1, servers)) {
+    REQUIRE(sched_.Start().ok());
+    for (int i = 0; i < servers; ++i) {
+      NodeOptions o = Opts(pb::SERVER, sched_.port(), "s" + std::to_string(i));
+      o.rank = i;
+      AddServer(o);
+    }
+    worker_ = std::make_unique<WorkerNode>(Opts(pb::WORKER, sched_.port(), "w0"));
+    REQUIRE(worker_->Start().ok());
+    REQUIRE(worker_->WaitForReady(10s).ok());
+    pusher_.worker = worker_.get();
+    for (uint64_t k = 0; k < 64; ++k) pusher_.keys.push_back(k);
+    pusher_.Start();
+    std::this_thread::sleep_for(100ms);
   }
-  WorkerNode worker(Opts(pb::WORKER, sched.port(), "w0"));
-  REQUIRE(worker.Start().ok());
-  REQUIRE(worker.WaitForReady(10s).ok());
-  std::map<std::string, int> old_ranks;
-  for (auto& s : servers) old_ranks[s->node_id()] = s->rank();
+  ~PushingJob() {
+    if (!pusher_.stop) pusher_.Stop();
+    worker_->Stop();
+    for (auto& s : servers_) s->Stop();
+    sched_.Stop();
+  }
+  NodeOptions ServerOpts(const std::string& id) { return Opts(pb::SERVER, sched_.port(), id); }
+  void AddServer(const NodeOptions& o) {
+    servers_.push_back(std::make_unique<ServerNode>(o));
+    REQUIRE(servers_.back()->Start().ok());
+  }
+  Status Admin(pb::AdminRequest req) { return AdminOp(sched_, std::move(req)); }
+  // Waits for READY, lets pushes run a little longer, stops the pusher and checks that
+  // none failed and every key holds exactly the acknowledged rounds.
+  void FinishAndCheckSums() {
+    REQUIRE(WaitState(sched_, pb::CLUSTER_READY, 15s));
+    std::this_thread::sleep_for(200ms);
+    pusher_.Stop();
+    CHECK(pusher_.failed == 0);
+    REQUIRE(pusher_.acked > 0);
+    CheckSums(*worker_, pusher_.keys, pusher_.acked);
+  }
+  bool Holds(ServerNode& s, uint64_t key) {
+    std::vector<uint32_t> lens;
+    std::vector<float> vals;
+    return s.store().Pull(&key, 1, &lens, &vals).ok();
+  }
+  ServerNode& server(size_t i) { return *servers_.at(i); }
+  size_t num_servers() const { return servers_.size(); }
+  WorkerNode& worker() { return *worker_; }
+  const std::vector<uint64_t>& keys() const { return pusher_.keys; }
 
-  Pusher pusher;
-  pusher.worker = &worker;
-  for (uint64_t k = 0; k < 64; ++k) pusher.keys.push_back(k);
-  pusher.Start();
-  std::this_thread::sleep_for(100ms);
+ private:
+  SchedulerNode sched_;
+  std::vector<std::unique_ptr<ServerNode>> servers_;
+  std::unique_ptr<WorkerNode> worker_;
+  Pusher pusher_;
+};
 
+pb::AdminRequest ScaleOut(int servers) {
   pb::AdminRequest req;
   req.set_op("scale_out");
   req.set_worker_num(1);
-  req.set_server_num(4);
-  REQUIRE(AdminOp(sched, req).ok());
-  for (int i = 2; i < 4; ++i) {
-    servers.push_back(std::make_unique<ServerNode>(Opts(pb::SERVER, sched.port(), "s" + std::to_string(i))));
-    REQUIRE(servers.back()->Start().ok());
-  }
-  REQUIRE(WaitState(sched, pb::CLUSTER_READY, 15s));
-  std::this_thread::sleep_for(200ms);
-  pusher.Stop();
-  CHECK(pusher.failed == 0);
-  REQUIRE(pusher.acked > 0);
-  CHECK(worker.server_count() == 4);
-  for (int i = 0; i < 2; ++i) CHECK(servers[i]->rank() == old_ranks[servers[i]->node_id()]);
-  CheckSums(worker, pusher.keys, pusher.acked);
+  req.set_server_num(servers);
+  return req;
+}
+
+TEST_CASE("scale-out 2->4 servers while pushing loses no update and keeps old ranks", "[node][net][scale]") {
+  PushingJob job(2);
+  REQUIRE(job.Admin(ScaleOut(4)).ok());
+  for (int i = 2; i < 4; ++i) job.AddServer(job.ServerOpts("s" + std::to_string(i)));
+  job.FinishAndCheckSums();
+  CHECK(job.worker().server_count() == 4);
+  for (int i = 0; i < 2; ++i) CHECK(job.server(i).rank() == i);
   // Every key lives on exactly one server: its owner under 4 servers.
-  for (auto& s : servers) {
-    for (uint64_t k : pusher.keys) {
-      std::vector<uint32_t> lens;
-      std::vector<float> vals;
-      bool has = s->store().Pull(&k, 1, &lens, &vals).ok();
-      CHECK(has == (core::ServerForKey(k, 4) == s->rank()));
-    }
+  for (size_t i = 0; i < job.num_servers(); ++i) {
+    for (uint64_t k : job.keys()) CHECK(job.Holds(job.server(i), k) == (core::ServerForKey(k, 4) == job.server(i).rank()));
   }
-  worker.Stop();
-  for (auto& s : servers) s->Stop();
-  sched.Stop();
 }
 
 TEST_CASE("a new server whose data dir holds an earlier membership's entries keeps only what the owners send",
@@ -161,86 +189,28 @@ TEST_CASE("a new server whose data dir holds an earlier membership's entries kee
                                          values.size());
     REQUIRE(journal.Append(core::JournalOp::kInsert, std::string_view(body->data(), body->size())).ok());
   }
-
-  SchedulerNode sched(Sched(1, 2));
-  REQUIRE(sched.Start().ok());
-  std::vector<std::unique_ptr<ServerNode>> servers;
-  for (int i = 0; i < 2; ++i) {
-    servers.push_back(std::make_unique<ServerNode>(Opts(pb::SERVER, sched.port(), "s" + std::to_string(i))));
-    REQUIRE(servers.back()->Start().ok());
-  }
-  WorkerNode worker(Opts(pb::WORKER, sched.port(), "w0"));
-  REQUIRE(worker.Start().ok());
-  REQUIRE(worker.WaitForReady(10s).ok());
-
-  Pusher pusher;
-  pusher.worker = &worker;
-  for (uint64_t k = 0; k < 64; ++k) pusher.keys.push_back(k);
-  pusher.Start();
-  std::this_thread::sleep_for(100ms);
-
-  pb::AdminRequest req;
-  req.set_op("scale_out");
-  req.set_worker_num(1);
-  req.set_server_num(3);
-  REQUIRE(AdminOp(sched, req).ok());
-  NodeOptions o = Opts(pb::SERVER, sched.port(), "s2");
+  PushingJob job(2);
+  REQUIRE(job.Admin(ScaleOut(3)).ok());
+  NodeOptions o = job.ServerOpts("s2");
   o.data_dir = dir.path();
-  servers.push_back(std::make_unique<ServerNode>(o));
-  REQUIRE(servers.back()->Start().ok());
-  REQUIRE(WaitState(sched, pb::CLUSTER_READY, 15s));
-  std::this_thread::sleep_for(200ms);
-  pusher.Stop();
-  CHECK(pusher.failed == 0);
-  REQUIRE(pusher.acked > 0);
-  CheckSums(worker, pusher.keys, pusher.acked);
-  for (auto& s : servers) {
-    for (uint64_t k = 5000; k < 5016; ++k) {
-      std::vector<uint32_t> lens;
-      std::vector<float> vals;
-      CHECK_FALSE(s->store().Pull(&k, 1, &lens, &vals).ok());
-    }
+  job.AddServer(o);
+  job.FinishAndCheckSums();  // migrated entries overwrote the stale ones
+  for (size_t i = 0; i < job.num_servers(); ++i) {
+    for (uint64_t k = 5000; k < 5016; ++k) CHECK_FALSE(job.Holds(job.server(i), k));
   }
-  worker.Stop();
-  for (auto& s : servers) s->Stop();
-  sched.Stop();
 }
 
 TEST_CASE("scale-in of server rank 0 of 3 while pushing loses no update and compacts ranks", "[node][net][scale]") {
-  SchedulerNode sched(Sched(1, 3));
-  REQUIRE(sched.Start().ok());
-  std::vector<std::unique_ptr<ServerNode>> servers;
-  for (int i = 0; i < 3; ++i) {
-    NodeOptions o = Opts(pb::SERVER, sched.port(), "s" + std::to_string(i));
-    o.rank = i;
-    servers.push_back(std::make_unique<ServerNode>(o));
-    REQUIRE(servers.back()->Start().ok());
-  }
-  WorkerNode worker(Opts(pb::WORKER, sched.port(), "w0"));
-  REQUIRE(worker.Start().ok());
-  REQUIRE(worker.WaitForReady(10s).ok());
-  Pusher pusher;
-  pusher.worker = &worker;
-  for (uint64_t k = 0; k < 64; ++k) pusher.keys.push_back(k);
-  pusher.Start();
-  std::this_thread::sleep_for(100ms);
-
+  PushingJob job(3);
   pb::AdminRequest req;
   req.set_op("scale_in");
   req.add_node_ids("s0");
-  REQUIRE(AdminOp(sched, req).ok());
-  REQUIRE(servers[0]->WaitForTermination(15s).ok());  // The leaving server is told to exit, cleanly.
-  REQUIRE(WaitState(sched, pb::CLUSTER_READY, 15s));
-  std::this_thread::sleep_for(200ms);
-  pusher.Stop();
-  CHECK(pusher.failed == 0);
-  CHECK(worker.server_count() == 2);
-  CHECK(servers[1]->rank() == 0);
-  CHECK(servers[2]->rank() == 1);
-  CheckSums(worker, pusher.keys, pusher.acked);
-  worker.Stop();
-  for (auto& s : servers) s->Stop();
-  sched.Stop();
+  REQUIRE(job.Admin(req).ok());
+  REQUIRE(job.server(0).WaitForTermination(15s).ok());  // The leaving server is told to exit, cleanly.
+  job.FinishAndCheckSums();
+  CHECK(job.worker().server_count() == 2);
+  CHECK(job.server(1).rank() == 0);
+  CHECK(job.server(2).rank() == 1);
 }
 
 TEST_CASE("a scale-out whose new server never comes rolls back to the old membership", "[node][net][scale]") {
