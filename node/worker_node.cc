@@ -105,14 +105,19 @@ struct WorkerNode::KvOp {
   size_t outstanding = 0;  // keys not yet acknowledged
   TimePoint deadline;
   bool finished = false;
-  std::promise<Status> push_done;
+  // PullInto: the caller's destination (dest_floats floats; lens optional).
+  float* dest = nullptr;
+  size_t dest_floats = 0;
+  std::vector<uint32_t>* dest_lens = nullptr;
+  std::promise<Status> push_done;  // also PullInto's
   std::promise<Result<PullResult>> pull_done;
 
+  bool into() const { return dest != nullptr; }
   void Fail(const Status& st) {
     if (finished) return;
     finished = true;
     answers.clear();
-    if (push) {
+    if (push || into()) {
       push_done.set_value(st);
     } else {
       pull_done.set_value(st);
@@ -123,6 +128,25 @@ struct WorkerNode::KvOp {
     if (outstanding != 0 || finished) return;
     finished = true;
     if (push) {
+      push_done.set_value(Status::Ok());
+      return;
+    }
+    if (into()) {
+      const size_t total = std::accumulate(src_lens.begin(), src_lens.end(), size_t{0});
+      if (total != dest_floats) {
+        answers.clear();
+        push_done.set_value(Status(Code::kInvalidArgument, "pull: the keys hold " + std::to_string(total) +
+                                                               " floats, the destination " +
+                                                               std::to_string(dest_floats)));
+        return;
+      }
+      float* out = dest;
+      for (size_t i = 0; i < src.size(); ++i) {
+        std::memcpy(out, src[i], src_lens[i] * sizeof(float));
+        out += src_lens[i];
+      }
+      if (dest_lens != nullptr) *dest_lens = src_lens;
+      answers.clear();
       push_done.set_value(Status::Ok());
       return;
     }
@@ -205,8 +229,29 @@ std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const st
 
 std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& keys) {
   auto op = std::make_shared<KvOp>();
-  op->push = false;
   auto fut = op->pull_done.get_future();
+  StartPull(op, keys);
+  return fut;
+}
+
+std::future<Status> WorkerNode::PullInto(const std::vector<uint64_t>& keys, float* dest, size_t dest_floats,
+                                         std::vector<uint32_t>* lens) {
+  auto op = std::make_shared<KvOp>();
+  auto fut = op->push_done.get_future();
+  if (dest == nullptr && dest_floats > 0) {
+    op->Fail(Status(Code::kInvalidArgument, "pull: null destination for " + std::to_string(dest_floats) + " floats"));
+    return fut;
+  }
+  static float none;  // a non-null destination for zero floats
+  op->dest = dest != nullptr ? dest : &none;
+  op->dest_floats = dest_floats;
+  op->dest_lens = lens;
+  StartPull(op, keys);
+  return fut;
+}
+
+void WorkerNode::StartPull(const std::shared_ptr<KvOp>& op, const std::vector<uint64_t>& keys) {
+  op->push = false;
   op->keys = keys;
   op->src.resize(keys.size());
   op->src_lens.resize(keys.size());
@@ -214,7 +259,7 @@ std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& ke
   op->deadline = std::chrono::steady_clock::now() + options_.request_timeout;
   if (keys.empty()) {
     op->Acked(0);
-    return fut;
+    return;
   }
   loop()->Run([this, op] {
     KvPart all;
@@ -222,7 +267,6 @@ std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& ke
     std::iota(all.indices.begin(), all.indices.end(), 0);
     Dispatch(op, std::move(all));
   });
-  return fut;
 }
 
 void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {

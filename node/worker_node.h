@@ -35,6 +35,12 @@ class WorkerNode : public Node {
   std::future<Status> Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
                            const std::vector<uint32_t>& lens = {});
   std::future<Result<PullResult>> Pull(const std::vector<uint64_t>& keys);
+  // Pull straight into the caller's memory (dest_floats floats, back to back in key order;
+  // *lens, when given, gets each key's float count): no result vector is allocated. dest
+  // (and lens) must stay valid until the future is ready. kInvalidArgument when the keys
+  // hold a different number of floats (dest is then left as it was).
+  std::future<Status> PullInto(const std::vector<uint64_t>& keys, float* dest, size_t dest_floats,
+                               std::vector<uint32_t>* lens = nullptr);
   int server_count() const { return metadata().server_num(); }
 
  protected:
@@ -47,6 +53,7 @@ class WorkerNode : public Node {
   struct KvOp;
   struct KvPart;
   void Issue(int rank, pb::MessageMeta meta, BufferPtr payload, ReplyCallback cb);
+  void StartPull(const std::shared_ptr<KvOp>& op, const std::vector<uint64_t>& keys);
   // Loop thread. Sends the keys `indices` of op to their owners, or holds them while the
   // cluster is scaling; parts refused as moved are held and re-sent under new metadata.
   void Dispatch(const std::shared_ptr<KvOp>& op, KvPart part);

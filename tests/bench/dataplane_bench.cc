@@ -238,7 +238,9 @@ uint64_t KeyFor(size_t size, int worker, int rank, int n) {
 
 // Push (or Pull) of one `size`-byte value per call; every worker alternates over keys owned
 // by each server and keeps a few calls in flight. Returns aggregate value bytes per second.
-double KvThroughput(Cluster& c, size_t size, bool push) {
+enum class KvMode { kPush, kPull, kPullInto };
+
+double KvThroughput(Cluster& c, size_t size, KvMode mode) {
   const size_t floats = size / sizeof(float);
   const uint64_t per_worker = std::max<uint64_t>(4, std::min<uint64_t>(g_volume / size / c.workers(), 100000));
   const size_t depth = std::clamp<size_t>((32u << 20) / size, 2, 16);
@@ -249,32 +251,42 @@ double KvThroughput(Cluster& c, size_t size, bool push) {
       CHECK(Wait(f).ok());
     }
   }
-  // Each worker's values exist before the clock starts (as the baseline's payload does).
+  // Each worker's values (and PullInto destinations, one per call in flight, reused)
+  // exist before the clock starts, as the baseline's payload does.
   std::vector<std::vector<float>> values(c.workers(), std::vector<float>(floats, 0.5f));
+  std::vector<std::vector<std::vector<float>>> dests(c.workers());
+  if (mode == KvMode::kPullInto) {
+    for (auto& d : dests) d.assign(depth, std::vector<float>(floats, 0.0f));
+  }
   // `count` calls per worker, `depth` in flight.
   auto run = [&](uint64_t count) {
     std::vector<std::thread> threads;
     for (int w = 0; w < c.workers(); ++w) {
       threads.emplace_back([&, w] {
-        std::deque<std::future<Status>> pushes;
+        std::deque<std::future<Status>> acks;  // push, pull-into
         std::deque<std::future<Result<PullResult>>> pulls;
         for (uint64_t i = 0; i < count; ++i) {
           std::vector<uint64_t> key = {KeyFor(size, w, static_cast<int>(i % c.servers()), c.servers())};
-          if (push) {
-            pushes.push_back(c.worker(w).Push(key, values[w]));
-            if (pushes.size() >= depth) {
-              CHECK(Wait(pushes.front()).ok());
-              pushes.pop_front();
-            }
-          } else {
+          if (mode == KvMode::kPull) {
             pulls.push_back(c.worker(w).Pull(key));
             if (pulls.size() >= depth) {
               CHECK_EQ(Wait(pulls.front())->values.size(), floats);
               pulls.pop_front();
             }
+            continue;
+          }
+          if (mode == KvMode::kPush) {
+            acks.push_back(c.worker(w).Push(key, values[w]));
+          } else {
+            std::vector<float>& dest = dests[w][i % depth];  // free again: its call was waited for
+            acks.push_back(c.worker(w).PullInto(key, dest.data(), dest.size()));
+          }
+          if (acks.size() >= depth) {
+            CHECK(Wait(acks.front()).ok());
+            acks.pop_front();
           }
         }
-        for (auto& f : pushes) CHECK(Wait(f).ok());
+        for (auto& f : acks) CHECK(Wait(f).ok());
         for (auto& f : pulls) CHECK(Wait(f).ok());
       });
     }
@@ -366,9 +378,10 @@ void PrintCopies() {
 
 int Main(const std::string& mode, size_t mib) {
   const bool quick = mode == "quick";
-  if (mode == "push" || mode == "pull") {  // one figure, handy under a profiler
+  if (mode == "push" || mode == "pull" || mode == "pullinto") {  // one figure, handy under a profiler
     Cluster c(1, 1);
-    Print(mode + "_1w1s_" + SizeName(mib << 20), KvThroughput(c, mib << 20, mode == "push"), "MB/s");
+    const KvMode m = mode == "push" ? KvMode::kPush : mode == "pullinto" ? KvMode::kPullInto : KvMode::kPull;
+    Print(mode + "_1w1s_" + SizeName(mib << 20), KvThroughput(c, mib << 20, m), "MB/s");
     return 0;
   }
   if (quick) g_volume = 64ull << 20;
@@ -381,8 +394,11 @@ int Main(const std::string& mode, size_t mib) {
     Cluster c(servers, servers);
     std::string tag = std::to_string(servers) + "w" + std::to_string(servers) + "s";
     for (size_t size : sizes) {
-      Print("push_" + tag + "_" + SizeName(size), KvThroughput(c, size, true), "MB/s");
-      Print("pull_" + tag + "_" + SizeName(size), KvThroughput(c, size, false), "MB/s");
+      Print("push_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kPush), "MB/s");
+      Print("pull_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kPull), "MB/s");
+      if (size >= (1u << 20)) {
+        Print("pullinto_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kPullInto), "MB/s");
+      }
     }
   }
   const int rounds = quick ? 2000 : 20000;

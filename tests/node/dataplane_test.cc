@@ -26,6 +26,10 @@ T Await(std::future<T>& f, Duration timeout = kDeadline) {
   if (f.wait_for(timeout) != std::future_status::ready) FAIL("no answer within the deadline");
   return f.get();
 }
+template <typename T>
+T Await(std::future<T>&& f, Duration timeout = kDeadline) {
+  return Await(f, timeout);
+}
 
 // Scheduler + S servers + W workers in one process. `setup` runs on each server before
 // Start (register handlers there). Everything is stopped by the destructor, also when a
@@ -353,6 +357,39 @@ TEST_CASE("a Pull issued after a Push from the same worker sees that Push", "[no
     CHECK(r->values.back() == static_cast<float>(i));
   }
   for (auto& f : pushes) CHECK(Await(f).ok());
+}
+
+TEST_CASE("PullInto writes the values into the caller's memory, refuses a wrong size and leaves it alone",
+          "[node][net][dataplane]") {
+  TestCluster::Config config;
+  config.servers = 3;
+  config.store.rule = core::UpdateRule::kAssign;
+  TestCluster c(config);
+  c.Start();
+  // Keys over all three servers, with different lengths.
+  const std::vector<uint64_t> keys = {1, 1ull << 40, 3, 1ull << 62, 5};
+  const std::vector<uint32_t> lens = {2, 3, 1, 4, 2};
+  std::vector<float> values;
+  for (size_t i = 0; i < 12; ++i) values.push_back(static_cast<float>(i) + 0.5f);
+  REQUIRE(Await(c.worker(0).Push(keys, values, lens)).ok());
+
+  std::vector<float> dest(12, -1.0f);
+  std::vector<uint32_t> got_lens;
+  REQUIRE(Await(c.worker(0).PullInto(keys, dest.data(), dest.size(), &got_lens)).ok());
+  CHECK(dest == values);
+  CHECK(got_lens == lens);
+  // The same through Pull, for comparison.
+  Result<PullResult> r = Await(c.worker(0).Pull(keys));
+  REQUIRE(r.ok());
+  CHECK(r->values == dest);
+
+  std::vector<float> small(11, -1.0f);
+  Status wrong = Await(c.worker(0).PullInto(keys, small.data(), small.size()));
+  CHECK(wrong.code() == Code::kInvalidArgument);
+  CHECK_THAT(wrong.message(), Catch::Contains("12 floats"));
+  CHECK(small == std::vector<float>(11, -1.0f));
+  CHECK(Await(c.worker(0).PullInto({}, nullptr, 0)).ok());
+  CHECK(Await(c.worker(0).PullInto({999}, dest.data(), dest.size())).code() == Code::kNotFound);
 }
 
 TEST_CASE("malformed pscore.push payloads are refused with an error answer and the server stays up",
