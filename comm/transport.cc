@@ -347,8 +347,14 @@ void Transport::QueueFlush(ConnId id) {
 }
 
 Connection* Transport::Lookup(ConnId id) const {
+  // An answer usually goes to the connection just looked up (the request's): one entry
+  // spares the table lookup and its cache misses.
+  if (id == cached_id_ && cached_conn_ != nullptr) return cached_conn_;
   auto it = conns_.find(id);
-  return it == conns_.end() ? nullptr : it->second.get();
+  if (it == conns_.end()) return nullptr;
+  cached_id_ = id;
+  cached_conn_ = it->second.get();
+  return cached_conn_;
 }
 
 void Transport::Release(ConnId id, const Status& why) {
@@ -358,6 +364,7 @@ void Transport::Release(ConnId id, const Status& why) {
   it->second->Detach();
   it->second.release();  // The connection frees itself in its close callback.
   conns_.erase(it);
+  if (cached_id_ == id) cached_conn_ = nullptr;
   ++stats_.connections_closed;
   recent_close_reasons_[id] = why.ToString();
   if (recent_close_reasons_.size() > 64) recent_close_reasons_.erase(recent_close_reasons_.begin());

@@ -112,6 +112,8 @@ class Transport {
   TransportOptions options_;
   Handlers handlers_;
   std::unordered_map<ConnId, std::unique_ptr<Connection>> conns_;
+  mutable ConnId cached_id_ = 0;               // Lookup's one-entry cache (loop thread)
+  mutable Connection* cached_conn_ = nullptr;  // reset when cached_id_ is released
   std::unordered_multimap<ConnId, std::function<void(const Status&)>> close_watchers_;
   std::vector<Listener*> listeners_;
   std::vector<Dialer*> dialers_;

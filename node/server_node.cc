@@ -81,6 +81,10 @@ Status ServerNode::StartRole() {
 }
 
 void ServerNode::StopRole() {
+  for (auto& [conn, h] : held_) {
+    if (h.timer != 0) loop()->CancelTimer(h.timer);
+  }
+  held_.clear();
   if (executor_) executor_->Shutdown();
   for (auto& [key, p] : waiting_) p->set_value(Status(Code::kCancelled, "server stopped"));
   waiting_.clear();
@@ -99,6 +103,20 @@ Responder ServerNode::MakeResponder(ConnId conn, const pb::MessageMeta& meta) {
 }
 
 void ServerNode::OnPeerRequest(ConnId conn, Frame&& frame) {
+  if (auto held = held_.find(conn); held != held_.end() && frame.meta.cmd() != pb::HELLO) {
+    // Waiting for the metadata to list the sender: keep the frames, in order, bounded.
+    constexpr size_t kMaxHeldFrames = 1024;
+    constexpr uint64_t kMaxHeldBytes = 64ull << 20;
+    HeldHello& h = held->second;
+    h.queued_bytes += frame.payload ? frame.payload->size() : 0;
+    h.queued.push_back(std::move(frame));
+    if (h.queued.size() > kMaxHeldFrames || h.queued_bytes > kMaxHeldBytes) {
+      RefuseHeld(conn, Status(Code::kResourceExhausted, "node '" + h.node_id + "' sent " +
+                                                            std::to_string(h.queued.size()) +
+                                                            " frames before the metadata listed it"));
+    }
+    return;
+  }
   switch (frame.meta.cmd()) {
     case pb::HELLO: HandleHello(conn, frame); break;
     case pb::SEND_DATA:
@@ -118,13 +136,9 @@ void ServerNode::OnPeerRequest(ConnId conn, Frame&& frame) {
 void ServerNode::HandleHello(ConnId conn, const Frame& frame) {
   pb::HelloMessage hello;
   Status st = ParsePayload(frame, &hello);
-  if (st.ok()) {
-    std::vector<std::string> ids = NodeIds(pb::WORKER);
-    std::vector<std::string> servers = NodeIds(pb::SERVER);
-    ids.insert(ids.end(), servers.begin(), servers.end());
-    if (std::find(ids.begin(), ids.end(), hello.node_id()) == ids.end()) {
-      st = Status(Code::kPermissionDenied, "node '" + hello.node_id() + "' is not a member of this job");
-    }
+  if (st.ok() && !IsMemberId(hello.node_id())) {
+    if (!hello.node_id().empty() && !held_.count(conn)) return HoldHello(conn, frame.meta, hello.node_id());
+    st = Status(Code::kPermissionDenied, "node '" + hello.node_id() + "' is not a member of this job");
   }
   if (!st.ok()) {
     LOG(WARNING) << "server " << options_.node_id << ": conn " << conn << " "
@@ -135,6 +149,67 @@ void ServerNode::HandleHello(ConnId conn, const Frame& frame) {
   }
   members_[conn] = hello.node_id();
   messenger().Reply(conn, frame.meta, Status::Ok()).IgnoreError();
+}
+
+bool ServerNode::IsMemberId(const std::string& node_id) const {
+  for (pb::NodeRole role : {pb::WORKER, pb::SERVER}) {
+    std::vector<std::string> ids = NodeIds(role);
+    if (std::find(ids.begin(), ids.end(), node_id) != ids.end()) return true;
+  }
+  return false;
+}
+
+void ServerNode::HoldHello(ConnId conn, const pb::MessageMeta& hello_meta, const std::string& node_id) {
+  // The newest metadata reaches every node in about one broadcast; a heartbeat answer
+  // carries it otherwise. Past that, the peer is not a member.
+  const Duration hold = std::clamp<Duration>(2 * options_.heartbeat_interval, std::chrono::milliseconds(500),
+                                             std::chrono::seconds(3));
+  HeldHello& h = held_[conn];
+  h.node_id = node_id;
+  h.hello_meta = hello_meta;
+  h.timer = loop()->AddTimer(hold, Duration::zero(), [this, conn, node_id, hold] {
+    auto it = held_.find(conn);
+    if (it == held_.end()) return;
+    it->second.timer = 0;
+    RefuseHeld(conn, Status(Code::kPermissionDenied, "node '" + node_id + "' is not a member of this job (not in " +
+                                                         "the metadata after " + std::to_string(ToMillis(hold)) +
+                                                         " ms)"));
+  });
+  VLOG(1) << "server " << options_.node_id << ": conn " << conn << " says it is '" << node_id
+          << "', not in the metadata yet; holding it";
+}
+
+void ServerNode::RecheckHeldHellos() {
+  std::vector<ConnId> admitted;
+  for (auto& [conn, h] : held_) {
+    if (IsMemberId(h.node_id)) admitted.push_back(conn);
+  }
+  for (ConnId conn : admitted) {
+    auto it = held_.find(conn);
+    if (it == held_.end()) continue;
+    HeldHello h = std::move(it->second);
+    held_.erase(it);
+    if (h.timer != 0) loop()->CancelTimer(h.timer);
+    members_[conn] = h.node_id;
+    messenger().Reply(conn, h.hello_meta, Status::Ok()).IgnoreError();
+    for (Frame& f : h.queued) {
+      if (!messenger().transport().IsOpen(conn)) break;
+      OnPeerRequest(conn, std::move(f));
+    }
+  }
+}
+
+void ServerNode::RefuseHeld(ConnId conn, const Status& why) {
+  auto it = held_.find(conn);
+  if (it == held_.end()) return;
+  HeldHello h = std::move(it->second);
+  held_.erase(it);
+  if (h.timer != 0) loop()->CancelTimer(h.timer);
+  LOG(WARNING) << "server " << options_.node_id << ": conn " << conn << " "
+               << messenger().transport().PeerAddress(conn) << " refused: " << why;
+  messenger().Reply(conn, h.hello_meta, why).IgnoreError();
+  for (const Frame& f : h.queued) messenger().Reply(conn, f.meta, why).IgnoreError();
+  messenger().transport().CloseAfterFlush(conn, why);
 }
 
 bool ServerNode::CheckMember(ConnId conn, const pb::MessageMeta& meta) {
@@ -148,7 +223,14 @@ bool ServerNode::CheckMember(ConnId conn, const pb::MessageMeta& meta) {
   return false;
 }
 
-void ServerNode::OnPeerClosed(ConnId conn, const Status&) { members_.erase(conn); }
+void ServerNode::OnPeerClosed(ConnId conn, const Status&) {
+  members_.erase(conn);
+  auto held = held_.find(conn);
+  if (held != held_.end()) {
+    if (held->second.timer != 0) loop()->CancelTimer(held->second.timer);
+    held_.erase(held);
+  }
+}
 
 void ServerNode::Dispatch(ConnId conn, Frame&& frame) {
   const pb::MessageMeta& meta = frame.meta;

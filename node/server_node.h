@@ -84,6 +84,13 @@ class ServerNode : public Node {
   void HandlePull(const DataRequest& req, Responder r);
   void HandleCollective(comm::ConnId conn, comm::Frame&& frame);
   void HandleHello(comm::ConnId conn, const comm::Frame& frame);
+  // A HELLO from a node this server's metadata does not list yet (the scheduler's
+  // broadcast may reach the peer first): its link is held, frames queued, until the
+  // metadata lists it (then they are served in order) or the hold ends (then refused).
+  void HoldHello(comm::ConnId conn, const pb::MessageMeta& hello_meta, const std::string& node_id);
+  void RecheckHeldHellos();
+  void RefuseHeld(comm::ConnId conn, const Status& why);
+  bool IsMemberId(const std::string& node_id) const;
   // Refuses (and closes) a data request from a connection that did not identify itself
   // as a member of the job; true when the request may be served.
   bool CheckMember(comm::ConnId conn, const pb::MessageMeta& meta);
@@ -121,6 +128,14 @@ class ServerNode : public Node {
   std::map<std::pair<int, std::string>, std::shared_ptr<std::promise<Result<BufferPtr>>>> waiting_;
   std::shared_ptr<ServerNode*> alive_;
   std::unordered_map<comm::ConnId, std::string> members_;  // identified peer links (loop thread)
+  struct HeldHello {
+    std::string node_id;
+    pb::MessageMeta hello_meta;  // answered (when it asked for an answer) once decided
+    comm::TimerId timer = 0;
+    std::vector<comm::Frame> queued;
+    uint64_t queued_bytes = 0;
+  };
+  std::unordered_map<comm::ConnId, HeldHello> held_;  // loop thread
   mutable std::shared_mutex view_mu_;
   int view_rank_ = -1;
   int view_n_ = 0;

@@ -57,7 +57,10 @@ void ServerNode::HandleMigrate(const DataRequest& req, Responder r) {
   r.Reply(nullptr);
 }
 
-void ServerNode::OnMetadataApplied() { RefreshView(); }
+void ServerNode::OnMetadataApplied() {
+  RefreshView();
+  RecheckHeldHellos();
+}
 
 void ServerNode::OnStateApplied(pb::ClusterState) { RefreshView(); }
 
