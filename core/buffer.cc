@@ -9,11 +9,24 @@ namespace {
 
 // Released large blocks by capacity. Never destroyed (blocks may be released during
 // static destruction); what it holds stays reachable, so leak checkers do not report it.
+#if defined(__SANITIZE_ADDRESS__)
+#define PSCORE_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PSCORE_ASAN 1
+#endif
+#endif
+
 struct LargeBlockPool {
   std::mutex mu;
   std::map<size_t, std::vector<char*>> free_blocks;  // guarded by mu
   size_t pooled = 0;                                  // bytes in free_blocks; guarded by mu
-  size_t limit = Buffer::kDefaultPoolLimit;           // guarded by mu
+#ifdef PSCORE_ASAN
+  // Off by default under AddressSanitizer: a reused block would hide a use after free.
+  size_t limit = 0;  // guarded by mu
+#else
+  size_t limit = Buffer::kDefaultPoolLimit;  // guarded by mu
+#endif
 };
 
 LargeBlockPool& Pool() {

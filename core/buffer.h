@@ -6,7 +6,8 @@
 // From kPooledBytes on, storage comes from a process-wide pool of released blocks (sizes
 // rounded up to a quarter of their power of two), so a stream of large payloads reuses
 // mapped memory instead of faulting in (and the kernel zeroing) fresh pages for each one.
-// The pool keeps at most PoolLimit() bytes (SetPoolLimit; 0 turns it off); a released
+// The pool keeps at most PoolLimit() bytes (SetPoolLimit; 0 turns it off; 0 by default in
+// AddressSanitizer builds, where reuse would hide a use after free); a released
 // block that does not fit frees blocks of other sizes first. Storage is 16-byte aligned
 // either way.
 #pragma once

@@ -156,7 +156,10 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   if (FLAGS_rank < -1) Die(prog, "--rank must be >= -1");
   if (FLAGS_max_message_bytes < 1024) Die(prog, "--max_message_bytes must be >= 1024");
   if (FLAGS_buffer_pool_mb > (1ull << 20)) Die(prog, "--buffer_pool_mb must be <= 1048576");
-  Buffer::SetPoolLimit(static_cast<size_t>(FLAGS_buffer_pool_mb) << 20);  // process-wide
+  // Process-wide. Left alone unless given, so an AddressSanitizer build keeps its default (off).
+  if (!gflags::GetCommandLineFlagInfoOrDie("buffer_pool_mb").is_default) {
+    Buffer::SetPoolLimit(static_cast<size_t>(FLAGS_buffer_pool_mb) << 20);
+  }
   if (FLAGS_max_connections < 0) Die(prog, "--max_connections must be >= 0");
   if (FLAGS_first_frame_timeout_ms < 0) Die(prog, "--first_frame_timeout_ms must be >= 0");
   if (FLAGS_update_rule != "assign" && FLAGS_update_rule != "sum" && FLAGS_update_rule != "sgd") {
