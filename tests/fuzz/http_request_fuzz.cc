@@ -83,18 +83,38 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   return 0;
 }
 
+// A connected client socket. Thousands of short connections a second leave their
+// ports in TIME_WAIT (the client closes second); rotating the source address over
+// 127.0.0.0/8 multiplies the ports there are, and a momentary shortage is waited out.
+// Any other failure to connect is the server's fault.
+static int ConnectClient(int port) {
+  static uint32_t next_source = 0;
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) __builtin_trap();
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    src.sin_addr.s_addr = htonl(0x7f000000u | (1 + next_source++ % 0xfffe) << 8 | 1);  // 127.a.b.1
+    if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) __builtin_trap();
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+    const int err = errno;
+    close(fd);
+    if (err != EADDRNOTAVAIL && err != EAGAIN && err != EADDRINUSE) __builtin_trap();
+    usleep(10000);
+  }
+  __builtin_trap();  // no port for 5 s
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Fixture* fx = Shared();
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) __builtin_trap();
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(fx->port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) __builtin_trap();
+  int fd = ConnectClient(fx->port);
   size_t sent = 0;
   while (sent < size) {
     ssize_t n = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
