@@ -225,6 +225,7 @@ bool ServerNode::CheckMember(ConnId conn, const pb::MessageMeta& meta) {
 
 void ServerNode::OnPeerClosed(ConnId conn, const Status&) {
   members_.erase(conn);
+  in_executor_.erase(conn);  // closures still queued keep their counter alive
   auto held = held_.find(conn);
   if (held != held_.end()) {
     if (held->second.timer != 0) loop()->CancelTimer(held->second.timer);
@@ -256,12 +257,37 @@ void ServerNode::Dispatch(ConnId conn, Frame&& frame) {
   }
   DataRequest req{meta.role(), meta.rank_id(), meta.user_cmd(), meta.handler(), std::move(frame.payload)};
   Responder r = MakeResponder(conn, meta);
-  if (executor_) {
-    DataHandler h = *handler;
-    executor_->Submit(conn, [h, req = std::move(req), r] { h(req, r); });
-  } else {
-    (*handler)(req, r);
+  if (!executor_) return (*handler)(req, r);
+  // Built-in push/pull of a few KiB take microseconds: on the loop thread at once, unless
+  // earlier requests of this link are still with the executor (they go first).
+  std::shared_ptr<std::atomic<int>>& pending = in_executor_[conn];
+  if (!pending) pending = std::make_shared<std::atomic<int>>(0);
+  if (pending->load(std::memory_order_acquire) == 0 && SmallBuiltin(meta, req.payload)) {
+    return (*handler)(req, r);
   }
+  pending->fetch_add(1, std::memory_order_relaxed);
+  DataHandler h = *handler;
+  executor_->Submit(conn, [h, req = std::move(req), r, pending] {
+    h(req, r);
+    pending->fetch_sub(1, std::memory_order_release);
+  });
+}
+
+bool ServerNode::SmallBuiltin(const pb::MessageMeta& meta, const BufferPtr& payload) const {
+  constexpr size_t kSmallBytes = 16 * 1024;
+  const bool push = meta.handler() == kPushHandler;
+  if (!push && meta.handler() != kPullHandler) return false;
+  const size_t size = payload ? payload->size() : 0;
+  if (size > kSmallBytes) return false;
+  if (push) return true;
+  // A pull's answer is what counts: the lengths of the keys it asks for.
+  Result<core::KvView> view = core::DecodeKvPairs(payload ? payload->data() : "", size, /*expect_values=*/false);
+  if (!view.ok()) return true;  // refused at once by the handler
+  std::vector<uint32_t> lens(view->num_keys);
+  if (!store_.Lens(view->keys, view->num_keys, lens.data()).ok()) return true;  // kNotFound at once
+  uint64_t floats = 0;
+  for (uint32_t l : lens) floats += l;
+  return floats * sizeof(float) <= kSmallBytes;
 }
 
 void ServerNode::HandlePush(const DataRequest& req, Responder r) {

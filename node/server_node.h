@@ -5,6 +5,7 @@
 // answer through a Responder that may be completed from any thread.
 #pragma once
 
+#include <atomic>
 #include <future>
 #include <map>
 #include <mutex>
@@ -105,6 +106,8 @@ class ServerNode : public Node {
   void SendEntries(std::vector<std::pair<uint64_t, std::vector<float>>> entries, std::function<int(int)> dest_rank,
                    int n, std::function<void()> done);
   Responder MakeResponder(comm::ConnId conn, const pb::MessageMeta& meta);
+  // A built-in push of at most 16 KiB, or a pull asking for at most 16 KiB of values.
+  bool SmallBuiltin(const pb::MessageMeta& meta, const BufferPtr& payload) const;
 
   // Applies one store change, journaled first when options_.data_dir is set (the journal
   // lock orders records as the changes are applied). An append error is returned and
@@ -121,6 +124,11 @@ class ServerNode : public Node {
   // member (RefreshView) or by a migration overwriting them (guarded by journal_mu_).
   std::unordered_set<uint64_t> restored_unconfirmed_;
   std::unique_ptr<Executor> executor_;
+  // Per link: closures submitted to the executor and not yet finished (the map is loop
+  // state; the count is decremented by the executor thread when a closure ends). A small
+  // built-in request on a link with none runs at once on the loop thread: ordering per
+  // link is kept, and two thread hand-offs are saved.
+  std::unordered_map<comm::ConnId, std::shared_ptr<std::atomic<int>>> in_executor_;
   std::unordered_map<int, DataHandler> by_cmd_;
   std::unordered_map<std::string, DataHandler> by_name_;
   // Collective mailbox (loop thread): arrived payloads and waiting receivers.

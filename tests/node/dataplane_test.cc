@@ -359,6 +359,31 @@ TEST_CASE("a Pull issued after a Push from the same worker sees that Push", "[no
   for (auto& f : pushes) CHECK(Await(f).ok());
 }
 
+TEST_CASE("a small Pull issued after a large Push from the same worker sees that Push",
+          "[node][net][dataplane]") {
+  // The large push goes to the server's handler threads; a pull asking for little could be
+  // served at once on the server's loop, but must still come after the push. The push
+  // writes one small key (5) besides four big ones; the pull asks for key 5 alone.
+  TestCluster::Config config;
+  config.servers = 1;
+  config.store.rule = core::UpdateRule::kAssign;
+  TestCluster c(config);
+  c.Start();
+  const std::vector<uint64_t> keys = {1, 2, 3, 4, 5};
+  const uint32_t big = 64 * 1024;  // 256 KiB per key: well over the small bound
+  const std::vector<uint32_t> lens = {big, big, big, big, 1};
+  for (int i = 1; i <= 100; ++i) {
+    std::vector<float> values(4 * big + 1, static_cast<float>(i));
+    auto push = c.worker(0).Push(keys, values, lens);
+    auto pull = c.worker(0).Pull({5});  // issued before the push was answered
+    Result<PullResult> r = Await(pull);
+    REQUIRE(r.ok());
+    INFO("round " << i);
+    CHECK(r->values == std::vector<float>{static_cast<float>(i)});
+    CHECK(Await(push).ok());
+  }
+}
+
 TEST_CASE("PullInto writes the values into the caller's memory, refuses a wrong size and leaves it alone",
           "[node][net][dataplane]") {
   TestCluster::Config config;
