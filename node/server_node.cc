@@ -279,7 +279,9 @@ bool ServerNode::SmallBuiltin(const pb::MessageMeta& meta, const BufferPtr& payl
   if (!push && meta.handler() != kPullHandler) return false;
   const size_t size = payload ? payload->size() : 0;
   if (size > kSmallBytes) return false;
-  if (push) return true;
+  // A journaled push writes to disk, and now and then compacts the journal (the whole
+  // store, then fsync): never on the loop thread.
+  if (push) return !journal_;
   // A pull's answer is what counts: the lengths of the keys it asks for.
   Result<core::KvView> view = core::DecodeKvPairs(payload ? payload->data() : "", size, /*expect_values=*/false);
   if (!view.ok()) return true;  // refused at once by the handler

@@ -106,7 +106,8 @@ class ServerNode : public Node {
   void SendEntries(std::vector<std::pair<uint64_t, std::vector<float>>> entries, std::function<int(int)> dest_rank,
                    int n, std::function<void()> done);
   Responder MakeResponder(comm::ConnId conn, const pb::MessageMeta& meta);
-  // A built-in push of at most 16 KiB, or a pull asking for at most 16 KiB of values.
+  // A built-in push of at most 16 KiB (not journaled), or a pull asking for at most 16 KiB
+  // of values.
   bool SmallBuiltin(const pb::MessageMeta& meta, const BufferPtr& payload) const;
 
   // Applies one store change, journaled first when options_.data_dir is set (the journal
