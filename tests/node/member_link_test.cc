@@ -48,7 +48,7 @@ class RawPeer {
       messenger_->Shutdown();
       done.set_value();
     });
-    done.get_future().wait();
+    if (done.get_future().wait_for(15s) != std::future_status::ready) FAIL("raw peer loop did not shut down");
     loop_.Stop().IgnoreError();
   }
   // Sends the push now; the future gets the answer's status.
@@ -106,7 +106,9 @@ TEST_CASE("a HELLO from a node the server's metadata does not list yet is held u
   REQUIRE(worker.WaitForReady(10s).ok());
   REQUIRE(push.wait_for(10s) == std::future_status::ready);
   CHECK(push.get().ok());
-  Result<PullResult> r = worker.Pull({1}).get();
+  auto pull = worker.Pull({1});
+  REQUIRE(pull.wait_for(10s) == std::future_status::ready);
+  Result<PullResult> r = pull.get();
   REQUIRE(r.ok());
   CHECK(r->values == std::vector<float>{3.0f});
 
@@ -119,7 +121,9 @@ TEST_CASE("a HELLO from a node the server's metadata does not list yet is held u
   CHECK(std::chrono::steady_clock::now() - t0 >= 900ms);
   CHECK(st.code() == Code::kPermissionDenied);
   CHECK_THAT(st.message(), Catch::Contains("not a member"));
-  CHECK(worker.Pull({1}).get().ok());  // the job is intact
+  auto again = worker.Pull({1});  // the job is intact
+  REQUIRE(again.wait_for(10s) == std::future_status::ready);
+  CHECK(again.get().ok());
 
   worker.Stop();
   server.Stop();
