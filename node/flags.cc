@@ -47,6 +47,8 @@ DEFINE_int32(max_connections, 10000, "Scheduler and server: accepted connections
              "closed at once with a log line (0: no cap).");
 DEFINE_int32(first_frame_timeout_ms, 30000, "Scheduler and server: an accepted connection that sends no whole frame "
              "within this long is closed (0: never).");
+DEFINE_int32(partial_frame_timeout_ms, 30000, "Scheduler and server: a connection that began a frame and sent no byte "
+             "of it for this long is closed (0: never).");
 DEFINE_string(data_dir, "", "Server: journal the parameter store in this directory (one per server) so a restart "
               "with the same --node_id and directory gets its parameters back. Empty: memory only.");
 DEFINE_string(update_rule, "sum", "Server parameter store rule: assign, sum or sgd.");
@@ -69,6 +71,14 @@ DEFINE_int64(wait_timeout_ms, 120000, "pscore-admin --wait: how long to wait for
 
 namespace pscore::node {
 namespace {
+
+AcceptLimits AcceptLimitsFromFlags() {
+  AcceptLimits a;
+  a.max_connections = static_cast<size_t>(FLAGS_max_connections);
+  a.first_frame_timeout = std::chrono::milliseconds(FLAGS_first_frame_timeout_ms);
+  a.partial_frame_timeout = std::chrono::milliseconds(FLAGS_partial_frame_timeout_ms);
+  return a;
+}
 
 [[noreturn]] void Die(const std::string& prog, const std::string& msg) {
   std::cerr << prog << ": " << msg << std::endl;
@@ -162,6 +172,7 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   }
   if (FLAGS_max_connections < 0) Die(prog, "--max_connections must be >= 0");
   if (FLAGS_first_frame_timeout_ms < 0) Die(prog, "--first_frame_timeout_ms must be >= 0");
+  if (FLAGS_partial_frame_timeout_ms < 0) Die(prog, "--partial_frame_timeout_ms must be >= 0");
   if (FLAGS_update_rule != "assign" && FLAGS_update_rule != "sum" && FLAGS_update_rule != "sgd") {
     Die(prog, "--update_rule must be assign, sum or sgd (got '" + FLAGS_update_rule + "')");
   }
@@ -193,8 +204,7 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   s.http_port = FLAGS_http_port;
   s.state_dir = FLAGS_state_dir;
   s.state_reset_on_corrupt = FLAGS_state_reset_on_corrupt;
-  s.max_connections = static_cast<size_t>(FLAGS_max_connections);
-  s.first_frame_timeout = std::chrono::milliseconds(FLAGS_first_frame_timeout_ms);
+  s.accept = AcceptLimitsFromFlags();
   NodeOptions& n = cl.node;
   n.node_id = FLAGS_node_id;
   n.scheduler_host = FLAGS_scheduler_host;
@@ -208,8 +218,7 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   n.max_message_bytes = FLAGS_max_message_bytes;
   n.handler_threads = FLAGS_handler_threads;
   n.data_dir = FLAGS_data_dir;
-  n.max_connections = static_cast<size_t>(FLAGS_max_connections);
-  n.first_frame_timeout = std::chrono::milliseconds(FLAGS_first_frame_timeout_ms);
+  n.accept = AcceptLimitsFromFlags();
   cl.auto_finish = FLAGS_auto_finish;
   cl.finish_timeout_ms = FLAGS_finish_timeout_ms;
   cl.port_file = FLAGS_port_file;

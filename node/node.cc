@@ -20,15 +20,6 @@ uint64_t FreshIncarnation() {
   return v == 0 ? 1 : v;
 }
 
-comm::TransportOptions TransportFor(const NodeOptions& o) {
-  comm::TransportOptions t;
-  t.limits.max_message_bytes = o.max_message_bytes;
-  t.auth_token = o.cluster_token;
-  t.max_accepted_connections = o.max_connections;
-  t.first_frame_timeout = o.first_frame_timeout;
-  return t;
-}
-
 }  // namespace
 
 Node::Node(NodeOptions options, comm::EventLoop* loop)
@@ -42,7 +33,8 @@ Node::Node(NodeOptions options, comm::EventLoop* loop)
   comm::Messenger::Handlers h;
   h.on_request = [this](ConnId c, Frame&& f) { OnFrame(c, std::move(f)); };
   h.on_close = [this](ConnId c, const Status& why) { OnPeerClosed(c, why); };
-  messenger_ = std::make_unique<comm::Messenger>(loop_, TransportFor(options_), std::move(h));
+  messenger_ = std::make_unique<comm::Messenger>(
+      loop_, MakeTransportOptions(options_.max_message_bytes, options_.cluster_token, options_.accept), std::move(h));
 }
 
 Node::~Node() { Stop(); }

@@ -7,10 +7,21 @@
 #include <string>
 #include <vector>
 
+#include "comm/transport_types.h"
 #include "core/clock.h"
 #include "proto/comm.pb.h"
 
 namespace pscore::node {
+
+// Limits on the connections a scheduler or a server accepts (its peers, admin clients and
+// strangers). Dialled connections are not subject to them.
+struct AcceptLimits {
+  size_t max_connections = 10000;  // open at once; more are closed at accept (0: no cap)
+  // An accepted connection must deliver one whole frame within this long (0: no deadline).
+  Duration first_frame_timeout = std::chrono::seconds(30);
+  // A frame begun but not finished, with no byte for this long, is cut off (0: never).
+  Duration partial_frame_timeout = std::chrono::seconds(30);
+};
 
 struct SchedulerOptions {
   std::string host = "127.0.0.1";
@@ -29,10 +40,7 @@ struct SchedulerOptions {
   std::string state_dir;
   bool state_reset_on_corrupt = false;  // a damaged state file: start fresh, not exit 1
   std::string cluster_token;  // empty: no authentication
-  // Accepted connections: at most this many open (0: no cap); each must deliver one whole
-  // frame within first_frame_timeout of being accepted or it is closed (0: no deadline).
-  size_t max_connections = 10000;
-  Duration first_frame_timeout = std::chrono::seconds(30);
+  AcceptLimits accept;
 };
 
 struct NodeOptions {
@@ -56,9 +64,19 @@ struct NodeOptions {
   // per server. Empty: parameters live in memory only.
   std::string data_dir;
   std::string cluster_token;  // empty: no authentication
-  // Accepted (peer) connections of a server: as SchedulerOptions.
-  size_t max_connections = 10000;
-  Duration first_frame_timeout = std::chrono::seconds(30);
+  AcceptLimits accept;  // a server's accepted (peer) connections
 };
+
+// The transport options every role's messenger starts from.
+inline comm::TransportOptions MakeTransportOptions(uint64_t max_message_bytes, const std::string& cluster_token,
+                                                   const AcceptLimits& accept) {
+  comm::TransportOptions t;
+  t.limits.max_message_bytes = max_message_bytes;
+  t.auth_token = cluster_token;
+  t.max_accepted_connections = accept.max_connections;
+  t.first_frame_timeout = accept.first_frame_timeout;
+  t.partial_frame_timeout = accept.partial_frame_timeout;
+  return t;
+}
 
 }  // namespace pscore::node

@@ -21,15 +21,6 @@ core::ClusterConfig MakeClusterConfig(const SchedulerOptions& o) {
   return c;
 }
 
-comm::TransportOptions MakeTransportOptions(const SchedulerOptions& o) {
-  comm::TransportOptions t;
-  t.limits.max_message_bytes = o.max_message_bytes;
-  t.auth_token = o.cluster_token;
-  t.max_accepted_connections = o.max_connections;
-  t.first_frame_timeout = o.first_frame_timeout;
-  return t;
-}
-
 }  // namespace
 
 SchedulerNode::SchedulerNode(SchedulerOptions options, comm::EventLoop* loop)
@@ -43,7 +34,7 @@ SchedulerNode::SchedulerNode(SchedulerOptions options, comm::EventLoop* loop)
   h.on_request = [this](ConnId c, Frame&& f) { OnRequest(c, std::move(f)); };
   h.on_close = [this](ConnId c, const Status& why) { OnClose(c, why); };
   messenger_ = std::make_unique<comm::Messenger>(
-      loop_, MakeTransportOptions(options_), std::move(h));
+      loop_, MakeTransportOptions(options_.max_message_bytes, options_.cluster_token, options_.accept), std::move(h));
 }
 
 SchedulerNode::~SchedulerNode() { Stop(); }

@@ -2,6 +2,9 @@
 // wrong token is refused and exits 1; admin without it fails; HTTP mutations need the
 // token as a bearer token.
 #include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "multiproc/process.h"
 
@@ -38,6 +41,26 @@ int RunToEnd(const std::vector<std::string>& argv, const std::string& log, std::
   return code ? *code : -1;
 }
 
+// The local addresses ("0100007F:1F90" style, as /proc/net/tcp prints them) of the
+// listening TCP sockets on `port`.
+std::vector<std::string> ListenAddresses(int port) {
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      size_t colon = local.rfind(':');
+      if (state != "0A" || colon == std::string::npos) continue;  // 0A: LISTEN
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) == port) out.push_back(local.substr(0, colon));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("a job with a cluster token admits only holders of the token", "[multiproc][net][auth]") {
@@ -68,10 +91,16 @@ TEST_CASE("a job with a cluster token admits only holders of the token", "[multi
   CHECK(code == 1);
   CHECK_THAT(out, Catch::Contains("wrong cluster token proof"));
 
+  // The HTTP endpoint listens on 127.0.0.1 only when --http_host is not given.
+  CHECK(ListenAddresses(http) == std::vector<std::string>{"0100007F"});
+
+  // The worker finds the token through PSCORE_CLUSTER_TOKEN_FILE instead of the flag.
   Process server, worker;
   REQUIRE(server.Start(With({Bin("pscore-node"), "--role=server", "--node_id=s0", sp, tok}, kFast),
                        dir.File("s0.log")));
-  REQUIRE(worker.Start(With({Bin("pscore-node"), "--role=worker", "--node_id=w0", sp, tok}, kFast),
+  REQUIRE(worker.Start(With({"/usr/bin/env", "PSCORE_CLUSTER_TOKEN_FILE=" + dir.File("token"), Bin("pscore-node"),
+                             "--role=worker", "--node_id=w0", sp},
+                            kFast),
                        dir.File("w0.log")));
 
   // Admin with the token sees the job READY with exactly the two members.
@@ -94,6 +123,10 @@ TEST_CASE("a job with a cluster token admits only holders of the token", "[multi
   code = RunToEnd({"/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", url + "/v1/disable"},
                   dir.File("curl1.log"), &out);
   CHECK(code == 0);
+  CHECK(out == "401");
+  code = RunToEnd({"/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "-H",
+                   "Authorization: Bearer tr0ub4dor", url + "/v1/disable"},
+                  dir.File("curl1b.log"), &out);
   CHECK(out == "401");
   code = RunToEnd({"/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url + "/v1/cluster"},
                   dir.File("curl2.log"), &out);
