@@ -3,21 +3,12 @@
 #include <cstring>
 
 #include "core/buffer.h"
+#include "core/endian.h"
 #include "core/kv_codec.h"
 #include "core/state_file.h"
 
 namespace pscore::core {
 namespace {
-
-void PutLe(uint64_t v, size_t bytes, char* out) {
-  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
-uint64_t GetLe(const char* in, size_t bytes) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in[i])) << (8 * i);
-  return v;
-}
 
 // The checksum covers the op byte and the body, so a flipped op is caught too.
 uint32_t RecordCrc(uint8_t op, std::string_view body) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/cluster_manager.h"
+#include "core/endian.h"
 #include "core/kv_store.h"
 
 namespace pscore::core {
@@ -23,16 +24,6 @@ std::array<uint32_t, 256> MakeCrcTable() {
     table[i] = c;
   }
   return table;
-}
-
-void PutLe(uint64_t v, size_t bytes, char* out) {
-  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
-uint64_t GetLe(const char* in, size_t bytes) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in[i])) << (8 * i);
-  return v;
 }
 
 Status ValidateNode(const pb::PersistedNode& n) {

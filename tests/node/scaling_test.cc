@@ -29,10 +29,17 @@ NodeOptions Opts(pb::NodeRole role, int port, const std::string& id) {
   return o;
 }
 
+// Runs an admin operation on the scheduler's loop; its answer, or a failure after 60 s (a
+// scale ends within scale_timeout, 10 s here). The promise is shared with the callback so
+// a late answer after the deadline writes into live memory.
 Status AdminOp(SchedulerNode& s, pb::AdminRequest req) {
-  std::promise<Status> p;
-  s.loop()->Post([&] { s.Admin(req, [&](Status st, pb::AdminResponse) { p.set_value(st); }); });
-  return p.get_future().get();
+  auto p = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = p->get_future();
+  s.loop()->Post([&s, req, p] { s.Admin(req, [p](Status st, pb::AdminResponse) { p->set_value(st); }); });
+  if (f.wait_for(60s) != std::future_status::ready) {
+    return Status(Code::kTimeout, "admin " + req.op() + " not answered in 60 s");
+  }
+  return f.get();
 }
 
 bool WaitState(SchedulerNode& s, pb::ClusterState want, Duration timeout) {
