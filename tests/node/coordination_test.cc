@@ -22,7 +22,7 @@
 #include "node/wire.h"
 #include "node/worker_node.h"
 
-#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+#include "node/raw_link.h"  // last: pulls in Catch
 
 namespace pscore::node {
 namespace {
@@ -138,42 +138,9 @@ class TestCluster {
 
 // A bare protocol client on its own loop: registers with chosen incarnations and sends
 // admin requests, which a Node cannot do.
-class RawClient {
+class RawClient : public testing::RawLink {
  public:
-  explicit RawClient(int port) : loop_("raw") {
-    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), comm::Messenger::Handlers());
-    REQUIRE(loop_.Start().ok());
-    auto connected = std::make_shared<std::promise<Result<comm::ConnId>>>();
-    auto fut = connected->get_future();
-    loop_.Post([this, port, connected] {
-      messenger_->transport().Connect("127.0.0.1", port, comm::ConnectOptions(),
-                                      [connected](Result<comm::ConnId> c) { connected->set_value(c); });
-    });
-    REQUIRE(fut.wait_for(15s) == std::future_status::ready);
-    Result<comm::ConnId> c = fut.get();
-    REQUIRE(c.ok());
-    conn_ = *c;
-  }
-  ~RawClient() {
-    std::promise<void> done;
-    loop_.Post([this, &done] {
-      messenger_->Shutdown();
-      done.set_value();
-    });
-    done.get_future().wait();
-    loop_.Stop().IgnoreError();
-  }
-  Result<comm::Frame> Call(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg) {
-    auto promise = std::make_shared<std::promise<Result<comm::Frame>>>();
-    auto fut = promise->get_future();
-    BufferPtr payload = ToBuffer(msg);
-    loop_.Post([this, cmd, payload, promise] {
-      messenger_->Call(conn_, MakeMeta(cmd, pb::WORKER, -1), payload, 5s,
-                       [promise](Result<comm::Frame> r) { promise->set_value(std::move(r)); });
-    });
-    if (fut.wait_for(10s) != std::future_status::ready) return Status(Code::kTimeout, "raw call: no answer");
-    return fut.get();
-  }
+  explicit RawClient(int port) : RawLink(port, "raw") {}
   Result<int> Register(const std::string& node_id, uint64_t incarnation) {
     pb::RegisterMessage msg;
     msg.set_ip("127.0.0.1");
@@ -210,11 +177,6 @@ class RawClient {
     }
     return false;
   }
-
- private:
-  comm::EventLoop loop_;
-  std::unique_ptr<comm::Messenger> messenger_;
-  comm::ConnId conn_ = comm::kNoConn;
 };
 
 std::future<Status> BarrierAsync(Node& n, const std::string& id, Duration timeout,

@@ -1,0 +1,76 @@
+// A bare messenger link to one port, for tests that speak the protocol without a node:
+// its own loop, one dialled connection, calls with deadlines. Include before Catch.
+#pragma once
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+
+#include "comm/event_loop.h"
+#include "comm/messenger.h"
+#include "node/wire.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::node::testing {
+
+class RawLink {
+ public:
+  RawLink(int port, const std::string& loop_name) : loop_(loop_name) {
+    using namespace std::chrono_literals;
+    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), comm::Messenger::Handlers());
+    REQUIRE(loop_.Start().ok());
+    auto connected = std::make_shared<std::promise<Result<comm::ConnId>>>();
+    auto fut = connected->get_future();
+    loop_.Post([this, port, connected] {
+      messenger_->transport().Connect("127.0.0.1", port, comm::ConnectOptions(),
+                                      [connected](Result<comm::ConnId> c) { connected->set_value(c); });
+    });
+    REQUIRE(fut.wait_for(15s) == std::future_status::ready);
+    Result<comm::ConnId> c = fut.get();
+    REQUIRE(c.ok());
+    conn_ = *c;
+  }
+  ~RawLink() {
+    using namespace std::chrono_literals;
+    auto done = std::make_shared<std::promise<void>>();
+    loop_.Post([this, done] {
+      messenger_->Shutdown();
+      done->set_value();
+    });
+    if (done->get_future().wait_for(15s) != std::future_status::ready) FAIL("raw link loop did not shut down");
+    loop_.Stop().IgnoreError();
+  }
+  RawLink(const RawLink&) = delete;
+  RawLink& operator=(const RawLink&) = delete;
+
+  // Sends a request now; the future gets the answer (or the messenger's error).
+  std::future<Result<comm::Frame>> CallAsync(pb::MessageMeta meta, BufferPtr payload, Duration timeout) {
+    auto promise = std::make_shared<std::promise<Result<comm::Frame>>>();
+    auto fut = promise->get_future();
+    loop_.Post([this, meta, payload, timeout, promise] {
+      messenger_->Call(conn_, meta, payload, timeout,
+                       [promise](Result<comm::Frame> r) { promise->set_value(std::move(r)); });
+    });
+    return fut;
+  }
+  // A request as a worker with no rank; the answer within 10 s or kTimeout.
+  Result<comm::Frame> Call(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg) {
+    using namespace std::chrono_literals;
+    std::future<Result<comm::Frame>> fut = CallAsync(MakeMeta(cmd, pb::WORKER, -1), ToBuffer(msg), 5s);
+    if (fut.wait_for(10s) != std::future_status::ready) return Status(Code::kTimeout, "raw call: no answer");
+    return fut.get();
+  }
+  // A one-way message.
+  void Notify(pb::MessageMeta meta, BufferPtr payload) {
+    loop_.Post([this, meta, payload] { messenger_->Notify(conn_, meta, payload).IgnoreError(); });
+  }
+
+ private:
+  comm::EventLoop loop_;
+  std::unique_ptr<comm::Messenger> messenger_;
+  comm::ConnId conn_ = 0;
+};
+
+}  // namespace pscore::node::testing
