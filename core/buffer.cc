@@ -34,15 +34,21 @@ LargeBlockPool& Pool() {
   return *pool;
 }
 
-// Frees blocks (largest first) until the pool holds at most `limit`; mu held.
-void TrimLocked(LargeBlockPool& pool, size_t limit) {
+// Takes blocks (largest first) out of the pool until it holds at most `limit`; mu held.
+// The caller frees them after unlocking (freeing a large block unmaps it, which is slow,
+// and other threads' acquires and releases wait on mu).
+void TrimLocked(LargeBlockPool& pool, size_t limit, std::vector<char*>* evicted) {
   while (pool.pooled > limit && !pool.free_blocks.empty()) {
     auto last = std::prev(pool.free_blocks.end());
-    delete[] last->second.back();
+    evicted->push_back(last->second.back());
     last->second.pop_back();
     pool.pooled -= last->first;
     if (last->second.empty()) pool.free_blocks.erase(last);
   }
+}
+
+void FreeAll(const std::vector<char*>& blocks) {
+  for (char* b : blocks) delete[] b;
 }
 
 }  // namespace
@@ -73,6 +79,7 @@ char* Buffer::AcquireLarge(size_t capacity) {
 
 void Buffer::ReleaseLarge(char* block, size_t capacity) {
   LargeBlockPool& pool = Pool();
+  std::vector<char*> evicted;
   {
     std::lock_guard<std::mutex> lock(pool.mu);
     if (capacity <= pool.limit) {
@@ -85,7 +92,7 @@ void Buffer::ReleaseLarge(char* block, size_t capacity) {
           continue;
         }
         while (!it->second.empty() && pool.pooled + capacity > pool.limit) {
-          delete[] it->second.back();
+          evicted.push_back(it->second.back());
           it->second.pop_back();
           pool.pooled -= it->first;
         }
@@ -94,18 +101,23 @@ void Buffer::ReleaseLarge(char* block, size_t capacity) {
       if (pool.pooled + capacity <= pool.limit) {
         pool.free_blocks[capacity].push_back(block);
         pool.pooled += capacity;
-        return;
+        block = nullptr;
       }
     }
   }
+  FreeAll(evicted);
   delete[] block;
 }
 
 void Buffer::SetPoolLimit(size_t bytes) {
   LargeBlockPool& pool = Pool();
-  std::lock_guard<std::mutex> lock(pool.mu);
-  pool.limit = bytes;
-  TrimLocked(pool, bytes);
+  std::vector<char*> evicted;
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    pool.limit = bytes;
+    TrimLocked(pool, bytes, &evicted);
+  }
+  FreeAll(evicted);
 }
 
 size_t Buffer::PoolLimit() {
