@@ -302,29 +302,36 @@ Duration Transport::SweepPeriod() const {
 
 void Transport::SweepStalled() {
   TimePoint now = std::chrono::steady_clock::now();
-  std::vector<std::pair<ConnId, Status>> doomed;
+  struct Doomed {
+    ConnId id;
+    Status why;
+    bool stalled_frame;  // a frame begun and stalled (protocol error), else silent since accept
+  };
+  std::vector<Doomed> doomed;
   bool partial = options_.partial_frame_timeout.count() > 0;
   bool silent = options_.first_frame_timeout.count() > 0;
   for (auto& [id, c] : conns_) {
     if (partial && c->mid_frame() && now - c->last_read() > options_.partial_frame_timeout) {
-      doomed.emplace_back(id, Status(Code::kTimeout, "partial frame stalled for over " +
-                                                         std::to_string(ToMillis(options_.partial_frame_timeout)) + " ms"));
+      doomed.push_back({id, Status(Code::kTimeout, "partial frame stalled for over " +
+                                                       std::to_string(ToMillis(options_.partial_frame_timeout)) + " ms"),
+                        true});
     } else if (silent && c->accepted() && !c->heard() && now - c->opened() > options_.first_frame_timeout) {
-      doomed.emplace_back(id, Status(Code::kTimeout, "no whole frame within " +
-                                                         std::to_string(ToMillis(options_.first_frame_timeout)) +
-                                                         " ms of accepting the connection"));
+      doomed.push_back({id, Status(Code::kTimeout, "no whole frame within " +
+                                                       std::to_string(ToMillis(options_.first_frame_timeout)) +
+                                                       " ms of accepting the connection"),
+                        false});
     }
   }
-  for (auto& [id, why] : doomed) {
-    Connection* c = Lookup(id);
+  for (const Doomed& d : doomed) {
+    Connection* c = Lookup(d.id);
     if (c == nullptr) continue;
-    LOG(WARNING) << "conn " << id << " " << c->peer() << ": " << why << ", closing";
-    if (c->mid_frame()) {
+    LOG(WARNING) << "conn " << d.id << " " << c->peer() << ": " << d.why << ", closing";
+    if (d.stalled_frame) {
       ++stats_.protocol_errors;
     } else {
       ++stats_.silent_closed;
     }
-    c->Close(why);
+    c->Close(d.why);
   }
 }
 

@@ -137,6 +137,27 @@ TEST_CASE("bad input: an accepted connection that never sends a frame is closed 
   REQUIRE(server.Stop().ok());
 }
 
+TEST_CASE("bad input: a first frame still unfinished at the first-frame deadline is a silent close - not a protocol error",
+          "[comm][net][bad_input]") {
+  TransportOptions o = SmallLimits();
+  o.first_frame_timeout = std::chrono::milliseconds(200);
+  o.partial_frame_timeout = std::chrono::seconds(30);  // the frame is not stalled long enough
+  EchoServer server(o);
+  int port = server.Start();
+  RawSocket slow;
+  REQUIRE(slow.Connect(port));
+  std::string frame = EncodeFrame(TestMeta(8), std::string(1000, 's'));
+  REQUIRE(slow.SendAll(frame.substr(0, frame.size() / 2)));
+  ConnId id = server.WaitOpened(1);
+  Status why = server.WaitClosed(id);
+  INFO("close reason: " << why);
+  CHECK(why.message().find("no whole frame within 200 ms") != std::string::npos);
+  TransportStats stats = testing::OnLoop(server.loop(), [&] { return server.messenger().transport().stats(); });
+  CHECK(stats.silent_closed == 1);
+  CHECK(stats.protocol_errors == 0);
+  REQUIRE(server.Stop().ok());
+}
+
 TEST_CASE("bad input: accepted connections over the cap are closed at once", "[comm][net][bad_input]") {
   TransportOptions o = SmallLimits();
   o.max_accepted_connections = 3;
