@@ -108,7 +108,10 @@ Status Connection::StartReading() {
 void Connection::OnBytes(size_t n) {
   last_read_ = std::chrono::steady_clock::now();
   Status st = decoder_.Commit(n, &decoded_);
-  if (transport_ != nullptr) transport_->CountIn(n, decoded_.size());
+  if (transport_ != nullptr) {
+    transport_->CountIn(n, decoded_.size());
+    for (const Frame& f : decoded_) transport_->CountCommandIn(f.meta.cmd(), f.wire_bytes);
+  }
   if (!decoded_.empty()) heard_ = true;
   // Deliver what decoded before any error: those frames were valid.
   for (size_t i = 0; i < decoded_.size() && !closing_; ++i) {
@@ -187,7 +190,7 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
   b.payloads.push_back(std::move(payload));
   b.bytes += frame_bytes;
   queued_bytes_ += frame_bytes;
-  if (transport_ != nullptr) transport_->CountOut(frame_bytes);
+  if (transport_ != nullptr) transport_->CountOut(frame_bytes, meta.cmd());
   if (!flush_scheduled_ && transport_ != nullptr) {
     flush_scheduled_ = true;
     transport_->QueueFlush(id_);  // one before-poll pass per loop iteration flushes them all

@@ -59,7 +59,7 @@ Status FrameDecoder::Commit(size_t n, std::vector<Frame>* out) {
     direct_ = false;
     payload_filled_ += n;
     if (payload_filled_ == payload_->size()) {
-      out->push_back(Frame{std::move(meta_), std::move(payload_)});
+      out->push_back(Frame{std::move(meta_), std::move(payload_), frame_bytes_});
       meta_.Clear();
       payload_filled_ = 0;
     }
@@ -81,7 +81,7 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
       payload_filled_ += take;
       in_begin_ += take;
       if (payload_filled_ < payload_->size()) break;
-      out->push_back(Frame{std::move(meta_), std::move(payload_)});
+      out->push_back(Frame{std::move(meta_), std::move(payload_), frame_bytes_});
       meta_.Clear();
       payload_filled_ = 0;
       continue;
@@ -102,12 +102,13 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
     }
     in_begin_ += head;
     if (header->data_len == 0) {
-      out->push_back(Frame{std::move(meta_), nullptr});
+      out->push_back(Frame{std::move(meta_), nullptr, head});
       meta_.Clear();
       continue;
     }
     payload_ = Buffer::Allocate(header->data_len);
     payload_filled_ = 0;
+    frame_bytes_ = head + header->data_len;
   }
   if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
   return Status::Ok();

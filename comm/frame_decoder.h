@@ -20,6 +20,7 @@ namespace pscore::comm {
 struct Frame {
   pb::MessageMeta meta;
   BufferPtr payload;
+  uint64_t wire_bytes = 0;  // header + meta + payload as received (0: not from the wire)
 };
 
 class FrameDecoder {
@@ -61,6 +62,7 @@ class FrameDecoder {
   pb::MessageMeta meta_;
   BufferPtr payload_;
   size_t payload_filled_ = 0;
+  uint64_t frame_bytes_ = 0;  // wire size of the frame whose payload is being read
   bool direct_ = false;  // the last region handed out was inside payload_
   uint64_t copied_payload_bytes_ = 0;
 };

@@ -420,6 +420,18 @@ Result<Connection*> Transport::Open(ConnId id) const {
                                         (why == recent_close_reasons_.end() ? "" : " (" + why->second + ")"));
 }
 
+std::vector<CommandStats> Transport::StatsByCommand() const {
+  DCHECK(loop_->InLoopThread());
+  std::vector<CommandStats> out;
+  for (size_t slot = 0; slot < by_cmd_.size(); ++slot) {
+    const CommandStats& c = by_cmd_[slot];
+    if (c.frames_in == 0 && c.frames_out == 0) continue;
+    out.push_back(c);
+    out.back().cmd = slot + 1 == by_cmd_.size() ? kOtherCommand : static_cast<int>(slot);
+  }
+  return out;
+}
+
 Status Transport::Send(ConnId id, const pb::MessageMeta& meta, BufferPtr payload) {
   Result<Connection*> c = Open(id);
   return c.ok() ? (*c)->Send(meta, std::move(payload)) : c.status();

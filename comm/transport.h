@@ -4,6 +4,7 @@
 // Hosts: numeric IPv4/IPv6 addresses or "localhost" (no blocking DNS on the loop).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -67,6 +68,10 @@ class Transport {
   uint64_t QueuedBytes(ConnId id) const;
   size_t num_connections() const { return conns_.size(); }
   const TransportStats& stats() const { return stats_; }
+  // Snapshot of the per-command counters: one entry per command number that carried a
+  // frame either way, in number order, kOtherCommand (if any) last. Allocates per call
+  // (a /metrics scrape), never per frame.
+  std::vector<CommandStats> StatsByCommand() const;
   EventLoop* loop() const { return loop_; }
   const TransportOptions& options() const { return options_; }
 
@@ -82,7 +87,19 @@ class Transport {
   // connection may carry frames: at once, or after the token handshake.
   ConnId Adopt(uv_tcp_s* tcp, bool accepted, std::function<void(Result<ConnId>)> ready = nullptr);
   void CountIn(size_t bytes, size_t frames) { stats_.bytes_in += bytes; stats_.frames_in += frames; }
-  void CountOut(size_t bytes) { stats_.bytes_out += bytes; ++stats_.frames_out; }
+  // Per frame on the heartbeat path: an index and two adds, no lookup, no allocation.
+  void CountOut(size_t bytes, int cmd) {
+    stats_.bytes_out += bytes;
+    ++stats_.frames_out;
+    CommandStats& c = by_cmd_[CommandSlot(cmd)];
+    ++c.frames_out;
+    c.bytes_out += bytes;
+  }
+  void CountCommandIn(int cmd, uint64_t bytes) {
+    CommandStats& c = by_cmd_[CommandSlot(cmd)];
+    ++c.frames_in;
+    c.bytes_in += bytes;
+  }
   void CountProtocolError() { ++stats_.protocol_errors; }
   // Connection `id` has frames queued: flush it before the loop next polls.
   void QueueFlush(ConnId id);
@@ -96,6 +113,9 @@ class Transport {
     std::function<void(Result<ConnId>)> ready;
     uint64_t timer = 0;  // TimerId of the handshake deadline
   };
+  static size_t CommandSlot(int cmd) {
+    return static_cast<unsigned>(cmd) < kCommandSlots - 1u ? static_cast<size_t>(cmd) : kCommandSlots - 1u;
+  }
   void SweepStalled();
   Duration SweepPeriod() const;
   // The listener's check before it adopts an accepted socket: false when at the cap.
@@ -127,6 +147,7 @@ class Transport {
   uint64_t sweep_timer_ = 0;
   bool shut_down_ = false;
   TransportStats stats_;
+  std::array<CommandStats, kCommandSlots> by_cmd_{};  // by CommandSlot; cmd fields unused
   std::shared_ptr<Transport*> alive_ = std::make_shared<Transport*>(this);
 };
 

@@ -35,6 +35,21 @@ struct TransportOptions {
   Duration auth_timeout = std::chrono::seconds(10);
 };
 
+// Frames and bytes (whole frames: header, meta, payload) of one command number.
+struct CommandStats {
+  int cmd = 0;  // the NodeCommand number, or kOtherCommand
+  uint64_t frames_in = 0;
+  uint64_t frames_out = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+};
+
+// The transport counts commands 0 .. kCommandSlots - 2 one by one (the protocol's numbers
+// are all below that) and every other number, negative ones included, together as
+// kOtherCommand: a peer sending made-up numbers cannot grow the counters.
+inline constexpr int kCommandSlots = 64;
+inline constexpr int kOtherCommand = -1;
+
 struct TransportStats {
   uint64_t frames_in = 0;
   uint64_t frames_out = 0;

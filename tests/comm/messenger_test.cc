@@ -107,6 +107,100 @@ TEST_CASE("messenger: 10,000 echoed requests are all answered correctly", "[comm
   REQUIRE(server.Stop().ok());
 }
 
+// The entry for `cmd` in a StatsByCommand snapshot (all zero if the command is absent).
+CommandStats EntryFor(const std::vector<CommandStats>& all, int cmd) {
+  for (const CommandStats& c : all) {
+    if (c.cmd == cmd) return c;
+  }
+  CommandStats none;
+  none.cmd = cmd;
+  return none;
+}
+
+TEST_CASE("transport: frames and bytes are counted by command both ways", "[comm][net][messenger]") {
+  EchoServer server;
+  int port = server.Start();
+  Client client;
+  ConnId conn = client.Connect(port);
+  // Three one-way heartbeats, then five echoed SEND_DATA calls on the same connection: the
+  // answers arrive after the server has read the heartbeats (one connection keeps order).
+  std::atomic<int> notify_failed{0};  // no Catch assertion on the loop thread
+  client.loop.Post([&] {
+    for (int i = 0; i < 3; ++i) {
+      pb::MessageMeta meta;
+      meta.set_cmd(pb::HEARTBEAT);
+      if (!client.messenger->Notify(conn, meta, Buffer::FromString("beat")).ok()) ++notify_failed;
+    }
+  });
+  for (int i = 0; i < 5; ++i) REQUIRE(EchoOnce(client, conn, std::string(100, 'x')).ok());
+  CHECK(notify_failed == 0);
+  // Command numbers no peer should send: 40 has its own slot, 1000 and -3 share the last.
+  testing::RawSocket raw;
+  REQUIRE(raw.Connect(port));
+  std::vector<std::string> odd_frames;
+  for (int cmd : {40, 1000, -3}) {
+    pb::MessageMeta meta = TestMeta(7);
+    meta.set_cmd(static_cast<pb::NodeCommand>(cmd));
+    odd_frames.push_back(testing::EncodeFrame(meta, "odd"));
+    REQUIRE(raw.SendAll(odd_frames.back()));
+    pb::MessageMeta answer;
+    std::string payload;
+    REQUIRE(raw.RecvFrame(&answer, &payload));  // echoed: the server has counted it
+    CHECK(answer.cmd() == cmd);
+  }
+
+  auto [srv_stats, srv_cmds] = OnLoop(server.loop(), [&] {
+    return std::make_pair(server.messenger().transport().stats(), server.messenger().transport().StatsByCommand());
+  });
+  auto [cli_stats, cli_cmds] = OnLoop(client.loop, [&] {
+    return std::make_pair(client.messenger->transport().stats(), client.messenger->transport().StatsByCommand());
+  });
+  // The client sent 3 heartbeats and 5 requests and got 5 answers; nothing else.
+  CommandStats cli_hb = EntryFor(cli_cmds, pb::HEARTBEAT);
+  CommandStats cli_data = EntryFor(cli_cmds, pb::SEND_DATA);
+  CHECK(cli_cmds.size() == 2);
+  CHECK(cli_hb.frames_out == 3);
+  CHECK(cli_hb.frames_in == 0);
+  CHECK(cli_data.frames_out == 5);
+  CHECK(cli_data.frames_in == 5);
+  CHECK(cli_data.bytes_out > 5 * (kHeaderBytes + 100));
+  // What one side sent by command, the other received, byte for byte.
+  CommandStats srv_hb = EntryFor(srv_cmds, pb::HEARTBEAT);
+  CommandStats srv_data = EntryFor(srv_cmds, pb::SEND_DATA);
+  CHECK(srv_hb.frames_in == 3);
+  CHECK(srv_hb.bytes_in == cli_hb.bytes_out);
+  CHECK(srv_hb.frames_out == 0);  // one-way: not answered
+  CHECK(srv_data.frames_in == 5);
+  CHECK(srv_data.bytes_in == cli_data.bytes_out);
+  CHECK(srv_data.bytes_out == cli_data.bytes_in);
+  // Exact sizes for the raw frames; the made-up numbers are bounded to one shared slot.
+  CommandStats c40 = EntryFor(srv_cmds, 40);
+  CHECK(c40.frames_in == 1);
+  CHECK(c40.frames_out == 1);
+  CHECK(c40.bytes_in == odd_frames[0].size());
+  CommandStats other = EntryFor(srv_cmds, kOtherCommand);
+  CHECK(other.frames_in == 2);
+  CHECK(other.frames_out == 2);
+  CHECK(other.bytes_in == odd_frames[1].size() + odd_frames[2].size());
+  REQUIRE(!srv_cmds.empty());
+  CHECK(srv_cmds.back().cmd == kOtherCommand);
+  // The per-command counts add up to the totals (every byte read belonged to a whole frame).
+  uint64_t frames_in = 0, frames_out = 0, bytes_in = 0, bytes_out = 0;
+  for (const CommandStats& c : srv_cmds) {
+    frames_in += c.frames_in;
+    frames_out += c.frames_out;
+    bytes_in += c.bytes_in;
+    bytes_out += c.bytes_out;
+  }
+  CHECK(frames_in == srv_stats.frames_in);
+  CHECK(frames_out == srv_stats.frames_out);
+  CHECK(bytes_in == srv_stats.bytes_in);
+  CHECK(bytes_out == srv_stats.bytes_out);
+  CHECK(frames_in == 3 + 5 + 3);
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server.Stop().ok());
+}
+
 TEST_CASE("messenger: an error status in the answer fails the call", "[comm][net][messenger]") {
   EventLoop sloop("err-server");
   Messenger::Handlers h;
