@@ -56,6 +56,14 @@ Status ParseAdminBody(const std::string& body, const std::string& op, pb::AdminR
   return Status::Ok();
 }
 
+// The cmd label of a command number: its NodeCommand name, CMD_<n> for an unknown number,
+// OTHER for the transport's overflow slot.
+std::string CommandLabel(int cmd) {
+  if (cmd == comm::kOtherCommand) return "OTHER";
+  if (pb::NodeCommand_IsValid(cmd)) return pb::NodeCommand_Name(static_cast<pb::NodeCommand>(cmd));
+  return "CMD_" + std::to_string(cmd);
+}
+
 }  // namespace
 
 int HttpStatusOf(Code code) {
@@ -250,12 +258,23 @@ void SchedulerHttp::ServeMetrics(comm::HttpConnId id) {
   family("pscore_heartbeats_received_total", "counter", "Heartbeats received by the scheduler.");
   sample("pscore_heartbeats_received_total", "", sched_->heartbeats());
   const comm::TransportStats& t = sched_->transport_stats();
-  family("pscore_messages_total", "counter", "Native protocol frames by direction.");
-  sample("pscore_messages_total", "direction=\"in\"", t.frames_in);
-  sample("pscore_messages_total", "direction=\"out\"", t.frames_out);
-  family("pscore_bytes_total", "counter", "Native protocol bytes by direction.");
-  sample("pscore_bytes_total", "direction=\"in\"", t.bytes_in);
-  sample("pscore_bytes_total", "direction=\"out\"", t.bytes_out);
+  // By command: one in and one out sample per command that carried a frame either way.
+  const std::vector<comm::CommandStats> by_cmd = sched_->messenger().transport().StatsByCommand();
+  family("pscore_messages_total", "counter", "Native protocol frames by direction and command.");
+  for (const comm::CommandStats& c : by_cmd) {
+    const std::string cmd = CommandLabel(c.cmd);
+    sample("pscore_messages_total", "direction=\"in\",cmd=\"" + cmd + "\"", c.frames_in);
+    sample("pscore_messages_total", "direction=\"out\",cmd=\"" + cmd + "\"", c.frames_out);
+  }
+  family("pscore_bytes_total", "counter", "Native protocol bytes of whole frames by direction and command.");
+  for (const comm::CommandStats& c : by_cmd) {
+    const std::string cmd = CommandLabel(c.cmd);
+    sample("pscore_bytes_total", "direction=\"in\",cmd=\"" + cmd + "\"", c.bytes_in);
+    sample("pscore_bytes_total", "direction=\"out\",cmd=\"" + cmd + "\"", c.bytes_out);
+  }
+  family("pscore_wire_bytes_total", "counter", "Native protocol bytes read and queued, partial and refused frames included.");
+  sample("pscore_wire_bytes_total", "direction=\"in\"", t.bytes_in);
+  sample("pscore_wire_bytes_total", "direction=\"out\"", t.bytes_out);
   family("pscore_protocol_errors_total", "counter", "Native connections closed for bad input.");
   sample("pscore_protocol_errors_total", "", t.protocol_errors);
   family("pscore_connections", "gauge", "Open connections by protocol.");
@@ -276,7 +295,12 @@ void SchedulerHttp::ServeMetrics(comm::HttpConnId id) {
   sample("pscore_http_bytes_total", "direction=\"out\"", hs.bytes_out);
   const RankTableHubStats& rs = hub_->stats();
   family("pscore_ranktable_subscribers", "gauge", "Rank-table subscribers by protocol.");
-  sample("pscore_ranktable_subscribers", "protocol=\"native\"", hub_->num_subscribers() - http_subscribers_);
+  // The two counts are updated at different moments (a dropped HTTP subscriber leaves the
+  // hub before its connection's close callback runs; a stopped hub forgets every one), so
+  // the hub may briefly hold fewer than http_subscribers_: never subtract past zero.
+  const size_t all_subs = hub_->num_subscribers();
+  sample("pscore_ranktable_subscribers", "protocol=\"native\"",
+         all_subs > http_subscribers_ ? all_subs - http_subscribers_ : 0);
   sample("pscore_ranktable_subscribers", "protocol=\"http\"", http_subscribers_);
   family("pscore_ranktable_version", "gauge", "Version of the current rank table.");
   sample("pscore_ranktable_version", "", rs.versions);

@@ -174,6 +174,14 @@ bool WaitLastLine(const std::string& path, Pred pred, std::chrono::milliseconds 
   return false;
 }
 
+
+// A /metrics sample's value (-1 if the exact series is absent).
+long long MetricValue(const std::string& body, const std::string& series) {
+  size_t at = body.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::atoll(body.c_str() + at + 1 + series.size() + 1);
+}
+
 }  // namespace
 
 TEST_CASE("http: endpoints answer with one JSON shape and proper status codes", "[node][net]") {
@@ -473,6 +481,14 @@ TEST_CASE("http: /metrics is valid Prometheus text", "[node][net]") {
   }
   CHECK(a.body.find("pscore_nodes{role=\"worker\",state=\"NODE_STARTING\"} 1") != std::string::npos);
   CHECK(a.body.find("pscore_http_responses_total{code=\"404\"} 1") != std::string::npos);
+  // Native traffic by command: the one REGISTER and its answer, nothing made up.
+  CHECK(seen_families.count("pscore_wire_bytes_total") == 1);
+  CHECK(MetricValue(a.body, "pscore_messages_total{direction=\"in\",cmd=\"REGISTER\"}") == 1);
+  CHECK(MetricValue(a.body, "pscore_messages_total{direction=\"out\",cmd=\"REGISTER\"}") == 1);
+  CHECK(MetricValue(a.body, "pscore_bytes_total{direction=\"in\",cmd=\"REGISTER\"}") > 16 + 40);
+  CHECK(MetricValue(a.body, "pscore_bytes_total{direction=\"out\",cmd=\"REGISTER\"}") > 16);
+  CHECK(a.body.find("cmd=\"OTHER\"") == std::string::npos);
+  CHECK(a.body.find("pscore_messages_total{direction=\"in\"} ") == std::string::npos);  // no unlabelled total
 }
 
 }  // namespace pscore::node
