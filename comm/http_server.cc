@@ -30,8 +30,11 @@ struct HttpServer::Conn {
   bool closing = false;
   bool close_after_write = false;
   bool in_feed = false;
-  TimePoint request_started;
-  TimePoint last_activity;
+  TimePoint request_started;  // the current request's first byte (on_message_begin)
+  // When the connection began waiting for its next request: accepted, or the previous
+  // answer was sent. Bytes that do not start a request (stray CRLFs) do not move it, so
+  // they cannot keep an idle connection alive.
+  TimePoint awaiting_since;
   std::string pending;  // received bytes not yet parsed
   uint64_t queued = 0;  // bytes handed to uv_write and not yet written
   std::vector<std::function<void()>> watchers;
@@ -181,20 +184,27 @@ const http_parser_settings& Settings() {
 const char* HttpReason(int status) {
   switch (status) {
     case 200: return "OK";
+    case 201: return "Created";
     case 202: return "Accepted";
+    case 204: return "No Content";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
     case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
     case 409: return "Conflict";
+    case 411: return "Length Required";
     case 413: return "Payload Too Large";
+    case 414: return "URI Too Long";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
     default: return "Unknown";
   }
 }
@@ -270,7 +280,7 @@ void HttpServer::OnAccept() {
   }
   c->server = this;
   c->id = next_id_++;
-  c->last_activity = SteadyClock().Now();
+  c->awaiting_since = SteadyClock().Now();
   http_parser_init(&c->parser, HTTP_REQUEST);
   c->parser.data = c;
   uv_tcp_nodelay(&c->tcp, 1);
@@ -289,7 +299,6 @@ void HttpServer::OnAccept() {
 
 void HttpServer::OnRead(Conn* c, const char* data, size_t n) {
   stats_.bytes_in += n;
-  c->last_activity = SteadyClock().Now();
   if (c->streaming) return;  // a stream's client has nothing more to say; ignore it
   if (c->pending.size() + n > options_.max_header_bytes + options_.max_body_bytes + 4096) {
     return Fail(c, 413, "request too large");
@@ -372,6 +381,11 @@ void HttpServer::OnWritten(Conn* c, size_t bytes) {
 }
 
 Status HttpServer::Respond(HttpConnId id, int status, const std::string& content_type, std::string body) {
+  return Respond(id, status, content_type, std::move(body), {});
+}
+
+Status HttpServer::Respond(HttpConnId id, int status, const std::string& content_type, std::string body,
+                           const HttpHeaders& headers) {
   DCHECK(loop_->InLoopThread());
   Conn* c = Find(id);
   if (c == nullptr) return Status(Code::kNotFound, "http connection " + std::to_string(id) + " is closed");
@@ -381,9 +395,15 @@ Status HttpServer::Respond(HttpConnId id, int status, const std::string& content
   std::string head = "HTTP/1.1 " + std::to_string(status) + " " + HttpReason(status) +
                      "\r\nContent-Type: " + content_type + "\r\nContent-Length: " +
                      std::to_string(body.size()) + "\r\nConnection: " + (keep ? "keep-alive" : "close") +
-                     "\r\n\r\n";
+                     "\r\n";
+  for (const auto& [name, value] : headers) {
+    // Our own constants, never client input: a CR or LF here would split the response.
+    DCHECK(name.find_first_of("\r\n:") == std::string::npos && value.find_first_of("\r\n") == std::string::npos);
+    head += name + ": " + value + "\r\n";
+  }
+  head += "\r\n";
   c->busy = false;
-  c->last_activity = SteadyClock().Now();
+  c->awaiting_since = SteadyClock().Now();
   if (!keep) c->close_after_write = true;
   PSCORE_RETURN_IF_ERROR(Write(c, std::move(head), std::make_shared<const std::string>(std::move(body)), ""));
   if (!keep || c->pending.empty() || c->in_feed) return Status::Ok();
@@ -483,9 +503,13 @@ void HttpServer::Sweep() {
   std::vector<Conn*> slow, idle;
   for (auto& [id, c] : conns_) {
     if (c->closing || c->streaming || c->busy) continue;
-    if (c->in_request || !c->pending.empty()) {
+    if (c->in_request) {
       if (now - c->request_started > options_.request_timeout) slow.push_back(c);
-    } else if (now - c->last_activity > options_.idle_timeout && c->queued == 0) {
+    } else if (!c->pending.empty()) {
+      // Unparsed input waits only while an answer's write is handed off (Respond posts a
+      // Feed); it has the request timeout from the moment the connection began waiting.
+      if (now - c->awaiting_since > options_.request_timeout) slow.push_back(c);
+    } else if (now - c->awaiting_since > options_.idle_timeout && c->queued == 0) {
       idle.push_back(c);
     }
   }

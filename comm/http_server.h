@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "comm/event_loop.h"
 #include "core/status.h"
@@ -17,6 +19,8 @@
 namespace pscore::comm {
 
 using HttpConnId = uint64_t;
+// Extra response header lines (name, value), in order.
+using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
 struct HttpRequest {
   std::string method;  // "GET", "POST", ...
@@ -31,8 +35,11 @@ struct HttpServerOptions {
   size_t max_header_bytes = 16 << 10;  // request line + headers: more is 431
   size_t max_body_bytes = 64 << 10;    // more is 413
   size_t max_connections = 4096;       // more are accepted and closed at once
-  Duration request_timeout = std::chrono::seconds(10);  // a started request must complete
-  Duration idle_timeout = std::chrono::seconds(60);     // keep-alive connection with no request
+  // A started request must complete within this, counted from its first byte.
+  Duration request_timeout = std::chrono::seconds(10);
+  // A connection with no request started is closed this long after it began waiting (its
+  // accept or its last answer), whatever stray bytes it sends meanwhile.
+  Duration idle_timeout = std::chrono::seconds(60);
   uint64_t max_queued_bytes = 64ull << 20;  // unsent output above this closes the peer
 };
 
@@ -58,6 +65,10 @@ class HttpServer {
   Result<int> Listen(const std::string& host, int port);
   // Answers the connection's current request. Closes afterwards unless keep-alive.
   Status Respond(HttpConnId id, int status, const std::string& content_type, std::string body);
+  // The same with extra header lines (e.g. Allow on a 405). Names and values are the
+  // caller's constants: they must not hold CR, LF (or ':' in a name).
+  Status Respond(HttpConnId id, int status, const std::string& content_type, std::string body,
+                 const HttpHeaders& headers);
   // Starts a chunked response; the connection then only carries chunks until closed.
   Status StartStream(HttpConnId id, int status, const std::string& content_type);
   // One chunk; `data` is shared, not copied (many streams may send the same bytes).

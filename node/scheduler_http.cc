@@ -149,7 +149,8 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
     json body = {{"code", static_cast<int>(Code::kInvalidArgument)},
                  {"message", req.method + " not allowed on " + p + "; use " + allowed},
                  {"data", nullptr}};
-    server_->Respond(id, 405, kJson, Dump(body)).IgnoreError();
+    // RFC 9110 15.5.6: a 405 lists the methods the resource supports.
+    server_->Respond(id, 405, kJson, Dump(body), {{"Allow", allowed}}).IgnoreError();
   };
   if (p == "/v1/ranktable") return get ? ServeRankTable(id, req) : wrong_method("GET");
   if (p == "/v1/ranktable/stream") return get ? ServeStream(id, req) : wrong_method("GET");

@@ -491,4 +491,59 @@ TEST_CASE("http: /metrics is valid Prometheus text", "[node][net]") {
   CHECK(a.body.find("pscore_messages_total{direction=\"in\"} ") == std::string::npos);  // no unlabelled total
 }
 
+TEST_CASE("http: a 401 and a 405 carry their reason phrase and a 405 names the allowed method", "[node][net]") {
+  SchedulerOptions o = SchedOpts(1, 1);
+  o.cluster_token = "correct horse";
+  Stack st(o);
+  HttpAnswer a = Request(st.port, "POST", "/v1/scale_out", "{\"worker_num\": 2}");
+  CHECK(a.status == 401);
+  CHECK(a.head.rfind("HTTP/1.1 401 Unauthorized\r\n", 0) == 0);
+  CHECK(Shaped(a.body));
+
+  a = Request(st.port, "GET", "/v1/scale_out");
+  CHECK(a.head.rfind("HTTP/1.1 405 Method Not Allowed\r\n", 0) == 0);
+  CHECK((a.head + "\r\n").find("\r\nAllow: POST\r\n") != std::string::npos);  // head excludes the last CRLF
+  CHECK(Shaped(a.body));
+  for (const char* path : {"/v1/cluster", "/v1/nodes", "/v1/ranktable", "/v1/ranktable/stream", "/metrics"}) {
+    INFO(path);
+    a = Request(st.port, "POST", path);
+    CHECK(a.status == 405);
+    CHECK((a.head + "\r\n").find("\r\nAllow: GET\r\n") != std::string::npos);
+  }
+  // Every status this surface sends has its reason phrase.
+  std::set<int> statuses = {401, 405, 408, 413, 431};
+  for (int c = 0; c <= static_cast<int>(Code::kUnimplemented); ++c) statuses.insert(HttpStatusOf(static_cast<Code>(c)));
+  for (int status : statuses) {
+    INFO(status);
+    CHECK(std::string(comm::HttpReason(status)) != "Unknown");
+  }
+}
+
+TEST_CASE("http: a client sending only blank lines is closed as idle", "[node][net]") {
+  comm::HttpServerOptions ho;
+  ho.request_timeout = 300ms;
+  ho.idle_timeout = 500ms;
+  Stack st(SchedOpts(1, 1), ho);
+  RawSocket s;
+  REQUIRE(s.Connect(st.port));
+  // A CRLF every 50 ms starts no request: the connection must still count as idle.
+  bool closed = false;
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!closed && std::chrono::steady_clock::now() < deadline) {
+    if (!s.SendAll("\r\n")) {
+      closed = true;
+      break;
+    }
+    pollfd p{s.fd(), POLLIN, 0};
+    if (::poll(&p, 1, 50) > 0) {
+      char buf[256];
+      ssize_t r = ::recv(s.fd(), buf, sizeof(buf), MSG_DONTWAIT);
+      closed = r == 0 || (r < 0 && errno == ECONNRESET);
+    }
+  }
+  CHECK(closed);
+  // A real request on a fresh connection is still served.
+  CHECK(Request(st.port, "GET", "/v1/cluster").status == 200);
+}
+
 }  // namespace pscore::node
