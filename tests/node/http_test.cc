@@ -6,12 +6,14 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <functional>
 #include <regex>
 #include <sstream>
 
 #include "node/ranktable_hub.h"
+#include "node/ranktable_subscriber.h"
 #include "node/scheduler_http.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
@@ -174,6 +176,119 @@ bool WaitLastLine(const std::string& path, Pred pred, std::chrono::milliseconds 
   return false;
 }
 
+
+// Follows /v1/ranktable/stream over a raw socket on a thread of its own: decodes the
+// chunked body and adds each line's rankTable to a Collector. No Catch assertion on its
+// thread; the test reads status(), closed() and the collector.
+class StreamReader {
+ public:
+  StreamReader(int port, const std::string& query = "jobId=job-7&role=worker") {
+    if (!sock_.Connect(port) ||
+        !sock_.SendAll("GET /v1/ranktable/stream?" + query + " HTTP/1.1\r\nHost: x\r\n\r\n")) {
+      closed_ = true;
+      return;
+    }
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~StreamReader() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  Collector& got() { return got_; }
+  int status() const { return status_.load(); }
+  bool closed() const { return closed_.load(); }
+  bool malformed() const { return malformed_.load(); }
+
+ private:
+  void Run() {
+    std::string in;
+    bool head_done = false;
+    char buf[65536];
+    pollfd p{sock_.fd(), POLLIN, 0};
+    while (!stop_ && !closed_) {
+      if (::poll(&p, 1, 20) <= 0) continue;
+      ssize_t r = ::recv(sock_.fd(), buf, sizeof(buf), MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        closed_ = true;
+        break;
+      }
+      if (r < 0) continue;
+      in.append(buf, static_cast<size_t>(r));
+      if (!head_done) {
+        size_t end = in.find("\r\n\r\n");
+        if (end == std::string::npos) continue;
+        if (in.size() >= 12) status_ = std::atoi(in.c_str() + 9);
+        if (in.substr(0, end).find("Transfer-Encoding: chunked") == std::string::npos) malformed_ = true;
+        in.erase(0, end + 4);
+        head_done = true;
+      }
+      Decode(&in);
+    }
+  }
+  // Consumes whole chunks from *in; each completed line is one table.
+  void Decode(std::string* in) {
+    for (;;) {
+      size_t eol = in->find("\r\n");
+      if (eol == std::string::npos) return;
+      size_t size = std::strtoul(in->c_str(), nullptr, 16);
+      if (in->size() < eol + 2 + size + 2) return;
+      body_.append(*in, eol + 2, size);
+      in->erase(0, eol + 2 + size + 2);
+      for (size_t nl; (nl = body_.find('\n')) != std::string::npos;) {
+        nlohmann::json j = nlohmann::json::parse(body_.substr(0, nl), nullptr, false);
+        body_.erase(0, nl + 1);
+        if (j.is_discarded() || !j["rankTable"].is_string() || j["jobId"] != "job-7") {
+          malformed_ = true;
+          continue;
+        }
+        got_.Add(j["rankTable"].get<std::string>());
+      }
+    }
+  }
+
+  RawSocket sock_;
+  Collector got_;
+  std::string body_;  // de-chunked bytes not yet ending in a newline (reader thread)
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> closed_{false};
+  std::atomic<bool> malformed_{false};
+  std::atomic<int> status_{0};
+  std::thread thread_;
+};
+
+// Number of hosts in the server group of a rank-table JSON text (-1 if unparsable).
+int ServerHosts(const std::string& table) {
+  nlohmann::json j = nlohmann::json::parse(table, nullptr, false);
+  if (j.is_discarded()) return -1;
+  return static_cast<int>(j["server_group_list"][1]["server_list"].size());
+}
+
+// Records the WARNING-and-above lines logged while it is installed (any thread logs).
+class WarningCapture : public google::LogSink {
+ public:
+  WarningCapture() { google::AddLogSink(this); }
+  ~WarningCapture() override { google::RemoveLogSink(this); }
+  using google::LogSink::send;
+  void send(google::LogSeverity severity, const char*, const char*, int, const google::LogMessageTime&,
+            const char* message, size_t message_len) override {
+    if (severity < google::GLOG_WARNING) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    lines_.emplace_back(message, message_len);
+  }
+  // The captured lines containing `text`.
+  std::vector<std::string> Matching(const std::string& text) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> out;
+    for (const std::string& l : lines_) {
+      if (l.find(text) != std::string::npos) out.push_back(l);
+    }
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> lines_;
+};
 
 // A /metrics sample's value (-1 if the exact series is absent).
 long long MetricValue(const std::string& body, const std::string& series) {
@@ -544,6 +659,157 @@ TEST_CASE("http: a client sending only blank lines is closed as idle", "[node][n
   CHECK(closed);
   // A real request on a fresh connection is still served.
   CHECK(Request(st.port, "GET", "/v1/cluster").status == 200);
+}
+
+TEST_CASE("http stream: the initial table then every change in order", "[node][net]") {
+  Stack st(SchedOpts(3, 1));
+  StreamReader reader(st.port);
+  REQUIRE(reader.got().WaitFor([](const std::string& t) { return WorkerHosts(t) == 0; }));
+  CHECK(reader.status() == 200);
+  CHECK(TableStatus(reader.got().tables()[0]) == "initializing");
+
+  Registrar reg(st.sched.port());
+  REQUIRE(reg.Register("w0", pb::WORKER).ok());
+  REQUIRE(reg.Register("w1", pb::WORKER).ok());
+  REQUIRE(reg.Register("w2", pb::WORKER).ok());
+  REQUIRE(reg.Register("s0", pb::SERVER).ok());
+  REQUIRE(reader.got().WaitFor([](const std::string& t) { return TableStatus(t) == "completed"; }));
+  std::vector<std::string> tables = reader.got().tables();
+  // One line per change, in order: 0..3 worker hosts while initializing, then the admission
+  // of s0, which makes the cluster READY in the same step.
+  std::vector<int> hosts;
+  for (auto& t : tables) hosts.push_back(WorkerHosts(t));
+  REQUIRE((hosts == std::vector<int>{0, 1, 2, 3, 3}));
+  for (int i = 0; i < 4; ++i) CHECK(TableStatus(tables[i]) == "initializing");
+  CHECK(TableStatus(tables[4]) == "completed");
+  CHECK(ServerHosts(tables[3]) == 0);
+  CHECK(ServerHosts(tables[4]) == 1);
+  CHECK(tables.back() == CurrentTable(st.sched, st.hub));
+  // A harmless retry changes nothing and sends nothing.
+  REQUIRE(reg.Register("w0", pb::WORKER).ok());
+  std::this_thread::sleep_for(100ms);
+  CHECK(reader.got().size() == tables.size());
+  CHECK_FALSE(reader.malformed());
+  CHECK_FALSE(reader.closed());
+}
+
+TEST_CASE("http stream: a reader stalled past the bound is dropped with a warning - another keeps receiving",
+          "[node][net]") {
+  WarningCapture warnings;
+  RankTableHubOptions hub_opts;
+  hub_opts.coalesce_bytes = 4096;
+  hub_opts.stall_timeout = 1500ms;
+  Stack st(SchedOpts(400, 1), {}, hub_opts);
+  // The stalled reader: a tiny receive buffer, and it never reads.
+  RawSocket stalled;
+  REQUIRE(stalled.Connect(st.port, 4096));
+  REQUIRE(stalled.SendAll("GET /v1/ranktable/stream?jobId=job-7 HTTP/1.1\r\nHost: x\r\n\r\n"));
+  StreamReader live(st.port);
+  size_t subscribed = 0;
+  for (int i = 0; i < 400 && subscribed != 2; ++i) {
+    subscribed = OnLoop(*st.sched.loop(), [&] { return st.hub.num_subscribers(); });
+    if (subscribed != 2) std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(subscribed == 2);
+
+  Registrar reg(st.sched.port());
+  for (int i = 0; i < 150; ++i) REQUIRE(reg.Register("w" + std::to_string(i), pb::WORKER, 8).ok());
+  const std::string last = CurrentTable(st.sched, st.hub);
+  CHECK(WorkerHosts(last) == 150);
+  REQUIRE(live.got().WaitForTable(last));
+  // It may have skipped versions only if it fell behind itself; never out of order.
+  std::vector<std::string> seen = live.got().tables();
+  for (size_t i = 1; i < seen.size(); ++i) CHECK(WorkerHosts(seen[i - 1]) < WorkerHosts(seen[i]));
+  // Past the stall bound the stalled reader is dropped, with a WARNING, and its connection closed.
+  bool dropped = false;
+  for (int i = 0; i < 200 && !dropped; ++i) {
+    dropped = OnLoop(*st.sched.loop(), [&] { return st.hub.stats().dropped; }) == 1;
+    if (!dropped) std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(dropped);
+  CHECK(stalled.WaitClosed());
+  CHECK(OnLoop(*st.sched.loop(), [&] { return st.hub.num_subscribers(); }) == 1u);
+  std::vector<std::string> logged = warnings.Matching("rank table: dropping subscriber");
+  REQUIRE(logged.size() == 1);
+  CHECK(logged[0].find("http conn") != std::string::npos);
+  // The live reader still gets the next change, and /metrics agrees.
+  REQUIRE(reg.Register("late", pb::WORKER).ok());
+  REQUIRE(live.got().WaitFor([](const std::string& t) { return WorkerHosts(t) == 151; }));
+  CHECK_FALSE(live.closed());
+  CHECK_FALSE(live.malformed());
+  HttpAnswer m = Request(st.port, "GET", "/metrics");
+  CHECK(MetricValue(m.body, "pscore_ranktable_dropped_total") == 1);
+  CHECK(MetricValue(m.body, "pscore_ranktable_subscribers{protocol=\"http\"}") == 1);
+  CHECK(MetricValue(m.body, "pscore_ranktable_subscribers{protocol=\"native\"}") == 0);
+}
+
+TEST_CASE("rank table: a scale-out then a scale-in reach a native subscriber and an HTTP stream", "[node][net][scale]") {
+  SchedulerOptions o = SchedOpts(1, 1);
+  o.heartbeat_timeout = 2s;
+  o.scale_timeout = 10s;
+  Stack st(o);
+  auto opts = [&](pb::NodeRole role, const std::string& id) {
+    NodeOptions n;
+    n.role = role;
+    n.scheduler_port = st.sched.port();
+    n.node_id = id;
+    n.host_name = "host-" + id;  // one host per node: the server group counts servers
+    n.heartbeat_interval = 50ms;
+    n.connect_timeout = 5s;
+    return n;
+  };
+  auto s0 = std::make_unique<ServerNode>(opts(pb::SERVER, "s0"));
+  auto w0 = std::make_unique<WorkerNode>(opts(pb::WORKER, "w0"));
+  REQUIRE(s0->Start().ok());
+  REQUIRE(w0->Start().ok());
+  REQUIRE(w0->WaitForReady(10s).ok());
+
+  RankTableSubscriberOptions so;
+  so.port = st.sched.port();
+  so.job_id = "job-7";
+  Collector native;
+  RankTableSubscriber sub(so, [&](const pb::RankTableStream& s) { native.Add(s.ranktable()); });
+  REQUIRE(sub.Start().ok());
+  StreamReader http(st.port);
+  auto servers_ready = [](int n) {
+    return [n](const std::string& t) { return ServerHosts(t) == n && TableStatus(t) == "completed"; };
+  };
+  REQUIRE(native.WaitFor(servers_ready(1)));
+  REQUIRE(http.got().WaitFor(servers_ready(1)));
+
+  // Scale out to two servers through the HTTP admin surface; s1 joins.
+  const size_t native_before_out = native.size(), http_before_out = http.got().size();
+  HttpAnswer a = Request(st.port, "POST", "/v1/scale_out", "{\"worker_num\": 1, \"server_num\": 2}");
+  INFO(a.body);
+  REQUIRE(a.status == 200);
+  auto s1 = std::make_unique<ServerNode>(opts(pb::SERVER, "s1"));
+  REQUIRE(s1->Start().ok());
+  CHECK(native.WaitForAnySince(native_before_out, servers_ready(2)));
+  CHECK(http.got().WaitForAnySince(http_before_out, servers_ready(2)));
+
+  // Scale in s0: the remaining server takes rank 0 and both subscribers see one server again.
+  const size_t native_before_in = native.size(), http_before_in = http.got().size();
+  a = Request(st.port, "POST", "/v1/scale_in", "{\"node_ids\": [\"s0\"]}");
+  INFO(a.body);
+  REQUIRE(a.status == 200);
+  REQUIRE(s0->WaitForTermination(15s).ok());
+  CHECK(native.WaitForAnySince(native_before_in, servers_ready(1)));
+  CHECK(http.got().WaitForAnySince(http_before_in, servers_ready(1)));
+  const std::string last = CurrentTable(st.sched, st.hub);
+  CHECK(ServerHosts(last) == 1);
+  CHECK(last.find("host-s1") != std::string::npos);
+  CHECK(last.find("host-s0") == std::string::npos);
+  // Both ways in saw the same versions, in the same order.
+  CHECK(native.WaitForTable(last));
+  CHECK(http.got().WaitForTable(last));
+  CHECK(native.tables() == http.got().tables());
+  CHECK_FALSE(http.malformed());
+  HttpAnswer m = Request(st.port, "GET", "/metrics");
+  CHECK(MetricValue(m.body, "pscore_scale_results_total{result=\"done\"}") == 2);
+  sub.Stop();
+  w0->Stop();
+  s1->Stop();
+  s0->Stop();
 }
 
 }  // namespace pscore::node
