@@ -4,6 +4,7 @@
 #include <csignal>
 #include <fstream>
 #include <iostream>
+#include <string>
 #include <thread>
 
 #include <gflags/gflags.h>
@@ -13,6 +14,7 @@
 #include "node/scheduler_http.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
+#include "node/wire.h"
 #include "node/worker_node.h"
 
 namespace {
@@ -32,6 +34,20 @@ void WritePortFile(const std::string& path, int port) {
 
 using namespace pscore;
 using namespace std::chrono_literals;
+
+// One line per cluster event about a node (state changes are not logged here), so that an
+// operator, and the fault tests, can see in each member's log what it was told.
+void LogClusterEvent(const std::string& self, const pb::ClusterEventMessage& ev) {
+  if (ev.kind() == pb::ClusterEventMessage::STATE_CHANGED) return;
+  const std::string line = self + ": cluster event " + pb::ClusterEventMessage::Kind_Name(ev.kind()) + " for " +
+                           node::RoleLabel(ev.role()) + " " + ev.node_id() + " (rank " + std::to_string(ev.rank_id()) +
+                           "): " + ev.message() + "; cluster " + pb::ClusterState_Name(ev.cluster_state());
+  if (ev.kind() == pb::ClusterEventMessage::NODE_TIMED_OUT || ev.kind() == pb::ClusterEventMessage::NODE_ERROR) {
+    LOG(WARNING) << line;
+  } else {
+    LOG(INFO) << line;
+  }
+}
 
 int RunScheduler(const node::CommandLine& cl) {
   node::SchedulerNode sched(cl.scheduler);
@@ -84,6 +100,9 @@ int RunMember(const node::CommandLine& cl, pb::NodeRole role) {
   } else {
     n = std::make_unique<node::WorkerNode>(opts);
   }
+  node::Node::Callbacks cb;
+  cb.on_cluster_event = [self = n->node_id()](const pb::ClusterEventMessage& ev) { LogClusterEvent(self, ev); };
+  n->SetCallbacks(std::move(cb));
   Status st = n->Start();
   if (!st.ok()) {
     std::cerr << "pscore-node: " << st << std::endl;
