@@ -320,6 +320,29 @@ TEST_CASE("finish barrier over live nodes - late second call is refused", "[core
   CHECK(again.message() == "node w0 already left");
 }
 
+TEST_CASE("a timed-out finished node restarted after the finish barrier passed is refused - cluster is exiting",
+          "[core][cluster]") {
+  Fixture f(/*workers=*/2, /*servers=*/1);
+  f.StartAll();
+  REQUIRE(f.cm->Finish("s0").ok());
+  REQUIRE(f.cm->Finish("w0").ok());
+  // s0 dies after it finished: timed out, and the barrier does not wait for it.
+  f.clock.Advance(std::chrono::seconds(31));
+  REQUIRE(f.cm->Heartbeat("w0").ok());
+  REQUIRE(f.cm->Heartbeat("w1").ok());
+  f.cm->Tick();
+  f.cm->TakeEvents();
+  REQUIRE(f.cm->Finish("w1").ok());
+  REQUIRE(f.cm->state() == pb::CLUSTER_EXIT);
+
+  // Its restart (new incarnation, same node id) and a stranger are both refused.
+  Result<RegisterOutcome> restart = f.cm->Register(Req("s0", pb::SERVER, kInc + 1));
+  CHECK(restart.status().code() == Code::kFailedPrecondition);
+  CHECK(restart.status().message() == "cluster is exiting; node s0 refused");
+  CHECK(f.cm->Register(Req("w9", pb::WORKER)).status().code() == Code::kFailedPrecondition);
+  CHECK(f.cm->state() == pb::CLUSTER_EXIT);
+}
+
 TEST_CASE("scale-out: new ranks follow old ones, done with newest epoch, READY", "[core][cluster]") {
   Fixture f(/*workers=*/1, /*servers=*/1);
   Status early = f.cm->ScaleOut(2, 2);
