@@ -10,6 +10,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -140,6 +141,10 @@ class Job {
     w1_ = std::make_unique<node::WorkerNode>(o);
     node::Node::Callbacks cb;
     cb.on_fatal = [this](const Status&) { w1_fatal_ = true; };
+    cb.on_cluster_event = [this](const pb::ClusterEventMessage& ev) {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      w1_events_.push_back(ev);
+    };
     w1_->SetCallbacks(cb);
     REQUIRE(w1_->Start().ok());
   }
@@ -167,6 +172,27 @@ class Job {
     return nullptr;
   }
 
+  // The cluster events w1 got so far.
+  std::vector<pb::ClusterEventMessage> W1Events() {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    return w1_events_;
+  }
+  // Polls w1's events until one of `kind` about node_id arrived; false at the deadline.
+  bool WaitForW1Event(pb::ClusterEventMessage::Kind kind, const std::string& node_id,
+                      std::chrono::milliseconds timeout, pb::ClusterEventMessage* out) {
+    const auto deadline = Clock::now() + timeout;
+    do {
+      for (const pb::ClusterEventMessage& ev : W1Events()) {
+        if (ev.kind() == kind && ev.node_id() == node_id) {
+          *out = ev;
+          return true;
+        }
+      }
+      std::this_thread::sleep_for(20ms);
+    } while (Clock::now() < deadline);
+    return false;
+  }
+
   int CountInSchedulerLog(const std::string& text) {
     const std::string log = scheduler_.Log();
     int n = 0;
@@ -189,10 +215,72 @@ class Job {
   std::unique_ptr<node::WorkerNode> w1_;
   std::unique_ptr<Traffic> traffic_;
   std::atomic<bool> w1_fatal_{false};
+  std::mutex events_mu_;
+  std::vector<pb::ClusterEventMessage> w1_events_;  // guarded by events_mu_
   int port_ = 0;
 };
 
 std::string Name(Role r) { return r == Role::kScheduler ? "scheduler" : r == Role::kServer ? "s1" : "w0"; }
+
+// Polls p's log until it holds text; false at the deadline.
+bool WaitForLog(Process& p, const std::string& text, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  do {
+    if (p.Log().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(20ms);
+  } while (Clock::now() < deadline);
+  return false;
+}
+
+// What pscore-node logs when the scheduler tells it that node_id timed out (node_main.cc).
+std::string TimedOutLine(const std::string& node_id) {
+  return "cluster event NODE_TIMED_OUT for " + std::string(node_id[0] == 's' ? "server " : "worker ") + node_id;
+}
+
+// Every other live member was told that the victim timed out: each member process logs the
+// event, and w1 (when it was up before the fault) got it through on_cluster_event. While
+// READY, the event carries the cluster state NODE_TIMEOUT.
+void CheckOthersTold(Job& job, const std::vector<Process*>& others, const std::string& victim_id, Phase phase,
+                     bool w1_was_up) {
+  const std::string line = TimedOutLine(victim_id);
+  for (Process* p : others) {
+    INFO(p->Log());
+    CHECK(WaitForLog(*p, line, 10s));
+    if (phase == Phase::kReady) {
+      const std::string log = p->Log();
+      const size_t at = log.find(line);
+      REQUIRE(at != std::string::npos);
+      CHECK(log.substr(at, log.find('\n', at) - at).find("; cluster NODE_TIMEOUT") != std::string::npos);
+    }
+  }
+  if (!w1_was_up) return;
+  pb::ClusterEventMessage ev;
+  REQUIRE(job.WaitForW1Event(pb::ClusterEventMessage::NODE_TIMED_OUT, victim_id, 10s, &ev));
+  if (phase == Phase::kReady) CHECK(ev.cluster_state() == pb::NODE_TIMEOUT);
+}
+
+// A scheduler stall times nobody out: its own log says it saw the stall, it logged no
+// timeout, no member (nor w1) was told of one, and every node before the fault still has
+// its rank and incarnation.
+void CheckNobodyTimedOut(Job& job, const pb::AdminResponse& before, const pb::AdminResponse& after) {
+  INFO(job.scheduler().Log());
+  CHECK(job.CountInSchedulerLog("scheduler: did not run for ") >= 1);
+  CHECK(job.CountInSchedulerLog(") timed out") == 0);
+  for (auto& p : job.procs()) {
+    INFO(p->Log());
+    CHECK(p->Log().find("cluster event NODE_TIMED_OUT") == std::string::npos);
+  }
+  for (const pb::ClusterEventMessage& ev : job.W1Events()) {
+    CHECK(ev.kind() != pb::ClusterEventMessage::NODE_TIMED_OUT);
+  }
+  for (const pb::ServersMeta& b : before.nodes()) {
+    const pb::ServersMeta* a = Job::Find(after, b.node_id());
+    INFO("node " << b.node_id());
+    REQUIRE(a != nullptr);
+    CHECK(a->rank_id() == b.rank_id());
+    CHECK(a->incarnation() == b.incarnation());
+  }
+}
 
 void RunCell(const Cell& cell) {
   Job job;
@@ -236,6 +324,11 @@ void RunCell(const Cell& cell) {
   // Inject.
   Process* victim = cell.role == Role::kScheduler ? &job.scheduler() : cell.role == Role::kServer ? s1 : w0;
   Process* const original = victim;
+  // The live members other than the victim (w1 aside), told of its timeout if it has one.
+  std::vector<Process*> others;
+  for (auto& p : job.procs()) {
+    if (p.get() != victim) others.push_back(p.get());
+  }
   const auto injected = Clock::now();
   victim->Signal(cell.sig);
   if (cell.sig == SIGSTOP) {
@@ -250,6 +343,21 @@ void RunCell(const Cell& cell) {
       CHECK(rec->state() == pb::NODE_TIMED_OUT);
     }
     victim->Signal(SIGCONT);
+    if (cell.role == Role::kScheduler) {
+      // The phase's state throughout: the first answer after the stall shows the state from
+      // before it with every node alive, and the scheduler logs that it saw its own stall.
+      Result<pb::AdminResponse> resumed = job.Nodes();
+      REQUIRE(resumed.ok());
+      CHECK(resumed->cluster_state() == before->cluster_state());
+      for (const pb::ServersMeta& b : before->nodes()) {
+        const pb::ServersMeta* m = Job::Find(*resumed, b.node_id());
+        INFO("node " << b.node_id());
+        REQUIRE(m != nullptr);
+        CHECK(m->is_alive());
+      }
+      INFO(job.scheduler().Log());
+      CHECK(WaitForLog(job.scheduler(), "scheduler: did not run for ", 10s));
+    }
   }
   INFO("cell: " << victim_id << " signal " << cell.sig << " phase " << static_cast<int>(cell.phase));
 
@@ -280,8 +388,10 @@ void RunCell(const Cell& cell) {
         },
         5s));
     REQUIRE(victim->Wait(2s).has_value());
-    if (cell.outcome == Outcome::kTimedOutRestarted)
-      victim = &job.StartMember(cell.role == Role::kServer ? "server" : "worker", victim_id, finish_phase);
+  }
+  if (cell.role != Role::kScheduler) CheckOthersTold(job, others, victim_id, cell.phase, job.w1() != nullptr);
+  if (cell.outcome == Outcome::kTimedOutRestarted) {
+    victim = &job.StartMember(cell.role == Role::kServer ? "server" : "worker", victim_id, finish_phase);
   }
 
   // Complete the phase.
@@ -292,6 +402,9 @@ void RunCell(const Cell& cell) {
   Process* s2 = nullptr;
   if (cell.phase == Phase::kScaleOut) s2 = &job.StartMember("server", "s2", false);
   if (cell.phase == Phase::kFinish) {
+    // The membership before w1 finishes (the scheduler exits once the barrier passes).
+    Result<pb::AdminResponse> waiting = job.Nodes();
+    REQUIRE(waiting.ok());
     Status fin = job.w1()->Finish(10s);
     INFO(job.scheduler().Log());
     if (cell.finish_exit == 0) {
@@ -305,6 +418,17 @@ void RunCell(const Cell& cell) {
         INFO(p->Log());
         REQUIRE(code.has_value());
         CHECK(*code == 0);
+      }
+      if (cell.outcome == Outcome::kContinues) CheckNobodyTimedOut(job, *before, *waiting);
+      if (cell.outcome == Outcome::kTimedOutFinishes) {
+        // The job is over and its scheduler gone: a restart of the victim with its node id
+        // cannot register and exits 1 once its connect timeout is spent.
+        Process& again = job.StartMember(cell.role == Role::kServer ? "server" : "worker", victim_id, true);
+        std::optional<int> code = again.Wait(std::chrono::milliseconds(kConnectTimeoutMs) + 20s);
+        INFO(again.Log());
+        REQUIRE(code.has_value());
+        CHECK(*code == 1);
+        CHECK(again.Log().find("cannot reach the scheduler") != std::string::npos);
       }
     } else {
       INFO("finish: " << fin);
@@ -335,6 +459,7 @@ void RunCell(const Cell& cell) {
     if (cell.outcome == Outcome::kTimedOutRestarted) CHECK(a->incarnation() != b->incarnation());
     if (cell.outcome == Outcome::kTimedOutRejoins) CHECK(a->incarnation() == b->incarnation());
   }
+  if (cell.role == Role::kScheduler) CheckNobodyTimedOut(job, *before, *after);
   const bool scaled = cell.phase == Phase::kScaleOut && std::string(cell.scale_result) == "done";
   for (auto& p : job.procs()) {
     if ((p.get() == original && cell.sig == SIGKILL) || (p.get() == s2 && !scaled)) continue;
