@@ -8,10 +8,14 @@
 #   - a scale-out to 3 servers (pscore-admin, a new server s2) and back (scale-in: s2
 #     hands its keys over and leaves);
 #   - once, SIGKILL the scheduler and restart it on the same port with its --state_dir.
+# Two faults happen in every run, whatever the seed and length: the first fault is a server
+# SIGKILL, and the scheduler restart comes at the first fault round after half time (or,
+# if no round started in the second half, right after the time is up).
 # At the end the drivers stop, worker w0
 # pulls every key and checks acknowledged <= value <= sent; the job is stopped.
-# Exit 0 only if no acknowledged update was lost (nor duplicated) and the job recovered
-# from every fault. BUILD_DIR (default build) selects the build tree; SOAK_SEED the RNG.
+# Exit 0 only if no acknowledged update was lost (nor duplicated), the job recovered from
+# every fault, and both the server SIGKILL and the scheduler restart happened.
+# BUILD_DIR (default build) selects the build tree; SOAK_SEED the RNG.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 minutes=${1:-5}
@@ -91,29 +95,46 @@ log "READY on port $port"
 end=$((SECONDS + minutes * 60))
 sched_at=$((SECONDS + minutes * 30))  # the scheduler restart happens half way
 
-while [ $SECONDS -lt $end ]; do
+kill_server() {
+  local s=s$((RANDOM % 2))
+  log "fault: SIGKILL $s (pushes acked so far: $(acked))"
+  kill -KILL "${pid[$s]}"
+  wait "${pid[$s]}" 2>/dev/null || true
+  sleep 0.$((RANDOM % 10))
+  start_server "$s"
+  faults=$((faults + 1)) server_kills=$((server_kills + 1))
+  if wait_ready 60; then
+    recoveries=$((recoveries + 1))
+    log "recovered: $s restarted from its journal"
+  fi
+}
+restart_scheduler() {
+  log "fault: SIGKILL scheduler (pushes acked so far: $(acked))"
+  kill -KILL "${pid[scheduler]}"
+  wait "${pid[scheduler]}" 2>/dev/null || true
+  sleep 1
+  start_scheduler
+  faults=$((faults + 1)) scheduler_restarts=$((scheduler_restarts + 1))
+  if wait_ready 60; then
+    recoveries=$((recoveries + 1))
+    log "recovered: scheduler restarted from its state file"
+  fi
+}
+
+# Past the end, the loop only runs the guaranteed faults still missing.
+while [ $SECONDS -lt $end ] || [ $server_kills -eq 0 ] || [ $scheduler_restarts -eq 0 ]; do
   sleep $((2 + RANDOM % 4))
-  if [ $scheduler_restarts -eq 0 ] && [ $SECONDS -ge $sched_at ]; then
-    log "fault: SIGKILL scheduler (pushes acked so far: $(acked))"
-    kill -KILL "${pid[scheduler]}"
-    wait "${pid[scheduler]}" 2>/dev/null || true
-    sleep 1
-    start_scheduler
-    faults=$((faults + 1)) scheduler_restarts=$((scheduler_restarts + 1))
-    wait_ready 60 && recoveries=$((recoveries + 1)) && log "recovered: scheduler restarted from its state file"
+  if [ $server_kills -eq 0 ]; then
+    kill_server
     continue
   fi
+  if [ $scheduler_restarts -eq 0 ] && [ $SECONDS -ge $sched_at ]; then
+    restart_scheduler
+    continue
+  fi
+  [ $SECONDS -lt $end ] || continue
   case $((RANDOM % 4)) in
-    3)
-      s=s$((RANDOM % 2))
-      log "fault: SIGKILL $s (pushes acked so far: $(acked))"
-      kill -KILL "${pid[$s]}"
-      wait "${pid[$s]}" 2>/dev/null || true
-      sleep 0.$((RANDOM % 10))
-      start_server "$s"
-      faults=$((faults + 1)) server_kills=$((server_kills + 1))
-      wait_ready 60 && recoveries=$((recoveries + 1)) && log "recovered: $s restarted from its journal"
-      ;;
+    3) kill_server ;;
     0 | 1)
       w=w$((RANDOM % 2))
       log "fault: SIGKILL $w (pushes acked so far: $(acked))"
@@ -168,6 +189,10 @@ echo "faults injected: $faults ($worker_kills worker SIGKILLs, $server_kills ser
 echo "recoveries: $recoveries of $faults; other failures: $failures"
 echo "${check:-soak check: no result (w0 exit $code)}"
 echo "lost updates = ${lost:-unknown}"
+if [ "$server_kills" -lt 1 ] || [ "$scheduler_restarts" -ne 1 ]; then
+  echo "missing fault: $server_kills server SIGKILLs (need >= 1), $scheduler_restarts scheduler restarts (need 1)"
+  failures=$((failures + 1))
+fi
 if [ "$code" -ne 0 ] || [ "${lost:-x}" != 0 ] || [ "$recoveries" -ne "$faults" ] || [ "$failures" -ne 0 ]; then
   echo "SOAK FAILED (logs kept in $dir)"
   exit 1
