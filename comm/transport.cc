@@ -11,8 +11,6 @@
 
 namespace pscore::comm {
 
-namespace {
-
 Status ResolveAddress(const std::string& host, int port, sockaddr_storage* out) {
   std::string h = host.empty() || host == "localhost" ? "127.0.0.1" : host;
   if (port < 0 || port > 65535) {
@@ -24,6 +22,8 @@ Status ResolveAddress(const std::string& host, int port, sockaddr_storage* out) 
   return Status(Code::kInvalidArgument,
                 "host '" + host + "' is not a numeric IP address (or localhost)");
 }
+
+namespace {
 
 // A HELLO carrying a nonce is the accepting side's token challenge (a node's own HELLO
 // greeting carries none).

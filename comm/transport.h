@@ -22,10 +22,14 @@ namespace pscore::comm {
 class Connection;
 }  // namespace pscore::comm
 struct uv_tcp_s;
+struct sockaddr_storage;
 namespace pscore::comm {
 class EventLoop;
 struct Listener;
 struct Dialer;
+
+// host:port as a socket address: numeric IPv4/IPv6, or "localhost" / "" for 127.0.0.1.
+Status ResolveAddress(const std::string& host, int port, ::sockaddr_storage* out);
 
 struct ConnectOptions {
   Duration timeout = std::chrono::seconds(10);         // give up after this long

@@ -1,5 +1,6 @@
 #include "node/worker_node.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <numeric>
@@ -111,11 +112,25 @@ struct WorkerNode::KvOp {
   std::vector<uint32_t>* dest_lens = nullptr;
   std::promise<Status> push_done;  // also PullInto's
   std::promise<Result<PullResult>> pull_done;
+  // The worker's count of unanswered key-value calls: this op counts in it until it
+  // finishes (down before the caller's future is ready, so PullSync after Push().get()
+  // sees zero).
+  std::shared_ptr<std::atomic<int>> in_flight;
+
+  void CountIn(const std::shared_ptr<std::atomic<int>>& counter) {
+    in_flight = counter;
+    in_flight->fetch_add(1, std::memory_order_acq_rel);
+  }
+  void CountOut() {
+    if (in_flight) in_flight->fetch_sub(1, std::memory_order_acq_rel);
+    in_flight.reset();
+  }
 
   bool into() const { return dest != nullptr; }
   void Fail(const Status& st) {
     if (finished) return;
     finished = true;
+    CountOut();
     answers.clear();
     if (push || into()) {
       push_done.set_value(st);
@@ -127,6 +142,7 @@ struct WorkerNode::KvOp {
     outstanding -= n;
     if (outstanding != 0 || finished) return;
     finished = true;
+    CountOut();
     if (push) {
       push_done.set_value(Status::Ok());
       return;
@@ -186,6 +202,7 @@ std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int ser
 std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
                                      const std::vector<uint32_t>& lens_in) {
   auto op = std::make_shared<KvOp>();
+  op->CountIn(kv_in_flight_);
   auto fut = op->push_done.get_future();
   std::vector<uint32_t> lens = lens_in;
   if (lens.empty() && !keys.empty()) lens.assign(keys.size(), static_cast<uint32_t>(values.size() / keys.size()));
@@ -229,6 +246,7 @@ std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const st
 
 std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& keys) {
   auto op = std::make_shared<KvOp>();
+  op->CountIn(kv_in_flight_);
   auto fut = op->pull_done.get_future();
   StartPull(op, keys);
   return fut;
@@ -237,6 +255,7 @@ std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& ke
 std::future<Status> WorkerNode::PullInto(const std::vector<uint64_t>& keys, float* dest, size_t dest_floats,
                                          std::vector<uint32_t>* lens) {
   auto op = std::make_shared<KvOp>();
+  op->CountIn(kv_in_flight_);
   auto fut = op->push_done.get_future();
   if (dest == nullptr && dest_floats > 0) {
     op->Fail(Status(Code::kInvalidArgument, "pull: null destination for " + std::to_string(dest_floats) + " floats"));
@@ -407,20 +426,137 @@ void WorkerNode::ReleaseHeld() {
 
 void WorkerNode::OnStateApplied(pb::ClusterState state) {
   bool scaling = state == pb::CLUSTER_SCALE_OUT || state == pb::CLUSTER_SCALE_IN;
-  if (scaling == holding_) return;
-  holding_ = scaling;
-  if (!holding_) ReleaseHeld();
+  if (scaling != holding_) {
+    holding_ = scaling;
+    if (!holding_) ReleaseHeld();
+  }
+  UpdateRoute();
 }
 
 void WorkerNode::OnMetadataApplied() {
   if (!holding_ && !held_.empty()) ReleaseHeld();
+  UpdateRoute();
 }
 
 void WorkerNode::OnScaleOutReady(const pb::SendMetadataMessage&, std::function<void()> done) { done(); }
 
 void WorkerNode::OnScaleInStart(const pb::ScaleInMessage&, std::function<void()> done) {
   holding_ = true;
+  UpdateRoute();
   done();
+}
+
+// ---- PullSync: the direct way ----
+
+void WorkerNode::UpdateRoute() {
+  Route r;
+  r.usable = !holding_ && cluster_state() == pb::CLUSTER_READY;
+  const int n = metadata().server_num();
+  for (int rank = 0; rank < n; ++rank) {
+    r.addrs.push_back(ServerAddress(rank));
+    if (r.addrs.back().empty()) r.usable = false;
+  }
+  std::lock_guard<std::mutex> lock(direct_mu_);
+  // Links to servers that left are closed; links to the others stay.
+  for (auto it = idle_links_.begin(); it != idle_links_.end();) {
+    bool member = std::find(r.addrs.begin(), r.addrs.end(), it->first) != r.addrs.end();
+    it = member ? std::next(it) : idle_links_.erase(it);
+  }
+  route_ = std::move(r);
+}
+
+Result<PullResult> WorkerNode::PullSync(const std::vector<uint64_t>& keys) {
+  if (loop()->InLoopThread()) {
+    return Status(Code::kFailedPrecondition, "PullSync blocks: call it from a thread other than the node's loop");
+  }
+  std::optional<Result<PullResult>> direct = TryDirectPull(keys);
+  if (direct.has_value()) return std::move(*direct);
+  std::future<Result<PullResult>> f = Pull(keys);
+  // Pull ends by itself within the request timeout (held parts fail at their deadline);
+  // the margin only guards against a stopped loop.
+  if (f.wait_for(options_.request_timeout + std::chrono::seconds(5)) != std::future_status::ready) {
+    return Status(Code::kTimeout, "pull: no answer within the request timeout");
+  }
+  return f.get();
+}
+
+std::optional<Result<PullResult>> WorkerNode::TryDirectPull(const std::vector<uint64_t>& keys) {
+  constexpr size_t kMaxDirectKeys = 2048;  // a request of at most 16 KiB of keys
+  if (keys.empty() || keys.size() > kMaxDirectKeys) return std::nullopt;
+  // Ordering: an earlier Push of this worker still in flight on its loop link could be
+  // overtaken on another connection, so the direct way is only for a quiet worker.
+  if (kv_in_flight_->load(std::memory_order_acquire) != 0) return std::nullopt;
+  std::string addr;
+  std::unique_ptr<comm::BlockingLink> link;
+  {
+    std::lock_guard<std::mutex> lock(direct_mu_);
+    const int n = static_cast<int>(route_.addrs.size());
+    if (!route_.usable || n == 0) return std::nullopt;
+    const int owner = core::ServerForKey(keys[0], n);
+    for (uint64_t k : keys) {
+      if (core::ServerForKey(k, n) != owner) return std::nullopt;
+    }
+    addr = route_.addrs[owner];
+    auto idle = idle_links_.find(addr);
+    if (idle != idle_links_.end() && !idle->second.empty()) {
+      link = std::move(idle->second.back());
+      idle->second.pop_back();
+    }
+  }
+  if (!link) {
+    comm::BlockingLinkOptions lo;
+    lo.limits.max_message_bytes = options_.max_message_bytes;
+    lo.auth_token = options_.cluster_token;
+    lo.connect_timeout = std::min<Duration>(options_.connect_timeout, std::chrono::seconds(2));
+    const size_t colon = addr.rfind(':');
+    Result<std::unique_ptr<comm::BlockingLink>> dialed =
+        comm::BlockingLink::Dial(addr.substr(0, colon), std::atoi(addr.c_str() + colon + 1), lo);
+    if (!dialed.ok()) {
+      VLOG(1) << options_.node_id << ": direct link to " << addr << ": " << dialed.status();
+      return std::nullopt;
+    }
+    link = std::move(*dialed);
+    // Say who we are first, as on the loop's links: servers serve members only.
+    pb::HelloMessage hello;
+    hello.set_node_id(options_.node_id);
+    hello.set_role(pb::WORKER);
+    hello.set_rank_id(rank());
+    if (!link->Notify(MakeMeta(pb::HELLO, pb::WORKER, rank()), ToBuffer(hello), lo.connect_timeout).ok()) {
+      return std::nullopt;
+    }
+  }
+  pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, rank());
+  meta.set_handler(kPullHandler);
+  Result<comm::Frame> answer =
+      link->Call(meta, core::EncodeKvPairs(keys.data(), keys.size(), nullptr, nullptr, 0), options_.request_timeout);
+  if (!answer.ok()) {
+    const Code code = answer.status().code();
+    // The link failed (the loop's path knows how to wait for a server or a scale), or
+    // the keys moved in a scale (kAborted; nothing was read): the ordinary Pull decides.
+    if (link->broken() && code != Code::kTimeout) return std::nullopt;
+    if (code == Code::kAborted) return std::nullopt;
+    if (!link->broken()) {
+      std::lock_guard<std::mutex> lock(direct_mu_);
+      idle_links_[addr].push_back(std::move(link));
+    }
+    return Result<PullResult>(answer.status());
+  }
+  {
+    std::lock_guard<std::mutex> lock(direct_mu_);
+    idle_links_[addr].push_back(std::move(link));
+  }
+  const BufferPtr& b = answer->payload;
+  Result<core::KvView> view = core::DecodeKvPairs(b ? b->data() : "", b ? b->size() : 0, /*expect_values=*/true);
+  if (!view.ok()) return Result<PullResult>(view.status());
+  if (view->num_keys != keys.size()) {
+    return Result<PullResult>(Status(Code::kProtocol, "pull: answer has " + std::to_string(view->num_keys) +
+                                                          " keys, asked " + std::to_string(keys.size())));
+  }
+  PullResult out;
+  out.lens.assign(view->lens, view->lens + view->num_keys);
+  out.values.assign(view->values, view->values + view->num_values);
+  direct_pulls_.fetch_add(1, std::memory_order_relaxed);
+  return Result<PullResult>(std::move(out));
 }
 
 }  // namespace pscore::node

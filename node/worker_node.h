@@ -4,9 +4,16 @@
 // thread-safe and asynchronous (a future or a callback); callbacks run on the loop thread.
 #pragma once
 
+#include <atomic>
 #include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "comm/blocking_link.h"
 #include "node/node.h"
 
 namespace pscore::node {
@@ -41,6 +48,16 @@ class WorkerNode : public Node {
   // hold a different number of floats (dest is then left as it was).
   std::future<Status> PullInto(const std::vector<uint64_t>& keys, float* dest, size_t dest_floats,
                                std::vector<uint32_t>* lens = nullptr);
+  // Pull, blocking the calling thread (never the loop's) until the values are here. When
+  // every key lives on one server and this worker has no Push or Pull of its own in
+  // flight, the request goes over a direct link that the calling thread writes and reads
+  // itself (no hand-off to the loop thread and back: about the latency of a blocking
+  // socket ping-pong). Otherwise, and whenever the direct way cannot answer (the link
+  // fails, the keys moved in a scale), it is Pull(keys).get(). Same results and errors
+  // as Pull; a Pull issued after a Push of this worker sees that Push either way.
+  Result<PullResult> PullSync(const std::vector<uint64_t>& keys);
+  // PullSync calls answered over a direct link (for tests and benchmarks).
+  uint64_t direct_pulls() const { return direct_pulls_.load(std::memory_order_relaxed); }
   int server_count() const { return metadata().server_num(); }
 
  protected:
@@ -61,7 +78,22 @@ class WorkerNode : public Node {
   void OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<BufferPtr> r);
   void ReleaseHeld();
 
+  // PullSync's direct way: nullopt when it does not apply (then Pull is used).
+  std::optional<Result<PullResult>> TryDirectPull(const std::vector<uint64_t>& keys);
+  void UpdateRoute();  // loop thread: publishes where keys live for PullSync
+
   bool holding_ = false;  // the cluster is scaling: new key-value traffic waits
+  // Push/Pull/PullInto calls not yet answered (shared with their ops, which count down).
+  std::shared_ptr<std::atomic<int>> kv_in_flight_ = std::make_shared<std::atomic<int>>(0);
+  std::atomic<uint64_t> direct_pulls_{0};
+  struct Route {
+    bool usable = false;             // READY and not scaling
+    std::vector<std::string> addrs;  // server address by rank
+  };
+  std::mutex direct_mu_;
+  Route route_;  // guarded by direct_mu_
+  // Idle direct links by server address; a calling thread takes one for a call.
+  std::unordered_map<std::string, std::vector<std::unique_ptr<comm::BlockingLink>>> idle_links_;  // direct_mu_
   std::vector<std::pair<std::shared_ptr<KvOp>, KvPart>> held_;
   comm::TimerId retry_timer_ = 0;
 };

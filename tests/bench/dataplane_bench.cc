@@ -3,7 +3,7 @@
 // Send round trips with 1 and 64 in flight, each beside a blocking-socket baseline
 // measured in the same run (length prefix + writev/read: one-way rate and ping-pong).
 // Also prints the payload copies per direction. One figure per line: `name value unit`.
-// Run through `scripts/bench.sh dataplane [quick | push MiB | pull MiB]` (Release build).
+// Run through `scripts/bench.sh dataplane [quick | latency | push MiB | pull MiB]` (Release build).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -316,6 +316,23 @@ std::vector<double> PullLatencies(Cluster& c, int rounds) {
   return us;
 }
 
+// Sequential 64 B PullSync calls (the direct link: the caller writes and reads the socket).
+std::vector<double> PullSyncLatencies(Cluster& c, int rounds) {
+  auto f = c.worker(0).Push({7}, std::vector<float>(16, 1.0f));
+  CHECK(Wait(f).ok());
+  std::vector<double> us;
+  us.reserve(rounds);
+  for (int i = 0; i < rounds; ++i) {
+    Clock::time_point t0 = Clock::now();
+    Result<PullResult> r = c.worker(0).PullSync({7});
+    CHECK(r.ok()) << r.status();
+    CHECK_EQ(r->values.size(), 16u);
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  CHECK_EQ(c.worker(0).direct_pulls(), static_cast<uint64_t>(rounds)) << "PullSync did not take the direct link";
+  return us;
+}
+
 // 64 B Send round trips per second with `depth` in flight (callbacks keep the window full).
 double SendRate(Cluster& c, uint64_t total, int depth) {
   BufferPtr payload = Buffer::Allocate(64);
@@ -389,8 +406,11 @@ int Main(const std::string& mode, size_t mib) {
   std::printf("# pscore data-plane benchmark (loopback; MB = 1e6 bytes; %llu MiB per figure)\n",
               static_cast<unsigned long long>(g_volume >> 20));
   PrintCopies();
+  // "latency": only the 64 B figures below (a quick look at the round-trip costs).
+  const bool latency_only = mode == "latency";
+  if (latency_only) sizes.clear();
   for (size_t size : sizes) Print("baseline_oneway_" + SizeName(size), BaselineOneWay(size), "MB/s");
-  for (int servers : {1, 2}) {
+  for (int servers : latency_only ? std::vector<int>{} : std::vector<int>{1, 2}) {
     Cluster c(servers, servers);
     std::string tag = std::to_string(servers) + "w" + std::to_string(servers) + "s";
     for (size_t size : sizes) {
@@ -410,6 +430,10 @@ int Main(const std::string& mode, size_t mib) {
   Print("pull_64B_p50", Percentile(pull, 0.5), "us");
   Print("pull_64B_p99", Percentile(pull, 0.99), "us");
   Print("pull_64B_p50_vs_pingpong_p50", Percentile(pull, 0.5) / Percentile(base, 0.5), "x");
+  std::vector<double> sync = PullSyncLatencies(c, rounds);
+  Print("pullsync_64B_p50", Percentile(sync, 0.5), "us");
+  Print("pullsync_64B_p99", Percentile(sync, 0.99), "us");
+  Print("pullsync_64B_p50_vs_pingpong_p50", Percentile(sync, 0.5) / Percentile(base, 0.5), "x");
   {
     // The same with handlers on the server's loop thread (handler_threads = 0): two
     // thread handoffs fewer per request.

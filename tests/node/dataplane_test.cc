@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/key_range.h"
 #include "core/kv_codec.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
@@ -415,6 +416,136 @@ TEST_CASE("PullInto writes the values into the caller's memory, refuses a wrong 
   CHECK(small == std::vector<float>(11, -1.0f));
   CHECK(Await(c.worker(0).PullInto({}, nullptr, 0)).ok());
   CHECK(Await(c.worker(0).PullInto({999}, dest.data(), dest.size())).code() == Code::kNotFound);
+}
+
+// Keys 0.. that the key-range partition gives to server rank `owner` of `servers`.
+std::vector<uint64_t> KeysOf(int owner, int servers, size_t count) {
+  std::vector<uint64_t> out;
+  for (uint64_t k = 0; out.size() < count; ++k) {
+    if (core::ServerForKey(k, servers) == owner) out.push_back(k);
+  }
+  return out;
+}
+
+TEST_CASE("PullSync answers like Pull - over a direct link when the keys live on one server",
+          "[node][net][dataplane]") {
+  TestCluster::Config config;
+  config.servers = 2;
+  config.store.rule = core::UpdateRule::kAssign;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  const std::vector<uint64_t> on0 = KeysOf(0, 2, 3), on1 = KeysOf(1, 2, 2);
+  std::vector<uint64_t> both = on0;
+  both.insert(both.end(), on1.begin(), on1.end());
+  const std::vector<uint32_t> lens = {2, 1, 3, 4, 1};
+  std::vector<float> values;
+  for (size_t i = 0; i < 11; ++i) values.push_back(static_cast<float>(i) * 0.25f);
+  REQUIRE(Await(w.Push(both, values, lens)).ok());
+
+  // One server: the direct way, the same values and lengths as Pull.
+  Result<PullResult> direct = w.PullSync(on0);
+  REQUIRE(direct.ok());
+  CHECK(w.direct_pulls() == 1);
+  Result<PullResult> pulled = Await(w.Pull(on0));
+  REQUIRE(pulled.ok());
+  CHECK(direct->values == pulled->values);
+  CHECK(direct->lens == pulled->lens);
+  CHECK(direct->lens == std::vector<uint32_t>{2, 1, 3});
+  REQUIRE(w.PullSync(on1).ok());
+  CHECK(w.direct_pulls() == 2);
+  // Keys on two servers: the ordinary Pull, still the right answer.
+  Result<PullResult> all = w.PullSync(both);
+  REQUIRE(all.ok());
+  CHECK(all->values == values);
+  CHECK(w.direct_pulls() == 2);
+  // Errors are the server's, as through Pull (a key never pushed, asked of server 0 over
+  // the direct link); the link stays usable.
+  const std::vector<uint64_t> unknown = KeysOf(0, 2, 4);  // the 4th was never pushed
+  Result<PullResult> missing = w.PullSync({unknown[3]});
+  CHECK(missing.status().code() == Code::kNotFound);
+  CHECK(missing.status().code() == Await(w.Pull({unknown[3]})).status().code());
+  Result<PullResult> again = w.PullSync(on0);
+  REQUIRE(again.ok());
+  CHECK(w.direct_pulls() == 3);
+  CHECK(again->values == direct->values);
+}
+
+TEST_CASE("PullSync right after an unanswered Push of the same worker sees that Push",
+          "[node][net][dataplane]") {
+  TestCluster::Config config;
+  config.servers = 1;
+  config.store.rule = core::UpdateRule::kAssign;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  const std::vector<uint64_t> keys = {1, 2, 3, 4, 5};
+  const uint32_t big = 64 * 1024;  // 256 KiB per key: the push takes a while
+  const std::vector<uint32_t> lens = {big, big, big, big, 1};
+  for (int i = 1; i <= 50; ++i) {
+    auto push = w.Push(keys, std::vector<float>(4 * big + 1, static_cast<float>(i)), lens);
+    Result<PullResult> r = w.PullSync({5});  // issued before the push was answered
+    REQUIRE(r.ok());
+    INFO("round " << i);
+    CHECK(r->values == std::vector<float>{static_cast<float>(i)});
+    CHECK(Await(push).ok());
+  }
+  // Once the pushes are answered the direct way serves again.
+  const uint64_t before = w.direct_pulls();
+  Result<PullResult> r = w.PullSync({5});
+  REQUIRE(r.ok());
+  CHECK(r->values == std::vector<float>{50.0f});
+  CHECK(w.direct_pulls() == before + 1);
+}
+
+TEST_CASE("PullSync over a direct link proves the cluster token", "[node][net][dataplane][auth]") {
+  SchedulerOptions so;
+  so.worker_num = 1;
+  so.server_num = 1;
+  so.heartbeat_interval = 50ms;
+  so.cluster_token = "a token for the direct link";
+  SchedulerNode sched(so);
+  REQUIRE(sched.Start().ok());
+  NodeOptions o;
+  o.scheduler_port = sched.port();
+  o.heartbeat_interval = 50ms;
+  o.request_timeout = 10s;
+  o.cluster_token = so.cluster_token;
+  o.node_id = "s0";
+  ServerNode server(o);
+  REQUIRE(server.Start().ok());
+  o.node_id = "w0";
+  WorkerNode worker(o);
+  REQUIRE(worker.Start().ok());
+  REQUIRE(worker.WaitForReady(kDeadline).ok());
+  REQUIRE(Await(worker.Push({9}, {1.5f, 2.5f})).ok());
+  Result<PullResult> r = worker.PullSync({9});
+  REQUIRE(r.ok());
+  CHECK(r->values == std::vector<float>{1.5f, 2.5f});
+  CHECK(worker.direct_pulls() == 1);
+  worker.Stop();
+  server.Stop();
+  sched.Stop();
+}
+
+TEST_CASE("PullSync from a server that stopped fails with a clear status - not a hang",
+          "[node][net][dataplane]") {
+  TestCluster::Config config;
+  config.servers = 1;
+  config.request_timeout = 3s;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  REQUIRE(Await(w.Push({1}, {1.0f})).ok());
+  REQUIRE(w.PullSync({1}).ok());
+  REQUIRE(w.direct_pulls() == 1);
+  c.server(0).Stop();
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<PullResult> r = w.PullSync({1});
+  INFO("status: " << r.status());
+  CHECK_FALSE(r.ok());
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+  CHECK(w.direct_pulls() == 1);
 }
 
 TEST_CASE("malformed pscore.push payloads are refused with an error answer and the server stays up",

@@ -94,6 +94,13 @@ void CheckSums(WorkerNode& w, const std::vector<uint64_t>& keys, int acked) {
   REQUIRE(r.ok());
   REQUIRE(r->values.size() == keys.size() * 4);
   for (float v : r->values) REQUIRE(v == static_cast<float>(acked));
+  // PullSync key by key (one server each: the direct way, or Pull when the keys moved
+  // after the worker's last look at the metadata) agrees.
+  for (uint64_t k : keys) {
+    Result<PullResult> one = w.PullSync({k});
+    REQUIRE(one.ok());
+    REQUIRE(one->values == std::vector<float>(4, static_cast<float>(acked)));
+  }
 }
 
 }  // namespace

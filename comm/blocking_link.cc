@@ -1,0 +1,220 @@
+#include "comm/blocking_link.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "comm/auth.h"
+#include "comm/transport.h"
+
+namespace pscore::comm {
+namespace {
+
+// Frames skipped while waiting for one answer before the peer is called misbehaving.
+constexpr int kMaxStrayFrames = 64;
+
+// Rounded up, so a wait does not end before its deadline.
+int MillisLeft(TimePoint deadline) {
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return left.count() <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+}
+
+// Waits until fd is ready for `events`; kTimeout at the deadline.
+Status WaitReady(int fd, short events, TimePoint deadline, const char* what) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int r = ::poll(&p, 1, MillisLeft(deadline));
+    if (r > 0) return Status::Ok();
+    if (r == 0 && std::chrono::steady_clock::now() < deadline) continue;
+    if (r == 0) return Status(Code::kTimeout, std::string(what) + ": deadline passed");
+    if (errno != EINTR) return Status(Code::kUnavailable, std::string(what) + ": poll: " + std::strerror(errno));
+  }
+}
+
+BufferPtr Serialized(const google::protobuf::MessageLite& msg) {
+  BufferPtr buf = Buffer::Allocate(msg.ByteSizeLong());
+  msg.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(buf->data()));
+  return buf;
+}
+
+std::string MetaBytes(const pb::MessageMeta& meta) {
+  std::string out;
+  meta.SerializeToString(&out);
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<BlockingLink>> BlockingLink::Dial(const std::string& host, int port,
+                                                         const BlockingLinkOptions& options) {
+  sockaddr_storage addr;
+  PSCORE_RETURN_IF_ERROR(ResolveAddress(host, port, &addr));
+  const std::string where = host + ":" + std::to_string(port);
+  int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status(Code::kUnavailable, "socket: " + std::string(std::strerror(errno)));
+  std::unique_ptr<BlockingLink> link(new BlockingLink(fd, options.limits));
+  const TimePoint deadline = std::chrono::steady_clock::now() + options.connect_timeout;
+  const socklen_t len = addr.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    if (errno != EINPROGRESS) {
+      return link->Fail(Status(Code::kUnavailable, "connect " + where + ": " + std::strerror(errno)));
+    }
+    Status ready = WaitReady(fd, POLLOUT, deadline, ("connect " + where).c_str());
+    if (!ready.ok()) return link->Fail(ready);
+    int err = 0;
+    socklen_t err_len = sizeof(err);
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len);
+    if (err != 0) return link->Fail(Status(Code::kUnavailable, "connect " + where + ": " + std::strerror(err)));
+  }
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (!options.auth_token.empty()) PSCORE_RETURN_IF_ERROR(link->Handshake(options.auth_token, deadline));
+  return link;
+}
+
+BlockingLink::~BlockingLink() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status BlockingLink::Fail(Status st) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  return st;
+}
+
+// The connecting side of Transport's handshake (comm/transport_auth.cc): the listener's
+// challenge, our proof, its verdict.
+Status BlockingLink::Handshake(const std::string& token, TimePoint deadline) {
+  Result<Frame> challenge = ReadFrame(deadline);
+  if (!challenge.ok()) return challenge.status();
+  pb::HelloMessage hello;
+  if (challenge->meta.cmd() != pb::HELLO || challenge->meta.is_response() || !challenge->payload ||
+      !hello.ParseFromArray(challenge->payload->data(), static_cast<int>(challenge->payload->size())) ||
+      hello.nonce().size() != kNonceBytes) {
+    return Fail(Status(Code::kPermissionDenied, "expected a token challenge, got " +
+                                                    pb::NodeCommand_Name(challenge->meta.cmd())));
+  }
+  pb::HelloMessage proof;
+  proof.set_auth_proof(ProveToken(token, hello.nonce()));
+  pb::MessageMeta meta;
+  meta.set_cmd(pb::HELLO);
+  meta.set_oneway(true);
+  PSCORE_RETURN_IF_ERROR(WriteFrame(meta, Serialized(proof), deadline));
+  Result<Frame> verdict = ReadFrame(deadline);
+  if (!verdict.ok()) return verdict.status();
+  if (verdict->meta.cmd() != pb::HELLO || !verdict->meta.is_response()) {
+    return Fail(Status(Code::kPermissionDenied, "no token verdict"));
+  }
+  if (verdict->meta.status_code() != 0) {
+    return Fail(Status(CodeFromInt(verdict->meta.status_code()), "peer refused us: " + verdict->meta.error()));
+  }
+  return Status::Ok();
+}
+
+Status BlockingLink::WriteFrame(const pb::MessageMeta& meta, const BufferPtr& payload, TimePoint deadline) {
+  if (fd_ < 0) return Status(Code::kUnavailable, "link is closed");
+  const std::string m = MetaBytes(meta);
+  const size_t data_len = payload ? payload->size() : 0;
+  FrameHeader h;
+  h.meta_len = static_cast<uint32_t>(m.size());
+  h.data_len = data_len;
+  char head[kHeaderBytes];
+  StoreHeader(h, head);
+  iovec iov[3] = {{head, kHeaderBytes},
+                  {const_cast<char*>(m.data()), m.size()},
+                  {payload ? payload->data() : nullptr, data_len}};
+  int first = 0;
+  while (first < 3) {
+    ssize_t n = ::writev(fd_, iov + first, 3 - first);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return Fail(Status(Code::kUnavailable, "write: " + std::string(std::strerror(errno))));
+      }
+      Status ready = WaitReady(fd_, POLLOUT, deadline, "write");
+      if (!ready.ok()) return Fail(ready);
+      continue;
+    }
+    size_t done = static_cast<size_t>(n);
+    while (first < 3 && done >= iov[first].iov_len) done -= iov[first++].iov_len;
+    if (first < 3) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + done;
+      iov[first].iov_len -= done;
+    }
+  }
+  return Status::Ok();
+}
+
+Status BlockingLink::ReadExact(char* out, size_t n, TimePoint deadline) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::recv(fd_, out + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return Fail(Status(Code::kUnavailable, "peer closed the connection"));
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      return Fail(Status(Code::kUnavailable, "read: " + std::string(std::strerror(errno))));
+    }
+    Status ready = WaitReady(fd_, POLLIN, deadline, "read");
+    if (!ready.ok()) return Fail(ready);
+  }
+  return Status::Ok();
+}
+
+Result<Frame> BlockingLink::ReadFrame(TimePoint deadline) {
+  if (fd_ < 0) return Status(Code::kUnavailable, "link is closed");
+  char head[kHeaderBytes];
+  PSCORE_RETURN_IF_ERROR(ReadExact(head, kHeaderBytes, deadline));
+  std::optional<FrameHeader> h;
+  Status st = ParseHeader(std::string_view(head, kHeaderBytes), limits_, &h);
+  if (!st.ok()) return Fail(st);
+  std::string meta_bytes(h->meta_len, '\0');
+  PSCORE_RETURN_IF_ERROR(ReadExact(meta_bytes.data(), meta_bytes.size(), deadline));
+  Frame f;
+  if (!f.meta.ParseFromString(meta_bytes)) {
+    return Fail(Status(Code::kProtocol, "unparsable meta (" + std::to_string(meta_bytes.size()) + " bytes)"));
+  }
+  if (h->data_len > 0) {
+    f.payload = Buffer::Allocate(h->data_len);
+    PSCORE_RETURN_IF_ERROR(ReadExact(f.payload->data(), h->data_len, deadline));
+  }
+  f.wire_bytes = kHeaderBytes + h->meta_len + h->data_len;
+  return f;
+}
+
+Status BlockingLink::Notify(const pb::MessageMeta& meta, const BufferPtr& payload, Duration timeout) {
+  pb::MessageMeta m = meta;
+  m.set_oneway(true);
+  m.set_is_response(false);
+  return WriteFrame(m, payload, std::chrono::steady_clock::now() + timeout);
+}
+
+Result<Frame> BlockingLink::Call(pb::MessageMeta meta, const BufferPtr& payload, Duration timeout) {
+  const TimePoint deadline = std::chrono::steady_clock::now() + timeout;
+  const uint64_t id = next_request_id_++;
+  meta.set_request_id(id);
+  meta.set_is_response(false);
+  meta.set_oneway(false);
+  PSCORE_RETURN_IF_ERROR(WriteFrame(meta, payload, deadline));
+  for (int stray = 0; stray <= kMaxStrayFrames; ++stray) {
+    Result<Frame> f = ReadFrame(deadline);
+    if (!f.ok()) return f.status();
+    if (!f->meta.is_response() || f->meta.request_id() != id) continue;
+    if (f->meta.status_code() != 0) return Status(CodeFromInt(f->meta.status_code()), f->meta.error());
+    return f;
+  }
+  return Fail(Status(Code::kProtocol, "no answer among " + std::to_string(kMaxStrayFrames) + " frames"));
+}
+
+}  // namespace pscore::comm

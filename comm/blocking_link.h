@@ -1,0 +1,62 @@
+// BlockingLink: one dialled connection driven by the calling thread with plain socket
+// calls, no event loop. A request is written by the caller and its answer read by the
+// caller: a round trip costs the two wake-ups of a blocking ping-pong, where handing the
+// request to a loop thread and the answer back would add two more.
+//
+// Same frames and token handshake as Transport (docs/protocol.md). Every wait has the
+// caller's deadline. One thread at a time; after any error the link is broken (closed):
+// drop it and dial again. The link never serves requests: frames from the peer that are
+// not the awaited answer are read and discarded (bounded).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/frame.h"
+#include "comm/frame_decoder.h"
+#include "core/buffer.h"
+#include "core/clock.h"
+#include "core/status.h"
+#include "proto/comm.pb.h"
+
+namespace pscore::comm {
+
+struct BlockingLinkOptions {
+  Limits limits;
+  std::string auth_token;  // empty: no handshake
+  Duration connect_timeout = std::chrono::seconds(5);
+};
+
+class BlockingLink {
+ public:
+  // Connects and, with a token, completes the handshake before returning.
+  static Result<std::unique_ptr<BlockingLink>> Dial(const std::string& host, int port,
+                                                     const BlockingLinkOptions& options);
+  ~BlockingLink();
+  BlockingLink(const BlockingLink&) = delete;
+  BlockingLink& operator=(const BlockingLink&) = delete;
+
+  // A one-way frame (no answer expected).
+  Status Notify(const pb::MessageMeta& meta, const BufferPtr& payload, Duration timeout);
+  // Sends meta (its request_id is assigned here) and payload; returns the answer. An
+  // answer whose meta carries an error is returned as that error (a Status with the
+  // peer's code and message); transport failures are kUnavailable or kTimeout and break
+  // the link.
+  Result<Frame> Call(pb::MessageMeta meta, const BufferPtr& payload, Duration timeout);
+  bool broken() const { return fd_ < 0; }
+
+ private:
+  BlockingLink(int fd, Limits limits) : fd_(fd), limits_(limits) {}
+  Status Handshake(const std::string& token, TimePoint deadline);
+  Status WriteFrame(const pb::MessageMeta& meta, const BufferPtr& payload, TimePoint deadline);
+  Result<Frame> ReadFrame(TimePoint deadline);
+  Status ReadExact(char* out, size_t n, TimePoint deadline);
+  Status Fail(Status st);  // closes the link, returns st
+
+  int fd_;
+  Limits limits_;
+  uint64_t next_request_id_ = 1;
+};
+
+}  // namespace pscore::comm
