@@ -5,9 +5,11 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -76,6 +78,9 @@ Result<std::unique_ptr<BlockingLink>> BlockingLink::Dial(const std::string& host
   }
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // From here on the socket blocks, bounded by SO_RCVTIMEO/SO_SNDTIMEO (SetTimeout): a
+  // round trip is one writev and, usually, one recv.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   if (!options.auth_token.empty()) PSCORE_RETURN_IF_ERROR(link->Handshake(options.auth_token, deadline));
   return link;
 }
@@ -133,15 +138,11 @@ Status BlockingLink::WriteFrame(const pb::MessageMeta& meta, const BufferPtr& pa
                   {payload ? payload->data() : nullptr, data_len}};
   int first = 0;
   while (first < 3) {
+    PSCORE_RETURN_IF_ERROR(SetTimeout(SO_SNDTIMEO, &snd_ms_, deadline, "write"));
     ssize_t n = ::writev(fd_, iov + first, 3 - first);
     if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        return Fail(Status(Code::kUnavailable, "write: " + std::string(std::strerror(errno))));
-      }
-      Status ready = WaitReady(fd_, POLLOUT, deadline, "write");
-      if (!ready.ok()) return Fail(ready);
-      continue;
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;  // the deadline decides
+      return Fail(Status(Code::kUnavailable, "write: " + std::string(std::strerror(errno))));
     }
     size_t done = static_cast<size_t>(n);
     while (first < 3 && done >= iov[first].iov_len) done -= iov[first++].iov_len;
@@ -153,21 +154,49 @@ Status BlockingLink::WriteFrame(const pb::MessageMeta& meta, const BufferPtr& pa
   return Status::Ok();
 }
 
+Status BlockingLink::SetTimeout(int option, int* current_ms, TimePoint deadline, const char* what) {
+  const int left = MillisLeft(deadline);
+  if (left == 0) return Fail(Status(Code::kTimeout, std::string(what) + ": deadline passed"));
+  // Only when it must shrink, or grow by a lot (a new call with a longer deadline): in a
+  // steady run of calls with one timeout this is no system call at all. A wait that ends
+  // early is retried by the caller's loop, which checks the deadline.
+  if (*current_ms == 0 || left < *current_ms || left > *current_ms + 1000) {
+    timeval tv{left / 1000, (left % 1000) * 1000};
+    if (::setsockopt(fd_, SOL_SOCKET, option, &tv, sizeof(tv)) != 0) {
+      return Fail(Status(Code::kUnavailable, std::string(what) + ": setsockopt: " + std::strerror(errno)));
+    }
+    *current_ms = left;
+  }
+  return Status::Ok();
+}
+
 Status BlockingLink::ReadExact(char* out, size_t n, TimePoint deadline) {
-  size_t got = 0;
+  constexpr size_t kInputBytes = 64 << 10;
+  constexpr size_t kDirectBytes = 16 << 10;  // longer reads skip the input buffer
+  size_t got = std::min(n, in_end_ - in_begin_);
+  if (got > 0) std::memcpy(out, in_.data() + in_begin_, got);
+  in_begin_ += got;
+  if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
   while (got < n) {
-    ssize_t r = ::recv(fd_, out + got, n - got, 0);
-    if (r > 0) {
+    PSCORE_RETURN_IF_ERROR(SetTimeout(SO_RCVTIMEO, &rcv_ms_, deadline, "read"));
+    const bool direct = n - got >= kDirectBytes;
+    if (!direct && in_.size() < kInputBytes) in_.resize(kInputBytes);
+    ssize_t r = direct ? ::recv(fd_, out + got, n - got, 0) : ::recv(fd_, in_.data(), in_.size(), 0);
+    if (r == 0) return Fail(Status(Code::kUnavailable, "peer closed the connection"));
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;  // the deadline decides
+      return Fail(Status(Code::kUnavailable, "read: " + std::string(std::strerror(errno))));
+    }
+    if (direct) {
       got += static_cast<size_t>(r);
       continue;
     }
-    if (r == 0) return Fail(Status(Code::kUnavailable, "peer closed the connection"));
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      return Fail(Status(Code::kUnavailable, "read: " + std::string(std::strerror(errno))));
-    }
-    Status ready = WaitReady(fd_, POLLIN, deadline, "read");
-    if (!ready.ok()) return Fail(ready);
+    const size_t take = std::min(n - got, static_cast<size_t>(r));
+    std::memcpy(out + got, in_.data(), take);
+    got += take;
+    in_begin_ = take;
+    in_end_ = static_cast<size_t>(r);
+    if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
   }
   return Status::Ok();
 }

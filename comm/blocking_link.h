@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/frame.h"
 #include "comm/frame_decoder.h"
@@ -52,11 +53,16 @@ class BlockingLink {
   Status WriteFrame(const pb::MessageMeta& meta, const BufferPtr& payload, TimePoint deadline);
   Result<Frame> ReadFrame(TimePoint deadline);
   Status ReadExact(char* out, size_t n, TimePoint deadline);
+  // Sets SO_RCVTIMEO or SO_SNDTIMEO to what is left until the deadline, when needed.
+  Status SetTimeout(int option, int* current_ms, TimePoint deadline, const char* what);
   Status Fail(Status st);  // closes the link, returns st
 
   int fd_;
   Limits limits_;
   uint64_t next_request_id_ = 1;
+  int rcv_ms_ = 0, snd_ms_ = 0;  // the socket's timeouts now (0: none set)
+  std::vector<char> in_;         // bytes received and not yet consumed: [in_begin_, in_end_)
+  size_t in_begin_ = 0, in_end_ = 0;
 };
 
 }  // namespace pscore::comm
