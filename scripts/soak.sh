@@ -95,18 +95,23 @@ log "READY on port $port"
 end=$((SECONDS + minutes * 60))
 sched_at=$((SECONDS + minutes * 30))  # the scheduler restart happens half way
 
-kill_server() {
-  local s=s$((RANDOM % 2))
-  log "fault: SIGKILL $s (pushes acked so far: $(acked))"
-  kill -KILL "${pid[$s]}"
-  wait "${pid[$s]}" 2>/dev/null || true
+# SIGKILL member $1, restart it with start_$2 after up to a second, wait for READY.
+kill_member() {
+  local m=$1 role=$2
+  log "fault: SIGKILL $m (pushes acked so far: $(acked))"
+  kill -KILL "${pid[$m]}"
+  wait "${pid[$m]}" 2>/dev/null || true
   sleep 0.$((RANDOM % 10))
-  start_server "$s"
-  faults=$((faults + 1)) server_kills=$((server_kills + 1))
+  "start_$role" "$m"
+  faults=$((faults + 1))
   if wait_ready 60; then
     recoveries=$((recoveries + 1))
-    log "recovered: $s restarted from its journal"
+    log "recovered: $m restarted"
   fi
+}
+kill_server() {
+  kill_member "s$((RANDOM % 2))" server
+  server_kills=$((server_kills + 1))
 }
 restart_scheduler() {
   log "fault: SIGKILL scheduler (pushes acked so far: $(acked))"
@@ -136,14 +141,8 @@ while [ $SECONDS -lt $end ] || [ $server_kills -eq 0 ] || [ $scheduler_restarts 
   case $((RANDOM % 4)) in
     3) kill_server ;;
     0 | 1)
-      w=w$((RANDOM % 2))
-      log "fault: SIGKILL $w (pushes acked so far: $(acked))"
-      kill -KILL "${pid[$w]}"
-      wait "${pid[$w]}" 2>/dev/null || true
-      sleep 0.$((RANDOM % 10))
-      start_worker "$w"
-      faults=$((faults + 1)) worker_kills=$((worker_kills + 1))
-      wait_ready 60 && recoveries=$((recoveries + 1)) && log "recovered: $w restarted"
+      kill_member "w$((RANDOM % 2))" worker
+      worker_kills=$((worker_kills + 1))
       ;;
     2)
       log "scale-out to 3 servers"

@@ -301,35 +301,26 @@ double KvThroughput(Cluster& c, size_t size, KvMode mode) {
   return static_cast<double>(per_worker * c.workers() * floats * sizeof(float)) / s / 1e6;
 }
 
-// Sequential 64 B Pulls (16 floats, one key): latencies in microseconds.
-std::vector<double> PullLatencies(Cluster& c, int rounds) {
-  auto f = c.worker(0).Push({7}, std::vector<float>(16, 1.0f));
+// Sequential 64 B pulls (16 floats, one key) through `sync` (PullSync: the direct link,
+// where the caller writes and reads the socket) or Pull: latencies in microseconds.
+std::vector<double> PullLatencies(Cluster& c, int rounds, bool sync = false) {
+  WorkerNode& w = c.worker(0);
+  auto f = w.Push({7}, std::vector<float>(16, 1.0f));
   CHECK(Wait(f).ok());
+  const uint64_t direct_before = w.direct_pulls();
   std::vector<double> us;
   us.reserve(rounds);
   for (int i = 0; i < rounds; ++i) {
     Clock::time_point t0 = Clock::now();
-    auto p = c.worker(0).Pull({7});
-    CHECK_EQ(Wait(p)->values.size(), 16u);
-    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-  }
-  return us;
-}
-
-// Sequential 64 B PullSync calls (the direct link: the caller writes and reads the socket).
-std::vector<double> PullSyncLatencies(Cluster& c, int rounds) {
-  auto f = c.worker(0).Push({7}, std::vector<float>(16, 1.0f));
-  CHECK(Wait(f).ok());
-  std::vector<double> us;
-  us.reserve(rounds);
-  for (int i = 0; i < rounds; ++i) {
-    Clock::time_point t0 = Clock::now();
-    Result<PullResult> r = c.worker(0).PullSync({7});
+    Result<PullResult> r = sync ? w.PullSync({7}) : [&] {
+      auto p = w.Pull({7});
+      return Wait(p);
+    }();
     CHECK(r.ok()) << r.status();
     CHECK_EQ(r->values.size(), 16u);
     us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
-  CHECK_EQ(c.worker(0).direct_pulls(), static_cast<uint64_t>(rounds)) << "PullSync did not take the direct link";
+  if (sync) CHECK_EQ(w.direct_pulls() - direct_before, static_cast<uint64_t>(rounds)) << "PullSync did not take the direct link";
   return us;
 }
 
@@ -430,7 +421,7 @@ int Main(const std::string& mode, size_t mib) {
   Print("pull_64B_p50", Percentile(pull, 0.5), "us");
   Print("pull_64B_p99", Percentile(pull, 0.99), "us");
   Print("pull_64B_p50_vs_pingpong_p50", Percentile(pull, 0.5) / Percentile(base, 0.5), "x");
-  std::vector<double> sync = PullSyncLatencies(c, rounds);
+  std::vector<double> sync = PullLatencies(c, rounds, /*sync=*/true);
   Print("pullsync_64B_p50", Percentile(sync, 0.5), "us");
   Print("pullsync_64B_p99", Percentile(sync, 0.99), "us");
   Print("pullsync_64B_p50_vs_pingpong_p50", Percentile(sync, 0.5) / Percentile(base, 0.5), "x");
