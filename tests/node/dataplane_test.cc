@@ -4,6 +4,7 @@
 // Every node runs in this process on its own loop, on 127.0.0.1 with ephemeral ports.
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -360,29 +361,37 @@ TEST_CASE("a Pull issued after a Push from the same worker sees that Push", "[no
   for (auto& f : pushes) CHECK(Await(f).ok());
 }
 
-TEST_CASE("a small Pull issued after a large Push from the same worker sees that Push",
-          "[node][net][dataplane]") {
-  // The large push goes to the server's handler threads; a pull asking for little could be
-  // served at once on the server's loop, but must still come after the push. The push
-  // writes one small key (5) besides four big ones; the pull asks for key 5 alone.
-  TestCluster::Config config;
-  config.servers = 1;
-  config.store.rule = core::UpdateRule::kAssign;
-  TestCluster c(config);
-  c.Start();
+namespace {
+
+// `rounds` times: a large Push writing i to four big keys and to the small key 5, then at
+// once (before the push was answered) `pull_small` of key 5 alone, which must see i.
+void PushLargeThenPullSmall(WorkerNode& w, int rounds,
+                            const std::function<Result<PullResult>(WorkerNode&)>& pull_small) {
   const std::vector<uint64_t> keys = {1, 2, 3, 4, 5};
-  const uint32_t big = 64 * 1024;  // 256 KiB per key: well over the small bound
+  const uint32_t big = 64 * 1024;  // 256 KiB per key: well over the server's small bound
   const std::vector<uint32_t> lens = {big, big, big, big, 1};
-  for (int i = 1; i <= 100; ++i) {
-    std::vector<float> values(4 * big + 1, static_cast<float>(i));
-    auto push = c.worker(0).Push(keys, values, lens);
-    auto pull = c.worker(0).Pull({5});  // issued before the push was answered
-    Result<PullResult> r = Await(pull);
+  for (int i = 1; i <= rounds; ++i) {
+    auto push = w.Push(keys, std::vector<float>(4 * big + 1, static_cast<float>(i)), lens);
+    Result<PullResult> r = pull_small(w);
     REQUIRE(r.ok());
     INFO("round " << i);
     CHECK(r->values == std::vector<float>{static_cast<float>(i)});
     CHECK(Await(push).ok());
   }
+}
+
+}  // namespace
+
+TEST_CASE("a small Pull issued after a large Push from the same worker sees that Push",
+          "[node][net][dataplane]") {
+  // The large push goes to the server's handler threads; a pull asking for little could be
+  // served at once on the server's loop, but must still come after the push.
+  TestCluster::Config config;
+  config.servers = 1;
+  config.store.rule = core::UpdateRule::kAssign;
+  TestCluster c(config);
+  c.Start();
+  PushLargeThenPullSmall(c.worker(0), 100, [](WorkerNode& w) { return Await(w.Pull({5})); });
 }
 
 TEST_CASE("PullInto writes the values into the caller's memory, refuses a wrong size and leaves it alone",
@@ -418,6 +427,8 @@ TEST_CASE("PullInto writes the values into the caller's memory, refuses a wrong 
   CHECK(Await(c.worker(0).PullInto({999}, dest.data(), dest.size())).code() == Code::kNotFound);
 }
 
+namespace {
+
 // Keys 0.. that the key-range partition gives to server rank `owner` of `servers`.
 std::vector<uint64_t> KeysOf(int owner, int servers, size_t count) {
   std::vector<uint64_t> out;
@@ -426,6 +437,8 @@ std::vector<uint64_t> KeysOf(int owner, int servers, size_t count) {
   }
   return out;
 }
+
+}  // namespace
 
 TEST_CASE("PullSync answers like Pull - over a direct link when the keys live on one server",
           "[node][net][dataplane]") {
@@ -479,17 +492,7 @@ TEST_CASE("PullSync right after an unanswered Push of the same worker sees that 
   TestCluster c(config);
   c.Start();
   WorkerNode& w = c.worker(0);
-  const std::vector<uint64_t> keys = {1, 2, 3, 4, 5};
-  const uint32_t big = 64 * 1024;  // 256 KiB per key: the push takes a while
-  const std::vector<uint32_t> lens = {big, big, big, big, 1};
-  for (int i = 1; i <= 50; ++i) {
-    auto push = w.Push(keys, std::vector<float>(4 * big + 1, static_cast<float>(i)), lens);
-    Result<PullResult> r = w.PullSync({5});  // issued before the push was answered
-    REQUIRE(r.ok());
-    INFO("round " << i);
-    CHECK(r->values == std::vector<float>{static_cast<float>(i)});
-    CHECK(Await(push).ok());
-  }
+  PushLargeThenPullSmall(w, 50, [](WorkerNode& w) { return w.PullSync({5}); });
   // Once the pushes are answered the direct way serves again.
   const uint64_t before = w.direct_pulls();
   Result<PullResult> r = w.PullSync({5});
