@@ -81,10 +81,7 @@ Status ServerNode::StartRole() {
 }
 
 void ServerNode::StopRole() {
-  for (auto& [conn, h] : held_) {
-    if (h.timer != 0) loop()->CancelTimer(h.timer);
-  }
-  held_.clear();
+  while (!held_.empty()) TakeHeld(held_.begin()->first);
   if (executor_) executor_->Shutdown();
   for (auto& [key, p] : waiting_) p->set_value(Status(Code::kCancelled, "server stopped"));
   waiting_.clear();
@@ -185,30 +182,33 @@ void ServerNode::RecheckHeldHellos() {
     if (IsMemberId(h.node_id)) admitted.push_back(conn);
   }
   for (ConnId conn : admitted) {
-    auto it = held_.find(conn);
-    if (it == held_.end()) continue;
-    HeldHello h = std::move(it->second);
-    held_.erase(it);
-    if (h.timer != 0) loop()->CancelTimer(h.timer);
-    members_[conn] = h.node_id;
-    messenger().Reply(conn, h.hello_meta, Status::Ok()).IgnoreError();
-    for (Frame& f : h.queued) {
+    std::optional<HeldHello> h = TakeHeld(conn);
+    if (!h) continue;
+    members_[conn] = h->node_id;
+    messenger().Reply(conn, h->hello_meta, Status::Ok()).IgnoreError();
+    for (Frame& f : h->queued) {
       if (!messenger().transport().IsOpen(conn)) break;
       OnPeerRequest(conn, std::move(f));
     }
   }
 }
 
-void ServerNode::RefuseHeld(ConnId conn, const Status& why) {
+std::optional<ServerNode::HeldHello> ServerNode::TakeHeld(ConnId conn) {
   auto it = held_.find(conn);
-  if (it == held_.end()) return;
+  if (it == held_.end()) return std::nullopt;
   HeldHello h = std::move(it->second);
   held_.erase(it);
   if (h.timer != 0) loop()->CancelTimer(h.timer);
+  return h;
+}
+
+void ServerNode::RefuseHeld(ConnId conn, const Status& why) {
+  std::optional<HeldHello> h = TakeHeld(conn);
+  if (!h) return;
   LOG(WARNING) << "server " << options_.node_id << ": conn " << conn << " "
                << messenger().transport().PeerAddress(conn) << " refused: " << why;
-  messenger().Reply(conn, h.hello_meta, why).IgnoreError();
-  for (const Frame& f : h.queued) messenger().Reply(conn, f.meta, why).IgnoreError();
+  messenger().Reply(conn, h->hello_meta, why).IgnoreError();
+  for (const Frame& f : h->queued) messenger().Reply(conn, f.meta, why).IgnoreError();
   messenger().transport().CloseAfterFlush(conn, why);
 }
 
@@ -226,11 +226,7 @@ bool ServerNode::CheckMember(ConnId conn, const pb::MessageMeta& meta) {
 void ServerNode::OnPeerClosed(ConnId conn, const Status&) {
   members_.erase(conn);
   in_executor_.erase(conn);  // closures still queued keep their counter alive
-  auto held = held_.find(conn);
-  if (held != held_.end()) {
-    if (held->second.timer != 0) loop()->CancelTimer(held->second.timer);
-    held_.erase(held);
-  }
+  TakeHeld(conn);
 }
 
 void ServerNode::Dispatch(ConnId conn, Frame&& frame) {

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -91,6 +92,9 @@ class ServerNode : public Node {
   void HoldHello(comm::ConnId conn, const pb::MessageMeta& hello_meta, const std::string& node_id);
   void RecheckHeldHellos();
   void RefuseHeld(comm::ConnId conn, const Status& why);
+  struct HeldHello;
+  // Removes conn's held HELLO (its timer cancelled) and returns it; nullopt if none.
+  std::optional<HeldHello> TakeHeld(comm::ConnId conn);
   bool IsMemberId(const std::string& node_id) const;
   // Refuses (and closes) a data request from a connection that did not identify itself
   // as a member of the job; true when the request may be served.
