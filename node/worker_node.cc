@@ -451,10 +451,16 @@ void WorkerNode::OnScaleInStart(const pb::ScaleInMessage&, std::function<void()>
 void WorkerNode::UpdateRoute() {
   Route r;
   r.usable = !holding_ && cluster_state() == pb::CLUSTER_READY;
+  // server_num comes from the wire: walk only the ranks the metadata gave an address
+  // (a count with no addresses behind it must not size anything here).
   const int n = metadata().server_num();
   for (int rank = 0; rank < n; ++rank) {
-    r.addrs.push_back(ServerAddress(rank));
-    if (r.addrs.back().empty()) r.usable = false;
+    std::string addr = ServerAddress(rank);
+    if (addr.empty()) {
+      r.usable = false;
+      break;
+    }
+    r.addrs.push_back(std::move(addr));
   }
   std::lock_guard<std::mutex> lock(direct_mu_);
   // Links to servers that left are closed; links to the others stay.

@@ -12,6 +12,7 @@
 #include "core/kv_codec.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
+#include "node/wire.h"
 #include "node/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
@@ -499,6 +500,25 @@ TEST_CASE("PullSync right after an unanswered Push of the same worker sees that 
   REQUIRE(r.ok());
   CHECK(r->values == std::vector<float>{50.0f});
   CHECK(w.direct_pulls() == before + 1);
+}
+
+TEST_CASE("metadata claiming a huge server count with no addresses behind it sizes nothing - worker_dispatch_fuzz oom",
+          "[node][net][dataplane][fuzz]") {
+  // Found by worker_dispatch_fuzz: PullSync's route table was sized by server_num from the
+  // wire (2^30 addresses: out of memory). Now only ranks with an address are walked.
+  TestCluster::Config config;
+  config.servers = 1;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  pb::SendMetadataMessage md = w.metadata();
+  md.set_server_num(1 << 30);
+  md.set_epoch(md.epoch() + 1);
+  comm::Frame f;
+  f.meta = MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, -1);
+  f.payload = ToBuffer(md);
+  w.InjectForTest(/*conn=*/1, std::move(f), /*from_scheduler=*/true);
+  CHECK(w.server_count() == (1 << 30));
 }
 
 TEST_CASE("PullSync over a direct link proves the cluster token", "[node][net][dataplane][auth]") {
