@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <string>
@@ -86,7 +88,9 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 // A connected client socket. Thousands of short connections a second leave their
 // ports in TIME_WAIT (the client closes second); rotating the source address over
 // 127.0.0.0/8 multiplies the ports there are, and a momentary shortage is waited out.
-// Any other failure to connect is the server's fault.
+// libFuzzer's -timeout watchdog is a SIGALRM installed without SA_RESTART, so a connect
+// that is waiting for the server's accept queue fails with EINTR now and then: retried
+// on a fresh socket. Any other failure to connect is the server's fault.
 static int ConnectClient(int port) {
   static uint32_t next_source = 0;
   for (int attempt = 0; attempt < 500; ++attempt) {
@@ -106,7 +110,11 @@ static int ConnectClient(int port) {
     if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
     const int err = errno;
     close(fd);
-    if (err != EADDRNOTAVAIL && err != EAGAIN && err != EADDRINUSE) __builtin_trap();
+    if (err == EINTR) continue;
+    if (err != EADDRNOTAVAIL && err != EAGAIN && err != EADDRINUSE) {
+      fprintf(stderr, "http_request_fuzz: connect: %s\n", strerror(err));
+      __builtin_trap();
+    }
     usleep(10000);
   }
   __builtin_trap();  // no port for 5 s
@@ -118,6 +126,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t sent = 0;
   while (sent < size) {
     ssize_t n = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // the server may close early (a bad request): fine
     sent += static_cast<size_t>(n);
   }
@@ -128,6 +137,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (n > 0) continue;
     if (n == 0 || errno == ECONNRESET) break;
     if (errno == EINTR) continue;
+    fprintf(stderr, "http_request_fuzz: recv: %s\n", strerror(errno));
     __builtin_trap();  // EAGAIN after 5 s: the server neither answered nor closed
   }
   linger lg{1, 0};
