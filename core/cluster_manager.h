@@ -38,6 +38,11 @@ Status Err(Code code, const Args&... args) {
 }
 }  // namespace internal
 
+// Most workers, or servers, one job may have: the scheduler refuses larger totals (flags,
+// SchedulerOptions, scale-out) and nodes ignore metadata claiming more, since a worker
+// sizes its per-server groups by the server total.
+inline constexpr int kMaxRoleTotal = 1 << 16;
+
 struct ClusterConfig {
   int worker_num = 1;
   int server_num = 1;

@@ -39,6 +39,9 @@ Status ClusterManager::ScaleOut(int worker_num, int server_num) {
   if (worker_num == worker_num_ && server_num == server_num_) {
     return Status(Code::kInvalidArgument, "scale-out needs a larger total: " + totals);
   }
+  if (worker_num > kMaxRoleTotal || server_num > kMaxRoleTotal) {
+    return Err(Code::kInvalidArgument, "scale-out past ", kMaxRoleTotal, " nodes per role: ", totals);
+  }
   op_ = ScaleOp();
   op_.kind = ScaleKind::kOut;
   op_.started = clock_->Now();

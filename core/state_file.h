@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/cluster_manager.h"
 #include "core/status.h"
 #include "proto/comm.pb.h"
 
@@ -28,7 +29,7 @@ inline constexpr uint64_t kMaxStateBodyBytes = 1ull << 30;
 inline constexpr int kMaxStateNodes = 1 << 16;
 inline constexpr int kMaxStateDevicesPerNode = 4096;
 inline constexpr int kMaxStateKvEntries = 1 << 20;
-inline constexpr int kMaxStateRoleTotal = 1 << 16;
+inline constexpr int kMaxStateRoleTotal = kMaxRoleTotal;
 inline constexpr size_t kMaxStateNodeIdBytes = 256;
 
 // CRC-32 (IEEE 802.3, reflected, as zlib's crc32) of data.

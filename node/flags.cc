@@ -6,10 +6,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <iostream>
 #include <sstream>
 
 #include "core/buffer.h"
+#include "core/cluster_manager.h"
 
 DEFINE_string(role, "", "Node role: scheduler, worker or server.");
 DEFINE_string(scheduler_host, "127.0.0.1", "Scheduler address (numeric IP or localhost).");
@@ -68,6 +70,8 @@ DEFINE_bool(json, false, "pscore-admin: print JSON instead of text (status, node
 DEFINE_int64(timeout_ms, 10000, "pscore-admin: deadline of the connection and of each request.");
 DEFINE_bool(wait, true, "pscore-admin scale-out/scale-in: wait until the cluster is READY again.");
 DEFINE_int64(wait_timeout_ms, 120000, "pscore-admin --wait: how long to wait for READY.");
+
+DECLARE_bool(help);
 
 namespace pscore::node {
 namespace {
@@ -134,19 +138,37 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   if (slash != std::string::npos) prog = prog.substr(slash + 1);
   gflags::SetUsageMessage(usage);
   gflags::SetVersionString("0.1.0");
-  // gflags would exit 1 on an unknown flag; bad flags exit 2 here, with one line.
+  // gflags would exit 1 on an unknown flag or a value of the wrong type; bad flags exit 2
+  // here, with one line. A value is tried on the flag itself (gflags sets it again below).
   for (int i = 1; i < *argc; ++i) {
     std::string a = (*argv)[i];
     if (a == "--") break;
     if (a.size() < 2 || a[0] != '-') continue;
     std::string name = a.substr(a.find_first_not_of('-'));
-    name = name.substr(0, name.find('='));
+    const size_t eq = name.find('=');
+    std::optional<std::string> value;
+    if (eq != std::string::npos) value = name.substr(eq + 1);
+    name = name.substr(0, eq);
     gflags::CommandLineFlagInfo info;
-    if (gflags::GetCommandLineFlagInfo(name.c_str(), &info)) continue;
-    if (name.rfind("no", 0) == 0 && gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info)) continue;
-    Die(prog, "unknown flag " + a + " (see --help)");
+    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
+      if (name.rfind("no", 0) == 0 && gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) &&
+          info.type == "bool" && !value) {
+        continue;
+      }
+      Die(prog, "unknown flag " + a + " (see --help)");
+    }
+    if (!value && info.type != "bool" && i + 1 < *argc) value = (*argv)[i + 1];  // --name value
+    if (value && gflags::SetCommandLineOption(name.c_str(), value->c_str()).empty()) {
+      Die(prog, "bad value '" + *value + "' for --" + name + " (" + info.type + ")");
+    }
   }
-  gflags::ParseCommandLineFlags(argc, argv, true);
+  gflags::ParseCommandLineNonHelpFlags(argc, argv, true);
+  if (FLAGS_help) {  // gflags would list every library's flags and exit 1
+    gflags::ShowUsageWithFlagsRestrict(prog.c_str(), "node/flags.cc");
+    std::cout << "\n(--helpfull also lists glog's logging flags)" << std::endl;
+    std::exit(0);
+  }
+  gflags::HandleCommandLineHelpFlags();  // --helpfull, --version, ...
   ApplyEnvironment(prog);
 
   auto check_port = [&](const char* name, int v) {
@@ -155,7 +177,10 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   check_port("scheduler_port", FLAGS_scheduler_port);
   check_port("port", FLAGS_port);
   if (FLAGS_http_port < -1 || FLAGS_http_port > 65535) Die(prog, "--http_port must be -1 or in [0, 65535]");
-  if (FLAGS_worker_num < 0 || FLAGS_server_num < 0) Die(prog, "--worker_num and --server_num must be >= 0");
+  if (FLAGS_worker_num < 0 || FLAGS_server_num < 0 || FLAGS_worker_num > pscore::core::kMaxRoleTotal ||
+      FLAGS_server_num > pscore::core::kMaxRoleTotal) {
+    Die(prog, "--worker_num and --server_num must be in [0, " + std::to_string(pscore::core::kMaxRoleTotal) + "]");
+  }
   if (FLAGS_worker_num + FLAGS_server_num == 0) Die(prog, "the job needs at least one worker or server");
   if (FLAGS_heartbeat_interval_ms <= 0) Die(prog, "--heartbeat_interval_ms must be > 0");
   if (FLAGS_heartbeat_timeout_ms <= FLAGS_heartbeat_interval_ms) {

@@ -4,6 +4,7 @@
 #include <random>
 #include <set>
 
+#include "core/cluster_manager.h"
 #include "node/wire.h"
 
 namespace pscore::node {
@@ -268,6 +269,14 @@ void Node::HandleSchedulerPush(ConnId conn, Frame&& frame) {
 void Node::ApplyMetadata(const pb::SendMetadataMessage& md) {
   if (md.epoch() < epoch_) {
     LOG(WARNING) << options_.node_id << ": ignored stale metadata of epoch " << md.epoch() << " < " << epoch_;
+    return;
+  }
+  // The totals size per-server work on this node (a worker groups every push by server):
+  // a count no scheduler would send is refused here, not trusted.
+  if (md.worker_num() < 0 || md.worker_num() > core::kMaxRoleTotal || md.server_num() < 0 ||
+      md.server_num() > core::kMaxRoleTotal) {
+    LOG(WARNING) << options_.node_id << ": ignored metadata of epoch " << md.epoch() << " with impossible totals: "
+                 << md.worker_num() << " workers, " << md.server_num() << " servers";
     return;
   }
   epoch_ = md.epoch();

@@ -40,6 +40,14 @@ SchedulerNode::SchedulerNode(SchedulerOptions options, comm::EventLoop* loop)
 SchedulerNode::~SchedulerNode() { Stop(); }
 
 Status SchedulerNode::Start() {
+  for (int total : {options_.worker_num, options_.server_num}) {
+    if (total < 0 || total > core::kMaxRoleTotal) {
+      return Status(Code::kInvalidArgument, "worker_num and server_num must be in [0, " +
+                                                std::to_string(core::kMaxRoleTotal) + "], got " +
+                                                std::to_string(options_.worker_num) + " and " +
+                                                std::to_string(options_.server_num));
+    }
+  }
   if (owned_loop_ && !owned_loop_->running()) PSCORE_RETURN_IF_ERROR(owned_loop_->Start());
   PSCORE_RETURN_IF_ERROR(OpenState());  // --state_dir: restore before anyone can connect
   std::promise<Status> started;

@@ -351,6 +351,10 @@ TEST_CASE("scale-out: new ranks follow old ones, done with newest epoch, READY",
   f.StartAll(/*devices=*/1);
   CHECK(f.cm->ScaleOut(0, 2).code() == Code::kInvalidArgument);
   CHECK(f.cm->ScaleOut(1, 1).code() == Code::kInvalidArgument);
+  Status too_many = f.cm->ScaleOut(1, core::kMaxRoleTotal + 1);
+  CHECK(too_many.code() == Code::kInvalidArgument);
+  CHECK_THAT(too_many.message(), Catch::Contains("nodes per role"));
+  CHECK(f.cm->state() == pb::CLUSTER_READY);
 
   REQUIRE(f.cm->ScaleOut(2, 2).ok());
   std::vector<Event> events = f.cm->TakeEvents();

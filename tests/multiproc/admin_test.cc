@@ -241,6 +241,9 @@ TEST_CASE("pscore-admin refuses bad commands with a reason and exit code", "[mul
   CHECK(Has(shrink, "cannot shrink"));
   AdminRun grow = job.Admin({"scale-in", "--servers=3"});
   CHECK(grow.code == 1);
+  AdminRun huge = job.Admin({"scale-out", "--servers=1000000"});
+  CHECK(huge.code == 1);
+  CHECK(Has(huge, "nodes per role"));
   CHECK(job.Admin({"scale-out"}).code == 2);                    // no totals
   CHECK(job.Admin({"scale-out", "--servers=-5"}).code == 2);   // bad flag value
   CHECK(job.Admin({"scale-in", "--node_ids=w0", "--workers=1"}).code == 2);

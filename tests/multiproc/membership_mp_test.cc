@@ -122,6 +122,48 @@ class EventLog {
 
 }  // namespace
 
+TEST_CASE("pscore-node refuses bad flags with one line and exit code 2 - help exits 0", "[multiproc]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"--role=nope"}, "--role must be scheduler, worker or server (got 'nope')"},
+      {{"--role=scheduler", "--server_num=70000"}, "--worker_num and --server_num must be in [0, 65536]"},
+      {{"--role=scheduler", "--worker_num=-1"}, "--worker_num and --server_num must be in [0, 65536]"},
+      {{"--role=scheduler", "--worker_num=two"}, "bad value 'two' for --worker_num (int32)"},
+      {{"--role=scheduler", "--worker_num", "two"}, "bad value 'two' for --worker_num (int32)"},
+      {{"--role=worker", "--heartbeat_interval_ms=1.5"}, "bad value '1.5' for --heartbeat_interval_ms (int32)"},
+      {{"--role=worker", "--scheduler_port=70000"}, "--scheduler_port must be in [0, 65535] (got 70000)"},
+      {{"--role=scheduler", "--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=50"},
+       "--heartbeat_timeout_ms (50) must be greater than --heartbeat_interval_ms (100)"},
+      {{"--role=worker", "--no_such_flag=1"}, "unknown flag --no_such_flag=1 (see --help)"},
+  };
+  TempDir dir;
+  REQUIRE(dir.ok());
+  int n = 0;
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {NodeBinary()};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    Process p;
+    const std::string log = dir.File("bad" + std::to_string(n++) + ".log");
+    REQUIRE(p.Start(argv, log));
+    std::optional<int> code = p.Wait(10s);
+    INFO(c.says);
+    REQUIRE(code.has_value());
+    CHECK(*code == 2);
+    CHECK(p.Log() == "pscore-node: " + c.says + "\n");
+  }
+  Process help;
+  REQUIRE(help.Start({NodeBinary(), "--help"}, dir.File("help.log")));
+  std::optional<int> code = help.Wait(10s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  const std::string text = help.Log();
+  CHECK(text.find("-heartbeat_timeout_ms") != std::string::npos);
+  CHECK(text.find("-logtostderr") == std::string::npos);  // glog's flags only with --helpfull
+}
+
 TEST_CASE("1 scheduler + 2 servers + 2 workers as processes reach READY and all exit 0", "[multiproc][net]") {
   Job job;
   job.StartScheduler(2, 2);

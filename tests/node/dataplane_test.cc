@@ -502,23 +502,33 @@ TEST_CASE("PullSync right after an unanswered Push of the same worker sees that 
   CHECK(w.direct_pulls() == before + 1);
 }
 
-TEST_CASE("metadata claiming a huge server count with no addresses behind it sizes nothing - worker_dispatch_fuzz oom",
+TEST_CASE("metadata claiming more servers than a job may have is ignored - worker_dispatch_fuzz oom",
           "[node][net][dataplane][fuzz]") {
   // Found by worker_dispatch_fuzz: PullSync's route table was sized by server_num from the
-  // wire (2^30 addresses: out of memory). Now only ranks with an address are walked.
+  // wire (2^30 addresses: out of memory); Push groups its keys by the same count. Now a
+  // node refuses metadata whose totals exceed kMaxRoleTotal and keeps the metadata it has.
   TestCluster::Config config;
   config.servers = 1;
   TestCluster c(config);
   c.Start();
   WorkerNode& w = c.worker(0);
-  pb::SendMetadataMessage md = w.metadata();
-  md.set_server_num(1 << 30);
-  md.set_epoch(md.epoch() + 1);
-  comm::Frame f;
-  f.meta = MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, -1);
-  f.payload = ToBuffer(md);
-  w.InjectForTest(/*conn=*/1, std::move(f), /*from_scheduler=*/true);
-  CHECK(w.server_count() == (1 << 30));
+  REQUIRE(Await(w.Push({7}, {1.0f})).ok());
+  const uint64_t epoch = w.metadata().epoch();
+  for (int total : {1 << 30, core::kMaxRoleTotal + 1, -1}) {
+    pb::SendMetadataMessage md = w.metadata();
+    md.set_server_num(total);
+    md.set_epoch(md.epoch() + 1);
+    comm::Frame f;
+    f.meta = MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, -1);
+    f.payload = ToBuffer(md);
+    w.InjectForTest(/*conn=*/1, std::move(f), /*from_scheduler=*/true);
+    CHECK(w.server_count() == 1);
+    CHECK(w.metadata().epoch() == epoch);
+  }
+  REQUIRE(Await(w.Push({7}, {2.0f})).ok());
+  Result<PullResult> r = w.PullSync({7});
+  REQUIRE(r.ok());
+  CHECK(r->values == std::vector<float>{3.0f});
 }
 
 TEST_CASE("PullSync over a direct link proves the cluster token", "[node][net][dataplane][auth]") {

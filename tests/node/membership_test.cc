@@ -140,6 +140,19 @@ TEST_CASE("1 scheduler + 64 workers + 16 servers on one shared loop reach READY 
   CHECK(loop.Stop().ok());  // every handle of every node was closed
 }
 
+TEST_CASE("a scheduler asked for more nodes per role than a job may have refuses to start", "[node]") {
+  SchedulerOptions so;
+  so.worker_num = 1;
+  so.server_num = core::kMaxRoleTotal + 1;
+  SchedulerNode sched(so);
+  Status st = sched.Start();
+  CHECK(st.code() == Code::kInvalidArgument);
+  CHECK_THAT(st.message(), Catch::Contains("must be in [0, 65536], got 1 and 65537"));
+  so.server_num = -1;
+  SchedulerNode negative(so);
+  CHECK(negative.Start().code() == Code::kInvalidArgument);
+}
+
 TEST_CASE("a server whose handler sleeps 3x the heartbeat timeout is not declared dead", "[node][net]") {
   const Duration interval = 50ms, timeout = 300ms;
   SchedulerNode sched(SchedOpts(1, 1, interval, timeout));
