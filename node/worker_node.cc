@@ -448,6 +448,13 @@ void WorkerNode::OnScaleInStart(const pb::ScaleInMessage&, std::function<void()>
 
 // ---- PullSync: the direct way ----
 
+void WorkerNode::StopRole() {
+  std::lock_guard<std::mutex> lock(direct_mu_);
+  route_ = Route();
+  route_.stopped = true;
+  idle_links_.clear();  // a link out with a caller is dropped when it comes back
+}
+
 void WorkerNode::UpdateRoute() {
   Route r;
   r.usable = !holding_ && cluster_state() == pb::CLUSTER_READY;
@@ -463,6 +470,7 @@ void WorkerNode::UpdateRoute() {
     r.addrs.push_back(std::move(addr));
   }
   std::lock_guard<std::mutex> lock(direct_mu_);
+  if (route_.stopped) return;
   // Links to servers that left are closed; links to the others stay.
   for (auto it = idle_links_.begin(); it != idle_links_.end();) {
     bool member = std::find(r.addrs.begin(), r.addrs.end(), it->first) != r.addrs.end();
@@ -484,6 +492,12 @@ Result<PullResult> WorkerNode::PullSync(const std::vector<uint64_t>& keys) {
     return Status(Code::kTimeout, "pull: no answer within the request timeout");
   }
   return f.get();
+}
+
+void WorkerNode::KeepIdle(const std::string& addr, std::unique_ptr<comm::BlockingLink> link) {
+  std::lock_guard<std::mutex> lock(direct_mu_);
+  if (route_.stopped) return;  // dropped: the link closes as the caller lets go of it
+  idle_links_[addr].push_back(std::move(link));
 }
 
 std::optional<Result<PullResult>> WorkerNode::TryDirectPull(const std::vector<uint64_t>& keys) {
@@ -541,16 +555,10 @@ std::optional<Result<PullResult>> WorkerNode::TryDirectPull(const std::vector<ui
     // the keys moved in a scale (kAborted; nothing was read): the ordinary Pull decides.
     if (link->broken() && code != Code::kTimeout) return std::nullopt;
     if (code == Code::kAborted) return std::nullopt;
-    if (!link->broken()) {
-      std::lock_guard<std::mutex> lock(direct_mu_);
-      idle_links_[addr].push_back(std::move(link));
-    }
+    if (!link->broken()) KeepIdle(addr, std::move(link));
     return Result<PullResult>(answer.status());
   }
-  {
-    std::lock_guard<std::mutex> lock(direct_mu_);
-    idle_links_[addr].push_back(std::move(link));
-  }
+  KeepIdle(addr, std::move(link));
   const BufferPtr& b = answer->payload;
   Result<core::KvView> view = core::DecodeKvPairs(b ? b->data() : "", b ? b->size() : 0, /*expect_values=*/true);
   if (!view.ok()) return Result<PullResult>(view.status());

@@ -65,6 +65,7 @@ class WorkerNode : public Node {
   void OnStateApplied(pb::ClusterState state) override;
   void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) override;
   void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) override;
+  void StopRole() override;  // closes PullSync's direct links
 
  private:
   struct KvOp;
@@ -81,12 +82,14 @@ class WorkerNode : public Node {
   // PullSync's direct way: nullopt when it does not apply (then Pull is used).
   std::optional<Result<PullResult>> TryDirectPull(const std::vector<uint64_t>& keys);
   void UpdateRoute();  // loop thread: publishes where keys live for PullSync
+  void KeepIdle(const std::string& addr, std::unique_ptr<comm::BlockingLink> link);  // after a call
 
   bool holding_ = false;  // the cluster is scaling: new key-value traffic waits
   // Push/Pull/PullInto calls not yet answered (shared with their ops, which count down).
   std::shared_ptr<std::atomic<int>> kv_in_flight_ = std::make_shared<std::atomic<int>>(0);
   std::atomic<uint64_t> direct_pulls_{0};
   struct Route {
+    bool stopped = false;            // Stop() ran: no direct link is kept or opened again
     bool usable = false;             // READY and not scaling
     std::vector<std::string> addrs;  // server address by rank
   };

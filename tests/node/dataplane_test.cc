@@ -4,8 +4,11 @@
 // Every node runs in this process on its own loop, on 127.0.0.1 with ephemeral ports.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "core/key_range.h"
@@ -579,6 +582,53 @@ TEST_CASE("PullSync from a server that stopped fails with a clear status - not a
   CHECK_FALSE(r.ok());
   CHECK(std::chrono::steady_clock::now() - t0 < 20s);
   CHECK(w.direct_pulls() == 1);
+}
+
+// Established client-side TCP connections (in this process's network namespace) to
+// 127.0.0.1:port, from /proc/net/tcp.
+int ClientLinksTo(int port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // header
+  char want[16];
+  std::snprintf(want, sizeof want, "0100007F:%04X", port);
+  int n = 0;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    if (remote == want && state == "01") ++n;
+  }
+  return n;
+}
+
+TEST_CASE("Stop closes PullSync's direct links - a link out with a caller is not kept",
+          "[node][net][dataplane]") {
+  TestCluster::Config config;
+  config.servers = 1;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  REQUIRE(Await(w.Push({1}, {1.0f})).ok());
+  // Two threads at once: two direct links to the one server, both kept idle after.
+  std::thread other([&w] { CHECK(w.PullSync({1}).ok()); });
+  CHECK(w.PullSync({1}).ok());
+  other.join();
+  REQUIRE(w.direct_pulls() == 2);
+  const int port = c.server(0).listen_port();
+  const int before = ClientLinksTo(port);
+  CHECK(before >= 2);  // the loop's link and at least one direct link
+  w.Stop();
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (ClientLinksTo(port) != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(ClientLinksTo(port) == 0);
+  // A stopped worker opens no direct link again.
+  Result<PullResult> after = w.PullSync({1});
+  CHECK_FALSE(after.ok());
+  CHECK(w.direct_pulls() == 2);
+  CHECK(ClientLinksTo(port) == 0);
 }
 
 TEST_CASE("malformed pscore.push payloads are refused with an error answer and the server stays up",
