@@ -30,6 +30,7 @@ struct HttpServer::Conn {
   bool closing = false;
   bool close_after_write = false;
   bool in_feed = false;
+  bool head_only = false;   // the current request is a HEAD: answers carry no body
   TimePoint request_started;  // the current request's first byte (on_message_begin)
   // When the connection began waiting for its next request: accepted, or the previous
   // answer was sent. Bytes that do not start a request (stray CRLFs) do not move it, so
@@ -169,6 +170,7 @@ const http_parser_settings& Settings() {
       HttpServer::Conn* c = ConnOf(p);
       c->req.method = http_method_str(static_cast<http_method>(p->method));
       c->req.keep_alive = http_should_keep_alive(p) != 0;
+      c->head_only = p->method == HTTP_HEAD;
       c->in_request = false;
       c->ready = true;
       http_parser_pause(p, 1);  // one request at a time: Feed resumes after the answer
@@ -405,6 +407,8 @@ Status HttpServer::Respond(HttpConnId id, int status, const std::string& content
   c->busy = false;
   c->awaiting_since = SteadyClock().Now();
   if (!keep) c->close_after_write = true;
+  // RFC 9110 9.3.2: a HEAD answer has the headers a GET would get (Content-Length too), no body.
+  if (c->head_only) body.clear();
   PSCORE_RETURN_IF_ERROR(Write(c, std::move(head), std::make_shared<const std::string>(std::move(body)), ""));
   if (!keep || c->pending.empty() || c->in_feed) return Status::Ok();
   // A pipelined request is waiting: parse it on a later turn, never inside the caller.
@@ -420,12 +424,18 @@ Status HttpServer::StartStream(HttpConnId id, int status, const std::string& con
   Conn* c = Find(id);
   if (c == nullptr) return Status(Code::kNotFound, "http connection " + std::to_string(id) + " is closed");
   if (!c->busy || c->streaming) return Status(Code::kFailedPrecondition, "no request to answer");
+  std::string head = "HTTP/1.1 " + std::to_string(status) + " " + HttpReason(status) +
+                     "\r\nContent-Type: " + content_type + "\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\n";
+  if (c->head_only) {
+    // The stream's headers and nothing more: the answer ends here, and so does the connection.
+    c->close_after_write = true;
+    c->pending.clear();
+    PSCORE_RETURN_IF_ERROR(Write(c, std::move(head) + "Connection: close\r\n\r\n", nullptr, ""));
+    return Status(Code::kCancelled, "HEAD request: headers only, no stream");
+  }
   c->streaming = true;
   c->pending.clear();
-  std::string head = "HTTP/1.1 " + std::to_string(status) + " " + HttpReason(status) +
-                     "\r\nContent-Type: " + content_type +
-                     "\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\nConnection: keep-alive\r\n\r\n";
-  return Write(c, std::move(head), nullptr, "");
+  return Write(c, std::move(head) + "Connection: keep-alive\r\n\r\n", nullptr, "");
 }
 
 Status HttpServer::SendChunk(HttpConnId id, std::shared_ptr<const std::string> data) {

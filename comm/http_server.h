@@ -70,6 +70,9 @@ class HttpServer {
   Status Respond(HttpConnId id, int status, const std::string& content_type, std::string body,
                  const HttpHeaders& headers);
   // Starts a chunked response; the connection then only carries chunks until closed.
+  // For a HEAD request only the headers go out, the connection closes after them, and
+  // the answer is kCancelled (no chunks to send). Respond to a HEAD sends the headers
+  // a GET would get (Content-Length of `body`) without the body.
   Status StartStream(HttpConnId id, int status, const std::string& content_type);
   // One chunk; `data` is shared, not copied (many streams may send the same bytes).
   Status SendChunk(HttpConnId id, std::shared_ptr<const std::string> data);

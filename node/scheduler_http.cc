@@ -142,7 +142,7 @@ bool SchedulerHttp::Authorized(const comm::HttpRequest& req) const {
 
 void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
   const std::string& p = req.path;
-  const bool get = req.method == "GET";
+  const bool get = req.method == "GET" || req.method == "HEAD";  // HEAD: the server sends no body
   const bool post = req.method == "POST";
   auto wrong_method = [&](const char* allowed) {
     ++responses_[405];
@@ -152,11 +152,11 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
     // RFC 9110 15.5.6: a 405 lists the methods the resource supports.
     server_->Respond(id, 405, kJson, Dump(body), {{"Allow", allowed}}).IgnoreError();
   };
-  if (p == "/v1/ranktable") return get ? ServeRankTable(id, req) : wrong_method("GET");
-  if (p == "/v1/ranktable/stream") return get ? ServeStream(id, req) : wrong_method("GET");
-  if (p == "/metrics") return get ? ServeMetrics(id) : wrong_method("GET");
+  if (p == "/v1/ranktable") return get ? ServeRankTable(id, req) : wrong_method("GET, HEAD");
+  if (p == "/v1/ranktable/stream") return get ? ServeStream(id, req) : wrong_method("GET, HEAD");
+  if (p == "/metrics") return get ? ServeMetrics(id) : wrong_method("GET, HEAD");
   if (p == "/v1/cluster" || p == "/v1/nodes") {
-    if (!get) return wrong_method("GET");
+    if (!get) return wrong_method("GET, HEAD");
     pb::AdminRequest areq;
     areq.set_op(p == "/v1/nodes" ? "nodes" : "status");
     return sched_->Admin(areq, [this, id](Status st, pb::AdminResponse resp) { Reply(id, st, ToJson(resp)); });

@@ -623,7 +623,7 @@ TEST_CASE("http: a 401 and a 405 carry their reason phrase and a 405 names the a
     INFO(path);
     a = Request(st.port, "POST", path);
     CHECK(a.status == 405);
-    CHECK((a.head + "\r\n").find("\r\nAllow: GET\r\n") != std::string::npos);
+    CHECK((a.head + "\r\n").find("\r\nAllow: GET, HEAD\r\n") != std::string::npos);
   }
   // Every status this surface sends has its reason phrase.
   std::set<int> statuses = {401, 405, 408, 413, 431};
@@ -632,6 +632,40 @@ TEST_CASE("http: a 401 and a 405 carry their reason phrase and a 405 names the a
     INFO(status);
     CHECK(std::string(comm::HttpReason(status)) != "Unknown");
   }
+}
+
+TEST_CASE("http: HEAD answers with the headers of a GET and no body - the stream adds no subscriber",
+          "[node][net]") {
+  Stack st(SchedOpts(1, 1));
+  for (const char* path : {"/v1/cluster", "/v1/nodes", "/v1/ranktable?jobId=job-7", "/metrics"}) {
+    INFO(path);
+    HttpAnswer get = Request(st.port, "GET", path);
+    HttpAnswer head = Request(st.port, "HEAD", path);
+    CHECK(get.status == 200);
+    CHECK(head.status == 200);
+    CHECK(head.body.empty());
+    REQUIRE_FALSE(get.body.empty());
+    // The metrics text changes between the two calls (bytes counted); the others do not.
+    if (std::string(path) != "/metrics") {
+      CHECK((head.head + "\r\n").find("\r\nContent-Length: " + std::to_string(get.body.size()) + "\r\n") !=
+            std::string::npos);
+    } else {
+      CHECK(head.head.find("\r\nContent-Length: ") != std::string::npos);
+    }
+  }
+  // A HEAD of the stream: its headers, then the server closes (Request reads to EOF).
+  HttpAnswer stream = Request(st.port, "HEAD", "/v1/ranktable/stream?jobId=job-7");
+  CHECK(stream.status == 200);
+  CHECK(stream.head.find("Transfer-Encoding: chunked") != std::string::npos);
+  CHECK(stream.body.empty());
+  HttpAnswer m = Request(st.port, "GET", "/metrics");
+  CHECK(MetricValue(m.body, "pscore_ranktable_subscribers{protocol=\"http\"}") == 0);
+  // A HEAD of an unknown job gets the error status, still without a body.
+  HttpAnswer unknown = Request(st.port, "HEAD", "/v1/ranktable?jobId=nope");
+  CHECK(unknown.status == 404);
+  CHECK(unknown.body.empty());
+  // HEAD is no way around POST-only paths.
+  CHECK(Request(st.port, "HEAD", "/v1/scale_out").status == 405);
 }
 
 TEST_CASE("http: a client sending only blank lines is closed as idle", "[node][net]") {
