@@ -263,33 +263,6 @@ int ServerHosts(const std::string& table) {
   return static_cast<int>(j["server_group_list"][1]["server_list"].size());
 }
 
-// Records the WARNING-and-above lines logged while it is installed (any thread logs).
-class WarningCapture : public google::LogSink {
- public:
-  WarningCapture() { google::AddLogSink(this); }
-  ~WarningCapture() override { google::RemoveLogSink(this); }
-  using google::LogSink::send;
-  void send(google::LogSeverity severity, const char*, const char*, int, const google::LogMessageTime&,
-            const char* message, size_t message_len) override {
-    if (severity < google::GLOG_WARNING) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    lines_.emplace_back(message, message_len);
-  }
-  // The captured lines containing `text`.
-  std::vector<std::string> Matching(const std::string& text) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<std::string> out;
-    for (const std::string& l : lines_) {
-      if (l.find(text) != std::string::npos) out.push_back(l);
-    }
-    return out;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<std::string> lines_;
-};
-
 // A /metrics sample's value (-1 if the exact series is absent).
 long long MetricValue(const std::string& body, const std::string& series) {
   size_t at = body.find("\n" + series + " ");

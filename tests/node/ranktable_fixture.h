@@ -1,7 +1,8 @@
 // Helpers for the rank-table and HTTP tests: a scheduler with its rank-table hub (and
-// optionally its HTTP endpoint), a light "registrar" that registers fake nodes over the
-// native protocol, and a thread-safe collector of received tables. Include after the
-// project headers and before nothing else of Catch (it pulls in comm/test_util.h).
+// optionally its HTTP endpoint), a capture of WARNING lines, a light "registrar" that
+// registers fake nodes over the native protocol, and a thread-safe collector of received
+// tables. Include after the project headers and before nothing else of Catch (it pulls
+// in comm/test_util.h).
 #pragma once
 
 #include <condition_variable>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
 #include "comm/messenger.h"
@@ -23,6 +25,33 @@ namespace pscore::node::testing {
 using namespace std::chrono_literals;
 using comm::testing::Await;
 using comm::testing::OnLoop;
+
+// Records the WARNING-and-above lines logged while it is installed (any thread logs).
+class WarningCapture : public google::LogSink {
+ public:
+  WarningCapture() { google::AddLogSink(this); }
+  ~WarningCapture() override { google::RemoveLogSink(this); }
+  using google::LogSink::send;
+  void send(google::LogSeverity severity, const char*, const char*, int, const google::LogMessageTime&,
+            const char* message, size_t message_len) override {
+    if (severity < google::GLOG_WARNING) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    lines_.emplace_back(message, message_len);
+  }
+  // The captured lines containing `text`.
+  std::vector<std::string> Matching(const std::string& text) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> out;
+    for (const std::string& l : lines_) {
+      if (l.find(text) != std::string::npos) out.push_back(l);
+    }
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> lines_;
+};
 
 // Registers fake nodes (no heartbeats) from a loop of its own.
 class Registrar {

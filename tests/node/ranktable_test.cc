@@ -111,6 +111,7 @@ TEST_CASE("a stalled subscriber is coalesced, does not delay another, and is dro
   ho.stall_timeout = 1500ms;
   RankTableHub hub(&sched, ho);
   REQUIRE(hub.Start().ok());
+  WarningCapture warnings;
 
   // The stalled subscriber: subscribes over a raw socket with a tiny receive buffer, never reads.
   comm::testing::RawSocket stalled;
@@ -141,6 +142,7 @@ TEST_CASE("a stalled subscriber is coalesced, does not delay another, and is dro
     if (!dropped) std::this_thread::sleep_for(50ms);
   }
   CHECK(dropped);
+  CHECK(warnings.Matching("rank table: dropping subscriber").size() == 1);
   CHECK(OnLoop(*sched.loop(), [&] { return hub.num_subscribers(); }) == 1u);
   // One more change still reaches the live subscriber.
   REQUIRE(reg.Register("late", pb::WORKER).ok());
