@@ -38,7 +38,7 @@ constexpr const char* kUsageText =
     "  new-instance | disable | enable | stop\n"
     "  kv get KEY | kv set KEY VALUE | kv ls DIR | kv rm KEY\n"
     "  barriers                        barrier rounds kept by the scheduler\n"
-    "  watch-ranktable [--job_id=ID]   print every rank table the scheduler publishes\n"
+    "  watch-ranktable [--job_id=ID] [--reconnect_ms=MS]   print every rank table the scheduler publishes\n"
     "Scheduler: --scheduler_host/--scheduler_port (or PSCORE_SCHEDULER_HOST/PORT).\n"
     "Exit codes: 0 done, 1 refused or failed, 2 bad usage, 3 scheduler unreachable.";
 
@@ -241,7 +241,8 @@ volatile std::sig_atomic_t g_signal = 0;
 void OnSignal(int sig) { g_signal = sig; }
 
 // Prints every rank table the scheduler pushes (the current one first) until the stream
-// ends (the job is over: exit 0) or a signal arrives (exit 0).
+// ends (the job is over: exit 0; with --reconnect_ms, once subscribing again failed for
+// that long) or a signal arrives (exit 0).
 int WatchRankTable(const node::CommandLine& cl) {
   node::RankTableSubscriberOptions o;
   o.host = cl.node.scheduler_host;
@@ -250,6 +251,7 @@ int WatchRankTable(const node::CommandLine& cl) {
   o.role = "admin";
   o.cluster_token = cl.cluster_token;
   o.timeout = std::chrono::milliseconds(cl.admin.timeout_ms);
+  o.reconnect_for = std::chrono::milliseconds(cl.admin.reconnect_ms);
   if (o.port <= 0) return Fail(kUsage, "no scheduler port given (--scheduler_port or PSCORE_SCHEDULER_PORT)");
   std::mutex mu;
   std::condition_variable cv;
@@ -278,7 +280,19 @@ int WatchRankTable(const node::CommandLine& cl) {
     return Fail(unreachable ? kUnreachable : kRefused, "watch-ranktable: " + st.ToString());
   }
   std::unique_lock<std::mutex> lock(mu);
-  while (!closed && g_signal == 0) cv.wait_for(lock, std::chrono::milliseconds(100));
+  uint64_t lost = 0, regained = 0;
+  while (!closed && g_signal == 0) {
+    cv.wait_for(lock, std::chrono::milliseconds(100));
+    if (sub.lost() != lost) {
+      lost = sub.lost();
+      std::cerr << "pscore-admin: rank table stream lost; subscribing again for up to " << cl.admin.reconnect_ms
+                << " ms" << std::endl;
+    }
+    if (sub.resubscribed() != regained) {
+      regained = sub.resubscribed();
+      std::cerr << "pscore-admin: rank table stream regained" << std::endl;
+    }
+  }
   lock.unlock();
   sub.Stop();
   if (closed) std::cerr << "pscore-admin: rank table stream ended (" << why << ")" << std::endl;

@@ -70,6 +70,9 @@ DEFINE_bool(json, false, "pscore-admin: print JSON instead of text (status, node
 DEFINE_int64(timeout_ms, 10000, "pscore-admin: deadline of the connection and of each request.");
 DEFINE_bool(wait, true, "pscore-admin scale-out/scale-in: wait until the cluster is READY again.");
 DEFINE_int64(wait_timeout_ms, 120000, "pscore-admin --wait: how long to wait for READY.");
+DEFINE_int64(reconnect_ms, 0,
+             "pscore-admin watch-ranktable: after the stream breaks, subscribe again for up to this long "
+             "(follows a scheduler restart; 0: end with the stream).");
 
 DECLARE_bool(help);
 
@@ -274,6 +277,8 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   cl.admin.timeout_ms = FLAGS_timeout_ms;
   cl.admin.wait = FLAGS_wait;
   cl.admin.wait_timeout_ms = FLAGS_wait_timeout_ms;
+  if (FLAGS_reconnect_ms < 0) Die(prog, "--reconnect_ms must be >= 0");
+  cl.admin.reconnect_ms = FLAGS_reconnect_ms;
   return cl;
 }
 

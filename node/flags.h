@@ -28,6 +28,7 @@ struct AdminFlags {
   int64_t timeout_ms = 10000;
   bool wait = true;
   int64_t wait_timeout_ms = 120000;
+  int64_t reconnect_ms = 0;  // watch-ranktable: how long to keep subscribing again
 };
 
 struct CommandLine {

@@ -18,7 +18,7 @@ RankTableSubscriber::RankTableSubscriber(RankTableSubscriberOptions options, Tab
   h.on_close = [this](comm::ConnId c, const Status& why) {
     if (c != conn_) return;
     conn_ = comm::kNoConn;
-    if (on_close_ && !stopped_) on_close_(why);
+    OnLost(why);
   };
   comm::TransportOptions t;
   t.auth_token = options_.cluster_token;
@@ -38,32 +38,80 @@ Status RankTableSubscriber::Start() {
   if (owned_loop_ && !owned_loop_->running()) PSCORE_RETURN_IF_ERROR(owned_loop_->Start());
   auto result = std::make_shared<std::promise<Status>>();
   std::future<Status> done = result->get_future();
-  loop_->Run([this, result] {
-    comm::ConnectOptions co;
-    co.timeout = options_.timeout;
-    messenger_->transport().Connect(options_.host, options_.port, co, [this, result](Result<comm::ConnId> c) {
-      if (!c.ok()) return result->set_value(c.status());
-      conn_ = *c;
-      pb::ClientInfo info;
-      info.set_jobid(options_.job_id);
-      info.set_role(options_.role);
-      messenger_->Call(conn_, MakeMeta(pb::SUBSCRIBE_RANKTABLE, pb::ADMIN_CLIENT, 0), ToBuffer(info),
-                       options_.timeout, [this, result](Result<comm::Frame> r) {
-                         if (!r.ok() && conn_ != comm::kNoConn) {
-                           messenger_->transport().Close(conn_, r.status());
-                         }
-                         result->set_value(r.status());
-                       });
-    });
-  });
+  loop_->Run([this, result] { Subscribe([result](Status st) { result->set_value(std::move(st)); }); });
   return done.get();
 }
 
-void RankTableSubscriber::Stop() {
+void RankTableSubscriber::Subscribe(std::function<void(Status)> done) {
+  comm::ConnectOptions co;
+  co.timeout = options_.timeout;
+  messenger_->transport().Connect(options_.host, options_.port, co, [this, done](Result<comm::ConnId> c) {
+    if (!c.ok()) return done(c.status());
+    pb::ClientInfo info;
+    info.set_jobid(options_.job_id);
+    info.set_role(options_.role);
+    const comm::ConnId conn = *c;
+    messenger_->Call(conn, MakeMeta(pb::SUBSCRIBE_RANKTABLE, pb::ADMIN_CLIENT, 0), ToBuffer(info), options_.timeout,
+                     [this, conn, done](Result<comm::Frame> r) {
+                       if (!r.ok()) {
+                         messenger_->transport().Close(conn, r.status());  // not conn_: no OnLost
+                       } else {
+                         conn_ = conn;
+                       }
+                       done(r.status());
+                     });
+  });
+}
+
+// Loop thread: the subscribed link closed.
+void RankTableSubscriber::OnLost(const Status& why) {
   if (stopped_) return;
-  stopped_ = true;
+  if (options_.reconnect_for <= Duration::zero()) {
+    if (on_close_) on_close_(why);
+    return;
+  }
+  LOG(WARNING) << "rank-table subscriber: stream lost (" << why << "); subscribing again for up to "
+               << ToMillis(options_.reconnect_for) << " ms";
+  lost_.fetch_add(1);
+  lost_at_ = SteadyClock().Now();
+  backoff_ = std::chrono::milliseconds(100);
+  RetryLater(why);
+}
+
+void RankTableSubscriber::RetryLater(const Status& last) {
+  const Duration left = options_.reconnect_for - (SteadyClock().Now() - lost_at_);
+  if (left <= Duration::zero()) {
+    if (on_close_) on_close_(last);
+    return;
+  }
+  retry_timer_ = loop_->AddTimer(std::min(backoff_, left), Duration::zero(), [this] {
+    retry_timer_ = 0;
+    if (stopped_) return;
+    Subscribe([this](Status st) {
+      if (stopped_) return;
+      if (st.ok()) {
+        resubscribed_.fetch_add(1);
+        LOG(INFO) << "rank-table subscriber: subscribed again";
+        return;
+      }
+      if (st.code() == Code::kNotFound) {  // a scheduler that does not run this job
+        if (on_close_) on_close_(st);
+        return;
+      }
+      backoff_ = std::min<Duration>(backoff_ * 2, std::chrono::seconds(2));
+      RetryLater(st);
+    });
+  });
+}
+
+void RankTableSubscriber::Stop() {
+  if (stopped_.exchange(true)) return;
   if (!loop_->running()) return;
-  loop_->RunAndWait([this] { messenger_->Shutdown(); });
+  loop_->RunAndWait([this] {
+    if (retry_timer_ != 0) loop_->CancelTimer(retry_timer_);
+    retry_timer_ = 0;
+    messenger_->Shutdown();
+  });
 }
 
 void RankTableSubscriber::OnFrame(comm::ConnId conn, comm::Frame&& frame) {

@@ -1,6 +1,10 @@
 // RankTableSubscriber: follows a scheduler's rank table over the native protocol.
 // Connects, sends SUBSCRIBE_RANKTABLE with ClientInfo{jobId, role}, then calls on_table for
-// every RankTableStream the scheduler pushes (the current table first). Callbacks run on
+// every RankTableStream the scheduler pushes (the current table first). With
+// reconnect_for > 0 a lost stream is subscribed again (backoff 100 ms doubling to 2 s) until
+// that long has passed since the loss, so a subscriber follows a scheduler restart (the
+// restarted scheduler's current table comes first, and may equal the last one seen);
+// on_close runs only when it gives up, or at once for an unknown jobId. Callbacks run on
 // the loop thread. Start/Stop from any thread but the loop's; owned by its user.
 #pragma once
 
@@ -21,6 +25,7 @@ struct RankTableSubscriberOptions {
   std::string job_id = "default";
   std::string role = "worker";
   Duration timeout = std::chrono::seconds(10);  // connect and subscribe
+  Duration reconnect_for = Duration::zero();    // after a lost stream (0: end with it)
   std::string cluster_token;  // the job's token, when it has one
 };
 
@@ -40,8 +45,14 @@ class RankTableSubscriber {
   // Closes the link. Idempotent.
   void Stop();
   uint64_t received() const { return received_.load(); }
+  uint64_t lost() const { return lost_.load(); }                  // streams lost while reconnecting is on
+  uint64_t resubscribed() const { return resubscribed_.load(); }  // streams regained
 
  private:
+  // Loop thread: connect and subscribe; done gets the scheduler's answer or why not.
+  void Subscribe(std::function<void(Status)> done);
+  void OnLost(const Status& why);
+  void RetryLater(const Status& last);
   void OnFrame(comm::ConnId conn, comm::Frame&& frame);
 
   RankTableSubscriberOptions options_;
@@ -50,9 +61,15 @@ class RankTableSubscriber {
   std::unique_ptr<comm::EventLoop> owned_loop_;
   comm::EventLoop* loop_;
   std::unique_ptr<comm::Messenger> messenger_;
-  comm::ConnId conn_ = comm::kNoConn;
+  comm::ConnId conn_ = comm::kNoConn;  // the subscribed link (loop thread)
   std::atomic<uint64_t> received_{0};
-  bool stopped_ = false;
+  std::atomic<uint64_t> lost_{0};
+  std::atomic<uint64_t> resubscribed_{0};
+  std::atomic<bool> stopped_{false};
+  // Reconnecting (loop thread): when the stream was lost, the next wait, the pending retry.
+  TimePoint lost_at_;
+  Duration backoff_ = Duration::zero();
+  comm::TimerId retry_timer_ = 0;
 };
 
 }  // namespace pscore::node

@@ -20,7 +20,7 @@ using testing::TempDir;
 
 const std::vector<std::string> kHeartbeat = {"--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=1000"};
 
-std::string AdminBinary() { return std::string(PSCORE_BIN_DIR) + "/pscore-admin"; }
+using testing::AdminBinary;
 
 struct AdminRun {
   int code = -1;

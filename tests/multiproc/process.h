@@ -24,8 +24,9 @@
 
 namespace pscore::testing {
 
-// The pscore-node binary of this build tree.
+// The pscore-node and pscore-admin binaries of this build tree.
 inline std::string NodeBinary() { return std::string(PSCORE_BIN_DIR) + "/pscore-node"; }
+inline std::string AdminBinary() { return std::string(PSCORE_BIN_DIR) + "/pscore-admin"; }
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its content at destruction.
 class TempDir {

@@ -4,6 +4,7 @@
 // and KV entries survive. A damaged state file makes the scheduler exit 1 naming the file
 // (or, with --state_reset_on_corrupt, start fresh). Losing a scheduler that runs without
 // --state_dir is covered in membership_mp_test.cc. Children are killed by pid at the end.
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -128,6 +129,18 @@ TEST_CASE("a SIGKILLed scheduler restarted with its --state_dir resumes the job 
   REQUIRE(worker.KvSet("job/config", "lr=0.1").ok());
   REQUIRE(worker.KvSet("job/step", "17").ok());
 
+  // An operator follows the rank table through the restart.
+  Process watch;
+  REQUIRE(watch.Start({AdminBinary(), "--scheduler_port=" + std::to_string(port), "--reconnect_ms=20000",
+                       "watch-ranktable"},
+                      dir.File("watch.log")));
+  auto lines = [&watch] {
+    const std::string log = watch.Log();
+    return static_cast<size_t>(std::count(log.begin(), log.end(), '\n'));
+  };
+  for (int i = 0; i < 400 && lines() == 0; ++i) std::this_thread::sleep_for(25ms);
+  REQUIRE(lines() > 0);
+
   AdminProbe admin1(port);
   Result<pb::AdminResponse> before = admin1.Call("nodes");
   REQUIRE(before.ok());
@@ -171,6 +184,25 @@ TEST_CASE("a SIGKILLed scheduler restarted with its --state_dir resumes the job 
     CHECK(a->is_alive());
   }
   for (auto& m : members) CHECK(m->running());  // no worker or server restarted
+
+  // The watcher lost its stream, subscribed again and printed the restored table.
+  {
+    const auto until = Clock::now() + 10s;
+    while (Clock::now() < until && watch.Log().find("stream regained") == std::string::npos) {
+      std::this_thread::sleep_for(20ms);
+    }
+    INFO(watch.Log());
+    CHECK(watch.running());
+    CHECK(watch.Log().find("stream regained") != std::string::npos);
+    const std::string log = watch.Log();
+    const size_t last_table = log.rfind("{\"");
+    REQUIRE(last_table != std::string::npos);
+    CHECK(log.find("\"status\":\"completed\"", last_table) != std::string::npos);
+    watch.Signal(SIGTERM);
+    std::optional<int> code = watch.Wait(10s);
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+  }
 
   // Parameters and KV entries survived; the data plane still works.
   Result<node::PullResult> pulled = worker.Pull(keys).get();

@@ -1,6 +1,9 @@
 // Rank-table hub and native subscribers: initial table, changes in order, unknown job,
-// coalescing and dropping of a stalled subscriber, many subscribers.
+// coalescing and dropping of a stalled subscriber, many subscribers, reconnecting after a
+// scheduler restart and giving up.
 #include <atomic>
+#include <filesystem>
+#include <future>
 
 #include "node/ranktable_hub.h"
 #include "node/ranktable_subscriber.h"
@@ -176,6 +179,77 @@ TEST_CASE("250 native subscribers all get the final table", "[node][net]") {
   subs.clear();
   subs_loop.Stop().IgnoreError();
   sched.Stop();
+}
+
+TEST_CASE("a subscriber with reconnect_for follows a scheduler restart on the same port", "[node][net]") {
+  char dir[] = "/tmp/pscore-ranktable-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  SchedulerOptions so = SchedOpts(2, 1);
+  so.state_dir = dir;
+  auto sched = std::make_unique<SchedulerNode>(so);
+  REQUIRE(sched->Start().ok());
+  auto hub = std::make_unique<RankTableHub>(sched.get());
+  REQUIRE(hub->Start().ok());
+  const int port = sched->port();
+
+  Collector got;
+  std::atomic<int> closes{0};
+  RankTableSubscriberOptions o = SubOpts(port);
+  o.reconnect_for = 20s;
+  RankTableSubscriber sub(o, [&](const pb::RankTableStream& s) { got.Add(s.ranktable()); },
+                          [&](const Status&) { closes.fetch_add(1); });
+  REQUIRE(sub.Start().ok());
+  {
+    Registrar reg(port);
+    REQUIRE(reg.Register("w0", pb::WORKER).ok());
+    REQUIRE(got.WaitFor([](const std::string& t) { return WorkerHosts(t) == 1; }));
+  }
+  // The scheduler goes away and a new one takes its port and its state.
+  hub.reset();
+  sched->Stop();
+  sched.reset();
+  const size_t before = got.size();
+  so.port = port;
+  sched = std::make_unique<SchedulerNode>(so);
+  REQUIRE(sched->Start().ok());
+  hub = std::make_unique<RankTableHub>(sched.get());
+  REQUIRE(hub->Start().ok());
+  // Its current table (it remembers w0) arrives first, then its changes.
+  REQUIRE(got.WaitForAnySince(before, [](const std::string& t) { return WorkerHosts(t) == 1; }));
+  CHECK(sub.resubscribed() == 1);
+  Registrar reg(port);
+  REQUIRE(reg.Register("w1", pb::WORKER).ok());
+  REQUIRE(got.WaitFor([](const std::string& t) { return WorkerHosts(t) == 2; }));
+  CHECK(closes.load() == 0);
+  sub.Stop();
+  hub.reset();
+  sched.reset();  // joins its state writer
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+TEST_CASE("a reconnecting subscriber gives up after reconnect_for and says why", "[node][net]") {
+  auto sched = std::make_unique<SchedulerNode>(SchedOpts(1, 1));
+  REQUIRE(sched->Start().ok());
+  RankTableHub hub(sched.get());
+  REQUIRE(hub.Start().ok());
+  std::promise<Status> closed;
+  RankTableSubscriberOptions o = SubOpts(sched->port());
+  o.reconnect_for = 600ms;
+  o.timeout = 500ms;
+  RankTableSubscriber sub(o, [](const pb::RankTableStream&) {}, [&](const Status& why) { closed.set_value(why); });
+  REQUIRE(sub.Start().ok());
+  hub.Stop();
+  sched->Stop();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::future<Status> f = closed.get_future();
+  REQUIRE(f.wait_for(10s) == std::future_status::ready);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited >= 500ms);  // it kept trying for about reconnect_for first
+  Status why = f.get();
+  INFO(why.ToString());
+  CHECK_FALSE(why.ok());
+  CHECK(sub.resubscribed() == 0);
 }
 
 }  // namespace pscore::node
