@@ -611,9 +611,11 @@ TEST_CASE("Stop closes PullSync's direct links - a link out with a caller is not
   WorkerNode& w = c.worker(0);
   REQUIRE(Await(w.Push({1}, {1.0f})).ok());
   // Two threads at once: one or two direct links to the one server, kept idle after.
-  std::thread other([&w] { CHECK(w.PullSync({1}).ok()); });
+  std::atomic<bool> other_ok{false};  // Catch's assertions are for the test thread only
+  std::thread other([&w, &other_ok] { other_ok = w.PullSync({1}).ok(); });
   CHECK(w.PullSync({1}).ok());
   other.join();
+  CHECK(other_ok.load());
   REQUIRE(w.direct_pulls() == 2);
   const int port = c.server(0).listen_port();
   const int before = ClientLinksTo(port);
