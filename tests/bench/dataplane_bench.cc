@@ -4,12 +4,6 @@
 // measured in the same run (length prefix + writev/read: one-way rate and ping-pong).
 // Also prints the payload copies per direction. One figure per line: `name value unit`.
 // Run through `scripts/bench.sh dataplane [quick | latency | push MiB | pull MiB]` (Release build).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -31,11 +25,16 @@
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
 #include "node/worker_node.h"
+#include "bench/blocking_baseline.h"
 
 namespace pscore::node {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::ConnectedPair;
+using bench::RecvMessage;
+using bench::SendMessage;
+using bench::SocketPair;
 using namespace std::chrono_literals;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -60,69 +59,7 @@ T Wait(std::future<T>& f) {
 // Bytes moved per measurement (per direction, all workers together).
 uint64_t g_volume = 512ull << 20;
 
-// ---- blocking-socket baseline ----
-
-struct SocketPair {
-  int client = -1;
-  int server = -1;
-};
-
-SocketPair ConnectedPair() {
-  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  CHECK_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  CHECK_EQ(::listen(lfd, 1), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
-  SocketPair p;
-  p.client = ::socket(AF_INET, SOCK_STREAM, 0);
-  CHECK_EQ(::connect(p.client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  p.server = ::accept(lfd, nullptr, nullptr);
-  ::close(lfd);
-  int one = 1;
-  ::setsockopt(p.client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  ::setsockopt(p.server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return p;
-}
-
-void WriteMessage(int fd, const char* data, uint64_t size) {
-  iovec iov[2] = {{&size, sizeof(size)}, {const_cast<char*>(data), size}};
-  iovec* v = iov;
-  int n = 2;
-  while (n > 0) {
-    ssize_t w = ::writev(fd, v, n);
-    CHECK_GT(w, 0);
-    size_t left = static_cast<size_t>(w);
-    while (n > 0 && left >= v->iov_len) {
-      left -= v->iov_len;
-      ++v;
-      --n;
-    }
-    if (n > 0) {
-      v->iov_base = static_cast<char*>(v->iov_base) + left;
-      v->iov_len -= left;
-    }
-  }
-}
-
-void ReadFull(int fd, char* out, size_t n) {
-  while (n > 0) {
-    ssize_t r = ::read(fd, out, n);
-    CHECK_GT(r, 0);
-    out += r;
-    n -= static_cast<size_t>(r);
-  }
-}
-
-uint64_t ReadMessage(int fd, std::vector<char>* buf) {
-  uint64_t size = 0;
-  ReadFull(fd, reinterpret_cast<char*>(&size), sizeof(size));
-  if (buf->size() < size) buf->resize(size);
-  ReadFull(fd, buf->data(), size);
-  return size;
-}
+// ---- blocking-socket baseline (tests/bench/blocking_baseline.h) ----
 
 // One-way payload rate (MB/s) of `size`-byte messages, one sender thread, one reader.
 double BaselineOneWay(size_t size) {
@@ -131,19 +68,18 @@ double BaselineOneWay(size_t size) {
   std::vector<char> payload(size, 'p');
   std::vector<char> buf;
   // One untimed message first (the pscore figures run one untimed window of calls).
-  std::thread warm([&] { WriteMessage(p.client, payload.data(), size); });
-  ReadMessage(p.server, &buf);
+  std::thread warm([&] { SendMessage(p.client, payload.data(), size); });
+  RecvMessage(p.server, &buf);
   warm.join();
   Clock::time_point start = Clock::now();
   std::thread sender([&] {
-    for (uint64_t i = 0; i < count; ++i) WriteMessage(p.client, payload.data(), size);
+    for (uint64_t i = 0; i < count; ++i) SendMessage(p.client, payload.data(), size);
   });
   uint64_t bytes = 0;
-  for (uint64_t i = 0; i < count; ++i) bytes += ReadMessage(p.server, &buf);
+  for (uint64_t i = 0; i < count; ++i) bytes += RecvMessage(p.server, &buf);
   double s = Seconds(Clock::now() - start);
   sender.join();
-  ::close(p.client);
-  ::close(p.server);
+  p.Close();
   return static_cast<double>(bytes) / s / 1e6;
 }
 
@@ -153,8 +89,8 @@ std::vector<double> BaselinePingPong(int rounds) {
   std::thread echo([&] {
     std::vector<char> buf;
     for (int i = 0; i < rounds; ++i) {
-      uint64_t n = ReadMessage(p.server, &buf);
-      WriteMessage(p.server, buf.data(), n);
+      uint64_t n = RecvMessage(p.server, &buf);
+      SendMessage(p.server, buf.data(), n);
     }
   });
   std::vector<char> payload(64, 'r'), buf;
@@ -162,13 +98,12 @@ std::vector<double> BaselinePingPong(int rounds) {
   us.reserve(rounds);
   for (int i = 0; i < rounds; ++i) {
     Clock::time_point t0 = Clock::now();
-    WriteMessage(p.client, payload.data(), payload.size());
-    CHECK_EQ(ReadMessage(p.client, &buf), payload.size());
+    SendMessage(p.client, payload.data(), payload.size());
+    CHECK_EQ(RecvMessage(p.client, &buf), payload.size());
     us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
   echo.join();
-  ::close(p.client);
-  ::close(p.server);
+  p.Close();
   return us;
 }
 

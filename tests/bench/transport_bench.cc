@@ -2,12 +2,6 @@
 // response rates through pscore's Transport/Messenger, each beside a plain blocking-socket
 // baseline measured in the same run. Prints one line per figure: `name value unit`.
 // Run through scripts/bench.sh transport (Release build).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include <glog/logging.h>
 
@@ -24,11 +18,16 @@
 #include "comm/event_loop.h"
 #include "comm/messenger.h"
 #include "comm/transport.h"
+#include "bench/blocking_baseline.h"
 
 namespace pscore::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::ConnectedPair;
+using bench::RecvMessage;
+using bench::SendMessage;
+using bench::SocketPair;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -136,71 +135,7 @@ double PscoreThroughput(size_t size) {
   return static_cast<double>(count * size) / Seconds(end - start) / 1e6;
 }
 
-// ---- blocking-socket baseline ----
-
-struct SocketPair {
-  int client = -1;
-  int server = -1;
-};
-
-SocketPair ConnectedPair() {
-  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  CHECK_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  CHECK_EQ(::listen(lfd, 1), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
-  SocketPair p;
-  p.client = ::socket(AF_INET, SOCK_STREAM, 0);
-  CHECK_EQ(::connect(p.client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  p.server = ::accept(lfd, nullptr, nullptr);
-  ::close(lfd);
-  int one = 1;
-  ::setsockopt(p.client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  ::setsockopt(p.server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return p;
-}
-
-void WriteAll(int fd, iovec* iov, int n) {
-  while (n > 0) {
-    ssize_t w = ::writev(fd, iov, n);
-    CHECK_GT(w, 0);
-    size_t left = static_cast<size_t>(w);
-    while (n > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --n;
-    }
-    if (n > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
-  }
-}
-
-void ReadAll(int fd, char* out, size_t n) {
-  while (n > 0) {
-    ssize_t r = ::read(fd, out, n);
-    CHECK_GT(r, 0);
-    out += r;
-    n -= static_cast<size_t>(r);
-  }
-}
-
-void SendMessage(int fd, const char* data, uint64_t size) {
-  iovec iov[2] = {{&size, sizeof(size)}, {const_cast<char*>(data), size}};
-  WriteAll(fd, iov, 2);
-}
-
-uint64_t RecvMessage(int fd, std::vector<char>* buf) {
-  uint64_t size = 0;
-  ReadAll(fd, reinterpret_cast<char*>(&size), sizeof(size));
-  if (buf->size() < size) buf->resize(size);
-  ReadAll(fd, buf->data(), size);
-  return size;
-}
+// ---- blocking-socket baseline (tests/bench/blocking_baseline.h) ----
 
 double BaselineThroughput(size_t size) {
   const uint64_t count = MessageCount(size);
@@ -215,8 +150,7 @@ double BaselineThroughput(size_t size) {
   for (uint64_t i = 0; i < count; ++i) bytes += RecvMessage(p.server, &buf);
   Clock::time_point end = Clock::now();
   sender.join();
-  ::close(p.client);
-  ::close(p.server);
+  p.Close();
   return static_cast<double>(bytes) / Seconds(end - start) / 1e6;
 }
 
@@ -287,8 +221,7 @@ double BaselineRoundTrips(uint64_t total) {
   }
   Clock::time_point end = Clock::now();
   echo.join();
-  ::close(p.client);
-  ::close(p.server);
+  p.Close();
   return static_cast<double>(total) / Seconds(end - start);
 }
 
