@@ -26,35 +26,21 @@
 #include "node/server_node.h"
 #include "node/worker_node.h"
 #include "bench/blocking_baseline.h"
+#include "bench/bench_util.h"
 
 namespace pscore::node {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::Print;
+using bench::Seconds;
+using bench::SizeName;
+using bench::Wait;
 using bench::ConnectedPair;
 using bench::RecvMessage;
 using bench::SendMessage;
 using bench::SocketPair;
 using namespace std::chrono_literals;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-void Print(const std::string& name, double value, const char* unit) {
-  std::printf("%-40s %12.2f %s\n", name.c_str(), value, unit);
-  std::fflush(stdout);
-}
-
-std::string SizeName(size_t size) {
-  if (size >= (1u << 20)) return std::to_string(size >> 20) + "MiB";
-  if (size >= (1u << 10)) return std::to_string(size >> 10) + "KiB";
-  return std::to_string(size) + "B";
-}
-
-template <typename T>
-T Wait(std::future<T>& f) {
-  CHECK(f.wait_for(std::chrono::minutes(5)) == std::future_status::ready) << "benchmark stuck";
-  return f.get();
-}
 
 // Bytes moved per measurement (per direction, all workers together).
 uint64_t g_volume = 512ull << 20;

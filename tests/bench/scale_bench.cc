@@ -20,28 +20,19 @@
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
 #include "node/worker_node.h"
+#include "bench/bench_util.h"
 
 namespace pscore::node {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::Print;
+using bench::Seconds;
+using bench::Wait;
 using namespace std::chrono_literals;
 
 constexpr size_t kKeyBytes = 256u << 10;
 constexpr size_t kKeyFloats = kKeyBytes / sizeof(float);
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-void Print(const std::string& name, double value, const char* unit) {
-  std::printf("%-40s %12.3f %s\n", name.c_str(), value, unit);
-  std::fflush(stdout);
-}
-
-template <typename T>
-T Wait(std::future<T>& f) {
-  CHECK(f.wait_for(std::chrono::minutes(10)) == std::future_status::ready) << "benchmark stuck";
-  return f.get();
-}
 
 // A scheduler, `servers` servers and one worker in this process; servers may be added.
 class Job {

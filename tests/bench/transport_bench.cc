@@ -19,38 +19,24 @@
 #include "comm/messenger.h"
 #include "comm/transport.h"
 #include "bench/blocking_baseline.h"
+#include "bench/bench_util.h"
 
 namespace pscore::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::Print;
+using bench::Seconds;
+using bench::SizeName;
+using bench::Wait;
 using bench::ConnectedPair;
 using bench::RecvMessage;
 using bench::SendMessage;
 using bench::SocketPair;
 
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-void Print(const std::string& name, double value, const char* unit) {
-  std::printf("%-34s %12.2f %s\n", name.c_str(), value, unit);
-  std::fflush(stdout);
-}
-
-std::string SizeName(size_t size) {
-  if (size >= (1u << 20)) return std::to_string(size >> 20) + "MiB";
-  if (size >= (1u << 10)) return std::to_string(size >> 10) + "KiB";
-  return std::to_string(size) + "B";
-}
-
 // Messages sent for a payload size: 1 GiB in total, at most 1M messages.
 uint64_t MessageCount(size_t size) {
   return std::min<uint64_t>((1ull << 30) / size, 1000000);
-}
-
-template <typename T>
-T Wait(std::future<T>& f) {
-  CHECK(f.wait_for(std::chrono::minutes(5)) == std::future_status::ready) << "benchmark stuck";
-  return f.get();
 }
 
 template <typename F>

@@ -1,0 +1,36 @@
+// What the figure-printing benchmarks share: one figure per line (`name value unit`,
+// which scripts/plot_dataplane.sh and readers split on whitespace), size names, seconds
+// of a duration, and a bounded wait on a future.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <future>
+#include <string>
+
+#include <glog/logging.h>
+
+namespace pscore::bench {
+
+inline double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+inline void Print(const std::string& name, double value, const char* unit, int decimals = 2) {
+  std::printf("%-40s %12.*f %s\n", name.c_str(), decimals, value, unit);
+  std::fflush(stdout);
+}
+
+inline std::string SizeName(size_t size) {
+  if (size >= (1u << 20)) return std::to_string(size >> 20) + "MiB";
+  if (size >= (1u << 10)) return std::to_string(size >> 10) + "KiB";
+  return std::to_string(size) + "B";
+}
+
+// The future's value; a benchmark that waits longer than `limit` is stuck and aborts.
+template <typename T>
+T Wait(std::future<T>& f, std::chrono::minutes limit = std::chrono::minutes(10)) {
+  CHECK(f.wait_for(limit) == std::future_status::ready) << "benchmark stuck";
+  return f.get();
+}
+
+}  // namespace pscore::bench
