@@ -167,6 +167,16 @@ std::vector<uint64_t> AllKeys() {
   return keys;
 }
 
+// Stops both pushers and checks neither saw a failed push; the pushes acknowledged to both.
+int StopPushers(Pusher& p0, Pusher& p1) {
+  p0.Stop();
+  p1.Stop();
+  INFO("w0 last error: " << p0.last_error() << "; w1 last error: " << p1.last_error());
+  CHECK(p0.failed() == 0);
+  CHECK(p1.failed() == 0);
+  return p0.acked() + p1.acked();
+}
+
 // Every key holds `expected` in each of its floats (pulled through the worker's partition).
 void CheckSums(node::WorkerNode& w, int expected) {
   Result<node::PullResult> r = w.Pull(AllKeys()).get();
@@ -240,14 +250,9 @@ TEST_CASE("scale-out 2->4 servers and 2->3 workers while two workers push loses 
   CHECK(ready.worker_num() == 3);
   CHECK(ready.registered_servers() == 4);
   std::this_thread::sleep_for(300ms);  // pushes go on under the new membership
-  p0.Stop();
-  p1.Stop();
-  INFO("w0 last error: " << p0.last_error() << "; w1 last error: " << p1.last_error());
-  CHECK(p0.failed() == 0);
-  CHECK(p1.failed() == 0);
+  const int expected = StopPushers(p0, p1);
   REQUIRE(p0.acked() > 0);
   REQUIRE(p1.acked() > 0);
-  const int expected = p0.acked() + p1.acked();
   CheckSums(w0, expected);
   CheckSums(w1, expected);
   CheckExactlyOneOwner(w0, 4, expected);
@@ -291,12 +296,7 @@ TEST_CASE("scale-in of server rank 0 of 3 while pushing loses no update and comp
   pb::AdminResponse ready = job.WaitReady();
   CHECK(ready.server_num() == 2);
   std::this_thread::sleep_for(300ms);
-  p0.Stop();
-  p1.Stop();
-  INFO("w0 last error: " << p0.last_error() << "; w1 last error: " << p1.last_error());
-  CHECK(p0.failed() == 0);
-  CHECK(p1.failed() == 0);
-  const int expected = p0.acked() + p1.acked();
+  const int expected = StopPushers(p0, p1);
   CheckSums(w0, expected);
   CheckExactlyOneOwner(w1, 2, expected);
 
@@ -432,12 +432,7 @@ TEST_CASE("scale-out then scale-in back to back while pushing: every update kept
     CHECK(ready.server_num() == 2);
   }
   std::this_thread::sleep_for(200ms);
-  p0.Stop();
-  p1.Stop();
-  INFO("w0 last error: " << p0.last_error() << "; w1 last error: " << p1.last_error());
-  CHECK(p0.failed() == 0);
-  CHECK(p1.failed() == 0);
-  const int expected = p0.acked() + p1.acked();
+  const int expected = StopPushers(p0, p1);
   CheckSums(w0, expected);
   CheckExactlyOneOwner(w1, 2, expected);
   w0.Stop();
