@@ -349,6 +349,17 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
             });
 }
 
+// Loop thread: keeps a part to send again; held parts go out 50 ms later (or when the
+// scale that holds traffic ends).
+void WorkerNode::HoldForRetry(const std::shared_ptr<KvOp>& op, KvPart part) {
+  held_.emplace_back(op, std::move(part));
+  if (retry_timer_ != 0) return;
+  retry_timer_ = loop()->AddTimer(std::chrono::milliseconds(50), Duration::zero(), [this] {
+    retry_timer_ = 0;
+    if (!holding_) ReleaseHeld();
+  });
+}
+
 void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<BufferPtr> r) {
   if (op->finished) return;
   size_t keys = op->push ? part.num_keys : part.indices.size();
@@ -357,14 +368,7 @@ void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<Buf
     // of this part was applied, so it is safe to send it again once the metadata is new.
     if (r.status().code() == Code::kAborted && std::chrono::steady_clock::now() < op->deadline) {
       VLOG(1) << options_.node_id << ": " << keys << " keys moved; re-sending after the scale";
-      held_.emplace_back(op, std::move(part));
-      if (retry_timer_ == 0) {
-        retry_timer_ = loop()->AddTimer(std::chrono::milliseconds(50), Duration::zero(), [this] {
-          retry_timer_ = 0;
-          if (!holding_) ReleaseHeld();
-        });
-      }
-      return;
+      return HoldForRetry(op, std::move(part));
     }
     // The link died before the answer. If the server left the membership by a scale-in,
     // it had handed its keys over and stopped owning any before it went (it refuses, never
@@ -373,14 +377,7 @@ void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<Buf
     if (r.status().code() == Code::kUnavailable && !part.addr.empty() &&
         std::chrono::steady_clock::now() < op->deadline) {
       part.lost = r.status();
-      held_.emplace_back(op, std::move(part));
-      if (retry_timer_ == 0) {
-        retry_timer_ = loop()->AddTimer(std::chrono::milliseconds(50), Duration::zero(), [this] {
-          retry_timer_ = 0;
-          if (!holding_) ReleaseHeld();
-        });
-      }
-      return;
+      return HoldForRetry(op, std::move(part));
     }
     op->Fail(r.status());
     return;

@@ -77,6 +77,7 @@ class WorkerNode : public Node {
   void Dispatch(const std::shared_ptr<KvOp>& op, KvPart part);
   void Send(const std::shared_ptr<KvOp>& op, KvPart part);
   void OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<BufferPtr> r);
+  void HoldForRetry(const std::shared_ptr<KvOp>& op, KvPart part);
   void ReleaseHeld();
 
   // PullSync's direct way: nullopt when it does not apply (then Pull is used).
