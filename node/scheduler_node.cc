@@ -287,9 +287,8 @@ void SchedulerNode::HandleFinish(ConnId conn, const Frame& frame) {
   st = cluster_.Finish(msg.node_id());
   if (!st.ok()) return Reply(conn, frame.meta, st);
   MarkStateDirty(/*urgent=*/true);
-  int64_t timeout_ms = msg.timeout_ms() > 0 ? msg.timeout_ms() : 60000;
   finish_waiters_.push_back(FinishWaiter{conn, frame.meta,
-                                         clock_.Now() + std::chrono::milliseconds(timeout_ms),
+                                         clock_.Now() + WireMillis(msg.timeout_ms(), std::chrono::seconds(60)),
                                          msg.node_id()});
   LOG(INFO) << "scheduler: " << msg.node_id() << " finished; waiting for "
             << cluster_.FinishMissing().size() << " more";

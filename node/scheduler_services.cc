@@ -250,7 +250,7 @@ void SchedulerNode::HandleKv(ConnId conn, const Frame& frame) {
     }
     case pb::KvRequest::GET: {
       pb::MessageMeta meta = frame.meta;
-      Duration timeout = std::chrono::milliseconds(req.timeout_ms() > 0 ? req.timeout_ms() : 0);
+      Duration timeout = WireMillis(req.timeout_ms());
       kv_.Get(req.key(), timeout, [this, conn, meta](Result<std::string> r) {
         pb::KvResponse out;
         if (r.ok()) out.set_value(*r);
@@ -284,7 +284,7 @@ void SchedulerNode::HandleBarrier(ConnId conn, const Frame& frame) {
   if (req.cancel()) return Reply(conn, frame.meta, barriers_.Cancel(req.id()));
   std::string node_id = req.node_id().empty() ? NodeOf(conn) : req.node_id();
   pb::MessageMeta meta = frame.meta;
-  barriers_.Arrive(req.id(), node_id, std::chrono::milliseconds(req.timeout_ms()),
+  barriers_.Arrive(req.id(), node_id, WireMillis(req.timeout_ms()),
                    {req.participants().begin(), req.participants().end()},
                    [this, conn, meta, id = req.id()](Status s) {
                      pb::BarrierResponse resp;

@@ -8,10 +8,22 @@
 
 #include "comm/frame_decoder.h"
 #include "core/buffer.h"
+#include "core/clock.h"
 #include "core/status.h"
 #include "proto/comm.pb.h"
 
 namespace pscore::node {
+
+// A timeout in milliseconds from the wire (any int64): `if_unset` when <= 0, and at most
+// 2^42 ms (about 139 years), so turning it into nanoseconds (x 10^6), or adding it to the
+// steady clock's now, cannot overflow int64 (scheduler_dispatch_fuzz: a barrier with
+// timeout_ms 4.8e14 overflowed the conversion).
+inline Duration WireMillis(int64_t ms, Duration if_unset = Duration::zero()) {
+  constexpr int64_t kMaxMs = int64_t{1} << 42;
+  static_assert(kMaxMs * 2 < Duration::max().count() / 1000000, "the cap and now must fit in Duration");
+  if (ms <= 0) return if_unset;
+  return std::chrono::milliseconds(ms < kMaxMs ? ms : kMaxMs);
+}
 
 inline BufferPtr ToBuffer(const google::protobuf::MessageLite& msg) {
   auto buf = Buffer::Allocate(msg.ByteSizeLong());

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <limits>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -598,6 +599,57 @@ TEST_CASE("topology: 11 servers and a worker get dense global ids by role, numer
     CHECK_THAT(st.message(), Catch::Contains("changed its device list"));
   }
   CHECK(loop.Stop().ok());
+}
+
+TEST_CASE("timeouts from the wire up to the int64 limit are capped - scheduler_dispatch_fuzz overflow",
+          "[node][net][coord][fuzz]") {
+  // Found by scheduler_dispatch_fuzz under UBSan: a BARRIER with timeout_ms 4.8e14 overflowed
+  // the conversion to nanoseconds. KV GET and FINISH took the same path.
+  TestCluster c(SchedOpts(1, 0, 100ms, 60s));  // the raw client never beats
+  RawClient x(c.sched().port());
+  REQUIRE(x.Register("x", 1).ok());
+  for (int64_t ms : {int64_t{483784042479615}, int64_t{1} << 62, std::numeric_limits<int64_t>::max()}) {
+    INFO("timeout_ms " << ms);
+    const std::string id = "b" + std::to_string(ms);
+    // A barrier of two waits (it cannot time out for ages): cancelled, it answers so.
+    pb::BarrierRequest b;
+    b.set_id(id);
+    b.set_node_id("x");
+    b.set_timeout_ms(ms);
+    b.add_participants("x");
+    b.add_participants("y");
+    std::future<Result<comm::Frame>> waiting = x.CallAsync(MakeMeta(pb::BARRIER, pb::WORKER, -1), ToBuffer(b), 10s);
+    REQUIRE(x.WaitArrived(id, 1));
+    pb::BarrierRequest cancel;
+    cancel.set_id(id);
+    cancel.set_cancel(true);
+    cancel.set_node_id("x");
+    REQUIRE(x.Call(pb::BARRIER, cancel).ok());
+    REQUIRE(waiting.wait_for(10s) == std::future_status::ready);
+    CHECK(waiting.get().status().code() == Code::kCancelled);
+    // A blocking KV get with the same timeout is answered by the set that follows it.
+    pb::KvRequest get;
+    get.set_op(pb::KvRequest::GET);
+    get.set_key("k/" + id);
+    get.set_timeout_ms(ms);
+    std::future<Result<comm::Frame>> got = x.CallAsync(MakeMeta(pb::KV_REQUEST, pb::WORKER, -1), ToBuffer(get), 10s);
+    pb::KvRequest set;
+    set.set_op(pb::KvRequest::SET);
+    set.set_key("k/" + id);
+    set.set_value("v");
+    REQUIRE(x.Call(pb::KV_REQUEST, set).ok());
+    REQUIRE(got.wait_for(10s) == std::future_status::ready);
+    Result<comm::Frame> r = got.get();
+    REQUIRE(r.ok());
+    pb::KvResponse resp;
+    REQUIRE(ParsePayload(*r, &resp).ok());
+    CHECK(resp.value() == "v");
+  }
+  // FINISH with such a timeout: x is the only member, so the barrier passes at once.
+  pb::FinishMessage f;
+  f.set_node_id("x");
+  f.set_timeout_ms(std::numeric_limits<int64_t>::max());
+  CHECK(x.Call(pb::FINISH, f).ok());
 }
 
 TEST_CASE("stress: 3 nodes x 1,000 concurrent KvSet to distinct keys, then List returns all 3,000",
