@@ -19,7 +19,7 @@ struct WriteBatch {
   Connection* conn = nullptr;
   std::string head;                    // headers and metas back to back
   std::vector<std::pair<size_t, size_t>> head_spans;  // (offset, len) per frame, back to back
-  std::vector<BufferPtr> payloads;     // per frame; null when empty
+  std::vector<Payload> payloads;       // per frame; empty when inline or none
   uint64_t bytes = 0;
 };
 
@@ -125,13 +125,23 @@ void Connection::OnBytes(size_t n) {
   }
 }
 
-Status Connection::Send(const pb::MessageMeta& meta, BufferPtr payload) {
-  const uint64_t data_len = payload ? payload->size() : 0;
+Status Connection::Send(const pb::MessageMeta& meta, Payload payload) {
+  const uint64_t data_len = payload.size();
   const bool inline_payload = data_len <= kInlinePayloadBytes;
   Status st;
-  char* room = Append(meta, data_len, inline_payload ? data_len : 0, inline_payload ? nullptr : payload, &st);
+  Payload referenced = inline_payload ? Payload() : payload;
+  char* room = Append(meta, data_len, inline_payload ? data_len : 0, std::move(referenced), &st);
   if (room == nullptr) return st;
-  if (inline_payload && data_len > 0) std::memcpy(room, payload->data(), data_len);
+  if (inline_payload && data_len > 0) {
+    if (payload.head && payload.head->size() > 0) {
+      std::memcpy(room, payload.head->data(), payload.head->size());
+      room += payload.head->size();
+    }
+    for (const Slice& s : payload.tail) {
+      if (s.size > 0) std::memcpy(room, s.data, s.size);
+      room += s.size;
+    }
+  }
   return Status::Ok();
 }
 
@@ -149,7 +159,7 @@ Status Connection::Send(const pb::MessageMeta& meta, const google::protobuf::Mes
   return Status::Ok();
 }
 
-char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t inline_bytes, BufferPtr payload,
+char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t inline_bytes, Payload payload,
                          Status* st) {
   DCHECK(loop_->InLoopThread());
   if (closing_) {
@@ -211,8 +221,13 @@ void Connection::Flush() {
     } else {
       bufs.push_back(uv_buf_init(&batch->head[off], static_cast<unsigned>(len)));
     }
-    const BufferPtr& p = batch->payloads[i];
-    if (p) bufs.push_back(uv_buf_init(const_cast<char*>(p->data()), static_cast<unsigned>(p->size())));
+    const Payload& p = batch->payloads[i];
+    if (p.head && p.head->size() > 0) {
+      bufs.push_back(uv_buf_init(const_cast<char*>(p.head->data()), static_cast<unsigned>(p.head->size())));
+    }
+    for (const Slice& s : p.tail) {
+      if (s.size > 0) bufs.push_back(uv_buf_init(const_cast<char*>(s.data), static_cast<unsigned>(s.size)));
+    }
   }
   // Write what the socket takes at once; queue only the rest. On an idle socket this
   // saves the write request, its deferred callback and an epoll_ctl per flush.

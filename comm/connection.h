@@ -37,8 +37,8 @@ class Connection {
 
   Status StartReading();
   // Queues one frame. A payload of at most kInlinePayloadBytes is copied into the batch;
-  // a larger one is referenced, not copied, until its write completes.
-  Status Send(const pb::MessageMeta& meta, BufferPtr payload);
+  // a larger one (head and tail slices) is referenced, not copied, until its write completes.
+  Status Send(const pb::MessageMeta& meta, Payload payload);
   // Queues one frame whose payload is `body` serialised (straight into the batch when small).
   Status Send(const pb::MessageMeta& meta, const google::protobuf::MessageLite& body);
   // Idempotent. Does not free: libuv still references the handle until OnClosed runs.
@@ -64,9 +64,9 @@ class Connection {
   friend struct ConnectionCallbacks;  // libuv trampolines, defined in connection.cc
   void OnBytes(size_t n);
   // Checks the limits and appends a frame's header and meta plus `inline_bytes` of room to
-  // the pending batch (`payload` is referenced after them when not null). Returns the room,
+  // the pending batch (`payload` is referenced after them when not empty). Returns the room,
   // or null with *st set.
-  char* Append(const pb::MessageMeta& meta, uint64_t data_len, size_t inline_bytes, BufferPtr payload,
+  char* Append(const pb::MessageMeta& meta, uint64_t data_len, size_t inline_bytes, Payload payload,
                Status* st);
 
   Transport* transport_;

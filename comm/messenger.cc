@@ -42,7 +42,7 @@ void Messenger::Shutdown() {
   tracker_.FailAll(Status(Code::kCancelled, "messenger shut down"));
 }
 
-void Messenger::Call(ConnId conn, pb::MessageMeta meta, BufferPtr payload, Duration timeout,
+void Messenger::Call(ConnId conn, pb::MessageMeta meta, Payload payload, Duration timeout,
                      ResponseCallback cb) {
   DCHECK(loop_->InLoopThread());
   if (shut_down_) {
@@ -65,7 +65,7 @@ void Messenger::Call(ConnId conn, pb::MessageMeta meta, BufferPtr payload, Durat
   }
 }
 
-Status Messenger::Notify(ConnId conn, pb::MessageMeta meta, BufferPtr payload) {
+Status Messenger::Notify(ConnId conn, pb::MessageMeta meta, Payload payload) {
   meta.set_oneway(true);
   meta.set_request_id(0);
   return transport_->Send(conn, meta, std::move(payload));
@@ -89,7 +89,7 @@ pb::MessageMeta AnswerMeta(const pb::MessageMeta& request, const Status& status)
 }  // namespace
 
 Status Messenger::Reply(ConnId conn, const pb::MessageMeta& request, const Status& status,
-                        BufferPtr payload) {
+                        Payload payload) {
   if (request.oneway()) return Status::Ok();
   return transport_->Send(conn, AnswerMeta(request, status), std::move(payload));
 }

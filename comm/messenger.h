@@ -32,13 +32,13 @@ class Messenger {
 
   // Sends a request; cb runs once with the answer, or an error if the answer carries a
   // non-OK status, the deadline passes, or the connection is lost.
-  void Call(ConnId conn, pb::MessageMeta meta, BufferPtr payload, Duration timeout,
+  void Call(ConnId conn, pb::MessageMeta meta, Payload payload, Duration timeout,
             ResponseCallback cb);
   // One-way message (no answer expected).
-  Status Notify(ConnId conn, pb::MessageMeta meta, BufferPtr payload);
+  Status Notify(ConnId conn, pb::MessageMeta meta, Payload payload);
   // Answers `request` (echoes cmd and request_id) with status and payload.
   Status Reply(ConnId conn, const pb::MessageMeta& request, const Status& status,
-               BufferPtr payload = nullptr);
+               Payload payload = nullptr);
   // The same with a protobuf answer, serialised straight into the write batch when small.
   Status Reply(ConnId conn, const pb::MessageMeta& request, const google::protobuf::MessageLite& body);
   // Fails pending requests and closes all connections. Idempotent.

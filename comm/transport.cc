@@ -432,7 +432,7 @@ std::vector<CommandStats> Transport::StatsByCommand() const {
   return out;
 }
 
-Status Transport::Send(ConnId id, const pb::MessageMeta& meta, BufferPtr payload) {
+Status Transport::Send(ConnId id, const pb::MessageMeta& meta, Payload payload) {
   Result<Connection*> c = Open(id);
   return c.ok() ? (*c)->Send(meta, std::move(payload)) : c.status();
 }

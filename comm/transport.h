@@ -56,7 +56,7 @@ class Transport {
   // once, on the loop thread, with the new connection or the last error.
   void Connect(const std::string& host, int port, ConnectOptions options,
                std::function<void(Result<ConnId>)> done);
-  Status Send(ConnId id, const pb::MessageMeta& meta, BufferPtr payload);
+  Status Send(ConnId id, const pb::MessageMeta& meta, Payload payload);
   Status Send(ConnId id, const pb::MessageMeta& meta, const google::protobuf::MessageLite& body);
   void Close(ConnId id, const Status& why);
   // Writes what is queued for `id` (as far as the socket takes it now), then closes: so a

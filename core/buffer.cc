@@ -132,4 +132,19 @@ size_t Buffer::PooledBytes() {
   return pool.pooled;
 }
 
+BufferPtr Payload::Flatten() const {
+  if (tail.empty()) return head;
+  BufferPtr out = Buffer::Allocate(size());
+  char* at = out->data();
+  if (head && head->size() > 0) {
+    std::memcpy(at, head->data(), head->size());
+    at += head->size();
+  }
+  for (const Slice& s : tail) {
+    if (s.size > 0) std::memcpy(at, s.data, s.size);
+    at += s.size;
+  }
+  return out;
+}
+
 }  // namespace pscore

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace pscore {
 
@@ -85,5 +86,34 @@ class Buffer {
 };
 
 using BufferPtr = std::shared_ptr<Buffer>;
+
+// Bytes in memory owned elsewhere, kept alive and unchanged by `owner` for as long as
+// the slice is held: the zero-copy part of a payload (a store's values, a caller's array).
+struct Slice {
+  std::shared_ptr<const void> owner;
+  const char* data = nullptr;
+  size_t size = 0;
+};
+
+// What a frame carries: the bytes of `head` followed by the `tail` slices, back to back.
+// A BufferPtr (or nullptr) converts to a Payload without a tail, so plain payloads read
+// as before; a tail lets a sender write memory it does not own without first copying it
+// into one buffer (the transport hands every part to writev).
+struct Payload {
+  BufferPtr head;
+  std::vector<Slice> tail;
+
+  Payload() = default;
+  Payload(std::nullptr_t) {}                          // NOLINT: implicit on purpose
+  Payload(BufferPtr b) : head(std::move(b)) {}        // NOLINT: implicit on purpose
+  size_t size() const {
+    size_t n = head ? head->size() : 0;
+    for (const Slice& s : tail) n += s.size;
+    return n;
+  }
+  // Head and tail in one Buffer: the head itself when there is no tail (no copy), null
+  // for an empty payload without a head.
+  BufferPtr Flatten() const;
+};
 
 }  // namespace pscore

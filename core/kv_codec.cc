@@ -41,16 +41,20 @@ flatbuffers::Offset<flatbuffers::Vector<T>> Reserve(flatbuffers::FlatBufferBuild
 }
 
 // Copies the builder's skeleton around the holes and fills each hole from its segments:
-// every array byte is copied once, straight from the caller's memory.
-Result<BufferPtr> Assemble(const flatbuffers::FlatBufferBuilder& fbb, std::vector<Hole> holes) {
-  const size_t size = fbb.GetSize();
+// every array byte is copied once, straight from the caller's memory. Only the first
+// `keep` bytes of the finished buffer are produced (all of it by default); holes past
+// them are the caller's.
+Result<BufferPtr> Assemble(const flatbuffers::FlatBufferBuilder& fbb, std::vector<Hole> holes,
+                           size_t keep = SIZE_MAX) {
+  const size_t full = fbb.GetSize();
+  const size_t size = std::min(keep, full);
   const char* built = reinterpret_cast<const char*>(fbb.GetBufferPointer());
   BufferPtr out = Buffer::Allocate(size);
   std::sort(holes.begin(), holes.end(),
             [](const Hole& a, const Hole& b) { return a.offset_from_end > b.offset_from_end; });
   size_t cursor = 0;
   for (const Hole& h : holes) {
-    const size_t begin = size - h.offset_from_end;
+    const size_t begin = full - h.offset_from_end;
     std::memcpy(out->data() + cursor, built + cursor, begin - cursor);
     size_t at = begin;
     if (h.fill) {
@@ -151,6 +155,38 @@ Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, con
   kv.add_values(values_off);
   fb::FinishKvPairsBuffer(fbb, kv.Finish());
   return Assemble(fbb, std::move(holes));
+}
+
+Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                                    std::vector<Slice> values) {
+  size_t value_bytes = 0;
+  for (const Slice& s : values) value_bytes += s.size;
+  if (value_bytes % sizeof(float) != 0) {
+    return Status(Code::kInvalidArgument, "KvPairs: " + std::to_string(value_bytes) + " value bytes are not whole floats");
+  }
+  const size_t num_values = value_bytes / sizeof(float);
+  flatbuffers::FlatBufferBuilder fbb(128 + num_keys * (sizeof(uint64_t) + sizeof(uint32_t)));
+  std::vector<Hole> holes;
+  float* unused = nullptr;
+  // The first vector built ends the buffer (flatbuffers builds back to front and floats
+  // need no padding after them), so the values are the buffer's last bytes: the tail.
+  auto values_off = fbb.CreateUninitializedVector<float>(num_values, &unused);
+  const size_t values_from_end = values_off.o - sizeof(flatbuffers::uoffset_t);
+  if (values_from_end != value_bytes) {
+    return Status(Code::kInternal, "KvPairs: values vector does not end the buffer");
+  }
+  auto lens_off = Reserve(&fbb, lens, num_keys, &holes);
+  auto keys_off = Reserve(&fbb, keys, num_keys, &holes);
+  fb::KvPairsBuilder kv(fbb);
+  kv.add_keys(keys_off);
+  kv.add_lens(lens_off);
+  kv.add_values(values_off);
+  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  Result<BufferPtr> head = Assemble(fbb, std::move(holes), fbb.GetSize() - value_bytes);
+  if (!head.ok()) return head.status();
+  Payload out(std::move(*head));
+  out.tail = std::move(values);
+  return out;
 }
 
 namespace {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "core/buffer.h"
 #include "core/status.h"
@@ -43,6 +44,17 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
 // by fill(dst) (num_values floats; dst is 4-byte aligned). A fill error is returned.
 Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
                                       size_t num_values, const std::function<Status(float*)>& fill);
+
+// Average value bytes per key from which writing values from where they live (tail slices,
+// one writev entry each) beats copying them into one buffer: zero-copy pulls and ZPush.
+inline constexpr size_t kZeroCopyBytes = 64 * 1024;
+
+// A KvPairs whose values are not copied: the returned head holds everything up to the
+// first value, and `values` (slices of sum(lens) floats in all, back to back) follow it
+// as the payload's tail, so the sender writes them from where they live. A receiver sees
+// an ordinary KvPairs buffer. kInvalidArgument when the slices are not whole floats.
+Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                                    std::vector<Slice> values);
 
 struct KvView {
   const uint64_t* keys = nullptr;

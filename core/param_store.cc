@@ -41,22 +41,30 @@ void ParamStore::ApplyBuiltIn(float* stored, const float* incoming, size_t n) co
   }
 }
 
+std::vector<float>& ParamStore::Writable(BlockPtr& block) {
+  // Acquire: pairs with the release of the last slice let go, so its reads (a socket
+  // write on another thread) happen before this thread writes the memory.
+  if (block->readers.load(std::memory_order_acquire) != 0) block = std::make_shared<Block>(block->values);
+  return block->values;
+}
+
 Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* incoming,
                            uint32_t len) {
   Stripe& stripe = StripeFor(key);
   std::lock_guard<std::mutex> lock(stripe.mu);
   auto it = stripe.entries.find(key);
   if (it == stripe.entries.end()) {
-    it = stripe.entries.emplace(key, std::vector<float>(len, 0.0f)).first;
-  } else if (it->second.size() != len) {
+    it = stripe.entries.emplace(key, std::make_shared<Block>(std::vector<float>(len, 0.0f))).first;
+  } else if (it->second->values.size() != len) {
     return Status(Code::kInvalidArgument, "push of key " + std::to_string(key) + ": length " +
                                               std::to_string(len) + " != stored length " +
-                                              std::to_string(it->second.size()));
+                                              std::to_string(it->second->values.size()));
   }
+  float* stored = Writable(it->second).data();
   if (updater != nullptr) {
-    (*updater)(key, it->second.data(), incoming, len);
+    (*updater)(key, stored, incoming, len);
   } else {
-    ApplyBuiltIn(it->second.data(), incoming, len);
+    ApplyBuiltIn(stored, incoming, len);
   }
   return Status::Ok();
 }
@@ -108,8 +116,9 @@ Status ParamStore::Pull(const uint64_t* keys, size_t num_keys, std::vector<uint3
       values->clear();
       return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
     }
-    lens->push_back(static_cast<uint32_t>(it->second.size()));
-    values->insert(values->end(), it->second.begin(), it->second.end());
+    const std::vector<float>& v = it->second->values;
+    lens->push_back(static_cast<uint32_t>(v.size()));
+    values->insert(values->end(), v.begin(), v.end());
   }
   return Status::Ok();
 }
@@ -120,7 +129,7 @@ Status ParamStore::Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) c
     std::lock_guard<std::mutex> lock(stripe.mu);
     auto it = stripe.entries.find(keys[i]);
     if (it == stripe.entries.end()) return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
-    lens[i] = static_cast<uint32_t>(it->second.size());
+    lens[i] = static_cast<uint32_t>(it->second->values.size());
   }
   return Status::Ok();
 }
@@ -131,8 +140,27 @@ Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, float* out)
     std::lock_guard<std::mutex> lock(stripe.mu);
     auto it = stripe.entries.find(keys[i]);
     if (it == stripe.entries.end()) return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
-    std::memcpy(out, it->second.data(), it->second.size() * sizeof(float));
-    out += it->second.size();
+    const std::vector<float>& v = it->second->values;
+    std::memcpy(out, v.data(), v.size() * sizeof(float));
+    out += v.size();
+  }
+  return Status::Ok();
+}
+
+Status ParamStore::ShareValues(const uint64_t* keys, size_t num_keys, Slice* out) const {
+  for (size_t i = 0; i < num_keys; ++i) {
+    const Stripe& stripe = StripeFor(keys[i]);
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    auto it = stripe.entries.find(keys[i]);
+    if (it == stripe.entries.end()) return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
+    BlockPtr block = it->second;
+    block->readers.fetch_add(1, std::memory_order_relaxed);  // under the lock: no writer can miss it
+    const std::vector<float>& v = block->values;
+    out[i].data = reinterpret_cast<const char*>(v.data());
+    out[i].size = v.size() * sizeof(float);
+    out[i].owner = std::shared_ptr<const void>(v.data(), [block](const void*) {
+      block->readers.fetch_sub(1, std::memory_order_release);
+    });
   }
   return Status::Ok();
 }
@@ -147,10 +175,16 @@ std::vector<std::pair<uint64_t, std::vector<float>>> ParamStore::ExtractNotOwned
       if (ServerForKey(it->first, num_servers) == rank) {
         ++it;
       } else if (erase) {
-        out.emplace_back(it->first, std::move(it->second));
+        Block& b = *it->second;
+        // Pinned values are read by a socket write: copied, not moved away under it.
+        if (b.readers.load(std::memory_order_acquire) == 0) {
+          out.emplace_back(it->first, std::move(b.values));
+        } else {
+          out.emplace_back(it->first, b.values);
+        }
         it = stripe.entries.erase(it);
       } else {
-        out.emplace_back(it->first, it->second);
+        out.emplace_back(it->first, it->second->values);
         ++it;
       }
     }
@@ -184,7 +218,7 @@ size_t ParamStore::Erase(const uint64_t* keys, size_t num_keys) {
 void ParamStore::Insert(uint64_t key, std::vector<float> value) {
   Stripe& stripe = StripeFor(key);
   std::lock_guard<std::mutex> lock(stripe.mu);
-  stripe.entries[key] = std::move(value);
+  stripe.entries[key] = std::make_shared<Block>(std::move(value));
 }
 
 void ParamStore::Clear() {
@@ -216,7 +250,7 @@ size_t ParamStore::num_floats() const {
   size_t n = 0;
   for (const Stripe& stripe : stripes_) {
     std::lock_guard<std::mutex> lock(stripe.mu);
-    for (const auto& entry : stripe.entries) n += entry.second.size();
+    for (const auto& entry : stripe.entries) n += entry.second->values.size();
   }
   return n;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -15,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/status.h"
 
 namespace pscore {
@@ -59,6 +61,11 @@ class ParamStore {
   // (then CopyValues is kNotFound).
   Status Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const;
   Status CopyValues(const uint64_t* keys, size_t num_keys, float* out) const;
+  // Pull without a copy: out[i] is the stored memory of keys[i] (its length times 4 bytes),
+  // pinned while the slice's owner is held. A push to a pinned key writes a fresh copy and
+  // leaves the pinned memory alone, so a slice keeps the values of the moment it was taken
+  // (a pull still sees every push applied before it). kNotFound names a missing key.
+  Status ShareValues(const uint64_t* keys, size_t num_keys, Slice* out) const;
 
   // For scaling and migration: every entry whose ServerForKey(key, num_servers)
   // differs from `rank`, sorted by key, erased from the store when `erase`.
@@ -85,10 +92,20 @@ class ParamStore {
   static constexpr int kStripeBits = 6;
   static constexpr size_t kStripes = size_t{1} << kStripeBits;
 
+  // One key's floats. Shared with the slices ShareValues handed out; while any is out
+  // (readers > 0) the values are never written, only replaced by a fresh block.
+  struct Block {
+    explicit Block(std::vector<float> v) : values(std::move(v)) {}
+    std::vector<float> values;
+    std::atomic<uint32_t> readers{0};
+  };
+  using BlockPtr = std::shared_ptr<Block>;
   struct Stripe {
     mutable std::mutex mu;
-    std::unordered_map<uint64_t, std::vector<float>> entries;
+    std::unordered_map<uint64_t, BlockPtr> entries;
   };
+  // The key's values to write (stripe lock held): a fresh copy if slices are out.
+  static std::vector<float>& Writable(BlockPtr& block);
 
   Stripe& StripeFor(uint64_t key);
   const Stripe& StripeFor(uint64_t key) const;

@@ -20,15 +20,15 @@ using comm::Frame;
 struct Responder::State {
   comm::EventLoop* loop;
   std::weak_ptr<ServerNode*> server;
-  std::function<void(const Status&, BufferPtr)> send;  // runs on the loop thread
+  std::function<void(const Status&, Payload)> send;  // runs on the loop thread
   std::atomic<bool> answered{false};
 
-  void Answer(const Status& st, BufferPtr payload) {
+  void Answer(const Status& st, Payload payload) {
     if (answered.exchange(true)) return;
     auto fn = send;
     std::weak_ptr<ServerNode*> weak = server;
-    loop->Run([weak, fn, st, payload] {
-      if (weak.lock()) fn(st, payload);
+    loop->Run([weak, fn, st, payload = std::move(payload)]() mutable {
+      if (weak.lock()) fn(st, std::move(payload));
     });
   }
   ~State() {
@@ -36,7 +36,7 @@ struct Responder::State {
   }
 };
 
-void Responder::Reply(BufferPtr payload) const { state_->Answer(Status::Ok(), std::move(payload)); }
+void Responder::Reply(Payload payload) const { state_->Answer(Status::Ok(), std::move(payload)); }
 void Responder::Fail(const Status& status) const { state_->Answer(status, nullptr); }
 
 ServerNode::ServerNode(NodeOptions options, core::ParamStore::Options store, comm::EventLoop* loop)
@@ -92,7 +92,7 @@ Responder ServerNode::MakeResponder(ConnId conn, const pb::MessageMeta& meta) {
   r.state_ = std::make_shared<Responder::State>();
   r.state_->loop = loop();
   r.state_->server = alive_;
-  r.state_->send = [this, conn, meta](const Status& st, BufferPtr payload) {
+  r.state_->send = [this, conn, meta](const Status& st, Payload payload) {
     Status sent = messenger().Reply(conn, meta, st, std::move(payload));
     if (!sent.ok()) VLOG(1) << "server " << options_.node_id << ": answer not sent: " << sent;
   };
@@ -322,11 +322,22 @@ void ServerNode::HandlePull(const DataRequest& req, Responder r) {
   if (!view.ok()) return r.Fail(view.status());
   std::shared_lock<std::shared_mutex> lock(view_mu_);
   PSCORE_RETURN_IF_ERROR_RESPOND(CheckOwned(view->keys, view->num_keys), r);
-  // Values are copied once: from the store straight into the answer.
   std::vector<uint32_t> lens(view->num_keys);
   PSCORE_RETURN_IF_ERROR_RESPOND(store_.Lens(view->keys, view->num_keys, lens.data()), r);
   uint64_t total = 0;
   for (uint32_t l : lens) total += l;
+  if (total * sizeof(float) >= core::kZeroCopyBytes * view->num_keys) {
+    // Large values are not copied: the answer's tail is the stored memory itself, pinned
+    // until the answer is written (a push meanwhile writes a fresh copy of the key).
+    std::vector<Slice> values(view->num_keys);
+    PSCORE_RETURN_IF_ERROR_RESPOND(store_.ShareValues(view->keys, view->num_keys, values.data()), r);
+    lock.unlock();
+    for (size_t i = 0; i < values.size(); ++i) lens[i] = static_cast<uint32_t>(values[i].size / sizeof(float));
+    Result<Payload> answer = core::EncodeKvPairsShared(view->keys, view->num_keys, lens.data(), std::move(values));
+    if (!answer.ok()) return r.Fail(answer.status());
+    return r.Reply(std::move(*answer));
+  }
+  // Smaller values are copied once: from the store straight into the answer.
   Result<BufferPtr> answer = core::EncodeKvPairsFilled(
       view->keys, view->num_keys, lens.data(), total,
       [&](float* dst) { return store_.CopyValues(view->keys, view->num_keys, dst); });

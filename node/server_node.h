@@ -36,7 +36,9 @@ struct DataRequest {
 // without answering answers kInternal "handler did not answer".
 class Responder {
  public:
-  void Reply(BufferPtr payload = nullptr) const;
+  // The answer's bytes: a Buffer, or a head with zero-copy tail slices (core/buffer.h)
+  // whose owners keep the memory alive and unchanged until the answer is written.
+  void Reply(Payload payload = nullptr) const;
   void Fail(const Status& status) const;
 
  private:

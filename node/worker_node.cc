@@ -23,7 +23,7 @@ WorkerNode::WorkerNode(NodeOptions options, comm::EventLoop* loop)
 
 WorkerNode::~WorkerNode() { Stop(); }
 
-void WorkerNode::Issue(int rank, pb::MessageMeta meta, BufferPtr payload, ReplyCallback cb) {
+void WorkerNode::Issue(int rank, pb::MessageMeta meta, Payload payload, ReplyCallback cb) {
   loop()->Run([this, rank, meta = std::move(meta), payload = std::move(payload), cb = std::move(cb)]() mutable {
     WithServerConn(rank, [this, meta = std::move(meta), payload = std::move(payload),
                           cb = std::move(cb)](Result<ConnId> c) mutable {
@@ -38,7 +38,7 @@ void WorkerNode::Issue(int rank, pb::MessageMeta meta, BufferPtr payload, ReplyC
   });
 }
 
-void WorkerNode::SendAsync(int rank, int user_cmd, const std::string& handler, BufferPtr payload,
+void WorkerNode::SendAsync(int rank, int user_cmd, const std::string& handler, Payload payload,
                            ReplyCallback cb) {
   pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
   meta.set_user_cmd(user_cmd);
@@ -181,7 +181,7 @@ struct WorkerNode::KvOp {
 struct WorkerNode::KvPart {
   int server = -1;
   int for_servers = 0;
-  BufferPtr payload;            // push
+  Payload payload;              // push
   size_t num_keys = 0;          // push
   std::vector<size_t> indices;  // pull
   std::string addr;             // the server it was sent to
@@ -200,7 +200,21 @@ std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int ser
 }  // namespace
 
 std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
-                                     const std::vector<uint32_t>& lens_in) {
+                                     const std::vector<uint32_t>& lens) {
+  return StartPush(keys, values, lens, nullptr);
+}
+
+std::future<Status> WorkerNode::ZPush(const std::vector<uint64_t>& keys,
+                                      std::shared_ptr<const std::vector<float>> values,
+                                      const std::vector<uint32_t>& lens) {
+  if (!values) values = std::make_shared<const std::vector<float>>();
+  const std::vector<float>& v = *values;
+  return StartPush(keys, v, lens, std::move(values));
+}
+
+std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, const std::vector<float>& values,
+                                          const std::vector<uint32_t>& lens_in,
+                                          std::shared_ptr<const void> shared) {
   auto op = std::make_shared<KvOp>();
   op->CountIn(kv_in_flight_);
   auto fut = op->push_done.get_future();
@@ -218,13 +232,16 @@ std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const st
     op->Acked(0);
     return fut;
   }
-  // Encode on the caller's thread, straight from its arrays: the one copy of the values.
+  // Encode on the caller's thread, straight from its arrays: the one copy of the values,
+  // or none when they are shared (ZPush) and large enough for writing them from where they
+  // are to beat copying them (core::kZeroCopyBytes per key on average).
   std::vector<uint64_t> offsets(keys.size());
   uint64_t off = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     offsets[i] = off;
     off += lens[i];
   }
+  if (values.size() * sizeof(float) < core::kZeroCopyBytes * keys.size()) shared.reset();
   int n = std::max(1, server_count());
   std::vector<KvPart> parts;
   std::vector<std::vector<size_t>> groups = ByOwner(keys.data(), keys.size(), n);
@@ -234,8 +251,25 @@ std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const st
     part.server = s;
     part.for_servers = server_count() > 0 ? n : 0;  // 0: split again once servers are known
     part.num_keys = groups[s].size();
-    part.payload = core::EncodeKvPairsGather(keys.data(), lens.data(), values.data(), offsets.data(),
-                                             groups[s].data(), groups[s].size());
+    if (shared) {
+      std::vector<uint64_t> k;
+      std::vector<uint32_t> l;
+      std::vector<Slice> tail;
+      for (size_t i : groups[s]) {
+        k.push_back(keys[i]);
+        l.push_back(lens[i]);
+        tail.push_back(Slice{shared, reinterpret_cast<const char*>(values.data() + offsets[i]), lens[i] * sizeof(float)});
+      }
+      Result<Payload> p = core::EncodeKvPairsShared(k.data(), k.size(), l.data(), std::move(tail));
+      if (!p.ok()) {
+        op->Fail(p.status());
+        return fut;
+      }
+      part.payload = std::move(*p);
+    } else {
+      part.payload = core::EncodeKvPairsGather(keys.data(), lens.data(), values.data(), offsets.data(),
+                                               groups[s].data(), groups[s].size());
+    }
     parts.push_back(std::move(part));
   }
   loop()->Run([this, op, parts = std::move(parts)]() mutable {
@@ -296,8 +330,11 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
     return;
   }
   if (op->push && part.for_servers != n) {
-    // Encoded for another server count: split this payload again from its own bytes.
-    Result<core::KvView> v = core::DecodeKvPairs(part.payload->data(), part.payload->size(), true);
+    // Encoded for another server count: split this payload again from its own bytes
+    // (made contiguous first when its values are the caller's, sent without a copy).
+    BufferPtr bytes = part.payload.Flatten();
+    Result<core::KvView> v = bytes ? core::DecodeKvPairs(bytes->data(), bytes->size(), true)
+                                   : Result<core::KvView>(Status(Code::kInternal, "push part without payload"));
     if (!v.ok()) return op->Fail(v.status());
     std::vector<uint64_t> offsets(v->num_keys);
     uint64_t off = 0;
@@ -333,7 +370,7 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
 }
 
 void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
-  BufferPtr payload = part.payload;
+  Payload payload = part.payload;
   if (!op->push) {
     std::vector<uint64_t> ks;
     ks.reserve(part.indices.size());

@@ -31,7 +31,9 @@ class WorkerNode : public Node {
   ~WorkerNode() override;
 
   // One request to server `rank`, addressed by user_cmd (handler empty) or handler name.
-  void SendAsync(int rank, int user_cmd, const std::string& handler, BufferPtr payload, ReplyCallback cb);
+  // The payload may carry zero-copy tail slices (core/buffer.h): their memory is written
+  // to the socket as it is and must stay unchanged until cb runs.
+  void SendAsync(int rank, int user_cmd, const std::string& handler, Payload payload, ReplyCallback cb);
   std::future<Result<BufferPtr>> Send(int rank, int user_cmd, BufferPtr payload);
   std::future<Result<BufferPtr>> Call(int rank, const std::string& handler, BufferPtr payload);
   // The same request to every server; all answers in rank order, or the first error.
@@ -41,6 +43,13 @@ class WorkerNode : public Node {
   // values.size()/keys.size()). Keys go to their owning servers; done when all answered.
   std::future<Status> Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
                            const std::vector<uint32_t>& lens = {});
+  // Push without copying the values (as ps-lite's ZPush): large values are written to the
+  // sockets from *values itself, which the worker holds a reference to while it may still
+  // read them. Do not change them before the future is ready; after an error, not before
+  // values.use_count() is 1 again (a part may still be queued for writing). Otherwise like
+  // Push; values under core::kZeroCopyBytes per key on average are copied as Push does.
+  std::future<Status> ZPush(const std::vector<uint64_t>& keys, std::shared_ptr<const std::vector<float>> values,
+                            const std::vector<uint32_t>& lens = {});
   std::future<Result<PullResult>> Pull(const std::vector<uint64_t>& keys);
   // Pull straight into the caller's memory (dest_floats floats, back to back in key order;
   // *lens, when given, gets each key's float count): no result vector is allocated. dest
@@ -70,8 +79,11 @@ class WorkerNode : public Node {
  private:
   struct KvOp;
   struct KvPart;
-  void Issue(int rank, pb::MessageMeta meta, BufferPtr payload, ReplyCallback cb);
+  void Issue(int rank, pb::MessageMeta meta, Payload payload, ReplyCallback cb);
   void StartPull(const std::shared_ptr<KvOp>& op, const std::vector<uint64_t>& keys);
+  // Push and ZPush; `shared` (ZPush) owns values, which are then written without a copy.
+  std::future<Status> StartPush(const std::vector<uint64_t>& keys, const std::vector<float>& values,
+                                const std::vector<uint32_t>& lens, std::shared_ptr<const void> shared);
   // Loop thread. Sends the keys `indices` of op to their owners, or holds them while the
   // cluster is scaling; parts refused as moved are held and re-sent under new metadata.
   void Dispatch(const std::shared_ptr<KvOp>& op, KvPart part);

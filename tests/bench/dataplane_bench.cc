@@ -3,7 +3,7 @@
 // Send round trips with 1 and 64 in flight, each beside a blocking-socket baseline
 // measured in the same run (length prefix + writev/read: one-way rate and ping-pong).
 // Also prints the payload copies per direction. One figure per line: `name value unit`.
-// Run through `scripts/bench.sh dataplane [quick | latency | push MiB | pull MiB]` (Release build).
+// Run through `scripts/bench.sh dataplane [quick | latency | push|zpush|pull|pullinto MiB]` (Release build).
 
 #include <algorithm>
 #include <atomic>
@@ -159,7 +159,7 @@ uint64_t KeyFor(size_t size, int worker, int rank, int n) {
 
 // Push (or Pull) of one `size`-byte value per call; every worker alternates over keys owned
 // by each server and keeps a few calls in flight. Returns aggregate value bytes per second.
-enum class KvMode { kPush, kPull, kPullInto };
+enum class KvMode { kPush, kZPush, kPull, kPullInto };
 
 double KvThroughput(Cluster& c, size_t size, KvMode mode) {
   const size_t floats = size / sizeof(float);
@@ -175,6 +175,8 @@ double KvThroughput(Cluster& c, size_t size, KvMode mode) {
   // Each worker's values (and PullInto destinations, one per call in flight, reused)
   // exist before the clock starts, as the baseline's payload does.
   std::vector<std::vector<float>> values(c.workers(), std::vector<float>(floats, 0.5f));
+  std::vector<std::shared_ptr<const std::vector<float>>> shared;  // ZPush: the same values, shared
+  for (const auto& v : values) shared.push_back(std::make_shared<const std::vector<float>>(v));
   std::vector<std::vector<std::vector<float>>> dests(c.workers());
   if (mode == KvMode::kPullInto) {
     for (auto& d : dests) d.assign(depth, std::vector<float>(floats, 0.0f));
@@ -198,6 +200,8 @@ double KvThroughput(Cluster& c, size_t size, KvMode mode) {
           }
           if (mode == KvMode::kPush) {
             acks.push_back(c.worker(w).Push(key, values[w]));
+          } else if (mode == KvMode::kZPush) {
+            acks.push_back(c.worker(w).ZPush(key, shared[w]));
           } else {
             std::vector<float>& dest = dests[w][i % depth];  // free again: its call was waited for
             acks.push_back(c.worker(w).PullInto(key, dest.data(), dest.size()));
@@ -297,8 +301,10 @@ void PrintCopies() {
   // Counted from node/worker_node.cc, node/server_node.cc and core/param_store.cc as of this
   // commit; see docs/benchmarks.md for each one.
   Print("copies_push_worker_side", 1, "copies");   // Push(): gather-encode from the caller's arrays
+  Print("copies_zpush_worker_side", 0, "copies");  // ZPush() of >= 64 KiB per key: writev from the caller's vector
   Print("copies_push_server_side", 0, "copies");   // in-place decode; the update reads the frame
-  Print("copies_pull_server_side", 1, "copies");   // store -> answer (EncodeKvPairsFilled + CopyValues)
+  Print("copies_pull_server_side", 0, "copies");   // >= 64 KiB per key: writev from the pinned store memory
+  Print("copies_pull_server_side_small", 1, "copies");  // smaller: store -> answer (EncodeKvPairsFilled)
   Print("copies_pull_worker_side", 1, "copies");   // answers -> PullResult (one assembly)
   for (size_t size : {size_t{64}, size_t{4} << 10, size_t{64} << 10, size_t{1} << 20}) {
     Print("decoder_copied_" + SizeName(size), static_cast<double>(DecoderCopies(size)), "bytes");
@@ -307,9 +313,12 @@ void PrintCopies() {
 
 int Main(const std::string& mode, size_t mib) {
   const bool quick = mode == "quick";
-  if (mode == "push" || mode == "pull" || mode == "pullinto") {  // one figure, handy under a profiler
+  if (mode == "push" || mode == "zpush" || mode == "pull" || mode == "pullinto") {  // one figure, for a profiler
     Cluster c(1, 1);
-    const KvMode m = mode == "push" ? KvMode::kPush : mode == "pullinto" ? KvMode::kPullInto : KvMode::kPull;
+    const KvMode m = mode == "push"       ? KvMode::kPush
+                     : mode == "zpush"    ? KvMode::kZPush
+                     : mode == "pullinto" ? KvMode::kPullInto
+                                          : KvMode::kPull;
     Print(mode + "_1w1s_" + SizeName(mib << 20), KvThroughput(c, mib << 20, m), "MB/s");
     return 0;
   }
@@ -329,6 +338,7 @@ int Main(const std::string& mode, size_t mib) {
       Print("push_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kPush), "MB/s");
       Print("pull_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kPull), "MB/s");
       if (size >= (1u << 20)) {
+        Print("zpush_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kZPush), "MB/s");
         Print("pullinto_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kPullInto), "MB/s");
       }
     }

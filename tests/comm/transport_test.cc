@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <string>
+#include <thread>
 
 #include "comm/connection.h"
 #include "comm/transport.h"
@@ -125,6 +126,69 @@ TEST_CASE("transport: small and large payloads, buffers and messages, interleave
     std::string got = f.payload ? std::string(f.payload->view()) : std::string();
     CHECK(got == sent[i]);
   }
+}
+
+TEST_CASE("transport: a payload of a head and tail slices arrives as one run of bytes and frees the slices once written",
+          "[comm][net][transport]") {
+  Peer server("server");
+  Peer client("client");
+  Result<ConnId> conn = ListenAndConnect(server, client);
+  REQUIRE(conn.ok());
+  // Each case: head size, then slice sizes; small totals are copied inline, large ones are
+  // written from the slices' own memory.
+  const std::vector<std::vector<size_t>> cases = {
+      {0, 5},          {3, 4, 0, 9},           {kInlinePayloadBytes - 2, 1, 1}, {kInlinePayloadBytes, 1},
+      {16, 300000},    {0, 70000, 5, 200000},  {100, 1, 2, 3, 4, 5, 6, 7},      {64, 1u << 20, 1u << 20}};
+  auto released = std::make_shared<std::atomic<int>>(0);
+  int slices = 0;
+  std::vector<std::string> sent;
+  OnLoop(client.loop, [&] {
+    uint64_t id = 1;
+    for (const auto& c : cases) {
+      std::string all;
+      Payload p;
+      for (size_t j = 0; j < c.size(); ++j) {
+        std::string bytes(c[j], '\0');
+        for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>('a' + (i * 13 + j + id) % 26);
+        all += bytes;
+        if (j == 0) {
+          p.head = bytes.empty() ? nullptr : Buffer::FromString(bytes);
+          continue;
+        }
+        // The slice's memory lives in a string owned only by the slice.
+        auto owned = std::shared_ptr<std::string>(new std::string(std::move(bytes)), [released](std::string* s) {
+          released->fetch_add(1);
+          delete s;
+        });
+        p.tail.push_back(Slice{owned, owned->data(), owned->size()});
+        ++slices;
+      }
+      CHECK(p.size() == all.size());
+      sent.push_back(all);
+      REQUIRE(client.transport->Send(*conn, TestMeta(id++), std::move(p)).ok());
+    }
+  });
+  for (size_t i = 0; i < sent.size(); ++i) {
+    Frame f = server.WaitFrame(i + 1);
+    CHECK(f.meta.request_id() == i + 1);
+    std::string got = f.payload ? std::string(f.payload->view()) : std::string();
+    CHECK(got.size() == sent[i].size());
+    CHECK(got == sent[i]);
+  }
+  // Every frame arrived, so every write completed: the transport holds no slice any more.
+  const auto deadline = std::chrono::steady_clock::now() + testing::kWait;
+  while (released->load() != slices && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(released->load() == slices);
+  // Flatten gives the same bytes in one buffer (and the head itself when there is no tail).
+  Payload two(Buffer::FromString("ab"));
+  CHECK(two.Flatten() == two.head);
+  two.tail.push_back(Slice{nullptr, "cd", 2});
+  CHECK(two.Flatten()->view() == "abcd");
+  CHECK(Payload().Flatten() == nullptr);
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server.Stop().ok());
 }
 
 TEST_CASE("transport: a 64 MiB payload arrives intact", "[comm][net][transport]") {

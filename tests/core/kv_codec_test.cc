@@ -172,6 +172,36 @@ TEST_CASE("gather encoding of a subset equals encoding the gathered arrays", "[c
 
 namespace pscore::core {
 
+TEST_CASE("shared encoding puts the values after the head and decodes as an ordinary buffer", "[core][kvcodec]") {
+  const std::vector<uint64_t> keys = {4, 8, 15};
+  const std::vector<uint32_t> lens = {3, 0, 2};
+  const std::vector<float> a = {1, 2, 3};
+  const std::vector<float> b = {4, 5};
+  std::vector<Slice> slices = {Slice{nullptr, reinterpret_cast<const char*>(a.data()), 12},
+                               Slice{nullptr, nullptr, 0},
+                               Slice{nullptr, reinterpret_cast<const char*>(b.data()), 8}};
+  Result<Payload> p = EncodeKvPairsShared(keys.data(), keys.size(), lens.data(), slices);
+  REQUIRE(p.ok());
+  REQUIRE(p->tail.size() == 3);
+  CHECK(p->tail[0].data == slices[0].data);  // not copied
+  BufferPtr flat = p->Flatten();
+  CHECK(flat->size() == p->head->size() + 20);
+  // Equal to the copying encoder's bytes.
+  const std::vector<float> all = {1, 2, 3, 4, 5};
+  BufferPtr copied = EncodeKvPairs(keys.data(), keys.size(), lens.data(), all.data(), all.size());
+  CHECK(flat->view() == copied->view());
+  Result<KvView> v = DecodeKvPairs(flat->data(), flat->size(), /*expect_values=*/true);
+  REQUIRE(v.ok());
+  CHECK(std::vector<float>(v->values, v->values + v->num_values) == all);
+  CHECK(std::vector<uint32_t>(v->lens, v->lens + v->num_lens) == lens);
+  // No keys at all still makes a valid buffer; bytes that are not whole floats do not.
+  Result<Payload> empty = EncodeKvPairsShared(nullptr, 0, nullptr, {});
+  REQUIRE(empty.ok());
+  CHECK(DecodeKvPairs(empty->head->data(), empty->head->size(), true).ok());
+  Result<Payload> odd = EncodeKvPairsShared(keys.data(), 1, lens.data(), {Slice{nullptr, "abc", 3}});
+  CHECK(odd.status().code() == Code::kInvalidArgument);
+}
+
 TEST_CASE("filled encoding writes values in place and passes fill errors on", "[core][kvcodec]") {
   std::vector<uint64_t> keys = {1, 2};
   std::vector<uint32_t> lens = {2, 1};

@@ -189,6 +189,95 @@ TEST_CASE("two-step pull gives lengths then the values back to back", "[core][pa
   CHECK(store.CopyValues(&missing, 1, out.data()).code() == Code::kNotFound);
 }
 
+TEST_CASE("shared values are the stored memory and keep their contents while a push writes a copy",
+          "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  std::vector<uint64_t> keys = {3, 5};
+  std::vector<uint32_t> lens = {4, 2};
+  std::vector<float> ones(6, 1.0f);
+  REQUIRE(store.Push(keys.data(), lens.data(), ones.data(), 2).ok());
+  auto floats = [](const Slice& s) {
+    const float* f = reinterpret_cast<const float*>(s.data);
+    return std::vector<float>(f, f + s.size / sizeof(float));
+  };
+  std::vector<Slice> shared(2);
+  REQUIRE(store.ShareValues(keys.data(), 2, shared.data()).ok());
+  CHECK(floats(shared[0]) == std::vector<float>(4, 1.0f));
+  CHECK(floats(shared[1]) == std::vector<float>(2, 1.0f));
+  const char* pinned = shared[0].data;
+
+  // Pinned: the push goes to a fresh copy; the slice still reads the old values.
+  REQUIRE(store.Push(keys.data(), lens.data(), ones.data(), 2).ok());
+  CHECK(floats(shared[0]) == std::vector<float>(4, 1.0f));
+  CHECK(PullOne(store, 3) == std::vector<float>(4, 2.0f));
+  CHECK(PullOne(store, 5) == std::vector<float>(2, 2.0f));
+  // The old block lives as long as its slice does; letting go of it frees it.
+  std::vector<Slice> again(1);
+  REQUIRE(store.ShareValues(keys.data(), 1, again.data()).ok());
+  CHECK(again[0].data != pinned);
+  shared.clear();
+
+  // Unpinned (the slice above released too): a push writes in place, no copy.
+  const char* current = again[0].data;
+  again.clear();
+  REQUIRE(store.Push(keys.data(), lens.data(), ones.data(), 2).ok());
+  REQUIRE(store.ShareValues(keys.data(), 1, again.data()).ok());
+  CHECK(again[0].data == current);
+  CHECK(floats(again[0]) == std::vector<float>(4, 3.0f));
+
+  // Moving a pinned key out (scaling) copies it: the slice stays readable.
+  auto out = store.ExtractNotOwned(-1, 1, /*erase=*/true);
+  CHECK(out.size() == 2);
+  CHECK(store.num_keys() == 0);
+  CHECK(floats(again[0]) == std::vector<float>(4, 3.0f));
+  CHECK(out[0].second == std::vector<float>(4, 3.0f));
+  // Insert over a pinned key replaces the block, not the memory the slice reads.
+  store.Insert(3, std::vector<float>(4, 9.0f));
+  shared.emplace_back();
+  REQUIRE(store.ShareValues(keys.data(), 1, &shared.back()).ok());
+  CHECK(floats(shared.back()) == std::vector<float>(4, 9.0f));
+  uint64_t missing = 8;
+  Slice none;
+  CHECK(store.ShareValues(&missing, 1, &none).code() == Code::kNotFound);
+}
+
+TEST_CASE("concurrent pushes and shared pulls: every shared snapshot is one whole state of the key",
+          "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  const uint64_t key = 11;
+  const uint32_t len = 4096;
+  std::vector<float> ones(len, 1.0f);
+  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+  constexpr int kPushes = 2000;
+  std::thread pusher([&] {
+    for (int i = 0; i < kPushes; ++i) store.Push(&key, &len, ones.data(), 1).IgnoreError();
+  });
+  // Snapshots taken while the pusher runs are held for a while (as a socket write would)
+  // and must stay uniform: every float the same count of pushes.
+  int torn = 0;
+  float last = 0;
+  bool monotonic = true;
+  std::vector<Slice> held;
+  for (int round = 0; round < 400; ++round) {
+    Slice s;
+    REQUIRE(store.ShareValues(&key, 1, &s).ok());
+    held.push_back(s);
+    if (held.size() > 8) held.erase(held.begin());
+    for (const Slice& h : held) {
+      const float* f = reinterpret_cast<const float*>(h.data);
+      if (std::any_of(f, f + len, [&](float x) { return x != f[0]; })) ++torn;
+    }
+    const float first = reinterpret_cast<const float*>(s.data)[0];
+    if (first < last) monotonic = false;
+    last = first;
+  }
+  pusher.join();
+  CHECK(torn == 0);
+  CHECK(monotonic);
+  held.clear();
+  CHECK(PullOne(store, key) == std::vector<float>(len, 1.0f + kPushes));
+}
+
 TEST_CASE("Erase, Keys and HasNotOwned agree with ExtractNotOwned", "[core][paramstore]") {
   ParamStore store(Rule(UpdateRule::kSum));
   for (uint64_t k = 0; k < 32; ++k) store.Insert(k, {static_cast<float>(k)});

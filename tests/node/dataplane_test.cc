@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -363,6 +364,170 @@ TEST_CASE("a Pull issued after a Push from the same worker sees that Push", "[no
     CHECK(r->values.back() == static_cast<float>(i));
   }
   for (auto& f : pushes) CHECK(Await(f).ok());
+}
+
+TEST_CASE("large Pulls answered from the store's memory see each Push whole and in order",
+          "[node][net][dataplane]") {
+  // Keys of 128 KiB: the server answers them with the stored memory itself (no copy), so
+  // pushes arriving while an answer is still being written must not show through it.
+  TestCluster::Config config;
+  config.workers = 2;
+  config.servers = 2;
+  TestCluster c(config);
+  c.Start();
+  const std::vector<uint64_t> keys = {10, 20, 30, 40};
+  const size_t per_key = 32 * 1024;
+  const std::vector<float> ones(keys.size() * per_key, 1.0f);
+  REQUIRE(Await(c.worker(0).Push(keys, ones)).ok());
+  constexpr int kPushes = 300;
+  std::atomic<bool> pushes_ok{true};
+  std::atomic<bool> pusher_done{false};
+  std::thread pusher([&] {
+    std::deque<std::future<Status>> window;
+    for (int i = 0; i < kPushes; ++i) {
+      window.push_back(c.worker(1).Push(keys, ones));
+      if (window.size() >= 8) {
+        if (window.front().wait_for(kDeadline) != std::future_status::ready || !window.front().get().ok()) {
+          pushes_ok = false;
+        }
+        window.pop_front();
+      }
+    }
+    for (auto& f : window) {
+      if (f.wait_for(kDeadline) != std::future_status::ready || !f.get().ok()) pushes_ok = false;
+    }
+    pusher_done = true;
+  });
+  // Pull while the pushes run (and at least 100 times), within the deadline.
+  int pulls = 0;
+  int torn = 0;
+  const auto until = std::chrono::steady_clock::now() + kDeadline;
+  while ((!pusher_done.load() || pulls < 100) && std::chrono::steady_clock::now() < until) {
+    std::vector<std::future<Result<PullResult>>> window;
+    for (int i = 0; i < 4; ++i) window.push_back(c.worker(0).Pull(keys));
+    for (auto& f : window) {
+      Result<PullResult> r = Await(f);
+      REQUIRE(r.ok());
+      REQUIRE(r->values.size() == ones.size());
+      for (size_t k = 0; k < keys.size(); ++k) {
+        const float* v = r->values.data() + k * per_key;
+        if (std::any_of(v, v + per_key, [&](float x) { return x != v[0]; })) ++torn;
+      }
+      ++pulls;
+    }
+  }
+  pusher.join();
+  CHECK(pusher_done.load());
+  CHECK(torn == 0);
+  CHECK(pushes_ok);
+  Result<PullResult> last = Await(c.worker(0).Pull(keys));
+  REQUIRE(last.ok());
+  CHECK(last->values == std::vector<float>(ones.size(), 1.0f + kPushes));
+  // Issued right after an unanswered Push of the same worker, a large Pull sees it.
+  for (int i = 0; i < 50; ++i) {
+    auto push = c.worker(0).Push(keys, ones);
+    Result<PullResult> r = Await(c.worker(0).Pull(keys));
+    REQUIRE(r.ok());
+    INFO("round " << i);
+    CHECK(r->values.front() == 2.0f + kPushes + i);
+    CHECK(r->values.back() == 2.0f + kPushes + i);
+    CHECK(Await(push).ok());
+  }
+}
+
+namespace {
+
+// Waits (bounded) until nobody but the caller holds `values`: the worker let go of them.
+bool Released(const std::shared_ptr<const std::vector<float>>& values) {
+  const auto until = std::chrono::steady_clock::now() + kDeadline;
+  while (values.use_count() != 1 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  return values.use_count() == 1;
+}
+
+}  // namespace
+
+TEST_CASE("ZPush sends shared values without a copy and the sums are exact", "[node][net][dataplane]") {
+  TestCluster::Config config;
+  config.servers = 3;
+  TestCluster c(config);
+  c.Start();
+  // Five keys of 128 KiB and a small one: on average far over core::kZeroCopyBytes per key,
+  // so the values go out as tail slices of the caller's vector.
+  const std::vector<uint64_t> keys = {1, 2, 3, 4, 5, 6};
+  const uint32_t big = 32 * 1024;
+  const std::vector<uint32_t> lens = {big, big, big, big, big, 3};
+  auto values = std::make_shared<std::vector<float>>(5 * big + 3);
+  for (size_t i = 0; i < values->size(); ++i) (*values)[i] = static_cast<float>(i % 7);
+  std::shared_ptr<const std::vector<float>> shared = std::move(values);  // the test's one reference
+  constexpr int kRounds = 20;
+  std::deque<std::future<Status>> window;
+  for (int i = 0; i < kRounds; ++i) {
+    window.push_back(c.worker(0).ZPush(keys, shared, lens));
+    if (window.size() >= 4) {
+      CHECK(Await(window.front()).ok());
+      window.pop_front();
+    }
+  }
+  for (auto& f : window) CHECK(Await(f).ok());
+  CHECK(Released(shared));
+  Result<PullResult> r = Await(c.worker(0).Pull(keys));
+  REQUIRE(r.ok());
+  CHECK(r->lens == lens);
+  std::vector<float> want(shared->size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = kRounds * static_cast<float>(i % 7);
+  CHECK(r->values == want);
+
+  // Small values take the copying way; the worker lets go of them all the same.
+  auto small = std::make_shared<const std::vector<float>>(std::vector<float>{1, 2, 3, 4});
+  CHECK(Await(c.worker(0).ZPush({100, 101}, small)).ok());
+  CHECK(Released(small));
+  r = Await(c.worker(0).Pull({100, 101}));
+  REQUIRE(r.ok());
+  CHECK(r->values == std::vector<float>{1, 2, 3, 4});
+  // Mismatched lengths and missing values are refused as Push refuses them.
+  CHECK(Await(c.worker(0).ZPush({1, 2}, small, {1, 1})).code() == Code::kInvalidArgument);
+  CHECK(Await(c.worker(0).ZPush({1}, nullptr)).code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("a ZPush issued before the cluster is ready is split once the servers are known",
+          "[node][net][dataplane]") {
+  // The worker starts before any server, so its push is held without metadata and split
+  // (from its head and the shared values) when the metadata arrives.
+  SchedulerOptions so;
+  so.worker_num = 1;
+  so.server_num = 2;
+  so.heartbeat_interval = 50ms;
+  SchedulerNode sched(so);
+  REQUIRE(sched.Start().ok());
+  auto opts = [&](const std::string& id) {
+    NodeOptions o;
+    o.scheduler_port = sched.port();
+    o.node_id = id;
+    o.heartbeat_interval = 50ms;
+    return o;
+  };
+  WorkerNode worker(opts("w0"));
+  REQUIRE(worker.Start().ok());
+  const std::vector<uint64_t> keys = {7, 8, 9, 10};
+  auto values = std::make_shared<const std::vector<float>>(4 * 32 * 1024, 2.5f);
+  auto push = worker.ZPush(keys, values);
+  CHECK(worker.server_count() == 0);
+  ServerNode s0(opts("s0")), s1(opts("s1"));
+  REQUIRE(s0.Start().ok());
+  REQUIRE(s1.Start().ok());
+  CHECK(Await(push).ok());
+  CHECK(Released(values));
+  Result<PullResult> r = Await(worker.Pull(keys));
+  REQUIRE(r.ok());
+  CHECK(r->values == *values);
+  // Both servers got their share.
+  CHECK(s0.store().num_keys() + s1.store().num_keys() == keys.size());
+  CHECK(s0.store().num_keys() > 0);
+  CHECK(s1.store().num_keys() > 0);
+  worker.Stop();
+  s0.Stop();
+  s1.Stop();
+  sched.Stop();
 }
 
 namespace {
