@@ -165,14 +165,21 @@ Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const
     return Status(Code::kInvalidArgument, "KvPairs: " + std::to_string(value_bytes) + " value bytes are not whole floats");
   }
   const size_t num_values = value_bytes / sizeof(float);
+  if (num_values > FLATBUFFERS_MAX_BUFFER_SIZE / sizeof(float)) {
+    return Status(Code::kInvalidArgument, "KvPairs: " + std::to_string(num_values) + " values exceed the flatbuffers limit");
+  }
   flatbuffers::FlatBufferBuilder fbb(128 + num_keys * (sizeof(uint64_t) + sizeof(uint32_t)));
   std::vector<Hole> holes;
   float* unused = nullptr;
   // The first vector built ends the buffer (flatbuffers builds back to front and floats
-  // need no padding after them), so the values are the buffer's last bytes: the tail.
-  auto values_off = fbb.CreateUninitializedVector<float>(num_values, &unused);
+  // need no padding after them), so the values are the buffer's last bytes: the tail. The
+  // builder never holds them: it lays out a stand-in of num_values % 2 floats (the same
+  // size modulo 8, the largest alignment here, so every pad the builder adds is the one it
+  // would add for the real vector), and the length field is set to num_values afterwards.
+  const size_t stand_in = num_values % 2;
+  auto values_off = fbb.CreateUninitializedVector<float>(stand_in, &unused);
   const size_t values_from_end = values_off.o - sizeof(flatbuffers::uoffset_t);
-  if (values_from_end != value_bytes) {
+  if (values_from_end != stand_in * sizeof(float)) {
     return Status(Code::kInternal, "KvPairs: values vector does not end the buffer");
   }
   auto lens_off = Reserve(&fbb, lens, num_keys, &holes);
@@ -182,8 +189,11 @@ Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const
   kv.add_lens(lens_off);
   kv.add_values(values_off);
   fb::FinishKvPairsBuffer(fbb, kv.Finish());
-  Result<BufferPtr> head = Assemble(fbb, std::move(holes), fbb.GetSize() - value_bytes);
+  Result<BufferPtr> head = Assemble(fbb, std::move(holes), fbb.GetSize() - values_from_end);
   if (!head.ok()) return head.status();
+  // The values' length field: the head's last 4 bytes, little-endian like all of flatbuffers.
+  flatbuffers::WriteScalar<flatbuffers::uoffset_t>((*head)->data() + (*head)->size() - sizeof(flatbuffers::uoffset_t),
+                                                   static_cast<flatbuffers::uoffset_t>(num_values));
   Payload out(std::move(*head));
   out.tail = std::move(values);
   return out;

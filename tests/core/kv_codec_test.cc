@@ -200,6 +200,28 @@ TEST_CASE("shared encoding puts the values after the head and decodes as an ordi
   CHECK(DecodeKvPairs(empty->head->data(), empty->head->size(), true).ok());
   Result<Payload> odd = EncodeKvPairsShared(keys.data(), 1, lens.data(), {Slice{nullptr, "abc", 3}});
   CHECK(odd.status().code() == Code::kInvalidArgument);
+  // Byte for byte the copying encoder's buffer for even and odd counts of values and keys
+  // (the head is laid out without the values, then given their length).
+  for (size_t nkeys : {1, 2, 3, 5}) {
+    for (uint32_t per_key : {0u, 1u, 2u, 3u, 7u, 1000u, 16385u}) {
+      std::vector<uint64_t> ks(nkeys);
+      std::vector<uint32_t> ls(nkeys, per_key);
+      std::vector<float> vs(nkeys * per_key);
+      for (size_t i = 0; i < ks.size(); ++i) ks[i] = i * 977 + 1;
+      for (size_t i = 0; i < vs.size(); ++i) vs[i] = static_cast<float>(i) * 0.5f;
+      std::vector<Slice> tail;
+      for (size_t i = 0; i < nkeys; ++i) {
+        tail.push_back(Slice{nullptr, reinterpret_cast<const char*>(vs.data() + i * per_key), per_key * sizeof(float)});
+      }
+      Result<Payload> shared = EncodeKvPairsShared(ks.data(), nkeys, ls.data(), tail);
+      REQUIRE(shared.ok());
+      CHECK(shared->head->size() < 128 + nkeys * 16);  // the values never went into the head
+      const float none = 0;  // values present but empty (a null pointer would leave them out)
+      BufferPtr want = EncodeKvPairs(ks.data(), nkeys, ls.data(), vs.empty() ? &none : vs.data(), vs.size());
+      INFO(nkeys << " keys of " << per_key << " floats");
+      CHECK(shared->Flatten()->view() == want->view());
+    }
+  }
 }
 
 TEST_CASE("filled encoding writes values in place and passes fill errors on", "[core][kvcodec]") {
