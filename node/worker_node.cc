@@ -110,8 +110,10 @@ struct WorkerNode::KvOp {
   float* dest = nullptr;
   size_t dest_floats = 0;
   std::vector<uint32_t>* dest_lens = nullptr;
+  bool view = false;  // ZPull: the answer is a view of the received buffers
   std::promise<Status> push_done;  // also PullInto's
   std::promise<Result<PullResult>> pull_done;
+  std::promise<Result<PullView>> view_done;
   // The worker's count of unanswered key-value calls: this op counts in it until it
   // finishes (down before the caller's future is ready, so PullSync after Push().get()
   // sees zero).
@@ -134,6 +136,8 @@ struct WorkerNode::KvOp {
     answers.clear();
     if (push || into()) {
       push_done.set_value(st);
+    } else if (view) {
+      view_done.set_value(st);
     } else {
       pull_done.set_value(st);
     }
@@ -164,6 +168,14 @@ struct WorkerNode::KvOp {
       if (dest_lens != nullptr) *dest_lens = src_lens;
       answers.clear();
       push_done.set_value(Status::Ok());
+      return;
+    }
+    if (view) {
+      PullView out;
+      out.lens = std::move(src_lens);
+      out.values = std::move(src);
+      out.owners = std::move(answers);
+      view_done.set_value(std::move(out));
       return;
     }
     PullResult out;
@@ -282,6 +294,15 @@ std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& ke
   auto op = std::make_shared<KvOp>();
   op->CountIn(kv_in_flight_);
   auto fut = op->pull_done.get_future();
+  StartPull(op, keys);
+  return fut;
+}
+
+std::future<Result<PullView>> WorkerNode::ZPull(const std::vector<uint64_t>& keys) {
+  auto op = std::make_shared<KvOp>();
+  op->CountIn(kv_in_flight_);
+  op->view = true;
+  auto fut = op->view_done.get_future();
   StartPull(op, keys);
   return fut;
 }

@@ -25,6 +25,19 @@ struct PullResult {
   std::vector<uint32_t> lens;
 };
 
+// ZPull's answer: every key's floats where they arrived (inside the servers' answer
+// buffers, read in place), kept alive by this object; nothing is copied.
+struct PullView {
+  std::vector<uint32_t> lens;         // per requested key
+  std::vector<const float*> values;   // per requested key: lens[i] floats (not to be read when 0)
+  std::vector<BufferPtr> owners;      // the answers the pointers point into
+  size_t num_floats() const {
+    size_t n = 0;
+    for (uint32_t l : lens) n += l;
+    return n;
+  }
+};
+
 class WorkerNode : public Node {
  public:
   explicit WorkerNode(NodeOptions options, comm::EventLoop* loop = nullptr);
@@ -51,6 +64,10 @@ class WorkerNode : public Node {
   std::future<Status> ZPush(const std::vector<uint64_t>& keys, std::shared_ptr<const std::vector<float>> values,
                             const std::vector<uint32_t>& lens = {});
   std::future<Result<PullResult>> Pull(const std::vector<uint64_t>& keys);
+  // Pull without copying the values on the worker: the result points into the answers as
+  // they were read from the sockets (a runtime can copy them once, straight to where they
+  // are used, e.g. a device). Same errors as Pull; a pull issued after a push sees it.
+  std::future<Result<PullView>> ZPull(const std::vector<uint64_t>& keys);
   // Pull straight into the caller's memory (dest_floats floats, back to back in key order;
   // *lens, when given, gets each key's float count): no result vector is allocated. dest
   // (and lens) must stay valid until the future is ready. kInvalidArgument when the keys

@@ -3,7 +3,7 @@
 // Send round trips with 1 and 64 in flight, each beside a blocking-socket baseline
 // measured in the same run (length prefix + writev/read: one-way rate and ping-pong).
 // Also prints the payload copies per direction. One figure per line: `name value unit`.
-// Run through `scripts/bench.sh dataplane [quick | latency | push|zpush|pull|pullinto MiB]` (Release build).
+// Run through `scripts/bench.sh dataplane [quick | latency | push|zpush|pull|pullinto|zpull MiB]` (Release build).
 
 #include <algorithm>
 #include <atomic>
@@ -159,7 +159,7 @@ uint64_t KeyFor(size_t size, int worker, int rank, int n) {
 
 // Push (or Pull) of one `size`-byte value per call; every worker alternates over keys owned
 // by each server and keeps a few calls in flight. Returns aggregate value bytes per second.
-enum class KvMode { kPush, kZPush, kPull, kPullInto };
+enum class KvMode { kPush, kZPush, kPull, kPullInto, kZPull };
 
 double KvThroughput(Cluster& c, size_t size, KvMode mode) {
   const size_t floats = size / sizeof(float);
@@ -188,8 +188,17 @@ double KvThroughput(Cluster& c, size_t size, KvMode mode) {
       threads.emplace_back([&, w] {
         std::deque<std::future<Status>> acks;  // push, pull-into
         std::deque<std::future<Result<PullResult>>> pulls;
+        std::deque<std::future<Result<PullView>>> views;  // ZPull
         for (uint64_t i = 0; i < count; ++i) {
           std::vector<uint64_t> key = {KeyFor(size, w, static_cast<int>(i % c.servers()), c.servers())};
+          if (mode == KvMode::kZPull) {
+            views.push_back(c.worker(w).ZPull(key));
+            if (views.size() >= depth) {
+              CHECK_EQ(Wait(views.front())->num_floats(), floats);
+              views.pop_front();
+            }
+            continue;
+          }
           if (mode == KvMode::kPull) {
             pulls.push_back(c.worker(w).Pull(key));
             if (pulls.size() >= depth) {
@@ -213,6 +222,7 @@ double KvThroughput(Cluster& c, size_t size, KvMode mode) {
         }
         for (auto& f : acks) CHECK(Wait(f).ok());
         for (auto& f : pulls) CHECK(Wait(f).ok());
+        for (auto& f : views) CHECK(Wait(f).ok());
       });
     }
     for (auto& t : threads) t.join();
@@ -305,7 +315,8 @@ void PrintCopies() {
   Print("copies_push_server_side", 0, "copies");   // in-place decode; the update reads the frame
   Print("copies_pull_server_side", 0, "copies");   // >= 64 KiB per key: writev from the pinned store memory
   Print("copies_pull_server_side_small", 1, "copies");  // smaller: store -> answer (EncodeKvPairsFilled)
-  Print("copies_pull_worker_side", 1, "copies");   // answers -> PullResult (one assembly)
+  Print("copies_pull_worker_side", 1, "copies");   // answers -> PullResult (one assembly); PullInto likewise
+  Print("copies_zpull_worker_side", 0, "copies");  // ZPull(): a view of the answers as read
   for (size_t size : {size_t{64}, size_t{4} << 10, size_t{64} << 10, size_t{1} << 20}) {
     Print("decoder_copied_" + SizeName(size), static_cast<double>(DecoderCopies(size)), "bytes");
   }
@@ -313,11 +324,12 @@ void PrintCopies() {
 
 int Main(const std::string& mode, size_t mib) {
   const bool quick = mode == "quick";
-  if (mode == "push" || mode == "zpush" || mode == "pull" || mode == "pullinto") {  // one figure, for a profiler
-    Cluster c(1, 1);
+  if (mode == "push" || mode == "zpush" || mode == "pull" || mode == "pullinto" || mode == "zpull") {
+    Cluster c(1, 1);  // one figure, for a profiler
     const KvMode m = mode == "push"       ? KvMode::kPush
                      : mode == "zpush"    ? KvMode::kZPush
                      : mode == "pullinto" ? KvMode::kPullInto
+                     : mode == "zpull"    ? KvMode::kZPull
                                           : KvMode::kPull;
     Print(mode + "_1w1s_" + SizeName(mib << 20), KvThroughput(c, mib << 20, m), "MB/s");
     return 0;
@@ -340,6 +352,7 @@ int Main(const std::string& mode, size_t mib) {
       if (size >= (1u << 20)) {
         Print("zpush_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kZPush), "MB/s");
         Print("pullinto_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kPullInto), "MB/s");
+        Print("zpull_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kZPull), "MB/s");
       }
     }
   }

@@ -489,6 +489,47 @@ TEST_CASE("ZPush sends shared values without a copy and the sums are exact", "[n
   CHECK(Await(c.worker(0).ZPush({1}, nullptr)).code() == Code::kInvalidArgument);
 }
 
+TEST_CASE("ZPull points into the answers and reads the same values as Pull", "[node][net][dataplane]") {
+  TestCluster::Config config;
+  config.servers = 3;
+  TestCluster c(config);
+  c.Start();
+  // Large keys (answered from the stores' memory) and small ones, over three servers.
+  const std::vector<uint64_t> keys = {5, 1, 9, 2, 7, 3};
+  const std::vector<uint32_t> lens = {40000, 2, 70000, 1, 0, 30000};
+  std::vector<float> values;
+  for (uint32_t l : lens) {
+    for (uint32_t i = 0; i < l; ++i) values.push_back(static_cast<float>(values.size() % 1000) * 0.25f);
+  }
+  auto push = c.worker(0).Push(keys, values, lens);  // not waited for: the pull comes after it
+  // Ask in another order than pushed.
+  const std::vector<uint64_t> ask = {3, 9, 1, 7, 5, 2};
+  Result<PullView> v = Await(c.worker(0).ZPull(ask));
+  REQUIRE(v.ok());
+  CHECK(Await(push).ok());
+  Result<PullResult> p = Await(c.worker(0).Pull(ask));
+  REQUIRE(p.ok());
+  REQUIRE(v->lens == p->lens);
+  REQUIRE(v->values.size() == ask.size());
+  CHECK(v->num_floats() == p->values.size());
+  std::vector<float> flat;
+  for (size_t i = 0; i < ask.size(); ++i) flat.insert(flat.end(), v->values[i], v->values[i] + v->lens[i]);
+  CHECK(flat == p->values);
+  // Every value pointer lies inside one of the answers it keeps alive.
+  for (size_t i = 0; i < ask.size(); ++i) {
+    if (v->lens[i] == 0) continue;
+    const char* at = reinterpret_cast<const char*>(v->values[i]);
+    CHECK(std::any_of(v->owners.begin(), v->owners.end(), [&](const BufferPtr& b) {
+      return at >= b->data() && at + v->lens[i] * sizeof(float) <= b->data() + b->size();
+    }));
+  }
+  CHECK(v->owners.size() <= 3);
+  CHECK(Await(c.worker(0).ZPull({4242})).status().code() == Code::kNotFound);
+  Result<PullView> none = Await(c.worker(0).ZPull({}));
+  REQUIRE(none.ok());
+  CHECK(none->num_floats() == 0);
+}
+
 TEST_CASE("a ZPush issued before the cluster is ready is split once the servers are known",
           "[node][net][dataplane]") {
   // The worker starts before any server, so its push is held without metadata and split
