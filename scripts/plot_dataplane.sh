@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Plots a data-plane benchmark run (the output of `scripts/bench.sh dataplane`) as a PNG:
 # MB/s against value size (log-2 axis) for the baseline one-way rate and pscore's 1w1s
-# push, pull and pull-into. Usage: scripts/plot_dataplane.sh bench-output.txt out.png
+# push, zero-copy push, pull, pull-into and zero-copy pull. Usage: scripts/plot_dataplane.sh bench-output.txt out.png
 set -euo pipefail
 in=${1:?bench output}
 out=${2:?png to write}
@@ -15,8 +15,9 @@ size_kib() {
 }
 for size in 4KiB 64KiB 1MiB 16MiB 64MiB; do
   get() { awk -v n="$1" '$1 == n { print $2 }' "$in"; }
-  printf '%s %s %s %s %s\n' "$(size_kib $size)" "$(get baseline_oneway_$size)" "$(get push_1w1s_$size)" \
-    "$(get pull_1w1s_$size)" "$(get pullinto_1w1s_$size | grep . || echo NaN)" >> "$data"
+  opt() { get "$1" | grep . || echo NaN; }  # figures measured for sizes >= 1 MiB only
+  printf '%s %s %s %s %s %s %s\n' "$(size_kib $size)" "$(get baseline_oneway_$size)" "$(get push_1w1s_$size)" \
+    "$(get pull_1w1s_$size)" "$(opt pullinto_1w1s_$size)" "$(opt zpush_1w1s_$size)" "$(opt zpull_1w1s_$size)" >> "$data"
 done
 gnuplot <<GP
 set terminal pngcairo size 900,560 noenhanced
@@ -30,6 +31,8 @@ set grid
 plot "$data" using 1:2 with linespoints title "baseline one-way (blocking sockets)", \
      "$data" using 1:3 with linespoints title "Push", \
      "$data" using 1:4 with linespoints title "Pull", \
-     "$data" using 1:5 with linespoints title "PullInto"
+     "$data" using 1:5 with linespoints title "PullInto", \
+     "$data" using 1:6 with linespoints title "ZPush (zero-copy)", \
+     "$data" using 1:7 with linespoints title "ZPull (zero-copy)"
 GP
 echo "wrote $out"
