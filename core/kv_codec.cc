@@ -71,6 +71,20 @@ Result<BufferPtr> Assemble(const flatbuffers::FlatBufferBuilder& fbb, std::vecto
   return out;
 }
 
+// Lays out lens and keys (holes that Assemble fills from the caller's arrays), then the
+// table over them and values_off, and finishes the buffer.
+void FinishKvPairs(flatbuffers::FlatBufferBuilder* fbb, const uint64_t* keys, const uint32_t* lens, size_t num_keys,
+                   flatbuffers::Offset<flatbuffers::Vector<float>> values_off, uint8_t op, std::vector<Hole>* holes) {
+  auto lens_off = Reserve(fbb, lens, num_keys, holes);
+  auto keys_off = Reserve(fbb, keys, num_keys, holes);
+  fb::KvPairsBuilder kv(*fbb);
+  kv.add_keys(keys_off);
+  kv.add_lens(lens_off);
+  kv.add_values(values_off);
+  kv.add_op(op);
+  fb::FinishKvPairsBuffer(*fbb, kv.Finish());
+}
+
 }  // namespace
 
 BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
@@ -122,14 +136,7 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
     value_hole.bytes = num_values * sizeof(float);
     holes.push_back(std::move(value_hole));
   }
-  auto lens_off = Reserve(&fbb, l.data(), num_indices, &holes);
-  auto keys_off = Reserve(&fbb, k.data(), num_indices, &holes);
-  fb::KvPairsBuilder kv(fbb);
-  kv.add_keys(keys_off);
-  kv.add_lens(lens_off);
-  kv.add_values(values_off);
-  kv.add_op(op);
-  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  FinishKvPairs(&fbb, k.data(), l.data(), num_indices, values_off, op, &holes);
   return *Assemble(fbb, std::move(holes));
 }
 
@@ -147,13 +154,7 @@ Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, con
     h.fill = [&fill](char* dst) { return fill(reinterpret_cast<float*>(dst)); };
     holes.push_back(std::move(h));
   }
-  auto lens_off = Reserve(&fbb, lens, num_keys, &holes);
-  auto keys_off = Reserve(&fbb, keys, num_keys, &holes);
-  fb::KvPairsBuilder kv(fbb);
-  kv.add_keys(keys_off);
-  kv.add_lens(lens_off);
-  kv.add_values(values_off);
-  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  FinishKvPairs(&fbb, keys, lens, num_keys, values_off, /*op=*/0, &holes);
   return Assemble(fbb, std::move(holes));
 }
 
@@ -182,13 +183,7 @@ Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const
   if (values_from_end != stand_in * sizeof(float)) {
     return Status(Code::kInternal, "KvPairs: values vector does not end the buffer");
   }
-  auto lens_off = Reserve(&fbb, lens, num_keys, &holes);
-  auto keys_off = Reserve(&fbb, keys, num_keys, &holes);
-  fb::KvPairsBuilder kv(fbb);
-  kv.add_keys(keys_off);
-  kv.add_lens(lens_off);
-  kv.add_values(values_off);
-  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  FinishKvPairs(&fbb, keys, lens, num_keys, values_off, /*op=*/0, &holes);
   Result<BufferPtr> head = Assemble(fbb, std::move(holes), fbb.GetSize() - values_from_end);
   if (!head.ok()) return head.status();
   // The values' length field: the head's last 4 bytes, little-endian like all of flatbuffers.

@@ -123,46 +123,41 @@ Status ParamStore::Pull(const uint64_t* keys, size_t num_keys, std::vector<uint3
   return Status::Ok();
 }
 
-Status ParamStore::Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const {
+template <typename Fn>
+Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, Fn fn) const {
   for (size_t i = 0; i < num_keys; ++i) {
     const Stripe& stripe = StripeFor(keys[i]);
     std::lock_guard<std::mutex> lock(stripe.mu);
     auto it = stripe.entries.find(keys[i]);
     if (it == stripe.entries.end()) return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
-    lens[i] = static_cast<uint32_t>(it->second->values.size());
+    fn(i, it->second);
   }
   return Status::Ok();
+}
+
+Status ParamStore::Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const {
+  return ForEachStored(keys, num_keys, [&](size_t i, const BlockPtr& b) {
+    lens[i] = static_cast<uint32_t>(b->values.size());
+  });
 }
 
 Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, float* out) const {
-  for (size_t i = 0; i < num_keys; ++i) {
-    const Stripe& stripe = StripeFor(keys[i]);
-    std::lock_guard<std::mutex> lock(stripe.mu);
-    auto it = stripe.entries.find(keys[i]);
-    if (it == stripe.entries.end()) return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
-    const std::vector<float>& v = it->second->values;
-    std::memcpy(out, v.data(), v.size() * sizeof(float));
-    out += v.size();
-  }
-  return Status::Ok();
+  return ForEachStored(keys, num_keys, [&](size_t, const BlockPtr& b) {
+    std::memcpy(out, b->values.data(), b->values.size() * sizeof(float));
+    out += b->values.size();
+  });
 }
 
 Status ParamStore::ShareValues(const uint64_t* keys, size_t num_keys, Slice* out) const {
-  for (size_t i = 0; i < num_keys; ++i) {
-    const Stripe& stripe = StripeFor(keys[i]);
-    std::lock_guard<std::mutex> lock(stripe.mu);
-    auto it = stripe.entries.find(keys[i]);
-    if (it == stripe.entries.end()) return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
-    BlockPtr block = it->second;
-    block->readers.fetch_add(1, std::memory_order_relaxed);  // under the lock: no writer can miss it
-    const std::vector<float>& v = block->values;
+  return ForEachStored(keys, num_keys, [&](size_t i, const BlockPtr& b) {
+    b->readers.fetch_add(1, std::memory_order_relaxed);  // under the stripe lock: no writer can miss it
+    const std::vector<float>& v = b->values;
     out[i].data = reinterpret_cast<const char*>(v.data());
     out[i].size = v.size() * sizeof(float);
-    out[i].owner = std::shared_ptr<const void>(v.data(), [block](const void*) {
+    out[i].owner = std::shared_ptr<const void>(v.data(), [block = b](const void*) {
       block->readers.fetch_sub(1, std::memory_order_release);
     });
-  }
-  return Status::Ok();
+  });
 }
 
 std::vector<std::pair<uint64_t, std::vector<float>>> ParamStore::ExtractNotOwned(

@@ -106,6 +106,9 @@ class ParamStore {
   };
   // The key's values to write (stripe lock held): a fresh copy if slices are out.
   static std::vector<float>& Writable(BlockPtr& block);
+  // fn(i, block) for each key under its stripe's lock; kNotFound names the first missing.
+  template <typename Fn>
+  Status ForEachStored(const uint64_t* keys, size_t num_keys, Fn fn) const;
 
   Stripe& StripeFor(uint64_t key);
   const Stripe& StripeFor(uint64_t key) const;
