@@ -36,7 +36,6 @@ case "$name" in
     build transport_bench
     exec "$BUILD/transport_bench" "$@"
     ;;
-  # ---- Placeholders: add a *_bench.cc under tests/bench/ and wire it here. ----
   control)  # register 1,000 nodes to READY; scheduler CPU per heartbeat at 2,000 nodes; death notice
     build control_bench
     exec "$BUILD/control_bench" "$@"
