@@ -253,7 +253,8 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
     offsets[i] = off;
     off += lens[i];
   }
-  if (values.size() * sizeof(float) < core::kZeroCopyBytes * keys.size()) shared.reset();
+  // (`shared` itself stays alive to the end: it may own `values`.)
+  const bool zero_copy = shared && values.size() * sizeof(float) >= core::kZeroCopyBytes * keys.size();
   int n = std::max(1, server_count());
   std::vector<KvPart> parts;
   std::vector<std::vector<size_t>> groups = ByOwner(keys.data(), keys.size(), n);
@@ -263,7 +264,7 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
     part.server = s;
     part.for_servers = server_count() > 0 ? n : 0;  // 0: split again once servers are known
     part.num_keys = groups[s].size();
-    if (shared) {
+    if (zero_copy) {
       std::vector<uint64_t> k;
       std::vector<uint32_t> l;
       std::vector<Slice> tail;
