@@ -12,6 +12,7 @@
 
 #include "core/buffer.h"
 #include "core/cluster_manager.h"
+#include "node/wire.h"
 
 DEFINE_string(role, "", "Node role: scheduler, worker or server.");
 DEFINE_string(scheduler_host, "127.0.0.1", "Scheduler address (numeric IP or localhost).");
@@ -191,6 +192,15 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
                   ") must be greater than --heartbeat_interval_ms (" + std::to_string(FLAGS_heartbeat_interval_ms) + ")");
   }
   if (FLAGS_connect_timeout_ms <= 0) Die(prog, "--connect_timeout_ms must be > 0");
+  // The int64 durations become steady-clock deadlines (now + ms): more than 2^42 ms
+  // (about 139 years) would overflow them.
+  auto check_ms = [&](const char* name, int64_t v, int64_t min) {
+    if (v < min || v > kMaxTimeoutMs) {
+      Die(prog, std::string("--") + name + " must be in [" + std::to_string(min) + ", " + std::to_string(kMaxTimeoutMs) +
+                    "] (got " + std::to_string(v) + ")");
+    }
+  };
+  check_ms("finish_timeout_ms", FLAGS_finish_timeout_ms, 1);
   if (FLAGS_rank < -1) Die(prog, "--rank must be >= -1");
   if (FLAGS_max_message_bytes < 1024) Die(prog, "--max_message_bytes must be >= 1024");
   if (FLAGS_buffer_pool_mb > (1ull << 20)) Die(prog, "--buffer_pool_mb must be <= 1048576");
@@ -263,7 +273,9 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   cl.train.seed = FLAGS_seed;
   cl.train.scale_out_at = FLAGS_scale_out_at;
   if (FLAGS_workers < -1 || FLAGS_servers < -1) Die(prog, "--workers and --servers must be >= 0");
-  if (FLAGS_timeout_ms <= 0 || FLAGS_wait_timeout_ms <= 0) Die(prog, "--timeout_ms and --wait_timeout_ms must be > 0");
+  check_ms("timeout_ms", FLAGS_timeout_ms, 1);
+  check_ms("wait_timeout_ms", FLAGS_wait_timeout_ms, 1);
+  check_ms("reconnect_ms", FLAGS_reconnect_ms, 0);
   cl.admin.workers = FLAGS_workers;
   cl.admin.servers = FLAGS_servers;
   {
@@ -277,7 +289,6 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   cl.admin.timeout_ms = FLAGS_timeout_ms;
   cl.admin.wait = FLAGS_wait;
   cl.admin.wait_timeout_ms = FLAGS_wait_timeout_ms;
-  if (FLAGS_reconnect_ms < 0) Die(prog, "--reconnect_ms must be >= 0");
   cl.admin.reconnect_ms = FLAGS_reconnect_ms;
   return cl;
 }

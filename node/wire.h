@@ -18,11 +18,12 @@ namespace pscore::node {
 // 2^42 ms (about 139 years), so turning it into nanoseconds (x 10^6), or adding it to the
 // steady clock's now, cannot overflow int64 (scheduler_dispatch_fuzz: a barrier with
 // timeout_ms 4.8e14 overflowed the conversion).
+// Flags in milliseconds are refused above the same bound (node/flags.cc).
+inline constexpr int64_t kMaxTimeoutMs = int64_t{1} << 42;
+static_assert(kMaxTimeoutMs * 2 < Duration::max().count() / 1000000, "the cap and now must fit in Duration");
 inline Duration WireMillis(int64_t ms, Duration if_unset = Duration::zero()) {
-  constexpr int64_t kMaxMs = int64_t{1} << 42;
-  static_assert(kMaxMs * 2 < Duration::max().count() / 1000000, "the cap and now must fit in Duration");
   if (ms <= 0) return if_unset;
-  return std::chrono::milliseconds(ms < kMaxMs ? ms : kMaxMs);
+  return std::chrono::milliseconds(ms < kMaxTimeoutMs ? ms : kMaxTimeoutMs);
 }
 
 inline BufferPtr ToBuffer(const google::protobuf::MessageLite& msg) {

@@ -2,7 +2,8 @@
 // store behind it. The input is one payload, copied into an 8-byte aligned buffer as a
 // received payload is. It is decoded as a pull request (expect_values false) and as a push
 // (true); whatever decodes is read in full, re-encoded and decoded again (must round-trip),
-// and a push is applied to a fresh core::ParamStore and pulled back.
+// and a push is applied to a fresh core::ParamStore and pulled back, copied and shared
+// (the zero-copy answer must be the copying encoder's bytes).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -42,6 +43,26 @@ void CheckRoundTrip(const KvView& v, bool expect_values) {
   if (v.num_values && std::memcmp(back->values, v.values, v.num_values * sizeof(float)) != 0) __builtin_trap();
 }
 
+// The zero-copy pull answer: the store's shared values equal the copied ones, and the
+// head-plus-slices payload is byte for byte the buffer the copying encoder builds.
+void SharedAnswer(const pscore::core::ParamStore& store, const KvView& v, const std::vector<uint32_t>& lens,
+                  const std::vector<float>& values) {
+  std::vector<pscore::Slice> slices(v.num_keys);
+  if (!store.ShareValues(v.keys, v.num_keys, slices.data()).ok()) __builtin_trap();
+  size_t at = 0;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    if (slices[i].size != lens[i] * sizeof(float)) __builtin_trap();
+    if (slices[i].size && std::memcmp(slices[i].data, values.data() + at, slices[i].size) != 0) __builtin_trap();
+    at += lens[i];
+  }
+  auto shared = pscore::core::EncodeKvPairsShared(v.keys, v.num_keys, lens.data(), std::move(slices));
+  if (!shared.ok()) __builtin_trap();
+  const float none = 0;
+  pscore::BufferPtr copied = pscore::core::EncodeKvPairs(v.keys, v.num_keys, lens.data(),
+                                                         values.empty() ? &none : values.data(), values.size());
+  if (shared->Flatten()->view() != copied->view()) __builtin_trap();
+}
+
 void PushAndPull(const KvView& v) {
   pscore::core::ParamStore::Options opts;
   opts.rule = static_cast<pscore::core::UpdateRule>(v.op % 3);
@@ -55,6 +76,7 @@ void PushAndPull(const KvView& v) {
     uint64_t total = 0;
     for (uint32_t l : lens) total += l;
     if (total != values.size()) __builtin_trap();
+    SharedAnswer(store, v, lens, values);
   }
 }
 

@@ -252,6 +252,10 @@ TEST_CASE("pscore-admin refuses bad commands with a reason and exit code", "[mul
   CHECK(Has(unknown, "unknown command 'frobnicate'"));
   CHECK(job.Admin({}).code == 2);
   CHECK(job.Admin({"status", "--no_such_flag=1"}).code == 2);
+  AdminRun forever = job.Admin({"scale-out", "--servers=3", "--wait", "--wait_timeout_ms=9223372036854775807"});
+  CHECK(forever.code == 2);  // refused before anything is sent: now + 2^63 ms would overflow
+  CHECK(Has(forever, "--wait_timeout_ms must be in [1, 4398046511104]"));
+  CHECK(job.Admin({"watch-ranktable", "--reconnect_ms=-1"}).code == 2);
   AdminRun watch_args = job.Admin({"watch-ranktable", "extra"});
   CHECK(watch_args.code == 2);
 
