@@ -57,9 +57,11 @@ void SharedAnswer(const pscore::core::ParamStore& store, const KvView& v, const 
   }
   auto shared = pscore::core::EncodeKvPairsShared(v.keys, v.num_keys, lens.data(), std::move(slices));
   if (!shared.ok()) __builtin_trap();
-  const float none = 0;
-  pscore::BufferPtr copied = pscore::core::EncodeKvPairs(v.keys, v.num_keys, lens.data(),
-                                                         values.empty() ? &none : values.data(), values.size());
+  // Empty arrays as non-null pointers: the copying encoder leaves a null array out.
+  const float no_value = 0;
+  const uint32_t no_len = 0;
+  pscore::BufferPtr copied = pscore::core::EncodeKvPairs(v.keys, v.num_keys, lens.empty() ? &no_len : lens.data(),
+                                                         values.empty() ? &no_value : values.data(), values.size());
   if (shared->Flatten()->view() != copied->view()) __builtin_trap();
 }
 
