@@ -127,20 +127,19 @@ void Connection::OnBytes(size_t n) {
 
 Status Connection::Send(const pb::MessageMeta& meta, Payload payload) {
   const uint64_t data_len = payload.size();
-  const bool inline_payload = data_len <= kInlinePayloadBytes;
   Status st;
-  Payload referenced = inline_payload ? Payload() : payload;
-  char* room = Append(meta, data_len, inline_payload ? data_len : 0, std::move(referenced), &st);
+  if (data_len > kInlinePayloadBytes) {
+    return Append(meta, data_len, 0, std::move(payload), &st) != nullptr ? Status::Ok() : st;
+  }
+  char* room = Append(meta, data_len, data_len, Payload(), &st);
   if (room == nullptr) return st;
-  if (inline_payload && data_len > 0) {
-    if (payload.head && payload.head->size() > 0) {
-      std::memcpy(room, payload.head->data(), payload.head->size());
-      room += payload.head->size();
-    }
-    for (const Slice& s : payload.tail) {
-      if (s.size > 0) std::memcpy(room, s.data, s.size);
-      room += s.size;
-    }
+  if (payload.head && payload.head->size() > 0) {
+    std::memcpy(room, payload.head->data(), payload.head->size());
+    room += payload.head->size();
+  }
+  for (const Slice& s : payload.tail) {
+    if (s.size > 0) std::memcpy(room, s.data, s.size);
+    room += s.size;
   }
   return Status::Ok();
 }

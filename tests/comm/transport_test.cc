@@ -138,7 +138,8 @@ TEST_CASE("transport: a payload of a head and tail slices arrives as one run of 
   // written from the slices' own memory.
   const std::vector<std::vector<size_t>> cases = {
       {0, 5},          {3, 4, 0, 9},           {kInlinePayloadBytes - 2, 1, 1}, {kInlinePayloadBytes, 1},
-      {16, 300000},    {0, 70000, 5, 200000},  {100, 1, 2, 3, 4, 5, 6, 7},      {64, 1u << 20, 1u << 20}};
+      {16, 300000},    {0, 70000, 5, 200000},  {100, 1, 2, 3, 4, 5, 6, 7},      {64, 1u << 20, 1u << 20},
+      std::vector<size_t>(1500, 1000)};  // more slices than one writev takes (IOV_MAX 1024)
   auto released = std::make_shared<std::atomic<int>>(0);
   int slices = 0;
   std::vector<std::string> sent;
