@@ -143,6 +143,7 @@ Status ParamStore::Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) c
 
 Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, float* out) const {
   return ForEachStored(keys, num_keys, [&](size_t, const BlockPtr& b) {
+    if (b->values.empty()) return;  // memcpy from an empty vector's null data is undefined
     std::memcpy(out, b->values.data(), b->values.size() * sizeof(float));
     out += b->values.size();
   });

@@ -219,7 +219,7 @@ TEST_CASE("shared values are the stored memory and keep their contents while a p
 
   // Unpinned (the slice above released too): a push writes in place, no copy.
   const char* current = again[0].data;
-  again.clear();
+  again.assign(1, Slice{});
   REQUIRE(store.Push(keys.data(), lens.data(), ones.data(), 2).ok());
   REQUIRE(store.ShareValues(keys.data(), 1, again.data()).ok());
   CHECK(again[0].data == current);
