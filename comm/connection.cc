@@ -221,12 +221,13 @@ void Connection::Flush() {
       bufs.push_back(uv_buf_init(&batch->head[off], static_cast<unsigned>(len)));
     }
     const Payload& p = batch->payloads[i];
-    if (p.head && p.head->size() > 0) {
-      bufs.push_back(uv_buf_init(const_cast<char*>(p.head->data()), static_cast<unsigned>(p.head->size())));
-    }
-    for (const Slice& s : p.tail) {
-      if (s.size > 0) bufs.push_back(uv_buf_init(const_cast<char*>(s.data), static_cast<unsigned>(s.size)));
-    }
+    auto add = [&bufs](const char* data, size_t size) {
+      for (size_t at = 0; at < size; at += kMaxIovBytes) {
+        bufs.push_back(uv_buf_init(const_cast<char*>(data + at), static_cast<unsigned>(std::min(size - at, kMaxIovBytes))));
+      }
+    };
+    if (p.head) add(p.head->data(), p.head->size());
+    for (const Slice& s : p.tail) add(s.data, s.size);
   }
   // Write what the socket takes at once; queue only the rest. On an idle socket this
   // saves the write request, its deferred callback and an epoll_ctl per flush.

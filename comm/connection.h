@@ -27,6 +27,9 @@ struct WriteBatch;
 
 // Payloads up to this size are copied into the write batch (one iovec per run of frames).
 inline constexpr uint64_t kInlinePayloadBytes = 512;
+// A payload part larger than this goes to writev as several iovecs (uv_buf_t's length is
+// an unsigned int: a part of 4 GiB or more would be cut short and break the stream).
+inline constexpr size_t kMaxIovBytes = size_t{256} << 20;
 
 class Connection {
  public:

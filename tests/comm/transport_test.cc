@@ -2,6 +2,7 @@
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
 #include <atomic>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -188,6 +189,31 @@ TEST_CASE("transport: a payload of a head and tail slices arrives as one run of 
   two.tail.push_back(Slice{nullptr, "cd", 2});
   CHECK(two.Flatten()->view() == "abcd");
   CHECK(Payload().Flatten() == nullptr);
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("transport: payload parts larger than one iovec takes are written in pieces and arrive intact",
+          "[comm][net][transport]") {
+  TransportOptions options;
+  options.limits.max_message_bytes = 1ull << 30;
+  Peer server("server", options);
+  Peer client("client", options);
+  Result<ConnId> conn = ListenAndConnect(server, client);
+  REQUIRE(conn.ok());
+  // A head just over kMaxIovBytes and a slice of a few bytes: three iovecs for one frame.
+  BufferPtr head = Buffer::Allocate(kMaxIovBytes + 3);
+  for (size_t i = 0; i < head->size(); i += 4096) head->data()[i] = static_cast<char>(i >> 12);
+  head->data()[head->size() - 1] = 'z';
+  static const char kTail[] = "tail!";
+  Payload p(head);
+  p.tail.push_back(Slice{nullptr, kTail, 5});
+  OnLoop(client.loop, [&] { REQUIRE(client.transport->Send(*conn, TestMeta(9), p).ok()); });
+  Frame f = server.WaitFrame(1);
+  REQUIRE(f.payload != nullptr);
+  REQUIRE(f.payload->size() == head->size() + 5);
+  CHECK(std::memcmp(f.payload->data(), head->data(), head->size()) == 0);
+  CHECK(std::string(f.payload->data() + head->size(), 5) == "tail!");
   REQUIRE(client.Stop().ok());
   REQUIRE(server.Stop().ok());
 }
