@@ -78,6 +78,11 @@ Connection::Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_
       accepted_(accepted) {
   tcp_->data = this;
   if (options.tcp_nodelay) uv_tcp_nodelay(tcp_, 1);
+  if (transport_->has_sink()) {
+    decoder_.set_sink([this](const pb::MessageMeta& meta, uint64_t tail) -> char* {
+      return transport_ != nullptr ? transport_->SinkFor(id_, meta, tail) : nullptr;
+    });
+  }
   sockaddr_storage addr{};
   int len = sizeof(addr);
   char ip[64] = "?";

@@ -31,11 +31,12 @@ char* FrameDecoder::ReadRegion(size_t* size) {
     if (in_cap_ < kMaxInput) Reallocate(std::min(in_cap_ * 2, kMaxInput));
   }
   if (payload_ != nullptr) {
-    size_t missing = payload_->size() - payload_filled_;
-    if (missing >= kDirectReadMin) {
+    size_t missing = 0;
+    char* cursor = Cursor(&missing);
+    if (cursor != nullptr && missing >= kDirectReadMin) {
       direct_ = true;
       *size = missing;
-      return payload_->data() + payload_filled_;
+      return cursor;
     }
   }
   direct_ = false;
@@ -54,15 +55,47 @@ void FrameDecoder::Compact(size_t need) {
   if (in_cap_ - in_end_ < need) Reallocate(in_end_ + std::max(need, in_cap_));
 }
 
+char* FrameDecoder::Cursor(size_t* missing) {
+  if (payload_filled_ < payload_->size()) {
+    *missing = payload_->size() - payload_filled_;
+    return payload_->data() + payload_filled_;
+  }
+  *missing = tail_len_ - tail_filled_;
+  return sink_ != nullptr ? sink_ + tail_filled_ : nullptr;
+}
+
+void FrameDecoder::Advance(size_t n) {
+  if (payload_filled_ < payload_->size()) {
+    payload_filled_ += n;
+  } else {
+    tail_filled_ += n;
+  }
+}
+
+void FrameDecoder::Emit(std::vector<Frame>* out) {
+  Frame f{std::move(meta_), std::move(payload_), frame_bytes_};
+  f.tail_bytes = sink_ != nullptr ? tail_len_ : 0;
+  f.tail_dropped = tail_dropped_;
+  out->push_back(std::move(f));
+  meta_.Clear();
+  payload_filled_ = 0;
+  sink_ = nullptr;
+  tail_len_ = tail_filled_ = 0;
+  tail_dropped_ = false;
+}
+
+void FrameDecoder::DropSink(uint64_t request_id) {
+  if (payload_ == nullptr || sink_ == nullptr || meta_.request_id() != request_id) return;
+  sink_ = nullptr;
+  tail_dropped_ = true;
+}
+
 Status FrameDecoder::Commit(size_t n, std::vector<Frame>* out) {
   if (direct_) {
+    // The region was one part (head or tail) of the payload: nothing ran in between.
     direct_ = false;
-    payload_filled_ += n;
-    if (payload_filled_ == payload_->size()) {
-      out->push_back(Frame{std::move(meta_), std::move(payload_), frame_bytes_});
-      meta_.Clear();
-      payload_filled_ = 0;
-    }
+    Advance(n);
+    if (PayloadDone()) Emit(out);
     return Status::Ok();
   }
   in_end_ += n;
@@ -75,15 +108,17 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
   for (;;) {
     size_t avail = in_end_ - in_begin_;
     if (payload_ != nullptr) {
-      size_t take = std::min(avail, payload_->size() - payload_filled_);
-      std::memcpy(payload_->data() + payload_filled_, in_.get() + in_begin_, take);
-      copied_payload_bytes_ += take;
-      payload_filled_ += take;
+      size_t missing = 0;
+      char* cursor = Cursor(&missing);
+      size_t take = std::min(avail, missing);
+      if (cursor != nullptr && take > 0) {
+        std::memcpy(cursor, in_.get() + in_begin_, take);
+        copied_payload_bytes_ += take;
+      }
+      Advance(take);
       in_begin_ += take;
-      if (payload_filled_ < payload_->size()) break;
-      out->push_back(Frame{std::move(meta_), std::move(payload_), frame_bytes_});
-      meta_.Clear();
-      payload_filled_ = 0;
+      if (take < missing) break;  // all that arrived is consumed
+      if (PayloadDone()) Emit(out);
       continue;
     }
     std::optional<FrameHeader> header;
@@ -106,7 +141,14 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
       meta_.Clear();
       continue;
     }
-    payload_ = Buffer::Allocate(header->data_len);
+    // A sink for the tail when the meta names a head inside the payload and the owner
+    // wants it; otherwise the payload is received whole.
+    const uint64_t head_len = meta_.payload_head();
+    if (sink_fn_ && head_len > 0 && head_len < header->data_len) {
+      sink_ = sink_fn_(meta_, header->data_len - head_len);
+      if (sink_ != nullptr) tail_len_ = header->data_len - head_len;
+    }
+    payload_ = Buffer::Allocate(sink_ != nullptr ? head_len : header->data_len);
     payload_filled_ = 0;
     frame_bytes_ = head + header->data_len;
   }

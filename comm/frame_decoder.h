@@ -1,10 +1,13 @@
 // FrameDecoder: incremental decoder of the frame stream of one connection.
 // Owned by its Connection; loop thread only. It owns the input buffer and hands the
 // reader the region to fill next, so a large payload is read straight into its own
-// Buffer (no copy) and header + meta are decoded in place.
+// Buffer (no copy) and header + meta are decoded in place. A frame whose meta names a
+// payload head (payload_head) may have the rest of its payload, the tail, read straight
+// into memory its owner hands out (SinkFn): an answer lands where the caller wants it.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -16,11 +19,16 @@
 
 namespace pscore::comm {
 
-// One decoded frame: the parsed meta and the payload (null when data_len is 0).
+// One decoded frame: the parsed meta and the payload (null when data_len is 0). When the
+// payload's tail went to a sink, payload holds only the head and tail_bytes says how many
+// bytes the sink received; when the sink was dropped while they arrived, tail_dropped is
+// set and the tail is lost (the frame is only good for being discarded).
 struct Frame {
   pb::MessageMeta meta;
   BufferPtr payload;
   uint64_t wire_bytes = 0;  // header + meta + payload as received (0: not from the wire)
+  uint64_t tail_bytes = 0;
+  bool tail_dropped = false;
 };
 
 class FrameDecoder {
@@ -29,7 +37,17 @@ class FrameDecoder {
   // buffer; smaller tails go through the input buffer to save syscalls (one small copy).
   static constexpr size_t kDirectReadMin = 16 << 10;
 
+  // Asked once per frame whose meta has 0 < payload_head < payload size, right after the
+  // meta is parsed: memory for exactly `tail` bytes (the payload after its head), or null
+  // to receive the payload whole as usual. The memory is written as the bytes arrive.
+  using SinkFn = std::function<char*(const pb::MessageMeta& meta, uint64_t tail)>;
+
   explicit FrameDecoder(const Limits& limits);
+
+  void set_sink(SinkFn fn) { sink_fn_ = std::move(fn); }
+  // If the frame being received has its tail going to a sink and carries `request_id`,
+  // nothing more is written there: the rest of the tail is read and dropped.
+  void DropSink(uint64_t request_id);
 
   // The region the next read should fill. Never empty.
   char* ReadRegion(size_t* size);
@@ -46,6 +64,12 @@ class FrameDecoder {
 
  private:
   Status DecodeBuffered(std::vector<Frame>* out);
+  // The payload being received: where its next bytes go (null: dropped) and how many of
+  // the current part (head, then tail) are still missing.
+  char* Cursor(size_t* missing);
+  void Advance(size_t n);
+  bool PayloadDone() const { return payload_filled_ == payload_->size() && tail_filled_ == tail_len_; }
+  void Emit(std::vector<Frame>* out);
   void Compact(size_t need);
   void Reallocate(size_t capacity);
 
@@ -63,7 +87,13 @@ class FrameDecoder {
   BufferPtr payload_;
   size_t payload_filled_ = 0;
   uint64_t frame_bytes_ = 0;  // wire size of the frame whose payload is being read
-  bool direct_ = false;  // the last region handed out was inside payload_
+  // Tail of the payload being received, when it goes to a sink (tail_len_ 0: none).
+  SinkFn sink_fn_;
+  char* sink_ = nullptr;  // null with tail_len_ > 0: dropped
+  uint64_t tail_len_ = 0;
+  uint64_t tail_filled_ = 0;
+  bool tail_dropped_ = false;
+  bool direct_ = false;  // the last region handed out was inside the payload or the sink
   uint64_t copied_payload_bytes_ = 0;
 };
 

@@ -25,7 +25,14 @@ Messenger::Messenger(EventLoop* loop, TransportOptions options, Handlers handler
   th.on_frame = [this](ConnId c, Frame&& f) { OnFrame(c, std::move(f)); };
   th.on_open = handlers_.on_open;
   th.on_close = [this](ConnId c, const Status& why) { OnClose(c, why); };
+  th.sink = [this](ConnId c, const pb::MessageMeta& meta, uint64_t tail) -> char* {
+    if (!meta.is_response() || meta.status_code() != 0) return nullptr;
+    return tracker_.TakeSink(meta.request_id(), c, tail);
+  };
   transport_ = std::make_unique<Transport>(loop, options, std::move(th));
+  // A request whose answer is being read into its sink may end first (deadline, a
+  // duplicate answer): the connection must stop writing there before the callback runs.
+  tracker_.set_on_sink_release([this](ConnId c, uint64_t id) { transport_->DropSink(c, id); });
 }
 
 Messenger::~Messenger() {
@@ -43,14 +50,14 @@ void Messenger::Shutdown() {
 }
 
 void Messenger::Call(ConnId conn, pb::MessageMeta meta, Payload payload, Duration timeout,
-                     ResponseCallback cb) {
+                     ResponseCallback cb, AnswerSink sink) {
   DCHECK(loop_->InLoopThread());
   if (shut_down_) {
     cb(Status(Code::kCancelled, Describe(conn, meta.cmd()) + ": messenger shut down"));
     return;
   }
   if (peers_.find(conn) == peers_.end()) peers_.emplace(conn, transport_->PeerAddress(conn));
-  uint64_t id = tracker_.Add(conn, std::chrono::steady_clock::now() + timeout, meta.cmd(), std::move(cb));
+  uint64_t id = tracker_.Add(conn, std::chrono::steady_clock::now() + timeout, meta.cmd(), std::move(cb), sink);
   meta.set_request_id(id);
   meta.set_is_response(false);
   Status st = transport_->Send(conn, meta, std::move(payload));
@@ -91,7 +98,9 @@ pb::MessageMeta AnswerMeta(const pb::MessageMeta& request, const Status& status)
 Status Messenger::Reply(ConnId conn, const pb::MessageMeta& request, const Status& status,
                         Payload payload) {
   if (request.oneway()) return Status::Ok();
-  return transport_->Send(conn, AnswerMeta(request, status), std::move(payload));
+  pb::MessageMeta meta = AnswerMeta(request, status);
+  if (!payload.tail.empty() && payload.head != nullptr) meta.set_payload_head(payload.head->size());
+  return transport_->Send(conn, meta, std::move(payload));
 }
 
 Status Messenger::Reply(ConnId conn, const pb::MessageMeta& request, const google::protobuf::MessageLite& body) {
@@ -100,6 +109,11 @@ Status Messenger::Reply(ConnId conn, const pb::MessageMeta& request, const googl
 }
 
 void Messenger::OnFrame(ConnId conn, Frame&& frame) {
+  if (frame.tail_dropped) {
+    // Its request ended while the tail arrived (the sink was released): nobody waits.
+    VLOG(1) << "conn " << conn << ": answer " << frame.meta.request_id() << " dropped after its request ended";
+    return;
+  }
   if (frame.meta.is_response()) {
     uint64_t id = frame.meta.request_id();
     Status st = StatusOf(frame.meta);

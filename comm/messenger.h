@@ -31,12 +31,16 @@ class Messenger {
   EventLoop* loop() const { return loop_; }
 
   // Sends a request; cb runs once with the answer, or an error if the answer carries a
-  // non-OK status, the deadline passes, or the connection is lost.
+  // non-OK status, the deadline passes, or the connection is lost. With a sink, an answer
+  // sent as head + tail of exactly sink.len bytes has its tail read into sink.dst (the
+  // Frame then holds the head, tail_bytes says so); any other answer arrives as usual.
   void Call(ConnId conn, pb::MessageMeta meta, Payload payload, Duration timeout,
-            ResponseCallback cb);
+            ResponseCallback cb, AnswerSink sink = {});
   // One-way message (no answer expected).
   Status Notify(ConnId conn, pb::MessageMeta meta, Payload payload);
-  // Answers `request` (echoes cmd and request_id) with status and payload.
+  // Answers `request` (echoes cmd and request_id) with status and payload. A payload with
+  // tail slices names its head's size in the answer's meta (payload_head), so the
+  // requester may read the tail into memory of its own (AnswerSink).
   Status Reply(ConnId conn, const pb::MessageMeta& request, const Status& status,
                Payload payload = nullptr);
   // The same with a protobuf answer, serialised straight into the write batch when small.

@@ -11,11 +11,20 @@ std::string RequestTracker::What(const Entry& e) const {
   return "request " + std::to_string(e.cmd) + " on connection " + std::to_string(e.conn);
 }
 
-uint64_t RequestTracker::Add(ConnId conn, TimePoint deadline, int cmd, ResponseCallback cb) {
+uint64_t RequestTracker::Add(ConnId conn, TimePoint deadline, int cmd, ResponseCallback cb, AnswerSink sink) {
   uint64_t id = next_id_++;
-  entries_.emplace(id, Entry{conn, deadline, cmd, std::move(cb)});
+  entries_.emplace(id, Entry{conn, deadline, cmd, std::move(cb), sink});
   PushDeadline(deadline, id);
   return id;
+}
+
+char* RequestTracker::TakeSink(uint64_t id, ConnId conn, uint64_t tail) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return nullptr;
+  Entry& e = it->second;
+  if (e.sink.dst == nullptr || e.sink_taken || e.conn != conn || e.sink.len != tail) return nullptr;
+  e.sink_taken = true;
+  return e.sink.dst;
 }
 
 void RequestTracker::PushDeadline(TimePoint t, uint64_t id) {
@@ -32,8 +41,10 @@ void RequestTracker::PushDeadline(TimePoint t, uint64_t id) {
 }
 
 RequestTracker::Entry RequestTracker::Take(std::unordered_map<uint64_t, Entry>::iterator it) {
+  const uint64_t id = it->first;
   Entry e = std::move(it->second);
   entries_.erase(it);
+  if (e.sink_taken && on_sink_release_) on_sink_release_(e.conn, id);
   return e;
 }
 

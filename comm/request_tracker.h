@@ -18,6 +18,15 @@ namespace pscore::comm {
 
 using ResponseCallback = std::function<void(Result<Frame>)>;
 
+// Memory a request's answer may be read into: when the answer's payload comes as a head
+// plus a tail of exactly `len` bytes (payload_head), the tail is written to dst as it
+// arrives and the answer's Frame holds only the head (tail_bytes = len). dst must stay
+// valid until the request's callback runs; nothing is written there after that.
+struct AnswerSink {
+  char* dst = nullptr;
+  uint64_t len = 0;
+};
+
 class RequestTracker {
  public:
   // Names a request in error messages ("SEND_DATA to 127.0.0.1:4000"); called only when
@@ -27,7 +36,13 @@ class RequestTracker {
   explicit RequestTracker(Describer describe) : describe_(std::move(describe)) {}
 
   // Registers a request; returns its id (never 0, never reused).
-  uint64_t Add(ConnId conn, TimePoint deadline, int cmd, ResponseCallback cb);
+  uint64_t Add(ConnId conn, TimePoint deadline, int cmd, ResponseCallback cb, AnswerSink sink = {});
+  // The sink of pending request `id` for a tail of `tail` bytes arriving on `conn`: once
+  // per request, only on its own connection and only for exactly its length; else null.
+  char* TakeSink(uint64_t id, ConnId conn, uint64_t tail);
+  // Runs, before the callback, for every request whose sink was taken (the owner stops
+  // whatever may still be writing into it).
+  void set_on_sink_release(std::function<void(ConnId, uint64_t id)> fn) { on_sink_release_ = std::move(fn); }
   // Completes request `id` with `result`. False if it is unknown (late or duplicate answer).
   bool Complete(uint64_t id, Result<Frame> result);
   // Fails every request pending on `conn` with `why`; returns how many.
@@ -44,6 +59,8 @@ class RequestTracker {
     TimePoint deadline;
     int cmd;
     ResponseCallback cb;
+    AnswerSink sink;
+    bool sink_taken = false;
   };
   // Deadlines in a min-heap with lazy deletion: a completed request's slot stays until
   // it reaches the top (or the heap is rebuilt), so adding and completing a request
@@ -54,6 +71,7 @@ class RequestTracker {
   void PushDeadline(TimePoint t, uint64_t id);
   uint64_t next_id_ = 1;
   Describer describe_;
+  std::function<void(ConnId, uint64_t)> on_sink_release_;
   std::string What(const Entry& e) const;
 
   Entry Take(std::unordered_map<uint64_t, Entry>::iterator it);

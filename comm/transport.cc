@@ -411,6 +411,11 @@ void Transport::Deliver(ConnId id, Frame&& frame) {
   if (handlers_.on_frame) handlers_.on_frame(id, std::move(frame));
 }
 
+void Transport::DropSink(ConnId id, uint64_t request_id) {
+  DCHECK(loop_->InLoopThread());
+  if (Connection* c = Lookup(id)) c->DropSink(request_id);
+}
+
 Result<Connection*> Transport::Open(ConnId id) const {
   DCHECK(loop_->InLoopThread());
   Connection* c = Lookup(id);

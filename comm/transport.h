@@ -43,6 +43,9 @@ class Transport {
     std::function<void(ConnId, Frame&&)> on_frame;
     std::function<void(ConnId, bool accepted)> on_open;  // optional
     std::function<void(ConnId, const Status&)> on_close;  // optional
+    // Optional: memory for the tail of a frame whose meta names a payload head (see
+    // FrameDecoder::SinkFn), or null to receive it as usual.
+    std::function<char*(ConnId, const pb::MessageMeta&, uint64_t tail)> sink;
   };
 
   Transport(EventLoop* loop, TransportOptions options, Handlers handlers);
@@ -62,6 +65,9 @@ class Transport {
   // Writes what is queued for `id` (as far as the socket takes it now), then closes: so a
   // refusal answer reaches the peer before the close.
   void CloseAfterFlush(ConnId id, const Status& why);
+  // The frame of `request_id` being received on `id`, if its tail goes to a sink, writes
+  // nothing more there (FrameDecoder::DropSink). No-op for a closed connection.
+  void DropSink(ConnId id, uint64_t request_id);
   // Calls fn once when connection `id` closes (at once if it is already closed).
   void WatchClose(ConnId id, std::function<void(const Status&)> fn);
   // Closes all listeners and connections and cancels dials. Idempotent.
@@ -87,6 +93,8 @@ class Transport {
   Result<Connection*> Open(ConnId id) const;
   void Release(ConnId id, const Status& why);
   void Deliver(ConnId id, Frame&& frame);
+  bool has_sink() const { return static_cast<bool>(handlers_.sink); }
+  char* SinkFor(ConnId id, const pb::MessageMeta& meta, uint64_t tail) { return handlers_.sink(id, meta, tail); }
   // Takes an initialised, connected handle. `ready` (dialled connections) runs once the
   // connection may carry frames: at once, or after the token handshake.
   ConnId Adopt(uv_tcp_s* tcp, bool accepted, std::function<void(Result<ConnId>)> ready = nullptr);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/endian.h"
 #include "proto/kv_generated.h"
 
 namespace pscore {
@@ -259,6 +260,38 @@ Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values) 
   }
   v.op = kv->op();
   PSCORE_RETURN_IF_ERROR(CheckConsistency(v, kv->values() != nullptr, expect_values));
+  return v;
+}
+
+Result<KvView> DecodeKvPairsHead(char* head, size_t size, uint64_t tail_bytes) {
+  if (head == nullptr || size < sizeof(uint32_t)) return Status(Code::kInvalidArgument, "KvPairs head: too short");
+  if (tail_bytes % sizeof(float) != 0 || tail_bytes / sizeof(float) > UINT32_MAX) {
+    return Inconsistent("head followed by " + std::to_string(tail_bytes) + " bytes, not a float count");
+  }
+  // The head ends with the values' length field; zeroed, the head is a whole KvPairs with
+  // empty values, which the verifier checks without reading past it.
+  char* count_field = head + size - sizeof(uint32_t);
+  const uint64_t count = GetLe(count_field, sizeof(uint32_t));
+  if (count * sizeof(float) != tail_bytes) {
+    return Inconsistent("values' count " + std::to_string(count) + " in the head, " + std::to_string(tail_bytes) +
+                        " bytes after it");
+  }
+  PutLe(0, sizeof(uint32_t), count_field);
+  Result<KvView> v = DecodeKvPairs(head, size, /*expect_values=*/false);
+  PutLe(count, sizeof(uint32_t), count_field);
+  if (!v.ok()) return v.status();
+  if (v->values != reinterpret_cast<const float*>(head + size)) {
+    return Inconsistent("values do not end the head");
+  }
+  if (v->lens == nullptr && v->num_keys > 0) return Inconsistent("lens absent for keys with values");
+  uint64_t sum = 0;
+  for (size_t i = 0; i < v->num_lens; ++i) sum += v->lens[i];
+  if (sum != count) {
+    return Inconsistent("lens sum to " + std::to_string(sum) + ", the tail holds " + std::to_string(count) +
+                        " values");
+  }
+  v->values = nullptr;
+  v->num_values = count;
   return v;
 }
 

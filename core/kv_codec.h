@@ -75,5 +75,14 @@ struct KvView {
 // (inconsistent), with a message naming the numbers.
 Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values);
 
+// A KvPairs whose values were received apart from the rest: `head` holds every byte
+// before the first value (it ends with the values' length field, as EncodeKvPairsShared's
+// head does) and `tail_bytes` bytes of floats followed it on the wire, now elsewhere
+// (comm::AnswerSink). Verified as DecodeKvPairs verifies a whole buffer with
+// expect_values, reading only the head; the view's values is null (the caller knows
+// where they are) and num_values their count. The count field is zeroed while the
+// verifier runs and restored before returning. Same alignment rule and error codes.
+Result<KvView> DecodeKvPairsHead(char* head, size_t size, uint64_t tail_bytes);
+
 }  // namespace core
 }  // namespace pscore

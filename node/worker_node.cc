@@ -23,17 +23,15 @@ WorkerNode::WorkerNode(NodeOptions options, comm::EventLoop* loop)
 
 WorkerNode::~WorkerNode() { Stop(); }
 
-void WorkerNode::Issue(int rank, pb::MessageMeta meta, Payload payload, ReplyCallback cb) {
-  loop()->Run([this, rank, meta = std::move(meta), payload = std::move(payload), cb = std::move(cb)]() mutable {
-    WithServerConn(rank, [this, meta = std::move(meta), payload = std::move(payload),
+void WorkerNode::Issue(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
+                       comm::ResponseCallback cb) {
+  loop()->Run([this, rank, meta = std::move(meta), payload = std::move(payload), sink,
+               cb = std::move(cb)]() mutable {
+    WithServerConn(rank, [this, meta = std::move(meta), payload = std::move(payload), sink,
                           cb = std::move(cb)](Result<ConnId> c) mutable {
       if (!c.ok()) return cb(c.status());
       meta.set_rank_id(Node::rank());
-      messenger().Call(*c, std::move(meta), std::move(payload), options_.request_timeout,
-                       [cb = std::move(cb)](Result<Frame> r) {
-                         if (!r.ok()) return cb(r.status());
-                         cb(r->payload ? r->payload : Buffer::Allocate(0));
-                       });
+      messenger().Call(*c, std::move(meta), std::move(payload), options_.request_timeout, std::move(cb), sink);
     });
   });
 }
@@ -43,7 +41,10 @@ void WorkerNode::SendAsync(int rank, int user_cmd, const std::string& handler, P
   pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
   meta.set_user_cmd(user_cmd);
   meta.set_handler(handler);
-  Issue(rank, std::move(meta), std::move(payload), std::move(cb));
+  Issue(rank, std::move(meta), std::move(payload), {}, [cb = std::move(cb)](Result<Frame> r) {
+    if (!r.ok()) return cb(r.status());
+    cb(r->payload ? r->payload : Buffer::Allocate(0));
+  });
 }
 
 std::future<Result<BufferPtr>> WorkerNode::Send(int rank, int user_cmd, BufferPtr payload) {
@@ -111,6 +112,7 @@ struct WorkerNode::KvOp {
   size_t dest_floats = 0;
   std::vector<uint32_t>* dest_lens = nullptr;
   bool view = false;  // ZPull: the answer is a view of the received buffers
+  bool in_place = false;  // PullInto: the values were read into dest itself
   std::promise<Status> push_done;  // also PullInto's
   std::promise<Result<PullResult>> pull_done;
   std::promise<Result<PullView>> view_done;
@@ -161,7 +163,7 @@ struct WorkerNode::KvOp {
         return;
       }
       float* out = dest;
-      for (size_t i = 0; i < src.size(); ++i) {
+      for (size_t i = 0; i < src.size() && !in_place; ++i) {
         std::memcpy(out, src[i], src_lens[i] * sizeof(float));
         out += src_lens[i];
       }
@@ -393,19 +395,25 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
 
 void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
   Payload payload = part.payload;
+  comm::AnswerSink sink;
   if (!op->push) {
     std::vector<uint64_t> ks;
     ks.reserve(part.indices.size());
     for (size_t i : part.indices) ks.push_back(op->keys[i]);
     payload = core::EncodeKvPairs(ks.data(), ks.size(), nullptr, nullptr, 0);
+    // PullInto of keys that all live on this server: an answer written from the store
+    // (head + values) has its values read straight into dest.
+    if (op->into() && part.indices.size() == op->keys.size() && op->dest_floats > 0) {
+      sink = comm::AnswerSink{reinterpret_cast<char*>(op->dest), op->dest_floats * sizeof(float)};
+    }
   }
   int server = part.server;
   part.addr = ServerAddress(server);
   part.lost = Status::Ok();
-  SendAsync(server, 0, op->push ? kPushHandler : kPullHandler, payload,
-            [this, op, part = std::move(part)](Result<BufferPtr> r) mutable {
-              OnPart(op, std::move(part), std::move(r));
-            });
+  pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
+  meta.set_handler(op->push ? kPushHandler : kPullHandler);
+  Issue(server, std::move(meta), std::move(payload), sink,
+        [this, op, part = std::move(part)](Result<Frame> r) mutable { OnPart(op, std::move(part), std::move(r)); });
 }
 
 // Loop thread: keeps a part to send again; held parts go out 50 ms later (or when the
@@ -419,7 +427,7 @@ void WorkerNode::HoldForRetry(const std::shared_ptr<KvOp>& op, KvPart part) {
   });
 }
 
-void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<BufferPtr> r) {
+void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<Frame> r) {
   if (op->finished) return;
   size_t keys = op->push ? part.num_keys : part.indices.size();
   if (!r.ok()) {
@@ -442,14 +450,19 @@ void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<Buf
     return;
   }
   if (!op->push) {
-    const BufferPtr& b = *r;
-    Result<core::KvView> view = core::DecodeKvPairs(b->data(), b->size(), /*expect_values=*/true);
+    BufferPtr b = r->payload ? std::move(r->payload) : Buffer::Allocate(0);
+    // Values read into dest (the sink) leave only the head here.
+    const bool in_dest = r->tail_bytes > 0;
+    Result<core::KvView> view = in_dest ? core::DecodeKvPairsHead(b->data(), b->size(), r->tail_bytes)
+                                        : core::DecodeKvPairs(b->data(), b->size(), /*expect_values=*/true);
     if (!view.ok()) return op->Fail(view.status());
     if (view->num_keys != keys) {
       return op->Fail(Status(Code::kProtocol, "pull: answer has " + std::to_string(view->num_keys) +
                                                   " keys, asked " + std::to_string(keys)));
     }
-    const float* p = view->values;
+    op->in_place = in_dest;
+    if (in_dest) in_place_pulls_.fetch_add(1, std::memory_order_relaxed);
+    const float* p = in_dest ? op->dest : view->values;
     for (size_t j = 0; j < keys; ++j) {
       op->src[part.indices[j]] = p;
       op->src_lens[part.indices[j]] = view->lens[j];

@@ -69,9 +69,12 @@ class WorkerNode : public Node {
   // are used, e.g. a device). Same errors as Pull; a pull issued after a push sees it.
   std::future<Result<PullView>> ZPull(const std::vector<uint64_t>& keys);
   // Pull straight into the caller's memory (dest_floats floats, back to back in key order;
-  // *lens, when given, gets each key's float count): no result vector is allocated. dest
-  // (and lens) must stay valid until the future is ready. kInvalidArgument when the keys
-  // hold a different number of floats (dest is then left as it was).
+  // *lens, when given, gets each key's float count): no result vector is allocated. When
+  // all the keys live on one server and its answer is large (written from the store,
+  // docs/embedding.md), the values are read from the socket straight into dest: no copy
+  // on the worker. dest (and lens) must stay valid until the future is ready.
+  // kInvalidArgument when the keys hold a different number of floats (dest is then left
+  // as it was); after other errors dest may have been written in part.
   std::future<Status> PullInto(const std::vector<uint64_t>& keys, float* dest, size_t dest_floats,
                                std::vector<uint32_t>* lens = nullptr);
   // Pull, blocking the calling thread (never the loop's) until the values are here. When
@@ -84,6 +87,8 @@ class WorkerNode : public Node {
   Result<PullResult> PullSync(const std::vector<uint64_t>& keys);
   // PullSync calls answered over a direct link (for tests and benchmarks).
   uint64_t direct_pulls() const { return direct_pulls_.load(std::memory_order_relaxed); }
+  // PullInto answers whose values were read from the socket straight into dest.
+  uint64_t in_place_pulls() const { return in_place_pulls_.load(std::memory_order_relaxed); }
   int server_count() const { return metadata().server_num(); }
 
  protected:
@@ -96,7 +101,8 @@ class WorkerNode : public Node {
  private:
   struct KvOp;
   struct KvPart;
-  void Issue(int rank, pb::MessageMeta meta, Payload payload, ReplyCallback cb);
+  // One request to server `rank`; with a sink, the answer's values may arrive in it.
+  void Issue(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink, comm::ResponseCallback cb);
   void StartPull(const std::shared_ptr<KvOp>& op, const std::vector<uint64_t>& keys);
   // Push and ZPush; `shared` (ZPush) owns values, which are then written without a copy.
   std::future<Status> StartPush(const std::vector<uint64_t>& keys, const std::vector<float>& values,
@@ -105,7 +111,7 @@ class WorkerNode : public Node {
   // cluster is scaling; parts refused as moved are held and re-sent under new metadata.
   void Dispatch(const std::shared_ptr<KvOp>& op, KvPart part);
   void Send(const std::shared_ptr<KvOp>& op, KvPart part);
-  void OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<BufferPtr> r);
+  void OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<comm::Frame> r);
   void HoldForRetry(const std::shared_ptr<KvOp>& op, KvPart part);
   void ReleaseHeld();
 
@@ -118,6 +124,7 @@ class WorkerNode : public Node {
   // Push/Pull/PullInto calls not yet answered (shared with their ops, which count down).
   std::shared_ptr<std::atomic<int>> kv_in_flight_ = std::make_shared<std::atomic<int>>(0);
   std::atomic<uint64_t> direct_pulls_{0};
+  std::atomic<uint64_t> in_place_pulls_{0};
   struct Route {
     bool stopped = false;            // Stop() ran: no direct link is kept or opened again
     bool usable = false;             // READY and not scaling

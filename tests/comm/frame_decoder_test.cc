@@ -1,5 +1,7 @@
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -178,6 +180,148 @@ TEST_CASE("decoder: a read of zero bytes changes nothing", "[comm][decoder]") {
   CHECK_FALSE(d.mid_frame());
   REQUIRE(d.Feed(EncodeFrame(TestMeta(1), "a"), &got).ok());
   CHECK(got.size() == 1);
+}
+
+namespace {
+
+// A frame whose meta names a payload head of `head` bytes.
+pb::MessageMeta SplitMeta(uint64_t request_id, uint64_t head) {
+  pb::MessageMeta m = TestMeta(request_id);
+  m.set_is_response(true);
+  m.set_payload_head(head);
+  return m;
+}
+
+std::string Pattern(size_t n, int seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(i * 13 + seed);
+  return s;
+}
+
+// Feeds `stream` as a socket would, at most `chunk` bytes per read.
+Status FeedChunked(FrameDecoder* d, std::string_view stream, size_t chunk, std::vector<Frame>* got) {
+  while (!stream.empty()) {
+    size_t room = 0;
+    char* region = d->ReadRegion(&room);
+    size_t n = std::min({room, stream.size(), chunk});
+    std::memcpy(region, stream.data(), n);
+    stream.remove_prefix(n);
+    PSCORE_RETURN_IF_ERROR(d->Commit(n, got));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+TEST_CASE("decoder: a payload's tail goes to the sink the owner hands out - head kept - whatever the reads",
+          "[comm][decoder]") {
+  for (size_t tail_len : {size_t{100}, size_t{40000}, size_t{1} << 20}) {
+    const size_t head_len = 24;
+    std::string head = Pattern(head_len, 1);
+    std::string tail = Pattern(tail_len, 2);
+    std::string stream = EncodeFrame(TestMeta(1), "before") + EncodeFrame(SplitMeta(7, head_len), head + tail) +
+                         EncodeFrame(TestMeta(2), "after");
+    for (size_t chunk : {size_t{1} << 20, size_t{65536}, size_t{4093}, size_t{7}}) {
+      if (chunk == 7 && tail_len > 40000) continue;  // byte-level splits: the small cases suffice
+      INFO("tail " << tail_len << " chunk " << chunk);
+      FrameDecoder d{Limits{}};
+      std::string sink(tail_len, '\x55');
+      int asked = 0;
+      d.set_sink([&](const pb::MessageMeta& meta, uint64_t tail) -> char* {
+        ++asked;
+        CHECK(meta.request_id() == 7);
+        CHECK(tail == tail_len);
+        return sink.data();
+      });
+      std::vector<Frame> got;
+      REQUIRE(FeedChunked(&d, stream, chunk, &got).ok());
+      CHECK(asked == 1);
+      REQUIRE(got.size() == 3);
+      CHECK(got[0].payload->view() == "before");
+      CHECK(got[0].tail_bytes == 0);
+      REQUIRE(got[1].payload != nullptr);
+      CHECK(got[1].payload->view() == head);
+      CHECK(got[1].tail_bytes == tail_len);
+      CHECK_FALSE(got[1].tail_dropped);
+      CHECK(got[1].wire_bytes == EncodeFrame(SplitMeta(7, head_len), head + tail).size());
+      CHECK(sink == tail);
+      CHECK(got[2].payload->view() == "after");
+      CHECK_FALSE(d.mid_frame());
+      if (tail_len >= (size_t{1} << 20) && chunk <= 65536) {
+        // Read straight into the sink: only the bytes that shared a read with the header,
+        // and the last few under kDirectReadMin, went through the input buffer.
+        CHECK(d.copied_payload_bytes() < chunk + FrameDecoder::kDirectReadMin + 100);
+      }
+    }
+  }
+}
+
+TEST_CASE("decoder: without a sink - or with a head hint outside the payload - the payload arrives whole",
+          "[comm][decoder]") {
+  std::string payload = Pattern(50000, 3);
+  for (uint64_t head : {uint64_t{0}, uint64_t{50000}, uint64_t{50001}, uint64_t{1} << 40}) {
+    INFO("head " << head);
+    FrameDecoder d{Limits{}};
+    int asked = 0;
+    d.set_sink([&](const pb::MessageMeta&, uint64_t) -> char* {
+      ++asked;
+      return nullptr;
+    });
+    std::vector<Frame> got;
+    REQUIRE(d.Feed(EncodeFrame(SplitMeta(1, head), payload), &got).ok());
+    CHECK(asked == 0);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].payload->view() == payload);
+    CHECK(got[0].tail_bytes == 0);
+  }
+  // A sink that declines: the whole payload, as usual.
+  FrameDecoder d{Limits{}};
+  int asked = 0;
+  d.set_sink([&](const pb::MessageMeta&, uint64_t) -> char* {
+    ++asked;
+    return nullptr;
+  });
+  std::vector<Frame> got;
+  REQUIRE(d.Feed(EncodeFrame(SplitMeta(1, 8), payload), &got).ok());
+  CHECK(asked == 1);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].payload->view() == payload);
+  CHECK(got[0].tail_bytes == 0);
+}
+
+TEST_CASE("decoder: a dropped sink receives nothing more - the frame comes out marked and the stream goes on",
+          "[comm][decoder]") {
+  for (size_t tail_len : {size_t{3000}, size_t{1} << 20}) {
+    INFO("tail " << tail_len);
+    const size_t head_len = 16;
+    std::string tail = Pattern(tail_len, 4);
+    std::string frame = EncodeFrame(SplitMeta(9, head_len), Pattern(head_len, 5) + tail);
+    std::string next = EncodeFrame(TestMeta(10), "next");
+    FrameDecoder d{Limits{}};
+    std::string sink(tail_len, '\x55');
+    d.set_sink([&](const pb::MessageMeta&, uint64_t) -> char* { return sink.data(); });
+    std::vector<Frame> got;
+    // Up to the middle of the tail, then the sink is dropped (another id first: no effect).
+    const size_t cut = frame.size() - tail_len / 2;
+    REQUIRE(FeedChunked(&d, std::string_view(frame).substr(0, cut), 8192, &got).ok());
+    REQUIRE(got.empty());
+    d.DropSink(8);
+    REQUIRE(FeedChunked(&d, std::string_view(frame).substr(cut, 100), 8192, &got).ok());
+    d.DropSink(9);
+    const std::string at_drop = sink;
+    REQUIRE(FeedChunked(&d, std::string_view(frame).substr(cut + 100) , 8192, &got).ok());
+    CHECK(sink == at_drop);  // nothing written after the drop
+    CHECK(sink.substr(0, tail_len - tail_len / 2 + 100) == tail.substr(0, tail_len - tail_len / 2 + 100));
+    CHECK(sink.substr(tail_len - tail_len / 2 + 100) == std::string(tail_len / 2 - 100, '\x55'));
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].tail_dropped);
+    CHECK(got[0].tail_bytes == 0);
+    d.DropSink(9);  // after the frame: no effect
+    REQUIRE(d.Feed(next, &got).ok());
+    REQUIRE(got.size() == 2);
+    CHECK(got[1].payload->view() == "next");
+    CHECK_FALSE(got[1].tail_dropped);
+  }
 }
 
 }  // namespace pscore::comm

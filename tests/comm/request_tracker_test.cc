@@ -1,6 +1,7 @@
 // RequestTracker is pure bookkeeping: driven here by hand-made time points.
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
+#include <string>
 #include <vector>
 
 #include "comm/request_tracker.h"
@@ -82,6 +83,32 @@ TEST_CASE("tracker: a callback may add a new request while being completed", "[c
   clock.Advance(std::chrono::seconds(5));
   CHECK(t.Expire(clock.Now()) == 1);
   CHECK(second_ran == 1);
+}
+
+TEST_CASE("tracker: a sink is handed out once - to its own connection and length - and released before the callback",
+          "[comm][tracker]") {
+  FakeClock clock;
+  RequestTracker t;
+  std::vector<std::string> log;
+  t.set_on_sink_release([&](ConnId conn, uint64_t id) { log.push_back("release " + std::to_string(conn) + "/" + std::to_string(id)); });
+  char mem[64];
+  auto cb = [&](const char* name) { return [&log, name](Result<Frame>) { log.push_back(name); }; };
+  const TimePoint later = clock.Now() + std::chrono::seconds(1);
+  uint64_t a = t.Add(1, later, 0, cb("a"), AnswerSink{mem, 64});
+  uint64_t b = t.Add(1, later, 0, cb("b"));
+  uint64_t c = t.Add(2, later, 0, cb("c"), AnswerSink{mem, 64});
+  CHECK(t.TakeSink(a, 2, 64) == nullptr);   // another connection
+  CHECK(t.TakeSink(a, 1, 63) == nullptr);   // another length
+  CHECK(t.TakeSink(b, 1, 64) == nullptr);   // no sink
+  CHECK(t.TakeSink(999, 1, 64) == nullptr); // unknown
+  CHECK(t.TakeSink(a, 1, 64) == mem);
+  CHECK(t.TakeSink(a, 1, 64) == nullptr);   // only once
+  CHECK(t.Complete(b, Frame()));            // no sink taken: no release
+  CHECK(t.Complete(a, Frame()));            // released, then its callback
+  CHECK(t.TakeSink(c, 2, 64) == mem);
+  clock.Advance(std::chrono::seconds(2));
+  CHECK(t.Expire(clock.Now()) == 1);        // a deadline releases it too
+  CHECK(log == std::vector<std::string>{"b", "release 1/" + std::to_string(a), "a", "release 2/" + std::to_string(c), "c"});
 }
 
 }  // namespace pscore::comm

@@ -178,6 +178,47 @@ class RawSocket {
     fd_ = -1;
   }
   int fd() const { return fd_; }
+  // Takes an accepted socket (same timeouts as Connect).
+  void Adopt(int fd) {
+    Close();
+    fd_ = fd;
+    timeval tv{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A blocking listening socket on 127.0.0.1 (ephemeral port), for a peer whose bytes a
+// test writes by hand.
+class RawListener {
+ public:
+  ~RawListener() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  // Returns the bound port, or 0 on failure.
+  int Start() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd_, 8) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return 0;
+    }
+    timeval tv{5, 0};  // accept gives up after 5 s
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return ntohs(addr.sin_port);
+  }
+  bool Accept(RawSocket* s) {
+    int fd = ::accept(fd_, nullptr, nullptr);
+    if (fd < 0) return false;
+    s->Adopt(fd);
+    return true;
+  }
 
  private:
   int fd_ = -1;
@@ -185,6 +226,7 @@ class RawSocket {
 
 // Requests with these user_cmd values are treated specially by EchoServer.
 inline constexpr int32_t kCmdSilent = 99;  // never answered
+inline constexpr int32_t kCmdSplit = 98;   // echoed as an 8-byte head + the rest as a tail slice
 
 // A Messenger on its own loop that answers every request with its own payload, and
 // records every open and close (with the reason) for the test thread to wait on.
@@ -196,6 +238,13 @@ class EchoServer {
     h.on_request = [this](ConnId c, Frame&& f) {
       ++requests_;
       if (f.meta.user_cmd() == kCmdSilent) return;
+      if (f.meta.user_cmd() == kCmdSplit && f.payload && f.payload->size() > 8) {
+        Payload p;
+        p.head = Buffer::FromString(std::string(f.payload->view().substr(0, 8)));
+        p.tail.push_back(Slice{f.payload, f.payload->data() + 8, f.payload->size() - 8});
+        messenger_->Reply(c, f.meta, Status::Ok(), std::move(p)).IgnoreError();
+        return;
+      }
       messenger_->Reply(c, f.meta, Status::Ok(), std::move(f.payload)).IgnoreError();
     };
     h.on_open = [this](ConnId c, bool accepted) {

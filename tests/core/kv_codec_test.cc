@@ -224,6 +224,53 @@ TEST_CASE("shared encoding puts the values after the head and decodes as an ordi
   }
 }
 
+TEST_CASE("a head received apart from its values decodes as the whole buffer does - and nothing else does",
+          "[core][kvcodec]") {
+  for (size_t nkeys : {1, 2, 3, 5}) {
+    for (uint32_t per_key : {1u, 2u, 3u, 1000u}) {
+      INFO(nkeys << " keys of " << per_key << " floats");
+      std::vector<uint64_t> ks(nkeys);
+      std::vector<uint32_t> ls(nkeys, per_key);
+      std::vector<float> vs(nkeys * per_key, 1.5f);
+      for (size_t i = 0; i < nkeys; ++i) ks[i] = i * 31 + 5;
+      Result<Payload> shared =
+          EncodeKvPairsShared(ks.data(), nkeys, ls.data(),
+                              {Slice{nullptr, reinterpret_cast<const char*>(vs.data()), vs.size() * sizeof(float)}});
+      REQUIRE(shared.ok());
+      BufferPtr head = Buffer::Copy(shared->head->data(), shared->head->size());
+      const std::string before(head->view());
+      const uint64_t tail = vs.size() * sizeof(float);
+      Result<KvView> v = DecodeKvPairsHead(head->data(), head->size(), tail);
+      REQUIRE(v.ok());
+      CHECK(head->view() == before);  // the count field was put back
+      CHECK(std::vector<uint64_t>(v->keys, v->keys + v->num_keys) == ks);
+      CHECK(std::vector<uint32_t>(v->lens, v->lens + v->num_lens) == ls);
+      CHECK(v->values == nullptr);
+      CHECK(v->num_values == vs.size());
+      // A tail of another size, or not whole floats, is refused.
+      CHECK(DecodeKvPairsHead(head->data(), head->size(), tail + 4).status().code() == Code::kProtocol);
+      CHECK(DecodeKvPairsHead(head->data(), head->size(), tail - 2).status().code() == Code::kProtocol);
+      CHECK(head->view() == before);
+      // Every shorter head is refused (the values no longer end it, or it does not verify).
+      for (size_t cut = 0; cut < head->size(); ++cut) {
+        BufferPtr part = Buffer::Copy(head->data(), cut);
+        CHECK_FALSE(DecodeKvPairsHead(part->data(), cut, tail).ok());
+      }
+    }
+  }
+  // A whole buffer split anywhere but right after the values' count is refused as a head.
+  std::vector<uint64_t> ks = {1, 2};
+  std::vector<uint32_t> ls = {1, 1};
+  std::vector<float> vs = {1, 2};
+  BufferPtr whole = EncodeKvPairs(ks.data(), 2, ls.data(), vs.data(), 2);
+  std::vector<size_t> decoded_at;
+  for (size_t cut = 4; cut <= whole->size(); ++cut) {
+    BufferPtr part = Buffer::Copy(whole->data(), cut);
+    if (DecodeKvPairsHead(part->data(), cut, whole->size() - cut).ok()) decoded_at.push_back(cut);
+  }
+  CHECK(decoded_at == std::vector<size_t>{whole->size() - 2 * sizeof(float)});
+}
+
 TEST_CASE("filled encoding writes values in place and passes fill errors on", "[core][kvcodec]") {
   std::vector<uint64_t> keys = {1, 2};
   std::vector<uint32_t> lens = {2, 1};

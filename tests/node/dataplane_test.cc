@@ -650,6 +650,89 @@ std::vector<uint64_t> KeysOf(int owner, int servers, size_t count) {
 
 }  // namespace
 
+TEST_CASE("PullInto of large keys on one server reads the values from the socket into the caller's memory",
+          "[node][net][dataplane]") {
+  TestCluster::Config config;
+  config.workers = 2;
+  config.servers = 2;
+  config.store.rule = core::UpdateRule::kAssign;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  // Three keys of server 0, 64 KiB or more each: answered from the store as head + values.
+  const std::vector<uint64_t> keys = KeysOf(0, 2, 3);
+  const std::vector<uint32_t> lens = {20000, 30000, 16384};
+  std::vector<float> values(20000 + 30000 + 16384);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.25f;
+  REQUIRE(Await(w.Push(keys, values, lens)).ok());
+  std::vector<float> dest(values.size(), -1.0f);
+  std::vector<uint32_t> got_lens;
+  REQUIRE(Await(w.PullInto(keys, dest.data(), dest.size(), &got_lens)).ok());
+  CHECK(dest == values);
+  CHECK(got_lens == lens);
+  CHECK(w.in_place_pulls() == 1);
+  // A destination of the wrong size is refused and left alone (the values were not read into it).
+  std::vector<float> small(values.size() - 1, -1.0f);
+  CHECK(Await(w.PullInto(keys, small.data(), small.size())).code() == Code::kInvalidArgument);
+  CHECK(small == std::vector<float>(values.size() - 1, -1.0f));
+  CHECK(w.in_place_pulls() == 1);
+  // Keys on both servers, or small keys: answered as before (copied once), same values.
+  std::vector<uint64_t> both = {keys[0], KeysOf(1, 2, 1)[0]};
+  std::vector<float> two(2 * 20000);
+  for (size_t i = 0; i < two.size(); ++i) two[i] = static_cast<float>(i % 977);
+  REQUIRE(Await(w.Push(both, two)).ok());
+  std::vector<float> dest2(two.size(), -1.0f);
+  REQUIRE(Await(w.PullInto(both, dest2.data(), dest2.size())).ok());
+  CHECK(dest2 == two);
+  const std::vector<uint64_t> first7 = KeysOf(0, 2, 7);
+  const std::vector<uint64_t> small_keys(first7.begin() + 3, first7.end());  // fresh keys
+  const std::vector<float> little = {1, 2, 3, 4, 5, 6, 7, 8};
+  REQUIRE(Await(w.Push(small_keys, little)).ok());
+  std::vector<float> dest3(8, -1.0f);
+  REQUIRE(Await(w.PullInto(small_keys, dest3.data(), dest3.size())).ok());
+  CHECK(dest3 == little);
+  CHECK(w.in_place_pulls() == 1);
+
+  // Read in place while another worker keeps overwriting the keys: every result is one
+  // whole push (each push writes a single value everywhere).
+  const std::vector<uint64_t> first9 = KeysOf(0, 2, 9);
+  const std::vector<uint64_t> big(first9.begin() + 7, first9.end());  // fresh keys
+  const size_t per_key = 32 * 1024;
+  REQUIRE(Await(w.Push(big, std::vector<float>(2 * per_key, 0.0f))).ok());
+  std::atomic<bool> pusher_done{false};
+  std::atomic<bool> pushes_ok{true};
+  std::thread pusher([&] {
+    for (int i = 1; i <= 200; ++i) {
+      std::vector<float> v(2 * per_key, static_cast<float>(i));
+      if (!Await(c.worker(1).Push(big, v)).ok()) pushes_ok = false;
+    }
+    pusher_done = true;
+  });
+  std::vector<std::vector<float>> dests(4, std::vector<float>(2 * per_key));
+  int pulls = 0;
+  int torn = 0;
+  int failed = 0;
+  const auto until = std::chrono::steady_clock::now() + kDeadline;
+  while ((!pusher_done.load() || pulls < 100) && std::chrono::steady_clock::now() < until) {
+    std::vector<std::future<Status>> window;
+    for (auto& d : dests) window.push_back(w.PullInto(big, d.data(), d.size()));
+    for (size_t i = 0; i < window.size(); ++i) {
+      if (!Await(window[i]).ok()) ++failed;
+      for (size_t k = 0; k < big.size(); ++k) {
+        const float* v = dests[i].data() + k * per_key;
+        if (std::any_of(v, v + per_key, [&](float x) { return x != v[0]; })) ++torn;
+      }
+      ++pulls;
+    }
+  }
+  pusher.join();
+  CHECK(pusher_done.load());
+  CHECK(pushes_ok);
+  CHECK(failed == 0);
+  CHECK(torn == 0);
+  CHECK(w.in_place_pulls() == 1 + static_cast<uint64_t>(pulls));
+}
+
 TEST_CASE("PullSync answers like Pull - over a direct link when the keys live on one server",
           "[node][net][dataplane]") {
   TestCluster::Config config;
