@@ -3,10 +3,15 @@
 // received payload is. It is decoded as a pull request (expect_values false) and as a push
 // (true); whatever decodes is read in full, re-encoded and decoded again (must round-trip),
 // and a push is applied to a fresh core::ParamStore and pulled back, copied and shared
-// (the zero-copy answer must be the copying encoder's bytes).
+// (the zero-copy answer must be the copying encoder's bytes, and its head alone must decode
+// to the same keys and lens). Every split of the input where a head may end (the values'
+// count matches the bytes after it) is decoded as a head received apart from its values:
+// in a buffer of exactly its size (ASan sees any read past it), and when it decodes, the
+// whole input must decode as a push with the same keys, lens and value count.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/kv_codec.h"
@@ -63,6 +68,32 @@ void SharedAnswer(const pscore::core::ParamStore& store, const KvView& v, const 
   pscore::BufferPtr copied = pscore::core::EncodeKvPairs(v.keys, v.num_keys, lens.empty() ? &no_len : lens.data(),
                                                          values.empty() ? &no_value : values.data(), values.size());
   if (shared->Flatten()->view() != copied->view()) __builtin_trap();
+  std::vector<char> head(shared->head->data(), shared->head->data() + shared->head->size());
+  std::vector<uint64_t> aligned_head((head.size() + 7) / 8);
+  std::memcpy(aligned_head.data(), head.data(), head.size());
+  auto h = pscore::core::DecodeKvPairsHead(reinterpret_cast<char*>(aligned_head.data()), head.size(),
+                                           values.size() * sizeof(float));
+  if (!h.ok() || h->num_keys != v.num_keys || h->num_values != values.size() || h->num_lens != lens.size()) {
+    __builtin_trap();
+  }
+  if (!lens.empty() && std::memcmp(h->lens, lens.data(), lens.size() * sizeof(uint32_t)) != 0) __builtin_trap();
+}
+
+// The input split after byte `cut` into a head (in a buffer of exactly that size) and a tail.
+void HeadApart(const char* p, size_t size, size_t cut) {
+  // operator new aligns to 16, and the allocation is exactly `cut` bytes for ASan.
+  std::unique_ptr<char[]> room(new char[cut]);
+  char* head = room.get();
+  std::memcpy(head, p, cut);
+  auto h = pscore::core::DecodeKvPairsHead(head, cut, size - cut);
+  if (!h.ok()) return;
+  auto whole = DecodeKvPairs(p, size, /*expect_values=*/true);
+  if (!whole.ok() || whole->num_keys != h->num_keys || whole->num_lens != h->num_lens ||
+      whole->num_values != h->num_values || whole->values != reinterpret_cast<const float*>(p + cut)) {
+    __builtin_trap();
+  }
+  if (h->num_keys && std::memcmp(whole->keys, h->keys, h->num_keys * sizeof(uint64_t)) != 0) __builtin_trap();
+  if (h->num_lens && std::memcmp(whole->lens, h->lens, h->num_lens * sizeof(uint32_t)) != 0) __builtin_trap();
 }
 
 void PushAndPull(const KvView& v) {
@@ -96,6 +127,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     sink = sink + Touch(*view);
     CheckRoundTrip(*view, expect_values);
     if (expect_values) PushAndPull(*view);
+  }
+  for (size_t cut = 4; cut < size; cut += 4) {
+    uint32_t count;
+    std::memcpy(&count, p + cut - 4, sizeof count);
+    if (uint64_t{count} * sizeof(float) == size - cut) HeadApart(p, size, cut);
   }
   // An unaligned start must be refused, never read.
   if (size > 1) {

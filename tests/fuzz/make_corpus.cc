@@ -76,6 +76,16 @@ void FrameDecoderSeeds() {
   pb::MessageMeta named = Req(pb::SEND_DATA, pb::WORKER, 0, 3);
   named.set_handler("pscore.push");
   Write("frame_decoder_fuzz", "push_frame", std::string("\x01\x05\x00", 3) + Frame(named, PushPayload()));
+  // Answers whose meta names a payload head (the rest may go to a sink): request 1 gets a
+  // sink, 2 a sink with a 20,000-byte tail (read straight into it), 3 none.
+  std::string answers;
+  for (uint64_t id : {1, 2, 3}) {
+    pb::MessageMeta m = Req(pb::SEND_DATA, pb::SERVER, 0, id);
+    m.set_is_response(true);
+    m.set_payload_head(8);
+    answers += Frame(m, std::string(8, 'h') + std::string(id == 2 ? 20000 : 100, static_cast<char>('a' + id)));
+  }
+  Write("frame_decoder_fuzz", "split_answers", std::string("\x02\x00\x10\x40\x00", 5) + answers);
 }
 
 void KvSeeds() {
