@@ -20,18 +20,18 @@ for size in 4KiB 64KiB 1MiB 16MiB 64MiB; do
     "$(get pull_1w1s_$size)" "$(opt pullinto_1w1s_$size)" "$(opt zpush_1w1s_$size)" "$(opt zpull_1w1s_$size)" >> "$data"
 done
 gnuplot <<GP
-set terminal pngcairo size 900,560 noenhanced
+set terminal pngcairo size 900,620 noenhanced
 set output "$out"
 set title "pscore data plane, 1 worker / 1 server, loopback (MB/s, higher is better)"
 set logscale x 2
 set xlabel "value size (KiB)"
 set ylabel "MB/s"
-set key top left
+set key below maxrows 3
 set grid
 plot "$data" using 1:2 with linespoints title "baseline one-way (blocking sockets)", \
      "$data" using 1:3 with linespoints title "Push", \
      "$data" using 1:4 with linespoints title "Pull", \
-     "$data" using 1:5 with linespoints title "PullInto", \
+     "$data" using 1:5 with linespoints title "PullInto (read into the caller's memory)", \
      "$data" using 1:6 with linespoints title "ZPush (zero-copy)", \
      "$data" using 1:7 with linespoints title "ZPull (zero-copy)"
 GP

@@ -230,9 +230,16 @@ double KvThroughput(Cluster& c, size_t size, KvMode mode) {
   // Steady state: one untimed window of calls first (the baseline sends one untimed
   // message), so first-use page faults are not counted for either.
   run(depth);
+  uint64_t in_place_before = 0;
+  for (int w = 0; w < c.workers(); ++w) in_place_before += c.worker(w).in_place_pulls();
   Clock::time_point start = Clock::now();
   run(per_worker);
   double s = Seconds(Clock::now() - start);
+  if (mode == KvMode::kPullInto) {
+    uint64_t in_place = 0;
+    for (int w = 0; w < c.workers(); ++w) in_place += c.worker(w).in_place_pulls();
+    CHECK_EQ(in_place - in_place_before, per_worker * c.workers()) << "PullInto did not read in place";
+  }
   return static_cast<double>(per_worker * c.workers() * floats * sizeof(float)) / s / 1e6;
 }
 
@@ -315,7 +322,8 @@ void PrintCopies() {
   Print("copies_push_server_side", 0, "copies");   // in-place decode; the update reads the frame
   Print("copies_pull_server_side", 0, "copies");   // >= 64 KiB per key: writev from the pinned store memory
   Print("copies_pull_server_side_small", 1, "copies");  // smaller: store -> answer (EncodeKvPairsFilled)
-  Print("copies_pull_worker_side", 1, "copies");   // answers -> PullResult (one assembly); PullInto likewise
+  Print("copies_pull_worker_side", 1, "copies");   // answers -> PullResult (one assembly)
+  Print("copies_pullinto_worker_side", 0, "copies");  // keys on one server, >= 64 KiB per key: read into dest
   Print("copies_zpull_worker_side", 0, "copies");  // ZPull(): a view of the answers as read
   for (size_t size : {size_t{64}, size_t{4} << 10, size_t{64} << 10, size_t{1} << 20}) {
     Print("decoder_copied_" + SizeName(size), static_cast<double>(DecoderCopies(size)), "bytes");
