@@ -112,7 +112,14 @@ struct WorkerNode::KvOp {
   size_t dest_floats = 0;
   std::vector<uint32_t>* dest_lens = nullptr;
   bool view = false;  // ZPull: the answer is a view of the received buffers
-  bool in_place = false;  // PullInto: the values were read into dest itself
+  // PullInto: answers may be read from the socket straight into dest (an AnswerSink per
+  // request) where their place is known: all the keys (the whole of dest), or a run of
+  // consecutive keys when the caller gave the layout (its lens): expect_off[i] is key i's
+  // expected offset in dest (empty: no layout). in_dest[i]: key i's floats were read into
+  // dest at src[i]. no_sinks: pulled again after a wrong layout, answers are copied.
+  std::vector<uint64_t> expect_off;
+  std::vector<char> in_dest;
+  bool no_sinks = false;
   std::promise<Status> push_done;  // also PullInto's
   std::promise<Result<PullResult>> pull_done;
   std::promise<Result<PullView>> view_done;
@@ -131,6 +138,33 @@ struct WorkerNode::KvOp {
   }
 
   bool into() const { return dest != nullptr; }
+  // The span of dest (float offset and count) an answer to the keys `indices` (increasing)
+  // may be read into, or false.
+  bool SinkRegion(const std::vector<size_t>& indices, uint64_t* off, uint64_t* floats) const {
+    if (!into() || no_sinks || dest_floats == 0 || indices.empty()) return false;
+    if (indices.size() == keys.size()) {
+      *off = 0;
+      *floats = dest_floats;
+      return true;
+    }
+    const size_t a = indices.front();
+    const size_t b = indices.back() + 1;
+    if (expect_off.empty() || b - a != indices.size()) return false;  // no layout, or not consecutive
+    *off = expect_off[a];
+    *floats = (b < keys.size() ? expect_off[b] : dest_floats) - *off;
+    return *floats > 0;
+  }
+  // True when some values were read into dest where the answers' lens do not put them
+  // (the caller's layout was wrong before them while the totals still matched).
+  bool Misplaced() const {
+    if (in_dest.empty()) return false;
+    uint64_t at = 0;
+    for (size_t i = 0; i < src.size(); ++i) {
+      if (in_dest[i] && static_cast<uint64_t>(src[i] - dest) != at) return true;
+      at += src_lens[i];
+    }
+    return false;
+  }
   void Fail(const Status& st) {
     if (finished) return;
     finished = true;
@@ -163,8 +197,9 @@ struct WorkerNode::KvOp {
         return;
       }
       float* out = dest;
-      for (size_t i = 0; i < src.size() && !in_place; ++i) {
-        std::memcpy(out, src[i], src_lens[i] * sizeof(float));
+      for (size_t i = 0; i < src.size(); ++i) {
+        // Values read into dest are already here (checked by Misplaced).
+        if (in_dest.empty() || !in_dest[i]) std::memcpy(out, src[i], src_lens[i] * sizeof(float));
         out += src_lens[i];
       }
       if (dest_lens != nullptr) *dest_lens = src_lens;
@@ -323,6 +358,16 @@ std::future<Status> WorkerNode::PullInto(const std::vector<uint64_t>& keys, floa
   op->dest = dest != nullptr ? dest : &none;
   op->dest_floats = dest_floats;
   op->dest_lens = lens;
+  if (lens != nullptr && !keys.empty() && lens->size() == keys.size()) {
+    // The caller's lens (e.g. from the last call with these keys) as the expected layout.
+    op->expect_off.resize(keys.size());
+    uint64_t off = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      op->expect_off[i] = off;
+      off += (*lens)[i];
+    }
+    if (off != dest_floats) op->expect_off.clear();  // cannot be right: not used
+  }
   StartPull(op, keys);
   return fut;
 }
@@ -401,10 +446,12 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
     ks.reserve(part.indices.size());
     for (size_t i : part.indices) ks.push_back(op->keys[i]);
     payload = core::EncodeKvPairs(ks.data(), ks.size(), nullptr, nullptr, 0);
-    // PullInto of keys that all live on this server: an answer written from the store
-    // (head + values) has its values read straight into dest.
-    if (op->into() && part.indices.size() == op->keys.size() && op->dest_floats > 0) {
-      sink = comm::AnswerSink{reinterpret_cast<char*>(op->dest), op->dest_floats * sizeof(float)};
+    // PullInto: an answer written from the store (head + values) whose place in dest is
+    // known has its values read straight into it.
+    uint64_t off = 0;
+    uint64_t floats = 0;
+    if (op->SinkRegion(part.indices, &off, &floats)) {
+      sink = comm::AnswerSink{reinterpret_cast<char*>(op->dest + off), floats * sizeof(float)};
     }
   }
   int server = part.server;
@@ -460,15 +507,38 @@ void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<Fra
       return op->Fail(Status(Code::kProtocol, "pull: answer has " + std::to_string(view->num_keys) +
                                                   " keys, asked " + std::to_string(keys)));
     }
-    op->in_place = in_dest;
-    if (in_dest) in_place_pulls_.fetch_add(1, std::memory_order_relaxed);
-    const float* p = in_dest ? op->dest : view->values;
+    const float* p = view->values;
+    if (in_dest) {
+      uint64_t off = 0;
+      uint64_t floats = 0;
+      if (!op->SinkRegion(part.indices, &off, &floats)) {
+        return op->Fail(Status(Code::kInternal, "pull: an answer was read into dest without a place there"));
+      }
+      p = op->dest + off;
+      if (op->in_dest.empty()) op->in_dest.assign(op->keys.size(), 0);
+      in_place_pulls_.fetch_add(1, std::memory_order_relaxed);
+    }
     for (size_t j = 0; j < keys; ++j) {
       op->src[part.indices[j]] = p;
       op->src_lens[part.indices[j]] = view->lens[j];
+      if (in_dest) op->in_dest[part.indices[j]] = 1;
       p += view->lens[j];
     }
     op->answers.push_back(b);
+    if (op->outstanding == keys && op->Misplaced() &&
+        std::accumulate(op->src_lens.begin(), op->src_lens.end(), uint64_t{0}) == op->dest_floats) {
+      // The caller's layout put an answer's values where they do not belong: pull all the
+      // keys again and copy them this time (rare: only a wrong layout gets here).
+      VLOG(1) << options_.node_id << ": PullInto layout did not match the keys; pulling again";
+      op->no_sinks = true;
+      op->answers.clear();
+      op->in_dest.clear();
+      op->outstanding = op->keys.size();
+      KvPart all;
+      all.indices.resize(op->keys.size());
+      std::iota(all.indices.begin(), all.indices.end(), 0);
+      return Dispatch(op, std::move(all));
+    }
   }
   op->Acked(keys);
 }

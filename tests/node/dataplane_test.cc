@@ -3,6 +3,7 @@
 // through the built-in parameter store, and large tensors with heartbeats on time.
 // Every node runs in this process on its own loop, on 127.0.0.1 with ephemeral ports.
 #include <algorithm>
+#include <numeric>
 #include <atomic>
 #include <cstdio>
 #include <deque>
@@ -731,6 +732,83 @@ TEST_CASE("PullInto of large keys on one server reads the values from the socket
   CHECK(failed == 0);
   CHECK(torn == 0);
   CHECK(w.in_place_pulls() == 1 + static_cast<uint64_t>(pulls));
+}
+
+TEST_CASE("PullInto given the layout reads each server's answer into its place - a wrong layout costs a second pull",
+          "[node][net][dataplane]") {
+  TestCluster::Config config;
+  config.servers = 3;
+  config.store.rule = core::UpdateRule::kAssign;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  // Two large keys per server, in position order (core::SortKeysByPosition): each
+  // server's keys are consecutive.
+  std::vector<uint64_t> keys;
+  for (int s = 0; s < 3; ++s) {
+    for (uint64_t k : KeysOf(s, 3, 2)) keys.push_back(k);
+  }
+  std::vector<uint64_t> by_position = keys;
+  core::SortKeysByPosition(&by_position);
+  for (size_t i = 1; i < by_position.size(); ++i) {
+    REQUIRE(core::ServerForKey(by_position[i - 1], 3) <= core::ServerForKey(by_position[i], 3));
+  }
+  keys = by_position;
+  const std::vector<uint32_t> lens = {20000, 17000, 16500, 30000, 16384, 25000};
+  const size_t total = std::accumulate(lens.begin(), lens.end(), size_t{0});
+  std::vector<float> values(total);
+  for (size_t i = 0; i < total; ++i) values[i] = static_cast<float>(i % 10007) + 0.5f;
+  REQUIRE(Await(w.Push(keys, values, lens)).ok());
+  std::vector<float> dest(total);
+  auto pull_into = [&](const std::vector<uint64_t>& ks, std::vector<uint32_t>* layout) {
+    std::fill(dest.begin(), dest.end(), -1.0f);
+    return Await(w.PullInto(ks, dest.data(), dest.size(), layout));
+  };
+
+  // No layout: three answers, copied once.
+  std::vector<uint32_t> got;
+  REQUIRE(pull_into(keys, &got).ok());
+  CHECK(dest == values);
+  CHECK(got == lens);
+  CHECK(w.in_place_pulls() == 0);
+  // The layout from that call: every answer read into its place.
+  REQUIRE(pull_into(keys, &got).ok());
+  CHECK(dest == values);
+  CHECK(got == lens);
+  CHECK(w.in_place_pulls() == 3);
+  // A layout off by one float for server 0's first key and server 2's last: server 1's
+  // answer still fits its expected span and is read there, one float off; found, and the
+  // keys are pulled again and copied.
+  std::vector<uint32_t> wrong = lens;
+  wrong[0] += 1;
+  wrong[5] -= 1;
+  REQUIRE(pull_into(keys, &wrong).ok());
+  CHECK(dest == values);
+  CHECK(wrong == lens);
+  CHECK(w.in_place_pulls() == 4);
+  // A layout that does not add up to dest is not used.
+  std::vector<uint32_t> short_layout = lens;
+  short_layout[2] -= 1;
+  REQUIRE(pull_into(keys, &short_layout).ok());
+  CHECK(dest == values);
+  CHECK(w.in_place_pulls() == 4);
+  // Keys not grouped by server: servers 0 and 1 each have their keys apart, so their
+  // answers are copied; server 2's is read in place.
+  std::vector<uint64_t> mixed = {keys[0], keys[2], keys[1], keys[3], keys[4], keys[5]};
+  std::vector<uint32_t> mixed_lens = {lens[0], lens[2], lens[1], lens[3], lens[4], lens[5]};
+  std::vector<float> mixed_values;
+  size_t at = 0;
+  std::vector<size_t> offsets;
+  for (uint32_t l : lens) {
+    offsets.push_back(at);
+    at += l;
+  }
+  for (size_t i : {0, 2, 1, 3, 4, 5}) {
+    mixed_values.insert(mixed_values.end(), values.begin() + offsets[i], values.begin() + offsets[i] + lens[i]);
+  }
+  REQUIRE(pull_into(mixed, &mixed_lens).ok());
+  CHECK(dest == mixed_values);
+  CHECK(w.in_place_pulls() == 5);
 }
 
 TEST_CASE("PullSync answers like Pull - over a direct link when the keys live on one server",
