@@ -74,11 +74,11 @@ class WorkerNode : public Node {
   // are read from the socket straight into dest, with no copy on the worker, when their
   // place there is known: when all the keys live on one server, or when *lens already holds
   // one count per key on entry (the layout: e.g. from the last call with the same keys) and
-  // each server's keys are consecutive in `keys` (sorted keys are). A wrong layout costs a
-  // second pull, never a wrong result. dest (and lens) must stay valid until the future is
-  // ready. kInvalidArgument when the keys hold a different number of floats (dest is then
-  // left as it was, unless *lens held a layout); after other errors dest may have been
-  // written in part.
+  // each server's keys are consecutive in `keys` (keys in position order are:
+  // core::SortKeysByPosition). A wrong layout costs a second pull, never a wrong result.
+  // dest (and lens) must stay valid until the future is ready. kInvalidArgument when the
+  // keys hold a different number of floats (dest is then left as it was, unless *lens held
+  // a layout); after other errors dest may have been written in part.
   std::future<Status> PullInto(const std::vector<uint64_t>& keys, float* dest, size_t dest_floats,
                                std::vector<uint32_t>* lens = nullptr);
   // Pull, blocking the calling thread (never the loop's) until the values are here. When

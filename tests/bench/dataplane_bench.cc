@@ -243,6 +243,53 @@ double KvThroughput(Cluster& c, size_t size, KvMode mode) {
   return static_cast<double>(per_worker * c.workers() * floats * sizeof(float)) / s / 1e6;
 }
 
+// A training step's pull: a model of 64 keys of 1 MiB over the cluster's servers, in
+// position order, pulled whole into one 64 MiB buffer by worker 0, one call at a time.
+enum class ModelMode {
+  kPull,            // Pull: a fresh result vector per call
+  kPullInto,        // PullInto without the layout: the answers are copied into the buffer
+  kPullIntoLayout,  // PullInto with the layout of the call before: each answer read into its span
+};
+
+double ModelPull(Cluster& c, ModelMode mode) {
+  constexpr size_t kKeys = 64;
+  constexpr uint32_t kFloats = (1u << 20) / sizeof(float);
+  std::vector<uint64_t> keys(kKeys);
+  std::iota(keys.begin(), keys.end(), uint64_t{5000000});
+  core::SortKeysByPosition(&keys);
+  WorkerNode& w = c.worker(0);
+  const std::vector<uint32_t> lens(kKeys, kFloats);
+  auto f = w.Push(keys, std::vector<float>(kKeys * kFloats, 1.0f), lens);
+  CHECK(Wait(f).ok());
+  std::vector<float> dest(kKeys * kFloats, 0.0f);
+  std::vector<uint32_t> layout;  // filled by the untimed first call
+  auto once = [&] {
+    if (mode == ModelMode::kPull) {
+      auto p = w.Pull(keys);
+      CHECK_EQ(Wait(p)->values.size(), dest.size());
+      return;
+    }
+    auto p = w.PullInto(keys, dest.data(), dest.size(), mode == ModelMode::kPullIntoLayout ? &layout : nullptr);
+    CHECK(Wait(p).ok());
+  };
+  once();
+  const uint64_t rounds = std::max<uint64_t>(4, g_volume / (dest.size() * sizeof(float)));
+  const uint64_t in_place_before = w.in_place_pulls();
+  Clock::time_point start = Clock::now();
+  for (uint64_t i = 0; i < rounds; ++i) once();
+  double s = Seconds(Clock::now() - start);
+  if (mode == ModelMode::kPullIntoLayout) {
+    CHECK_EQ(w.in_place_pulls() - in_place_before, rounds * c.servers()) << "PullInto did not read in place";
+  }
+  return static_cast<double>(rounds * dest.size() * sizeof(float)) / s / 1e6;
+}
+
+void PrintModelPulls(Cluster& c) {
+  Print("model_pull_64x1MiB_2s", ModelPull(c, ModelMode::kPull), "MB/s");
+  Print("model_pullinto_64x1MiB_2s", ModelPull(c, ModelMode::kPullInto), "MB/s");
+  Print("model_pullinto_layout_64x1MiB_2s", ModelPull(c, ModelMode::kPullIntoLayout), "MB/s");
+}
+
 // Sequential 64 B pulls (16 floats, one key) through `sync` (PullSync: the direct link,
 // where the caller writes and reads the socket) or Pull: latencies in microseconds.
 std::vector<double> PullLatencies(Cluster& c, int rounds, bool sync = false) {
@@ -342,6 +389,11 @@ int Main(const std::string& mode, size_t mib) {
     Print(mode + "_1w1s_" + SizeName(mib << 20), KvThroughput(c, mib << 20, m), "MB/s");
     return 0;
   }
+  if (mode == "model") {  // the model-pull figures only
+    Cluster c(2, 2);
+    PrintModelPulls(c);
+    return 0;
+  }
   if (quick) g_volume = 64ull << 20;
   std::vector<size_t> sizes = {4u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
   std::printf("# pscore data-plane benchmark (loopback; MB = 1e6 bytes; %llu MiB per figure)\n",
@@ -363,6 +415,7 @@ int Main(const std::string& mode, size_t mib) {
         Print("zpull_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kZPull), "MB/s");
       }
     }
+    if (servers == 2) PrintModelPulls(c);
   }
   const int rounds = quick ? 2000 : 20000;
   std::vector<double> base = BaselinePingPong(rounds);
