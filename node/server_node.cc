@@ -278,14 +278,18 @@ bool ServerNode::SmallBuiltin(const pb::MessageMeta& meta, const BufferPtr& payl
   // A journaled push writes to disk, and now and then compacts the journal (the whole
   // store, then fsync): never on the loop thread.
   if (push) return !journal_;
-  // A pull's answer is what counts: the lengths of the keys it asks for.
+  // A pull's answer is what counts: the lengths of the keys it asks for. A small one is
+  // copied in microseconds; a large one of a few keys is not copied at all (written from
+  // the store: HandlePull), so it costs a few lookups whatever its size.
+  constexpr size_t kFewKeys = 16;
   Result<core::KvView> view = core::DecodeKvPairs(payload ? payload->data() : "", size, /*expect_values=*/false);
   if (!view.ok()) return true;  // refused at once by the handler
   std::vector<uint32_t> lens(view->num_keys);
   if (!store_.Lens(view->keys, view->num_keys, lens.data()).ok()) return true;  // kNotFound at once
   uint64_t floats = 0;
   for (uint32_t l : lens) floats += l;
-  return floats * sizeof(float) <= kSmallBytes;
+  const uint64_t bytes = floats * sizeof(float);
+  return bytes <= kSmallBytes || (view->num_keys <= kFewKeys && bytes >= core::kZeroCopyBytes * view->num_keys);
 }
 
 void ServerNode::HandlePush(const DataRequest& req, Responder r) {

@@ -113,7 +113,8 @@ class ServerNode : public Node {
                    int n, std::function<void()> done);
   Responder MakeResponder(comm::ConnId conn, const pb::MessageMeta& meta);
   // A built-in push of at most 16 KiB (not journaled), or a pull asking for at most 16 KiB
-  // of values.
+  // of values or for at most 16 keys answered without a copy (>= core::kZeroCopyBytes each
+  // on average): quick enough for the loop thread.
   bool SmallBuiltin(const pb::MessageMeta& meta, const BufferPtr& payload) const;
 
   // Applies one store change, journaled first when options_.data_dir is set (the journal

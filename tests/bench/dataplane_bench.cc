@@ -3,7 +3,8 @@
 // Send round trips with 1 and 64 in flight, each beside a blocking-socket baseline
 // measured in the same run (length prefix + writev/read: one-way rate and ping-pong).
 // Also prints the payload copies per direction. One figure per line: `name value unit`.
-// Run through `scripts/bench.sh dataplane [quick | latency | push|zpush|pull|pullinto|zpull MiB]` (Release build).
+// Run through `scripts/bench.sh dataplane [quick | latency | model | push|zpush|pull|pullinto|zpull MiB [N]]`
+// (Release build; N workers and N servers for the one-figure modes, default 1).
 
 #include <algorithm>
 #include <atomic>
@@ -377,16 +378,17 @@ void PrintCopies() {
   }
 }
 
-int Main(const std::string& mode, size_t mib) {
+int Main(const std::string& mode, size_t mib, int nodes) {
   const bool quick = mode == "quick";
   if (mode == "push" || mode == "zpush" || mode == "pull" || mode == "pullinto" || mode == "zpull") {
-    Cluster c(1, 1);  // one figure, for a profiler
+    Cluster c(nodes, nodes);  // one figure (nodes workers and servers), for a profiler
     const KvMode m = mode == "push"       ? KvMode::kPush
                      : mode == "zpush"    ? KvMode::kZPush
                      : mode == "pullinto" ? KvMode::kPullInto
                      : mode == "zpull"    ? KvMode::kZPull
                                           : KvMode::kPull;
-    Print(mode + "_1w1s_" + SizeName(mib << 20), KvThroughput(c, mib << 20, m), "MB/s");
+    const std::string tag = std::to_string(nodes) + "w" + std::to_string(nodes) + "s_";
+    Print(mode + "_" + tag + SizeName(mib << 20), KvThroughput(c, mib << 20, m), "MB/s");
     return 0;
   }
   if (mode == "model") {  // the model-pull figures only
@@ -452,5 +454,6 @@ int Main(const std::string& mode, size_t mib) {
 int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_minloglevel = 1;  // no per-node INFO lines in the figures
-  return pscore::node::Main(argc > 1 ? argv[1] : "", argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 1);
+  return pscore::node::Main(argc > 1 ? argv[1] : "", argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 1,
+                            argc > 3 ? std::max(1, std::atoi(argv[3])) : 1);
 }

@@ -1079,6 +1079,13 @@ TEST_CASE("a 1 GiB Push/Pull works with max_message_bytes raised and heartbeats 
   REQUIRE(r.ok());
   REQUIRE(r->values.size() == n);
   CHECK(std::equal(values.begin(), values.end(), r->values.begin()));
+  std::vector<float>().swap(r->values);  // one GiB less held
+  // The same into the caller's memory: read from the socket straight into it.
+  std::vector<float> dest(n, -1.0f);
+  const uint64_t in_place = c.worker(0).in_place_pulls();
+  REQUIRE(Await(c.worker(0).PullInto({7}, dest.data(), dest.size()), 120s).ok());
+  CHECK(c.worker(0).in_place_pulls() == in_place + 1);
+  CHECK(dest == values);
   CHECK(c.timeouts() == 0);
 }
 
