@@ -83,6 +83,11 @@ Connection::Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_
       return transport_ != nullptr ? transport_->SinkFor(id_, meta, tail) : nullptr;
     });
   }
+  if (transport_->has_stream()) {
+    decoder_.set_stream([this](const pb::MessageMeta& meta, uint64_t tail) -> std::shared_ptr<TailStream> {
+      return transport_ != nullptr ? transport_->StreamFor(id_, meta, tail) : nullptr;
+    });
+  }
   sockaddr_storage addr{};
   int len = sizeof(addr);
   char ip[64] = "?";

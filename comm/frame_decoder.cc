@@ -67,21 +67,64 @@ char* FrameDecoder::Cursor(size_t* missing) {
 void FrameDecoder::Advance(size_t n) {
   if (payload_filled_ < payload_->size()) {
     payload_filled_ += n;
+    if (payload_filled_ == payload_->size() && stream_ && !stream_begun_) HeadDone();
   } else {
     tail_filled_ += n;
   }
 }
 
+void FrameDecoder::HeadDone() {
+  if (stream_->Begin(*payload_, tail_len_)) {
+    stream_begun_ = true;
+    return;
+  }
+  // Declined: the tail goes into the payload after its head, as if never offered.
+  BufferPtr whole = Buffer::Allocate(payload_->size() + tail_len_);
+  std::memcpy(whole->data(), payload_->data(), payload_->size());
+  payload_ = std::move(whole);
+  tail_len_ = 0;
+  stream_.reset();
+}
+
+bool FrameDecoder::ConsumeBuffered() {
+  const size_t avail = in_end_ - in_begin_;
+  const uint64_t missing = tail_len_ - tail_filled_;
+  size_t take = static_cast<size_t>(std::min<uint64_t>(avail, missing));
+  if (take < missing) take &= ~size_t{3};  // whole floats until the last piece
+  if (take > 0) {
+    if ((in_begin_ & 3) != 0) {  // first piece only: later ones start where whole units ended
+      std::memmove(in_.get(), in_.get() + in_begin_, avail);
+      in_end_ = avail;
+      in_begin_ = 0;
+    }
+    stream_->Consume(in_.get() + in_begin_, take);
+    in_begin_ += take;
+    tail_filled_ += take;
+  }
+  if (tail_filled_ < tail_len_) {
+    // A partial float waits at the front for the rest, so the next read gets full room.
+    const size_t left = in_end_ - in_begin_;
+    if (left > 0 && in_begin_ > 0) std::memmove(in_.get(), in_.get() + in_begin_, left);
+    in_begin_ = 0;
+    in_end_ = left;
+    return false;
+  }
+  return true;
+}
+
 void FrameDecoder::Emit(std::vector<Frame>* out) {
   Frame f{std::move(meta_), std::move(payload_), frame_bytes_};
-  f.tail_bytes = sink_ != nullptr ? tail_len_ : 0;
+  f.tail_bytes = sink_ != nullptr || stream_begun_ ? tail_len_ : 0;
   f.tail_dropped = tail_dropped_;
+  if (stream_begun_) f.stream = std::move(stream_);
   out->push_back(std::move(f));
   meta_.Clear();
   payload_filled_ = 0;
   sink_ = nullptr;
   tail_len_ = tail_filled_ = 0;
   tail_dropped_ = false;
+  stream_.reset();
+  stream_begun_ = false;
 }
 
 void FrameDecoder::DropSink(uint64_t request_id) {
@@ -108,6 +151,11 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
   for (;;) {
     size_t avail = in_end_ - in_begin_;
     if (payload_ != nullptr) {
+      if (Streaming()) {
+        if (!ConsumeBuffered()) break;
+        Emit(out);
+        continue;
+      }
       size_t missing = 0;
       char* cursor = Cursor(&missing);
       size_t take = std::min(avail, missing);
@@ -148,7 +196,11 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
       sink_ = sink_fn_(meta_, header->data_len - head_len);
       if (sink_ != nullptr) tail_len_ = header->data_len - head_len;
     }
-    payload_ = Buffer::Allocate(sink_ != nullptr ? head_len : header->data_len);
+    if (sink_ == nullptr && stream_fn_ && head_len > 0 && head_len < header->data_len) {
+      stream_ = stream_fn_(meta_, header->data_len - head_len);
+      if (stream_) tail_len_ = header->data_len - head_len;
+    }
+    payload_ = Buffer::Allocate(sink_ != nullptr || stream_ ? head_len : header->data_len);
     payload_filled_ = 0;
     frame_bytes_ = head + header->data_len;
   }

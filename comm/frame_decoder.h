@@ -3,7 +3,9 @@
 // reader the region to fill next, so a large payload is read straight into its own
 // Buffer (no copy) and header + meta are decoded in place. A frame whose meta names a
 // payload head (payload_head) may have the rest of its payload, the tail, read straight
-// into memory its owner hands out (SinkFn): an answer lands where the caller wants it.
+// into memory its owner hands out (SinkFn): an answer lands where the caller wants it;
+// or it may be handed piece by piece to a TailStream as it arrives (StreamFn): a request
+// is consumed while its bytes are still in cache.
 #pragma once
 
 #include <cstddef>
@@ -19,16 +21,32 @@
 
 namespace pscore::comm {
 
+// Takes the tail of a payload piece by piece as it arrives (FrameDecoder::StreamFn).
+// Called on the decoder's thread only. Dropped without its frame when the stream breaks
+// off (the connection closes mid-frame): its destructor then sees an incomplete tail.
+class TailStream {
+ public:
+  virtual ~TailStream() = default;
+  // The head (meta.payload_head bytes, 8-byte aligned) has arrived and `tail` bytes
+  // follow: true to take them through Consume, false to receive the payload whole.
+  virtual bool Begin(const Buffer& head, uint64_t tail) = 0;
+  // The tail's next bytes, in order, 4-byte aligned; whole 4-byte units, except that
+  // the tail's last piece holds whatever remains.
+  virtual void Consume(const char* data, size_t n) = 0;
+};
+
 // One decoded frame: the parsed meta and the payload (null when data_len is 0). When the
-// payload's tail went to a sink, payload holds only the head and tail_bytes says how many
-// bytes the sink received; when the sink was dropped while they arrived, tail_dropped is
-// set and the tail is lost (the frame is only good for being discarded).
+// payload's tail went to a sink or a stream, payload holds only the head and tail_bytes
+// says how many bytes the sink or stream received; when the sink was dropped while they
+// arrived, tail_dropped is set and the tail is lost (the frame is only good for being
+// discarded).
 struct Frame {
   pb::MessageMeta meta;
   BufferPtr payload;
   uint64_t wire_bytes = 0;  // header + meta + payload as received (0: not from the wire)
   uint64_t tail_bytes = 0;
   bool tail_dropped = false;
+  std::shared_ptr<TailStream> stream = nullptr;  // the stream that took the tail, if one did
 };
 
 class FrameDecoder {
@@ -42,9 +60,15 @@ class FrameDecoder {
   // to receive the payload whole as usual. The memory is written as the bytes arrive.
   using SinkFn = std::function<char*(const pb::MessageMeta& meta, uint64_t tail)>;
 
+  // Asked, like SinkFn, for a frame whose meta names a payload head when SinkFn gave no
+  // memory: a stream for the tail, or null to receive the payload whole. The stream's
+  // Begin decides once the head is in.
+  using StreamFn = std::function<std::shared_ptr<TailStream>(const pb::MessageMeta& meta, uint64_t tail)>;
+
   explicit FrameDecoder(const Limits& limits);
 
   void set_sink(SinkFn fn) { sink_fn_ = std::move(fn); }
+  void set_stream(StreamFn fn) { stream_fn_ = std::move(fn); }
   // If the frame being received has its tail going to a sink and carries `request_id`,
   // nothing more is written there: the rest of the tail is read and dropped.
   void DropSink(uint64_t request_id);
@@ -69,6 +93,11 @@ class FrameDecoder {
   char* Cursor(size_t* missing);
   void Advance(size_t n);
   bool PayloadDone() const { return payload_filled_ == payload_->size() && tail_filled_ == tail_len_; }
+  // The head of a payload offered to a stream is in: Begin, or the payload whole.
+  void HeadDone();
+  bool Streaming() const { return stream_begun_ && payload_filled_ == payload_->size(); }
+  // Hands the buffered tail bytes to the stream; false when more must be read.
+  bool ConsumeBuffered();
   void Emit(std::vector<Frame>* out);
   void Compact(size_t need);
   void Reallocate(size_t capacity);
@@ -93,6 +122,9 @@ class FrameDecoder {
   uint64_t tail_len_ = 0;
   uint64_t tail_filled_ = 0;
   bool tail_dropped_ = false;
+  StreamFn stream_fn_;
+  std::shared_ptr<TailStream> stream_;  // offered the tail of the payload being received
+  bool stream_begun_ = false;           // and took it (Begin said yes)
   bool direct_ = false;  // the last region handed out was inside the payload or the sink
   uint64_t copied_payload_bytes_ = 0;
 };

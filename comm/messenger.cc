@@ -29,6 +29,12 @@ Messenger::Messenger(EventLoop* loop, TransportOptions options, Handlers handler
     if (!meta.is_response() || meta.status_code() != 0) return nullptr;
     return tracker_.TakeSink(meta.request_id(), c, tail);
   };
+  if (handlers_.stream) {
+    th.stream = [this](ConnId c, const pb::MessageMeta& meta, uint64_t tail) -> std::shared_ptr<TailStream> {
+      if (meta.is_response()) return nullptr;
+      return handlers_.stream(c, meta, tail);
+    };
+  }
   transport_ = std::make_unique<Transport>(loop, options, std::move(th));
   // A request whose answer is being read into its sink may end first (deadline, a
   // duplicate answer): the connection must stop writing there before the callback runs.
@@ -60,6 +66,8 @@ void Messenger::Call(ConnId conn, pb::MessageMeta meta, Payload payload, Duratio
   uint64_t id = tracker_.Add(conn, std::chrono::steady_clock::now() + timeout, meta.cmd(), std::move(cb), sink);
   meta.set_request_id(id);
   meta.set_is_response(false);
+  // As for an answer: a receiver may take the tail apart from the head (TailStream).
+  if (!payload.tail.empty() && payload.head != nullptr) meta.set_payload_head(payload.head->size());
   Status st = transport_->Send(conn, meta, std::move(payload));
   if (!st.ok()) {
     tracker_.Complete(id, st);

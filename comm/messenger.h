@@ -22,6 +22,9 @@ class Messenger {
     RequestHandler on_request;
     std::function<void(ConnId, bool accepted)> on_open;
     std::function<void(ConnId, const Status&)> on_close;
+    // Optional: a stream for the tail of a request whose meta names a payload head
+    // (FrameDecoder::StreamFn); its frame then arrives with the head and the stream.
+    std::function<std::shared_ptr<TailStream>(ConnId, const pb::MessageMeta&, uint64_t tail)> stream;
   };
 
   Messenger(EventLoop* loop, TransportOptions options, Handlers handlers);

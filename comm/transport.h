@@ -46,6 +46,8 @@ class Transport {
     // Optional: memory for the tail of a frame whose meta names a payload head (see
     // FrameDecoder::SinkFn), or null to receive it as usual.
     std::function<char*(ConnId, const pb::MessageMeta&, uint64_t tail)> sink;
+    // Optional: a stream for such a tail when sink gave no memory (FrameDecoder::StreamFn).
+    std::function<std::shared_ptr<TailStream>(ConnId, const pb::MessageMeta&, uint64_t tail)> stream;
   };
 
   Transport(EventLoop* loop, TransportOptions options, Handlers handlers);
@@ -95,6 +97,10 @@ class Transport {
   void Deliver(ConnId id, Frame&& frame);
   bool has_sink() const { return static_cast<bool>(handlers_.sink); }
   char* SinkFor(ConnId id, const pb::MessageMeta& meta, uint64_t tail) { return handlers_.sink(id, meta, tail); }
+  bool has_stream() const { return static_cast<bool>(handlers_.stream); }
+  std::shared_ptr<TailStream> StreamFor(ConnId id, const pb::MessageMeta& meta, uint64_t tail) {
+    return handlers_.stream(id, meta, tail);
+  }
   // Takes an initialised, connected handle. `ready` (dialled connections) runs once the
   // connection may carry frames: at once, or after the token handshake.
   ConnId Adopt(uv_tcp_s* tcp, bool accepted, std::function<void(Result<ConnId>)> ready = nullptr);

@@ -48,11 +48,41 @@ std::vector<float>& ParamStore::Writable(BlockPtr& block) {
   return block->values;
 }
 
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void ParamStore::WaitForWriter(std::unique_lock<std::mutex>& lock, Stripe& stripe, const BlockPtr& block) {
+  const int64_t stall = std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.stream_stall).count();
+  while (block->writer != nullptr) {
+    PushStream* w = block->writer;
+    const int64_t idle = NowNs() - w->progress_ns_.load(std::memory_order_relaxed);
+    if (idle >= stall) {
+      // The stream's sender stopped mid-push: its key goes to the pushes waiting for it.
+      // Its reads of the block are safe: the block is pinned (readers), so it is copied.
+      block->writer = nullptr;
+      stripe.released.notify_all();
+      return;
+    }
+    stripe.released.wait_for(lock, std::chrono::nanoseconds(stall - idle));
+  }
+}
+
 Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* incoming,
                            uint32_t len) {
   Stripe& stripe = StripeFor(key);
-  std::lock_guard<std::mutex> lock(stripe.mu);
+  std::unique_lock<std::mutex> lock(stripe.mu);
   auto it = stripe.entries.find(key);
+  while (it != stripe.entries.end() && it->second->writer != nullptr) {
+    BlockPtr held = it->second;
+    ++stripe.waiters;  // no new stream starts in this stripe meanwhile
+    WaitForWriter(lock, stripe, held);
+    --stripe.waiters;
+    it = stripe.entries.find(key);  // the stream replaced the block, or the key is gone
+  }
   if (it == stripe.entries.end()) {
     it = stripe.entries.emplace(key, std::make_shared<Block>(std::vector<float>(len, 0.0f))).first;
   } else if (it->second->values.size() != len) {
@@ -68,6 +98,148 @@ Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* in
   }
   return Status::Ok();
 }
+
+// ---- streamed pushes ----
+
+ParamStore::Spare::Spare(BlockPtr block, std::atomic<uint64_t>* counter)
+    : block_(std::move(block)), counter_(counter) {
+  counter_->fetch_add(block_->values.size() * sizeof(float), std::memory_order_relaxed);
+}
+
+ParamStore::Spare& ParamStore::Spare::operator=(Spare&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    block_ = std::move(o.block_);
+    counter_ = o.counter_;
+  }
+  return *this;
+}
+
+ParamStore::BlockPtr ParamStore::Spare::Take() {
+  if (block_) counter_->fetch_sub(block_->values.size() * sizeof(float), std::memory_order_relaxed);
+  return std::move(block_);
+}
+
+void ParamStore::Spare::Reset() { Take().reset(); }
+
+std::unique_ptr<ParamStore::PushStream> ParamStore::BeginStream(const uint64_t* keys, const uint32_t* lens,
+                                                                size_t num_keys) {
+  if (num_keys == 0 || keys == nullptr || lens == nullptr || std::atomic_load(&updater_) != nullptr) return nullptr;
+  std::unique_ptr<PushStream> s(new PushStream(this));
+  s->keys_.reserve(num_keys);
+  s->progress_ns_.store(NowNs(), std::memory_order_relaxed);
+  for (size_t i = 0; i < num_keys; ++i) {
+    const uint64_t bytes = uint64_t{lens[i]} * sizeof(float);
+    if (bytes > opts_.stream_spare_bytes) return nullptr;  // the destructor lets go of the others
+    Stripe& stripe = StripeFor(keys[i]);
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    if (stripe.waiters > 0) return nullptr;  // pushes waiting for a stream go first
+    auto it = stripe.entries.find(keys[i]);
+    if (it == stripe.entries.end() || it->second->values.size() != lens[i] || it->second->writer != nullptr) {
+      return nullptr;
+    }
+    Block& b = *it->second;
+    BlockPtr target;
+    // Acquire: pairs with the release of the spare's last slice (as in Writable).
+    if (b.spare.block() && b.spare.block()->readers.load(std::memory_order_acquire) == 0) target = b.spare.Take();
+    b.spare.Reset();
+    b.writer = s.get();
+    b.readers.fetch_add(1, std::memory_order_relaxed);  // read by Apply outside the lock
+    s->keys_.push_back(PushStream::Key{keys[i], it->second, std::move(target)});
+  }
+  // Fresh targets outside the locks (zero-filled once: later streams reuse the spare).
+  for (PushStream::Key& k : s->keys_) {
+    if (!k.target) k.target = std::make_shared<Block>(std::vector<float>(k.source->values.size()));
+  }
+  return s;
+}
+
+void ParamStore::PushStream::Apply(const float* values, size_t n) {
+  progress_ns_.store(NowNs(), std::memory_order_relaxed);
+  const Options& o = store_->opts_;
+  while (n > 0 && key_ < keys_.size()) {
+    Key& k = keys_[key_];
+    const size_t len = k.source->values.size();
+    const size_t take = std::min<uint64_t>(n, len - key_off_);
+    const float* src = k.source->values.data() + key_off_;
+    float* dst = k.target->values.data() + key_off_;
+    switch (o.rule) {
+      case UpdateRule::kAssign: std::copy(values, values + take, dst); break;
+      case UpdateRule::kSum:
+        for (size_t i = 0; i < take; ++i) dst[i] = src[i] + values[i];
+        break;
+      case UpdateRule::kSgd:
+        for (size_t i = 0; i < take; ++i) dst[i] = src[i] - o.learning_rate * values[i];
+        break;
+    }
+    values += take;
+    n -= take;
+    applied_ += take;
+    key_off_ += take;
+    if (key_off_ == len) {
+      ++key_;
+      key_off_ = 0;
+    }
+  }
+}
+
+Status ParamStore::PushStream::Commit() {
+  if (done_) return Status(Code::kInternal, "streamed push committed twice");
+  uint64_t expected = 0;
+  for (const Key& k : keys_) expected += k.source->values.size();
+  if (applied_ != expected) {
+    Release();
+    return Status(Code::kInternal, "streamed push committed with " + std::to_string(applied_) + " of " +
+                                       std::to_string(expected) + " values");
+  }
+  done_ = true;
+  std::string aborted;
+  size_t lost = 0;
+  for (Key& k : keys_) {
+    Stripe& stripe = store_->StripeFor(k.key);
+    {
+      std::lock_guard<std::mutex> lock(stripe.mu);
+      auto it = stripe.entries.find(k.key);
+      const bool held = k.source->writer == this;
+      if (held) k.source->writer = nullptr;
+      k.source->readers.fetch_sub(1, std::memory_order_release);
+      if (held && it != stripe.entries.end() && it->second == k.source) {
+        // The replaced block is the next stream's target, when no slice reads it and
+        // the spares stay within their budget.
+        if (store_->spare_bytes_.load(std::memory_order_relaxed) + k.source->values.size() * sizeof(float) <=
+            store_->opts_.stream_spare_bytes) {
+          k.target->spare = Spare(k.source, &store_->spare_bytes_);
+        }
+        it->second = std::move(k.target);
+      } else if (lost++ == 0) {
+        aborted = std::to_string(k.key);
+      }
+      if (held) stripe.released.notify_all();
+    }
+  }
+  keys_.clear();
+  if (lost == 0) return Status::Ok();
+  return Status(Code::kAborted, "streamed push of key " + aborted + " not applied: " +
+                                    (lost > 1 ? "it and " + std::to_string(lost - 1) + " more keys were" : "it was") +
+                                    " handed to other pushes after the stream stalled, or replaced meanwhile");
+}
+
+void ParamStore::PushStream::Release() {
+  if (done_) return;
+  done_ = true;
+  for (Key& k : keys_) {
+    Stripe& stripe = store_->StripeFor(k.key);
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    k.source->readers.fetch_sub(1, std::memory_order_release);
+    if (k.source->writer == this) {
+      k.source->writer = nullptr;
+      stripe.released.notify_all();
+    }
+  }
+  keys_.clear();
+}
+
+ParamStore::PushStream::~PushStream() { Release(); }
 
 Status ParamStore::Push(const uint64_t* keys, const uint32_t* lens, const float* values,
                         size_t num_keys) {

@@ -7,6 +7,8 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -29,7 +31,13 @@ class ParamStore {
   struct Options {
     UpdateRule rule = UpdateRule::kSum;
     float learning_rate = 0.01f;
+    // Streamed pushes (BeginStream): bytes of spare blocks kept for the next stream of a
+    // key (a key larger than this is never streamed), and how long a stream may make no
+    // progress while another push waits for its key before it is revoked.
+    uint64_t stream_spare_bytes = 512ull << 20;
+    std::chrono::milliseconds stream_stall{2000};
   };
+  class PushStream;
   // A user rule: fold `incoming` (n floats) into `stored` (n floats). Called
   // with the key's shard lock held, so it must not call back into the store.
   using Updater = std::function<void(uint64_t key, float* stored, const float* incoming, size_t n)>;
@@ -48,6 +56,18 @@ class ParamStore {
   // the other keys are still applied; the returned kInvalidArgument names the
   // first refused key. Null arrays with a non-zero count are kInvalidArgument.
   Status Push(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
+
+  // A push applied while its values arrive, for a server that reads a large push from
+  // the socket piece by piece and folds each piece in while it is still in cache: the
+  // keys' new values are computed into spare blocks (stored op incoming, with the
+  // built-in rule) and replace the stored ones at Commit, one key at a time, so pulls see
+  // a key before or after the push, never in between, and an uncommitted stream changes
+  // nothing. While a stream holds a key, other pushes to it wait (a stream making no
+  // progress for Options::stream_stall is revoked for them; its Commit then fails that
+  // key) and no second stream takes it. Null when the push cannot stream: a user rule is
+  // set, a key is missing or has another length, is held by a stream, or is larger than
+  // Options::stream_spare_bytes; the caller then pushes the values whole with Push.
+  std::unique_ptr<PushStream> BeginStream(const uint64_t* keys, const uint32_t* lens, size_t num_keys);
 
   // Writes each key's length to *lens and its floats back to back to *values
   // (both replaced). A missing key is kNotFound naming it; outputs are then empty.
@@ -94,16 +114,39 @@ class ParamStore {
 
   // One key's floats. Shared with the slices ShareValues handed out; while any is out
   // (readers > 0) the values are never written, only replaced by a fresh block.
+  struct Block;
+  using BlockPtr = std::shared_ptr<Block>;
+  // A block kept for the next stream of its key, counted against stream_spare_bytes.
+  class Spare {
+   public:
+    Spare() = default;
+    Spare(BlockPtr block, std::atomic<uint64_t>* counter);
+    Spare(Spare&& o) noexcept : block_(std::move(o.block_)), counter_(o.counter_) {}
+    Spare& operator=(Spare&& o) noexcept;
+    ~Spare() { Reset(); }
+    BlockPtr Take();
+    void Reset();
+    const BlockPtr& block() const { return block_; }
+
+   private:
+    BlockPtr block_;
+    std::atomic<uint64_t>* counter_ = nullptr;
+  };
   struct Block {
     explicit Block(std::vector<float> v) : values(std::move(v)) {}
     std::vector<float> values;
     std::atomic<uint32_t> readers{0};
+    PushStream* writer = nullptr;  // the stream holding the key (stripe lock)
+    Spare spare;                   // stripe lock
   };
-  using BlockPtr = std::shared_ptr<Block>;
   struct Stripe {
     mutable std::mutex mu;
+    std::condition_variable released;  // a stream let go of a key of this stripe
+    int waiters = 0;                   // pushes waiting for a stream to let go
     std::unordered_map<uint64_t, BlockPtr> entries;
   };
+  // Waits (stripe lock held) until no stream holds `block`; revokes a stalled one.
+  void WaitForWriter(std::unique_lock<std::mutex>& lock, Stripe& stripe, const BlockPtr& block);
   // The key's values to write (stripe lock held): a fresh copy if slices are out.
   static std::vector<float>& Writable(BlockPtr& block);
   // fn(i, block) for each key under its stripe's lock; kNotFound names the first missing.
@@ -117,8 +160,44 @@ class ParamStore {
   void ApplyBuiltIn(float* stored, const float* incoming, size_t n) const;
 
   const Options opts_;
+  std::atomic<uint64_t> spare_bytes_{0};
   std::shared_ptr<const Updater> updater_;  // Accessed with std::atomic_load/store.
   std::array<Stripe, kStripes> stripes_;
+};
+
+// See ParamStore::BeginStream. Owned by one thread at a time (the one reading the push).
+class ParamStore::PushStream {
+ public:
+  ~PushStream();  // without Commit: nothing is applied, the keys are let go
+  PushStream(const PushStream&) = delete;
+  PushStream& operator=(const PushStream&) = delete;
+
+  // Folds in the next `n` values of the push (keys in order, back to back). Values past
+  // the keys' total are ignored (the caller checked the total before).
+  void Apply(const float* values, size_t n);
+  // Every value arrived: each key's new values replace the stored ones. A key revoked
+  // for a waiting push (stalled stream) or replaced meanwhile (migration) keeps the
+  // stored values and is reported as kAborted; the other keys are committed.
+  Status Commit();
+  uint64_t floats_applied() const { return applied_; }
+
+ private:
+  friend class ParamStore;
+  struct Key {
+    uint64_t key;
+    BlockPtr source;  // the stored block when the stream began (pinned: readers)
+    BlockPtr target;  // source op incoming, replaces source at Commit
+  };
+  explicit PushStream(ParamStore* store) : store_(store) {}
+  void Release();
+
+  ParamStore* store_;
+  std::vector<Key> keys_;
+  size_t key_ = 0;          // key being filled
+  uint64_t key_off_ = 0;    // floats of it filled
+  uint64_t applied_ = 0;
+  bool done_ = false;       // committed or released
+  std::atomic<int64_t> progress_ns_{0};  // steady clock of the last Apply (or the start)
 };
 
 }  // namespace core

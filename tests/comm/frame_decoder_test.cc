@@ -313,4 +313,159 @@ TEST_CASE("decoder: a dropped sink receives nothing more - the frame comes out m
   }
 }
 
+namespace {
+
+// Records what the decoder hands it; checks every piece's shape as it comes.
+struct Recorder : TailStream {
+  bool accept = true;
+  std::string head;
+  uint64_t tail = 0;
+  std::string got;
+  int begun = 0;
+  int pieces = 0;
+  bool misshapen = false;  // a piece unaligned, or not whole floats before the last one
+  bool* destroyed = nullptr;
+  ~Recorder() override {
+    if (destroyed != nullptr) *destroyed = true;
+  }
+  bool Begin(const Buffer& h, uint64_t t) override {
+    ++begun;
+    head.assign(h.data(), h.size());
+    tail = t;
+    return accept;
+  }
+  void Consume(const char* data, size_t n) override {
+    ++pieces;
+    if (reinterpret_cast<uintptr_t>(data) % 4 != 0) misshapen = true;
+    if (n % 4 != 0 && got.size() + n != tail) misshapen = true;
+    got.append(data, n);
+  }
+};
+
+pb::MessageMeta RequestSplitMeta(uint64_t request_id, uint64_t head) {
+  pb::MessageMeta m = TestMeta(request_id);
+  m.set_payload_head(head);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("decoder: a stream takes a tail piece by piece - aligned whole floats - whatever the reads",
+          "[comm][decoder][stream]") {
+  for (size_t tail_len : {size_t{4}, size_t{103}, size_t{40000}, size_t{1} << 20}) {
+    for (size_t head_len : {size_t{8}, size_t{21}, size_t{24000}}) {  // the last one read straight in
+      std::string head = Pattern(head_len, 1);
+      std::string tail = Pattern(tail_len, 2);
+      const std::string frame = EncodeFrame(RequestSplitMeta(7, head_len), head + tail);
+      std::string stream = EncodeFrame(TestMeta(1), "before") + frame + EncodeFrame(TestMeta(2), "after");
+      for (size_t chunk : {size_t{1} << 20, size_t{65536}, size_t{4093}, size_t{7}, size_t{1}}) {
+        if (chunk < 4093 && tail_len + head_len > 40000) continue;  // tiny reads: the small cases suffice
+        INFO("tail " << tail_len << " head " << head_len << " chunk " << chunk);
+        FrameDecoder d{Limits{}};
+        auto rec = std::make_shared<Recorder>();
+        int asked = 0;
+        d.set_stream([&](const pb::MessageMeta& meta, uint64_t t) -> std::shared_ptr<TailStream> {
+          ++asked;
+          CHECK(meta.request_id() == 7);
+          CHECK(t == tail_len);
+          return rec;
+        });
+        std::vector<Frame> got;
+        REQUIRE(FeedChunked(&d, stream, chunk, &got).ok());
+        CHECK(asked == 1);
+        CHECK(rec->begun == 1);
+        CHECK(rec->head == head);
+        CHECK(rec->tail == tail_len);
+        CHECK(rec->got == tail);
+        CHECK_FALSE(rec->misshapen);
+        REQUIRE(got.size() == 3);
+        CHECK(got[0].payload->view() == "before");
+        CHECK(got[0].stream == nullptr);
+        CHECK(got[1].payload->view() == head);
+        CHECK(got[1].tail_bytes == tail_len);
+        CHECK(got[1].stream == rec);
+        CHECK(got[1].wire_bytes == frame.size());
+        CHECK(got[2].payload->view() == "after");
+        CHECK(got[2].stream == nullptr);
+        CHECK_FALSE(d.mid_frame());
+        if (tail_len >= (size_t{1} << 20) && chunk >= 65536) CHECK(rec->pieces < 64);  // big pieces, not bytes
+      }
+    }
+  }
+}
+
+TEST_CASE("decoder: a stream that declines at the head gets nothing more - the payload arrives whole",
+          "[comm][decoder][stream]") {
+  for (size_t head_len : {size_t{16}, size_t{20000}}) {
+    for (size_t chunk : {size_t{1} << 20, size_t{4093}, size_t{5}}) {
+      INFO("head " << head_len << " chunk " << chunk);
+      std::string payload = Pattern(head_len + 50000, 3);
+      FrameDecoder d{Limits{}};
+      auto rec = std::make_shared<Recorder>();
+      rec->accept = false;
+      d.set_stream([&](const pb::MessageMeta&, uint64_t) -> std::shared_ptr<TailStream> { return rec; });
+      std::vector<Frame> got;
+      REQUIRE(FeedChunked(&d, EncodeFrame(RequestSplitMeta(1, head_len), payload) + EncodeFrame(TestMeta(2), "x"),
+                          chunk, &got)
+                  .ok());
+      CHECK(rec->begun == 1);
+      CHECK(rec->pieces == 0);
+      REQUIRE(got.size() == 2);
+      CHECK(got[0].payload->view() == payload);
+      CHECK(got[0].tail_bytes == 0);
+      CHECK(got[0].stream == nullptr);
+      CHECK(got[1].payload->view() == "x");
+    }
+  }
+  // No stream offered (null), no head hint, or a hint outside the payload: not asked / whole.
+  for (uint64_t head : {uint64_t{0}, uint64_t{64}, uint64_t{65}, uint64_t{8}}) {
+    FrameDecoder d{Limits{}};
+    int asked = 0;
+    d.set_stream([&](const pb::MessageMeta&, uint64_t) -> std::shared_ptr<TailStream> {
+      ++asked;
+      return nullptr;
+    });
+    std::vector<Frame> got;
+    REQUIRE(d.Feed(EncodeFrame(RequestSplitMeta(1, head), Pattern(64, 4)), &got).ok());
+    CHECK(asked == (head == 8 ? 1 : 0));
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].payload->view() == Pattern(64, 4));
+  }
+}
+
+TEST_CASE("decoder: a sink for the tail goes first - the stream is not asked", "[comm][decoder][stream]") {
+  FrameDecoder d{Limits{}};
+  std::string sink(100, '\0');
+  int streams = 0;
+  d.set_sink([&](const pb::MessageMeta&, uint64_t) -> char* { return sink.data(); });
+  d.set_stream([&](const pb::MessageMeta&, uint64_t) -> std::shared_ptr<TailStream> {
+    ++streams;
+    return nullptr;
+  });
+  std::vector<Frame> got;
+  REQUIRE(d.Feed(EncodeFrame(RequestSplitMeta(1, 8), Pattern(108, 6)), &got).ok());
+  CHECK(streams == 0);
+  CHECK(sink == Pattern(108, 6).substr(8));
+}
+
+TEST_CASE("decoder: a stream cut off mid-tail is let go without its frame", "[comm][decoder][stream]") {
+  bool destroyed = false;
+  {
+    FrameDecoder d{Limits{}};
+    auto rec = std::make_shared<Recorder>();
+    rec->destroyed = &destroyed;
+    d.set_stream([&](const pb::MessageMeta&, uint64_t) -> std::shared_ptr<TailStream> { return rec; });
+    std::string frame = EncodeFrame(RequestSplitMeta(3, 16), Pattern(16 + 100000, 7));
+    std::vector<Frame> got;
+    REQUIRE(FeedChunked(&d, std::string_view(frame).substr(0, frame.size() - 5000), 8192, &got).ok());
+    CHECK(got.empty());
+    CHECK(d.mid_frame());
+    CHECK(rec->got.size() > 0);
+    CHECK(rec->got.size() <= 100000 - 5000);
+    rec.reset();
+    CHECK_FALSE(destroyed);  // the decoder still holds it
+  }
+  CHECK(destroyed);  // the connection (decoder) went away: the stream with it
+}
+
 }  // namespace pscore::comm

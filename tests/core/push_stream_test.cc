@@ -1,0 +1,230 @@
+// ParamStore::BeginStream: a push folded in piece by piece, applied at Commit.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "core/param_store.h"
+
+// Catch2 last: glog (via core/status.h) also defines CHECK, and the last
+// definition wins. We want Catch's.
+#include <catch2/catch.hpp>
+
+namespace pscore {
+namespace core {
+namespace {
+
+ParamStore::Options Rule(UpdateRule rule, float lr = 0.01f) {
+  ParamStore::Options o;
+  o.rule = rule;
+  o.learning_rate = lr;
+  return o;
+}
+
+std::vector<float> PullOne(const ParamStore& store, uint64_t key) {
+  std::vector<uint32_t> lens;
+  std::vector<float> values;
+  REQUIRE(store.Pull(&key, 1, &lens, &values).ok());
+  return values;
+}
+
+std::vector<float> Ramp(size_t n, float base) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = base + static_cast<float>(i % 97);
+  return v;
+}
+
+// Streams `values` (keys back to back) in pieces of `piece` floats, then commits.
+Status Stream(ParamStore& store, const std::vector<uint64_t>& keys, const std::vector<uint32_t>& lens,
+              const std::vector<float>& values, size_t piece) {
+  std::unique_ptr<ParamStore::PushStream> s = store.BeginStream(keys.data(), lens.data(), keys.size());
+  if (!s) return Status(Code::kUnavailable, "not streamed");
+  for (size_t off = 0; off < values.size(); off += piece) {
+    s->Apply(values.data() + off, std::min(piece, values.size() - off));
+  }
+  return s->Commit();
+}
+
+TEST_CASE("a streamed push gives what Push gives, for every rule and every piece size", "[core][pushstream]") {
+  const std::vector<uint64_t> keys = {3, 70, 1000};
+  const std::vector<uint32_t> lens = {5, 1024, 333};
+  const std::vector<float> start = Ramp(5 + 1024 + 333, 1.0f);
+  const std::vector<float> push = Ramp(5 + 1024 + 333, 0.5f);
+  for (UpdateRule rule : {UpdateRule::kAssign, UpdateRule::kSum, UpdateRule::kSgd}) {
+    for (size_t piece : {size_t{1}, size_t{3}, size_t{5}, size_t{64}, size_t{1029}, size_t{100000}}) {
+      ParamStore plain(Rule(rule, 0.25f));
+      ParamStore streamed(Rule(rule, 0.25f));
+      for (ParamStore* s : {&plain, &streamed}) REQUIRE(s->Push(keys.data(), lens.data(), start.data(), 3).ok());
+      REQUIRE(plain.Push(keys.data(), lens.data(), push.data(), 3).ok());
+      // Twice: the second stream writes into the spare the first one left.
+      REQUIRE(plain.Push(keys.data(), lens.data(), push.data(), 3).ok());
+      REQUIRE(Stream(streamed, keys, lens, push, piece).ok());
+      REQUIRE(Stream(streamed, keys, lens, push, piece).ok());
+      for (uint64_t k : keys) CHECK(PullOne(streamed, k) == PullOne(plain, k));
+    }
+  }
+}
+
+TEST_CASE("an uncommitted stream changes nothing and lets go of its keys", "[core][pushstream]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  const uint64_t key = 9;
+  const uint32_t len = 256;
+  const std::vector<float> ones(len, 1.0f);
+  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+  {
+    auto s = store.BeginStream(&key, &len, 1);
+    REQUIRE(s != nullptr);
+    s->Apply(ones.data(), len / 2);  // the sender went away half-way
+  }
+  CHECK(PullOne(store, key) == ones);
+  auto s = store.BeginStream(&key, &len, 1);  // the key is free again
+  REQUIRE(s != nullptr);
+  s->Apply(ones.data(), len / 2);
+  CHECK(!s->Commit().ok());  // short: refused, nothing applied
+  CHECK(PullOne(store, key) == ones);
+  CHECK(Stream(store, {key}, {len}, ones, 100).ok());
+  CHECK(PullOne(store, key) == std::vector<float>(len, 2.0f));
+}
+
+TEST_CASE("a push cannot stream when it must take the plain path", "[core][pushstream]") {
+  ParamStore::Options o = Rule(UpdateRule::kSum);
+  o.stream_spare_bytes = 4096;
+  ParamStore store(o);
+  const uint64_t key = 1, big = 2;
+  const uint32_t len = 16, big_len = 2048;  // 8 KiB: over the spare budget
+  REQUIRE(store.Push(&key, &len, std::vector<float>(len, 1.0f).data(), 1).ok());
+  REQUIRE(store.Push(&big, &big_len, std::vector<float>(big_len, 1.0f).data(), 1).ok());
+  const uint64_t missing = 3;
+  const uint32_t wrong = 17;
+  CHECK(!store.BeginStream(&missing, &len, 1));
+  CHECK(!store.BeginStream(&key, &wrong, 1));
+  CHECK(!store.BeginStream(&big, &big_len, 1));
+  const uint64_t twice[] = {key, key};
+  const uint32_t twice_lens[] = {len, len};
+  CHECK(!store.BeginStream(twice, twice_lens, 2));  // one stream holds a key once
+  {
+    auto first = store.BeginStream(&key, &len, 1);
+    REQUIRE(first != nullptr);
+    CHECK(!store.BeginStream(&key, &len, 1));  // held by the first
+  }
+  store.SetUpdater([](uint64_t, float* s, const float* in, size_t n) {
+    for (size_t i = 0; i < n; ++i) s[i] = in[i];
+  });
+  CHECK(!store.BeginStream(&key, &len, 1));  // a user rule sees whole pushes only
+  store.SetUpdater(nullptr);
+  CHECK(store.BeginStream(&key, &len, 1) != nullptr);
+  CHECK(PullOne(store, key) == std::vector<float>(len, 1.0f));  // declined streams left no trace
+}
+
+TEST_CASE("pulls see a streamed key before or after the push, never half of it", "[core][pushstream]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  const uint64_t key = 5;
+  const uint32_t len = 8192;
+  const std::vector<float> ones(len, 1.0f);
+  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+  constexpr int kStreams = 300;
+  std::atomic<bool> done{false};
+  std::thread streamer([&] {
+    for (int i = 0; i < kStreams; ++i) Stream(store, {key}, {len}, ones, 1000).IgnoreError();
+    done = true;
+  });
+  int torn = 0, pulls = 0;
+  std::vector<Slice> held;
+  while (!done.load()) {
+    std::vector<float> v = PullOne(store, key);
+    if (std::any_of(v.begin(), v.end(), [&](float x) { return x != v[0]; })) ++torn;
+    Slice s;
+    REQUIRE(store.ShareValues(&key, 1, &s).ok());  // pins the block: the next stream must not reuse it
+    held.push_back(s);
+    if (held.size() > 4) held.erase(held.begin());
+    for (const Slice& h : held) {
+      const float* f = reinterpret_cast<const float*>(h.data);
+      if (std::any_of(f, f + len, [&](float x) { return x != f[0]; })) ++torn;
+    }
+    ++pulls;
+  }
+  streamer.join();
+  CHECK(torn == 0);
+  CHECK(pulls > 0);
+  held.clear();
+  CHECK(PullOne(store, key) == std::vector<float>(len, 1.0f + kStreams));
+}
+
+TEST_CASE("a push waits for the stream holding its key: no update is lost", "[core][pushstream]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  const uint64_t key = 21;
+  const uint32_t len = 4096;
+  const std::vector<float> ones(len, 1.0f);
+  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+  constexpr int kEach = 400;
+  std::atomic<int> streamed{0}, failed{0};
+  std::thread streamer([&] {
+    for (int i = 0; i < kEach; ++i) {
+      Status st = Stream(store, {key}, {len}, ones, 512);
+      if (st.ok()) {
+        ++streamed;
+      } else if (st.code() != Code::kUnavailable || !store.Push(&key, &len, ones.data(), 1).ok()) {
+        ++failed;  // declined streams take the plain path; nothing else may fail
+      }
+    }
+  });
+  std::thread pusher([&] {
+    for (int i = 0; i < kEach; ++i) {
+      if (!store.Push(&key, &len, ones.data(), 1).ok()) ++failed;
+    }
+  });
+  streamer.join();
+  pusher.join();
+  CHECK(failed.load() == 0);
+  CHECK(streamed.load() > 0);
+  CHECK(PullOne(store, key) == std::vector<float>(len, 1.0f + 2 * kEach));
+}
+
+TEST_CASE("a stalled stream is revoked for a waiting push and its commit fails that key", "[core][pushstream]") {
+  ParamStore::Options o = Rule(UpdateRule::kSum);
+  o.stream_stall = std::chrono::milliseconds(100);
+  ParamStore store(o);
+  const uint64_t keys[] = {1, 2};
+  const uint32_t lens[] = {64, 64};
+  const std::vector<float> ones(128, 1.0f);
+  REQUIRE(store.Push(keys, lens, ones.data(), 2).ok());
+  auto s = store.BeginStream(keys, lens, 2);
+  REQUIRE(s != nullptr);
+  s->Apply(ones.data(), 100);  // then the sender stops
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(store.Push(&keys[0], &lens[0], ones.data(), 1).ok());  // waits for the stall, then goes
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(90));
+  CHECK(PullOne(store, keys[0]) == std::vector<float>(64, 2.0f));
+  s->Apply(ones.data(), 28);  // the sender comes back
+  Status st = s->Commit();
+  CHECK(st.code() == Code::kAborted);
+  CHECK(st.message().find("key 1 ") != std::string::npos);
+  CHECK(PullOne(store, keys[0]) == std::vector<float>(64, 2.0f));  // the revoked part is not applied
+  CHECK(PullOne(store, keys[1]) == std::vector<float>(64, 2.0f));  // the key it still held is
+}
+
+TEST_CASE("a key replaced or erased during its stream keeps the new state", "[core][pushstream]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  const uint64_t key = 77;
+  const uint32_t len = 32;
+  const std::vector<float> ones(len, 1.0f);
+  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+  auto s = store.BeginStream(&key, &len, 1);
+  REQUIRE(s != nullptr);
+  store.Insert(key, std::vector<float>(len, 7.0f));  // a migration overwrote it
+  s->Apply(ones.data(), len);
+  CHECK(s->Commit().code() == Code::kAborted);
+  CHECK(PullOne(store, key) == std::vector<float>(len, 7.0f));
+  auto t = store.BeginStream(&key, &len, 1);
+  REQUIRE(t != nullptr);
+  CHECK(store.Erase(&key, 1) == 1);
+  t->Apply(ones.data(), len);
+  CHECK(t->Commit().code() == Code::kAborted);
+  CHECK(store.num_keys() == 0);
+}
+
+}  // namespace
+}  // namespace core
+}  // namespace pscore
