@@ -118,16 +118,22 @@ Status Connection::StartReading() {
 void Connection::OnBytes(size_t n) {
   last_read_ = std::chrono::steady_clock::now();
   Status st = decoder_.Commit(n, &decoded_);
-  if (transport_ != nullptr) {
-    transport_->CountIn(n, decoded_.size());
-    for (const Frame& f : decoded_) transport_->CountCommandIn(f.meta.cmd(), f.wire_bytes);
+  for (;;) {
+    if (transport_ != nullptr) {
+      transport_->CountIn(n, decoded_.size());
+      for (const Frame& f : decoded_) transport_->CountCommandIn(f.meta.cmd(), f.wire_bytes);
+    }
+    n = 0;
+    if (!decoded_.empty()) heard_ = true;
+    // Deliver what decoded before any error: those frames were valid.
+    for (size_t i = 0; i < decoded_.size() && !closing_; ++i) {
+      if (transport_ != nullptr) transport_->Deliver(id_, std::move(decoded_[i]));
+    }
+    decoded_.clear();
+    // Stopped in front of a frame that may be streamed: the frames before it are in.
+    if (!st.ok() || closing_ || !decoder_.paused()) break;
+    st = decoder_.Resume(&decoded_);
   }
-  if (!decoded_.empty()) heard_ = true;
-  // Deliver what decoded before any error: those frames were valid.
-  for (size_t i = 0; i < decoded_.size() && !closing_; ++i) {
-    if (transport_ != nullptr) transport_->Deliver(id_, std::move(decoded_[i]));
-  }
-  decoded_.clear();
   if (!st.ok() && !closing_) {
     LOG(WARNING) << "conn " << id_ << " " << peer_ << ": bad frame, closing: " << st;
     if (transport_ != nullptr) transport_->CountProtocolError();

@@ -146,8 +146,14 @@ Status FrameDecoder::Commit(size_t n, std::vector<Frame>* out) {
   return DecodeBuffered(out);
 }
 
+Status FrameDecoder::Resume(std::vector<Frame>* out) {
+  paused_ = false;
+  return DecodeBuffered(out);
+}
+
 // Consumes as many complete frames (or payload prefixes) from the input buffer as possible.
 Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
+  const size_t first = out->size();
   for (;;) {
     size_t avail = in_end_ - in_begin_;
     if (payload_ != nullptr) {
@@ -196,7 +202,14 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
       sink_ = sink_fn_(meta_, header->data_len - head_len);
       if (sink_ != nullptr) tail_len_ = header->data_len - head_len;
     }
-    if (sink_ == nullptr && stream_fn_ && head_len > 0 && head_len < header->data_len) {
+    if (sink_ == nullptr && stream_fn_ && !meta_.is_response() && head_len > 0 && head_len < header->data_len) {
+      if (out->size() > first) {
+        // Frames before this one must reach the owner first: stop in front of it.
+        in_begin_ -= head;
+        meta_.Clear();
+        paused_ = true;
+        break;
+      }
       stream_ = stream_fn_(meta_, header->data_len - head_len);
       if (stream_) tail_len_ = header->data_len - head_len;
     }
@@ -217,6 +230,7 @@ Status FrameDecoder::Feed(std::string_view bytes, std::vector<Frame>* out) {
     bytes.remove_prefix(n);
     PSCORE_RETURN_IF_ERROR(Commit(n, out));
   }
+  while (paused_) PSCORE_RETURN_IF_ERROR(Resume(out));
   return Status::Ok();
 }
 

@@ -29,7 +29,7 @@ class TailStream {
   virtual ~TailStream() = default;
   // The head (meta.payload_head bytes, 8-byte aligned) has arrived and `tail` bytes
   // follow: true to take them through Consume, false to receive the payload whole.
-  virtual bool Begin(const Buffer& head, uint64_t tail) = 0;
+  virtual bool Begin(Buffer& head, uint64_t tail) = 0;
   // The tail's next bytes, in order, 4-byte aligned; whole 4-byte units, except that
   // the tail's last piece holds whatever remains.
   virtual void Consume(const char* data, size_t n) = 0;
@@ -60,9 +60,12 @@ class FrameDecoder {
   // to receive the payload whole as usual. The memory is written as the bytes arrive.
   using SinkFn = std::function<char*(const pb::MessageMeta& meta, uint64_t tail)>;
 
-  // Asked, like SinkFn, for a frame whose meta names a payload head when SinkFn gave no
-  // memory: a stream for the tail, or null to receive the payload whole. The stream's
-  // Begin decides once the head is in.
+  // Asked, like SinkFn, for a request (not is_response) whose meta names a payload head
+  // when SinkFn gave no memory: a stream for the tail, or null to receive the payload
+  // whole. The stream's Begin decides once the head is in. It is asked only once every
+  // earlier frame has been handed out and delivered: when frames came out of the same
+  // Commit before it, the decoder stops in front of that frame (paused) and goes on at
+  // Resume, so the owner sees the stream's frame after everything sent before it.
   using StreamFn = std::function<std::shared_ptr<TailStream>(const pb::MessageMeta& meta, uint64_t tail)>;
 
   explicit FrameDecoder(const Limits& limits);
@@ -78,7 +81,12 @@ class FrameDecoder {
   // `n` bytes were written into the region last returned by ReadRegion. Appends every
   // completed frame to *out. A non-OK status means the stream is corrupt: close it.
   Status Commit(size_t n, std::vector<Frame>* out);
-  // Convenience for tests and fuzzers: copies `bytes` through ReadRegion/Commit.
+  // After Commit (or Resume) stopped in front of a frame that may be streamed, once the
+  // frames it returned are delivered: decodes on from there.
+  bool paused() const { return paused_; }
+  Status Resume(std::vector<Frame>* out);
+  // Convenience for tests and fuzzers: copies `bytes` through ReadRegion/Commit (and
+  // Resume while paused).
   Status Feed(std::string_view bytes, std::vector<Frame>* out);
 
   // True when part of a frame has been received but not all of it.
@@ -125,6 +133,7 @@ class FrameDecoder {
   StreamFn stream_fn_;
   std::shared_ptr<TailStream> stream_;  // offered the tail of the payload being received
   bool stream_begun_ = false;           // and took it (Begin said yes)
+  bool paused_ = false;
   bool direct_ = false;  // the last region handed out was inside the payload or the sink
   uint64_t copied_payload_bytes_ = 0;
 };

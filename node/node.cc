@@ -34,6 +34,7 @@ Node::Node(NodeOptions options, comm::EventLoop* loop)
   comm::Messenger::Handlers h;
   h.on_request = [this](ConnId c, Frame&& f) { OnFrame(c, std::move(f)); };
   h.on_close = [this](ConnId c, const Status& why) { OnPeerClosed(c, why); };
+  h.stream = [this](ConnId c, const pb::MessageMeta& meta, uint64_t tail) { return OnRequestStream(c, meta, tail); };
   messenger_ = std::make_unique<comm::Messenger>(
       loop_, MakeTransportOptions(options_.max_message_bytes, options_.cluster_token, options_.accept), std::move(h));
 }

@@ -101,6 +101,13 @@ class Node {
   // Scale-in started (msg names the leaving nodes). Hand over, then call done().
   virtual void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) { done(); }
   virtual void OnPeerClosed(comm::ConnId conn, const Status& why) {}
+  // A request whose tail could be taken as it arrives (comm::TailStream): a stream for
+  // it, or null (the default) to receive it whole. Its frame then reaches
+  // OnPeerRequest with the head and the stream.
+  virtual std::shared_ptr<comm::TailStream> OnRequestStream(comm::ConnId conn, const pb::MessageMeta& meta,
+                                                            uint64_t tail) {
+    return nullptr;
+  }
   // InjectForTest: treat `conn` as an identified member (fuzzers, tests).
   virtual void TrustPeerForTest(comm::ConnId conn) {}
   virtual void StopRole() {}

@@ -236,6 +236,7 @@ void ServerNode::Dispatch(ConnId conn, Frame&& frame) {
         .IgnoreError();
     return;
   }
+  if (frame.stream) return CommitStreamedPush(conn, std::move(frame));
   const DataHandler* handler = nullptr;
   if (!meta.handler().empty()) {
     auto it = by_name_.find(meta.handler());
@@ -290,6 +291,68 @@ bool ServerNode::SmallBuiltin(const pb::MessageMeta& meta, const BufferPtr& payl
   for (uint32_t l : lens) floats += l;
   const uint64_t bytes = floats * sizeof(float);
   return bytes <= kSmallBytes || (view->num_keys <= kFewKeys && bytes >= core::kZeroCopyBytes * view->num_keys);
+}
+
+// ---- pushes folded in while their values arrive ----
+
+// The tail of a large built-in push, taken from the connection's input buffer piece by
+// piece (loop thread): each piece is folded into the store's spare blocks while it is
+// still in cache, instead of the whole payload being written to memory and read back by
+// the update. Nothing is visible before CommitStreamedPush; a connection lost mid-push
+// drops the stream and with it every folded piece.
+class ServerNode::PushTail : public comm::TailStream {
+ public:
+  explicit PushTail(ServerNode* server) : server_(server) {}
+
+  bool Begin(Buffer& head, uint64_t tail) override {
+    Result<core::KvView> view = core::DecodeKvPairsHead(head.data(), head.size(), tail);
+    if (!view.ok()) return false;  // received whole: the handler refuses it as usual
+    std::shared_lock<std::shared_mutex> lock(server_->view_mu_);
+    if (!server_->CheckOwned(view->keys, view->num_keys).ok()) return false;
+    stream_ = server_->store_.BeginStream(view->keys, view->lens, view->num_keys);
+    return stream_ != nullptr;
+  }
+  void Consume(const char* data, size_t n) override {
+    // Begin checked that the tail is sum(lens) whole floats; the decoder hands them over
+    // 4-byte aligned.
+    stream_->Apply(reinterpret_cast<const float*>(data), n / sizeof(float));
+  }
+  std::unique_ptr<core::ParamStore::PushStream>& stream() { return stream_; }
+
+ private:
+  ServerNode* server_;
+  std::unique_ptr<core::ParamStore::PushStream> stream_;
+};
+
+std::shared_ptr<comm::TailStream> ServerNode::OnRequestStream(ConnId conn, const pb::MessageMeta& meta,
+                                                              uint64_t tail) {
+  // Large pushes of the built-in store only, from a member, served in order: no earlier
+  // request of the link still with the handler threads, no journal (it logs whole pushes).
+  if (meta.cmd() != pb::SEND_DATA || meta.handler() != kPushHandler || tail < core::kZeroCopyBytes) return nullptr;
+  if (journal_ || !members_.count(conn) || held_.count(conn) || cluster_state() == pb::CLUSTER_DISABLE_FLS) {
+    return nullptr;
+  }
+  auto pending = in_executor_.find(conn);
+  if (pending != in_executor_.end() && pending->second->load(std::memory_order_acquire) != 0) return nullptr;
+  return std::make_shared<PushTail>(this);
+}
+
+void ServerNode::CommitStreamedPush(ConnId conn, Frame&& frame) {
+  auto* tail = static_cast<PushTail*>(frame.stream.get());
+  std::unique_ptr<core::ParamStore::PushStream> stream = std::move(tail->stream());
+  frame.stream.reset();
+  Status st;
+  {
+    // A scale-out or scale-in may have moved keys while the values arrived: then the
+    // push is refused as one arriving now would be, and nothing is applied.
+    std::shared_lock<std::shared_mutex> lock(view_mu_);
+    Result<core::KvView> view = core::DecodeKvPairsHead(frame.payload->data(), frame.payload->size(), frame.tail_bytes);
+    st = view.ok() ? CheckOwned(view->keys, view->num_keys) : view.status();
+    if (st.ok()) st = stream->Commit();
+  }
+  stream.reset();  // an uncommitted stream lets go of its keys here
+  if (st.ok()) streamed_pushes_.fetch_add(1, std::memory_order_relaxed);
+  messenger().Reply(conn, frame.meta, st).IgnoreError();
 }
 
 void ServerNode::HandlePush(const DataRequest& req, Responder r) {

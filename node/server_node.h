@@ -63,6 +63,8 @@ class ServerNode : public Node {
   void RegisterHandler(int user_cmd, DataHandler handler);
   void RegisterHandler(const std::string& name, DataHandler handler);
   core::ParamStore& store() { return store_; }
+  // Built-in pushes folded into the store while their values arrived (any thread).
+  uint64_t streamed_pushes() const { return streamed_pushes_.load(std::memory_order_relaxed); }
 
   // Server-to-server messages matched by (sender rank, tag), whatever the arrival order.
   std::future<Status> CollectiveSend(int rank, const std::string& tag, BufferPtr payload);
@@ -76,6 +78,8 @@ class ServerNode : public Node {
   void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame) override;
   void StopRole() override;
   void OnPeerClosed(comm::ConnId conn, const Status& why) override;
+  std::shared_ptr<comm::TailStream> OnRequestStream(comm::ConnId conn, const pb::MessageMeta& meta,
+                                                    uint64_t tail) override;
   void TrustPeerForTest(comm::ConnId conn) override { members_[conn] = "test"; }
   void OnMetadataApplied() override;
   void OnStateApplied(pb::ClusterState state) override;
@@ -85,6 +89,9 @@ class ServerNode : public Node {
  private:
   void Dispatch(comm::ConnId conn, comm::Frame&& frame);
   void HandlePush(const DataRequest& req, Responder r);
+  // Commits a push whose values were folded in as they arrived (PushTail), and answers.
+  void CommitStreamedPush(comm::ConnId conn, comm::Frame&& frame);
+  class PushTail;
   void HandlePull(const DataRequest& req, Responder r);
   void HandleCollective(comm::ConnId conn, comm::Frame&& frame);
   void HandleHello(comm::ConnId conn, const comm::Frame& frame);
@@ -126,6 +133,7 @@ class ServerNode : public Node {
   size_t DropUnconfirmedRestored();
 
   core::ParamStore store_;
+  std::atomic<uint64_t> streamed_pushes_{0};
   std::unique_ptr<ServerJournal> journal_;
   std::mutex journal_mu_;
   // Keys restored from the journal and not yet confirmed: by a view of this server as a

@@ -134,6 +134,11 @@ class Cluster {
   WorkerNode& worker(int i) { return *workers_[i]; }
   int workers() const { return static_cast<int>(workers_.size()); }
   int servers() const { return static_cast<int>(servers_.size()); }
+  uint64_t streamed_pushes() const {
+    uint64_t n = 0;
+    for (const auto& s : servers_) n += s->streamed_pushes();
+    return n;
+  }
 
  private:
   NodeOptions Opts(const std::string& id) {
@@ -233,9 +238,11 @@ double KvThroughput(Cluster& c, size_t size, KvMode mode) {
   run(depth);
   uint64_t in_place_before = 0;
   for (int w = 0; w < c.workers(); ++w) in_place_before += c.worker(w).in_place_pulls();
+  const uint64_t streamed_before = c.streamed_pushes();
   Clock::time_point start = Clock::now();
   run(per_worker);
   double s = Seconds(Clock::now() - start);
+  std::fprintf(stderr, "streamed %llu of %llu\n", (unsigned long long)(c.streamed_pushes() - streamed_before), (unsigned long long)(per_worker * c.workers()));
   if (mode == KvMode::kPullInto) {
     uint64_t in_place = 0;
     for (int w = 0; w < c.workers(); ++w) in_place += c.worker(w).in_place_pulls();

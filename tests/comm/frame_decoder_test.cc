@@ -208,6 +208,31 @@ Status FeedChunked(FrameDecoder* d, std::string_view stream, size_t chunk, std::
     stream.remove_prefix(n);
     PSCORE_RETURN_IF_ERROR(d->Commit(n, got));
   }
+  while (d->paused()) PSCORE_RETURN_IF_ERROR(d->Resume(got));
+  return Status::Ok();
+}
+
+// As a connection does: what each Commit (or Resume) returns is delivered to `delivered`
+// before the decoder goes on.
+Status FeedDelivering(FrameDecoder* d, std::string_view stream, size_t chunk, std::vector<Frame>* delivered) {
+  std::vector<Frame> out;
+  auto deliver = [&] {
+    for (Frame& f : out) delivered->push_back(std::move(f));
+    out.clear();
+  };
+  while (!stream.empty()) {
+    size_t room = 0;
+    char* region = d->ReadRegion(&room);
+    size_t n = std::min({room, stream.size(), chunk});
+    std::memcpy(region, stream.data(), n);
+    stream.remove_prefix(n);
+    PSCORE_RETURN_IF_ERROR(d->Commit(n, &out));
+    deliver();
+    while (d->paused()) {
+      PSCORE_RETURN_IF_ERROR(d->Resume(&out));
+      deliver();
+    }
+  }
   return Status::Ok();
 }
 
@@ -328,7 +353,7 @@ struct Recorder : TailStream {
   ~Recorder() override {
     if (destroyed != nullptr) *destroyed = true;
   }
-  bool Begin(const Buffer& h, uint64_t t) override {
+  bool Begin(Buffer& h, uint64_t t) override {
     ++begun;
     head.assign(h.data(), h.size());
     tail = t;
@@ -364,14 +389,15 @@ TEST_CASE("decoder: a stream takes a tail piece by piece - aligned whole floats 
         FrameDecoder d{Limits{}};
         auto rec = std::make_shared<Recorder>();
         int asked = 0;
+        std::vector<Frame> got;
         d.set_stream([&](const pb::MessageMeta& meta, uint64_t t) -> std::shared_ptr<TailStream> {
           ++asked;
           CHECK(meta.request_id() == 7);
           CHECK(t == tail_len);
+          CHECK(got.size() == 1);  // the frame before it was delivered first
           return rec;
         });
-        std::vector<Frame> got;
-        REQUIRE(FeedChunked(&d, stream, chunk, &got).ok());
+        REQUIRE(FeedDelivering(&d, stream, chunk, &got).ok());
         CHECK(asked == 1);
         CHECK(rec->begun == 1);
         CHECK(rec->head == head);

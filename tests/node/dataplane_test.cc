@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/test_util.h"  // RawSocket, EncodeFrame; before Catch (its CHECK note)
 #include "core/key_range.h"
 #include "core/kv_codec.h"
 #include "node/scheduler_node.h"
@@ -488,6 +489,119 @@ TEST_CASE("ZPush sends shared values without a copy and the sums are exact", "[n
   // Mismatched lengths and missing values are refused as Push refuses them.
   CHECK(Await(c.worker(0).ZPush({1, 2}, small, {1, 1})).code() == Code::kInvalidArgument);
   CHECK(Await(c.worker(0).ZPush({1}, nullptr)).code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("large ZPushes from two workers to the same keys are folded in as they arrive - exact sums - no half push seen",
+          "[node][net][dataplane][stream]") {
+  TestCluster::Config config;
+  config.workers = 2;
+  config.servers = 2;
+  TestCluster c(config);
+  c.Start();
+  const std::vector<uint64_t> keys = {11, 12, 13, 14};
+  const uint32_t len = 64 * 1024;  // 256 KiB a key: over core::kZeroCopyBytes, written as tail slices
+  const std::vector<uint32_t> lens(keys.size(), len);
+  REQUIRE(Await(c.worker(0).Push(keys, std::vector<float>(keys.size() * len, 1.0f), lens)).ok());
+  auto ones = std::make_shared<const std::vector<float>>(keys.size() * len, 1.0f);
+  constexpr int kRounds = 30;
+  std::atomic<int> failed{0};
+  std::atomic<bool> pushing{true};
+  auto pusher = [&](int w) {
+    std::deque<std::future<Status>> window;
+    for (int i = 0; i < kRounds; ++i) {
+      window.push_back(c.worker(w).ZPush(keys, ones, lens));
+      if (window.size() >= 4) {
+        if (window.front().wait_for(kDeadline) != std::future_status::ready || !window.front().get().ok()) ++failed;
+        window.pop_front();
+      }
+    }
+    for (auto& f : window) {
+      if (f.wait_for(kDeadline) != std::future_status::ready || !f.get().ok()) ++failed;
+    }
+  };
+  std::thread p0(pusher, 0), p1(pusher, 1);
+  std::thread stop([&] {
+    p0.join();
+    p1.join();
+    pushing = false;
+  });
+  // Meanwhile pulls must see every key whole: each push adds 1 to all of a key's floats.
+  int pulls = 0, torn = 0;
+  while (pushing.load()) {
+    Result<PullResult> r = Await(c.worker(0).Pull(keys));
+    REQUIRE(r.ok());
+    for (size_t k = 0; k < keys.size(); ++k) {
+      const float* v = r->values.data() + k * len;
+      if (std::any_of(v, v + len, [&](float x) { return x != v[0]; })) ++torn;
+    }
+    ++pulls;
+  }
+  stop.join();
+  CHECK(failed.load() == 0);
+  CHECK(torn == 0);
+  CHECK(pulls > 0);
+  Result<PullResult> r = Await(c.worker(1).Pull(keys));
+  REQUIRE(r.ok());
+  CHECK(r->values == std::vector<float>(keys.size() * len, 1.0f + 2 * kRounds));
+  // Most pushes were folded in as they arrived (a push finding its key held by another
+  // worker's stream, or behind a push still with the handler threads, is applied whole).
+  const uint64_t streamed = c.server(0).streamed_pushes() + c.server(1).streamed_pushes();
+  INFO("streamed " << streamed << " of " << 2 * 2 * kRounds << " per-server pushes");
+  CHECK(streamed > 0);
+}
+
+TEST_CASE("a large push cut off half-way changes nothing - a push waiting for its key then goes on",
+          "[node][net][dataplane][stream]") {
+  TestCluster::Config config;
+  TestCluster c(config);
+  c.Start();
+  ServerNode& server = c.server(0);
+  const uint64_t key = 5;
+  const uint32_t len = 256 * 1024;  // 1 MiB
+  REQUIRE(Await(c.worker(0).Push({key}, std::vector<float>(len, 1.0f))).ok());
+  // A link that says it is w0 and sends a push of 2s, all but its last 100 KiB.
+  comm::testing::RawSocket raw;
+  REQUIRE(raw.Connect(server.listen_port()));
+  pb::HelloMessage hello;
+  hello.set_node_id("w0");
+  hello.set_role(pb::WORKER);
+  pb::MessageMeta hello_meta = MakeMeta(pb::HELLO, pb::WORKER, 0);
+  hello_meta.set_oneway(true);
+  REQUIRE(raw.SendAll(comm::testing::EncodeFrame(hello_meta, ToBuffer(hello)->view())));
+  const std::vector<float> twos(len, 2.0f);
+  Result<Payload> push = core::EncodeKvPairsShared(
+      &key, 1, &len, {Slice{nullptr, reinterpret_cast<const char*>(twos.data()), len * sizeof(float)}});
+  REQUIRE(push.ok());
+  pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, 0);
+  meta.set_handler(kPushHandler);
+  meta.set_request_id(77);
+  meta.set_payload_head(push->head->size());
+  const std::string frame = comm::testing::EncodeFrame(
+      meta, std::string(push->head->view()) + std::string(reinterpret_cast<const char*>(twos.data()), len * sizeof(float)));
+  REQUIRE(raw.SendAll(std::string_view(frame).substr(0, frame.size() - 100 * 1024)));
+  // The server is folding it in: the key is held (a probe stream cannot take it).
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (server.store().BeginStream(&key, &len, 1) != nullptr) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(5ms);
+  }
+  // w0's own push of 3s waits for the key (applied whole on a handler thread) ...
+  auto threes = std::make_shared<const std::vector<float>>(len, 3.0f);
+  std::future<Status> waiting = c.worker(0).ZPush({key}, threes);
+  CHECK(waiting.wait_for(200ms) == std::future_status::timeout);
+  // ... until the link breaks off: the half push is dropped, the waiting one applied.
+  raw.Close();
+  CHECK(Await(waiting).ok());
+  Result<PullResult> r = Await(c.worker(0).Pull({key}));
+  REQUIRE(r.ok());
+  CHECK(r->values == std::vector<float>(len, 4.0f));
+  CHECK(server.streamed_pushes() == 0);
+  // The key is free again: the next push is folded in as it arrives.
+  CHECK(Await(c.worker(0).ZPush({key}, threes)).ok());
+  CHECK(server.streamed_pushes() == 1);
+  r = Await(c.worker(0).Pull({key}));
+  REQUIRE(r.ok());
+  CHECK(r->values == std::vector<float>(len, 7.0f));
 }
 
 TEST_CASE("ZPull points into the answers and reads the same values as Pull", "[node][net][dataplane]") {
