@@ -76,7 +76,8 @@ Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* in
   Stripe& stripe = StripeFor(key);
   std::unique_lock<std::mutex> lock(stripe.mu);
   auto it = stripe.entries.find(key);
-  while (it != stripe.entries.end() && it->second->writer != nullptr) {
+  // A push of the wrong length is refused at once, without waiting for a stream.
+  while (it != stripe.entries.end() && it->second->writer != nullptr && it->second->values.size() == len) {
     BlockPtr held = it->second;
     ++stripe.waiters;  // no new stream starts in this stripe meanwhile
     WaitForWriter(lock, stripe, held);

@@ -307,6 +307,11 @@ class ServerNode::PushTail : public comm::TailStream {
   bool Begin(Buffer& head, uint64_t tail) override {
     Result<core::KvView> view = core::DecodeKvPairsHead(head.data(), head.size(), tail);
     if (!view.ok()) return false;  // received whole: the handler refuses it as usual
+    // Large keys only: a push small enough for the loop thread (SmallBuiltin) can then
+    // never wait there for a stream, which only the loop thread itself could finish.
+    for (size_t i = 0; i < view->num_keys; ++i) {
+      if (uint64_t{view->lens[i]} * sizeof(float) < core::kZeroCopyBytes) return false;
+    }
     std::shared_lock<std::shared_mutex> lock(server_->view_mu_);
     if (!server_->CheckOwned(view->keys, view->num_keys).ok()) return false;
     stream_ = server_->store_.BeginStream(view->keys, view->lens, view->num_keys);
@@ -329,7 +334,9 @@ std::shared_ptr<comm::TailStream> ServerNode::OnRequestStream(ConnId conn, const
   // Large pushes of the built-in store only, from a member, served in order: no earlier
   // request of the link still with the handler threads, no journal (it logs whole pushes).
   if (meta.cmd() != pb::SEND_DATA || meta.handler() != kPushHandler || tail < core::kZeroCopyBytes) return nullptr;
-  if (journal_ || !members_.count(conn) || held_.count(conn) || cluster_state() == pb::CLUSTER_DISABLE_FLS) {
+  // Handlers on the loop thread (no executor) would wait there for the stream: none then.
+  if (!executor_ || journal_ || !members_.count(conn) || held_.count(conn) ||
+      cluster_state() == pb::CLUSTER_DISABLE_FLS) {
     return nullptr;
   }
   auto pending = in_executor_.find(conn);

@@ -205,6 +205,20 @@ TEST_CASE("a stalled stream is revoked for a waiting push and its commit fails t
   CHECK(PullOne(store, keys[1]) == std::vector<float>(64, 2.0f));  // the key it still held is
 }
 
+TEST_CASE("a push of the wrong length to a streamed key is refused at once - it never waits", "[core][pushstream]") {
+  ParamStore::Options o = Rule(UpdateRule::kSum);
+  o.stream_stall = std::chrono::seconds(60);  // a wait would outlast the test's deadline
+  ParamStore store(o);
+  const uint64_t key = 4;
+  const uint32_t len = 1024, wrong = 16;
+  REQUIRE(store.Push(&key, &len, std::vector<float>(len, 1.0f).data(), 1).ok());
+  auto s = store.BeginStream(&key, &len, 1);
+  REQUIRE(s != nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(store.Push(&key, &wrong, std::vector<float>(wrong, 1.0f).data(), 1).code() == Code::kInvalidArgument);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
 TEST_CASE("a key replaced or erased during its stream keeps the new state", "[core][pushstream]") {
   ParamStore store(Rule(UpdateRule::kSum));
   const uint64_t key = 77;
