@@ -9,8 +9,14 @@
 // past it); both runs must fill the same sinks with the same bytes. A third run, chunked,
 // drops every sink right after the chunk that started it: from then on its bytes must not
 // change, and the frames still come out as in the first run.
+// Requests (not answers) whose sink was declined are offered a stream, which takes the
+// tail when the request_id is even: its pieces must be 4-byte aligned whole floats (the
+// last piece excepted), it must be asked only once every earlier frame was delivered
+// (the frames of each Commit/Resume are delivered before the next call, as a connection
+// does), and both runs must hand the same streams the same bytes.
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -41,11 +47,30 @@ struct Sink {
   bool dropped = false;
 };
 
+// A TailStream that records what it is given and traps on a misshapen piece.
+struct Recorder : pscore::comm::TailStream {
+  bool accept = false;
+  std::string head;
+  uint64_t tail = 0;
+  std::string got;
+  bool Begin(pscore::Buffer& h, uint64_t t) override {
+    head.assign(h.data(), h.size());
+    tail = t;
+    return accept;
+  }
+  void Consume(const char* data, size_t n) override {
+    if (!accept || reinterpret_cast<uintptr_t>(data) % 4 != 0) __builtin_trap();
+    if (got.size() + n > tail || (n % 4 != 0 && got.size() + n != tail)) __builtin_trap();
+    got.append(data, n);
+  }
+};
+
 struct Outcome {
   std::vector<Frame> frames;
   bool ok = true;
   std::vector<Sink> sinks;  // in the order handed out
   size_t dropped_upto = 0;  // sinks before this index were dropped
+  std::vector<std::shared_ptr<Recorder>> streams;  // in the order offered
 };
 
 std::string_view Bytes(const Sink& s) { return std::string_view(s.mem.get(), s.size); }
@@ -63,16 +88,48 @@ void AttachSink(FrameDecoder* d, Outcome* o) {
   });
 }
 
+// Feeds `bytes` as a connection reads them: the frames of each Commit (or Resume, while
+// the decoder is paused) are delivered to o->frames before it goes on.
+Status FeedDelivering(FrameDecoder* d, std::string_view bytes, std::vector<Frame>* out, Outcome* o) {
+  auto deliver = [&] {
+    for (Frame& f : *out) o->frames.push_back(std::move(f));
+    out->clear();
+  };
+  while (!bytes.empty()) {
+    size_t room = 0;
+    char* region = d->ReadRegion(&room);
+    size_t n = std::min(room, bytes.size());
+    std::memcpy(region, bytes.data(), n);
+    bytes.remove_prefix(n);
+    Status st = d->Commit(n, out);
+    deliver();
+    while (st.ok() && d->paused()) {
+      st = d->Resume(out);
+      deliver();
+    }
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
 Outcome Decode(std::string_view stream, const std::vector<size_t>& sizes, bool chunked, bool drop) {
   FrameDecoder d(SmallLimits());
   Outcome o;
   AttachSink(&d, &o);
+  std::vector<Frame> out;  // of the Commit under way: not delivered yet
+  d.set_stream([&o, &out](const pscore::pb::MessageMeta& meta, uint64_t) -> std::shared_ptr<pscore::comm::TailStream> {
+    if (meta.is_response() || !out.empty()) __builtin_trap();  // requests only, earlier frames delivered
+    auto r = std::make_shared<Recorder>();
+    r->accept = meta.request_id() % 2 == 0;
+    o.streams.push_back(r);
+    return r;
+  });
   size_t pos = 0;
   for (size_t i = 0; pos < stream.size(); ++i) {
     size_t n = !chunked || sizes.empty() ? stream.size() : sizes[i % sizes.size()];
     if (n == 0) n = 1;
     if (n > stream.size() - pos) n = stream.size() - pos;
-    Status st = d.Feed(stream.substr(pos, n), &o.frames);
+    Status st = FeedDelivering(&d, stream.substr(pos, n), &out, &o);
     pos += n;
     for (; drop && o.dropped_upto < o.sinks.size(); ++o.dropped_upto) {
       Sink& s = o.sinks[o.dropped_upto];
@@ -92,7 +149,19 @@ bool SameFrame(const Frame& a, const Frame& b) {
   if (a.meta.SerializeAsString() != b.meta.SerializeAsString()) return false;
   std::string_view pa = a.payload ? a.payload->view() : std::string_view();
   std::string_view pb = b.payload ? b.payload->view() : std::string_view();
-  return pa == pb && a.tail_bytes == b.tail_bytes && a.tail_dropped == b.tail_dropped;
+  return pa == pb && a.tail_bytes == b.tail_bytes && a.tail_dropped == b.tail_dropped &&
+         (a.stream == nullptr) == (b.stream == nullptr);
+}
+
+// A frame whose tail went to a stream holds the head the stream was shown, and the stream
+// got all of the tail.
+void CheckStreamed(const Outcome& o) {
+  for (const Frame& f : o.frames) {
+    if (!f.stream) continue;
+    const auto* r = static_cast<const Recorder*>(f.stream.get());
+    if (!r->accept || f.tail_bytes != r->tail || r->got.size() != r->tail) __builtin_trap();
+    if (!f.payload || f.payload->view() != r->head) __builtin_trap();
+  }
 }
 
 }  // namespace
@@ -121,6 +190,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t i = 0; i < whole.sinks.size(); ++i) {
     if (Bytes(whole.sinks[i]) != Bytes(chunked.sinks[i])) __builtin_trap();
   }
+  // The same streams, shown the same heads and given the same bytes.
+  if (whole.streams.size() != chunked.streams.size()) __builtin_trap();
+  for (size_t i = 0; i < whole.streams.size(); ++i) {
+    const Recorder& a = *whole.streams[i];
+    const Recorder& b = *chunked.streams[i];
+    if (a.head != b.head || a.tail != b.tail || a.got != b.got) __builtin_trap();
+  }
+  CheckStreamed(whole);
+  CheckStreamed(chunked);
 
   Outcome dropping = Decode(stream, sizes, /*chunked=*/true, /*drop=*/true);
   if (dropping.ok != whole.ok || dropping.frames.size() != whole.frames.size()) __builtin_trap();

@@ -86,6 +86,15 @@ void FrameDecoderSeeds() {
     answers += Frame(m, std::string(8, 'h') + std::string(id == 2 ? 20000 : 100, static_cast<char>('a' + id)));
   }
   Write("frame_decoder_fuzz", "split_answers", std::string("\x02\x00\x10\x40\x00", 5) + answers);
+  // Requests with a payload head: sinks declined (ids 3, 6, 9), then a stream taken (6)
+  // or declined (3, 9), behind a plain frame that must be delivered first.
+  std::string requests = Frame(Req(pb::SEND_DATA, pb::WORKER, 0, 1), "plain");
+  for (uint64_t id : {3, 6, 9}) {
+    pb::MessageMeta m = Req(pb::SEND_DATA, pb::WORKER, 0, id);
+    m.set_payload_head(16);
+    requests += Frame(m, std::string(16, 'h') + std::string(id == 6 ? 20003 : 400, static_cast<char>('a' + id)));
+  }
+  Write("frame_decoder_fuzz", "stream_requests", std::string("\x02\x00\x10\x40\x00", 5) + requests);
 }
 
 void KvSeeds() {
