@@ -195,21 +195,23 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
       meta_.Clear();
       continue;
     }
-    // A sink for the tail when the meta names a head inside the payload and the owner
-    // wants it; otherwise the payload is received whole.
+    // A sink (or else a stream, for a request) for the tail when the meta names a head
+    // inside the payload and the owner wants it; otherwise the payload is received whole.
     const uint64_t head_len = meta_.payload_head();
-    if (sink_fn_ && head_len > 0 && head_len < header->data_len) {
+    const bool split = head_len > 0 && head_len < header->data_len;
+    const bool may_stream = split && stream_fn_ && !meta_.is_response();
+    if (may_stream && out->size() > first) {
+      // The frames before this one must reach the owner first: stop in front of it.
+      in_begin_ -= head;
+      meta_.Clear();
+      paused_ = true;
+      break;
+    }
+    if (split && sink_fn_) {
       sink_ = sink_fn_(meta_, header->data_len - head_len);
       if (sink_ != nullptr) tail_len_ = header->data_len - head_len;
     }
-    if (sink_ == nullptr && stream_fn_ && !meta_.is_response() && head_len > 0 && head_len < header->data_len) {
-      if (out->size() > first) {
-        // Frames before this one must reach the owner first: stop in front of it.
-        in_begin_ -= head;
-        meta_.Clear();
-        paused_ = true;
-        break;
-      }
+    if (may_stream && sink_ == nullptr) {
       stream_ = stream_fn_(meta_, header->data_len - head_len);
       if (stream_) tail_len_ = header->data_len - head_len;
     }

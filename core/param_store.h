@@ -112,8 +112,6 @@ class ParamStore {
   static constexpr int kStripeBits = 6;
   static constexpr size_t kStripes = size_t{1} << kStripeBits;
 
-  // One key's floats. Shared with the slices ShareValues handed out; while any is out
-  // (readers > 0) the values are never written, only replaced by a fresh block.
   struct Block;
   using BlockPtr = std::shared_ptr<Block>;
   // A block kept for the next stream of its key, counted against stream_spare_bytes.
@@ -132,6 +130,8 @@ class ParamStore {
     BlockPtr block_;
     std::atomic<uint64_t>* counter_ = nullptr;
   };
+  // One key's floats. Shared with the slices ShareValues handed out; while any is out
+  // (readers > 0) the values are never written, only replaced by a fresh block.
   struct Block {
     explicit Block(std::vector<float> v) : values(std::move(v)) {}
     std::vector<float> values;

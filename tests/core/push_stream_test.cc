@@ -126,11 +126,20 @@ TEST_CASE("pulls see a streamed key before or after the push, never half of it",
   REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
   constexpr int kStreams = 300;
   std::atomic<bool> done{false};
+  std::atomic<int> pulls{0}, streams{0}, failed{0};
   std::thread streamer([&] {
-    for (int i = 0; i < kStreams; ++i) Stream(store, {key}, {len}, ones, 1000).IgnoreError();
+    // At least kStreams, and on until the pulls below overlapped them (30 s at most).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (streams.load() < kStreams || (pulls.load() < 100 && std::chrono::steady_clock::now() < deadline)) {
+      if (Stream(store, {key}, {len}, ones, 1000).ok()) {
+        ++streams;
+      } else {
+        ++failed;
+      }
+    }
     done = true;
   });
-  int torn = 0, pulls = 0;
+  int torn = 0;
   std::vector<Slice> held;
   while (!done.load()) {
     std::vector<float> v = PullOne(store, key);
@@ -147,9 +156,10 @@ TEST_CASE("pulls see a streamed key before or after the push, never half of it",
   }
   streamer.join();
   CHECK(torn == 0);
-  CHECK(pulls > 0);
+  CHECK(failed.load() == 0);  // no other writer: every stream begins and commits
+  CHECK(pulls.load() >= 100);
   held.clear();
-  CHECK(PullOne(store, key) == std::vector<float>(len, 1.0f + kStreams));
+  CHECK(PullOne(store, key) == std::vector<float>(len, 1.0f + streams.load()));
 }
 
 TEST_CASE("a push waits for the stream holding its key: no update is lost", "[core][pushstream]") {

@@ -553,6 +553,7 @@ TEST_CASE("large ZPushes from two workers to the same keys are folded in as they
 TEST_CASE("a large push cut off half-way changes nothing - a push waiting for its key then goes on",
           "[node][net][dataplane][stream]") {
   TestCluster::Config config;
+  config.store.stream_stall = std::chrono::seconds(60);  // only the broken link lets the key go
   TestCluster c(config);
   c.Start();
   ServerNode& server = c.server(0);
