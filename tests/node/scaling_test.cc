@@ -51,19 +51,22 @@ bool WaitState(SchedulerNode& s, pb::ClusterState want, Duration timeout) {
   return false;
 }
 
-// Pushes +1 to every key in rounds until stopped; counts acknowledged rounds.
+// Pushes +1 to every key in rounds until stopped; counts acknowledged rounds. Large keys
+// go by ZPush (written from the shared values; the servers fold them in as they arrive).
 struct Pusher {
   WorkerNode* worker;
   std::vector<uint64_t> keys;
+  uint32_t floats = 4;  // per key
   std::atomic<bool> stop{false};
   std::atomic<int> acked{0};
   std::atomic<int> failed{0};
   std::thread thread;
   void Start() {
     thread = std::thread([this] {
-      std::vector<float> ones(keys.size() * 4, 1.0f);
+      auto ones = std::make_shared<const std::vector<float>>(keys.size() * floats, 1.0f);
+      const bool zero_copy = floats * sizeof(float) >= core::kZeroCopyBytes;
       while (!stop) {
-        Status st = worker->Push(keys, ones).get();
+        Status st = (zero_copy ? worker->ZPush(keys, ones) : worker->Push(keys, *ones)).get();
         if (st.ok()) {
           ++acked;
         } else {
@@ -89,27 +92,28 @@ SchedulerOptions Sched(int workers, int servers) {
   return o;
 }
 
-void CheckSums(WorkerNode& w, const std::vector<uint64_t>& keys, int acked) {
+void CheckSums(WorkerNode& w, const std::vector<uint64_t>& keys, int acked, uint32_t floats = 4) {
   Result<PullResult> r = w.Pull(keys).get();
   REQUIRE(r.ok());
-  REQUIRE(r->values.size() == keys.size() * 4);
+  REQUIRE(r->values.size() == keys.size() * floats);
   for (float v : r->values) REQUIRE(v == static_cast<float>(acked));
   // PullSync key by key (one server each: the direct way, or Pull when the keys moved
   // after the worker's last look at the metadata) agrees.
   for (uint64_t k : keys) {
     Result<PullResult> one = w.PullSync({k});
     REQUIRE(one.ok());
-    REQUIRE(one->values == std::vector<float>(4, static_cast<float>(acked)));
+    REQUIRE(one->values == std::vector<float>(floats, static_cast<float>(acked)));
   }
 }
 
 }  // namespace
 
 // A scheduler, servers s0.. (server i asks for rank i), one worker w0 at READY, and a
-// pusher adding 1 to keys 0..63 in rounds. Stops everything, in order, when it goes.
+// pusher adding 1 to keys 0..num_keys-1 (`floats` each) in rounds. Stops everything, in
+// order, when it goes.
 class PushingJob {
  public:
-  explicit PushingJob(int servers) : sched_(Sched(1, servers)) {
+  explicit PushingJob(int servers, int num_keys = 64, uint32_t floats = 4) : sched_(Sched(1, servers)) {
     REQUIRE(sched_.Start().ok());
     for (int i = 0; i < servers; ++i) {
       NodeOptions o = Opts(pb::SERVER, sched_.port(), "s" + std::to_string(i));
@@ -120,7 +124,8 @@ class PushingJob {
     REQUIRE(worker_->Start().ok());
     REQUIRE(worker_->WaitForReady(10s).ok());
     pusher_.worker = worker_.get();
-    for (uint64_t k = 0; k < 64; ++k) pusher_.keys.push_back(k);
+    pusher_.floats = floats;
+    for (uint64_t k = 0; k < static_cast<uint64_t>(num_keys); ++k) pusher_.keys.push_back(k);
     pusher_.Start();
     std::this_thread::sleep_for(100ms);
   }
@@ -144,7 +149,7 @@ class PushingJob {
     pusher_.Stop();
     CHECK(pusher_.failed == 0);
     REQUIRE(pusher_.acked > 0);
-    CheckSums(*worker_, pusher_.keys, pusher_.acked);
+    CheckSums(*worker_, pusher_.keys, pusher_.acked, pusher_.floats);
   }
   bool Holds(ServerNode& s, uint64_t key) {
     std::vector<uint32_t> lens;
@@ -179,6 +184,20 @@ TEST_CASE("scale-out 2->4 servers while pushing loses no update and keeps old ra
   CHECK(job.worker().server_count() == 4);
   for (int i = 0; i < 2; ++i) CHECK(job.server(i).rank() == i);
   // Every key lives on exactly one server: its owner under 4 servers.
+  for (size_t i = 0; i < job.num_servers(); ++i) {
+    for (uint64_t k : job.keys()) CHECK(job.Holds(job.server(i), k) == (core::ServerForKey(k, 4) == job.server(i).rank()));
+  }
+}
+
+TEST_CASE("scale-out 2->4 servers while large ZPushes are folded in as they arrive loses no update",
+          "[node][net][scale][stream]") {
+  PushingJob job(2, /*num_keys=*/8, /*floats=*/64 * 1024);  // 256 KiB a key
+  REQUIRE(job.Admin(ScaleOut(4)).ok());
+  for (int i = 2; i < 4; ++i) job.AddServer(job.ServerOpts("s" + std::to_string(i)));
+  job.FinishAndCheckSums();
+  uint64_t streamed = 0;
+  for (size_t i = 0; i < job.num_servers(); ++i) streamed += job.server(i).streamed_pushes();
+  CHECK(streamed > 0);
   for (size_t i = 0; i < job.num_servers(); ++i) {
     for (uint64_t k : job.keys()) CHECK(job.Holds(job.server(i), k) == (core::ServerForKey(k, 4) == job.server(i).rank()));
   }
