@@ -102,6 +102,32 @@ Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* in
 
 // ---- streamed pushes ----
 
+ParamStore::StreamHold ParamStore::HoldStreamsOff(const uint64_t* keys, const uint32_t* lens, size_t num_keys) {
+  StreamHold hold;
+  if (keys == nullptr || lens == nullptr) return hold;
+  hold.stripes_.reserve(num_keys);
+  for (size_t i = 0; i < num_keys; ++i) {
+    Stripe& stripe = StripeFor(keys[i]);
+    std::unique_lock<std::mutex> lock(stripe.mu);
+    ++stripe.waiters;  // from now on no stream starts in this stripe
+    hold.stripes_.push_back(&stripe);
+    for (;;) {
+      auto it = stripe.entries.find(keys[i]);
+      if (it == stripe.entries.end() || it->second->writer == nullptr || it->second->values.size() != lens[i]) break;
+      BlockPtr held = it->second;
+      WaitForWriter(lock, stripe, held);
+    }
+  }
+  return hold;
+}
+
+ParamStore::StreamHold::~StreamHold() {
+  for (Stripe* s : stripes_) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    --s->waiters;
+  }
+}
+
 ParamStore::Spare::Spare(BlockPtr block, std::atomic<uint64_t>* counter)
     : block_(std::move(block)), counter_(counter) {
   counter_->fetch_add(block_->values.size() * sizeof(float), std::memory_order_relaxed);

@@ -27,6 +27,8 @@ namespace core {
 enum class UpdateRule { kAssign, kSum, kSgd };
 
 class ParamStore {
+  struct Stripe;
+
  public:
   struct Options {
     UpdateRule rule = UpdateRule::kSum;
@@ -68,6 +70,25 @@ class ParamStore {
   // set, a key is missing or has another length, is held by a stream, or is larger than
   // Options::stream_spare_bytes; the caller then pushes the values whole with Push.
   std::unique_ptr<PushStream> BeginStream(const uint64_t* keys, const uint32_t* lens, size_t num_keys);
+
+  // For a caller about to Push under a lock of its own that a stream's progress may need
+  // (the server's view lock, which its loop thread takes): waits, holding nothing, until
+  // no stream holds any of the keys (pushed with lens: a key of another length is not
+  // waited for, its push is refused anyway; a stalled stream is revoked as by Push), and
+  // keeps new streams from starting on those keys' stripes until the hold is destroyed,
+  // so the Push then never waits.
+  class StreamHold {
+   public:
+    StreamHold() = default;
+    StreamHold(StreamHold&& o) noexcept : stripes_(std::move(o.stripes_)) { o.stripes_.clear(); }
+    StreamHold& operator=(StreamHold&&) = delete;
+    ~StreamHold();
+
+   private:
+    friend class ParamStore;
+    std::vector<Stripe*> stripes_;
+  };
+  StreamHold HoldStreamsOff(const uint64_t* keys, const uint32_t* lens, size_t num_keys);
 
   // Writes each key's length to *lens and its floats back to back to *values
   // (both replaced). A missing key is kNotFound naming it; outputs are then empty.

@@ -367,6 +367,13 @@ void ServerNode::HandlePush(const DataRequest& req, Responder r) {
   size_t size = req.payload ? req.payload->size() : 0;
   Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
   if (!view.ok()) return r.Fail(view.status());
+  // A key held by a push being folded in as it arrives (PushTail: keys of 64 KiB or more)
+  // is waited for here, not under the view lock: the loop thread, which feeds that push,
+  // takes the view lock.
+  const bool large = std::any_of(view->lens, view->lens + view->num_keys,
+                                 [](uint32_t l) { return uint64_t{l} * sizeof(float) >= core::kZeroCopyBytes; });
+  core::ParamStore::StreamHold hold =
+      large ? store_.HoldStreamsOff(view->keys, view->lens, view->num_keys) : core::ParamStore::StreamHold();
   std::shared_lock<std::shared_mutex> lock(view_mu_);
   PSCORE_RETURN_IF_ERROR_RESPOND(CheckOwned(view->keys, view->num_keys), r);
   Status st = Journaled(core::JournalOp::kPush, std::string_view(data, size), [&] {

@@ -229,6 +229,38 @@ TEST_CASE("a push of the wrong length to a streamed key is refused at once - it 
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
 }
 
+TEST_CASE("HoldStreamsOff waits for the stream holding a key and keeps new ones off until let go",
+          "[core][pushstream]") {
+  ParamStore::Options o = Rule(UpdateRule::kSum);
+  o.stream_stall = std::chrono::seconds(60);
+  ParamStore store(o);
+  const uint64_t key = 8;
+  const uint32_t len = 1024, wrong = 8;
+  const std::vector<float> ones(len, 1.0f);
+  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+  {
+    auto held = store.HoldStreamsOff(&key, &len, 1);  // nothing streams: no wait
+    CHECK(store.BeginStream(&key, &len, 1) == nullptr);  // kept off while held
+  }
+  auto s = store.BeginStream(&key, &len, 1);
+  REQUIRE(s != nullptr);
+  { auto other_length = store.HoldStreamsOff(&key, &wrong, 1); }  // refused anyway: not waited for
+  std::atomic<bool> holding{false};
+  std::thread waiter([&] {
+    auto hold = store.HoldStreamsOff(&key, &len, 1);
+    holding = true;
+    if (!store.Push(&key, &len, ones.data(), 1).ok()) holding = false;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK_FALSE(holding.load());  // still waiting for the stream
+  s->Apply(ones.data(), len);
+  CHECK(s->Commit().ok());
+  waiter.join();
+  CHECK(holding.load());
+  CHECK(PullOne(store, key) == std::vector<float>(len, 3.0f));
+  CHECK(store.BeginStream(&key, &len, 1) != nullptr);  // the hold is gone
+}
+
 TEST_CASE("a key replaced or erased during its stream keeps the new state", "[core][pushstream]") {
   ParamStore store(Rule(UpdateRule::kSum));
   const uint64_t key = 77;

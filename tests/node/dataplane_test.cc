@@ -553,7 +553,7 @@ TEST_CASE("large ZPushes from two workers to the same keys are folded in as they
 TEST_CASE("a large push cut off half-way changes nothing - a push waiting for its key then goes on",
           "[node][net][dataplane][stream]") {
   TestCluster::Config config;
-  config.store.stream_stall = std::chrono::seconds(60);  // only the broken link lets the key go
+  config.store.stream_stall = std::chrono::seconds(20);  // only the broken link lets the key go
   TestCluster c(config);
   c.Start();
   ServerNode& server = c.server(0);
@@ -590,6 +590,15 @@ TEST_CASE("a large push cut off half-way changes nothing - a push waiting for it
   auto threes = std::make_shared<const std::vector<float>>(len, 3.0f);
   std::future<Status> waiting = c.worker(0).ZPush({key}, threes);
   CHECK(waiting.wait_for(200ms) == std::future_status::timeout);
+  // ... without keeping the server's loop from its own work meanwhile: new metadata takes
+  // the view lock there (the waiting push must not hold it while it waits).
+  pb::SendMetadataMessage md = server.metadata();
+  md.set_epoch(md.epoch() + 1);
+  comm::Frame update{MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, -1), ToBuffer(md)};
+  std::future<void> applied =
+      std::async(std::launch::async, [&server, &update] { server.InjectForTest(0, std::move(update), true); });
+  CHECK(applied.wait_for(10s) == std::future_status::ready);
+  CHECK(waiting.wait_for(0s) == std::future_status::timeout);
   // ... until the link breaks off: the half push is dropped, the waiting one applied.
   raw.Close();
   CHECK(Await(waiting).ok());
