@@ -12,25 +12,14 @@
 // definition wins. We want Catch's.
 #include <catch2/catch.hpp>
 
+#include "core/param_store_util.h"
+
 namespace pscore {
 namespace core {
 namespace {
 
-ParamStore::Options Rule(UpdateRule rule, float lr = 0.01f) {
-  ParamStore::Options o;
-  o.rule = rule;
-  o.learning_rate = lr;
-  return o;
-}
-
-std::vector<float> PullOne(const ParamStore& store, uint64_t key) {
-  std::vector<uint32_t> lens;
-  std::vector<float> values;
-  REQUIRE(store.Pull(&key, 1, &lens, &values).ok());
-  REQUIRE(lens.size() == 1);
-  REQUIRE(values.size() == lens[0]);
-  return values;
-}
+using testing::PullOne;
+using testing::Rule;
 
 TEST_CASE("concurrent sum pushes on overlapping keys give exact sums", "[core][paramstore]") {
   ParamStore store(Rule(UpdateRule::kSum));

@@ -12,23 +12,14 @@
 // definition wins. We want Catch's.
 #include <catch2/catch.hpp>
 
+#include "core/param_store_util.h"
+
 namespace pscore {
 namespace core {
 namespace {
 
-ParamStore::Options Rule(UpdateRule rule, float lr = 0.01f) {
-  ParamStore::Options o;
-  o.rule = rule;
-  o.learning_rate = lr;
-  return o;
-}
-
-std::vector<float> PullOne(const ParamStore& store, uint64_t key) {
-  std::vector<uint32_t> lens;
-  std::vector<float> values;
-  REQUIRE(store.Pull(&key, 1, &lens, &values).ok());
-  return values;
-}
+using testing::PullOne;
+using testing::Rule;
 
 std::vector<float> Ramp(size_t n, float base) {
   std::vector<float> v(n);
@@ -46,6 +37,21 @@ Status Stream(ParamStore& store, const std::vector<uint64_t>& keys, const std::v
   }
   return s->Commit();
 }
+
+// A sum store holding one key of 4096 ones. A push waiting for a stream gives up on it
+// only after 60 s (stream_stall), past any deadline of these tests.
+struct OneKeyStore {
+  static ParamStore::Options Options() {
+    ParamStore::Options o = Rule(UpdateRule::kSum);
+    o.stream_stall = std::chrono::seconds(60);
+    return o;
+  }
+  OneKeyStore() : store(Options()) { REQUIRE(store.Push(&key, &len, ones.data(), 1).ok()); }
+  ParamStore store;
+  const uint64_t key = 9;
+  const uint32_t len = 4096;
+  const std::vector<float> ones = std::vector<float>(4096, 1.0f);
+};
 
 TEST_CASE("a streamed push gives what Push gives, for every rule and every piece size", "[core][pushstream]") {
   const std::vector<uint64_t> keys = {3, 70, 1000};
@@ -67,12 +73,7 @@ TEST_CASE("a streamed push gives what Push gives, for every rule and every piece
   }
 }
 
-TEST_CASE("an uncommitted stream changes nothing and lets go of its keys", "[core][pushstream]") {
-  ParamStore store(Rule(UpdateRule::kSum));
-  const uint64_t key = 9;
-  const uint32_t len = 256;
-  const std::vector<float> ones(len, 1.0f);
-  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+TEST_CASE_METHOD(OneKeyStore, "an uncommitted stream changes nothing and lets go of its keys", "[core][pushstream]") {
   {
     auto s = store.BeginStream(&key, &len, 1);
     REQUIRE(s != nullptr);
@@ -118,12 +119,7 @@ TEST_CASE("a push cannot stream when it must take the plain path", "[core][pushs
   CHECK(PullOne(store, key) == std::vector<float>(len, 1.0f));  // declined streams left no trace
 }
 
-TEST_CASE("pulls see a streamed key before or after the push, never half of it", "[core][pushstream]") {
-  ParamStore store(Rule(UpdateRule::kSum));
-  const uint64_t key = 5;
-  const uint32_t len = 8192;
-  const std::vector<float> ones(len, 1.0f);
-  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+TEST_CASE_METHOD(OneKeyStore, "pulls see a streamed key before or after the push, never half of it", "[core][pushstream]") {
   constexpr int kStreams = 300;
   std::atomic<bool> done{false};
   std::atomic<int> pulls{0}, streams{0}, failed{0};
@@ -162,12 +158,7 @@ TEST_CASE("pulls see a streamed key before or after the push, never half of it",
   CHECK(PullOne(store, key) == std::vector<float>(len, 1.0f + streams.load()));
 }
 
-TEST_CASE("a push waits for the stream holding its key: no update is lost", "[core][pushstream]") {
-  ParamStore store(Rule(UpdateRule::kSum));
-  const uint64_t key = 21;
-  const uint32_t len = 4096;
-  const std::vector<float> ones(len, 1.0f);
-  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+TEST_CASE_METHOD(OneKeyStore, "a push waits for the stream holding its key: no update is lost", "[core][pushstream]") {
   constexpr int kEach = 400;
   std::atomic<int> streamed{0}, failed{0};
   std::thread streamer([&] {
@@ -215,13 +206,9 @@ TEST_CASE("a stalled stream is revoked for a waiting push and its commit fails t
   CHECK(PullOne(store, keys[1]) == std::vector<float>(64, 2.0f));  // the key it still held is
 }
 
-TEST_CASE("a push of the wrong length to a streamed key is refused at once - it never waits", "[core][pushstream]") {
-  ParamStore::Options o = Rule(UpdateRule::kSum);
-  o.stream_stall = std::chrono::seconds(60);  // a wait would outlast the test's deadline
-  ParamStore store(o);
-  const uint64_t key = 4;
-  const uint32_t len = 1024, wrong = 16;
-  REQUIRE(store.Push(&key, &len, std::vector<float>(len, 1.0f).data(), 1).ok());
+TEST_CASE_METHOD(OneKeyStore, "a push of the wrong length to a streamed key is refused at once - it never waits",
+                 "[core][pushstream]") {
+  const uint32_t wrong = 16;
   auto s = store.BeginStream(&key, &len, 1);
   REQUIRE(s != nullptr);
   const auto start = std::chrono::steady_clock::now();
@@ -229,21 +216,15 @@ TEST_CASE("a push of the wrong length to a streamed key is refused at once - it 
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
 }
 
-TEST_CASE("HoldStreamsOff waits for the stream holding a key and keeps new ones off until let go",
-          "[core][pushstream]") {
-  ParamStore::Options o = Rule(UpdateRule::kSum);
-  o.stream_stall = std::chrono::seconds(60);
-  ParamStore store(o);
-  const uint64_t key = 8;
-  const uint32_t len = 1024, wrong = 8;
-  const std::vector<float> ones(len, 1.0f);
-  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+TEST_CASE_METHOD(OneKeyStore, "HoldStreamsOff waits for the stream holding a key and keeps new ones off until let go",
+                 "[core][pushstream]") {
   {
     auto held = store.HoldStreamsOff(&key, &len, 1);  // nothing streams: no wait
     CHECK(store.BeginStream(&key, &len, 1) == nullptr);  // kept off while held
   }
   auto s = store.BeginStream(&key, &len, 1);
   REQUIRE(s != nullptr);
+  const uint32_t wrong = 8;
   { auto other_length = store.HoldStreamsOff(&key, &wrong, 1); }  // refused anyway: not waited for
   std::atomic<bool> holding{false};
   std::thread waiter([&] {
@@ -261,12 +242,7 @@ TEST_CASE("HoldStreamsOff waits for the stream holding a key and keeps new ones 
   CHECK(store.BeginStream(&key, &len, 1) != nullptr);  // the hold is gone
 }
 
-TEST_CASE("a key replaced or erased during its stream keeps the new state", "[core][pushstream]") {
-  ParamStore store(Rule(UpdateRule::kSum));
-  const uint64_t key = 77;
-  const uint32_t len = 32;
-  const std::vector<float> ones(len, 1.0f);
-  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+TEST_CASE_METHOD(OneKeyStore, "a key replaced or erased during its stream keeps the new state", "[core][pushstream]") {
   auto s = store.BeginStream(&key, &len, 1);
   REQUIRE(s != nullptr);
   store.Insert(key, std::vector<float>(len, 7.0f));  // a migration overwrote it
