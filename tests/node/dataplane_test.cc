@@ -124,6 +124,14 @@ class TestCluster {
   std::atomic<int> timeouts_{0};
 };
 
+// A cluster of `workers` and `servers` with the default configuration.
+TestCluster::Config Nodes(int workers, int servers) {
+  TestCluster::Config c;
+  c.workers = workers;
+  c.servers = servers;
+  return c;
+}
+
 std::string Str(const BufferPtr& b) { return b ? std::string(b->view()) : std::string(); }
 
 // The echo-with-transform handlers: by user_cmd 7 the server prefixes its rank; by name
@@ -372,10 +380,7 @@ TEST_CASE("large Pulls answered from the store's memory see each Push whole and 
           "[node][net][dataplane]") {
   // Keys of 128 KiB: the server answers them with the stored memory itself (no copy), so
   // pushes arriving while an answer is still being written must not show through it.
-  TestCluster::Config config;
-  config.workers = 2;
-  config.servers = 2;
-  TestCluster c(config);
+  TestCluster c(Nodes(2, 2));
   c.Start();
   const std::vector<uint64_t> keys = {10, 20, 30, 40};
   const size_t per_key = 32 * 1024;
@@ -449,9 +454,7 @@ bool Released(const std::shared_ptr<const std::vector<float>>& values) {
 }  // namespace
 
 TEST_CASE("ZPush sends shared values without a copy and the sums are exact", "[node][net][dataplane]") {
-  TestCluster::Config config;
-  config.servers = 3;
-  TestCluster c(config);
+  TestCluster c(Nodes(1, 3));
   c.Start();
   // Five keys of 128 KiB and a small one: on average far over core::kZeroCopyBytes per key,
   // so the values go out as tail slices of the caller's vector.
@@ -493,10 +496,7 @@ TEST_CASE("ZPush sends shared values without a copy and the sums are exact", "[n
 
 TEST_CASE("large ZPushes from two workers to the same keys are folded in as they arrive - exact sums - no half push seen",
           "[node][net][dataplane][stream]") {
-  TestCluster::Config config;
-  config.workers = 2;
-  config.servers = 2;
-  TestCluster c(config);
+  TestCluster c(Nodes(2, 2));
   c.Start();
   const std::vector<uint64_t> keys = {11, 12, 13, 14};
   const uint32_t len = 64 * 1024;  // 256 KiB a key: over core::kZeroCopyBytes, written as tail slices
@@ -615,9 +615,7 @@ TEST_CASE("a large push cut off half-way changes nothing - a push waiting for it
 }
 
 TEST_CASE("ZPull points into the answers and reads the same values as Pull", "[node][net][dataplane]") {
-  TestCluster::Config config;
-  config.servers = 3;
-  TestCluster c(config);
+  TestCluster c(Nodes(1, 3));
   c.Start();
   // Large keys (answered from the stores' memory) and small ones, over three servers.
   const std::vector<uint64_t> keys = {5, 1, 9, 2, 7, 3};
@@ -1001,9 +999,7 @@ TEST_CASE("metadata claiming more servers than a job may have is ignored - worke
   // Found by worker_dispatch_fuzz: PullSync's route table was sized by server_num from the
   // wire (2^30 addresses: out of memory); Push groups its keys by the same count. Now a
   // node refuses metadata whose totals exceed kMaxRoleTotal and keeps the metadata it has.
-  TestCluster::Config config;
-  config.servers = 1;
-  TestCluster c(config);
+  TestCluster c(Nodes(1, 1));
   c.Start();
   WorkerNode& w = c.worker(0);
   REQUIRE(Await(w.Push({7}, {1.0f})).ok());
@@ -1095,9 +1091,7 @@ int ClientLinksTo(int port) {
 
 TEST_CASE("Stop closes PullSync's direct links - a link out with a caller is not kept",
           "[node][net][dataplane]") {
-  TestCluster::Config config;
-  config.servers = 1;
-  TestCluster c(config);
+  TestCluster c(Nodes(1, 1));
   c.Start();
   WorkerNode& w = c.worker(0);
   REQUIRE(Await(w.Push({1}, {1.0f})).ok());
