@@ -56,6 +56,8 @@ DEFINE_string(data_dir, "", "Server: journal the parameter store in this directo
               "with the same --node_id and directory gets its parameters back. Empty: memory only.");
 DEFINE_string(update_rule, "sum", "Server parameter store rule: assign, sum or sgd.");
 DEFINE_double(learning_rate, 0.1, "Learning rate of the sgd update rule.");
+DEFINE_uint64(stream_spare_mb, 512, "Server: MiB of spare blocks kept for pushes folded into the store as they "
+              "arrive (large ZPushes); a key larger than this is applied whole instead (0: never folded in).");
 // pscore-train (the demo job's worker) only.
 DEFINE_int32(steps, 60, "pscore-train: synchronous SGD steps.");
 DEFINE_int32(samples, 20000, "pscore-train: size of the synthetic data set (all workers).");
@@ -204,6 +206,7 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   if (FLAGS_rank < -1) Die(prog, "--rank must be >= -1");
   if (FLAGS_max_message_bytes < 1024) Die(prog, "--max_message_bytes must be >= 1024");
   if (FLAGS_buffer_pool_mb > (1ull << 20)) Die(prog, "--buffer_pool_mb must be <= 1048576");
+  if (FLAGS_stream_spare_mb > (1ull << 20)) Die(prog, "--stream_spare_mb must be <= 1048576");
   // Process-wide. Left alone unless given, so an AddressSanitizer build keeps its default (off).
   if (!gflags::GetCommandLineFlagInfoOrDie("buffer_pool_mb").is_default) {
     Buffer::SetPoolLimit(static_cast<size_t>(FLAGS_buffer_pool_mb) << 20);
@@ -263,6 +266,7 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   cl.http_port_file = FLAGS_http_port_file;
   cl.update_rule = FLAGS_update_rule;
   cl.learning_rate = static_cast<float>(FLAGS_learning_rate);
+  cl.stream_spare_bytes = FLAGS_stream_spare_mb << 20;
   if (FLAGS_steps < 0 || FLAGS_samples < 1 || FLAGS_dim < 1 || FLAGS_keys < 1 || FLAGS_keys > FLAGS_dim) {
     Die(prog, "--steps >= 0, --samples >= 1 and 1 <= --keys <= --dim are required");
   }

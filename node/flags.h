@@ -42,6 +42,7 @@ struct CommandLine {
   std::string http_port_file;  // scheduler: where to write the bound HTTP port
   std::string update_rule;
   float learning_rate = 0.1f;
+  uint64_t stream_spare_bytes = 512ull << 20;  // server: ParamStore::Options::stream_spare_bytes
   TrainOptions train;
   AdminFlags admin;
 };

@@ -96,6 +96,7 @@ int RunMember(const node::CommandLine& cl, pb::NodeRole role) {
               : cl.update_rule == "sgd"  ? core::UpdateRule::kSgd
                                          : core::UpdateRule::kSum;
     so.learning_rate = cl.learning_rate;
+    so.stream_spare_bytes = cl.stream_spare_bytes;
     n = std::make_unique<node::ServerNode>(opts, so);
   } else {
     n = std::make_unique<node::WorkerNode>(opts);
