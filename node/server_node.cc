@@ -81,6 +81,8 @@ Status ServerNode::StartRole() {
 }
 
 void ServerNode::StopRole() {
+  LOG(INFO) << "server " << options_.node_id << ": " << streamed_pushes()
+            << " pushes folded into the store as they arrived";
   while (!held_.empty()) TakeHeld(held_.begin()->first);
   if (executor_) executor_->Shutdown();
   for (auto& [key, p] : waiting_) p->set_value(Status(Code::kCancelled, "server stopped"));
