@@ -64,6 +64,7 @@ void ParamStore::WaitForWriter(std::unique_lock<std::mutex>& lock, Stripe& strip
       // The stream's sender stopped mid-push: its key goes to the pushes waiting for it.
       // Its reads of the block are safe: the block is pinned (readers), so it is copied.
       block->writer = nullptr;
+      held_keys_.fetch_sub(1, std::memory_order_relaxed);
       stripe.released.notify_all();
       return;
     }
@@ -171,6 +172,7 @@ std::unique_ptr<ParamStore::PushStream> ParamStore::BeginStream(const uint64_t* 
     if (b.spare.block() && b.spare.block()->readers.load(std::memory_order_acquire) == 0) target = b.spare.Take();
     b.spare.Reset();
     b.writer = s.get();
+    held_keys_.fetch_add(1, std::memory_order_relaxed);
     b.readers.fetch_add(1, std::memory_order_relaxed);  // read by Apply outside the lock
     s->keys_.push_back(PushStream::Key{keys[i], it->second, std::move(target)});
   }
@@ -228,7 +230,10 @@ Status ParamStore::PushStream::Commit() {
       std::lock_guard<std::mutex> lock(stripe.mu);
       auto it = stripe.entries.find(k.key);
       const bool held = k.source->writer == this;
-      if (held) k.source->writer = nullptr;
+      if (held) {
+        k.source->writer = nullptr;
+        store_->held_keys_.fetch_sub(1, std::memory_order_relaxed);
+      }
       k.source->readers.fetch_sub(1, std::memory_order_release);
       if (held && it != stripe.entries.end() && it->second == k.source) {
         // The replaced block is the next stream's target, when no slice reads it and
@@ -260,6 +265,7 @@ void ParamStore::PushStream::Release() {
     k.source->readers.fetch_sub(1, std::memory_order_release);
     if (k.source->writer == this) {
       k.source->writer = nullptr;
+      store_->held_keys_.fetch_sub(1, std::memory_order_relaxed);
       stripe.released.notify_all();
     }
   }

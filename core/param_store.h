@@ -89,6 +89,8 @@ class ParamStore {
     std::vector<Stripe*> stripes_;
   };
   StreamHold HoldStreamsOff(const uint64_t* keys, const uint32_t* lens, size_t num_keys);
+  // Keys held by streams right now (any thread; a snapshot).
+  uint64_t keys_held_by_streams() const { return held_keys_.load(std::memory_order_relaxed); }
 
   // Writes each key's length to *lens and its floats back to back to *values
   // (both replaced). A missing key is kNotFound naming it; outputs are then empty.
@@ -182,6 +184,7 @@ class ParamStore {
 
   const Options opts_;
   std::atomic<uint64_t> spare_bytes_{0};
+  std::atomic<uint64_t> held_keys_{0};  // blocks with a writer
   std::shared_ptr<const Updater> updater_;  // Accessed with std::atomic_load/store.
   std::array<Stripe, kStripes> stripes_;
 };

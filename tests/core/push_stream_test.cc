@@ -77,8 +77,10 @@ TEST_CASE_METHOD(OneKeyStore, "an uncommitted stream changes nothing and lets go
   {
     auto s = store.BeginStream(&key, &len, 1);
     REQUIRE(s != nullptr);
+    CHECK(store.keys_held_by_streams() == 1);
     s->Apply(ones.data(), len / 2);  // the sender went away half-way
   }
+  CHECK(store.keys_held_by_streams() == 0);
   CHECK(PullOne(store, key) == ones);
   auto s = store.BeginStream(&key, &len, 1);  // the key is free again
   REQUIRE(s != nullptr);
@@ -199,7 +201,9 @@ TEST_CASE("a stalled stream is revoked for a waiting push and its commit fails t
   CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(90));
   CHECK(PullOne(store, keys[0]) == std::vector<float>(64, 2.0f));
   s->Apply(ones.data(), 28);  // the sender comes back
+  CHECK(store.keys_held_by_streams() == 1);  // key 1 was revoked, key 2 is still held
   Status st = s->Commit();
+  CHECK(store.keys_held_by_streams() == 0);
   CHECK(st.code() == Code::kAborted);
   CHECK(st.message().find("key 1 ") != std::string::npos);
   CHECK(PullOne(store, keys[0]) == std::vector<float>(64, 2.0f));  // the revoked part is not applied
