@@ -98,7 +98,9 @@ TEST_CASE("a worker SIGKILLed in the middle of large ZPushes leaves no half push
   CHECK(*checked == 0);
   CHECK(w0.Log().find("lost updates 0, duplicated updates 0, torn keys 0") != std::string::npos);
   REQUIRE(w1.Wait(30s).has_value());
-  // The servers folded the pushes in as they arrived (each says how many when it stops).
+  // The servers folded pushes in as they arrived (each says how many when it stops). Not
+  // all of them: a push finding a key held by the other worker's stream, or behind its own
+  // link's push still on a handler thread, is applied whole (few are folded under TSan).
   uint64_t folded = 0;
   for (Process& s : servers) {
     s.Signal(SIGTERM);
@@ -110,7 +112,7 @@ TEST_CASE("a worker SIGKILLed in the middle of large ZPushes leaves no half push
     const size_t from = log.rfind(' ', at - 1) + 1;
     folded += std::stoull(log.substr(from, at - from));
   }
-  CHECK(folded > 10);
+  CHECK(folded > 0);
 }
 
 }  // namespace pscore::testing
