@@ -72,19 +72,25 @@ void ParamStore::WaitForWriter(std::unique_lock<std::mutex>& lock, Stripe& strip
   }
 }
 
-Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* incoming,
-                           uint32_t len) {
-  Stripe& stripe = StripeFor(key);
-  std::unique_lock<std::mutex> lock(stripe.mu);
+ParamStore::Entries::iterator ParamStore::FindUnheld(std::unique_lock<std::mutex>& lock, Stripe& stripe, uint64_t key,
+                                                     uint32_t len) {
   auto it = stripe.entries.find(key);
   // A push of the wrong length is refused at once, without waiting for a stream.
   while (it != stripe.entries.end() && it->second->writer != nullptr && it->second->values.size() == len) {
     BlockPtr held = it->second;
-    ++stripe.waiters;  // no new stream starts in this stripe meanwhile
     WaitForWriter(lock, stripe, held);
-    --stripe.waiters;
     it = stripe.entries.find(key);  // the stream replaced the block, or the key is gone
   }
+  return it;
+}
+
+Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* incoming,
+                           uint32_t len) {
+  Stripe& stripe = StripeFor(key);
+  std::unique_lock<std::mutex> lock(stripe.mu);
+  ++stripe.waiters;  // no new stream starts in this stripe meanwhile
+  auto it = FindUnheld(lock, stripe, key, len);
+  --stripe.waiters;
   if (it == stripe.entries.end()) {
     it = stripe.entries.emplace(key, std::make_shared<Block>(std::vector<float>(len, 0.0f))).first;
   } else if (it->second->values.size() != len) {
@@ -112,12 +118,7 @@ ParamStore::StreamHold ParamStore::HoldStreamsOff(const uint64_t* keys, const ui
     std::unique_lock<std::mutex> lock(stripe.mu);
     ++stripe.waiters;  // from now on no stream starts in this stripe
     hold.stripes_.push_back(&stripe);
-    for (;;) {
-      auto it = stripe.entries.find(keys[i]);
-      if (it == stripe.entries.end() || it->second->writer == nullptr || it->second->values.size() != lens[i]) break;
-      BlockPtr held = it->second;
-      WaitForWriter(lock, stripe, held);
-    }
+    FindUnheld(lock, stripe, keys[i], lens[i]);
   }
   return hold;
 }

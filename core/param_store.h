@@ -162,14 +162,18 @@ class ParamStore {
     PushStream* writer = nullptr;  // the stream holding the key (stripe lock)
     Spare spare;                   // stripe lock
   };
+  using Entries = std::unordered_map<uint64_t, BlockPtr>;
   struct Stripe {
     mutable std::mutex mu;
     std::condition_variable released;  // a stream let go of a key of this stripe
     int waiters = 0;                   // pushes waiting for a stream to let go
-    std::unordered_map<uint64_t, BlockPtr> entries;
+    Entries entries;
   };
   // Waits (stripe lock held) until no stream holds `block`; revokes a stalled one.
   void WaitForWriter(std::unique_lock<std::mutex>& lock, Stripe& stripe, const BlockPtr& block);
+  // The entry of `key` once no stream holds it (stripe lock held; the caller counts itself
+  // in waiters); a key stored with another length than `len` is not waited for.
+  Entries::iterator FindUnheld(std::unique_lock<std::mutex>& lock, Stripe& stripe, uint64_t key, uint32_t len);
   // The key's values to write (stripe lock held): a fresh copy if slices are out.
   static std::vector<float>& Writable(BlockPtr& block);
   // fn(i, block) for each key under its stripe's lock; kNotFound names the first missing.

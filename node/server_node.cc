@@ -317,6 +317,7 @@ class ServerNode::PushTail : public comm::TailStream {
     std::shared_lock<std::shared_mutex> lock(server_->view_mu_);
     if (!server_->CheckOwned(view->keys, view->num_keys).ok()) return false;
     stream_ = server_->store_.BeginStream(view->keys, view->lens, view->num_keys);
+    if (stream_ != nullptr) keys_.assign(view->keys, view->keys + view->num_keys);
     return stream_ != nullptr;
   }
   void Consume(const char* data, size_t n) override {
@@ -325,10 +326,12 @@ class ServerNode::PushTail : public comm::TailStream {
     stream_->Apply(reinterpret_cast<const float*>(data), n / sizeof(float));
   }
   std::unique_ptr<core::ParamStore::PushStream>& stream() { return stream_; }
+  const std::vector<uint64_t>& keys() const { return keys_; }
 
  private:
   ServerNode* server_;
   std::unique_ptr<core::ParamStore::PushStream> stream_;
+  std::vector<uint64_t> keys_;  // of the push, as verified by Begin
 };
 
 std::shared_ptr<comm::TailStream> ServerNode::OnRequestStream(ConnId conn, const pb::MessageMeta& meta,
@@ -349,16 +352,15 @@ std::shared_ptr<comm::TailStream> ServerNode::OnRequestStream(ConnId conn, const
 void ServerNode::CommitStreamedPush(ConnId conn, Frame&& frame) {
   auto* tail = static_cast<PushTail*>(frame.stream.get());
   std::unique_ptr<core::ParamStore::PushStream> stream = std::move(tail->stream());
-  frame.stream.reset();
   Status st;
   {
     // A scale-out or scale-in may have moved keys while the values arrived: then the
     // push is refused as one arriving now would be, and nothing is applied.
     std::shared_lock<std::shared_mutex> lock(view_mu_);
-    Result<core::KvView> view = core::DecodeKvPairsHead(frame.payload->data(), frame.payload->size(), frame.tail_bytes);
-    st = view.ok() ? CheckOwned(view->keys, view->num_keys) : view.status();
+    st = CheckOwned(tail->keys().data(), tail->keys().size());
     if (st.ok()) st = stream->Commit();
   }
+  frame.stream.reset();
   stream.reset();  // an uncommitted stream lets go of its keys here
   if (st.ok()) streamed_pushes_.fetch_add(1, std::memory_order_relaxed);
   messenger().Reply(conn, frame.meta, st).IgnoreError();
