@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "core/key_range.h"
 
@@ -84,8 +85,8 @@ ParamStore::Entries::iterator ParamStore::FindUnheld(std::unique_lock<std::mutex
   return it;
 }
 
-Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* incoming,
-                           uint32_t len) {
+Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* incoming, uint32_t len,
+                           bool* wants_spare) {
   Stripe& stripe = StripeFor(key);
   std::unique_lock<std::mutex> lock(stripe.mu);
   ++stripe.waiters;  // no new stream starts in this stripe meanwhile
@@ -98,6 +99,7 @@ Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* in
                                               std::to_string(len) + " != stored length " +
                                               std::to_string(it->second->values.size()));
   }
+  *wants_spare = std::exchange(it->second->wants_spare, false) && !it->second->spare.block();
   float* stored = Writable(it->second).data();
   if (updater != nullptr) {
     (*updater)(key, stored, incoming, len);
@@ -152,11 +154,12 @@ ParamStore::BlockPtr ParamStore::Spare::Take() {
 void ParamStore::Spare::Reset() { Take().reset(); }
 
 std::unique_ptr<ParamStore::PushStream> ParamStore::BeginStream(const uint64_t* keys, const uint32_t* lens,
-                                                                size_t num_keys) {
+                                                                size_t num_keys, Targets targets) {
   if (num_keys == 0 || keys == nullptr || lens == nullptr || std::atomic_load(&updater_) != nullptr) return nullptr;
   std::unique_ptr<PushStream> s(new PushStream(this));
   s->keys_.reserve(num_keys);
   s->progress_ns_.store(NowNs(), std::memory_order_relaxed);
+  bool lacking = false;  // kSparesOnly: some key has no spare (all such keys are marked)
   for (size_t i = 0; i < num_keys; ++i) {
     const uint64_t bytes = uint64_t{lens[i]} * sizeof(float);
     if (bytes > opts_.stream_spare_bytes) return nullptr;  // the destructor lets go of the others
@@ -168,20 +171,47 @@ std::unique_ptr<ParamStore::PushStream> ParamStore::BeginStream(const uint64_t* 
       return nullptr;
     }
     Block& b = *it->second;
-    BlockPtr target;
     // Acquire: pairs with the release of the spare's last slice (as in Writable).
-    if (b.spare.block() && b.spare.block()->readers.load(std::memory_order_acquire) == 0) target = b.spare.Take();
-    b.spare.Reset();
+    if (b.spare.block() && b.spare.block()->readers.load(std::memory_order_acquire) != 0) {
+      b.spare.Reset();  // still read by a slice: left to its readers
+    }
+    if (!b.spare.block() && targets == Targets::kSparesOnly) {
+      b.wants_spare = true;
+      lacking = true;
+    }
+    if (lacking) continue;
+    BlockPtr target = b.spare.Take();  // null: allocated below
     b.writer = s.get();
     held_keys_.fetch_add(1, std::memory_order_relaxed);
     b.readers.fetch_add(1, std::memory_order_relaxed);  // read by Apply outside the lock
     s->keys_.push_back(PushStream::Key{keys[i], it->second, std::move(target)});
   }
+  if (lacking) return nullptr;  // the keys taken before are let go, their spares kept
   // Fresh targets outside the locks (zero-filled once: later streams reuse the spare).
   for (PushStream::Key& k : s->keys_) {
     if (!k.target) k.target = std::make_shared<Block>(std::vector<float>(k.source->values.size()));
   }
   return s;
+}
+
+void ParamStore::KeepAsSpare(Block& stored, BlockPtr& target) {
+  if (!target || stored.spare.block() || target->values.size() != stored.values.size()) return;
+  if (spare_bytes_.load(std::memory_order_relaxed) + stored.values.size() * sizeof(float) > opts_.stream_spare_bytes) {
+    return;
+  }
+  stored.spare = Spare(std::move(target), &spare_bytes_);
+  stored.wants_spare = false;
+}
+
+void ParamStore::PrepareSpare(uint64_t key, uint32_t len) {
+  const uint64_t bytes = uint64_t{len} * sizeof(float);
+  if (spare_bytes_.load(std::memory_order_relaxed) + bytes > opts_.stream_spare_bytes) return;
+  // Allocated and zero-filled before taking the lock; dropped after it if not needed.
+  BlockPtr spare = std::make_shared<Block>(std::vector<float>(len));
+  Stripe& stripe = StripeFor(key);
+  std::lock_guard<std::mutex> lock(stripe.mu);
+  auto it = stripe.entries.find(key);
+  if (it != stripe.entries.end()) KeepAsSpare(*it->second, spare);
 }
 
 void ParamStore::PushStream::Apply(const float* values, size_t n) {
@@ -244,8 +274,9 @@ Status ParamStore::PushStream::Commit() {
           k.target->spare = Spare(k.source, &store_->spare_bytes_);
         }
         it->second = std::move(k.target);
-      } else if (lost++ == 0) {
-        aborted = std::to_string(k.key);
+      } else {
+        if (lost++ == 0) aborted = std::to_string(k.key);
+        if (it != stripe.entries.end()) store_->KeepAsSpare(*it->second, k.target);
       }
       if (held) stripe.released.notify_all();
     }
@@ -269,8 +300,11 @@ void ParamStore::PushStream::Release() {
       store_->held_keys_.fetch_sub(1, std::memory_order_relaxed);
       stripe.released.notify_all();
     }
+    // The unused target serves the key's next stream (it was never published).
+    auto it = stripe.entries.find(k.key);
+    if (it != stripe.entries.end()) store_->KeepAsSpare(*it->second, k.target);
   }
-  keys_.clear();
+  keys_.clear();  // targets not kept are freed outside the locks
 }
 
 ParamStore::PushStream::~PushStream() { Release(); }
@@ -294,7 +328,9 @@ Status ParamStore::Push(const uint64_t* keys, const uint32_t* lens, const float*
   size_t refused = 0;
   size_t offset = 0;
   for (size_t i = 0; i < num_keys; ++i) {
-    Status st = PushOne(updater.get(), keys[i], values + offset, lens[i]);
+    bool wants_spare = false;
+    Status st = PushOne(updater.get(), keys[i], values + offset, lens[i], &wants_spare);
+    if (wants_spare) PrepareSpare(keys[i], lens[i]);
     offset += lens[i];
     if (!st.ok()) {
       if (refused++ == 0) first_error = std::move(st);

@@ -69,7 +69,15 @@ class ParamStore {
   // key) and no second stream takes it. Null when the push cannot stream: a user rule is
   // set, a key is missing or has another length, is held by a stream, or is larger than
   // Options::stream_spare_bytes; the caller then pushes the values whole with Push.
-  std::unique_ptr<PushStream> BeginStream(const uint64_t* keys, const uint32_t* lens, size_t num_keys);
+  //
+  // A key's spare block is the block its last stream replaced (kept within
+  // Options::stream_spare_bytes). A key without one gets a fresh, zero-filled block
+  // (kAllocate), or, with kSparesOnly (a caller that must not stall on allocating and
+  // zero-filling a large block: a server's loop thread), the stream is declined, and the
+  // next Push of that key, on the caller's thread, prepares its spare (within the budget).
+  enum class Targets { kAllocate, kSparesOnly };
+  std::unique_ptr<PushStream> BeginStream(const uint64_t* keys, const uint32_t* lens, size_t num_keys,
+                                          Targets targets = Targets::kAllocate);
 
   // For a caller about to Push under a lock of its own that a stream's progress may need
   // (the server's view lock, which its loop thread takes): waits, holding nothing, until
@@ -91,6 +99,8 @@ class ParamStore {
   StreamHold HoldStreamsOff(const uint64_t* keys, const uint32_t* lens, size_t num_keys);
   // Keys held by streams right now (any thread; a snapshot).
   uint64_t keys_held_by_streams() const { return held_keys_.load(std::memory_order_relaxed); }
+  // Bytes of spare blocks kept for streams right now (a snapshot).
+  uint64_t spare_bytes() const { return spare_bytes_.load(std::memory_order_relaxed); }
 
   // Writes each key's length to *lens and its floats back to back to *values
   // (both replaced). A missing key is kNotFound naming it; outputs are then empty.
@@ -161,6 +171,7 @@ class ParamStore {
     std::atomic<uint32_t> readers{0};
     PushStream* writer = nullptr;  // the stream holding the key (stripe lock)
     Spare spare;                   // stripe lock
+    bool wants_spare = false;      // a kSparesOnly stream was declined for lack of one (stripe lock)
   };
   using Entries = std::unordered_map<uint64_t, BlockPtr>;
   struct Stripe {
@@ -182,8 +193,14 @@ class ParamStore {
 
   Stripe& StripeFor(uint64_t key);
   const Stripe& StripeFor(uint64_t key) const;
-  // Applies one key's update; kInvalidArgument on a length mismatch.
-  Status PushOne(const Updater* updater, uint64_t key, const float* incoming, uint32_t len);
+  // Applies one key's update; kInvalidArgument on a length mismatch. *wants_spare: the
+  // key asked for a spare block (Block::wants_spare), to be made by PrepareSpare.
+  Status PushOne(const Updater* updater, uint64_t key, const float* incoming, uint32_t len, bool* wants_spare);
+  // A zero-filled spare block for `key`, made outside the locks (within the budget).
+  void PrepareSpare(uint64_t key, uint32_t len);
+  // Keeps `target` (a stream's unpublished block of stored's length) as stored's spare
+  // when stored has none and the budget allows (stripe lock held).
+  void KeepAsSpare(Block& stored, BlockPtr& target);
   void ApplyBuiltIn(float* stored, const float* incoming, size_t n) const;
 
   const Options opts_;

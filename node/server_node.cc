@@ -316,7 +316,8 @@ class ServerNode::PushTail : public comm::TailStream {
     }
     std::shared_lock<std::shared_mutex> lock(server_->view_mu_);
     if (!server_->CheckOwned(view->keys, view->num_keys).ok()) return false;
-    stream_ = server_->store_.BeginStream(view->keys, view->lens, view->num_keys);
+    stream_ = server_->store_.BeginStream(view->keys, view->lens, view->num_keys,
+                                           core::ParamStore::Targets::kSparesOnly);
     if (stream_ != nullptr) keys_.assign(view->keys, view->keys + view->num_keys);
     return stream_ != nullptr;
   }

@@ -261,6 +261,105 @@ TEST_CASE_METHOD(OneKeyStore, "a key replaced or erased during its stream keeps 
   CHECK(store.num_keys() == 0);
 }
 
+
+// kSparesOnly (a server's loop thread): no block is allocated by BeginStream.
+TEST_CASE("kSparesOnly declines keys without a spare - the next Push prepares them all", "[core][pushstream]") {
+  const std::vector<uint64_t> keys = {3, 70, 1000};
+  const std::vector<uint32_t> lens = {5, 1024, 333};
+  const uint64_t bytes = (5 + 1024 + 333) * sizeof(float);
+  const std::vector<float> start = Ramp(5 + 1024 + 333, 1.0f);
+  const std::vector<float> push = Ramp(5 + 1024 + 333, 0.5f);
+  ParamStore plain(Rule(UpdateRule::kSum));
+  ParamStore store(Rule(UpdateRule::kSum));
+  for (ParamStore* s : {&plain, &store}) REQUIRE(s->Push(keys.data(), lens.data(), start.data(), 3).ok());
+  CHECK(store.spare_bytes() == 0);  // a Push alone prepares nothing
+  const auto only = ParamStore::Targets::kSparesOnly;
+  CHECK(store.BeginStream(keys.data(), lens.data(), 3, only) == nullptr);
+  CHECK(store.keys_held_by_streams() == 0);
+  CHECK(store.spare_bytes() == 0);
+  // The push goes whole and makes every key's spare, all three marked by one decline.
+  REQUIRE(store.Push(keys.data(), lens.data(), push.data(), 3).ok());
+  REQUIRE(plain.Push(keys.data(), lens.data(), push.data(), 3).ok());
+  CHECK(store.spare_bytes() == bytes);
+  for (int round = 0; round < 2; ++round) {
+    auto s = store.BeginStream(keys.data(), lens.data(), 3, only);
+    REQUIRE(s != nullptr);
+    CHECK(store.spare_bytes() == 0);  // taken as targets
+    s->Apply(push.data(), push.size());
+    REQUIRE(s->Commit().ok());
+    REQUIRE(plain.Push(keys.data(), lens.data(), push.data(), 3).ok());
+    CHECK(store.spare_bytes() == bytes);  // the replaced blocks
+  }
+  for (uint64_t k : keys) CHECK(PullOne(store, k) == PullOne(plain, k));
+}
+
+TEST_CASE("kSparesOnly prepares spares within stream_spare_bytes only", "[core][pushstream]") {
+  const std::vector<uint64_t> keys = {1, 2};
+  const std::vector<uint32_t> lens = {1000, 1000};
+  ParamStore::Options o = Rule(UpdateRule::kSum);
+  o.stream_spare_bytes = 1000 * sizeof(float);  // one key's worth
+  ParamStore store(o);
+  const std::vector<float> ones(2000, 1.0f);
+  REQUIRE(store.Push(keys.data(), lens.data(), ones.data(), 2).ok());
+  const auto only = ParamStore::Targets::kSparesOnly;
+  CHECK(store.BeginStream(keys.data(), lens.data(), 2, only) == nullptr);
+  REQUIRE(store.Push(keys.data(), lens.data(), ones.data(), 2).ok());
+  CHECK(store.spare_bytes() == 1000 * sizeof(float));
+  CHECK(store.BeginStream(keys.data(), lens.data(), 2, only) == nullptr);  // one key still lacks one
+  CHECK(store.spare_bytes() == 1000 * sizeof(float));                      // the other kept its spare
+  // Whichever key got the spare streams on its own.
+  int streamed = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    auto s = store.BeginStream(&keys[i], &lens[i], 1, only);
+    if (s == nullptr) continue;
+    ++streamed;
+    s->Apply(ones.data(), 1000);
+    CHECK(s->Commit().ok());
+    CHECK(PullOne(store, keys[i]) == std::vector<float>(1000, 3.0f));
+  }
+  CHECK(streamed == 1);
+  CHECK(store.spare_bytes() <= o.stream_spare_bytes);
+}
+
+TEST_CASE_METHOD(OneKeyStore, "a stream let go or aborted leaves its block as the key's spare", "[core][pushstream]") {
+  const auto only = ParamStore::Targets::kSparesOnly;
+  { auto s = store.BeginStream(&key, &len, 1); }  // allocated, never committed
+  CHECK(store.spare_bytes() == len * sizeof(float));
+  {
+    auto s = store.BeginStream(&key, &len, 1, only);
+    REQUIRE(s != nullptr);
+    store.Insert(key, std::vector<float>(len, 7.0f));  // replaced meanwhile: aborted
+    s->Apply(ones.data(), len);
+    CHECK(s->Commit().code() == Code::kAborted);
+  }
+  CHECK(store.spare_bytes() == len * sizeof(float));  // now the new block's spare
+  auto s = store.BeginStream(&key, &len, 1, only);
+  REQUIRE(s != nullptr);
+  s->Apply(ones.data(), len);
+  CHECK(s->Commit().ok());
+  CHECK(PullOne(store, key) == std::vector<float>(len, 8.0f));
+}
+
+TEST_CASE_METHOD(OneKeyStore, "kSparesOnly lets go of a spare a slice still reads and prepares a new one",
+                 "[core][pushstream]") {
+  const auto only = ParamStore::Targets::kSparesOnly;
+  { auto s = store.BeginStream(&key, &len, 1); }  // a spare for the first stream
+  Slice slice;
+  REQUIRE(store.ShareValues(&key, 1, &slice).ok());  // pins the stored block of ones
+  auto s = store.BeginStream(&key, &len, 1, only);
+  REQUIRE(s != nullptr);
+  s->Apply(ones.data(), len);
+  REQUIRE(s->Commit().ok());  // the pinned block of ones is now the spare
+  CHECK(store.BeginStream(&key, &len, 1, only) == nullptr);
+  CHECK(store.spare_bytes() == 0);
+  const float* pinned = reinterpret_cast<const float*>(slice.data);
+  CHECK(std::all_of(pinned, pinned + len, [](float x) { return x == 1.0f; }));
+  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());  // prepares a fresh spare
+  CHECK(store.spare_bytes() == len * sizeof(float));
+  CHECK(std::all_of(pinned, pinned + len, [](float x) { return x == 1.0f; }));  // never written
+  CHECK(store.BeginStream(&key, &len, 1, only) != nullptr);
+}
+
 }  // namespace
 }  // namespace core
 }  // namespace pscore
