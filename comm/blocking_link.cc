@@ -175,6 +175,7 @@ Status BlockingLink::ReadExact(char* out, size_t n, TimePoint deadline) {
   constexpr size_t kDirectBytes = 16 << 10;  // longer reads skip the input buffer
   size_t got = std::min(n, in_end_ - in_begin_);
   if (got > 0) std::memcpy(out, in_.data() + in_begin_, got);
+  copied_ += got;
   in_begin_ += got;
   if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
   while (got < n) {
@@ -193,6 +194,7 @@ Status BlockingLink::ReadExact(char* out, size_t n, TimePoint deadline) {
     }
     const size_t take = std::min(n - got, static_cast<size_t>(r));
     std::memcpy(out + got, in_.data(), take);
+    copied_ += take;
     got += take;
     in_begin_ = take;
     in_end_ = static_cast<size_t>(r);
@@ -216,7 +218,9 @@ Result<Frame> BlockingLink::ReadFrame(TimePoint deadline) {
   }
   if (h->data_len > 0) {
     f.payload = Buffer::Allocate(h->data_len);
+    const uint64_t before = copied_;
     PSCORE_RETURN_IF_ERROR(ReadExact(f.payload->data(), h->data_len, deadline));
+    payload_copied_ += copied_ - before;
   }
   f.wire_bytes = kHeaderBytes + h->meta_len + h->data_len;
   return f;

@@ -46,6 +46,9 @@ class BlockingLink {
   // the link.
   Result<Frame> Call(pb::MessageMeta meta, const BufferPtr& payload, Duration timeout);
   bool broken() const { return fd_ < 0; }
+  // Payload bytes of answers copied out of the link's read buffer so far (a payload of at
+  // least 16 KiB still missing is read straight into its frame).
+  uint64_t payload_bytes_copied() const { return payload_copied_; }
 
  private:
   BlockingLink(int fd, Limits limits) : fd_(fd), limits_(limits) {}
@@ -63,6 +66,8 @@ class BlockingLink {
   int rcv_ms_ = 0, snd_ms_ = 0;  // the socket's timeouts now (0: none set)
   std::vector<char> in_;         // bytes received and not yet consumed: [in_begin_, in_end_)
   size_t in_begin_ = 0, in_end_ = 0;
+  uint64_t copied_ = 0;          // bytes ReadExact copied out of in_
+  uint64_t payload_copied_ = 0;  // of them, payload bytes
 };
 
 }  // namespace pscore::comm

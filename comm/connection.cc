@@ -121,6 +121,8 @@ void Connection::OnBytes(size_t n) {
   for (;;) {
     if (transport_ != nullptr) {
       transport_->CountIn(n, decoded_.size());
+      transport_->CountCopied(decoder_.copied_payload_bytes() - decoder_copied_);
+      decoder_copied_ = decoder_.copied_payload_bytes();
       for (const Frame& f : decoded_) transport_->CountCommandIn(f.meta.cmd(), f.wire_bytes);
     }
     n = 0;
@@ -149,6 +151,7 @@ Status Connection::Send(const pb::MessageMeta& meta, Payload payload) {
   }
   char* room = Append(meta, data_len, data_len, Payload(), &st);
   if (room == nullptr) return st;
+  if (transport_ != nullptr) transport_->CountCopied(data_len);
   if (payload.head && payload.head->size() > 0) {
     std::memcpy(room, payload.head->data(), payload.head->size());
     room += payload.head->size();

@@ -80,6 +80,7 @@ class Connection {
   TransportOptions options_;
   std::string peer_;
   FrameDecoder decoder_;
+  uint64_t decoder_copied_ = 0;  // decoder_.copied_payload_bytes() already counted
   std::vector<Frame> decoded_;
   std::unique_ptr<WriteBatch> pending_;  // frames queued this iteration, flushed before poll
   std::unique_ptr<WriteBatch> spare_;    // a written batch kept for reuse (no allocation per flush)

@@ -8,6 +8,13 @@ namespace {
 constexpr size_t kInitialInput = 4 << 10;
 constexpr size_t kMaxInput = 128 << 10;  // growth by reads stops here (a 64 KiB meta still fits)
 constexpr size_t kMinRoom = 1024;        // never hand out less room than this
+// Right after a frame of at least kLargeFrame bytes, with nothing buffered, a read gets at
+// most kAfterLargeRoom: the next frame is likely large too, and what a read brings of its
+// payload is copied out of the input buffer, while the rest is read straight into place.
+// Likewise the buffered read that ends a large frame (its last bytes under kDirectReadMin,
+// or a streamed tail's last piece) brings at most kAfterLargeRoom of what follows.
+constexpr uint64_t kLargeFrame = 64 << 10;
+constexpr size_t kAfterLargeRoom = 4 << 10;
 }  // namespace
 
 // The input buffer is allocated at the first read, so a connection that never speaks
@@ -30,8 +37,8 @@ char* FrameDecoder::ReadRegion(size_t* size) {
     grow_ = false;
     if (in_cap_ < kMaxInput) Reallocate(std::min(in_cap_ * 2, kMaxInput));
   }
+  size_t missing = 0;  // of the payload (head or tail) being read
   if (payload_ != nullptr) {
-    size_t missing = 0;
     char* cursor = Cursor(&missing);
     if (cursor != nullptr && missing >= kDirectReadMin) {
       direct_ = true;
@@ -41,7 +48,13 @@ char* FrameDecoder::ReadRegion(size_t* size) {
   }
   direct_ = false;
   if (in_cap_ - in_end_ < kMinRoom) Compact(kMinRoom);
-  *size = last_room_ = in_cap_ - in_end_;
+  last_room_ = in_cap_ - in_end_;  // a read filling it grows the buffer
+  *size = last_room_;
+  if (payload_ == nullptr) {
+    if (after_large_ && in_begin_ == in_end_) *size = std::min(last_room_, kAfterLargeRoom);
+  } else if (frame_bytes_ >= kLargeFrame) {
+    *size = std::min<uint64_t>(last_room_, missing + kAfterLargeRoom);
+  }
   return in_.get() + in_end_;
 }
 
@@ -81,6 +94,7 @@ void FrameDecoder::HeadDone() {
   // Declined: the tail goes into the payload after its head, as if never offered.
   BufferPtr whole = Buffer::Allocate(payload_->size() + tail_len_);
   std::memcpy(whole->data(), payload_->data(), payload_->size());
+  copied_payload_bytes_ += payload_->size();
   payload_ = std::move(whole);
   tail_len_ = 0;
   stream_.reset();
@@ -94,6 +108,7 @@ bool FrameDecoder::ConsumeBuffered() {
   if (take > 0) {
     if ((in_begin_ & 3) != 0) {  // first piece only: later ones start where whole units ended
       std::memmove(in_.get(), in_.get() + in_begin_, avail);
+      copied_payload_bytes_ += avail;
       in_end_ = avail;
       in_begin_ = 0;
     }
@@ -117,6 +132,7 @@ void FrameDecoder::Emit(std::vector<Frame>* out) {
   f.tail_bytes = sink_ != nullptr || stream_begun_ ? tail_len_ : 0;
   f.tail_dropped = tail_dropped_;
   if (stream_begun_) f.stream = std::move(stream_);
+  after_large_ = f.wire_bytes >= kLargeFrame;
   out->push_back(std::move(f));
   meta_.Clear();
   payload_filled_ = 0;
@@ -191,6 +207,7 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
     }
     in_begin_ += head;
     if (header->data_len == 0) {
+      after_large_ = false;
       out->push_back(Frame{std::move(meta_), nullptr, head});
       meta_.Clear();
       continue;

@@ -91,7 +91,9 @@ class FrameDecoder {
 
   // True when part of a frame has been received but not all of it.
   bool mid_frame() const { return in_end_ > in_begin_ || payload_ != nullptr; }
-  // Payload bytes that were copied out of the input buffer (for copy accounting).
+  // Payload bytes copied out of the input buffer, or moved in it to align a streamed
+  // tail, and a declined stream's head (for copy accounting; moving a partial frame to the
+  // front of the buffer is not counted).
   uint64_t copied_payload_bytes() const { return copied_payload_bytes_; }
 
  private:
@@ -117,6 +119,7 @@ class FrameDecoder {
   size_t in_cap_ = 0;
   size_t last_room_ = 0;   // room handed out by the last buffered ReadRegion
   bool grow_ = false;      // the last buffered read filled its room
+  bool after_large_ = false;  // the last frame was large (kLargeFrame): read little next
   size_t in_begin_ = 0;  // first unconsumed byte
   size_t in_end_ = 0;    // one past the last received byte
   // Set while a payload is being received.

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -80,6 +81,9 @@ class Transport {
   uint64_t QueuedBytes(ConnId id) const;
   size_t num_connections() const { return conns_.size(); }
   const TransportStats& stats() const { return stats_; }
+  // Payload bytes copied in user space (any thread): small payloads copied into a write
+  // batch, and payload bytes FrameDecoder copied out of its read buffers.
+  uint64_t payload_bytes_copied() const { return copied_.load(std::memory_order_relaxed); }
   // Snapshot of the per-command counters: one entry per command number that carried a
   // frame either way, in number order, kOtherCommand (if any) last. Allocates per call
   // (a /metrics scrape), never per frame.
@@ -119,6 +123,7 @@ class Transport {
     c.bytes_in += bytes;
   }
   void CountProtocolError() { ++stats_.protocol_errors; }
+  void CountCopied(uint64_t bytes) { copied_.fetch_add(bytes, std::memory_order_relaxed); }
   // Connection `id` has frames queued: flush it before the loop next polls.
   void QueueFlush(ConnId id);
   void DialerDone(Dialer* d);
@@ -165,6 +170,7 @@ class Transport {
   uint64_t sweep_timer_ = 0;
   bool shut_down_ = false;
   TransportStats stats_;
+  std::atomic<uint64_t> copied_{0};
   std::array<CommandStats, kCommandSlots> by_cmd_{};  // by CommandSlot; cmd fields unused
   std::shared_ptr<Transport*> alive_ = std::make_shared<Transport*>(this);
 };

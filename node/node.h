@@ -6,6 +6,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <atomic>
 #include <functional>
 #include <future>
 #include <map>
@@ -62,6 +63,13 @@ class Node {
   std::vector<std::string> NodeIds(pb::NodeRole role) const;
   int listen_port() const { return listen_port_; }
   comm::EventLoop* loop() const { return loop_; }
+  // Payload bytes this node copied in user space so far (any thread): by its role (a
+  // push's values into its message, answers into a pull's result, a small pull's answer
+  // out of the store) and by its transport (comm::Transport::payload_bytes_copied).
+  // dataplane_bench divides it by the bytes moved: the copies per byte it prints.
+  uint64_t payload_bytes_copied() const {
+    return copied_->load(std::memory_order_relaxed) + messenger_->transport().payload_bytes_copied();
+  }
   // Tests and fuzzers (not on the loop thread): handles `frame` as if it had arrived on
   // `conn` (from_scheduler: as a push on the scheduler link), on the loop thread, and
   // returns once it is handled. Answers to a conn that does not exist are dropped.
@@ -125,6 +133,9 @@ class Node {
   // Loop thread: the connection to server `rank` (dialled on first use); cb gets it or why not.
   void WithServerConn(int rank, std::function<void(Result<comm::ConnId>)> cb);
   comm::Messenger& messenger() { return *messenger_; }
+  void CountCopied(uint64_t bytes) { copied_->fetch_add(bytes, std::memory_order_relaxed); }
+  // The role's count, shared with work that may finish after a call returns.
+  const std::shared_ptr<std::atomic<uint64_t>>& copied_counter() const { return copied_; }
 
   NodeOptions options_;
   Callbacks callbacks_;
@@ -149,6 +160,7 @@ class Node {
   std::unique_ptr<comm::EventLoop> owned_loop_;
   comm::EventLoop* loop_;
   std::unique_ptr<comm::Messenger> messenger_;
+  std::shared_ptr<std::atomic<uint64_t>> copied_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::unique_ptr<comm::TcpClient> scheduler_;
   uint64_t incarnation_;
   comm::TimerId heartbeat_timer_ = 0;

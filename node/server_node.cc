@@ -429,6 +429,7 @@ void ServerNode::HandlePull(const DataRequest& req, Responder r) {
       [&](float* dst) { return store_.CopyValues(view->keys, view->num_keys, dst); });
   lock.unlock();
   if (!answer.ok()) return r.Fail(answer.status());
+  CountCopied(total * sizeof(float));
   r.Reply(*answer);
 }
 

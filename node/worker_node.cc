@@ -128,10 +128,15 @@ struct WorkerNode::KvOp {
   // sees zero).
   std::shared_ptr<std::atomic<int>> in_flight;
 
-  void CountIn(const std::shared_ptr<std::atomic<int>>& counter) {
+  // The worker's count of payload bytes copied (Node::payload_bytes_copied).
+  std::shared_ptr<std::atomic<uint64_t>> copied;
+
+  void CountIn(const std::shared_ptr<std::atomic<int>>& counter, const std::shared_ptr<std::atomic<uint64_t>>& copies) {
     in_flight = counter;
+    copied = copies;
     in_flight->fetch_add(1, std::memory_order_acq_rel);
   }
+  void CountCopied(uint64_t bytes) { copied->fetch_add(bytes, std::memory_order_relaxed); }
   void CountOut() {
     if (in_flight) in_flight->fetch_sub(1, std::memory_order_acq_rel);
     in_flight.reset();
@@ -199,7 +204,10 @@ struct WorkerNode::KvOp {
       float* out = dest;
       for (size_t i = 0; i < src.size(); ++i) {
         // Values read into dest are already here (checked by Misplaced).
-        if (in_dest.empty() || !in_dest[i]) std::memcpy(out, src[i], src_lens[i] * sizeof(float));
+        if (in_dest.empty() || !in_dest[i]) {
+          std::memcpy(out, src[i], src_lens[i] * sizeof(float));
+          CountCopied(src_lens[i] * sizeof(float));
+        }
         out += src_lens[i];
       }
       if (dest_lens != nullptr) *dest_lens = src_lens;
@@ -220,6 +228,7 @@ struct WorkerNode::KvOp {
     // reserve + insert: the values are written once (resize would zero them first).
     out.values.reserve(std::accumulate(src_lens.begin(), src_lens.end(), size_t{0}));
     for (size_t i = 0; i < src.size(); ++i) out.values.insert(out.values.end(), src[i], src[i] + src_lens[i]);
+    CountCopied(out.values.size() * sizeof(float));
     answers.clear();
     pull_done.set_value(std::move(out));
   }
@@ -253,6 +262,11 @@ std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const st
   return StartPush(keys, values, lens, nullptr);
 }
 
+std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, std::vector<float>&& values,
+                                     const std::vector<uint32_t>& lens) {
+  return ZPush(keys, std::make_shared<const std::vector<float>>(std::move(values)), lens);
+}
+
 std::future<Status> WorkerNode::ZPush(const std::vector<uint64_t>& keys,
                                       std::shared_ptr<const std::vector<float>> values,
                                       const std::vector<uint32_t>& lens) {
@@ -265,7 +279,7 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
                                           const std::vector<uint32_t>& lens_in,
                                           std::shared_ptr<const void> shared) {
   auto op = std::make_shared<KvOp>();
-  op->CountIn(kv_in_flight_);
+  op->CountIn(kv_in_flight_, copied_counter());
   auto fut = op->push_done.get_future();
   std::vector<uint32_t> lens = lens_in;
   if (lens.empty() && !keys.empty()) lens.assign(keys.size(), static_cast<uint32_t>(values.size() / keys.size()));
@@ -319,6 +333,9 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
     } else {
       part.payload = core::EncodeKvPairsGather(keys.data(), lens.data(), values.data(), offsets.data(),
                                                groups[s].data(), groups[s].size());
+      uint64_t floats = 0;
+      for (size_t i : groups[s]) floats += lens[i];
+      CountCopied(floats * sizeof(float));
     }
     parts.push_back(std::move(part));
   }
@@ -330,7 +347,7 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
 
 std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& keys) {
   auto op = std::make_shared<KvOp>();
-  op->CountIn(kv_in_flight_);
+  op->CountIn(kv_in_flight_, copied_counter());
   auto fut = op->pull_done.get_future();
   StartPull(op, keys);
   return fut;
@@ -338,7 +355,7 @@ std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& ke
 
 std::future<Result<PullView>> WorkerNode::ZPull(const std::vector<uint64_t>& keys) {
   auto op = std::make_shared<KvOp>();
-  op->CountIn(kv_in_flight_);
+  op->CountIn(kv_in_flight_, copied_counter());
   op->view = true;
   auto fut = op->view_done.get_future();
   StartPull(op, keys);
@@ -348,7 +365,7 @@ std::future<Result<PullView>> WorkerNode::ZPull(const std::vector<uint64_t>& key
 std::future<Status> WorkerNode::PullInto(const std::vector<uint64_t>& keys, float* dest, size_t dest_floats,
                                          std::vector<uint32_t>* lens) {
   auto op = std::make_shared<KvOp>();
-  op->CountIn(kv_in_flight_);
+  op->CountIn(kv_in_flight_, copied_counter());
   auto fut = op->push_done.get_future();
   if (dest == nullptr && dest_floats > 0) {
     op->Fail(Status(Code::kInvalidArgument, "pull: null destination for " + std::to_string(dest_floats) + " floats"));
@@ -402,6 +419,7 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
     // Encoded for another server count: split this payload again from its own bytes
     // (made contiguous first when its values are the caller's, sent without a copy).
     BufferPtr bytes = part.payload.Flatten();
+    if (!part.payload.tail.empty() && bytes) op->CountCopied(bytes->size());
     Result<core::KvView> v = bytes ? core::DecodeKvPairs(bytes->data(), bytes->size(), true)
                                    : Result<core::KvView>(Status(Code::kInternal, "push part without payload"));
     if (!v.ok()) return op->Fail(v.status());
@@ -411,6 +429,7 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
       offsets[i] = off;
       off += v->lens[i];
     }
+    op->CountCopied(off * sizeof(float));  // every value once, into the new parts
     std::vector<std::vector<size_t>> groups = ByOwner(v->keys, v->num_keys, n);
     for (int s = 0; s < n; ++s) {
       if (groups[s].empty()) continue;
@@ -686,8 +705,10 @@ std::optional<Result<PullResult>> WorkerNode::TryDirectPull(const std::vector<ui
   }
   pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, rank());
   meta.set_handler(kPullHandler);
+  const uint64_t copied_before = link->payload_bytes_copied();
   Result<comm::Frame> answer =
       link->Call(meta, core::EncodeKvPairs(keys.data(), keys.size(), nullptr, nullptr, 0), options_.request_timeout);
+  CountCopied(link->payload_bytes_copied() - copied_before);
   if (!answer.ok()) {
     const Code code = answer.status().code();
     // The link failed (the loop's path knows how to wait for a server or a scale), or
@@ -708,6 +729,7 @@ std::optional<Result<PullResult>> WorkerNode::TryDirectPull(const std::vector<ui
   PullResult out;
   out.lens.assign(view->lens, view->lens + view->num_keys);
   out.values.assign(view->values, view->values + view->num_values);
+  CountCopied(view->num_values * sizeof(float));
   direct_pulls_.fetch_add(1, std::memory_order_relaxed);
   return Result<PullResult>(std::move(out));
 }

@@ -56,6 +56,10 @@ class WorkerNode : public Node {
   // values.size()/keys.size()). Keys go to their owning servers; done when all answered.
   std::future<Status> Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
                            const std::vector<uint32_t>& lens = {});
+  // Push of values the caller gives away (std::move, or a temporary): no copy is needed,
+  // so it is ZPush of them (large values are written from the moved vector itself).
+  std::future<Status> Push(const std::vector<uint64_t>& keys, std::vector<float>&& values,
+                           const std::vector<uint32_t>& lens = {});
   // Push without copying the values (as ps-lite's ZPush): large values are written to the
   // sockets from *values itself, which the worker holds a reference to while it may still
   // read them. Do not change them before the future is ready; after an error, not before

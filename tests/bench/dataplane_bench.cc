@@ -139,6 +139,17 @@ class Cluster {
     for (const auto& s : servers_) n += s->streamed_pushes();
     return n;
   }
+  // Payload bytes copied in user space (Node::payload_bytes_copied) by all workers, all servers.
+  uint64_t worker_copied() const {
+    uint64_t n = 0;
+    for (const auto& w : workers_) n += w->payload_bytes_copied();
+    return n;
+  }
+  uint64_t server_copied() const {
+    uint64_t n = 0;
+    for (const auto& s : servers_) n += s->payload_bytes_copied();
+    return n;
+  }
 
  private:
   NodeOptions Opts(const std::string& id) {
@@ -168,6 +179,8 @@ uint64_t KeyFor(size_t size, int worker, int rank, int n) {
 enum class KvMode { kPush, kZPush, kPull, kPullInto, kZPull };
 
 double g_streamed_share = 0;  // of the last KvThroughput's pushes
+// The last KvThroughput's payload bytes copied per byte moved, by the workers and the servers.
+double g_copies_worker = 0, g_copies_server = 0;
 
 double KvThroughput(Cluster& c, size_t size, KvMode mode) {
   const size_t floats = size / sizeof(float);
@@ -241,9 +254,15 @@ double KvThroughput(Cluster& c, size_t size, KvMode mode) {
   uint64_t in_place_before = 0;
   for (int w = 0; w < c.workers(); ++w) in_place_before += c.worker(w).in_place_pulls();
   const uint64_t streamed_before = c.streamed_pushes();
+  const uint64_t worker_copied_before = c.worker_copied(), server_copied_before = c.server_copied();
   Clock::time_point start = Clock::now();
   run(per_worker);
   double s = Seconds(Clock::now() - start);
+  // Copies of the payload per byte moved, counted where they happen (the acks' and the
+  // requests' few bytes count too).
+  const double moved = static_cast<double>(per_worker * c.workers() * floats * sizeof(float));
+  g_copies_worker = static_cast<double>(c.worker_copied() - worker_copied_before) / moved;
+  g_copies_server = static_cast<double>(c.server_copied() - server_copied_before) / moved;
   // Share of the timed pushes folded in while their values arrived (ServerNode's PushTail).
   g_streamed_share = static_cast<double>(c.streamed_pushes() - streamed_before) / (per_worker * c.workers());
   if (mode == KvMode::kPullInto) {
@@ -371,24 +390,25 @@ uint64_t DecoderCopies(size_t size) {
   return dec.copied_payload_bytes();
 }
 
-void PrintCopies() {
-  std::printf("# payload copies in user space per direction (kernel socket copies not counted)\n");
-  // Counted from node/worker_node.cc, node/server_node.cc and core/param_store.cc as of this
-  // commit; see docs/benchmarks.md for each one.
-  Print("copies_push_worker_side", 1, "copies");   // Push(): gather-encode from the caller's arrays
-  Print("copies_zpush_worker_side", 0, "copies");  // ZPush() of >= 64 KiB per key: writev from the caller's vector
-  Print("copies_push_server_side", 0, "copies");   // in-place decode; the update reads the frame
-  Print("copies_pull_server_side", 0, "copies");   // >= 64 KiB per key: writev from the pinned store memory
-  Print("copies_pull_server_side_small", 1, "copies");  // smaller: store -> answer (EncodeKvPairsFilled)
-  Print("copies_pull_worker_side", 1, "copies");   // answers -> PullResult (one assembly)
-  Print("copies_pullinto_worker_side", 0, "copies");  // keys on one server, >= 64 KiB per key: read into dest
-  Print("copies_zpull_worker_side", 0, "copies");  // ZPull(): a view of the answers as read
+// Copies FrameDecoder makes of a frame's payload as the socket delivers it (the per-figure
+// copy counts below include them).
+void PrintDecoderCopies() {
   for (size_t size : {size_t{64}, size_t{4} << 10, size_t{64} << 10, size_t{1} << 20}) {
     Print("decoder_copied_" + SizeName(size), static_cast<double>(DecoderCopies(size)), "bytes");
   }
 }
 
-int Main(const std::string& mode, size_t mib, int nodes) {
+// One figure, then its payload copies in user space per byte moved, counted where they
+// happen (Node::payload_bytes_copied): on the worker side and on the server side.
+void PrintKv(Cluster& c, const std::string& name, size_t size, KvMode mode) {
+  Print(name, KvThroughput(c, size, mode), "MB/s");
+  Print(name + "_copies_worker", g_copies_worker, "copies");
+  Print(name + "_copies_server", g_copies_server, "copies");
+  // Share of the timed pushes folded in while their values arrived (ServerNode's PushTail).
+  if (mode == KvMode::kZPush) Print(name + "_streamed", g_streamed_share, "share");
+}
+
+int Main(const std::string& mode, size_t size, int nodes) {
   const bool quick = mode == "quick";
   if (mode == "push" || mode == "zpush" || mode == "pull" || mode == "pullinto" || mode == "zpull") {
     Cluster c(nodes, nodes);  // one figure (nodes workers and servers), for a profiler
@@ -398,8 +418,7 @@ int Main(const std::string& mode, size_t mib, int nodes) {
                      : mode == "zpull"    ? KvMode::kZPull
                                           : KvMode::kPull;
     const std::string tag = std::to_string(nodes) + "w" + std::to_string(nodes) + "s_";
-    Print(mode + "_" + tag + SizeName(mib << 20), KvThroughput(c, mib << 20, m), "MB/s");
-    if (m == KvMode::kZPush) Print(mode + "_" + tag + SizeName(mib << 20) + "_streamed", g_streamed_share, "share");
+    PrintKv(c, mode + "_" + tag + SizeName(size), size, m);
     return 0;
   }
   if (mode == "model") {  // the model-pull figures only
@@ -411,7 +430,8 @@ int Main(const std::string& mode, size_t mib, int nodes) {
   std::vector<size_t> sizes = {4u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
   std::printf("# pscore data-plane benchmark (loopback; MB = 1e6 bytes; %llu MiB per figure)\n",
               static_cast<unsigned long long>(g_volume >> 20));
-  PrintCopies();
+  std::printf("# *_copies_*: payload bytes copied in user space per byte moved (kernel socket copies not counted)\n");
+  PrintDecoderCopies();
   // "latency": only the 64 B figures below (a quick look at the round-trip costs).
   const bool latency_only = mode == "latency";
   if (latency_only) sizes.clear();
@@ -420,13 +440,13 @@ int Main(const std::string& mode, size_t mib, int nodes) {
     Cluster c(servers, servers);
     std::string tag = std::to_string(servers) + "w" + std::to_string(servers) + "s";
     for (size_t size : sizes) {
-      Print("push_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kPush), "MB/s");
-      Print("pull_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kPull), "MB/s");
+      const std::string cell = tag + "_" + SizeName(size);
+      PrintKv(c, "push_" + cell, size, KvMode::kPush);
+      PrintKv(c, "pull_" + cell, size, KvMode::kPull);
       if (size >= (1u << 20)) {
-        Print("zpush_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kZPush), "MB/s");
-        Print("zpush_" + tag + "_" + SizeName(size) + "_streamed", g_streamed_share, "share");
-        Print("pullinto_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kPullInto), "MB/s");
-        Print("zpull_" + tag + "_" + SizeName(size), KvThroughput(c, size, KvMode::kZPull), "MB/s");
+        PrintKv(c, "zpush_" + cell, size, KvMode::kZPush);
+        PrintKv(c, "pullinto_" + cell, size, KvMode::kPullInto);
+        PrintKv(c, "zpull_" + cell, size, KvMode::kZPull);
       }
     }
     if (servers == 2) PrintModelPulls(c);
@@ -466,6 +486,11 @@ int Main(const std::string& mode, size_t mib, int nodes) {
 int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_minloglevel = 1;  // no per-node INFO lines in the figures
-  return pscore::node::Main(argc > 1 ? argv[1] : "", argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 1,
-                            argc > 3 ? std::max(1, std::atoi(argv[3])) : 1);
+  // The one figure's size: MiB, or KiB with a k suffix ("64k").
+  size_t size = size_t{1} << 20;
+  if (argc > 2) {
+    char* end = nullptr;
+    size = std::strtoul(argv[2], &end, 10) << (*end == 'k' || *end == 'K' ? 10 : 20);
+  }
+  return pscore::node::Main(argc > 1 ? argv[1] : "", size, argc > 3 ? std::max(1, std::atoi(argv[3])) : 1);
 }

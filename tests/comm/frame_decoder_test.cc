@@ -170,6 +170,40 @@ TEST_CASE("decoder: 64 MiB payload is read straight into its buffer", "[comm][de
   CHECK(d.copied_payload_bytes() < (256u << 10) + 16);
 }
 
+TEST_CASE("decoder: right after a large frame a read brings little of the next - its payload is read in place",
+          "[comm][decoder]") {
+  // Big reads have grown the input buffer; a read filling it at a frame boundary would
+  // bring up to that much of the next frame's payload, to be copied out of the buffer.
+  const std::string payload(1 << 20, 'p');
+  std::string stream;
+  for (int i = 0; i < 4; ++i) stream += EncodeFrame(TestMeta(i + 1), payload);
+  stream += EncodeFrame(TestMeta(9), "small") + EncodeFrame(TestMeta(10), payload);
+  FrameDecoder d{Limits{}};
+  std::vector<Frame> got;
+  std::vector<size_t> boundary_rooms;  // room offered with nothing of a frame buffered
+  size_t pos = 0;
+  while (pos < stream.size()) {
+    const bool boundary = !d.mid_frame();
+    size_t room = 0;
+    char* region = d.ReadRegion(&room);
+    if (boundary) boundary_rooms.push_back(room);
+    size_t n = std::min(room, stream.size() - pos);  // a socket with everything ready
+    std::memcpy(region, stream.data() + pos, n);
+    pos += n;
+    REQUIRE(d.Commit(n, &got).ok());
+  }
+  REQUIRE(got.size() == 6);
+  for (size_t i : {0, 1, 2, 3, 5}) CHECK(got[i].payload->view() == payload);
+  CHECK(got[4].payload->view() == "small");
+  // First read: the whole (4 KiB) buffer; after each large frame at most 4 KiB. The small
+  // frame came in the same read as the end of the frame before it.
+  REQUIRE(boundary_rooms.size() == 5);
+  for (size_t room : boundary_rooms) CHECK(room <= 4096);
+  // So each large payload went through the buffer by at most one small read's worth.
+  INFO("copied " << d.copied_payload_bytes());
+  CHECK(d.copied_payload_bytes() <= 5 * 4096);
+}
+
 TEST_CASE("decoder: a read of zero bytes changes nothing", "[comm][decoder]") {
   FrameDecoder d{Limits{}};
   std::vector<Frame> got;

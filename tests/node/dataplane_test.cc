@@ -723,6 +723,58 @@ void PushLargeThenPullSmall(WorkerNode& w, int rounds,
 
 }  // namespace
 
+TEST_CASE("each direction copies a large payload at most once in user space - counted where it happens",
+          "[node][net][dataplane][copies]") {
+  TestCluster c(Nodes(1, 1));
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  ServerNode& s = c.server(0);
+  const uint64_t key = 11;
+  const uint32_t len = 256 * 1024;  // 1 MiB
+  const uint64_t bytes = len * sizeof(float);
+  // What a read buffer may hold of a payload before the rest is read straight into its
+  // place (or, streamed, folded in from the buffer where it was read): the bytes of it
+  // that arrived with the frame's header. Right after a large frame that read is at most
+  // 4 KiB (comm::FrameDecoder), and the worker's buffer never grew past 4 KiB here.
+  const uint64_t read_buffer = 8 * 1024;
+  auto ones = std::make_shared<const std::vector<float>>(len, 1.0f);
+  for (int i = 0; i < 3; ++i) REQUIRE(Await(w.ZPush({key}, ones)).ok());  // created, spare made, streamed
+  struct Copies {
+    uint64_t worker, server;
+  };
+  auto measure = [&](auto&& call) {
+    const uint64_t w0 = w.payload_bytes_copied(), s0 = s.payload_bytes_copied();
+    call();
+    return Copies{w.payload_bytes_copied() - w0, s.payload_bytes_copied() - s0};
+  };
+  // Push copies the caller's values into the message once; the server applies them from
+  // where they were read.
+  Copies push = measure([&] { REQUIRE(Await(w.Push({key}, *ones)).ok()); });
+  CHECK(push.worker >= bytes);
+  CHECK(push.worker < bytes + 4096);  // + the answer's bytes
+  CHECK(push.server < read_buffer);
+  // ZPush writes them from the caller's vector; a streamed one is folded in from the read buffer.
+  const uint64_t streamed = s.streamed_pushes();
+  Copies zpush = measure([&] { REQUIRE(Await(w.ZPush({key}, ones)).ok()); });
+  CHECK(s.streamed_pushes() == streamed + 1);
+  CHECK(zpush.worker < 4096);
+  CHECK(zpush.server < read_buffer);
+  // Pull: written from the store; the worker copies the answer into the result once.
+  Copies pull = measure([&] { REQUIRE(Await(w.Pull({key})).ok()); });
+  CHECK(pull.server < 4096);
+  CHECK(pull.worker >= bytes);
+  CHECK(pull.worker < bytes + read_buffer);
+  // PullInto and ZPull: no copy of the whole on either side.
+  std::vector<float> dest(len);
+  Copies into = measure([&] { REQUIRE(Await(w.PullInto({key}, dest.data(), dest.size())).ok()); });
+  CHECK(into.worker < read_buffer);
+  CHECK(into.server < 4096);
+  Copies view = measure([&] { REQUIRE(Await(w.ZPull({key})).ok()); });
+  CHECK(view.worker < read_buffer);
+  CHECK(view.server < 4096);
+  CHECK(std::all_of(dest.begin(), dest.end(), [](float x) { return x == 5.0f; }));  // five pushes of ones
+}
+
 TEST_CASE("a small Pull issued after a large Push from the same worker sees that Push",
           "[node][net][dataplane]") {
   // The large push goes to the server's handler threads; a pull asking for little could be
