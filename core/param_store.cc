@@ -60,7 +60,12 @@ void ParamStore::WaitForWriter(std::unique_lock<std::mutex>& lock, Stripe& strip
   const int64_t stall = std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.stream_stall).count();
   while (block->writer != nullptr) {
     PushStream* w = block->writer;
-    const int64_t idle = NowNs() - w->progress_ns_.load(std::memory_order_relaxed);
+    const int64_t progress = w->progress_ns_.load(std::memory_order_relaxed);
+    if (progress == PushStream::kCommitting) {  // never revoked now: it lets go when done
+      stripe.released.wait(lock);
+      continue;
+    }
+    const int64_t idle = NowNs() - progress;
     if (idle >= stall) {
       // The stream's sender stopped mid-push: its key goes to the pushes waiting for it.
       // Its reads of the block are safe: the block is pinned (readers), so it is copied.
@@ -252,40 +257,49 @@ Status ParamStore::PushStream::Commit() {
     return Status(Code::kInternal, "streamed push committed with " + std::to_string(applied_) + " of " +
                                        std::to_string(expected) + " values");
   }
-  done_ = true;
-  std::string aborted;
-  size_t lost = 0;
-  for (Key& k : keys_) {
+  // All keys or none, so that a refused push can be sent again whole. From here on no
+  // waiting push revokes this stream (WaitForWriter); one that did before is seen below.
+  // (The stripe locks order this store before any waiter's later look at it.)
+  progress_ns_.store(kCommitting, std::memory_order_relaxed);
+  const Key* lost = nullptr;
+  for (const Key& k : keys_) {
     Stripe& stripe = store_->StripeFor(k.key);
-    {
-      std::lock_guard<std::mutex> lock(stripe.mu);
-      auto it = stripe.entries.find(k.key);
-      const bool held = k.source->writer == this;
-      if (held) {
-        k.source->writer = nullptr;
-        store_->held_keys_.fetch_sub(1, std::memory_order_relaxed);
-      }
-      k.source->readers.fetch_sub(1, std::memory_order_release);
-      if (held && it != stripe.entries.end() && it->second == k.source) {
-        // The replaced block is the next stream's target, when no slice reads it and
-        // the spares stay within their budget.
-        if (store_->spare_bytes_.load(std::memory_order_relaxed) + k.source->values.size() * sizeof(float) <=
-            store_->opts_.stream_spare_bytes) {
-          k.target->spare = Spare(k.source, &store_->spare_bytes_);
-        }
-        it->second = std::move(k.target);
-      } else {
-        if (lost++ == 0) aborted = std::to_string(k.key);
-        if (it != stripe.entries.end()) store_->KeepAsSpare(*it->second, k.target);
-      }
-      if (held) stripe.released.notify_all();
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    auto it = stripe.entries.find(k.key);
+    if (k.source->writer != this || it == stripe.entries.end() || it->second != k.source) {
+      lost = &k;
+      break;
     }
   }
+  if (lost != nullptr) {
+    const std::string key = std::to_string(lost->key);
+    Release();
+    return Status(Code::kAborted, "streamed push not applied: its key " + key +
+                                      " was handed to other pushes after the stream stalled, or replaced meanwhile");
+  }
+  done_ = true;
+  for (Key& k : keys_) {
+    Stripe& stripe = store_->StripeFor(k.key);
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    k.source->writer = nullptr;
+    store_->held_keys_.fetch_sub(1, std::memory_order_relaxed);
+    k.source->readers.fetch_sub(1, std::memory_order_release);
+    auto it = stripe.entries.find(k.key);
+    // Replaced or erased since the check above (Insert and Erase do not wait for streams):
+    // as if that happened just after this commit.
+    if (it != stripe.entries.end() && it->second == k.source) {
+      // The replaced block is the next stream's target, when no slice reads it and the
+      // spares stay within their budget.
+      if (store_->spare_bytes_.load(std::memory_order_relaxed) + k.source->values.size() * sizeof(float) <=
+          store_->opts_.stream_spare_bytes) {
+        k.target->spare = Spare(k.source, &store_->spare_bytes_);
+      }
+      it->second = std::move(k.target);
+    }
+    stripe.released.notify_all();
+  }
   keys_.clear();
-  if (lost == 0) return Status::Ok();
-  return Status(Code::kAborted, "streamed push of key " + aborted + " not applied: " +
-                                    (lost > 1 ? "it and " + std::to_string(lost - 1) + " more keys were" : "it was") +
-                                    " handed to other pushes after the stream stalled, or replaced meanwhile");
+  return Status::Ok();
 }
 
 void ParamStore::PushStream::Release() {

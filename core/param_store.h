@@ -220,9 +220,10 @@ class ParamStore::PushStream {
   // Folds in the next `n` values of the push (keys in order, back to back). Values past
   // the keys' total are ignored (the caller checked the total before).
   void Apply(const float* values, size_t n);
-  // Every value arrived: each key's new values replace the stored ones. A key revoked
-  // for a waiting push (stalled stream) or replaced meanwhile (migration) keeps the
-  // stored values and is reported as kAborted; the other keys are committed.
+  // Every value arrived: each key's new values replace the stored ones, all keys or none.
+  // When a key was revoked for a waiting push (the stream stalled) or replaced meanwhile
+  // (Insert, Erase), nothing is applied and the result is kAborted naming it: the push
+  // may be sent again whole. Once Commit has begun no key is revoked.
   Status Commit();
   uint64_t floats_applied() const { return applied_; }
 
@@ -242,7 +243,9 @@ class ParamStore::PushStream {
   uint64_t key_off_ = 0;    // floats of it filled
   uint64_t applied_ = 0;
   bool done_ = false;       // committed or released
-  std::atomic<int64_t> progress_ns_{0};  // steady clock of the last Apply (or the start)
+  // Steady clock of the last Apply (or the start); kCommitting once Commit has begun.
+  static constexpr int64_t kCommitting = INT64_MAX;
+  std::atomic<int64_t> progress_ns_{0};
 };
 
 }  // namespace core

@@ -622,6 +622,63 @@ TEST_CASE("a large push cut off half-way changes nothing - a push waiting for it
   CHECK(r->values == std::vector<float>(len, 8.0f));
 }
 
+TEST_CASE("a streamed push that stalls gives its keys to a waiting push - none of it is applied - kAborted",
+          "[node][net][dataplane][stream]") {
+  TestCluster::Config config;
+  config.servers = 1;
+  config.store.stream_stall = std::chrono::milliseconds(300);
+  TestCluster c(config);
+  c.Start();
+  ServerNode& server = c.server(0);
+  const std::vector<uint64_t> keys = {21, 22};
+  const std::vector<uint32_t> lens = {128 * 1024, 128 * 1024};  // 512 KiB each
+  auto ones = std::make_shared<const std::vector<float>>(2 * 128 * 1024, 1.0f);
+  for (int i = 0; i < 2; ++i) REQUIRE(Await(c.worker(0).ZPush(keys, ones, lens)).ok());  // created, spares made
+  // A member link pushes 2s to both keys and stops 100 KiB before the end.
+  comm::testing::RawSocket raw;
+  REQUIRE(raw.Connect(server.listen_port()));
+  pb::HelloMessage hello;
+  hello.set_node_id("w0");
+  hello.set_role(pb::WORKER);
+  pb::MessageMeta hello_meta = MakeMeta(pb::HELLO, pb::WORKER, 0);
+  hello_meta.set_oneway(true);
+  REQUIRE(raw.SendAll(comm::testing::EncodeFrame(hello_meta, ToBuffer(hello)->view())));
+  const std::vector<float> twos(2 * 128 * 1024, 2.0f);
+  Result<Payload> push = core::EncodeKvPairsShared(
+      keys.data(), 2, lens.data(), {Slice{nullptr, reinterpret_cast<const char*>(twos.data()), twos.size() * sizeof(float)}});
+  REQUIRE(push.ok());
+  pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, 0);
+  meta.set_handler(kPushHandler);
+  meta.set_request_id(78);
+  meta.set_payload_head(push->head->size());
+  const std::string frame = comm::testing::EncodeFrame(
+      meta, std::string(push->head->view()) +
+                std::string(reinterpret_cast<const char*>(twos.data()), twos.size() * sizeof(float)));
+  const size_t cut = frame.size() - 100 * 1024;
+  REQUIRE(raw.SendAll(std::string_view(frame).substr(0, cut)));
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (server.store().keys_held_by_streams() < 2) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(5ms);
+  }
+  // w0 pushes 3s to the first key: it waits out the stall, then takes the key.
+  const std::vector<uint32_t> one_len = {lens[0]};
+  REQUIRE(Await(c.worker(0).Push({keys[0]}, std::vector<float>(lens[0], 3.0f), one_len)).ok());
+  // The link sends the rest: its push is refused whole, the key it still held included.
+  REQUIRE(raw.SendAll(std::string_view(frame).substr(cut)));
+  pb::MessageMeta answer;
+  std::string body;
+  REQUIRE(raw.RecvFrame(&answer, &body));
+  CHECK(answer.request_id() == 78);
+  CHECK(answer.status_code() == static_cast<int32_t>(Code::kAborted));
+  CHECK(server.store().keys_held_by_streams() == 0);
+  Result<PullResult> r = Await(c.worker(0).Pull(keys));
+  REQUIRE(r.ok());
+  const std::vector<float>& v = r->values;
+  CHECK(std::all_of(v.begin(), v.begin() + lens[0], [](float x) { return x == 5.0f; }));  // 2 ones + 3
+  CHECK(std::all_of(v.begin() + lens[0], v.end(), [](float x) { return x == 2.0f; }));   // 2 ones only
+}
+
 TEST_CASE("ZPull points into the answers and reads the same values as Pull", "[node][net][dataplane]") {
   TestCluster c(Nodes(1, 3));
   c.Start();
