@@ -185,15 +185,22 @@ TEST_CASE_METHOD(OneKeyStore, "a push waits for the stream holding its key: no u
   CHECK(PullOne(store, key) == std::vector<float>(len, 1.0f + 2 * kEach));
 }
 
-TEST_CASE("a stalled stream is revoked for a waiting push and its commit applies none of its keys",
-          "[core][pushstream]") {
-  ParamStore::Options o = Rule(UpdateRule::kSum);
-  o.stream_stall = std::chrono::milliseconds(100);
-  ParamStore store(o);
-  const uint64_t keys[] = {1, 2};
-  const uint32_t lens[] = {64, 64};
-  const std::vector<float> ones(128, 1.0f);
-  REQUIRE(store.Push(keys, lens, ones.data(), 2).ok());
+// A sum store holding keys 1 and 2 of 64 ones each; streams stall after 100 ms.
+struct TwoKeyStore {
+  static ParamStore::Options Options() {
+    ParamStore::Options o = Rule(UpdateRule::kSum);
+    o.stream_stall = std::chrono::milliseconds(100);
+    return o;
+  }
+  TwoKeyStore() : store(Options()) { REQUIRE(store.Push(keys, lens, ones.data(), 2).ok()); }
+  ParamStore store;
+  const uint64_t keys[2] = {1, 2};
+  const uint32_t lens[2] = {64, 64};
+  const std::vector<float> ones = std::vector<float>(128, 1.0f);
+};
+
+TEST_CASE_METHOD(TwoKeyStore, "a stalled stream is revoked for a waiting push and its commit applies none of its keys",
+                 "[core][pushstream]") {
   auto s = store.BeginStream(keys, lens, 2);
   REQUIRE(s != nullptr);
   s->Apply(ones.data(), 100);  // then the sender stops
@@ -268,12 +275,8 @@ TEST_CASE_METHOD(OneKeyStore, "a key replaced or erased during its stream keeps 
 }
 
 
-TEST_CASE("a key replaced during a stream of two keys leaves both as they were", "[core][pushstream]") {
-  ParamStore store(Rule(UpdateRule::kSum));
-  const uint64_t keys[] = {1, 2};
-  const uint32_t lens[] = {64, 64};
-  const std::vector<float> ones(128, 1.0f);
-  REQUIRE(store.Push(keys, lens, ones.data(), 2).ok());
+TEST_CASE_METHOD(TwoKeyStore, "a key replaced during a stream of two keys leaves both as they were",
+                 "[core][pushstream]") {
   auto s = store.BeginStream(keys, lens, 2);
   REQUIRE(s != nullptr);
   s->Apply(ones.data(), 128);

@@ -149,6 +149,42 @@ void EchoHandlers(ServerNode& s) {
   });
 }
 
+// A raw link to `port` that says it is worker w0 (a member), to send a push in parts.
+void ConnectAsW0(comm::testing::RawSocket& raw, int port) {
+  REQUIRE(raw.Connect(port));
+  pb::HelloMessage hello;
+  hello.set_node_id("w0");
+  hello.set_role(pb::WORKER);
+  pb::MessageMeta meta = MakeMeta(pb::HELLO, pb::WORKER, 0);
+  meta.set_oneway(true);
+  REQUIRE(raw.SendAll(comm::testing::EncodeFrame(meta, ToBuffer(hello)->view())));
+}
+
+// A push of `values` (lens[i] floats for keys[i], back to back) framed as a ZPush frames
+// it: the head, then the floats, with payload_head set, so a server may fold it in as it
+// arrives.
+std::string StreamablePush(const std::vector<uint64_t>& keys, const std::vector<uint32_t>& lens,
+                           const std::vector<float>& values, uint64_t request_id) {
+  const char* floats = reinterpret_cast<const char*>(values.data());
+  const size_t bytes = values.size() * sizeof(float);
+  Result<Payload> push = core::EncodeKvPairsShared(keys.data(), keys.size(), lens.data(), {Slice{nullptr, floats, bytes}});
+  REQUIRE(push.ok());
+  pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, 0);
+  meta.set_handler(kPushHandler);
+  meta.set_request_id(request_id);
+  meta.set_payload_head(push->head->size());
+  return comm::testing::EncodeFrame(meta, std::string(push->head->view()) + std::string(floats, bytes));
+}
+
+// Waits until `n` keys of the server's store are held by streams.
+void WaitHeldByStreams(ServerNode& server, uint64_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (server.store().keys_held_by_streams() < n) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("10000 interleaved requests from 4 workers to 3 servers are all answered correctly",
@@ -570,30 +606,10 @@ TEST_CASE("a large push cut off half-way changes nothing - a push waiting for it
   CHECK(server.store().spare_bytes() == len * sizeof(float));
   // A link that says it is w0 and sends a push of 2s, all but its last 100 KiB.
   comm::testing::RawSocket raw;
-  REQUIRE(raw.Connect(server.listen_port()));
-  pb::HelloMessage hello;
-  hello.set_node_id("w0");
-  hello.set_role(pb::WORKER);
-  pb::MessageMeta hello_meta = MakeMeta(pb::HELLO, pb::WORKER, 0);
-  hello_meta.set_oneway(true);
-  REQUIRE(raw.SendAll(comm::testing::EncodeFrame(hello_meta, ToBuffer(hello)->view())));
-  const std::vector<float> twos(len, 2.0f);
-  Result<Payload> push = core::EncodeKvPairsShared(
-      &key, 1, &len, {Slice{nullptr, reinterpret_cast<const char*>(twos.data()), len * sizeof(float)}});
-  REQUIRE(push.ok());
-  pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, 0);
-  meta.set_handler(kPushHandler);
-  meta.set_request_id(77);
-  meta.set_payload_head(push->head->size());
-  const std::string frame = comm::testing::EncodeFrame(
-      meta, std::string(push->head->view()) + std::string(reinterpret_cast<const char*>(twos.data()), len * sizeof(float)));
+  ConnectAsW0(raw, server.listen_port());
+  const std::string frame = StreamablePush({key}, {len}, std::vector<float>(len, 2.0f), 77);
   REQUIRE(raw.SendAll(std::string_view(frame).substr(0, frame.size() - 100 * 1024)));
-  // The server is folding it in: the key is held.
-  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
-  while (server.store().keys_held_by_streams() == 0) {
-    REQUIRE(std::chrono::steady_clock::now() < deadline);
-    std::this_thread::sleep_for(5ms);
-  }
+  WaitHeldByStreams(server, 1);  // the server is folding it in
   // w0's own push of 3s waits for the key (applied whole on a handler thread) ...
   auto threes = std::make_shared<const std::vector<float>>(len, 3.0f);
   std::future<Status> waiting = c.worker(0).ZPush({key}, threes);
@@ -636,31 +652,11 @@ TEST_CASE("a streamed push that stalls gives its keys to a waiting push - none o
   for (int i = 0; i < 2; ++i) REQUIRE(Await(c.worker(0).ZPush(keys, ones, lens)).ok());  // created, spares made
   // A member link pushes 2s to both keys and stops 100 KiB before the end.
   comm::testing::RawSocket raw;
-  REQUIRE(raw.Connect(server.listen_port()));
-  pb::HelloMessage hello;
-  hello.set_node_id("w0");
-  hello.set_role(pb::WORKER);
-  pb::MessageMeta hello_meta = MakeMeta(pb::HELLO, pb::WORKER, 0);
-  hello_meta.set_oneway(true);
-  REQUIRE(raw.SendAll(comm::testing::EncodeFrame(hello_meta, ToBuffer(hello)->view())));
-  const std::vector<float> twos(2 * 128 * 1024, 2.0f);
-  Result<Payload> push = core::EncodeKvPairsShared(
-      keys.data(), 2, lens.data(), {Slice{nullptr, reinterpret_cast<const char*>(twos.data()), twos.size() * sizeof(float)}});
-  REQUIRE(push.ok());
-  pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, 0);
-  meta.set_handler(kPushHandler);
-  meta.set_request_id(78);
-  meta.set_payload_head(push->head->size());
-  const std::string frame = comm::testing::EncodeFrame(
-      meta, std::string(push->head->view()) +
-                std::string(reinterpret_cast<const char*>(twos.data()), twos.size() * sizeof(float)));
+  ConnectAsW0(raw, server.listen_port());
+  const std::string frame = StreamablePush(keys, lens, std::vector<float>(2 * 128 * 1024, 2.0f), 78);
   const size_t cut = frame.size() - 100 * 1024;
   REQUIRE(raw.SendAll(std::string_view(frame).substr(0, cut)));
-  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
-  while (server.store().keys_held_by_streams() < 2) {
-    REQUIRE(std::chrono::steady_clock::now() < deadline);
-    std::this_thread::sleep_for(5ms);
-  }
+  WaitHeldByStreams(server, 2);
   // w0 pushes 3s to the first key: it waits out the stall, then takes the key.
   const std::vector<uint32_t> one_len = {lens[0]};
   REQUIRE(Await(c.worker(0).Push({keys[0]}, std::vector<float>(lens[0], 3.0f), one_len)).ok());
