@@ -58,6 +58,8 @@ int64_t NowNs() {
 
 void ParamStore::WaitForWriter(std::unique_lock<std::mutex>& lock, Stripe& stripe, const BlockPtr& block) {
   const int64_t stall = std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.stream_stall).count();
+  const int64_t hold = std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.stream_hold).count();
+  const int64_t since = NowNs();
   while (block->writer != nullptr) {
     PushStream* w = block->writer;
     const int64_t progress = w->progress_ns_.load(std::memory_order_relaxed);
@@ -65,16 +67,19 @@ void ParamStore::WaitForWriter(std::unique_lock<std::mutex>& lock, Stripe& strip
       stripe.released.wait(lock);
       continue;
     }
-    const int64_t idle = NowNs() - progress;
-    if (idle >= stall) {
-      // The stream's sender stopped mid-push: its key goes to the pushes waiting for it.
+    const int64_t now = NowNs();
+    const int64_t idle = now - progress;
+    const int64_t waited = now - since;
+    if (idle >= stall || waited >= hold) {
+      // The stream's sender stopped mid-push, or sends too slowly: its key goes to the
+      // pushes waiting for it (its Commit applies nothing then; the sender pushes again).
       // Its reads of the block are safe: the block is pinned (readers), so it is copied.
       block->writer = nullptr;
       held_keys_.fetch_sub(1, std::memory_order_relaxed);
       stripe.released.notify_all();
       return;
     }
-    stripe.released.wait_for(lock, std::chrono::nanoseconds(stall - idle));
+    stripe.released.wait_for(lock, std::chrono::nanoseconds(std::min(stall - idle, hold - waited)));
   }
 }
 

@@ -34,10 +34,13 @@ class ParamStore {
     UpdateRule rule = UpdateRule::kSum;
     float learning_rate = 0.01f;
     // Streamed pushes (BeginStream): bytes of spare blocks kept for the next stream of a
-    // key (a key larger than this is never streamed), and how long a stream may make no
-    // progress while another push waits for its key before it is revoked.
+    // key (a key larger than this is never streamed); how long a stream may make no
+    // progress while another push waits for its key before it is revoked; and how long a
+    // push waits for a stream that still makes progress (a sender trickling its bytes)
+    // before it revokes it anyway.
     uint64_t stream_spare_bytes = 512ull << 20;
     std::chrono::milliseconds stream_stall{2000};
+    std::chrono::milliseconds stream_hold{10000};
   };
   class PushStream;
   // A user rule: fold `incoming` (n floats) into `stored` (n floats). Called
@@ -65,8 +68,9 @@ class ParamStore {
   // built-in rule) and replace the stored ones at Commit, one key at a time, so pulls see
   // a key before or after the push, never in between, and an uncommitted stream changes
   // nothing. While a stream holds a key, other pushes to it wait (a stream making no
-  // progress for Options::stream_stall is revoked for them; its Commit then fails that
-  // key) and no second stream takes it. Null when the push cannot stream: a user rule is
+  // progress for Options::stream_stall, or still holding the key after a push waited
+  // Options::stream_hold for it, is revoked for them; its Commit then applies nothing and
+  // returns kAborted) and no second stream takes it. Null when the push cannot stream: a user rule is
   // set, a key is missing or has another length, is held by a stream, or is larger than
   // Options::stream_spare_bytes; the caller then pushes the values whole with Push.
   //

@@ -5,8 +5,8 @@
 // on the loop thread. Callbacks run on the loop thread. Owned by the embedding program.
 #pragma once
 
-#include <condition_variable>
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <future>
 #include <map>

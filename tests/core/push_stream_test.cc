@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -39,11 +40,12 @@ Status Stream(ParamStore& store, const std::vector<uint64_t>& keys, const std::v
 }
 
 // A sum store holding one key of 4096 ones. A push waiting for a stream gives up on it
-// only after 60 s (stream_stall), past any deadline of these tests.
+// only after 60 s (stream_stall, stream_hold), past any deadline of these tests.
 struct OneKeyStore {
   static ParamStore::Options Options() {
     ParamStore::Options o = Rule(UpdateRule::kSum);
     o.stream_stall = std::chrono::seconds(60);
+    o.stream_hold = std::chrono::seconds(60);
     return o;
   }
   OneKeyStore() : store(Options()) { REQUIRE(store.Push(&key, &len, ones.data(), 1).ok()); }
@@ -274,6 +276,35 @@ TEST_CASE_METHOD(OneKeyStore, "a key replaced or erased during its stream keeps 
   CHECK(store.num_keys() == 0);
 }
 
+
+TEST_CASE("a push waiting for a stream that trickles its bytes revokes it after stream_hold", "[core][pushstream]") {
+  ParamStore::Options o = Rule(UpdateRule::kSum);
+  o.stream_stall = std::chrono::seconds(60);  // the stream never stalls
+  o.stream_hold = std::chrono::milliseconds(200);
+  ParamStore store(o);
+  const uint64_t key = 3;
+  const uint32_t len = 1000;
+  const std::vector<float> ones(len, 1.0f);
+  REQUIRE(store.Push(&key, &len, ones.data(), 1).ok());
+  auto s = store.BeginStream(&key, &len, 1);
+  REQUIRE(s != nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  std::future<Status> waiting =
+      std::async(std::launch::async, [&] { return store.Push(&key, &len, ones.data(), 1); });
+  // One float every 10 ms: progress all the time, far too slow to finish meanwhile.
+  size_t sent = 0;
+  while (waiting.wait_for(std::chrono::milliseconds(10)) == std::future_status::timeout) {
+    REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+    REQUIRE(sent < len - 1);
+    s->Apply(ones.data(), 1);
+    ++sent;
+  }
+  CHECK(waiting.get().ok());
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(190));
+  s->Apply(ones.data(), len - sent);
+  CHECK(s->Commit().code() == Code::kAborted);  // the sender pushes again
+  CHECK(PullOne(store, key) == std::vector<float>(len, 2.0f));
+}
 
 TEST_CASE_METHOD(TwoKeyStore, "a key replaced during a stream of two keys leaves both as they were",
                  "[core][pushstream]") {

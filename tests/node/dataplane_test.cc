@@ -590,6 +590,7 @@ TEST_CASE("a large push cut off half-way changes nothing - a push waiting for it
           "[node][net][dataplane][stream]") {
   TestCluster::Config config;
   config.store.stream_stall = std::chrono::seconds(20);  // only the broken link lets the key go
+  config.store.stream_hold = std::chrono::seconds(20);
   TestCluster c(config);
   c.Start();
   ServerNode& server = c.server(0);
