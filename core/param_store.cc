@@ -293,12 +293,9 @@ Status ParamStore::PushStream::Commit() {
     // Replaced or erased since the check above (Insert and Erase do not wait for streams):
     // as if that happened just after this commit.
     if (it != stripe.entries.end() && it->second == k.source) {
-      // The replaced block is the next stream's target, when no slice reads it and the
-      // spares stay within their budget.
-      if (store_->spare_bytes_.load(std::memory_order_relaxed) + k.source->values.size() * sizeof(float) <=
-          store_->opts_.stream_spare_bytes) {
-        k.target->spare = Spare(k.source, &store_->spare_bytes_);
-      }
+      // The replaced block is the next stream's target (when the spares stay within
+      // their budget; BeginStream lets it go if a slice still reads it then).
+      store_->KeepAsSpare(*k.target, k.source);
       it->second = std::move(k.target);
     }
     stripe.released.notify_all();

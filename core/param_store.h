@@ -202,8 +202,9 @@ class ParamStore {
   Status PushOne(const Updater* updater, uint64_t key, const float* incoming, uint32_t len, bool* wants_spare);
   // A zero-filled spare block for `key`, made outside the locks (within the budget).
   void PrepareSpare(uint64_t key, uint32_t len);
-  // Keeps `target` (a stream's unpublished block of stored's length) as stored's spare
-  // when stored has none and the budget allows (stripe lock held).
+  // Keeps `target` (a block of stored's length that no entry holds: a stream's unused
+  // target, or the block its commit replaced) as stored's spare, when stored has none and
+  // the budget allows (stripe lock held).
   void KeepAsSpare(Block& stored, BlockPtr& target);
   void ApplyBuiltIn(float* stored, const float* incoming, size_t n) const;
 
