@@ -12,9 +12,7 @@ namespace {
 
 // The checksum covers the op byte and the body, so a flipped op is caught too.
 uint32_t RecordCrc(uint8_t op, std::string_view body) {
-  std::string covered(1, static_cast<char>(op));
-  covered.append(body);
-  return Crc32(covered.data(), covered.size());
+  return Crc32(body.data(), body.size(), Crc32(&op, 1));
 }
 
 bool KnownOp(uint8_t op) { return op >= 1 && op <= 4; }

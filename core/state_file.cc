@@ -1,11 +1,12 @@
 #include "core/state_file.h"
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <map>
 #include <set>
 #include <utility>
+
+#include <zlib.h>
 
 #include "core/cluster_manager.h"
 #include "core/endian.h"
@@ -15,16 +16,6 @@ namespace pscore::core {
 namespace {
 
 using internal::Err;
-
-std::array<uint32_t, 256> MakeCrcTable() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
 
 Status ValidateNode(const pb::PersistedNode& n) {
   if (n.node_id().empty() || n.node_id().size() > kMaxStateNodeIdBytes) {
@@ -49,12 +40,16 @@ Status ValidateNode(const pb::PersistedNode& n) {
 
 }  // namespace
 
-uint32_t Crc32(const void* data, size_t size) {
-  static const std::array<uint32_t, 256> kTable = MakeCrcTable();
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < size; ++i) c = kTable[(c ^ p[i]) & 0xff] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
+uint32_t Crc32(const void* data, size_t size, uint32_t crc) {
+  // zlib's crc32 takes an unsigned length: feed it in pieces of at most 1 GiB.
+  const auto* p = static_cast<const Bytef*>(data);
+  while (size > 0) {
+    const size_t n = std::min<size_t>(size, size_t{1} << 30);
+    crc = static_cast<uint32_t>(crc32(crc, p, static_cast<uInt>(n)));
+    p += n;
+    size -= n;
+  }
+  return crc;
 }
 
 std::string SerializeState(const pb::PersistedState& state) {

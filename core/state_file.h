@@ -32,8 +32,9 @@ inline constexpr int kMaxStateKvEntries = 1 << 20;
 inline constexpr int kMaxStateRoleTotal = kMaxRoleTotal;
 inline constexpr size_t kMaxStateNodeIdBytes = 256;
 
-// CRC-32 (IEEE 802.3, reflected, as zlib's crc32) of data.
-uint32_t Crc32(const void* data, size_t size);
+// CRC-32 (IEEE 802.3, reflected: zlib's crc32, which computes it) of data; given the CRC
+// of the bytes before data as `crc`, the CRC of both (so a record need not be contiguous).
+uint32_t Crc32(const void* data, size_t size, uint32_t crc = 0);
 
 // Frames state as a state file (header + body).
 std::string SerializeState(const pb::PersistedState& state);

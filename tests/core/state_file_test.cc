@@ -76,6 +76,9 @@ TEST_CASE("state file round trip keeps every field", "[core][state]") {
   CHECK(back->kv_size() == 3);
   CHECK(back->cluster_state() == pb::CLUSTER_READY);
   CHECK(Crc32("123456789", 9) == 0xCBF43926u);  // the standard check value
+  // Continued from the CRC of the bytes before: the same as over all of them at once.
+  CHECK(Crc32("456789", 6, Crc32("123", 3)) == 0xCBF43926u);
+  CHECK(Crc32("", 0, Crc32("123456789", 9)) == 0xCBF43926u);
 }
 
 TEST_CASE("state file: every truncation and trailing garbage is rejected", "[core][state]") {
