@@ -1,10 +1,28 @@
 #include "core/buffer.h"
 
+#include <sys/mman.h>
+
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <vector>
 
 namespace pscore {
+
+void AdviseHugePages(void* data, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  if (bytes < 2 * kHuge) return;
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t last = (begin + bytes) & ~(kHuge - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);  // advice only
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
 namespace {
 
 // Released large blocks by capacity. Never destroyed (blocks may be released during
@@ -74,7 +92,9 @@ char* Buffer::AcquireLarge(size_t capacity) {
       return block;
     }
   }
-  return new char[capacity];
+  char* block = new char[capacity];
+  AdviseHugePages(block, capacity);  // not written yet: the reader fills it
+  return block;
 }
 
 void Buffer::ReleaseLarge(char* block, size_t capacity) {
