@@ -96,6 +96,18 @@ std::future<Result<std::vector<BufferPtr>>> WorkerNode::Broadcast(int user_cmd, 
   return fut;
 }
 
+namespace {
+
+// Room for `floats` floats in v, not yet written. A large result is fresh memory on
+// every call (glibc maps it anew past 32 MiB), so it is asked for in huge pages before
+// its first write (core/buffer.h).
+void ReserveResult(std::vector<float>& v, size_t floats) {
+  v.reserve(floats);
+  AdviseHugePages(v.data(), floats * sizeof(float));
+}
+
+}  // namespace
+
 // One Push or Pull across servers. Loop thread only after creation.
 struct WorkerNode::KvOp {
   bool push = true;
@@ -120,6 +132,11 @@ struct WorkerNode::KvOp {
   std::vector<uint64_t> expect_off;
   std::vector<char> in_dest;
   bool no_sinks = false;
+  // Requests sent and not yet ended (loop thread). While one may still have its answer
+  // read into dest, a failed PullInto keeps its error here and is not ready: the caller
+  // owns dest again the moment the future is.
+  size_t parts_sent = 0;
+  std::optional<Status> failure;
   std::promise<Status> push_done;  // also PullInto's
   std::promise<Result<PullResult>> pull_done;
   std::promise<Result<PullView>> view_done;
@@ -141,6 +158,13 @@ struct WorkerNode::KvOp {
     if (in_flight) in_flight->fetch_sub(1, std::memory_order_acq_rel);
     in_flight.reset();
   }
+
+  // Pull with its result allocated up front (the keys' sizes were known): dest is
+  // result.data(), and the values are read into it in place like PullInto's.
+  std::vector<float> result;
+  bool into_result = false;
+  // Set when expect_off came from the learned sizes: forgets those found wrong (loop thread).
+  WorkerNode* learner = nullptr;
 
   bool into() const { return dest != nullptr; }
   // The span of dest (float offset and count) an answer to the keys `indices` (increasing)
@@ -173,15 +197,31 @@ struct WorkerNode::KvOp {
   void Fail(const Status& st) {
     if (finished) return;
     finished = true;
-    CountOut();
     answers.clear();
-    if (push || into()) {
+    if (into() && !into_result && parts_sent > 0) {
+      failure = st;  // settled by PartEnded once no answer can write into dest
+      return;
+    }
+    CountOut();
+    if (push || (into() && !into_result)) {
       push_done.set_value(st);
     } else if (view) {
       view_done.set_value(st);
     } else {
       pull_done.set_value(st);
     }
+  }
+  // A request of this op ended (answered, failed or expired; its answer no longer writes
+  // anywhere). Returns false when the op is finished and the answer is not wanted.
+  bool PartEnded() {
+    --parts_sent;
+    if (!finished) return true;
+    if (failure && parts_sent == 0) {
+      CountOut();
+      push_done.set_value(*failure);
+      failure.reset();
+    }
+    return false;
   }
   void Acked(size_t n) {
     outstanding -= n;
@@ -192,24 +232,18 @@ struct WorkerNode::KvOp {
       push_done.set_value(Status::Ok());
       return;
     }
+    if (into_result) return FinishResult();
     if (into()) {
       const size_t total = std::accumulate(src_lens.begin(), src_lens.end(), size_t{0});
       if (total != dest_floats) {
+        if (learner != nullptr) learner->ForgetLens(*this);
         answers.clear();
         push_done.set_value(Status(Code::kInvalidArgument, "pull: the keys hold " + std::to_string(total) +
                                                                " floats, the destination " +
                                                                std::to_string(dest_floats)));
         return;
       }
-      float* out = dest;
-      for (size_t i = 0; i < src.size(); ++i) {
-        // Values read into dest are already here (checked by Misplaced).
-        if (in_dest.empty() || !in_dest[i]) {
-          std::memcpy(out, src[i], src_lens[i] * sizeof(float));
-          CountCopied(src_lens[i] * sizeof(float));
-        }
-        out += src_lens[i];
-      }
+      CopyRestIntoDest();
       if (dest_lens != nullptr) *dest_lens = src_lens;
       answers.clear();
       push_done.set_value(Status::Ok());
@@ -223,14 +257,46 @@ struct WorkerNode::KvOp {
       view_done.set_value(std::move(out));
       return;
     }
+    pull_done.set_value(CopyResult());
+  }
+  // Copies the values not read into dest to their place there (those that were are
+  // already in place: checked by Misplaced; the total matches dest_floats).
+  void CopyRestIntoDest() {
+    float* out = dest;
+    for (size_t i = 0; i < src.size(); ++i) {
+      if (in_dest.empty() || !in_dest[i]) {
+        std::memcpy(out, src[i], src_lens[i] * sizeof(float));
+        CountCopied(src_lens[i] * sizeof(float));
+      }
+      out += src_lens[i];
+    }
+  }
+  // Pull's result, every value copied once out of where it arrived (reserve + insert: the
+  // values are written once; resize would zero them first).
+  PullResult CopyResult() {
     PullResult out;
     out.lens = src_lens;
-    // reserve + insert: the values are written once (resize would zero them first).
-    out.values.reserve(std::accumulate(src_lens.begin(), src_lens.end(), size_t{0}));
+    ReserveResult(out.values, std::accumulate(src_lens.begin(), src_lens.end(), size_t{0}));
     for (size_t i = 0; i < src.size(); ++i) out.values.insert(out.values.end(), src[i], src[i] + src_lens[i]);
     CountCopied(out.values.size() * sizeof(float));
     answers.clear();
-    pull_done.set_value(std::move(out));
+    return out;
+  }
+  // Pull into its own result: the answers read into it are in place; those that were not
+  // (keys of a server not consecutive, a small answer) are copied to their place. Should
+  // the sizes have changed since they were learned, the result is copied anew instead.
+  void FinishResult() {
+    const size_t total = std::accumulate(src_lens.begin(), src_lens.end(), size_t{0});
+    if (total != dest_floats || Misplaced()) {
+      learner->ForgetLens(*this);
+      return pull_done.set_value(CopyResult());
+    }
+    CopyRestIntoDest();
+    answers.clear();
+    PullResult r;
+    r.lens = std::move(src_lens);
+    r.values = std::move(result);
+    pull_done.set_value(std::move(r));
   }
 };
 
@@ -349,8 +415,74 @@ std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& ke
   auto op = std::make_shared<KvOp>();
   op->CountIn(kv_in_flight_, copied_counter());
   auto fut = op->pull_done.get_future();
+  AllocateResult(*op, keys);
   StartPull(op, keys);
   return fut;
+}
+
+// A pull of keys whose sizes earlier answers written from the store told: the result is
+// allocated here (zero-filled: std::vector), on the calling thread, and each answer is read
+// from the socket straight into its place in it (no copy on the worker, none on its loop
+// thread). Otherwise the result is made when the answers are in (CopyResult).
+void WorkerNode::AllocateResult(KvOp& op, const std::vector<uint64_t>& keys) {
+  std::vector<uint64_t> offsets;
+  uint64_t total = 0;
+  if (!LearnedLayout(keys, &offsets, &total)) return;
+  // No more than the answers can bring (one message per server): a larger request
+  // fails as it did before, not by allocating first.
+  uint64_t servers = 0;
+  {
+    std::lock_guard<std::mutex> lock(direct_mu_);
+    servers = std::min<uint64_t>(route_.addrs.size(), keys.size());
+  }
+  if (total * sizeof(float) > options_.max_message_bytes * servers) return;
+  ReserveResult(op.result, total);
+  op.result.resize(total);
+  op.into_result = true;
+  op.learner = this;
+  op.dest = op.result.data();
+  op.dest_floats = total;
+  op.expect_off = std::move(offsets);
+}
+
+// Every key's offset in a result of keys back to back, from the learned sizes, and the
+// total; false when a key's size is not known.
+bool WorkerNode::LearnedLayout(const std::vector<uint64_t>& keys, std::vector<uint64_t>* offsets, uint64_t* total) {
+  if (keys.empty()) return false;
+  offsets->resize(keys.size());
+  *total = 0;
+  std::lock_guard<std::mutex> lock(learned_mu_);
+  if (learned_lens_.empty()) return false;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = learned_lens_.find(keys[i]);
+    if (it == learned_lens_.end()) return false;
+    (*offsets)[i] = *total;
+    *total += it->second;
+  }
+  return true;
+}
+
+// Loop thread: remembers the sizes of the keys of an answer written from the store (at
+// least 64 KiB per key on average, so a lookup per key is nothing beside the values).
+void WorkerNode::LearnLens(const KvOp& op, const std::vector<size_t>& indices, const uint32_t* lens) {
+  const size_t n = indices.size();
+  if (n == 0 || std::accumulate(lens, lens + n, uint64_t{0}) * sizeof(float) < core::kZeroCopyBytes * n) return;
+  std::lock_guard<std::mutex> lock(learned_mu_);
+  if (learned_lens_.size() + n > kLearnedMax) learned_lens_.clear();  // a bound, rarely reached
+  for (size_t j = 0; j < n; ++j) learned_lens_[op.keys[indices[j]]] = lens[j];
+}
+
+// Loop thread: op's result was allocated from sizes some of which were wrong. A key
+// whose answer did not teach its new size (a small one) has the old one forgotten.
+void WorkerNode::ForgetLens(const KvOp& op) {
+  std::lock_guard<std::mutex> lock(learned_mu_);
+  for (size_t i = 0; i < op.keys.size(); ++i) {
+    const uint64_t end = i + 1 < op.keys.size() ? op.expect_off[i + 1] : op.dest_floats;
+    const uint64_t expected = end - op.expect_off[i];
+    if (op.src_lens[i] == expected) continue;
+    auto it = learned_lens_.find(op.keys[i]);
+    if (it != learned_lens_.end() && it->second == expected) learned_lens_.erase(it);
+  }
 }
 
 std::future<Result<PullView>> WorkerNode::ZPull(const std::vector<uint64_t>& keys) {
@@ -384,6 +516,13 @@ std::future<Status> WorkerNode::PullInto(const std::vector<uint64_t>& keys, floa
       off += (*lens)[i];
     }
     if (off != dest_floats) op->expect_off.clear();  // cannot be right: not used
+  }
+  uint64_t learned_total = 0;
+  std::vector<uint64_t> learned;
+  if (op->expect_off.empty() && keys.size() > 1 && LearnedLayout(keys, &learned, &learned_total) &&
+      learned_total == dest_floats) {
+    op->expect_off = std::move(learned);  // no layout given: the sizes earlier answers told
+    op->learner = this;
   }
   StartPull(op, keys);
   return fut;
@@ -474,6 +613,7 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
     }
   }
   int server = part.server;
+  ++op->parts_sent;
   part.addr = ServerAddress(server);
   part.lost = Status::Ok();
   pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
@@ -494,7 +634,7 @@ void WorkerNode::HoldForRetry(const std::shared_ptr<KvOp>& op, KvPart part) {
 }
 
 void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<Frame> r) {
-  if (op->finished) return;
+  if (!op->PartEnded()) return;
   size_t keys = op->push ? part.num_keys : part.indices.size();
   if (!r.ok()) {
     // kAborted: the server no longer owns these keys (a scale operation moved them). Nothing
@@ -543,12 +683,14 @@ void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<Fra
       if (in_dest) op->in_dest[part.indices[j]] = 1;
       p += view->lens[j];
     }
+    LearnLens(*op, part.indices, view->lens);
     op->answers.push_back(b);
-    if (op->outstanding == keys && op->Misplaced() &&
+    if (!op->into_result && op->outstanding == keys && op->Misplaced() &&
         std::accumulate(op->src_lens.begin(), op->src_lens.end(), uint64_t{0}) == op->dest_floats) {
       // The caller's layout put an answer's values where they do not belong: pull all the
       // keys again and copy them this time (rare: only a wrong layout gets here).
       VLOG(1) << options_.node_id << ": PullInto layout did not match the keys; pulling again";
+      if (op->learner != nullptr) ForgetLens(*op);
       op->no_sinks = true;
       op->answers.clear();
       op->in_dest.clear();

@@ -45,7 +45,9 @@ class WorkerNode : public Node {
 
   // One request to server `rank`, addressed by user_cmd (handler empty) or handler name.
   // The payload may carry zero-copy tail slices (core/buffer.h): their memory is written
-  // to the socket as it is and must stay unchanged until cb runs.
+  // to the socket as it is and must stay unchanged until cb runs with the answer; after an
+  // error (a deadline, a lost link) a slice may still be queued for writing, so until
+  // pscore has released the slices' owners (give every slice one).
   void SendAsync(int rank, int user_cmd, const std::string& handler, Payload payload, ReplyCallback cb);
   std::future<Result<BufferPtr>> Send(int rank, int user_cmd, BufferPtr payload);
   std::future<Result<BufferPtr>> Call(int rank, const std::string& handler, BufferPtr payload);
@@ -95,7 +97,8 @@ class WorkerNode : public Node {
   Result<PullResult> PullSync(const std::vector<uint64_t>& keys);
   // PullSync calls answered over a direct link (for tests and benchmarks).
   uint64_t direct_pulls() const { return direct_pulls_.load(std::memory_order_relaxed); }
-  // PullInto answers whose values were read from the socket straight into dest.
+  // Answers whose values were read from the socket straight into a PullInto destination
+  // or a Pull's result.
   uint64_t in_place_pulls() const { return in_place_pulls_.load(std::memory_order_relaxed); }
   int server_count() const { return metadata().server_num(); }
 
@@ -112,6 +115,10 @@ class WorkerNode : public Node {
   // One request to server `rank`; with a sink, the answer's values may arrive in it.
   void Issue(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink, comm::ResponseCallback cb);
   void StartPull(const std::shared_ptr<KvOp>& op, const std::vector<uint64_t>& keys);
+  void AllocateResult(KvOp& op, const std::vector<uint64_t>& keys);
+  bool LearnedLayout(const std::vector<uint64_t>& keys, std::vector<uint64_t>* offsets, uint64_t* total);
+  void LearnLens(const KvOp& op, const std::vector<size_t>& indices, const uint32_t* lens);
+  void ForgetLens(const KvOp& op);
   // Push and ZPush; `shared` (ZPush) owns values, which are then written without a copy.
   std::future<Status> StartPush(const std::vector<uint64_t>& keys, const std::vector<float>& values,
                                 const std::vector<uint32_t>& lens, std::shared_ptr<const void> shared);
@@ -143,6 +150,13 @@ class WorkerNode : public Node {
   // Idle direct links by server address; a calling thread takes one for a call.
   std::unordered_map<std::string, std::vector<std::unique_ptr<comm::BlockingLink>>> idle_links_;  // direct_mu_
   std::vector<std::pair<std::shared_ptr<KvOp>, KvPart>> held_;
+  // Float counts of keys seen in pull answers written from the store (64 KiB or more per
+  // key on average): a Pull whose keys are all here allocates its result before sending
+  // and has the answers read into it; a PullInto given no layout takes them as its layout.
+  // Written on the loop thread, read by callers.
+  static constexpr size_t kLearnedMax = 1 << 16;
+  std::mutex learned_mu_;
+  std::unordered_map<uint64_t, uint32_t> learned_lens_;  // guarded by learned_mu_
   comm::TimerId retry_timer_ = 0;
 };
 

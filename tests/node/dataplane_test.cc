@@ -132,6 +132,13 @@ TestCluster::Config Nodes(int workers, int servers) {
   return c;
 }
 
+// The same whose servers store what is pushed as it is (the `assign` rule).
+TestCluster::Config AssignNodes(int workers, int servers) {
+  TestCluster::Config c = Nodes(workers, servers);
+  c.store.rule = core::UpdateRule::kAssign;
+  return c;
+}
+
 std::string Str(const BufferPtr& b) { return b ? std::string(b->view()) : std::string(); }
 
 // The echo-with-transform handlers: by user_cmd 7 the server prefixes its rank; by name
@@ -391,10 +398,7 @@ TEST_CASE("Push/Pull: sums from 8 workers x 1000 pushes are exact", "[node][net]
 // Regression: requests of one connection run on one executor lane, in order, so a pull
 // cannot overtake the push issued just before it.
 TEST_CASE("a Pull issued after a Push from the same worker sees that Push", "[node][net][dataplane]") {
-  TestCluster::Config config;
-  config.servers = 2;
-  config.store.rule = core::UpdateRule::kAssign;
-  TestCluster c(config);
+  TestCluster c(AssignNodes(1, 2));
   c.Start();
   const std::vector<uint64_t> keys = {1, 2, 3, 4, 5, 6};
   std::vector<std::future<Status>> pushes;
@@ -820,11 +824,18 @@ TEST_CASE("each direction copies a large payload at most once in user space - co
   });
   CHECK(moved.worker < 4096);
   CHECK(moved.server < read_buffer);
-  // Pull: written from the store; the worker copies the answer into the result once.
+  // Pull: written from the store. The first Pull of the key copies the answer into the
+  // result once; it tells the key's size, so the next one allocates its result before
+  // sending and the answer is read into it.
   Copies pull = measure([&] { REQUIRE(Await(w.Pull({key})).ok()); });
   CHECK(pull.server < 4096);
   CHECK(pull.worker >= bytes);
   CHECK(pull.worker < bytes + read_buffer);
+  const uint64_t in_place = w.in_place_pulls();
+  Copies pull_again = measure([&] { REQUIRE(Await(w.Pull({key})).ok()); });
+  CHECK(w.in_place_pulls() == in_place + 1);
+  CHECK(pull_again.worker < read_buffer);
+  CHECK(pull_again.server < 4096);
   // PullInto and ZPull: no copy of the whole on either side.
   std::vector<float> dest(len);
   Copies into = measure([&] { REQUIRE(Await(w.PullInto({key}, dest.data(), dest.size())).ok()); });
@@ -840,20 +851,14 @@ TEST_CASE("a small Pull issued after a large Push from the same worker sees that
           "[node][net][dataplane]") {
   // The large push goes to the server's handler threads; a pull asking for little could be
   // served at once on the server's loop, but must still come after the push.
-  TestCluster::Config config;
-  config.servers = 1;
-  config.store.rule = core::UpdateRule::kAssign;
-  TestCluster c(config);
+  TestCluster c(AssignNodes(1, 1));
   c.Start();
   PushLargeThenPullSmall(c.worker(0), 100, [](WorkerNode& w) { return Await(w.Pull({5})); });
 }
 
 TEST_CASE("PullInto writes the values into the caller's memory, refuses a wrong size and leaves it alone",
           "[node][net][dataplane]") {
-  TestCluster::Config config;
-  config.servers = 3;
-  config.store.rule = core::UpdateRule::kAssign;
-  TestCluster c(config);
+  TestCluster c(AssignNodes(1, 3));
   c.Start();
   // Keys over all three servers, with different lengths.
   const std::vector<uint64_t> keys = {1, 1ull << 40, 3, 1ull << 62, 5};
@@ -896,11 +901,7 @@ std::vector<uint64_t> KeysOf(int owner, int servers, size_t count) {
 
 TEST_CASE("PullInto of large keys on one server reads the values from the socket into the caller's memory",
           "[node][net][dataplane]") {
-  TestCluster::Config config;
-  config.workers = 2;
-  config.servers = 2;
-  config.store.rule = core::UpdateRule::kAssign;
-  TestCluster c(config);
+  TestCluster c(AssignNodes(2, 2));
   c.Start();
   WorkerNode& w = c.worker(0);
   // Three keys of server 0, 64 KiB or more each: answered from the store as head + values.
@@ -979,10 +980,7 @@ TEST_CASE("PullInto of large keys on one server reads the values from the socket
 
 TEST_CASE("PullInto given the layout reads each server's answer into its place - a wrong layout costs a second pull",
           "[node][net][dataplane]") {
-  TestCluster::Config config;
-  config.servers = 3;
-  config.store.rule = core::UpdateRule::kAssign;
-  TestCluster c(config);
+  TestCluster c(AssignNodes(1, 3));
   c.Start();
   WorkerNode& w = c.worker(0);
   // Two large keys per server, in position order (core::SortKeysByPosition): each
@@ -1029,12 +1027,18 @@ TEST_CASE("PullInto given the layout reads each server's answer into its place -
   CHECK(dest == values);
   CHECK(wrong == lens);
   CHECK(w.in_place_pulls() == 4);
-  // A layout that does not add up to dest is not used.
+  // A layout that does not add up to dest is not used; the sizes the answers told before
+  // are, so every answer is read into its place.
   std::vector<uint32_t> short_layout = lens;
   short_layout[2] -= 1;
   REQUIRE(pull_into(keys, &short_layout).ok());
   CHECK(dest == values);
-  CHECK(w.in_place_pulls() == 4);
+  CHECK(short_layout == lens);
+  CHECK(w.in_place_pulls() == 7);
+  // No layout at all: the same.
+  REQUIRE(pull_into(keys, nullptr).ok());
+  CHECK(dest == values);
+  CHECK(w.in_place_pulls() == 10);
   // Keys not grouped by server: servers 0 and 1 each have their keys apart, so their
   // answers are copied; server 2's is read in place.
   std::vector<uint64_t> mixed = {keys[0], keys[2], keys[1], keys[3], keys[4], keys[5]};
@@ -1051,15 +1055,133 @@ TEST_CASE("PullInto given the layout reads each server's answer into its place -
   }
   REQUIRE(pull_into(mixed, &mixed_lens).ok());
   CHECK(dest == mixed_values);
+  CHECK(w.in_place_pulls() == 11);
+
+  // Server 0's first key grows by one float and server 2's last key shrinks by one behind
+  // the worker's back (the total stays). With no layout given, the learned sizes still add
+  // up to dest: server 1's answer fits its expected span and is read there, one float off;
+  // found, the keys are pulled again and copied. The answers taught the new sizes, so the
+  // next call reads every answer into its place.
+  const std::vector<float> longer(lens[0] + 1, 3.0f);
+  const std::vector<float> shorter(lens[5] - 1, 4.0f);
+  c.server_of_rank(core::ServerForKey(keys[0], 3)).store().Insert(keys[0], longer);
+  c.server_of_rank(core::ServerForKey(keys[5], 3)).store().Insert(keys[5], shorter);
+  std::vector<float> changed = longer;
+  changed.insert(changed.end(), values.begin() + lens[0], values.end() - lens[5]);
+  changed.insert(changed.end(), shorter.begin(), shorter.end());
+  std::vector<uint32_t> changed_lens = lens;
+  changed_lens[0] += 1;
+  changed_lens[5] -= 1;
+  std::vector<uint32_t> got2;
+  REQUIRE(pull_into(keys, &got2).ok());
+  CHECK(dest == changed);
+  CHECK(got2 == changed_lens);
+  CHECK(w.in_place_pulls() == 12);  // server 1's answer, before the second pull
+  REQUIRE(pull_into(keys, nullptr).ok());
+  CHECK(dest == changed);
+  CHECK(w.in_place_pulls() == 15);
+}
+
+TEST_CASE("Pull of keys pulled before reads the answers into its result - sizes that changed are still right",
+          "[node][net][dataplane]") {
+  TestCluster c(AssignNodes(1, 2));
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  const std::vector<uint64_t> on0 = KeysOf(0, 2, 2);
+  const std::vector<uint64_t> keys = {on0[0], on0[1], KeysOf(1, 2, 1)[0]};  // each server's keys together
+  const std::vector<uint32_t> lens = {20000, 16384, 30000};
+  std::vector<float> values(20000 + 16384 + 30000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 4099) - 7.25f;
+  REQUIRE(Await(w.Push(keys, values, lens)).ok());
+  auto pull = [&](const std::vector<uint64_t>& ks) {
+    Result<PullResult> r = Await(w.Pull(ks));
+    REQUIRE(r.ok());
+    return *r;
+  };
+
+  // The first Pull learns the sizes (the answers are copied), the second reads both
+  // servers' answers into its result.
+  PullResult first = pull(keys);
+  CHECK(first.values == values);
+  CHECK(first.lens == lens);
+  CHECK(w.in_place_pulls() == 0);
+  PullResult second = pull(keys);
+  CHECK(second.values == values);
+  CHECK(second.lens == lens);
+  CHECK(w.in_place_pulls() == 2);
+
+  // Server 0's first key changes size behind the worker's back: server 1's answer still
+  // fits the span it was expected in and is read there, server 0's is not; the result is
+  // then copied anew from where the values are, and the new size is learned.
+  std::vector<float> longer(25000);
+  for (size_t i = 0; i < longer.size(); ++i) longer[i] = static_cast<float>(i) * 0.5f;
+  c.server_of_rank(0).store().Insert(keys[0], longer);
+  std::vector<float> expect = longer;
+  expect.insert(expect.end(), values.begin() + 20000, values.end());
+  PullResult changed = pull(keys);
+  CHECK(changed.values == expect);
+  CHECK(changed.lens == std::vector<uint32_t>{25000, 16384, 30000});
+  CHECK(w.in_place_pulls() == 3);
+  PullResult relearned = pull(keys);
+  CHECK(relearned.values == expect);
   CHECK(w.in_place_pulls() == 5);
+
+  // Keys of one server apart from each other: that server's answer is copied into place.
+  const std::vector<uint64_t> apart = {keys[0], keys[2], keys[1]};
+  std::vector<float> apart_values(longer);
+  apart_values.insert(apart_values.end(), values.begin() + 36384, values.end());
+  apart_values.insert(apart_values.end(), values.begin() + 20000, values.begin() + 36384);
+  PullResult mixed = pull(apart);
+  CHECK(mixed.values == apart_values);
+  CHECK(mixed.lens == std::vector<uint32_t>{25000, 30000, 16384});
+  CHECK(w.in_place_pulls() == 6);  // server 1's answer only
+
+  // A key that shrinks to a few floats: the answer no longer comes from the store's
+  // memory, the result is copied, and the key's old size is forgotten.
+  c.server_of_rank(1).store().Insert(keys[2], {1.0f, 2.0f, 3.0f});
+  for (int i = 0; i < 2; ++i) {
+    PullResult shrunk = pull(keys);
+    CHECK(shrunk.lens == std::vector<uint32_t>{25000, 16384, 3});
+    CHECK(std::equal(longer.begin(), longer.end(), shrunk.values.begin()));
+    CHECK(shrunk.values.size() == 25000 + 16384 + 3);
+    CHECK(shrunk.values.back() == 3.0f);
+  }
+
+  // A key that is gone is kNotFound, as for any Pull.
+  REQUIRE(c.server_of_rank(0).store().Erase(&keys[0], 1) == 1);
+  Result<PullResult> gone = Await(w.Pull(keys));
+  CHECK(gone.status().code() == Code::kNotFound);
+}
+
+TEST_CASE("PullInto that fails on one server is ready only when no answer can still write into dest",
+          "[node][net][dataplane]") {
+  // Server 0 holds a large key, server 1 is asked for a key it does not have. Server 1's
+  // kNotFound comes back while server 0's answer is still being read into dest (given a
+  // layout, each answer has its span there): the future must not be ready before that
+  // answer has ended, or the caller could free dest while the socket still writes into it.
+  TestCluster c(Nodes(1, 2));
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  const uint64_t big = KeysOf(0, 2, 1)[0];
+  const uint64_t missing = KeysOf(1, 2, 1)[0];
+  const uint32_t floats = 8u << 20;  // 32 MiB
+  REQUIRE(Await(w.Push({big}, std::vector<float>(floats, 1.5f))).ok());
+  std::vector<float> dest(floats + 1);
+  for (int round = 0; round < 3; ++round) {
+    std::fill(dest.begin(), dest.end(), 0.0f);
+    std::vector<uint32_t> layout = {floats, 1};
+    Status st = Await(w.PullInto({big, missing}, dest.data(), dest.size(), &layout));
+    CHECK(st.code() == Code::kNotFound);
+    // From here on dest is the caller's again: nothing may write into it.
+    std::fill(dest.begin(), dest.end(), -7.0f);
+    std::this_thread::sleep_for(200ms);  // longer than server 0's answer takes to arrive
+    CHECK(std::count(dest.begin(), dest.end(), -7.0f) == static_cast<long>(dest.size()));
+  }
 }
 
 TEST_CASE("PullSync answers like Pull - over a direct link when the keys live on one server",
           "[node][net][dataplane]") {
-  TestCluster::Config config;
-  config.servers = 2;
-  config.store.rule = core::UpdateRule::kAssign;
-  TestCluster c(config);
+  TestCluster c(AssignNodes(1, 2));
   c.Start();
   WorkerNode& w = c.worker(0);
   const std::vector<uint64_t> on0 = KeysOf(0, 2, 3), on1 = KeysOf(1, 2, 2);
@@ -1100,10 +1222,7 @@ TEST_CASE("PullSync answers like Pull - over a direct link when the keys live on
 
 TEST_CASE("PullSync right after an unanswered Push of the same worker sees that Push",
           "[node][net][dataplane]") {
-  TestCluster::Config config;
-  config.servers = 1;
-  config.store.rule = core::UpdateRule::kAssign;
-  TestCluster c(config);
+  TestCluster c(AssignNodes(1, 1));
   c.Start();
   WorkerNode& w = c.worker(0);
   PushLargeThenPullSmall(w, 50, [](WorkerNode& w) { return w.PullSync({5}); });
@@ -1325,6 +1444,14 @@ TEST_CASE("a 1 GiB Push/Pull works with max_message_bytes raised and heartbeats 
   REQUIRE(Await(c.worker(0).PullInto({7}, dest.data(), dest.size()), 120s).ok());
   CHECK(c.worker(0).in_place_pulls() == in_place + 1);
   CHECK(dest == values);
+  std::vector<float>().swap(dest);
+  // Pull again: the first told the key's size, so the result is allocated before the
+  // request goes out and the answer is read straight into it.
+  auto again = c.worker(0).Pull({7});
+  Result<PullResult> r2 = Await(again, 120s);
+  REQUIRE(r2.ok());
+  CHECK(c.worker(0).in_place_pulls() == in_place + 2);
+  CHECK(r2->values == values);
   CHECK(c.timeouts() == 0);
 }
 

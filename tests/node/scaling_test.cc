@@ -1,4 +1,5 @@
 // In-process scaling: scale-out and scale-in while a worker pushes, with no update lost.
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <thread>
@@ -141,6 +142,14 @@ class PushingJob {
     REQUIRE(servers_.back()->Start().ok());
   }
   Status Admin(pb::AdminRequest req) { return AdminOp(sched_, std::move(req)); }
+  // Waits up to `timeout` for the pusher's first acknowledged round (every key exists).
+  bool WaitFirstRound(Duration timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (pusher_.acked == 0 && pusher_.failed == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+    return pusher_.acked > 0;
+  }
   // Waits for READY, lets pushes run a little longer, stops the pusher and checks that
   // none failed and every key holds exactly the acknowledged rounds.
   void FinishAndCheckSums() {
@@ -201,6 +210,57 @@ TEST_CASE("scale-out 2->4 servers while large ZPushes are folded in as they arri
   for (size_t i = 0; i < job.num_servers(); ++i) {
     for (uint64_t k : job.keys()) CHECK(job.Holds(job.server(i), k) == (core::ServerForKey(k, 4) == job.server(i).rank()));
   }
+}
+
+TEST_CASE("Pulls of large keys during a scale-out 2->4 read whole pushes into their results - values never go back",
+          "[node][net][scale][stream]") {
+  PushingJob job(2, /*num_keys=*/8, /*floats=*/64 * 1024);  // 256 KiB a key
+  // Another thread of the same worker pulls every key again and again, once they exist (a
+  // Pull of a key never pushed is kNotFound: on a busy machine the first round may take
+  // longer than the job's start-up pause). After the first Pull the worker knows the keys'
+  // sizes, so the answers are read into the results; parts held or refused while the keys
+  // move are sent again to the new owners.
+  REQUIRE(job.WaitFirstRound(30s));
+  const uint64_t in_place_before = job.worker().in_place_pulls();
+  std::atomic<bool> stop{false};
+  std::atomic<int> pulls{0}, failed{0}, torn{0}, went_back{0};
+  std::string first_failure;  // the puller's until it is joined
+  std::thread puller([&] {
+    std::vector<float> last(job.keys().size(), 0.0f);
+    const uint32_t floats = 64 * 1024;
+    while (!stop) {
+      std::future<Result<PullResult>> f = job.worker().Pull(job.keys());
+      if (f.wait_for(30s) != std::future_status::ready) {
+        ++failed;
+        return;  // the op keeps its result alive; nothing waits on it any more
+      }
+      Result<PullResult> r = f.get();
+      if (!r.ok() || r->values.size() != job.keys().size() * floats) {
+        if (failed++ == 0) {
+          first_failure = r.ok() ? std::to_string(r->values.size()) + " floats" : r.status().ToString();
+        }
+        continue;
+      }
+      for (size_t k = 0; k < job.keys().size(); ++k) {
+        const float* v = r->values.data() + k * floats;
+        if (std::any_of(v, v + floats, [&](float x) { return x != v[0]; })) ++torn;
+        if (v[0] < last[k]) ++went_back;
+        last[k] = v[0];
+      }
+      ++pulls;
+    }
+  });
+  REQUIRE(job.Admin(ScaleOut(4)).ok());
+  for (int i = 2; i < 4; ++i) job.AddServer(job.ServerOpts("s" + std::to_string(i)));
+  job.FinishAndCheckSums();
+  stop = true;
+  puller.join();
+  INFO("first failed Pull: " << first_failure);
+  CHECK(failed == 0);
+  CHECK(torn == 0);
+  CHECK(went_back == 0);
+  CHECK(pulls > 1);
+  CHECK(job.worker().in_place_pulls() > in_place_before);
 }
 
 TEST_CASE("a new server whose data dir holds an earlier membership's entries keeps only what the owners send",
