@@ -184,7 +184,11 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
     *st = Status(Code::kUnavailable, "connection " + std::to_string(id_) + " closed");
     return nullptr;
   }
-  size_t meta_len = meta.ByteSizeLong();
+  const size_t fields_len = meta.ByteSizeLong();
+  // Padding after the fields so that the payload starts 8-byte aligned in the stream
+  // (frame.h): the receiver can then hand a small one out in place.
+  const size_t pad_len = data_len > 0 ? MetaPadBytes(out_offset_, fields_len) : 0;
+  const size_t meta_len = fields_len + pad_len;
   if (meta_len > options_.limits.max_meta_bytes) {
     *st = Status(Code::kInvalidArgument, "meta of " + std::to_string(meta_len) + " bytes over limit");
     return nullptr;
@@ -214,7 +218,9 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
   b.head.resize(off + head_len);
   StoreHeader(FrameHeader{kMagic, static_cast<uint32_t>(meta_len), data_len}, &b.head[off]);
   meta.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&b.head[off + kHeaderBytes]));
+  StoreMetaPad(pad_len, &b.head[off + kHeaderBytes + fields_len]);
   b.head_spans.emplace_back(off, head_len);
+  out_offset_ += frame_bytes;
   b.payloads.push_back(std::move(payload));
   b.bytes += frame_bytes;
   queued_bytes_ += frame_bytes;

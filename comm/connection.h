@@ -86,6 +86,7 @@ class Connection {
   std::unique_ptr<WriteBatch> spare_;    // a written batch kept for reuse (no allocation per flush)
   std::vector<uv_buf_t> iov_;             // scratch scatter/gather list of Flush
   uint64_t queued_bytes_ = 0;            // queued or in flight
+  uint64_t out_offset_ = 0;              // bytes of frames queued since the connection opened
   bool flush_scheduled_ = false;
   bool closing_ = false;
   Status close_reason_;

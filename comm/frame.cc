@@ -41,6 +41,20 @@ std::string EncodeHeader(const FrameHeader& h) {
   return out;
 }
 
+size_t MetaPadBytes(uint64_t stream_offset, size_t meta_len) {
+  const size_t r = (kPayloadAlign - (stream_offset + kHeaderBytes + meta_len) % kPayloadAlign) % kPayloadAlign;
+  // The shortest field is 2 bytes (tag, length 0): one byte short is made up with 9.
+  return r == 1 ? r + kPayloadAlign : r;
+}
+
+void StoreMetaPad(size_t pad_bytes, char* out) {
+  if (pad_bytes == 0) return;
+  constexpr uint8_t kPadTag = (9 << 3) | 2;  // MessageMeta.pad: field 9, length-delimited
+  out[0] = static_cast<char>(kPadTag);
+  out[1] = static_cast<char>(pad_bytes - 2);  // < 128: a one-byte varint
+  std::memset(out + 2, 0, pad_bytes - 2);
+}
+
 Status ParseHeader(std::string_view in, const Limits& limits, std::optional<FrameHeader>* header) {
   if (in.size() < kHeaderBytes) return Status::Ok();
   FrameHeader h = LoadHeader(in.data());

@@ -33,6 +33,16 @@ void StoreHeader(const FrameHeader& h, char* out);
 FrameHeader LoadHeader(const char* in);
 std::string EncodeHeader(const FrameHeader& h);
 
+// Payloads start 8-byte aligned in a connection's byte stream when their senders pad the
+// meta (MessageMeta.pad, field 9, appended after the other fields): a receiver that keeps
+// its input buffer in step with the stream can then hand a small payload out in place.
+inline constexpr size_t kPayloadAlign = 8;
+// Bytes of padding field to append to a meta of `meta_len` bytes so that the payload of a
+// frame starting at byte `stream_offset` of the stream is aligned: 0 (none needed) or 2..9.
+size_t MetaPadBytes(uint64_t stream_offset, size_t meta_len);
+// Writes that many padding bytes (the field's tag, its length, zeros) to out.
+void StoreMetaPad(size_t pad_bytes, char* out);
+
 // Incomplete input is not an error: returns OK and leaves *header unset.
 Status ParseHeader(std::string_view in, const Limits& limits, std::optional<FrameHeader>* header);
 

@@ -1,6 +1,7 @@
 #include "comm/frame_decoder.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 namespace pscore::comm {
@@ -21,15 +22,28 @@ constexpr size_t kAfterLargeRoom = 4 << 10;
 // costs no buffer; it starts at 4 KiB, so a connection of small frames costs little.
 FrameDecoder::FrameDecoder(const Limits& limits) : limits_(limits) {}
 
-void FrameDecoder::Reallocate(size_t capacity) {
-  std::unique_ptr<char[]> bigger(new char[capacity]);  // not zero-filled
-  size_t held = in_end_ - in_begin_;
-  if (held > 0) std::memcpy(bigger.get(), in_.get() + in_begin_, held);
-  in_ = std::move(bigger);
-  in_cap_ = capacity;
-  in_begin_ = 0;
-  in_end_ = held;
+// Moves the unconsumed bytes to offset `to` of an input buffer of `capacity` bytes: within
+// this one when no payload handed out in place still points into it, else into a new one.
+void FrameDecoder::Relocate(size_t to, size_t capacity) {
+  const size_t held = in_end_ - in_begin_;
+  if (in_buf_ != nullptr && capacity == in_cap_ && !Shared()) {
+    if (held > 0 && to != in_begin_) std::memmove(in_ + to, in_ + in_begin_, held);
+  } else {
+    BufferPtr fresh = Buffer::Allocate(capacity);  // not zero-filled
+    if (held > 0) std::memcpy(fresh->data() + to, in_ + in_begin_, held);
+    in_buf_ = std::move(fresh);
+    in_ = in_buf_->data();
+    in_cap_ = capacity;
+  }
+  in_begin_ = to;
+  in_end_ = to + held;
 }
+
+// The offset, below kPayloadAlign, at which the unconsumed bytes keep the stream's
+// alignment (the buffer itself is 16-byte aligned).
+size_t FrameDecoder::InStep() const { return (received_ - (in_end_ - in_begin_)) % kPayloadAlign; }
+
+void FrameDecoder::Reallocate(size_t capacity) { Relocate(InStep(), capacity); }
 
 char* FrameDecoder::ReadRegion(size_t* size) {
   if (in_ == nullptr) Reallocate(kInitialInput);
@@ -47,6 +61,17 @@ char* FrameDecoder::ReadRegion(size_t* size) {
     }
   }
   direct_ = false;
+  if (in_begin_ == in_end_ && in_end_ % kPayloadAlign != InStep()) {
+    // Bytes were read straight into a payload since: back in step with the stream.
+    const size_t step = (InStep() + kPayloadAlign - in_end_ % kPayloadAlign) % kPayloadAlign;
+    if (!Shared()) {
+      in_begin_ = in_end_ = InStep();
+    } else if (in_cap_ - in_end_ >= step + kMinRoom) {
+      in_begin_ = in_end_ += step;
+    } else {
+      Reallocate(in_cap_);
+    }
+  }
   if (in_cap_ - in_end_ < kMinRoom) Compact(kMinRoom);
   last_room_ = in_cap_ - in_end_;  // a read filling it grows the buffer
   *size = last_room_;
@@ -55,16 +80,13 @@ char* FrameDecoder::ReadRegion(size_t* size) {
   } else if (frame_bytes_ >= kLargeFrame) {
     *size = std::min<uint64_t>(last_room_, missing + kAfterLargeRoom);
   }
-  return in_.get() + in_end_;
+  return in_ + in_end_;
 }
 
-// Moves the unconsumed bytes to the front and makes room for `need` more after them.
+// Moves the unconsumed bytes to the front (in step with the stream) and makes room for
+// `need` more after them.
 void FrameDecoder::Compact(size_t need) {
-  if (in_begin_ > 0) {
-    std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
-    in_end_ -= in_begin_;
-    in_begin_ = 0;
-  }
+  if (in_begin_ > InStep()) Reallocate(in_cap_);
   if (in_cap_ - in_end_ < need) Reallocate(in_end_ + std::max(need, in_cap_));
 }
 
@@ -107,21 +129,18 @@ bool FrameDecoder::ConsumeBuffered() {
   if (take < missing) take &= ~size_t{3};  // whole floats until the last piece
   if (take > 0) {
     if ((in_begin_ & 3) != 0) {  // first piece only: later ones start where whole units ended
-      std::memmove(in_.get(), in_.get() + in_begin_, avail);
+      Relocate(0, in_cap_);
       copied_payload_bytes_ += avail;
-      in_end_ = avail;
-      in_begin_ = 0;
     }
-    stream_->Consume(in_.get() + in_begin_, take);
+    stream_->Consume(in_ + in_begin_, take);
     in_begin_ += take;
     tail_filled_ += take;
   }
   if (tail_filled_ < tail_len_) {
     // A partial float waits at the front for the rest, so the next read gets full room.
-    const size_t left = in_end_ - in_begin_;
-    if (left > 0 && in_begin_ > 0) std::memmove(in_.get(), in_.get() + in_begin_, left);
-    in_begin_ = 0;
-    in_end_ = left;
+    // In step with the stream where that keeps whole floats aligned (a padded sender's).
+    const size_t to = InStep() % 4 == 0 ? InStep() : 0;
+    if (in_begin_ != to && (in_end_ > in_begin_ || !Shared())) Relocate(to, in_cap_);
     return false;
   }
   return true;
@@ -153,10 +172,12 @@ Status FrameDecoder::Commit(size_t n, std::vector<Frame>* out) {
   if (direct_) {
     // The region was one part (head or tail) of the payload: nothing ran in between.
     direct_ = false;
+    received_ += n;
     Advance(n);
     if (PayloadDone()) Emit(out);
     return Status::Ok();
   }
+  received_ += n;
   in_end_ += n;
   if (n == last_room_ && n > 0) grow_ = true;
   return DecodeBuffered(out);
@@ -182,7 +203,7 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
       char* cursor = Cursor(&missing);
       size_t take = std::min(avail, missing);
       if (cursor != nullptr && take > 0) {
-        std::memcpy(cursor, in_.get() + in_begin_, take);
+        std::memcpy(cursor, in_ + in_begin_, take);
         copied_payload_bytes_ += take;
       }
       Advance(take);
@@ -193,18 +214,20 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
     }
     std::optional<FrameHeader> header;
     PSCORE_RETURN_IF_ERROR(
-        ParseHeader(std::string_view(in_.get() + in_begin_, avail), limits_, &header));
+        ParseHeader(std::string_view(in_ + in_begin_, avail), limits_, &header));
     if (!header) break;
     size_t head = kHeaderBytes + header->meta_len;
-    if (avail < head) {
-      if (in_cap_ - in_begin_ < head) Compact(head);
+    // A small frame is decoded once it is all here: its payload may then stay in place.
+    const size_t whole = header->data_len < kDirectReadMin ? head + header->data_len : head;
+    if (avail < whole) {
+      if (in_cap_ - in_begin_ < whole) Compact(whole);
       break;
     }
-    if (!meta_.ParseFromArray(in_.get() + in_begin_ + kHeaderBytes,
-                              static_cast<int>(header->meta_len))) {
+    if (!meta_.ParseFromArray(in_ + in_begin_ + kHeaderBytes, static_cast<int>(header->meta_len))) {
       return Status(Code::kProtocol, "unparsable meta (" + std::to_string(header->meta_len) +
                                          " bytes)");
     }
+    meta_.clear_pad();
     in_begin_ += head;
     if (header->data_len == 0) {
       after_large_ = false;
@@ -232,11 +255,22 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
       stream_ = stream_fn_(meta_, header->data_len - head_len);
       if (stream_) tail_len_ = header->data_len - head_len;
     }
+    char* at = in_ + in_begin_;
+    if (sink_ == nullptr && !stream_ && header->data_len < kDirectReadMin &&
+        reinterpret_cast<uintptr_t>(at) % kPayloadAlign == 0) {
+      // All here, aligned (its sender padded the meta): handed out in place, no copy. The
+      // input buffer is not written where it lies while the view lives (Shared).
+      in_begin_ += header->data_len;
+      after_large_ = whole >= kLargeFrame;
+      out->push_back(Frame{std::move(meta_), Buffer::View(in_buf_, at, header->data_len), whole});
+      meta_.Clear();
+      continue;
+    }
     payload_ = Buffer::Allocate(sink_ != nullptr || stream_ ? head_len : header->data_len);
     payload_filled_ = 0;
     frame_bytes_ = head + header->data_len;
   }
-  if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
+  if (in_begin_ == in_end_ && !Shared()) in_begin_ = in_end_ = InStep();
   return Status::Ok();
 }
 

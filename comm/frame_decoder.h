@@ -111,11 +111,20 @@ class FrameDecoder {
   void Emit(std::vector<Frame>* out);
   void Compact(size_t need);
   void Reallocate(size_t capacity);
+  void Relocate(size_t to, size_t capacity);
+  size_t InStep() const;
+  // A payload handed out in place (a view) still points into the input buffer: bytes
+  // before in_begin_ must not be written, so moves and rewinds take a new buffer.
+  bool Shared() const { return in_buf_ != nullptr && in_buf_.use_count() > 1; }
 
   Limits limits_;
   // Input buffer, not zero-filled: starts small (most connections carry small frames) and
-  // doubles, up to kMaxInput, whenever a read fills all the room it was given.
-  std::unique_ptr<char[]> in_;
+  // doubles, up to kMaxInput, whenever a read fills all the room it was given. Its bytes
+  // are kept in step with the stream modulo kPayloadAlign (offset i holds a stream byte
+  // whose position is i mod 8), so the payloads of padded frames lie aligned in it.
+  BufferPtr in_buf_;
+  char* in_ = nullptr;  // in_buf_'s bytes
+  uint64_t received_ = 0;  // bytes of the stream received so far
   size_t in_cap_ = 0;
   size_t last_room_ = 0;   // room handed out by the last buffered ReadRegion
   bool grow_ = false;      // the last buffered read filled its room

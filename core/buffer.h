@@ -9,7 +9,7 @@
 // The pool keeps at most PoolLimit() bytes (SetPoolLimit; 0 turns it off; 0 by default in
 // AddressSanitizer builds, where reuse would hide a use after free); a released
 // block that does not fit frees blocks of other sizes first. Storage is 16-byte aligned
-// either way.
+// either way (a View's bytes are where its owner has them).
 #pragma once
 
 #include <cstddef>
@@ -39,6 +39,12 @@ class Buffer {
     return b;
   }
   static std::shared_ptr<Buffer> FromString(std::string_view s) { return Copy(s.data(), s.size()); }
+  // `size` bytes at `data`, inside memory that `owner` keeps alive, without a copy (e.g. a
+  // small payload in a connection's input buffer). Whoever made the view must not change
+  // those bytes while it lives (the owner's use count tells).
+  static std::shared_ptr<Buffer> View(std::shared_ptr<const void> owner, char* data, size_t size) {
+    return std::make_shared<Buffer>(Private{}, std::move(owner), data, size);
+  }
 
   static constexpr size_t kSmallBytes = 64;
   static constexpr size_t kPooledBytes = 128 * 1024;
@@ -59,6 +65,7 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer() {
+    if (owner_) return;  // a view: the owner's memory
     if (capacity_ != 0) {
       ReleaseLarge(data_, capacity_);
     } else if (data_ != small_) {
@@ -80,6 +87,8 @@ class Buffer {
       data_ = new char[size];
     }
   }
+  Buffer(Private, std::shared_ptr<const void> owner, char* data, size_t size)
+      : data_(data), size_(size), owner_(std::move(owner)) {}
 
  private:
   static char* AcquireLarge(size_t capacity);
@@ -88,6 +97,7 @@ class Buffer {
   char* data_;
   size_t size_;
   size_t capacity_ = 0;  // non-zero: a pooled block of this capacity
+  std::shared_ptr<const void> owner_;  // set: a view into memory it keeps alive
   alignas(16) char small_[kSmallBytes];
 };
 

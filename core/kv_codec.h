@@ -48,6 +48,11 @@ Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, con
 // Average value bytes per key from which writing values from where they live (tail slices,
 // one writev entry each) beats copying them into one buffer: zero-copy pulls and ZPush.
 inline constexpr size_t kZeroCopyBytes = 64 * 1024;
+// Average value bytes per key from which a server writes a pull answer from the store
+// itself (pinned slices) rather than copying the values into it. Lower than
+// kZeroCopyBytes: an answer's slices are the store's, so nothing is copied to make them,
+// and from a few KiB a key the extra writev entries cost less than the copy.
+inline constexpr size_t kSharedAnswerBytes = 2 * 1024;
 
 // A KvPairs whose values are not copied: the returned head holds everything up to the
 // first value, and `values` (slices of sum(lens) floats in all, back to back) follow it

@@ -412,9 +412,10 @@ void ServerNode::HandlePull(const DataRequest& req, Responder r) {
   PSCORE_RETURN_IF_ERROR_RESPOND(store_.Lens(view->keys, view->num_keys, lens.data()), r);
   uint64_t total = 0;
   for (uint32_t l : lens) total += l;
-  if (total * sizeof(float) >= core::kZeroCopyBytes * view->num_keys) {
-    // Large values are not copied: the answer's tail is the stored memory itself, pinned
-    // until the answer is written (a push meanwhile writes a fresh copy of the key).
+  if (total * sizeof(float) >= core::kSharedAnswerBytes * view->num_keys) {
+    // Values of a few KiB a key and more are not copied: the answer's tail is the stored
+    // memory itself, pinned until the answer is written (a push meanwhile writes a fresh
+    // copy of the key).
     std::vector<Slice> values(view->num_keys);
     PSCORE_RETURN_IF_ERROR_RESPOND(store_.ShareValues(view->keys, view->num_keys, values.data()), r);
     lock.unlock();
@@ -423,7 +424,7 @@ void ServerNode::HandlePull(const DataRequest& req, Responder r) {
     if (!answer.ok()) return r.Fail(answer.status());
     return r.Reply(std::move(*answer));
   }
-  // Smaller values are copied once: from the store straight into the answer.
+  // Smaller ones are copied once: from the store straight into the answer.
   Result<BufferPtr> answer = core::EncodeKvPairsFilled(
       view->keys, view->num_keys, lens.data(), total,
       [&](float* dst) { return store_.CopyValues(view->keys, view->num_keys, dst); });

@@ -403,8 +403,13 @@ uint64_t DecoderCopies(size_t size) {
   pb::MessageMeta meta;
   meta.set_cmd(pb::SEND_DATA);
   meta.set_handler(kPushHandler);
-  std::string wire = comm::EncodeHeader(comm::FrameHeader{comm::kMagic, static_cast<uint32_t>(meta.ByteSizeLong()), size});
-  wire += meta.SerializeAsString();
+  // The meta padded as a Connection pads it (the payload 8-byte aligned in the stream).
+  std::string meta_bytes = meta.SerializeAsString();
+  const size_t pad = comm::MetaPadBytes(0, meta_bytes.size());
+  meta_bytes.resize(meta_bytes.size() + pad);
+  comm::StoreMetaPad(pad, meta_bytes.data() + meta_bytes.size() - pad);
+  std::string wire = comm::EncodeHeader(comm::FrameHeader{comm::kMagic, static_cast<uint32_t>(meta_bytes.size()), size});
+  wire += meta_bytes;
   wire.append(size, 'x');
   std::vector<comm::Frame> out;
   size_t off = 0;

@@ -851,6 +851,61 @@ TEST_CASE("each direction copies a large payload at most once in user space - co
   CHECK(std::all_of(dest.begin(), dest.end(), [](float x) { return x == 6.0f; }));  // six pushes of ones
 }
 
+TEST_CASE("each direction copies a small payload at most once in user space - counted where it happens",
+          "[node][net][dataplane][copies]") {
+  // 4 KiB values arrive in the connection's input buffer with other bytes; the sender pads
+  // each frame's meta so the payload lies 8-byte aligned there, and the receiver hands it
+  // out in place (comm::FrameDecoder). What remains is one copy per direction.
+  TestCluster c(Nodes(1, 1));
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  ServerNode& s = c.server(0);
+  const uint64_t key = 12;
+  const uint32_t len = 1024;  // 4 KiB
+  const uint64_t bytes = len * sizeof(float);
+  const uint64_t requests = 512;  // a request's keys or an answer's head, copied into the write batch
+  auto ones = std::make_shared<const std::vector<float>>(len, 1.0f);
+  REQUIRE(Await(w.Push({key}, *ones)).ok());
+  struct Copies {
+    uint64_t worker, server;
+  };
+  auto measure = [&](auto&& call) {
+    const uint64_t w0 = w.payload_bytes_copied(), s0 = s.payload_bytes_copied();
+    call();
+    return Copies{w.payload_bytes_copied() - w0, s.payload_bytes_copied() - s0};
+  };
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    Copies push = measure([&] { REQUIRE(Await(w.Push({key}, *ones)).ok()); });
+    CHECK(push.worker + push.server >= bytes);
+    CHECK(push.worker + push.server < bytes + requests);
+    Copies zpush = measure([&] { REQUIRE(Await(w.ZPush({key}, ones)).ok()); });
+    CHECK(zpush.worker + zpush.server < bytes + requests);
+    Copies pull = measure([&] {
+      Result<PullResult> r = Await(w.Pull({key}));
+      REQUIRE(r.ok());
+      CHECK(r->values == std::vector<float>(len, static_cast<float>(3 * round + 3)));
+    });
+    CHECK(pull.worker + pull.server >= bytes);
+    CHECK(pull.worker + pull.server < bytes + requests);
+    std::vector<float> dest(len);
+    Copies into = measure([&] { REQUIRE(Await(w.PullInto({key}, dest.data(), dest.size())).ok()); });
+    CHECK(into.worker + into.server < bytes + requests);
+    CHECK(dest == std::vector<float>(len, static_cast<float>(3 * round + 3)));
+    Copies view = measure([&] {
+      Result<PullView> r = Await(w.ZPull({key}));
+      REQUIRE(r.ok());
+      CHECK(r->num_floats() == len);
+    });
+    CHECK(view.worker + view.server < bytes + requests);
+    Copies moved = measure([&] {
+      std::vector<float> given(len, 1.0f);
+      REQUIRE(Await(w.Push({key}, std::move(given))).ok());
+    });
+    CHECK(moved.worker + moved.server < bytes + requests);
+  }
+}
+
 TEST_CASE("a small Pull issued after a large Push from the same worker sees that Push",
           "[node][net][dataplane]") {
   // The large push goes to the server's handler threads; a pull asking for little could be
