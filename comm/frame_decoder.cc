@@ -23,7 +23,7 @@ constexpr size_t kAfterLargeRoom = 4 << 10;
 FrameDecoder::FrameDecoder(const Limits& limits) : limits_(limits) {}
 
 // Moves the unconsumed bytes to offset `to` of an input buffer of `capacity` bytes: within
-// this one when no payload handed out in place still points into it, else into a new one.
+// this one when no payload was handed out in place from it, else into a new one.
 void FrameDecoder::Relocate(size_t to, size_t capacity) {
   const size_t held = in_end_ - in_begin_;
   if (in_buf_ != nullptr && capacity == in_cap_ && !Shared()) {
@@ -34,6 +34,7 @@ void FrameDecoder::Relocate(size_t to, size_t capacity) {
     in_buf_ = std::move(fresh);
     in_ = in_buf_->data();
     in_cap_ = capacity;
+    lent_ = false;
   }
   in_begin_ = to;
   in_end_ = to + held;
@@ -258,9 +259,10 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
     char* at = in_ + in_begin_;
     if (sink_ == nullptr && !stream_ && header->data_len < kDirectReadMin &&
         reinterpret_cast<uintptr_t>(at) % kPayloadAlign == 0) {
-      // All here, aligned (its sender padded the meta): handed out in place, no copy. The
-      // input buffer is not written where it lies while the view lives (Shared).
+      // All here, aligned (its sender padded the meta): handed out in place, no copy. This
+      // input buffer is not written where it lies again (Shared).
       in_begin_ += header->data_len;
+      lent_ = true;
       after_large_ = whole >= kLargeFrame;
       out->push_back(Frame{std::move(meta_), Buffer::View(in_buf_, at, header->data_len), whole});
       meta_.Clear();

@@ -113,9 +113,11 @@ class FrameDecoder {
   void Reallocate(size_t capacity);
   void Relocate(size_t to, size_t capacity);
   size_t InStep() const;
-  // A payload handed out in place (a view) still points into the input buffer: bytes
-  // before in_begin_ must not be written, so moves and rewinds take a new buffer.
-  bool Shared() const { return in_buf_ != nullptr && in_buf_.use_count() > 1; }
+  // A payload was handed out in place (a view) from this input buffer: bytes before
+  // in_begin_ must not be written, so moves and rewinds take a new buffer. (Not the use
+  // count: a view released on another thread would give no happens-before with the
+  // loop thread's next write; a buffer given back to the pool or freed does.)
+  bool Shared() const { return lent_; }
 
   Limits limits_;
   // Input buffer, not zero-filled: starts small (most connections carry small frames) and
@@ -124,6 +126,7 @@ class FrameDecoder {
   // whose position is i mod 8), so the payloads of padded frames lie aligned in it.
   BufferPtr in_buf_;
   char* in_ = nullptr;  // in_buf_'s bytes
+  bool lent_ = false;   // a view of in_buf_ was handed out
   uint64_t received_ = 0;  // bytes of the stream received so far
   size_t in_cap_ = 0;
   size_t last_room_ = 0;   // room handed out by the last buffered ReadRegion
