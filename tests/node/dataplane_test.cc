@@ -783,6 +783,17 @@ void PushLargeThenPullSmall(WorkerNode& w, int rounds,
   }
 }
 
+// Payload bytes the worker and the server copied while call() ran (payload_bytes_copied).
+struct Copies {
+  uint64_t worker, server;
+};
+template <typename Call>
+Copies CopiesDuring(WorkerNode& w, ServerNode& s, Call&& call) {
+  const uint64_t w0 = w.payload_bytes_copied(), s0 = s.payload_bytes_copied();
+  call();
+  return Copies{w.payload_bytes_copied() - w0, s.payload_bytes_copied() - s0};
+}
+
 }  // namespace
 
 TEST_CASE("each direction copies a large payload at most once in user space - counted where it happens",
@@ -801,14 +812,7 @@ TEST_CASE("each direction copies a large payload at most once in user space - co
   const uint64_t read_buffer = 8 * 1024;
   auto ones = std::make_shared<const std::vector<float>>(len, 1.0f);
   for (int i = 0; i < 3; ++i) REQUIRE(Await(w.ZPush({key}, ones)).ok());  // created, spare made, streamed
-  struct Copies {
-    uint64_t worker, server;
-  };
-  auto measure = [&](auto&& call) {
-    const uint64_t w0 = w.payload_bytes_copied(), s0 = s.payload_bytes_copied();
-    call();
-    return Copies{w.payload_bytes_copied() - w0, s.payload_bytes_copied() - s0};
-  };
+  auto measure = [&](auto&& call) { return CopiesDuring(w, s, call); };
   // Push copies the caller's values into the message once; the server applies them from
   // where they were read.
   Copies push = measure([&] { REQUIRE(Await(w.Push({key}, *ones)).ok()); });
@@ -866,14 +870,7 @@ TEST_CASE("each direction copies a small payload at most once in user space - co
   const uint64_t requests = 512;  // a request's keys or an answer's head, copied into the write batch
   auto ones = std::make_shared<const std::vector<float>>(len, 1.0f);
   REQUIRE(Await(w.Push({key}, *ones)).ok());
-  struct Copies {
-    uint64_t worker, server;
-  };
-  auto measure = [&](auto&& call) {
-    const uint64_t w0 = w.payload_bytes_copied(), s0 = s.payload_bytes_copied();
-    call();
-    return Copies{w.payload_bytes_copied() - w0, s.payload_bytes_copied() - s0};
-  };
+  auto measure = [&](auto&& call) { return CopiesDuring(w, s, call); };
   for (int round = 0; round < 3; ++round) {
     INFO("round " << round);
     Copies push = measure([&] { REQUIRE(Await(w.Push({key}, *ones)).ok()); });
