@@ -9,13 +9,12 @@ namespace {
 constexpr size_t kInitialInput = 4 << 10;
 constexpr size_t kMaxInput = 128 << 10;  // growth by reads stops here (a 64 KiB meta still fits)
 constexpr size_t kMinRoom = 1024;        // never hand out less room than this
-// Right after a frame of at least kLargeFrame bytes, with nothing buffered, a read gets at
-// most kAfterLargeRoom: the next frame is likely large too, and what a read brings of its
-// payload is copied out of the input buffer, while the rest is read straight into place.
-// Likewise the buffered read that ends a large frame (its last bytes under kDirectReadMin,
-// or a streamed tail's last piece) brings at most kAfterLargeRoom of what follows.
+// Right after a frame of at least kLargeFrame bytes, a read gets only what completes the
+// next frame's head (HeadRoom): the next frame is likely large too, and what a read brings
+// of its payload is copied out of the input buffer, while the rest is read straight into
+// place. Likewise the buffered read that ends a large frame (its last bytes under
+// kDirectReadMin, or a streamed tail's last piece) brings no more than a head after it.
 constexpr uint64_t kLargeFrame = 64 << 10;
-constexpr size_t kAfterLargeRoom = 4 << 10;
 }  // namespace
 
 // The input buffer is allocated at the first read, so a connection that never speaks
@@ -77,11 +76,24 @@ char* FrameDecoder::ReadRegion(size_t* size) {
   last_room_ = in_cap_ - in_end_;  // a read filling it grows the buffer
   *size = last_room_;
   if (payload_ == nullptr) {
-    if (after_large_ && in_begin_ == in_end_) *size = std::min(last_room_, kAfterLargeRoom);
+    if (after_large_) *size = std::min(last_room_, HeadRoom());
   } else if (frame_bytes_ >= kLargeFrame) {
-    *size = std::min<uint64_t>(last_room_, missing + kAfterLargeRoom);
+    *size = std::min<uint64_t>(last_room_, missing + last_head_ + kPayloadAlign);
   }
   return in_ + in_end_;
+}
+
+// What a read should bring to complete the next frame's head (header and meta; a small
+// frame whole), judged until its header is in from the last frame's head: their metas
+// differ in padding by less than kPayloadAlign bytes.
+size_t FrameDecoder::HeadRoom() const {
+  const size_t held = in_end_ - in_begin_;
+  size_t want = last_head_ + kPayloadAlign;
+  if (held >= kHeaderBytes) {
+    const FrameHeader h = LoadHeader(in_ + in_begin_);  // checked by DecodeBuffered already
+    want = kHeaderBytes + h.meta_len + (h.data_len < kDirectReadMin ? h.data_len : 0);
+  }
+  return want > held ? want - held : kPayloadAlign;
 }
 
 // Moves the unconsumed bytes to the front (in step with the stream) and makes room for
@@ -153,6 +165,7 @@ void FrameDecoder::Emit(std::vector<Frame>* out) {
   f.tail_dropped = tail_dropped_;
   if (stream_begun_) f.stream = std::move(stream_);
   after_large_ = f.wire_bytes >= kLargeFrame;
+  last_head_ = head_len_;
   out->push_back(std::move(f));
   meta_.Clear();
   payload_filled_ = 0;
@@ -231,7 +244,8 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
     meta_.clear_pad();
     in_begin_ += head;
     if (header->data_len == 0) {
-      after_large_ = false;
+      after_large_ = head >= kLargeFrame;
+      last_head_ = head;
       out->push_back(Frame{std::move(meta_), nullptr, head});
       meta_.Clear();
       continue;
@@ -264,12 +278,14 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
       in_begin_ += header->data_len;
       lent_ = true;
       after_large_ = whole >= kLargeFrame;
+      last_head_ = head;
       out->push_back(Frame{std::move(meta_), Buffer::View(in_buf_, at, header->data_len), whole});
       meta_.Clear();
       continue;
     }
     payload_ = Buffer::Allocate(sink_ != nullptr || stream_ ? head_len : header->data_len);
     payload_filled_ = 0;
+    head_len_ = head;
     frame_bytes_ = head + header->data_len;
   }
   if (in_begin_ == in_end_ && !Shared()) in_begin_ = in_end_ = InStep();

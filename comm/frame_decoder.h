@@ -113,6 +113,7 @@ class FrameDecoder {
   void Reallocate(size_t capacity);
   void Relocate(size_t to, size_t capacity);
   size_t InStep() const;
+  size_t HeadRoom() const;
   // A payload was handed out in place (a view) from this input buffer: bytes before
   // in_begin_ must not be written, so moves and rewinds take a new buffer. (Not the use
   // count: a view released on another thread would give no happens-before with the
@@ -132,6 +133,8 @@ class FrameDecoder {
   size_t last_room_ = 0;   // room handed out by the last buffered ReadRegion
   bool grow_ = false;      // the last buffered read filled its room
   bool after_large_ = false;  // the last frame was large (kLargeFrame): read little next
+  size_t last_head_ = 0;      // header + meta bytes of the last frame
+  size_t head_len_ = 0;       // of the frame whose payload is being received
   size_t in_begin_ = 0;  // first unconsumed byte
   size_t in_end_ = 0;    // one past the last received byte
   // Set while a payload is being received.

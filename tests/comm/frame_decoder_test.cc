@@ -408,6 +408,28 @@ TEST_CASE("decoder: small payloads of padded frames are handed out in place - an
   }
 }
 
+TEST_CASE("decoder: between back-to-back large frames a read brings the next head - their payloads are hardly copied",
+          "[comm][decoder]") {
+  // As a socket delivers them: each read gets what it asks for. After the first frame
+  // (read into a fresh 4 KiB buffer), a read at a frame boundary asks for the next head
+  // only (the last head's size plus the padding's play), and the read that ends a frame
+  // for no more than a head after it: the payloads go straight into their own buffers.
+  for (size_t size : {size_t{64} << 10, size_t{1} << 20}) {
+    INFO("size " << size);
+    std::vector<Expected> want;
+    for (int i = 0; i < 20; ++i) {
+      pb::MessageMeta m = TestMeta(static_cast<uint64_t>(i + 1));
+      m.set_handler(std::string(static_cast<size_t>(i % 5), 'h'));  // heads of several sizes
+      want.push_back({m, Pattern(size + static_cast<size_t>(i) * 4, i)});
+    }
+    FrameDecoder d{Limits{}};
+    std::vector<Frame> got;
+    REQUIRE(FeedChunked(&d, PaddedStream(want), size_t{1} << 30, &got).ok());
+    CheckSame(got, want);
+    CHECK(d.copied_payload_bytes() <= 4096 + 19 * 2 * kPayloadAlign);
+  }
+}
+
 TEST_CASE("decoder: a small frame asks for its sink only once all of it is in - the tail is copied there",
           "[comm][decoder]") {
   const size_t head_len = 16, tail_len = 3000;
