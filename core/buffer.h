@@ -41,7 +41,7 @@ class Buffer {
   static std::shared_ptr<Buffer> FromString(std::string_view s) { return Copy(s.data(), s.size()); }
   // `size` bytes at `data`, inside memory that `owner` keeps alive, without a copy (e.g. a
   // small payload in a connection's input buffer). Whoever made the view must not change
-  // those bytes while it lives (the owner's use count tells).
+  // those bytes again (comm::FrameDecoder never writes below a view it handed out).
   static std::shared_ptr<Buffer> View(std::shared_ptr<const void> owner, char* data, size_t size) {
     return std::make_shared<Buffer>(Private{}, std::move(owner), data, size);
   }

@@ -50,8 +50,9 @@ Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, con
 inline constexpr size_t kZeroCopyBytes = 64 * 1024;
 // Average value bytes per key from which a server writes a pull answer from the store
 // itself (pinned slices) rather than copying the values into it. Lower than
-// kZeroCopyBytes: an answer's slices are the store's, so nothing is copied to make them,
-// and from a few KiB a key the extra writev entries cost less than the copy.
+// kZeroCopyBytes: an answer's slices are the store's, so nothing is copied to make them;
+// at 4 KiB a key that measured level with copying (docs/benchmarks.md, seventh session)
+// and leaves the worker's copy the only one in that direction.
 inline constexpr size_t kSharedAnswerBytes = 2 * 1024;
 
 // A KvPairs whose values are not copied: the returned head holds everything up to the
