@@ -99,8 +99,9 @@ size_t FrameDecoder::HeadRoom() const {
 // Moves the unconsumed bytes to the front (in step with the stream) and makes room for
 // `need` more after them.
 void FrameDecoder::Compact(size_t need) {
-  if (in_begin_ > InStep()) Reallocate(in_cap_);
-  if (in_cap_ - in_end_ < need) Reallocate(in_end_ + std::max(need, in_cap_));
+  const size_t end = InStep() + (in_end_ - in_begin_);  // in_end_ once at the front
+  const size_t capacity = end + need > in_cap_ ? end + std::max(need, in_cap_) : in_cap_;
+  if (in_begin_ > InStep() || capacity != in_cap_) Relocate(InStep(), capacity);  // one move at most
 }
 
 char* FrameDecoder::Cursor(size_t* missing) {
