@@ -195,6 +195,14 @@ Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const
   return out;
 }
 
+Payload SplitValuesTail(BufferPtr encoded, size_t value_bytes) {
+  if (!encoded || value_bytes == 0 || value_bytes >= encoded->size()) return Payload(std::move(encoded));
+  char* at = encoded->data() + (encoded->size() - value_bytes);
+  Payload out(Buffer::View(encoded, encoded->data(), encoded->size() - value_bytes));
+  out.tail.push_back(Slice{std::move(encoded), at, value_bytes});
+  return out;
+}
+
 namespace {
 
 Status Inconsistent(const std::string& what) { return Status(Code::kProtocol, "KvPairs: " + what); }

@@ -62,6 +62,14 @@ inline constexpr size_t kSharedAnswerBytes = 2 * 1024;
 Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
                                     std::vector<Slice> values);
 
+// An encoded KvPairs (from EncodeKvPairs or EncodeKvPairsGather, whose values are its last
+// `value_bytes` bytes) as head and tail, without a copy: the head is a view of everything
+// up to the first value and the tail one slice of the values, both kept alive by
+// `encoded`. Sent so, the frame names its head (payload_head) and a receiver may take the
+// values apart from it, as it takes EncodeKvPairsShared's (a server folds a large push into
+// the store as it arrives). `encoded` as it is when value_bytes is 0 or not below its size.
+Payload SplitValuesTail(BufferPtr encoded, size_t value_bytes);
+
 struct KvView {
   const uint64_t* keys = nullptr;
   size_t num_keys = 0;

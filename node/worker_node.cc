@@ -321,6 +321,14 @@ std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int ser
   return out;
 }
 
+// A copied push part (EncodeKvPairsGather) of large values sent as head and tail, as
+// ZPush's are: a server then folds the values into the store as they arrive instead of
+// reading the whole frame into memory first (ServerNode::OnRequestStream).
+Payload PushPayload(BufferPtr encoded, uint64_t floats, size_t num_keys) {
+  if (floats * sizeof(float) < WorkerNode::kStreamedPushBytes * num_keys) return encoded;
+  return core::SplitValuesTail(std::move(encoded), floats * sizeof(float));
+}
+
 }  // namespace
 
 std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
@@ -397,10 +405,11 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
       }
       part.payload = std::move(*p);
     } else {
-      part.payload = core::EncodeKvPairsGather(keys.data(), lens.data(), values.data(), offsets.data(),
-                                               groups[s].data(), groups[s].size());
       uint64_t floats = 0;
       for (size_t i : groups[s]) floats += lens[i];
+      part.payload = PushPayload(core::EncodeKvPairsGather(keys.data(), lens.data(), values.data(), offsets.data(),
+                                                           groups[s].data(), groups[s].size()),
+                                 floats, groups[s].size());
       CountCopied(floats * sizeof(float));
     }
     parts.push_back(std::move(part));
@@ -576,8 +585,11 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
       sub.server = s;
       sub.for_servers = n;
       sub.num_keys = groups[s].size();
-      sub.payload = core::EncodeKvPairsGather(v->keys, v->lens, v->values, offsets.data(), groups[s].data(),
-                                              groups[s].size());
+      uint64_t floats = 0;
+      for (size_t i : groups[s]) floats += v->lens[i];
+      sub.payload = PushPayload(core::EncodeKvPairsGather(v->keys, v->lens, v->values, offsets.data(), groups[s].data(),
+                                                          groups[s].size()),
+                                floats, groups[s].size());
       Send(op, std::move(sub));
     }
     return;

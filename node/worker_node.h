@@ -58,6 +58,10 @@ class WorkerNode : public Node {
   // values.size()/keys.size()). Keys go to their owning servers; done when all answered.
   std::future<Status> Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
                            const std::vector<uint32_t>& lens = {});
+  // From this many value bytes per key (on average) a copied Push is sent as ZPush's are,
+  // head then values, so a server may fold the values into its store as they arrive
+  // instead of receiving the whole message first. Smaller ones measured faster sent whole.
+  static constexpr uint64_t kStreamedPushBytes = uint64_t{4} << 20;
   // Push of values the caller gives away (std::move, or a temporary): no copy is needed,
   // so it is ZPush of them (large values are written from the moved vector itself).
   std::future<Status> Push(const std::vector<uint64_t>& keys, std::vector<float>&& values,

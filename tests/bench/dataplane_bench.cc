@@ -452,7 +452,7 @@ void PrintKv(Cluster& c, const std::string& name, size_t size, KvMode mode) {
   Print(name + "_copies_worker", g_copies_worker, "copies");
   Print(name + "_copies_server", g_copies_server, "copies");
   // Share of the timed pushes folded in while their values arrived (ServerNode's PushTail).
-  if (mode == KvMode::kZPush) Print(name + "_streamed", g_streamed_share, "share");
+  if (mode == KvMode::kZPush || mode == KvMode::kPush) Print(name + "_streamed", g_streamed_share, "share");
 }
 
 int Main(const std::string& mode, size_t size, int nodes) {

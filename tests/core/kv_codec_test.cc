@@ -224,6 +224,50 @@ TEST_CASE("shared encoding puts the values after the head and decodes as an ordi
   }
 }
 
+TEST_CASE("a copied encoding split before its values has the head of the shared encoding - without a copy",
+          "[core][kvcodec]") {
+  for (size_t nkeys : {1, 2, 3, 5}) {
+    for (uint32_t per_key : {1u, 2u, 3u, 7u, 16385u}) {
+      INFO(nkeys << " keys of " << per_key << " floats");
+      std::vector<uint64_t> ks(nkeys);
+      std::vector<uint32_t> ls(nkeys, per_key);
+      std::vector<float> vs(nkeys * per_key);
+      for (size_t i = 0; i < nkeys; ++i) ks[i] = i * 131 + 7;
+      for (size_t i = 0; i < vs.size(); ++i) vs[i] = static_cast<float>(i) + 0.25f;
+      const uint64_t value_bytes = vs.size() * sizeof(float);
+      BufferPtr encoded = EncodeKvPairs(ks.data(), nkeys, ls.data(), vs.data(), vs.size());
+      const std::string whole(encoded->view());
+      Payload split = SplitValuesTail(encoded, value_bytes);
+      REQUIRE(split.head != nullptr);
+      REQUIRE(split.tail.size() == 1);
+      CHECK(split.head->data() == encoded->data());  // views of the encoded bytes
+      CHECK(split.tail[0].data == encoded->data() + whole.size() - value_bytes);
+      CHECK(split.tail[0].size == value_bytes);
+      CHECK(split.Flatten()->view() == whole);
+      // The head is the one EncodeKvPairsShared makes, and decodes apart from the values.
+      Result<Payload> shared = EncodeKvPairsShared(
+          ks.data(), nkeys, ls.data(), {Slice{nullptr, reinterpret_cast<const char*>(vs.data()), value_bytes}});
+      REQUIRE(shared.ok());
+      CHECK(split.head->view() == shared->head->view());
+      BufferPtr head = Buffer::Copy(split.head->data(), split.head->size());
+      Result<KvView> v = DecodeKvPairsHead(head->data(), head->size(), value_bytes);
+      REQUIRE(v.ok());
+      CHECK(std::vector<uint64_t>(v->keys, v->keys + v->num_keys) == ks);
+      CHECK(v->num_values == vs.size());
+      // The split keeps the encoded buffer alive.
+      encoded.reset();
+      CHECK(std::string(split.tail[0].data, 4) == whole.substr(whole.size() - value_bytes, 4));
+    }
+  }
+  // Nothing to split: the buffer as it is.
+  BufferPtr keys_only = EncodeKvPairs(nullptr, 0, nullptr, nullptr, 0);
+  Payload same = SplitValuesTail(keys_only, 0);
+  CHECK(same.head == keys_only);
+  CHECK(same.tail.empty());
+  CHECK(SplitValuesTail(keys_only, keys_only->size()).head == keys_only);
+  CHECK(SplitValuesTail(nullptr, 8).head == nullptr);
+}
+
 TEST_CASE("a head received apart from its values decodes as the whole buffer does - and nothing else does",
           "[core][kvcodec]") {
   for (size_t nkeys : {1, 2, 3, 5}) {

@@ -594,6 +594,35 @@ TEST_CASE("large ZPushes from two workers to the same keys are folded in as they
   CHECK(streamed() > 0);
 }
 
+TEST_CASE("a copied Push of 4 MiB a key or more is folded in as it arrives - smaller ones are received whole",
+          "[node][net][dataplane][stream]") {
+  TestCluster c(Nodes(1, 1));
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  ServerNode& s = c.server(0);
+  const uint32_t large = WorkerNode::kStreamedPushBytes / sizeof(float);
+  const uint32_t small = large / 2;
+  // A key's first two large pushes go whole (the first creates it, the second makes its
+  // spare); the ones after are folded in as they arrive, whatever form copied them.
+  const std::vector<float> ones(2 * large, 1.0f);
+  const std::vector<float> large_ones(ones.begin(), ones.begin() + large);
+  for (int i = 0; i < 4; ++i) REQUIRE(Await(w.Push({1}, large_ones)).ok());
+  CHECK(s.streamed_pushes() == 2);
+  // Two keys of one server in one Push: its message is streamed as a whole.
+  for (int i = 0; i < 3; ++i) REQUIRE(Await(w.Push({2, 3}, ones)).ok());
+  CHECK(s.streamed_pushes() == 3);
+  // Under kStreamedPushBytes a key: received whole, as before.
+  const std::vector<float> small_ones(ones.begin(), ones.begin() + small);
+  for (int i = 0; i < 4; ++i) REQUIRE(Await(w.Push({4}, small_ones)).ok());
+  CHECK(s.streamed_pushes() == 3);
+  Result<PullResult> r = Await(w.Pull({1, 2, 3, 4}));
+  REQUIRE(r.ok());
+  CHECK(r->lens == std::vector<uint32_t>{large, large, large, small});
+  std::vector<float> want(3 * large + small, 4.0f);
+  std::fill(want.begin() + large, want.begin() + 3 * large, 3.0f);
+  CHECK(r->values == want);
+}
+
 TEST_CASE("a large push cut off half-way changes nothing - a push waiting for its key then goes on",
           "[node][net][dataplane][stream]") {
   TestCluster::Config config;
