@@ -126,8 +126,16 @@ Status BlockingLink::Handshake(const std::string& token, TimePoint deadline) {
 
 Status BlockingLink::WriteFrame(const pb::MessageMeta& meta, const BufferPtr& payload, TimePoint deadline) {
   if (fd_ < 0) return Status(Code::kUnavailable, "link is closed");
-  const std::string m = MetaBytes(meta);
+  std::string m = MetaBytes(meta);
   const size_t data_len = payload ? payload->size() : 0;
+  // Padded as a Connection pads (frame.h), so that the payload starts 8-byte aligned in
+  // the stream and the receiver can take a small one in place.
+  const size_t pad = data_len > 0 ? MetaPadBytes(out_offset_, m.size()) : 0;
+  if (pad > 0) {
+    const size_t fields = m.size();
+    m.resize(fields + pad);
+    StoreMetaPad(pad, &m[fields]);
+  }
   FrameHeader h;
   h.meta_len = static_cast<uint32_t>(m.size());
   h.data_len = data_len;
@@ -151,6 +159,7 @@ Status BlockingLink::WriteFrame(const pb::MessageMeta& meta, const BufferPtr& pa
       iov[first].iov_len -= done;
     }
   }
+  out_offset_ += kHeaderBytes + m.size() + data_len;
   return Status::Ok();
 }
 
@@ -174,30 +183,37 @@ Status BlockingLink::ReadExact(char* out, size_t n, TimePoint deadline) {
   constexpr size_t kInputBytes = 64 << 10;
   constexpr size_t kDirectBytes = 16 << 10;  // longer reads skip the input buffer
   size_t got = std::min(n, in_end_ - in_begin_);
-  if (got > 0) std::memcpy(out, in_.data() + in_begin_, got);
+  if (got > 0) std::memcpy(out, in_buf_->data() + in_begin_, got);
   copied_ += got;
   in_begin_ += got;
   if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
   while (got < n) {
     PSCORE_RETURN_IF_ERROR(SetTimeout(SO_RCVTIMEO, &rcv_ms_, deadline, "read"));
     const bool direct = n - got >= kDirectBytes;
-    if (!direct && in_.size() < kInputBytes) in_.resize(kInputBytes);
-    ssize_t r = direct ? ::recv(fd_, out + got, n - got, 0) : ::recv(fd_, in_.data(), in_.size(), 0);
+    // The input buffer is empty here. Its bytes sit at their stream offset modulo 8 (so a
+    // padded payload lies aligned in it); one that was lent out is never written again.
+    if (!direct && (!in_buf_ || lent_)) {
+      in_buf_ = Buffer::Allocate(kInputBytes + kPayloadAlign);
+      lent_ = false;
+    }
+    const size_t at = received_ % kPayloadAlign;
+    ssize_t r = direct ? ::recv(fd_, out + got, n - got, 0) : ::recv(fd_, in_buf_->data() + at, kInputBytes, 0);
     if (r == 0) return Fail(Status(Code::kUnavailable, "peer closed the connection"));
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;  // the deadline decides
       return Fail(Status(Code::kUnavailable, "read: " + std::string(std::strerror(errno))));
     }
+    received_ += static_cast<uint64_t>(r);
     if (direct) {
       got += static_cast<size_t>(r);
       continue;
     }
     const size_t take = std::min(n - got, static_cast<size_t>(r));
-    std::memcpy(out + got, in_.data(), take);
+    std::memcpy(out + got, in_buf_->data() + at, take);
     copied_ += take;
     got += take;
-    in_begin_ = take;
-    in_end_ = static_cast<size_t>(r);
+    in_begin_ = at + take;
+    in_end_ = at + static_cast<size_t>(r);
     if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
   }
   return Status::Ok();
@@ -216,7 +232,15 @@ Result<Frame> BlockingLink::ReadFrame(TimePoint deadline) {
   if (!f.meta.ParseFromString(meta_bytes)) {
     return Fail(Status(Code::kProtocol, "unparsable meta (" + std::to_string(meta_bytes.size()) + " bytes)"));
   }
-  if (h->data_len > 0) {
+  char* buffered = in_end_ > in_begin_ ? in_buf_->data() + in_begin_ : nullptr;
+  if (h->data_len > 0 && h->data_len <= in_end_ - in_begin_ &&
+      reinterpret_cast<uintptr_t>(buffered) % kPayloadAlign == 0) {
+    // All here and aligned (the peer padded its meta): handed out in place, no copy. This
+    // input buffer is not written again (lent_).
+    f.payload = Buffer::View(in_buf_, buffered, h->data_len);
+    in_begin_ += h->data_len;
+    lent_ = true;
+  } else if (h->data_len > 0) {
     f.payload = Buffer::Allocate(h->data_len);
     const uint64_t before = copied_;
     PSCORE_RETURN_IF_ERROR(ReadExact(f.payload->data(), h->data_len, deadline));

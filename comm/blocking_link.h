@@ -47,7 +47,9 @@ class BlockingLink {
   Result<Frame> Call(pb::MessageMeta meta, const BufferPtr& payload, Duration timeout);
   bool broken() const { return fd_ < 0; }
   // Payload bytes of answers copied out of the link's read buffer so far (a payload of at
-  // least 16 KiB still missing is read straight into its frame).
+  // least 16 KiB still missing is read straight into its frame; one that is all in the
+  // buffer and 8-byte aligned there, as a padding peer's is, is handed out in place: a
+  // view that keeps the buffer, up to 64 KiB, alive).
   uint64_t payload_bytes_copied() const { return payload_copied_; }
 
  private:
@@ -64,10 +66,13 @@ class BlockingLink {
   Limits limits_;
   uint64_t next_request_id_ = 1;
   int rcv_ms_ = 0, snd_ms_ = 0;  // the socket's timeouts now (0: none set)
-  std::vector<char> in_;         // bytes received and not yet consumed: [in_begin_, in_end_)
+  BufferPtr in_buf_;             // bytes received and not yet consumed: [in_begin_, in_end_)
   size_t in_begin_ = 0, in_end_ = 0;
+  bool lent_ = false;            // a payload in in_buf_ was handed out: never write it again
+  uint64_t received_ = 0;        // bytes received since the link opened
   uint64_t copied_ = 0;          // bytes ReadExact copied out of in_
   uint64_t payload_copied_ = 0;  // of them, payload bytes
+  uint64_t out_offset_ = 0;      // bytes written since the link opened (for padding)
 };
 
 }  // namespace pscore::comm

@@ -929,6 +929,17 @@ TEST_CASE("each direction copies a small payload at most once in user space - co
       REQUIRE(Await(w.Push({key}, std::move(given))).ok());
     });
     CHECK(moved.worker + moved.server < bytes + requests);
+    // PullSync over its direct link, which pads its requests as a connection does: the
+    // server takes their keys in place and writes the answer from the store, no copy.
+    const uint64_t direct_before = w.direct_pulls();
+    Copies direct = measure([&] {
+      Result<PullResult> r = w.PullSync({key});
+      REQUIRE(r.ok());
+      CHECK(r->values == std::vector<float>(len, static_cast<float>(3 * round + 4)));
+    });
+    CHECK(w.direct_pulls() == direct_before + 1);
+    CHECK(direct.server == 0);
+    CHECK(direct.worker + direct.server < bytes + requests);
   }
 }
 
