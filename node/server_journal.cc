@@ -141,8 +141,12 @@ Status ServerJournal::Compact() {
 }
 
 Status ServerJournal::Append(core::JournalOp op, std::string_view body) {
+  return AppendRecord(core::JournalRecordHeader(op, body), body);
+}
+
+Status ServerJournal::AppendRecord(std::string_view header, std::string_view body) {
   if (fd_ < 0) return Status(Code::kFailedPrecondition, "journal " + path_ + " is not open");
-  Status st = WriteAll(fd_, core::JournalRecordHeader(op, body), body);
+  Status st = WriteAll(fd_, header, body);
   if (!st.ok()) {
     // Part of the record may be on disk: cut it, so later records stay readable.
     if (::ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) {
@@ -150,7 +154,7 @@ Status ServerJournal::Append(core::JournalOp op, std::string_view body) {
     }
     return st;
   }
-  bytes_ += core::kJournalRecordHeaderBytes + body.size();
+  bytes_ += header.size() + body.size();
   return Status::Ok();
 }
 

@@ -36,6 +36,9 @@ class ServerJournal {
   // Appends one record (the store change it describes is applied by the caller after it;
   // on an error nothing of the record stays and the change must not be applied).
   Status Append(core::JournalOp op, std::string_view body);
+  // The same with the record's header made beforehand (core::JournalRecordHeader: its
+  // checksum is most of an append's CPU time, and needs no lock).
+  Status AppendRecord(std::string_view header, std::string_view body);
   // Once the change is applied: compacts when the journal has grown past its bound.
   void MaybeCompact();
 

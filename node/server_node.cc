@@ -390,8 +390,10 @@ void ServerNode::HandlePush(const DataRequest& req, Responder r) {
 
 Status ServerNode::Journaled(core::JournalOp op, std::string_view body, const std::function<Status()>& apply) {
   if (!journal_) return apply();
+  // The checksum first, outside the lock: another handler thread writes meanwhile.
+  const std::string header = core::JournalRecordHeader(op, body);
   std::lock_guard<std::mutex> lock(journal_mu_);
-  Status logged = journal_->Append(op, body);
+  Status logged = journal_->AppendRecord(header, body);
   if (!logged.ok()) {
     LOG(ERROR) << "server " << options_.node_id << ": " << logged;
     return Status(Code::kUnavailable, "server " + options_.node_id + " cannot journal the change: " + logged.message());
