@@ -15,7 +15,15 @@ uint32_t RecordCrc(uint8_t op, std::string_view body) {
   return Crc32(body.data(), body.size(), Crc32(&op, 1));
 }
 
-bool KnownOp(uint8_t op) { return op >= 1 && op <= 4; }
+bool KnownOp(uint8_t op) { return op >= 1 && op <= 5; }
+
+std::string RecordHeader(JournalOp op, uint64_t body_len, uint32_t crc) {
+  std::string out(kJournalRecordHeaderBytes, '\0');
+  out[0] = static_cast<char>(op);
+  PutLe(body_len, 4, &out[1]);
+  PutLe(crc, 4, &out[5]);
+  return out;
+}
 
 }  // namespace
 
@@ -27,11 +35,28 @@ std::string JournalFileHeader() {
 }
 
 std::string JournalRecordHeader(JournalOp op, std::string_view body) {
-  std::string out(kJournalRecordHeaderBytes, '\0');
-  out[0] = static_cast<char>(op);
-  PutLe(body.size(), 4, &out[1]);
-  PutLe(RecordCrc(static_cast<uint8_t>(op), body), 4, &out[5]);
+  return RecordHeader(op, body.size(), RecordCrc(static_cast<uint8_t>(op), body));
+}
+
+std::string JournalRecordHeader(JournalOp op, const Payload& body) {
+  const uint8_t op_byte = static_cast<uint8_t>(op);
+  uint32_t crc = Crc32(&op_byte, 1);
+  if (body.head) crc = Crc32(body.head->data(), body.head->size(), crc);
+  for (const Slice& s : body.tail) crc = Crc32(s.data, s.size, crc);
+  return RecordHeader(op, body.size(), crc);
+}
+
+std::string EncodeJournalCovers(uint64_t segment) {
+  std::string out(8, '\0');
+  PutLe(segment, 8, &out[0]);
   return out;
+}
+
+Result<uint64_t> DecodeJournalCovers(std::string_view body) {
+  if (body.size() != 8) {
+    return Status(Code::kInvalidArgument, "covers record of " + std::to_string(body.size()) + " bytes");
+  }
+  return GetLe(body.data(), 8);
 }
 
 std::string EncodeJournalDrop(int rank, int num_servers) {
@@ -91,6 +116,13 @@ Status ReplayJournal(const std::vector<JournalRecord>& records, ParamStore* stor
       const int rank = static_cast<int32_t>(GetLe(r.body.data(), 4));
       const int n = static_cast<int32_t>(GetLe(r.body.data() + 4, 4));
       store->ExtractNotOwned(rank, n, /*erase=*/true);
+      continue;
+    }
+    if (r.op == JournalOp::kCovers) {
+      Result<uint64_t> segment = DecodeJournalCovers(r.body);
+      if (!segment.ok()) {
+        return Status(Code::kInvalidArgument, "journal record " + std::to_string(i) + ": " + segment.status().message());
+      }
       continue;
     }
     if (r.op == JournalOp::kDropKeys) {

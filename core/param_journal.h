@@ -6,7 +6,8 @@
 //   | magic u32 "PSJL" | version u32 |                                   8 bytes, once
 //   | op u8 | body_len u32 | crc32(op byte + body) u32 | body |           per record
 // Bodies: kPush and kInsert carry a kv-pairs request (core/kv_codec.h) with values;
-// kDrop carries | rank i32 | num_servers i32 |; kDropKeys carries | key u64 |*.
+// kDrop carries | rank i32 | num_servers i32 |; kDropKeys carries | key u64 |*; kCovers
+// carries | segment u64 | (a compacted file's first record: node/server_journal.h).
 //
 // Records are appended whole, in the order the changes were applied, so only the last
 // record can be torn (a process killed mid-append). A torn tail is cut off; a complete
@@ -20,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/param_store.h"
 #include "core/status.h"
 
@@ -36,6 +38,7 @@ enum class JournalOp : uint8_t {
   kInsert = 2,  // ParamStore::Insert of each of the body's entries (migration, compaction)
   kDrop = 3,    // ParamStore::ExtractNotOwned(rank, num_servers, erase = true)
   kDropKeys = 4,  // ParamStore::Erase of the body's keys
+  kCovers = 5,    // no store change: the file holds the changes of segments up to the body's
 };
 
 struct JournalRecord {
@@ -47,6 +50,11 @@ struct JournalRecord {
 std::string JournalFileHeader();
 // The 9-byte header of a record whose body is `body`; write the body right after it.
 std::string JournalRecordHeader(JournalOp op, std::string_view body);
+// The same for a body in pieces: `body`'s head, then its tail slices.
+std::string JournalRecordHeader(JournalOp op, const Payload& body);
+// Body of a kCovers record, and its segment number (kInvalidArgument: not 8 bytes).
+std::string EncodeJournalCovers(uint64_t segment);
+Result<uint64_t> DecodeJournalCovers(std::string_view body);
 // Body of a kDrop record.
 std::string EncodeJournalDrop(int rank, int num_servers);
 // Body of a kDropKeys record.

@@ -1,37 +1,64 @@
 // ServerJournal: a server's parameter journal on disk (`--data_dir`), so a server killed
 // with SIGKILL and restarted with the same directory serves the parameters it had
-// acknowledged. Format and replay rules: core/param_journal.h.
+// acknowledged. Record format and replay rules: core/param_journal.h.
 //
-// Every change is appended (write(2), whole record, before the request is answered); the
-// page cache keeps it across a process kill. There is no fsync per record, so a machine
-// crash or power loss may lose the newest records. Open() replays the file, cuts a torn
-// tail, and rewrites the journal compactly (one insert record per chunk of entries, written
-// to a temporary file, fsync'ed and renamed); MaybeCompact() does the same once the file
-// has grown past max(64 MiB, 4x its size after the last compaction).
+// Files in the directory:
+//   params.journal     a compacted state: a kCovers record naming the last segment whose
+//                      changes it holds, then insert records of every entry. Written to
+//                      params.journal.tmp, fsync'ed and renamed over, never appended to.
+//   params.journal.N   segment N (N >= 1): the changes made after it, one record each,
+//                      appended with write(2) before the request is answered.
+// Open() replays the compacted file, then every segment above the one it covers, in order
+// (a torn last record, from a kill mid-append, is cut). Segments it covers are stale (a kill
+// between the rename and their removal) and are removed.
 //
-// Not thread-safe: the owner serialises Open/Append (and orders them with the store
-// changes they describe).
+// The page cache keeps appended records across a process kill; there is no fsync per
+// record, so a machine crash or power loss may lose the newest ones.
+//
+// Compaction: Open() compacts at once. Later, once the current segment has grown past
+// max(compact_floor, 4x the last compacted file), MaybeCompact() starts one in the
+// background: under the owner's lock it pins the store's values (ParamStore::ShareValues:
+// no copy; a push meanwhile writes a fresh block of its key) and moves appends on to a new
+// segment; a thread of the journal's own then writes the pinned values to the temporary
+// file, fsyncs it, renames it over the compacted file and removes the segments it covers.
+// Nothing is copied on the appenders' side; they wait only if the new segment reaches
+// twice the bound before the compaction is done (a disk slower than the pushes).
+//
+// Not thread-safe: the owner serialises Open/Append/MaybeCompact (and orders them with the
+// store changes they describe).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
+#include "core/buffer.h"
 #include "core/param_journal.h"
 #include "core/param_store.h"
 #include "core/status.h"
 
 namespace pscore::node {
 
+struct ServerJournalOptions {
+  uint64_t compact_floor = 64ull << 20;  // a segment smaller than this is never compacted
+};
+
 class ServerJournal {
  public:
-  explicit ServerJournal(std::string dir);
+  using Options = ServerJournalOptions;
+
+  explicit ServerJournal(std::string dir, Options options = Options());
+  // Waits for a compaction in progress (it completes: each of its steps leaves the
+  // directory whole).
   ~ServerJournal();
   ServerJournal(const ServerJournal&) = delete;
   ServerJournal& operator=(const ServerJournal&) = delete;
 
-  // Creates the directory if needed, replays an existing journal into `store` (which
-  // must be empty), then compacts. Errors name the file.
+  // Creates the directory if needed, replays what it holds into `store` (which must be
+  // empty), then compacts. Errors name the file.
   Status Open(core::ParamStore* store);
   // Appends one record (the store change it describes is applied by the caller after it;
   // on an error nothing of the record stays and the change must not be applied).
@@ -39,24 +66,51 @@ class ServerJournal {
   // The same with the record's header made beforehand (core::JournalRecordHeader: its
   // checksum is most of an append's CPU time, and needs no lock).
   Status AppendRecord(std::string_view header, std::string_view body);
-  // Once the change is applied: compacts when the journal has grown past its bound.
+  // Once the change is applied: ends a compaction the background has finished, or starts
+  // one when the current segment has grown past its bound.
   void MaybeCompact();
+  // Waits for a compaction in progress and returns how it ended (tests).
+  Status FinishCompaction();
 
-  const std::string& path() const { return path_; }
-  uint64_t bytes() const { return bytes_; }
+  const std::string& path() const { return path_; }  // the compacted file
+  std::string segment_path() const { return SegmentPath(segment_); }
+  uint64_t bytes() const { return bytes_; }  // of the current segment
   size_t restored_keys() const { return restored_keys_; }
+  bool compacting() const { return compactor_.joinable(); }
+  uint64_t compactions() const { return compactions_; }  // finished, Open's included
 
  private:
-  Status Compact();
-  Status WriteAll(int fd, std::string_view a, std::string_view b);
+  // Writes `covers` and the pinned values (one insert record per chunk of keys) to the
+  // temporary file, fsyncs it, renames it over the compacted file and removes the
+  // segments up to `covers`. *written gets the file's size. Uses only its arguments and
+  // the paths, so the compactor thread runs it.
+  Status WriteCompacted(uint64_t covers, const std::vector<uint64_t>& keys, const std::vector<Slice>& values,
+                        uint64_t* written) const;
+  // Pins every entry of the store (the state as of the current segment's end).
+  Status PinStore(std::vector<uint64_t>* keys, std::vector<Slice>* values) const;
+  // Starts segment `n` (a fresh file with the file header) and appends there from now on.
+  Status StartSegment(uint64_t n);
+  void RemoveSegmentsUpTo(uint64_t n) const;
+  std::string SegmentPath(uint64_t n) const { return path_ + "." + std::to_string(n); }
 
   std::string dir_;
   std::string path_;
-  int fd_ = -1;
-  uint64_t bytes_ = 0;
+  std::string tmp_;
+  Options options_;
+  int fd_ = -1;          // the current segment, appended to
+  uint64_t segment_ = 0;  // its number
+  uint64_t bytes_ = 0;    // its size
   uint64_t compact_at_ = 0;
   size_t restored_keys_ = 0;
   core::ParamStore* store_ = nullptr;
+  uint64_t compactions_ = 0;
+
+  // The compaction in the background: started by the owner, run by compactor_, which sets
+  // done_ last; its results are read after join().
+  std::thread compactor_;
+  std::atomic<bool> done_{false};
+  Status compacted_status_;
+  uint64_t compacted_bytes_ = 0;
 };
 
 }  // namespace pscore::node

@@ -123,6 +123,39 @@ TEST_CASE("journal: every truncation parses to a prefix of the records, the torn
   }
 }
 
+TEST_CASE("journal: a covers record names its segment and changes nothing - a record header over pieces equals the whole",
+          "[core][journal]") {
+  std::string f = JournalFileHeader();
+  Add(&f, JournalOp::kCovers, EncodeJournalCovers(41));
+  Add(&f, JournalOp::kInsert, KvBody({7, 8}, {1, 2}, {70, 80, 81}));
+  Result<ParsedJournal> p = ParseJournal(f);
+  REQUIRE(p.ok());
+  REQUIRE(p->records.size() == 2);
+  CHECK(p->records[0].op == JournalOp::kCovers);
+  Result<uint64_t> covers = DecodeJournalCovers(p->records[0].body);
+  REQUIRE(covers.ok());
+  CHECK(*covers == 41);
+  ParamStore store({UpdateRule::kSum, 0.1f});
+  REQUIRE(ReplayJournal(p->records, &store).ok());
+  CHECK(store.num_keys() == 2);
+  CHECK(Get(store, 8) == std::vector<float>{80, 81});
+  // A covers body of another size is damage.
+  std::string bad = JournalFileHeader();
+  Add(&bad, JournalOp::kCovers, std::string(7, '\0'));
+  Result<ParsedJournal> q = ParseJournal(bad);
+  REQUIRE(q.ok());
+  CHECK_THAT(ReplayJournal(q->records, &store).message(), Catch::Contains("journal record 0: covers record of 7 bytes"));
+  // The header of a body given as a head and tail slices is the header of the same bytes whole.
+  const std::string body = KvBody({1, 2, 3}, {2, 0, 3}, {1, 2, 3, 4, 5});
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{8}, body.size() - 1, body.size()}) {
+    Payload pieces(Buffer::Copy(body.data(), cut));
+    const size_t mid = cut + (body.size() - cut) / 2;
+    pieces.tail.push_back(Slice{nullptr, body.data() + cut, mid - cut});
+    pieces.tail.push_back(Slice{nullptr, body.data() + mid, body.size() - mid});
+    CHECK(JournalRecordHeader(JournalOp::kInsert, pieces) == JournalRecordHeader(JournalOp::kInsert, body));
+  }
+}
+
 TEST_CASE("journal: damage is refused naming what and where", "[core][journal]") {
   const std::string f = SampleJournal();
   SECTION("a flipped bit in a body fails the checksum") {

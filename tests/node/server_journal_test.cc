@@ -1,0 +1,204 @@
+// ServerJournal on its own (no nodes): compactions written in the background from pinned
+// values while appends go on into the next segment, what a reopened directory replays
+// (stale segments and a half-written compaction left by a kill included), and a compaction
+// that fails. The kill-and-restart cases with real processes: multiproc/server_journal_mp_test.cc.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/kv_codec.h"
+#include "core/param_journal.h"
+#include "core/param_store.h"
+#include "multiproc/process.h"
+#include "node/server_journal.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::node {
+namespace {
+
+constexpr size_t kKeys = 8;
+constexpr uint32_t kLen = 16 * 1024;  // 64 KiB a key: a push of all keys is 512 KiB
+
+core::ParamStore::Options SumStore() {
+  core::ParamStore::Options o;
+  o.rule = core::UpdateRule::kSum;
+  return o;
+}
+
+std::vector<uint64_t> Keys() {
+  std::vector<uint64_t> k(kKeys);
+  for (size_t i = 0; i < kKeys; ++i) k[i] = i * 1000 + 3;
+  return k;
+}
+
+BufferPtr PushBody(int round) {
+  const std::vector<uint64_t> keys = Keys();
+  const std::vector<uint32_t> lens(kKeys, kLen);
+  std::vector<float> values(kKeys * kLen);
+  for (size_t i = 0; i < kKeys; ++i) std::fill_n(values.begin() + i * kLen, kLen, static_cast<float>(round + i));
+  return core::EncodeKvPairs(keys.data(), kKeys, lens.data(), values.data(), values.size());
+}
+
+// Journals a push of `round` + key index to every key, then applies it, as a server does
+// (the caller is the only thread: it stands for the owner's lock).
+void JournaledPush(ServerJournal& j, core::ParamStore& store, int round) {
+  BufferPtr body = PushBody(round);
+  REQUIRE(j.Append(core::JournalOp::kPush, body->view()).ok());
+  Result<core::KvView> v = core::DecodeKvPairs(body->data(), body->size(), true);
+  REQUIRE(v.ok());
+  REQUIRE(store.Push(v->keys, v->lens, v->values, v->num_keys).ok());
+  j.MaybeCompact();
+}
+
+std::vector<float> Values(const core::ParamStore& store) {
+  const std::vector<uint64_t> keys = Keys();
+  std::vector<float> out(kKeys * kLen, -1.0f);
+  REQUIRE(store.CopyValues(keys.data(), kKeys, out.data()).ok());
+  return out;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// The segment files in the directory.
+int Segments(const testing::TempDir& dir) {
+  int n = 0;
+  for (int i = 1; i < 1000; ++i) n += Exists(dir.File("params.journal." + std::to_string(i)));
+  return n;
+}
+
+std::vector<float> Reopened(const testing::TempDir& dir) {
+  core::ParamStore store(SumStore());
+  ServerJournal j(dir.path());
+  REQUIRE(j.Open(&store).ok());
+  CHECK(j.restored_keys() == kKeys);
+  return Values(store);
+}
+
+}  // namespace
+
+TEST_CASE("journal compactions are written in the background while appends go on - a reopened journal replays the same store",
+          "[node][journal]") {
+  testing::TempDir dir;
+  REQUIRE(dir.ok());
+  ServerJournal::Options options;
+  options.compact_floor = 2 << 20;  // compact every few pushes of 512 KiB
+  std::vector<float> want;
+  {
+    core::ParamStore store(SumStore());
+    ServerJournal j(dir.path(), options);
+    REQUIRE(j.Open(&store).ok());
+    CHECK(j.compactions() == 1);  // Open's
+    uint64_t peak = 0;
+    uint64_t background = 0;  // pushes appended while a compaction was being written
+    for (int round = 0; round < 60; ++round) {
+      background += j.compacting();
+      JournaledPush(j, store, round);
+      peak = std::max(peak, j.bytes());
+    }
+    REQUIRE(j.FinishCompaction().ok());
+    INFO(j.compactions() << " compactions, " << background << " pushes during one, largest segment " << peak);
+    CHECK(j.compactions() >= 4);
+    CHECK(background > 0);
+    CHECK(peak < 4 * options.compact_floor);  // at most twice the bound, and one push
+    CHECK_FALSE(Exists(j.path() + ".tmp"));
+    CHECK(Segments(dir) == 1);  // the covered ones were removed: only the current one is left
+    want = Values(store);
+  }
+  // sum over rounds of (round + i) = 1770 + 60 i for key i
+  for (size_t i = 0; i < kKeys; ++i) CHECK(want[i * kLen] == static_cast<float>(1770 + 60 * i));
+  CHECK(Reopened(dir) == want);
+}
+
+TEST_CASE("a journal dropped while a compaction is written replays the same store - and leaves no temporary file",
+          "[node][journal]") {
+  testing::TempDir dir;
+  REQUIRE(dir.ok());
+  ServerJournal::Options options;
+  options.compact_floor = 1 << 20;
+  std::vector<float> want;
+  {
+    core::ParamStore store(SumStore());
+    ServerJournal j(dir.path(), options);
+    REQUIRE(j.Open(&store).ok());
+    int round = 0;
+    while (!j.compacting() && round < 100) JournaledPush(j, store, round++);
+    REQUIRE(j.compacting());
+    JournaledPush(j, store, round++);  // into the new segment, the compaction maybe still running
+    want = Values(store);
+  }
+  CHECK_FALSE(Exists(dir.File("params.journal.tmp")));
+  CHECK(Reopened(dir) == want);
+}
+
+TEST_CASE("what a kill leaves - a half-written compaction and segments already compacted - is skipped on reopen",
+          "[node][journal]") {
+  testing::TempDir dir;
+  REQUIRE(dir.ok());
+  std::vector<float> want;
+  uint64_t current = 0;
+  {
+    core::ParamStore store(SumStore());
+    ServerJournal j(dir.path());
+    REQUIRE(j.Open(&store).ok());
+    for (int round = 0; round < 5; ++round) JournaledPush(j, store, round);
+    want = Values(store);
+    current = std::stoull(j.segment_path().substr(j.segment_path().rfind('.') + 1));
+  }
+  // Reopened once: everything is compacted into params.journal, covering `current`.
+  REQUIRE(Reopened(dir) == want);
+  // A kill after that rename but before the covered segments were removed leaves one: it
+  // holds changes already in the compacted file and must not be applied twice.
+  {
+    BufferPtr body = PushBody(1000);
+    std::ofstream stale(dir.File("params.journal." + std::to_string(current)), std::ios::binary);
+    stale << core::JournalFileHeader() << core::JournalRecordHeader(core::JournalOp::kPush, body->view())
+          << body->view();
+  }
+  // A kill while a compaction was written leaves its temporary file, cut short.
+  {
+    std::ofstream tmp(dir.File("params.journal.tmp"), std::ios::binary);
+    tmp << core::JournalFileHeader() << "half a record";
+  }
+  CHECK(Reopened(dir) == want);
+  CHECK_FALSE(Exists(dir.File("params.journal." + std::to_string(current))));  // removed
+  CHECK_FALSE(Exists(dir.File("params.journal.tmp")));
+  CHECK(Reopened(dir) == want);
+}
+
+TEST_CASE("a compaction that cannot be written leaves the journal whole - appends go on",
+          "[node][journal]") {
+  testing::TempDir dir;
+  REQUIRE(dir.ok());
+  ServerJournal::Options options;
+  options.compact_floor = 1 << 20;
+  std::vector<float> want;
+  {
+    core::ParamStore store(SumStore());
+    ServerJournal j(dir.path(), options);
+    REQUIRE(j.Open(&store).ok());
+    // A directory where the temporary file would go: the compaction cannot be written.
+    REQUIRE(::mkdir(dir.File("params.journal.tmp").c_str(), 0755) == 0);
+    int round = 0;
+    while (!j.compacting() && round < 100) JournaledPush(j, store, round++);
+    REQUIRE(j.compacting());
+    Status st = j.FinishCompaction();
+    CHECK_FALSE(st.ok());
+    CHECK_THAT(st.message(), Catch::Contains("params.journal.tmp"));
+    CHECK(j.compactions() == 1);
+    CHECK(Segments(dir) == 2);  // the one it would have covered stays, and the current one
+    JournaledPush(j, store, round++);  // not tried again at once: only after another floor's worth
+    CHECK_FALSE(j.compacting());
+    want = Values(store);
+  }
+  REQUIRE(::rmdir(dir.File("params.journal.tmp").c_str()) == 0);
+  CHECK(Reopened(dir) == want);
+}
+
+}  // namespace pscore::node
