@@ -147,7 +147,12 @@ Status BlockingLink::WriteFrame(const pb::MessageMeta& meta, const BufferPtr& pa
   int first = 0;
   while (first < 3) {
     PSCORE_RETURN_IF_ERROR(SetTimeout(SO_SNDTIMEO, &snd_ms_, deadline, "write"));
-    ssize_t n = ::writev(fd_, iov + first, 3 - first);
+    // sendmsg, not writev: MSG_NOSIGNAL makes a write to a peer that is gone fail with
+    // EPIPE instead of raising SIGPIPE on the caller's thread.
+    msghdr msg{};
+    msg.msg_iov = iov + first;
+    msg.msg_iovlen = static_cast<size_t>(3 - first);
+    ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;  // the deadline decides
       return Fail(Status(Code::kUnavailable, "write: " + std::string(std::strerror(errno))));

@@ -1,5 +1,7 @@
 #include "comm/event_loop.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <uv.h>
 
 #include <algorithm>
@@ -47,6 +49,13 @@ Status EventLoop::Start() {
   running_ = true;
   std::promise<void> started;
   thread_ = std::thread([this, &started] {
+    // A write to a connection whose peer is gone must fail with EPIPE, not raise SIGPIPE
+    // (whose default kills the process): blocked on this thread, it stays pending here. An
+    // embedding program need not ignore SIGPIPE itself.
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
     loop_thread_id_ = std::this_thread::get_id();
     started.set_value();
     ThreadMain();

@@ -54,6 +54,8 @@ DEFINE_int32(partial_frame_timeout_ms, 30000, "Scheduler and server: a connectio
              "of it for this long is closed (0: never).");
 DEFINE_string(data_dir, "", "Server: journal the parameter store in this directory (one per server) so a restart "
               "with the same --node_id and directory gets its parameters back. Empty: memory only.");
+DEFINE_uint64(journal_compact_mb, 64, "Server with --data_dir: the journal's newest segment is compacted in the "
+              "background once it passes max(this many MiB, 4x the last compacted file).");
 DEFINE_string(update_rule, "sum", "Server parameter store rule: assign, sum or sgd.");
 DEFINE_double(learning_rate, 0.1, "Learning rate of the sgd update rule.");
 DEFINE_uint64(stream_spare_mb, 512, "Server: MiB of spare blocks kept for pushes folded into the store as they "
@@ -207,6 +209,9 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   if (FLAGS_max_message_bytes < 1024) Die(prog, "--max_message_bytes must be >= 1024");
   if (FLAGS_buffer_pool_mb > (1ull << 20)) Die(prog, "--buffer_pool_mb must be <= 1048576");
   if (FLAGS_stream_spare_mb > (1ull << 20)) Die(prog, "--stream_spare_mb must be <= 1048576");
+  if (FLAGS_journal_compact_mb < 1 || FLAGS_journal_compact_mb > (1ull << 20)) {
+    Die(prog, "--journal_compact_mb must be in [1, 1048576]");
+  }
   // Process-wide. Left alone unless given, so an AddressSanitizer build keeps its default (off).
   if (!gflags::GetCommandLineFlagInfoOrDie("buffer_pool_mb").is_default) {
     Buffer::SetPoolLimit(static_cast<size_t>(FLAGS_buffer_pool_mb) << 20);
@@ -259,6 +264,7 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   n.max_message_bytes = FLAGS_max_message_bytes;
   n.handler_threads = FLAGS_handler_threads;
   n.data_dir = FLAGS_data_dir;
+  n.journal_compact_bytes = FLAGS_journal_compact_mb << 20;
   n.accept = AcceptLimitsFromFlags();
   cl.auto_finish = FLAGS_auto_finish;
   cl.finish_timeout_ms = FLAGS_finish_timeout_ms;

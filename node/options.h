@@ -63,6 +63,9 @@ struct NodeOptions {
   // restart with the same directory (and node_id) gets the parameters back. One directory
   // per server. Empty: parameters live in memory only.
   std::string data_dir;
+  // Server with data_dir: the journal's newest segment is compacted in the background once
+  // it passes max(this, 4x the last compacted file) (node/server_journal.h).
+  uint64_t journal_compact_bytes = 64ull << 20;
   std::string cluster_token;  // empty: no authentication
   AcceptLimits accept;  // a server's accepted (peer) connections
 };

@@ -65,7 +65,7 @@ void ServerNode::RegisterHandler(const std::string& name, DataHandler handler) {
 
 Status ServerNode::StartRole() {
   if (!options_.data_dir.empty()) {
-    journal_ = std::make_unique<ServerJournal>(options_.data_dir);
+    journal_ = std::make_unique<ServerJournal>(options_.data_dir, ServerJournalOptions{options_.journal_compact_bytes});
     PSCORE_RETURN_IF_ERROR(journal_->Open(&store_));
     LOG(INFO) << "server " << options_.node_id << ": parameters journaled in " << journal_->path() << " ("
               << journal_->restored_keys() << " keys restored)";

@@ -2,6 +2,8 @@
 // (right and wrong token), an answer that never comes (deadline), a peer that goes away.
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
+#include <signal.h>
+
 #include <string>
 #include <thread>
 #include <vector>
@@ -171,6 +173,28 @@ TEST_CASE("blocking link: answers of a peer that does not pad are copied where m
   CHECK(peer_ok);
   CHECK(misaligned_bytes > 0);
   CHECK((*link)->payload_bytes_copied() == misaligned_bytes);
+}
+
+TEST_CASE("blocking link: writing to a peer that is gone fails the call - SIGPIPE does not kill the process",
+          "[comm][net][blocking_link]") {
+  struct sigaction current {};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &current) == 0);
+  REQUIRE(current.sa_handler == SIG_DFL);
+  testing::RawListener listener;
+  const int port = listener.Start();
+  REQUIRE(port > 0);
+  Result<std::unique_ptr<BlockingLink>> link = BlockingLink::Dial("127.0.0.1", port, BlockingLinkOptions());
+  REQUIRE(link.ok());
+  testing::RawSocket gone;
+  REQUIRE(listener.Accept(&gone));
+  gone.Close();
+  Status last;
+  for (int i = 0; i < 50 && !(*link)->broken(); ++i) {
+    last = (*link)->Notify(TestMeta(1), Buffer::Allocate(1 << 20), 5s);
+    std::this_thread::sleep_for(5ms);
+  }
+  CHECK((*link)->broken());
+  CHECK(last.code() == Code::kUnavailable);
 }
 
 }  // namespace pscore::comm

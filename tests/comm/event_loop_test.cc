@@ -1,5 +1,8 @@
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -10,6 +13,26 @@ namespace pscore::comm {
 
 using testing::OneShot;
 using testing::OnLoop;
+
+TEST_CASE("loop: a SIGPIPE on the loop thread stays pending there - it does not kill the process",
+          "[comm][loop]") {
+  // What a write to a connection whose peer is gone raises (EPIPE); the default action of
+  // SIGPIPE, which a program embedding pscore may well have, ends the process.
+  struct sigaction current {};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &current) == 0);
+  REQUIRE(current.sa_handler == SIG_DFL);
+  EventLoop loop("sigpipe");
+  REQUIRE(loop.Start().ok());
+  const bool pending = OnLoop(loop, [] {
+    ::pthread_kill(::pthread_self(), SIGPIPE);
+    sigset_t set;
+    sigemptyset(&set);
+    sigpending(&set);
+    return sigismember(&set, SIGPIPE) == 1;
+  });
+  CHECK(pending);
+  REQUIRE(loop.Stop().ok());
+}
 
 TEST_CASE("loop: posts from 8 threads run exactly once, in per-thread order", "[comm][loop]") {
   constexpr int kThreads = 8;

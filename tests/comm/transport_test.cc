@@ -1,6 +1,8 @@
 // Transport over loopback: listen/connect, large payloads, backpressure, close watching.
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
+#include <signal.h>
+
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -302,6 +304,33 @@ TEST_CASE("transport: send to a closed connection fails - WatchClose reports clo
   CHECK(bad.status().code() == Code::kInvalidArgument);
   REQUIRE(client.Stop().ok());
   REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("transport: writing to a peer that is gone closes the connection with kUnavailable - the process lives on",
+          "[comm][net][transport]") {
+  struct sigaction current {};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &current) == 0);
+  REQUIRE(current.sa_handler == SIG_DFL);  // as in a program that embeds pscore and never thought of it
+  testing::RawListener listener;
+  const int port = listener.Start();
+  REQUIRE(port > 0);
+  Peer client("client");
+  Result<ConnId> conn = client.Connect(port);
+  REQUIRE(conn.ok());
+  RawSocket gone;
+  REQUIRE(listener.Accept(&gone));
+  gone.Close();
+  OneShot<Status> watched;
+  OnLoop(client.loop, [&] { client.transport->WatchClose(*conn, [&](const Status& why) { watched.Set(why); }); });
+  // The first writes may still be taken; a later one meets the peer's reset: EPIPE.
+  for (int i = 0; i < 200 && OnLoop(client.loop, [&] { return client.transport->IsOpen(*conn); }); ++i) {
+    OnLoop(client.loop, [&] { return client.transport->Send(*conn, TestMeta(1), Buffer::Allocate(1 << 20)); }).IgnoreError();  // may fail once closed
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  Status why = watched.Get();
+  INFO(why);
+  CHECK(why.code() == Code::kUnavailable);
+  REQUIRE(client.Stop().ok());
 }
 
 TEST_CASE("transport: a peer that never reads is closed with kResourceExhausted",

@@ -6,8 +6,11 @@
 // for). Every child is killed by pid when the test ends.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,10 +37,10 @@ struct Counts {
   std::vector<int> acked = std::vector<int>(kKeys, 0);
 };
 
-// One round: +1 to every key; counts what was sent and what was acknowledged.
-void PushRound(node::WorkerNode& w, const std::vector<uint64_t>& keys, Counts* c) {
+// One round: +1 to every float of every key; counts what was sent and what was acknowledged.
+void PushRound(node::WorkerNode& w, const std::vector<uint64_t>& keys, int floats, Counts* c) {
   for (int k = 0; k < kKeys; ++k) ++c->sent[k];
-  auto f = w.Push(keys, std::vector<float>(kKeys, 1.0f));
+  auto f = w.Push(keys, std::vector<float>(static_cast<size_t>(kKeys) * floats, 1.0f));
   if (f.wait_for(30s) == std::future_status::ready && f.get().ok()) {
     for (int k = 0; k < kKeys; ++k) ++c->acked[k];
   }
@@ -52,7 +55,11 @@ bool WaitReady(node::WorkerNode& w, std::chrono::seconds timeout) {
   return false;
 }
 
-void RunKillRestart(bool journal) {
+// `kills` times: s0 SIGKILLed during a burst of pushes and restarted as the same node.
+// Each key holds `floats` floats; `server_flags` go to both servers.
+// s1, never killed, must have reached segment `min_segment` (compactions started).
+void RunKillRestart(bool journal, int floats = 1, const std::vector<std::string>& server_flags = {}, int kills = 1,
+                    uint64_t min_segment = 1) {
   TempDir dir;
   REQUIRE(dir.ok());
   Process scheduler;
@@ -67,10 +74,12 @@ void RunKillRestart(bool journal) {
                                   "--scheduler_port=" + std::to_string(port), "--auto_finish=false"};
     if (journal) a.push_back("--data_dir=" + dir.File(id + ".data"));
     for (auto& f : Timing()) a.push_back(f);
+    for (auto& f : server_flags) a.push_back(f);
     return a;
   };
-  Process s0, s1;
-  REQUIRE(s0.Start(server_argv("s0"), dir.File("s0.log")));
+  auto s0 = std::make_unique<Process>();
+  Process s1;
+  REQUIRE(s0->Start(server_argv("s0"), dir.File("s0.log")));
   REQUIRE(s1.Start(server_argv("s1"), dir.File("s1.log")));
 
   node::NodeOptions o;
@@ -86,53 +95,72 @@ void RunKillRestart(bool journal) {
   for (uint64_t k = 0; k < kKeys; ++k) keys.push_back(k * 7919);
 
   Counts c;
-  for (int i = 0; i < 50; ++i) PushRound(worker, keys, &c);
+  for (int i = 0; i < 50; ++i) PushRound(worker, keys, floats, &c);
   REQUIRE(c.acked == c.sent);
-  // Kill s0 while a burst of pushes is in flight, then restart it as the same node.
-  std::vector<std::future<Status>> burst;
-  for (int i = 0; i < 20; ++i) {
-    for (int k = 0; k < kKeys; ++k) ++c.sent[k];
-    burst.push_back(worker.Push(keys, std::vector<float>(kKeys, 1.0f)));
-  }
-  s0.Signal(SIGKILL);
-  for (auto& f : burst) {
-    REQUIRE(f.wait_for(30s) == std::future_status::ready);
-    if (f.get().ok()) {
-      for (int k = 0; k < kKeys; ++k) ++c.acked[k];
+  for (int kill = 0; kill < kills; ++kill) {
+    // Kill s0 while a burst of pushes is in flight, then restart it as the same node.
+    std::vector<std::future<Status>> burst;
+    for (int i = 0; i < 20; ++i) {
+      for (int k = 0; k < kKeys; ++k) ++c.sent[k];
+      burst.push_back(worker.Push(keys, std::vector<float>(static_cast<size_t>(kKeys) * floats, 1.0f)));
     }
-  }
-  Process s0_again;
-  REQUIRE(s0_again.Start(server_argv("s0"), dir.File("s0.restarted.log")));
-  // READY again once the restarted s0 re-registered (it may be seen timed out first).
-  std::this_thread::sleep_for(300ms);
-  INFO(s0_again.Log());
-  REQUIRE(WaitReady(worker, 20s));
-  for (int i = 0; i < 30; ++i) {
-    // A push may still meet the old link's failure once; it then counts as not acked.
-    PushRound(worker, keys, &c);
+    s0->Signal(SIGKILL);
+    for (auto& f : burst) {
+      REQUIRE(f.wait_for(30s) == std::future_status::ready);
+      if (f.get().ok()) {
+        for (int k = 0; k < kKeys; ++k) ++c.acked[k];
+      }
+    }
+    s0 = std::make_unique<Process>();
+    REQUIRE(s0->Start(server_argv("s0"), dir.File("s0.restarted" + std::to_string(kill) + ".log")));
+    // READY again once the restarted s0 re-registered (it may be seen timed out first).
+    std::this_thread::sleep_for(300ms);
+    INFO(s0->Log());
+    REQUIRE(WaitReady(worker, 20s));
+    for (int i = 0; i < 30; ++i) {
+      // A push may still meet the old link's failure once; it then counts as not acked.
+      PushRound(worker, keys, floats, &c);
+    }
   }
   auto pulled = worker.Pull(keys);
   REQUIRE(pulled.wait_for(30s) == std::future_status::ready);
   Result<node::PullResult> r = pulled.get();
   REQUIRE(r.ok());
-  REQUIRE(r->values.size() == kKeys);
+  REQUIRE(r->values.size() == static_cast<size_t>(kKeys) * floats);
   int lost = 0;
+  int torn = 0;
   for (int k = 0; k < kKeys; ++k) {
-    INFO("key " << keys[k] << ": value " << r->values[k] << ", acked " << c.acked[k] << ", sent " << c.sent[k]);
+    const float v = r->values[static_cast<size_t>(k) * floats];
+    INFO("key " << keys[k] << ": value " << v << ", acked " << c.acked[k] << ", sent " << c.sent[k]);
     if (journal) {
-      CHECK(r->values[k] >= c.acked[k]);
-      CHECK(r->values[k] <= c.sent[k]);
+      CHECK(v >= c.acked[k]);
+      CHECK(v <= c.sent[k]);
     }
-    if (r->values[k] < c.acked[k]) ++lost;
+    if (v < c.acked[k]) ++lost;
+    for (int i = 1; i < floats; ++i) torn += r->values[static_cast<size_t>(k) * floats + i] != v;
   }
+  CHECK(torn == 0);  // a push is applied whole or not at all, also across a restart
   if (journal) {
     CHECK(lost == 0);
-    CHECK_THAT(s0_again.Log(), Catch::Contains("keys restored"));
+    CHECK_THAT(s0->Log(), Catch::Contains("keys restored"));
   } else {
     CHECK(lost > 0);  // s0's keys restarted from zero
   }
+  if (journal) {
+    // Compactions happened: each moves appends on to the next numbered segment.
+    uint64_t newest = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir.File("s1.data"))) {
+      const std::string name = e.path().filename().string();
+      const std::string prefix = "params.journal.";
+      if (name.rfind(prefix, 0) == 0 && name.find_first_not_of("0123456789", prefix.size()) == std::string::npos) {
+        newest = std::max<uint64_t>(newest, std::stoull(name.substr(prefix.size())));
+      }
+    }
+    INFO("s1's newest journal segment: " << newest);
+    CHECK(newest >= min_segment);
+  }
   worker.Stop();
-  s0_again.Kill();
+  s0->Kill();
   s1.Kill();
   scheduler.Kill();
 }
@@ -142,6 +170,13 @@ void RunKillRestart(bool journal) {
 TEST_CASE("a SIGKILLed server restarted with its --data_dir keeps every acknowledged push",
           "[multiproc][net][journal]") {
   RunKillRestart(/*journal=*/true);
+}
+
+TEST_CASE("a server SIGKILLed three times while its journal is compacted in the background keeps every acknowledged push",
+          "[multiproc][net][journal]") {
+  // 1,024 floats a key (128 KiB a push on each server) and a 1 MiB bound: a compaction
+  // starts every few pushes, so the kills land before, during and after them.
+  RunKillRestart(/*journal=*/true, 1024, {"--journal_compact_mb=1"}, 3, /*min_segment=*/5);
 }
 
 TEST_CASE("without --data_dir a SIGKILLed server comes back empty", "[multiproc][net][journal]") {
