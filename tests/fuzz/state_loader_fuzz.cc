@@ -44,7 +44,7 @@ std::string Framed(std::string_view body) {
 std::string FramedJournal(std::string_view rest) {
   std::string file = pscore::core::JournalFileHeader();
   while (rest.size() >= 2) {
-    auto op = static_cast<pscore::core::JournalOp>(1 + static_cast<uint8_t>(rest[0]) % 4);
+    auto op = static_cast<pscore::core::JournalOp>(1 + static_cast<uint8_t>(rest[0]) % 5);  // kPush .. kCovers
     size_t len = std::min<size_t>(static_cast<uint8_t>(rest[1]) * 8u, rest.size() - 2);
     std::string_view body = rest.substr(2, len);
     file += pscore::core::JournalRecordHeader(op, body);
