@@ -80,12 +80,20 @@ std::vector<uint64_t> ListSegments(const std::string& dir, const std::string& ba
 }
 
 // Reads and parses one journal file (found: false when it does not exist). A torn last
-// record is cut with a log line; damage is an error naming the file.
-Status ReadJournalFile(const std::string& path, std::string* bytes, core::ParsedJournal* parsed, bool* found) {
+// record is cut with a log line; damage is an error naming the file. A segment may be
+// shorter than the file header: killed right after it was created, it holds no record.
+Status ReadJournalFile(const std::string& path, bool segment, std::string* bytes, core::ParsedJournal* parsed,
+                       bool* found) {
   std::ifstream in(path, std::ios::binary);
   *found = static_cast<bool>(in);
   if (!*found) return Status::Ok();
   bytes->assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (segment && bytes->size() < core::kJournalFileHeaderBytes &&
+      core::JournalFileHeader().compare(0, bytes->size(), *bytes) == 0) {
+    LOG(WARNING) << path << ": a segment cut short in its header (" << bytes->size()
+                 << " bytes; a process killed as it was created): no records";
+    return Status::Ok();
+  }
   Result<core::ParsedJournal> p = core::ParseJournal(*bytes);
   if (!p.ok()) return Status(p.status().code(), path + ": " + p.status().message());
   if (p->valid_bytes < bytes->size()) {
@@ -116,7 +124,7 @@ Status ServerJournal::Open(core::ParamStore* store) {
     std::string bytes;
     core::ParsedJournal parsed;
     bool found = false;
-    PSCORE_RETURN_IF_ERROR(ReadJournalFile(path_, &bytes, &parsed, &found));
+    PSCORE_RETURN_IF_ERROR(ReadJournalFile(path_, /*segment=*/false, &bytes, &parsed, &found));
     if (found && !parsed.records.empty() && parsed.records[0].op == core::JournalOp::kCovers) {
       Result<uint64_t> c = core::DecodeJournalCovers(parsed.records[0].body);
       if (!c.ok()) return Status(c.status().code(), path_ + ": " + c.status().message());
@@ -133,7 +141,7 @@ Status ServerJournal::Open(core::ParamStore* store) {
     std::string bytes;
     core::ParsedJournal parsed;
     bool found = false;
-    PSCORE_RETURN_IF_ERROR(ReadJournalFile(SegmentPath(n), &bytes, &parsed, &found));
+    PSCORE_RETURN_IF_ERROR(ReadJournalFile(SegmentPath(n), /*segment=*/true, &bytes, &parsed, &found));
     Status st = core::ReplayJournal(parsed.records, store);
     if (!st.ok()) return Status(st.code(), SegmentPath(n) + ": " + st.message());
     records += parsed.records.size();

@@ -137,7 +137,7 @@ TEST_CASE("a journal dropped while a compaction is written replays the same stor
   CHECK(Reopened(dir) == want);
 }
 
-TEST_CASE("what a kill leaves - a half-written compaction and segments already compacted - is skipped on reopen",
+TEST_CASE("what a kill leaves - a half-written compaction and segments compacted already or cut short - reopens to the same store",
           "[node][journal]") {
   testing::TempDir dir;
   REQUIRE(dir.ok());
@@ -161,15 +161,30 @@ TEST_CASE("what a kill leaves - a half-written compaction and segments already c
     stale << core::JournalFileHeader() << core::JournalRecordHeader(core::JournalOp::kPush, body->view())
           << body->view();
   }
-  // A kill while a compaction was written leaves its temporary file, cut short.
+  // A kill while a compaction was written leaves its temporary file, cut short; one right
+  // after a segment was created leaves it without (all of) its header.
   {
     std::ofstream tmp(dir.File("params.journal.tmp"), std::ios::binary);
     tmp << core::JournalFileHeader() << "half a record";
+    std::ofstream empty(dir.File("params.journal." + std::to_string(current + 7)), std::ios::binary);
+    std::ofstream cut(dir.File("params.journal." + std::to_string(current + 8)), std::ios::binary);
+    cut << core::JournalFileHeader().substr(0, 5);
   }
   CHECK(Reopened(dir) == want);
   CHECK_FALSE(Exists(dir.File("params.journal." + std::to_string(current))));  // removed
   CHECK_FALSE(Exists(dir.File("params.journal.tmp")));
+  CHECK_FALSE(Exists(dir.File("params.journal." + std::to_string(current + 8))));
   CHECK(Reopened(dir) == want);
+  // A segment that is not a journal at all is damage, named.
+  {
+    std::ofstream bad(dir.File("params.journal.900"), std::ios::binary);
+    bad << "garbage!";
+  }
+  core::ParamStore store(SumStore());
+  ServerJournal j(dir.path());
+  Status st = j.Open(&store);
+  CHECK_FALSE(st.ok());
+  CHECK_THAT(st.message(), Catch::Contains("params.journal.900"));
 }
 
 TEST_CASE("a compaction that cannot be written leaves the journal whole - appends go on",
