@@ -4,7 +4,8 @@
 # counting acknowledged pushes. Until the time is up, one fault at a time, at random:
 #   - SIGKILL a worker and restart it with the same --node_id;
 #   - SIGKILL a server and restart it with the same --node_id and --data_dir (its
-#     parameter journal: every acknowledged push must survive);
+#     parameter journal: every acknowledged push must survive; --journal_compact_mb=1, so
+#     background compactions run all the time and the kills land amid them);
 #   - a scale-out to 3 servers (pscore-admin, a new server s2) and back (scale-in: s2
 #     hands its keys over and leaves);
 #   - once, SIGKILL the scheduler and restart it on the same port with its --state_dir.
@@ -56,7 +57,7 @@ start_scheduler() {
   port=$(cat "$dir/sched.port")
 }
 start_server() {
-  "$node" --role=server --node_id="$1" --scheduler_port="$port" --auto_finish=false --data_dir="$dir/$1.data" "${timing[@]}" \
+  "$node" --role=server --node_id="$1" --scheduler_port="$port" --auto_finish=false --data_dir="$dir/$1.data" --journal_compact_mb=1 "${timing[@]}" \
     >>"$dir/$1.log" 2>&1 &
   pid[$1]=$!
 }
