@@ -54,6 +54,14 @@ void JournaledPush(ServerJournal& j, core::ParamStore& store, int round) {
   j.MaybeCompact();
 }
 
+// Journals pushes until one of them starts a compaction; returns the next round.
+int PushUntilCompacting(ServerJournal& j, core::ParamStore& store) {
+  int round = 0;
+  while (!j.compacting() && round < 100) JournaledPush(j, store, round++);
+  REQUIRE(j.compacting());
+  return round;
+}
+
 std::vector<float> Values(const core::ParamStore& store) {
   const std::vector<uint64_t> keys = Keys();
   std::vector<float> out(kKeys * kLen, -1.0f);
@@ -127,9 +135,7 @@ TEST_CASE("a journal dropped while a compaction is written replays the same stor
     core::ParamStore store(SumStore());
     ServerJournal j(dir.path(), options);
     REQUIRE(j.Open(&store).ok());
-    int round = 0;
-    while (!j.compacting() && round < 100) JournaledPush(j, store, round++);
-    REQUIRE(j.compacting());
+    int round = PushUntilCompacting(j, store);
     JournaledPush(j, store, round++);  // into the new segment, the compaction maybe still running
     want = Values(store);
   }
@@ -200,9 +206,7 @@ TEST_CASE("a compaction that cannot be written leaves the journal whole - append
     REQUIRE(j.Open(&store).ok());
     // A directory where the temporary file would go: the compaction cannot be written.
     REQUIRE(::mkdir(dir.File("params.journal.tmp").c_str(), 0755) == 0);
-    int round = 0;
-    while (!j.compacting() && round < 100) JournaledPush(j, store, round++);
-    REQUIRE(j.compacting());
+    int round = PushUntilCompacting(j, store);
     Status st = j.FinishCompaction();
     CHECK_FALSE(st.ok());
     CHECK_THAT(st.message(), Catch::Contains("params.journal.tmp"));
