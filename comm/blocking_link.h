@@ -70,7 +70,7 @@ class BlockingLink {
   size_t in_begin_ = 0, in_end_ = 0;
   bool lent_ = false;            // a payload in in_buf_ was handed out: never write it again
   uint64_t received_ = 0;        // bytes received since the link opened
-  uint64_t copied_ = 0;          // bytes ReadExact copied out of in_
+  uint64_t copied_ = 0;          // bytes ReadExact copied out of in_buf_
   uint64_t payload_copied_ = 0;  // of them, payload bytes
   uint64_t out_offset_ = 0;      // bytes written since the link opened (for padding)
 };
