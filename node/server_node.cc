@@ -85,6 +85,14 @@ void ServerNode::StopRole() {
             << " pushes folded into the store as they arrived";
   while (!held_.empty()) TakeHeld(held_.begin()->first);
   if (executor_) executor_->Shutdown();
+  if (journal_) {
+    // No handler appends any more; a compaction still being written ends here, so nothing
+    // of this node touches data_dir once Stop has returned (the directory may be removed or
+    // opened by a new server at once).
+    std::lock_guard<std::mutex> lock(journal_mu_);
+    Status st = journal_->FinishCompaction();
+    if (!st.ok()) LOG(WARNING) << "server " << options_.node_id << ": journal compaction failed: " << st;
+  }
   for (auto& [key, p] : waiting_) p->set_value(Status(Code::kCancelled, "server stopped"));
   waiting_.clear();
 }
@@ -148,6 +156,11 @@ void ServerNode::HandleHello(ConnId conn, const Frame& frame) {
   }
   members_[conn] = hello.node_id();
   messenger().Reply(conn, frame.meta, Status::Ok()).IgnoreError();
+}
+
+bool ServerNode::journal_compacting() {
+  std::lock_guard<std::mutex> lock(journal_mu_);
+  return journal_ && journal_->compacting();
 }
 
 bool ServerNode::IsMemberId(const std::string& node_id) const {

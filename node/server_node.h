@@ -65,6 +65,8 @@ class ServerNode : public Node {
   core::ParamStore& store() { return store_; }
   // Built-in pushes folded into the store while their values arrived (any thread).
   uint64_t streamed_pushes() const { return streamed_pushes_.load(std::memory_order_relaxed); }
+  // Whether a journal compaction is being written or waits to be ended (tests).
+  bool journal_compacting();
 
   // Server-to-server messages matched by (sender rank, tag), whatever the arrival order.
   std::future<Status> CollectiveSend(int rank, const std::string& tag, BufferPtr payload);

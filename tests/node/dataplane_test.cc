@@ -17,8 +17,10 @@
 #include "core/key_range.h"
 #include "core/kv_codec.h"
 #include "node/scheduler_node.h"
+#include "node/server_journal.h"
 #include "node/server_node.h"
 #include "node/wire.h"
+#include "multiproc/process.h"  // TempDir
 #include "node/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
@@ -54,6 +56,8 @@ class TestCluster {
     Duration heartbeat_timeout = std::chrono::milliseconds(3000);
     Duration connect_timeout = std::chrono::seconds(10);
     std::function<void(ServerNode&)> setup;
+    std::string data_dir;  // when set, server i journals in data_dir/s<i>
+    uint64_t journal_compact_bytes = 64ull << 20;
   };
 
   explicit TestCluster(Config c) : config_(std::move(c)) {
@@ -90,7 +94,10 @@ class TestCluster {
       if (ev.kind() == pb::ClusterEventMessage::NODE_TIMED_OUT) ++timeouts_;
     };
     for (int i = 0; i < config_.servers; ++i) {
-      servers_.push_back(std::make_unique<ServerNode>(Opts("s" + std::to_string(i)), config_.store));
+      NodeOptions o = Opts("s" + std::to_string(i));
+      if (!config_.data_dir.empty()) o.data_dir = config_.data_dir + "/s" + std::to_string(i);
+      o.journal_compact_bytes = config_.journal_compact_bytes;
+      servers_.push_back(std::make_unique<ServerNode>(o, config_.store));
       if (config_.setup) config_.setup(*servers_.back());
       servers_.back()->SetCallbacks(cb);
       REQUIRE(servers_.back()->Start().ok());
@@ -621,6 +628,40 @@ TEST_CASE("a copied Push of 4 MiB a key or more is folded in as it arrives - sma
   std::vector<float> want(3 * large + small, 4.0f);
   std::fill(want.begin() + large, want.begin() + 3 * large, 3.0f);
   CHECK(r->values == want);
+}
+
+TEST_CASE("a journaling server's Stop ends the compaction being written - nothing of it touches data_dir after",
+          "[node][net][dataplane][journal]") {
+  testing::TempDir dir;
+  REQUIRE(dir.ok());
+  TestCluster::Config config = Nodes(1, 1);
+  config.store.rule = core::UpdateRule::kSum;
+  config.data_dir = dir.path();
+  config.journal_compact_bytes = 1u << 20;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  ServerNode& s = c.server(0);
+  // 8 MiB of parameters: each compaction writes and fsyncs them, while pushes go on.
+  const std::vector<uint64_t> keys = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<float> values(keys.size() * (256u << 10), 1.0f);
+  int pushes = 0;
+  while (!s.journal_compacting() && pushes < 100) {
+    REQUIRE(Await(w.Push(keys, values)).ok());
+    ++pushes;
+  }
+  REQUIRE(s.journal_compacting());
+  s.Stop();
+  CHECK_FALSE(s.journal_compacting());
+  // What Stop leaves is what stays: the directory may go, or another server may open it.
+  CHECK_FALSE(std::filesystem::exists(dir.File("s0/params.journal.tmp")));
+  // ... and holds every push.
+  core::ParamStore store(config.store);
+  ServerJournal journal(dir.File("s0"));
+  REQUIRE(journal.Open(&store).ok());
+  std::vector<float> got(values.size());
+  REQUIRE(store.CopyValues(keys.data(), keys.size(), got.data()).ok());
+  CHECK(got == std::vector<float>(values.size(), static_cast<float>(pushes)));
 }
 
 TEST_CASE("a large push cut off half-way changes nothing - a push waiting for its key then goes on",
