@@ -88,7 +88,17 @@ void SchedulerNode::Stop() {
       if (tick_timer_ != 0) loop_->CancelTimer(tick_timer_);
       tick_timer_ = 0;
       messenger_->Shutdown();
+      if (state_writer_) {  // what the writer had no time for (an owned loop's stop hook does this)
+        MarkStateDirty(/*urgent=*/true);
+        PersistState();
+      }
     });
+  }
+  if (state_writer_) {
+    // The last snapshot is on disk once Stop returns: the directory may be read, removed
+    // or given to a new scheduler at once.
+    Status st = state_writer_->Flush(std::chrono::seconds(30));
+    if (!st.ok()) LOG(WARNING) << "scheduler: " << st;
   }
   MarkExited();
 }

@@ -33,7 +33,8 @@ class SchedulerNode {
 
   // Binds the scheduler port and starts serving. port() is valid afterwards.
   Status Start();
-  // Stops serving and closes every connection. Idempotent.
+  // Stops serving and closes every connection; with a state_dir, returns once the last
+  // state snapshot is written. Idempotent.
   void Stop();
   // Blocks until the job ends (finish passed or terminated) or timeout: kTimeout.
   Status WaitForExit(Duration timeout);
