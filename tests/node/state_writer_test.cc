@@ -8,6 +8,7 @@
 #include <future>
 #include <string>
 
+#include "comm/event_loop.h"
 #include "core/state_file.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
@@ -146,6 +147,40 @@ TEST_CASE("an in-process scheduler with a state dir restores nodes and KV after 
   Status bad = wrong.Start();
   CHECK(bad.code() == Code::kFailedPrecondition);
   CHECK_THAT(bad.message(), Catch::Contains(StateFilePath(dir.path())));
+}
+
+TEST_CASE("a scheduler on a shared loop writes its last KV sets when stopped - before Stop returns",
+          "[node][state][net]") {
+  ScratchDir dir;
+  REQUIRE_FALSE(dir.path().empty());
+  comm::EventLoop loop("shared");
+  REQUIRE(loop.Start().ok());
+  SchedulerOptions so;
+  so.worker_num = 1;
+  so.server_num = 0;
+  // Ticks 1 s apart: a KV set that finds the writer busy waits for Stop, not for a tick.
+  so.heartbeat_interval = 4s;
+  so.heartbeat_timeout = 20s;
+  so.state_dir = dir.path();
+  SchedulerNode sched(so, &loop);
+  REQUIRE(sched.Start().ok());
+  NodeOptions wo;
+  wo.role = pb::WORKER;
+  wo.node_id = "w0";
+  wo.scheduler_port = sched.port();
+  wo.heartbeat_interval = 1s;
+  wo.connect_timeout = 5s;
+  WorkerNode worker(wo);
+  REQUIRE(worker.Start().ok());
+  REQUIRE(worker.WaitForReady(10s).ok());
+  constexpr int kSets = 50;  // the writer is busy (fsync) for most of them
+  for (int i = 0; i < kSets; ++i) REQUIRE(worker.KvSet("k/" + std::to_string(i), std::to_string(i)).ok());
+  worker.Stop();
+  sched.Stop();
+  Result<pb::PersistedState> st = core::ParseState(Slurp(StateFilePath(dir.path())));
+  REQUIRE(st.ok());
+  CHECK(st->kv_size() == kSets);
+  loop.Stop().IgnoreError();
 }
 
 }  // namespace pscore::node
