@@ -73,21 +73,22 @@ bool EventLoop::InLoopThread() const {
   return !running_ || std::this_thread::get_id() == loop_thread_id_;
 }
 
-void EventLoop::Post(std::function<void()> fn) {
+bool EventLoop::Post(std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(post_mu_);
-    if (stopping_) return;  // The loop is gone or going: the closure would never run.
+    if (stopping_) return false;  // The loop is gone or going: the closure would never run.
     posted_.push_back(std::move(fn));
   }
   uv_async_send(&impl_->wakeup);  // May coalesce with earlier sends; Drain takes all.
+  return true;
 }
 
-void EventLoop::Run(std::function<void()> fn) {
+bool EventLoop::Run(std::function<void()> fn) {
   if (running_ && InLoopThread()) {
     fn();
-  } else {
-    Post(std::move(fn));
+    return true;
   }
+  return Post(std::move(fn));
 }
 
 void EventLoop::RunAndWait(const std::function<void()>& fn) {

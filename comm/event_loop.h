@@ -35,14 +35,20 @@ class EventLoop {
   Status Stop();
 
   // Any thread. fn runs on the loop thread during a later iteration, in posting order.
-  void Post(std::function<void()> fn);
-  // Runs fn now when called on the loop thread, else posts it.
-  void Run(std::function<void()> fn);
+  // Returns false, fn destroyed unrun, when the loop is stopping or stopped (a closure
+  // posted before Stop still runs, ahead of the stop hooks).
+  bool Post(std::function<void()> fn);
+  // Runs fn now when called on the loop thread, else posts it. False as for Post.
+  bool Run(std::function<void()> fn);
   // Runs fn on the loop thread and waits for it (at once when already there, or when the
   // loop is not running). When the loop is stopping, fn does not run: its stop hooks
   // clean up instead. Never call it from a callback that the loop thread waits on.
   void RunAndWait(const std::function<void()>& fn);
+  // True on the loop thread, and on any thread while the loop is not running (code that
+  // must run on the loop may then run inline).
   bool InLoopThread() const;
+  // True only on the thread of the running loop: where a blocking call would deadlock.
+  bool OnRunningLoop() const { return running_ && InLoopThread(); }
   bool running() const { return running_; }
 
   // Loop thread only. One-shot or repeating (period > 0) timers.

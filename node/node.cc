@@ -76,7 +76,10 @@ Status Node::StartOnLoop() {
 }
 
 // Loop thread: closes what the node owns on the loop (also run as the loop's stop hook).
+Status Node::Stopped() const { return Status(Code::kCancelled, options_.node_id + " stopped"); }
+
 void Node::CloseOnLoop() {
+  closed_ = true;
   if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
   heartbeat_timer_ = 0;
   scheduler_.reset();

@@ -98,6 +98,10 @@ class Node {
                     std::function<void(Status)> done);
 
  protected:
+  // What a call made after Stop is answered (kCancelled, naming this node).
+  Status Stopped() const;
+  // Loop thread: Stop has closed this node (its loop may be shared and run on).
+  bool closed() const { return closed_; }
   // Role hooks, loop thread.
   virtual Status StartRole() { return Status::Ok(); }  // before registering (servers listen)
   virtual void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame);
@@ -165,6 +169,7 @@ class Node {
   uint64_t incarnation_;
   comm::TimerId heartbeat_timer_ = 0;
   uint64_t stop_hook_ = 0;
+  bool closed_ = false;  // loop thread: CloseOnLoop ran
   bool registered_ = false;
   bool registering_ = false;
   std::promise<Status> start_promise_;

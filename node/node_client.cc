@@ -11,19 +11,22 @@ using comm::Frame;
 void Node::CallSchedulerAsync(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
                               std::function<void(Result<Frame>)> done) {
   BufferPtr payload = ToBuffer(msg);
-  loop_->Run([this, cmd, payload = std::move(payload), timeout, done = std::move(done)]() mutable {
+  auto answer = std::make_shared<std::function<void(Result<Frame>)>>(std::move(done));
+  bool queued = loop_->Run([this, cmd, payload = std::move(payload), timeout, answer]() mutable {
+    if (closed()) return (*answer)(Stopped());  // a shared loop runs on after Stop
     if (scheduler_ == nullptr || !scheduler_->connected()) {
-      done(Status(Code::kUnavailable, "not connected to the scheduler"));
+      (*answer)(Status(Code::kUnavailable, "not connected to the scheduler"));
       return;
     }
     messenger_->Call(scheduler_->conn(), MakeMeta(cmd, options_.role, rank_), std::move(payload), timeout,
-                     std::move(done));
+                     std::move(*answer));
   });
+  if (!queued) (*answer)(Stopped());
 }
 
 Result<Frame> Node::CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
                                   Duration timeout) {
-  CHECK(!loop_->InLoopThread()) << "blocking pscore call on the loop thread";
+  CHECK(!loop_->OnRunningLoop()) << "blocking pscore call on the loop thread";
   auto promise = std::make_shared<std::promise<Result<Frame>>>();
   auto fut = promise->get_future();
   CallSchedulerAsync(cmd, msg, timeout, [promise](Result<Frame> r) { promise->set_value(std::move(r)); });
@@ -214,6 +217,7 @@ bool Node::IsServerAddress(const std::string& addr) const {
 }
 
 void Node::WithServerConn(int rank, std::function<void(Result<ConnId>)> cb) {
+  if (closed()) return cb(Stopped());  // a shared loop runs on after Stop
   auto a = server_addr_.find(rank);
   if (a == server_addr_.end()) {
     return cb(Status(Code::kNotFound, "no server of rank " + std::to_string(rank) + " in the metadata (epoch " +

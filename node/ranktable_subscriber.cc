@@ -38,7 +38,9 @@ Status RankTableSubscriber::Start() {
   if (owned_loop_ && !owned_loop_->running()) PSCORE_RETURN_IF_ERROR(owned_loop_->Start());
   auto result = std::make_shared<std::promise<Status>>();
   std::future<Status> done = result->get_future();
-  loop_->Run([this, result] { Subscribe([result](Status st) { result->set_value(std::move(st)); }); });
+  if (!loop_->Run([this, result] { Subscribe([result](Status st) { result->set_value(std::move(st)); }); })) {
+    return Status(Code::kCancelled, "rank table subscriber stopped");
+  }
   return done.get();
 }
 

@@ -469,7 +469,7 @@ void ServerNode::HandleCollective(ConnId conn, Frame&& frame) {
 std::future<Status> ServerNode::CollectiveSend(int rank, const std::string& tag, BufferPtr payload) {
   auto promise = std::make_shared<std::promise<Status>>();
   auto fut = promise->get_future();
-  loop()->Run([this, rank, tag, payload, promise] {
+  bool queued = loop()->Run([this, rank, tag, payload, promise] {
     WithServerConn(rank, [this, tag, payload, promise](Result<ConnId> c) {
       if (!c.ok()) return promise->set_value(c.status());
       pb::MessageMeta meta = MakeMeta(pb::COLLECTIVE_SEND_DATA, pb::SERVER, Node::rank());
@@ -478,13 +478,14 @@ std::future<Status> ServerNode::CollectiveSend(int rank, const std::string& tag,
                        [promise](Result<Frame> r) { promise->set_value(r.status()); });
     });
   });
+  if (!queued) promise->set_value(Stopped());
   return fut;
 }
 
 std::future<Result<BufferPtr>> ServerNode::CollectiveRecv(int rank, const std::string& tag) {
   auto promise = std::make_shared<std::promise<Result<BufferPtr>>>();
   auto fut = promise->get_future();
-  loop()->Run([this, rank, tag, promise] {
+  bool queued = loop()->Run([this, rank, tag, promise] {
     auto key = std::make_pair(rank, tag);
     auto a = arrived_.find(key);
     if (a != arrived_.end()) {
@@ -497,8 +498,10 @@ std::future<Result<BufferPtr>> ServerNode::CollectiveRecv(int rank, const std::s
                                                           std::to_string(rank) + " is already waiting"));
       return;
     }
+    if (closed()) return promise->set_value(Stopped());  // a shared loop runs on after Stop
     waiting_[key] = promise;
   });
+  if (!queued) promise->set_value(Stopped());
   return fut;
 }
 

@@ -25,15 +25,17 @@ WorkerNode::~WorkerNode() { Stop(); }
 
 void WorkerNode::Issue(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
                        comm::ResponseCallback cb) {
-  loop()->Run([this, rank, meta = std::move(meta), payload = std::move(payload), sink,
-               cb = std::move(cb)]() mutable {
+  auto answer = std::make_shared<comm::ResponseCallback>(std::move(cb));
+  bool queued = loop()->Run([this, rank, meta = std::move(meta), payload = std::move(payload), sink,
+                             answer]() mutable {
     WithServerConn(rank, [this, meta = std::move(meta), payload = std::move(payload), sink,
-                          cb = std::move(cb)](Result<ConnId> c) mutable {
-      if (!c.ok()) return cb(c.status());
+                          answer](Result<ConnId> c) mutable {
+      if (!c.ok()) return (*answer)(c.status());
       meta.set_rank_id(Node::rank());
-      messenger().Call(*c, std::move(meta), std::move(payload), options_.request_timeout, std::move(cb), sink);
+      messenger().Call(*c, std::move(meta), std::move(payload), options_.request_timeout, std::move(*answer), sink);
     });
   });
+  if (!queued) (*answer)(Stopped());
 }
 
 void WorkerNode::SendAsync(int rank, int user_cmd, const std::string& handler, Payload payload,
@@ -414,9 +416,10 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
     }
     parts.push_back(std::move(part));
   }
-  loop()->Run([this, op, parts = std::move(parts)]() mutable {
+  bool queued = loop()->Run([this, op, parts = std::move(parts)]() mutable {
     for (KvPart& p : parts) Dispatch(op, std::move(p));
   });
+  if (!queued) op->Fail(Stopped());  // never reached the loop: no other thread has op
   return fut;
 }
 
@@ -548,16 +551,18 @@ void WorkerNode::StartPull(const std::shared_ptr<KvOp>& op, const std::vector<ui
     op->Acked(0);
     return;
   }
-  loop()->Run([this, op] {
+  bool queued = loop()->Run([this, op] {
     KvPart all;
     all.indices.resize(op->keys.size());
     std::iota(all.indices.begin(), all.indices.end(), 0);
     Dispatch(op, std::move(all));
   });
+  if (!queued) op->Fail(Stopped());
 }
 
 void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
   if (op->finished) return;
+  if (closed()) return op->Fail(Stopped());  // a shared loop runs on after Stop
   int n = metadata().server_num();
   if (holding_ || n == 0) {
     held_.emplace_back(op, std::move(part));
@@ -761,6 +766,12 @@ void WorkerNode::OnScaleInStart(const pb::ScaleInMessage&, std::function<void()>
 // ---- PullSync: the direct way ----
 
 void WorkerNode::StopRole() {
+  // Parts held for a scale to end are answered now: nothing will send them any more.
+  if (retry_timer_ != 0) loop()->CancelTimer(retry_timer_);
+  retry_timer_ = 0;
+  auto held = std::move(held_);
+  held_.clear();
+  for (auto& [op, part] : held) op->Fail(Stopped());
   std::lock_guard<std::mutex> lock(direct_mu_);
   route_ = Route();
   route_.stopped = true;
@@ -792,7 +803,7 @@ void WorkerNode::UpdateRoute() {
 }
 
 Result<PullResult> WorkerNode::PullSync(const std::vector<uint64_t>& keys) {
-  if (loop()->InLoopThread()) {
+  if (loop()->OnRunningLoop()) {
     return Status(Code::kFailedPrecondition, "PullSync blocks: call it from a thread other than the node's loop");
   }
   std::optional<Result<PullResult>> direct = TryDirectPull(keys);

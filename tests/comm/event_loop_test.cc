@@ -75,7 +75,7 @@ TEST_CASE("loop: Stop with posts still queued neither crashes nor leaks", "[comm
   loop.Post([&] {
     while (!go.load()) std::this_thread::yield();
   });
-  for (int i = 0; i < 1000; ++i) loop.Post([&] { ++ran; });
+  for (int i = 0; i < 1000; ++i) REQUIRE(loop.Post([&] { ++ran; }));
   Status stop_status(Code::kInternal, "not stopped");
   std::thread stopper([&] { stop_status = loop.Stop(); });
   // Let Stop queue its shutdown behind the pending posts before the loop is released.
@@ -86,7 +86,8 @@ TEST_CASE("loop: Stop with posts still queued neither crashes nor leaks", "[comm
   REQUIRE(stop_status.ok());
   // Posts queued before Stop ran; posts after Stop are dropped, never run.
   CHECK(ran.load() == 1000);
-  loop.Post([&] { ran += 1000; });
+  CHECK_FALSE(loop.Post([&] { ran += 1000; }));  // says so: the caller answers its own futures
+  CHECK_FALSE(loop.Run([&] { ran += 1000; }));
   CHECK(ran.load() == 1000);
   CHECK(loop.Stop().ok());  // idempotent
 }

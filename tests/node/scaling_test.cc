@@ -343,4 +343,55 @@ TEST_CASE("a scale-out whose new server never comes rolls back to the old member
   sched.Stop();
 }
 
+TEST_CASE("a worker stopped while the cluster scales fails its held pushes and pulls kCancelled - and any call after Stop",
+          "[node][net][scale]") {
+  // The worker on a loop of its own (stopped with it) or on a shared one (runs on).
+  const bool shared = GENERATE(false, true);
+  CAPTURE(shared);
+  comm::EventLoop loop("shared");
+  REQUIRE(loop.Start().ok());
+  SchedulerOptions so = Sched(1, 1);
+  so.scale_timeout = 30s;  // the new server never comes: the scale holds traffic until Stop
+  SchedulerNode sched(so);
+  REQUIRE(sched.Start().ok());
+  ServerNode server(Opts(pb::SERVER, sched.port(), "s0"));
+  REQUIRE(server.Start().ok());
+  WorkerNode worker(Opts(pb::WORKER, sched.port(), "w0"), shared ? &loop : nullptr);
+  REQUIRE(worker.Start().ok());
+  REQUIRE(worker.WaitForReady(10s).ok());
+  REQUIRE(worker.Push({1, 2}, {1, 1}).get().ok());
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(1);
+  req.set_server_num(2);
+  REQUIRE(AdminOp(sched, req).ok());
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (worker.cluster_state() != pb::CLUSTER_SCALE_OUT && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE(worker.cluster_state() == pb::CLUSTER_SCALE_OUT);
+  std::future<Status> push = worker.Push({1, 2}, {1, 1});
+  std::future<Result<PullResult>> pull = worker.Pull({1, 2});
+  CHECK(push.wait_for(200ms) == std::future_status::timeout);  // held while the cluster scales
+  worker.Stop();
+  REQUIRE(push.wait_for(5s) == std::future_status::ready);
+  REQUIRE(pull.wait_for(5s) == std::future_status::ready);
+  CHECK(push.get().code() == Code::kCancelled);
+  CHECK(pull.get().status().code() == Code::kCancelled);
+  // After Stop: answered at once, not dropped with the loop's queue.
+  std::future<Status> late = worker.Push({1, 2}, {1, 1});
+  REQUIRE(late.wait_for(5s) == std::future_status::ready);
+  CHECK(late.get().code() == Code::kCancelled);
+  std::future<Result<PullResult>> late_pull = worker.Pull({1});
+  REQUIRE(late_pull.wait_for(5s) == std::future_status::ready);
+  CHECK(late_pull.get().status().code() == Code::kCancelled);
+  std::future<Result<BufferPtr>> late_send = worker.Send(0, 1, Buffer::Allocate(0));
+  REQUIRE(late_send.wait_for(5s) == std::future_status::ready);
+  CHECK(late_send.get().status().code() == Code::kCancelled);
+  CHECK(worker.KvSet("k", "v").code() == Code::kCancelled);
+  server.Stop();
+  sched.Stop();
+  loop.Stop().IgnoreError();
+}
+
 }  // namespace pscore::node
