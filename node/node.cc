@@ -75,9 +75,9 @@ Status Node::StartOnLoop() {
   return Status::Ok();
 }
 
-// Loop thread: closes what the node owns on the loop (also run as the loop's stop hook).
 Status Node::Stopped() const { return Status(Code::kCancelled, options_.node_id + " stopped"); }
 
+// Loop thread: closes what the node owns on the loop (also run as the loop's stop hook).
 void Node::CloseOnLoop() {
   closed_ = true;
   if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
