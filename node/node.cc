@@ -44,6 +44,10 @@ Node::~Node() { Stop(); }
 void Node::SetCallbacks(Callbacks cb) { callbacks_ = std::move(cb); }
 
 Status Node::Start() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return Status(Code::kFailedPrecondition, options_.node_id + " was stopped: a node starts once");
+  }
   if (owned_loop_ && !owned_loop_->running()) PSCORE_RETURN_IF_ERROR(owned_loop_->Start());
   std::future<Status> registered = start_promise_.get_future();
   CHECK(!loop_->InLoopThread()) << "Node::Start on the loop thread";

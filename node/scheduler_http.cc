@@ -93,7 +93,7 @@ SchedulerHttp::~SchedulerHttp() { Stop(); }
 Result<int> SchedulerHttp::Start(const std::string& host, int port) {
   if (server_) return Status(Code::kFailedPrecondition, "http already started");
   std::promise<Result<int>> done;
-  sched_->loop()->Run([&] {
+  bool queued = sched_->loop()->Run([&] {
     server_ = std::make_unique<comm::HttpServer>(
         sched_->loop(), options_, [this](comm::HttpConnId id, comm::HttpRequest&& req) { OnRequest(id, std::move(req)); });
     std::weak_ptr<bool> alive = alive_;
@@ -104,6 +104,7 @@ Result<int> SchedulerHttp::Start(const std::string& host, int port) {
     });
     done.set_value(server_->Listen(host, port));
   });
+  if (!queued) return Status(Code::kCancelled, "the scheduler's event loop is stopping");
   Result<int> r = done.get_future().get();
   if (r.ok()) port_ = *r;
   return r;

@@ -48,10 +48,14 @@ Status SchedulerNode::Start() {
                                                 std::to_string(options_.server_num));
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return Status(Code::kFailedPrecondition, "the scheduler was stopped: it starts once");
+  }
   if (owned_loop_ && !owned_loop_->running()) PSCORE_RETURN_IF_ERROR(owned_loop_->Start());
   PSCORE_RETURN_IF_ERROR(OpenState());  // --state_dir: restore before anyone can connect
   std::promise<Status> started;
-  loop_->Run([this, &started] {
+  bool queued = loop_->Run([this, &started] {
     Result<int> port = messenger_->transport().Listen(options_.host, options_.port);
     if (!port.ok()) {
       started.set_value(port.status());
@@ -71,6 +75,7 @@ Status SchedulerNode::Start() {
               << options_.worker_num << " workers, " << options_.server_num << " servers)";
     started.set_value(Status::Ok());
   });
+  if (!queued) return Status(Code::kCancelled, "the scheduler's event loop is stopping");
   return started.get_future().get();
 }
 

@@ -54,7 +54,7 @@ Status SchedulerNode::OpenState() {
   state_writer_ = std::make_unique<StateWriter>(path);
   PSCORE_RETURN_IF_ERROR(state_writer_->Start());
   std::promise<Status> done;
-  loop_->Run([this, &loaded, &path, &done] {
+  bool queued = loop_->Run([this, &loaded, &path, &done] {
     const std::optional<pb::PersistedState>& state = *loaded;
     if (state) {
       Status st = cluster_.Restore(*state);
@@ -84,6 +84,7 @@ Status SchedulerNode::OpenState() {
     DrainEvents();                    // applies the restore's events; persists
     done.set_value(Status::Ok());
   });
+  if (!queued) return Status(Code::kCancelled, "the scheduler's event loop is stopping");
   return done.get_future().get();
 }
 

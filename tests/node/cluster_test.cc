@@ -59,4 +59,22 @@ TEST_CASE("1 scheduler + 2 workers + 2 servers reach READY with dense ranks and 
   sched.Stop();
 }
 
+TEST_CASE("a stopped scheduler or node refuses Start with a clear error - not a hang or an abort", "[node][net]") {
+  SchedulerNode sched(SchedOpts(1, 0));
+  REQUIRE(sched.Start().ok());
+  Node worker(Opts(pb::WORKER, sched.port(), "w0"), nullptr);
+  REQUIRE(worker.Start().ok());
+  REQUIRE(worker.WaitForReady(10s).ok());
+  worker.Stop();
+  Status again = worker.Start();
+  CHECK(again.code() == Code::kFailedPrecondition);
+  CHECK_THAT(again.message(), Catch::Contains("w0 was stopped"));
+  // A blocking client call after Stop is answered, on the calling thread.
+  CHECK(worker.KvSet("k", "v").code() == Code::kCancelled);
+  sched.Stop();
+  Status sched_again = sched.Start();
+  CHECK(sched_again.code() == Code::kFailedPrecondition);
+  CHECK_THAT(sched_again.message(), Catch::Contains("stopped"));
+}
+
 }  // namespace pscore::node

@@ -272,6 +272,17 @@ long long MetricValue(const std::string& body, const std::string& series) {
 
 }  // namespace
 
+TEST_CASE("http: Start on a stopped scheduler is refused - not a hang", "[node][net]") {
+  SchedulerNode sched(SchedOpts(1, 0));
+  REQUIRE(sched.Start().ok());
+  RankTableHub hub(&sched, {});
+  SchedulerHttp http(&sched, &hub, {});
+  sched.Stop();
+  auto started = std::async(std::launch::async, [&] { return http.Start("127.0.0.1", 0); });
+  REQUIRE(started.wait_for(10s) == std::future_status::ready);
+  CHECK(started.get().status().code() == Code::kCancelled);
+}
+
 TEST_CASE("http: endpoints answer with one JSON shape and proper status codes", "[node][net]") {
   Stack st(SchedOpts(1, 1));
   HttpAnswer a = Request(st.port, "GET", "/v1/ranktable?jobId=job-7");
