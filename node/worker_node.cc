@@ -566,6 +566,7 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
   int n = metadata().server_num();
   if (holding_ || n == 0) {
     held_.emplace_back(op, std::move(part));
+    WatchHeld();
     return;
   }
   if (op->push && part.for_servers != n) {
@@ -643,10 +644,25 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
 // scale that holds traffic ends).
 void WorkerNode::HoldForRetry(const std::shared_ptr<KvOp>& op, KvPart part) {
   held_.emplace_back(op, std::move(part));
-  if (retry_timer_ != 0) return;
+  WatchHeld();
+}
+
+// Loop thread: every 50 ms while parts are held, sends them again once no scale holds
+// traffic, and meanwhile fails those past their op's deadline (a scale may last up to the
+// scheduler's scale_timeout, longer than a request may wait).
+void WorkerNode::WatchHeld() {
+  if (retry_timer_ != 0 || closed()) return;
   retry_timer_ = loop()->AddTimer(std::chrono::milliseconds(50), Duration::zero(), [this] {
     retry_timer_ = 0;
-    if (!holding_) ReleaseHeld();
+    if (!holding_ && metadata().server_num() > 0) return ReleaseHeld();
+    TimePoint now = std::chrono::steady_clock::now();
+    auto expired = std::stable_partition(held_.begin(), held_.end(),
+                                         [now](const auto& h) { return now < h.first->deadline; });
+    std::vector<std::pair<std::shared_ptr<KvOp>, KvPart>> late(std::make_move_iterator(expired),
+                                                               std::make_move_iterator(held_.end()));
+    held_.erase(expired, held_.end());
+    for (auto& [op, part] : late) op->Fail(HeldTooLong());
+    if (!held_.empty()) WatchHeld();
   });
 }
 
@@ -721,13 +737,19 @@ void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<Fra
   op->Acked(keys);
 }
 
+Status WorkerNode::HeldTooLong() const {
+  return Status(Code::kTimeout, "key-value request held past its deadline (request_timeout " +
+                                    std::to_string(ToMillis(options_.request_timeout)) +
+                                    " ms) while the cluster scaled");
+}
+
 void WorkerNode::ReleaseHeld() {
   auto held = std::move(held_);
   held_.clear();
   TimePoint now = std::chrono::steady_clock::now();
   for (auto& [op, part] : held) {
     if (now >= op->deadline) {
-      op->Fail(Status(Code::kTimeout, "key-value request held past its deadline while the cluster scaled"));
+      op->Fail(HeldTooLong());
       continue;
     }
     if (!part.lost.ok()) {

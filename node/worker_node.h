@@ -132,6 +132,8 @@ class WorkerNode : public Node {
   void Send(const std::shared_ptr<KvOp>& op, KvPart part);
   void OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<comm::Frame> r);
   void HoldForRetry(const std::shared_ptr<KvOp>& op, KvPart part);
+  void WatchHeld();
+  Status HeldTooLong() const;
   void ReleaseHeld();
 
   // PullSync's direct way: nullopt when it does not apply (then Pull is used).

@@ -343,6 +343,44 @@ TEST_CASE("a scale-out whose new server never comes rolls back to the old member
   sched.Stop();
 }
 
+TEST_CASE("a push or pull held while the cluster scales fails kTimeout at its request deadline - not at the scale's end",
+          "[node][net][scale]") {
+  SchedulerOptions so = Sched(1, 1);
+  so.scale_timeout = 30s;  // the new server never comes: the scale holds traffic for 30 s
+  SchedulerNode sched(so);
+  REQUIRE(sched.Start().ok());
+  ServerNode server(Opts(pb::SERVER, sched.port(), "s0"));
+  REQUIRE(server.Start().ok());
+  NodeOptions wo = Opts(pb::WORKER, sched.port(), "w0");
+  wo.request_timeout = 1s;
+  WorkerNode worker(wo);
+  REQUIRE(worker.Start().ok());
+  REQUIRE(worker.WaitForReady(10s).ok());
+  REQUIRE(worker.Push({1, 2}, {1, 1}).get().ok());
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(1);
+  req.set_server_num(2);
+  REQUIRE(AdminOp(sched, req).ok());
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (worker.cluster_state() != pb::CLUSTER_SCALE_OUT && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE(worker.cluster_state() == pb::CLUSTER_SCALE_OUT);
+  std::future<Status> push = worker.Push({1, 2}, {1, 1});
+  std::future<Result<PullResult>> pull = worker.Pull({1, 2});
+  REQUIRE(push.wait_for(10s) == std::future_status::ready);
+  REQUIRE(pull.wait_for(10s) == std::future_status::ready);
+  Status pushed = push.get();
+  CHECK(pushed.code() == Code::kTimeout);
+  CHECK_THAT(pushed.message(), Catch::Contains("held past its deadline"));
+  CHECK(pull.get().status().code() == Code::kTimeout);
+  CHECK(sched.cluster_state() == pb::CLUSTER_SCALE_OUT);  // still scaling: the deadline ended them
+  worker.Stop();
+  server.Stop();
+  sched.Stop();
+}
+
 TEST_CASE("a worker stopped while the cluster scales fails its held pushes and pulls kCancelled - and any call after Stop",
           "[node][net][scale]") {
   // The worker on a loop of its own (stopped with it) or on a shared one (runs on).
