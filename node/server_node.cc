@@ -509,6 +509,8 @@ Status ServerNode::AllReduce(const std::string& tag, std::vector<float>* data, D
   int me = rank();
   int n = metadata().server_num();
   if (n <= 1) return Status::Ok();
+  // One deadline for the whole call, however many ranks are slow.
+  const TimePoint deadline = std::chrono::steady_clock::now() + timeout;
   BufferPtr mine = Buffer::Copy(data->data(), data->size() * sizeof(float));
   std::vector<std::future<Status>> sends;
   for (int r = 0; r < n; ++r) {
@@ -521,8 +523,11 @@ Status ServerNode::AllReduce(const std::string& tag, std::vector<float>* data, D
     BufferPtr got;
     if (r != me) {
       auto fut = CollectiveRecv(r, tag);
-      if (fut.wait_for(timeout) != std::future_status::ready) {
-        return Status(Code::kTimeout, "allreduce '" + tag + "': nothing from server rank " + std::to_string(r));
+      if (fut.wait_until(deadline) != std::future_status::ready) {
+        // The receive would wait on for a tag nobody receives again: withdrawn.
+        loop()->Run([this, key = std::make_pair(r, tag)] { waiting_.erase(key); });
+        return Status(Code::kTimeout, "allreduce '" + tag + "': nothing from server rank " + std::to_string(r) +
+                                          " within " + std::to_string(ToMillis(timeout)) + " ms");
       }
       Result<BufferPtr> res = fut.get();
       if (!res.ok()) return res.status();
@@ -537,7 +542,10 @@ Status ServerNode::AllReduce(const std::string& tag, std::vector<float>* data, D
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
   }
   for (auto& f : sends) {
-    if (f.wait_for(timeout) != std::future_status::ready) return Status(Code::kTimeout, "allreduce send timed out");
+    if (f.wait_until(deadline) != std::future_status::ready) {
+      return Status(Code::kTimeout, "allreduce '" + tag + "': a send was not answered within " +
+                                        std::to_string(ToMillis(timeout)) + " ms");
+    }
     PSCORE_RETURN_IF_ERROR(f.get());
   }
   *data = std::move(sum);

@@ -174,4 +174,21 @@ TEST_CASE("AllReduce with mismatched lengths fails instead of summing garbage", 
   CHECK(s1.code() == Code::kInvalidArgument);
 }
 
+TEST_CASE("AllReduce that others never join fails at its deadline - its receive withdrawn",
+          "[node][net][collective]") {
+  ServerGroup g(4);
+  std::vector<float> d(10, 1.0f);
+  Status st = g.rank(0).AllReduce("lonely", &d, 1s);
+  CHECK(st.code() == Code::kTimeout);
+  CHECK_THAT(st.message(), Catch::Contains("nothing from server rank 1 within 1000 ms"));
+  CHECK(d == std::vector<float>(10, 1.0f));  // untouched
+  // The receive it gave up is gone: what rank 1 sends now waits for a new receive.
+  auto sent = g.rank(1).CollectiveSend(0, "lonely", Buffer::FromString("late"));
+  REQUIRE(Await(sent).ok());
+  auto received = g.rank(0).CollectiveRecv(1, "lonely");
+  Result<BufferPtr> late = Await(received);
+  REQUIRE(late.ok());
+  CHECK(Str(*late) == "late");
+}
+
 }  // namespace pscore::node
