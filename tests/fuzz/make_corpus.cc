@@ -97,6 +97,50 @@ void FrameDecoderSeeds() {
   Write("frame_decoder_fuzz", "stream_requests", std::string("\x02\x00\x10\x40\x00", 5) + requests);
 }
 
+// Frames as a padding sender writes them from the start of a connection: each meta
+// carries the pad field that puts its payload 8-byte aligned in the stream.
+std::string PaddedStream(const std::vector<std::pair<pb::MessageMeta, std::string>>& frames) {
+  std::string out;
+  for (const auto& [meta, payload] : frames) {
+    std::string m = meta.SerializeAsString();
+    const size_t pad = pscore::comm::MetaPadBytes(out.size(), m.size());
+    std::string pad_bytes(pad, '\0');
+    if (pad != 0) pscore::comm::StoreMetaPad(pad, pad_bytes.data());
+    m += pad_bytes;
+    pscore::comm::FrameHeader h;
+    h.meta_len = static_cast<uint32_t>(m.size());
+    h.data_len = payload.size();
+    out += pscore::comm::EncodeHeader(h) + m + payload;
+  }
+  return out;
+}
+
+pb::MessageMeta Answer(uint64_t id) {
+  pb::MessageMeta m = Req(pb::SEND_DATA, pb::SERVER, 0, id);
+  m.set_is_response(true);
+  return m;
+}
+
+// The peer's side of PullSync's direct link: answers to the link's requests 1, 2, 3, ...
+void BlockingLinkSeeds() {
+  const std::string t = "blocking_link_fuzz";
+  // Small aligned answers (handed out in place), one of 20,000 bytes (read straight into
+  // its frame), and a stray request and a stale answer the link reads past.
+  pb::MessageMeta error = Answer(4);
+  error.set_status_code(5);
+  error.set_error("no such key");
+  Write(t, "padded_answers", PaddedStream({{Answer(1), PushPayload()},
+                                           {Req(pb::SEND_DATA, pb::SERVER, 0, 9), "stray"},
+                                           {Answer(1), "stale"},
+                                           {Answer(2), std::string(4096, 'b')},
+                                           {Answer(3), std::string(20000, 'c')},
+                                           {error, ""},
+                                           {Answer(5), std::string(24, 'e')}}));
+  // A sender that does not pad: misaligned answers are copied out.
+  Write(t, "unpadded_answers", Frame(Answer(1), "abc") + Frame(Answer(2), std::string(100, 'x')) +
+                                   Frame(Answer(3), std::string(17000, 'y')));
+}
+
 void KvSeeds() {
   Write("kv_codec_fuzz", "push", PushPayload());
   Write("kv_codec_fuzz", "pull", PullPayload());
@@ -346,6 +390,7 @@ int main(int argc, char** argv) {
   }
   g_root = argv[1];
   FrameDecoderSeeds();
+  BlockingLinkSeeds();
   KvSeeds();
   SchedulerSeeds();
   NodeSeeds();
