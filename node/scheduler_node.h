@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "comm/event_loop.h"
@@ -62,6 +63,8 @@ class SchedulerNode {
   comm::Messenger& messenger() { return *messenger_; }
   const SchedulerOptions& options() const { return options_; }
   uint64_t heartbeats() const { return heartbeats_; }
+  // Blocking KV gets waiting for their key (any thread; tests).
+  size_t kv_gets_waiting();
   // Tests and fuzzers (not on the loop thread): handles `frame` as if it had arrived on
   // `conn`, on the loop thread, and returns once it is handled. Answers to a conn that
   // does not exist are dropped.
@@ -70,6 +73,8 @@ class SchedulerNode {
  private:
   void OnRequest(comm::ConnId conn, comm::Frame&& frame);
   void OnClose(comm::ConnId conn, const Status& why);
+  void ForgetGet(comm::ConnId conn, uint64_t id);
+  void CancelGets(comm::ConnId conn);
   void HandleRegister(comm::ConnId conn, const comm::Frame& frame);
   void HandleHeartbeat(comm::ConnId conn, const comm::Frame& frame);
   void HandleFinish(comm::ConnId conn, const comm::Frame& frame);
@@ -127,7 +132,10 @@ class SchedulerNode {
     std::string node_id;
   };
   std::vector<FinishWaiter> finish_waiters_;
-  struct KvWaiter { comm::ConnId conn; uint64_t id; };
+  // Blocking KV gets waiting for a key, by the connection that asked: at most
+  // kMaxGetsPerConn each, cancelled when their connection closes (nobody could be answered).
+  static constexpr size_t kMaxGetsPerConn = 4096;
+  std::unordered_map<comm::ConnId, std::unordered_set<uint64_t>> kv_gets_;
   std::vector<std::function<void(const core::Event&)>> listeners_;
   std::vector<std::function<void()>> register_listeners_;
   std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;

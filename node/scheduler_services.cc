@@ -233,6 +233,28 @@ void SchedulerNode::HandleAdmin(ConnId conn, const Frame& frame) {
   });
 }
 
+void SchedulerNode::ForgetGet(ConnId conn, uint64_t id) {
+  auto it = kv_gets_.find(conn);
+  if (it == kv_gets_.end()) return;
+  it->second.erase(id);
+  if (it->second.empty()) kv_gets_.erase(it);
+}
+
+// A connection closed: its blocking gets can never be answered, so they wait no longer.
+void SchedulerNode::CancelGets(ConnId conn) {
+  auto it = kv_gets_.find(conn);
+  if (it == kv_gets_.end()) return;
+  std::unordered_set<uint64_t> ids = std::move(it->second);
+  kv_gets_.erase(it);
+  for (uint64_t id : ids) kv_.CancelGet(id);  // their answers go nowhere
+}
+
+size_t SchedulerNode::kv_gets_waiting() {
+  size_t n = 0;
+  loop_->RunAndWait([this, &n] { n = kv_.waiting(); });
+  return n;
+}
+
 void SchedulerNode::HandleKv(ConnId conn, const Frame& frame) {
   pb::KvRequest req;
   Status st = ParsePayload(frame, &req);
@@ -249,13 +271,26 @@ void SchedulerNode::HandleKv(ConnId conn, const Frame& frame) {
       break;
     }
     case pb::KvRequest::GET: {
+      std::unordered_set<uint64_t>& waiting = kv_gets_[conn];
+      if (waiting.size() >= kMaxGetsPerConn) {
+        st = Status(Code::kResourceExhausted, std::to_string(waiting.size()) +
+                                                  " blocking KV gets already wait on this connection");
+        break;
+      }
       pb::MessageMeta meta = frame.meta;
       Duration timeout = WireMillis(req.timeout_ms());
-      kv_.Get(req.key(), timeout, [this, conn, meta](Result<std::string> r) {
+      auto id = std::make_shared<uint64_t>(0);  // set once the get waits
+      *id = kv_.Get(req.key(), timeout, [this, conn, meta, id](Result<std::string> r) {
+        if (*id != 0) ForgetGet(conn, *id);
         pb::KvResponse out;
         if (r.ok()) out.set_value(*r);
         Reply(conn, meta, r.status(), ToBuffer(out));
       });
+      if (*id != 0) {
+        waiting.insert(*id);
+      } else if (waiting.empty()) {
+        kv_gets_.erase(conn);  // answered at once
+      }
       return;
     }
     case pb::KvRequest::LIST:

@@ -652,6 +652,50 @@ TEST_CASE("timeouts from the wire up to the int64 limit are capped - scheduler_d
   CHECK(x.Call(pb::FINISH, f).ok());
 }
 
+TEST_CASE("blocking KV gets of a connection that closes stop waiting - at most 4096 wait on one connection",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(1, 0, 100ms, 60s));
+  SchedulerNode& sched = c.sched();
+  pb::KvRequest get;
+  get.set_op(pb::KvRequest::GET);
+  get.set_key("never/set");
+  get.set_timeout_ms(3600 * 1000);  // an hour: only the close or the cap ends them
+  constexpr int kCap = 4096;
+  {
+    RawClient x(sched.port());  // not even registered: any connection may ask
+    std::vector<std::future<Result<comm::Frame>>> waiting;
+    for (int i = 0; i < kCap; ++i) {
+      waiting.push_back(x.CallAsync(MakeMeta(pb::KV_REQUEST, pb::WORKER, -1), ToBuffer(get), 3600s));
+    }
+    bool all_wait = false;
+    for (int i = 0; i < 200 && !all_wait; ++i) {
+      all_wait = sched.kv_gets_waiting() == kCap;
+      if (!all_wait) std::this_thread::sleep_for(10ms);
+    }
+    REQUIRE(all_wait);
+    // One more on the same connection is refused at once; another connection may still wait.
+    std::future<Result<comm::Frame>> over = x.CallAsync(MakeMeta(pb::KV_REQUEST, pb::WORKER, -1), ToBuffer(get), 10s);
+    REQUIRE(over.wait_for(10s) == std::future_status::ready);
+    Result<comm::Frame> refused = over.get();
+    CHECK(refused.status().code() == Code::kResourceExhausted);
+    CHECK_THAT(refused.status().message(), Catch::Contains("4096 blocking KV gets already wait"));
+    RawClient y(sched.port());
+    std::future<Result<comm::Frame>> other = y.CallAsync(MakeMeta(pb::KV_REQUEST, pb::WORKER, -1), ToBuffer(get), 3600s);
+    bool other_waits = false;
+    for (int i = 0; i < 200 && !other_waits; ++i) {
+      other_waits = sched.kv_gets_waiting() == kCap + 1;
+      if (!other_waits) std::this_thread::sleep_for(10ms);
+    }
+    CHECK(other_waits);
+  }  // both connections close
+  bool none = false;
+  for (int i = 0; i < 200 && !none; ++i) {
+    none = sched.kv_gets_waiting() == 0;
+    if (!none) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(none);  // before, they waited out their hour
+}
+
 TEST_CASE("stress: 3 nodes x 1,000 concurrent KvSet to distinct keys, then List returns all 3,000",
           "[node][net][coord]") {
   constexpr int kNodes = 3, kThreads = 4, kPerNode = 1000;
