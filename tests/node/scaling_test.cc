@@ -343,6 +343,21 @@ TEST_CASE("a scale-out whose new server never comes rolls back to the old member
   sched.Stop();
 }
 
+// Asks the 1-server job for a second server (none comes: the scale holds traffic until its
+// scale_timeout) and waits until the worker has seen SCALE_OUT, so its calls are held.
+void ScaleOutToTwoServers(SchedulerNode& sched, WorkerNode& worker) {
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(1);
+  req.set_server_num(2);
+  REQUIRE(AdminOp(sched, req).ok());
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (worker.cluster_state() != pb::CLUSTER_SCALE_OUT && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE(worker.cluster_state() == pb::CLUSTER_SCALE_OUT);
+}
+
 TEST_CASE("a push or pull held while the cluster scales fails kTimeout at its request deadline - not at the scale's end",
           "[node][net][scale]") {
   SchedulerOptions so = Sched(1, 1);
@@ -357,16 +372,7 @@ TEST_CASE("a push or pull held while the cluster scales fails kTimeout at its re
   REQUIRE(worker.Start().ok());
   REQUIRE(worker.WaitForReady(10s).ok());
   REQUIRE(worker.Push({1, 2}, {1, 1}).get().ok());
-  pb::AdminRequest req;
-  req.set_op("scale_out");
-  req.set_worker_num(1);
-  req.set_server_num(2);
-  REQUIRE(AdminOp(sched, req).ok());
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (worker.cluster_state() != pb::CLUSTER_SCALE_OUT && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(5ms);
-  }
-  REQUIRE(worker.cluster_state() == pb::CLUSTER_SCALE_OUT);
+  ScaleOutToTwoServers(sched, worker);
   std::future<Status> push = worker.Push({1, 2}, {1, 1});
   std::future<Result<PullResult>> pull = worker.Pull({1, 2});
   REQUIRE(push.wait_for(10s) == std::future_status::ready);
@@ -398,16 +404,7 @@ TEST_CASE("a worker stopped while the cluster scales fails its held pushes and p
   REQUIRE(worker.Start().ok());
   REQUIRE(worker.WaitForReady(10s).ok());
   REQUIRE(worker.Push({1, 2}, {1, 1}).get().ok());
-  pb::AdminRequest req;
-  req.set_op("scale_out");
-  req.set_worker_num(1);
-  req.set_server_num(2);
-  REQUIRE(AdminOp(sched, req).ok());
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (worker.cluster_state() != pb::CLUSTER_SCALE_OUT && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(5ms);
-  }
-  REQUIRE(worker.cluster_state() == pb::CLUSTER_SCALE_OUT);
+  ScaleOutToTwoServers(sched, worker);
   std::future<Status> push = worker.Push({1, 2}, {1, 1});
   std::future<Result<PullResult>> pull = worker.Pull({1, 2});
   CHECK(push.wait_for(200ms) == std::future_status::timeout);  // held while the cluster scales
