@@ -25,17 +25,25 @@ WorkerNode::~WorkerNode() { Stop(); }
 
 void WorkerNode::Issue(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
                        comm::ResponseCallback cb) {
+  if (loop()->OnRunningLoop()) return IssueOnLoop(rank, std::move(meta), std::move(payload), sink, std::move(cb));
+  // From another thread: the callback stays here too, to be answered should the loop
+  // refuse the closure (stopped).
   auto answer = std::make_shared<comm::ResponseCallback>(std::move(cb));
-  bool queued = loop()->Run([this, rank, meta = std::move(meta), payload = std::move(payload), sink,
-                             answer]() mutable {
-    WithServerConn(rank, [this, meta = std::move(meta), payload = std::move(payload), sink,
-                          answer](Result<ConnId> c) mutable {
-      if (!c.ok()) return (*answer)(c.status());
-      meta.set_rank_id(Node::rank());
-      messenger().Call(*c, std::move(meta), std::move(payload), options_.request_timeout, std::move(*answer), sink);
-    });
+  bool queued = loop()->Post([this, rank, meta = std::move(meta), payload = std::move(payload), sink,
+                              answer]() mutable {
+    IssueOnLoop(rank, std::move(meta), std::move(payload), sink, std::move(*answer));
   });
   if (!queued) (*answer)(Stopped());
+}
+
+void WorkerNode::IssueOnLoop(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
+                             comm::ResponseCallback cb) {
+  WithServerConn(rank, [this, meta = std::move(meta), payload = std::move(payload), sink,
+                        cb = std::move(cb)](Result<ConnId> c) mutable {
+    if (!c.ok()) return cb(c.status());
+    meta.set_rank_id(Node::rank());
+    messenger().Call(*c, std::move(meta), std::move(payload), options_.request_timeout, std::move(cb), sink);
+  });
 }
 
 void WorkerNode::SendAsync(int rank, int user_cmd, const std::string& handler, Payload payload,

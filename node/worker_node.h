@@ -118,6 +118,8 @@ class WorkerNode : public Node {
   struct KvPart;
   // One request to server `rank`; with a sink, the answer's values may arrive in it.
   void Issue(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink, comm::ResponseCallback cb);
+  void IssueOnLoop(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
+                   comm::ResponseCallback cb);
   void StartPull(const std::shared_ptr<KvOp>& op, const std::vector<uint64_t>& keys);
   void AllocateResult(KvOp& op, const std::vector<uint64_t>& keys);
   bool LearnedLayout(const std::vector<uint64_t>& keys, std::vector<uint64_t>* offsets, uint64_t* total);
