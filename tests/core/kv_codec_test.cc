@@ -168,6 +168,40 @@ TEST_CASE("gather encoding of a subset equals encoding the gathered arrays", "[c
   CHECK(v->op == 2);
 }
 
+TEST_CASE("gather encoding of large values copies every float exactly - whatever the lengths and offsets",
+          "[core][kvcodec]") {
+  // Over kStreamingCopyBytes (256 KiB) of values: filled with non-temporal stores, in 64-byte
+  // blocks after a lead that aligns the destination. Lengths of 0, 1, 3, 15, 16, 17 floats
+  // and large odd ones, at odd offsets, put every lead and remainder in play.
+  const std::vector<uint32_t> lens = {1, 0, 3, 15, 16, 17, 70001, 5, 65536, 31, 1};
+  std::vector<uint64_t> keys, offsets;
+  uint64_t total = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    keys.push_back(100 + i);
+    offsets.push_back(total + 1);  // values start one float in: sources are not 16-byte aligned
+    total += lens[i] + 1;
+  }
+  std::vector<float> values(total + 1);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  std::vector<size_t> pick = {6, 0, 3, 4, 8, 5, 9, 2, 10, 7, 1};  // not in position order
+  BufferPtr got = EncodeKvPairsGather(keys.data(), lens.data(), values.data(), offsets.data(), pick.data(),
+                                      pick.size(), 1);
+  Result<KvView> v = DecodeKvPairs(got->data(), got->size(), true);
+  REQUIRE(v.ok());
+  REQUIRE(v->num_keys == pick.size());
+  std::vector<float> want;
+  for (size_t i : pick) {
+    for (uint32_t j = 0; j < lens[i]; ++j) want.push_back(values[offsets[i] + j]);
+  }
+  REQUIRE(v->num_values * sizeof(float) >= (256u << 10));
+  std::vector<float> flat(v->values, v->values + v->num_values);
+  CHECK(flat == want);
+  for (size_t j = 0; j < pick.size(); ++j) {
+    CHECK(v->keys[j] == keys[pick[j]]);
+    CHECK(v->lens[j] == lens[pick[j]]);
+  }
+}
+
 }  // namespace pscore::core
 
 namespace pscore::core {
