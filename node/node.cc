@@ -218,6 +218,7 @@ void Node::HandleSchedulerPush(ConnId conn, Frame&& frame) {
         }
         ApplyState(ev.cluster_state());
       }
+      OnClusterEvent(ev);
       if (callbacks_.on_cluster_event) callbacks_.on_cluster_event(ev);
       break;
     }

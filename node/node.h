@@ -107,6 +107,9 @@ class Node {
   virtual void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame);
   virtual void OnMetadataApplied() {}
   virtual void OnStateApplied(pb::ClusterState state) {}
+  // A cluster event from the scheduler (a node timed out, restarted, recovered...), before
+  // NodeCallbacks::on_cluster_event sees it.
+  virtual void OnClusterEvent(const pb::ClusterEventMessage& ev) {}
   // Scale-out: every new node is in (md is the complete new membership). Move what must
   // move, then call done() (any thread) to answer SCALE_OUT_DONE.
   virtual void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) { done(); }

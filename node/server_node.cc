@@ -466,6 +466,34 @@ void ServerNode::HandleCollective(ConnId conn, Frame&& frame) {
   messenger().Reply(conn, frame.meta, Status::Ok()).IgnoreError();
 }
 
+void ServerNode::OnClusterEvent(const pb::ClusterEventMessage& ev) {
+  if (ev.role() != pb::SERVER || ev.rank_id() < 0) return;
+  const int rank = ev.rank_id();
+  switch (ev.kind()) {
+    case pb::ClusterEventMessage::NODE_TIMED_OUT: {
+      Status why(Code::kUnavailable, "server rank " + std::to_string(rank) + " (" + ev.node_id() +
+                                         ") timed out: nothing more will come from it");
+      gone_ranks_[rank] = why;
+      FailReceives(rank, /*and_above=*/false, why);
+      break;
+    }
+    case pb::ClusterEventMessage::NODE_RECOVERED:
+    case pb::ClusterEventMessage::NODE_RESTARTED:
+      gone_ranks_.erase(rank);
+      break;
+    default:
+      break;
+  }
+}
+
+void ServerNode::FailReceives(int rank, bool and_above, const Status& why) {
+  for (auto it = waiting_.lower_bound({rank, std::string()}); it != waiting_.end();) {
+    if (!and_above && it->first.first != rank) break;
+    it->second->set_value(why);
+    it = waiting_.erase(it);
+  }
+}
+
 std::future<Status> ServerNode::CollectiveSend(int rank, const std::string& tag, BufferPtr payload) {
   auto promise = std::make_shared<std::promise<Status>>();
   auto fut = promise->get_future();
@@ -499,6 +527,8 @@ std::future<Result<BufferPtr>> ServerNode::CollectiveRecv(int rank, const std::s
       return;
     }
     if (closed()) return promise->set_value(Stopped());  // a shared loop runs on after Stop
+    auto gone = gone_ranks_.find(rank);
+    if (gone != gone_ranks_.end()) return promise->set_value(gone->second);
     waiting_[key] = promise;
   });
   if (!queued) promise->set_value(Stopped());

@@ -85,6 +85,9 @@ class ServerNode : public Node {
   void TrustPeerForTest(comm::ConnId conn) override { members_[conn] = "test"; }
   void OnMetadataApplied() override;
   void OnStateApplied(pb::ClusterState state) override;
+  void OnClusterEvent(const pb::ClusterEventMessage& ev) override;
+  // Answers the receives waiting on `rank` (all ranks of at least `rank` when `and_above`).
+  void FailReceives(int rank, bool and_above, const Status& why);
   void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) override;
   void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) override;
 
@@ -152,6 +155,11 @@ class ServerNode : public Node {
   // Collective mailbox (loop thread): arrived payloads and waiting receivers.
   std::map<std::pair<int, std::string>, BufferPtr> arrived_;
   std::map<std::pair<int, std::string>, std::shared_ptr<std::promise<Result<BufferPtr>>>> waiting_;
+  // Server ranks the scheduler has declared timed out, and why: a receive from one fails
+  // at once (unless its message arrived before). Cleared when the rank recovers or
+  // restarts, or when the view changes (ranks are then numbered anew).
+  std::map<int, Status> gone_ranks_;
+  int mailbox_servers_ = 0;  // the server count of the last stable view the mailbox saw
   std::shared_ptr<ServerNode*> alive_;
   std::unordered_map<comm::ConnId, std::string> members_;  // identified peer links (loop thread)
   struct HeldHello {

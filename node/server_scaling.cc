@@ -77,6 +77,15 @@ void ServerNode::RefreshView() {
     view_rank_ = rank;
     view_n_ = n;
   }
+  if (n != mailbox_servers_) {
+    // Ranks are numbered anew: a timed-out rank may be a live server now, and a receive
+    // from a rank the cluster no longer has would wait for nothing.
+    gone_ranks_.clear();
+    FailReceives(n, /*and_above=*/true,
+                 Status(Code::kUnavailable, "the cluster has " + std::to_string(n) +
+                                                " servers now: no message will come from that rank"));
+    mailbox_servers_ = n;
+  }
   if (journal_) {
     std::lock_guard<std::mutex> lock(journal_mu_);
     restored_unconfirmed_.clear();  // this server is a member with this view: they are its own

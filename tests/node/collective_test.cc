@@ -192,3 +192,36 @@ TEST_CASE("AllReduce that others never join fails at its deadline - its receive 
 }
 
 }  // namespace pscore::node
+
+namespace pscore::node {
+
+TEST_CASE("a receive from a server that times out fails at once - later ones too - and live ranks still deliver",
+          "[node][net][collective]") {
+  ServerGroup g(3);
+  auto from_dead = g.rank(0).CollectiveRecv(2, "never");
+  auto from_live = g.rank(0).CollectiveRecv(1, "kept");
+  auto before = g.rank(2).CollectiveSend(0, "sent-before", Buffer::FromString("early"));
+  REQUIRE(Await(before).ok());
+  g.rank(2).Stop();  // as if killed: no FINISH, its heartbeats stop (the scheduler's timeout is 3 s)
+
+  // Answered when the scheduler declares rank 2 timed out, not at the caller's deadline.
+  Result<BufferPtr> dead = Await(from_dead, 20s);
+  CHECK(dead.status().code() == Code::kUnavailable);
+  CHECK_THAT(dead.status().message(), Catch::Contains("server rank 2 (s2) timed out"));
+  // A receive issued afterwards fails at once; what rank 2 sent before it died is delivered.
+  auto later = g.rank(0).CollectiveRecv(2, "after");
+  CHECK(Await(later, 5s).status().code() == Code::kUnavailable);
+  auto early = g.rank(0).CollectiveRecv(2, "sent-before");
+  Result<BufferPtr> got = Await(early, 5s);
+  REQUIRE(got.ok());
+  CHECK(Str(*got) == "early");
+  // The receive from the live rank 1 still waits, and gets its message.
+  CHECK(from_live.wait_for(0s) == std::future_status::timeout);
+  auto sent = g.rank(1).CollectiveSend(0, "kept", Buffer::FromString("alive"));
+  REQUIRE(Await(sent).ok());
+  Result<BufferPtr> live = Await(from_live);
+  REQUIRE(live.ok());
+  CHECK(Str(*live) == "alive");
+}
+
+}  // namespace pscore::node

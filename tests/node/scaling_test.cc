@@ -306,6 +306,32 @@ TEST_CASE("scale-in of server rank 0 of 3 while pushing loses no update and comp
   CHECK(job.server(2).rank() == 1);
 }
 
+TEST_CASE("a collective receive from a rank that a scale-in removes fails once the view shrinks", "[node][net][scale]") {
+  PushingJob job(3);
+  REQUIRE(job.server(2).rank() == 2);
+  auto from_leaving = job.server(0).CollectiveRecv(2, "never");
+  auto from_staying = job.server(0).CollectiveRecv(1, "kept");
+  pb::AdminRequest req;
+  req.set_op("scale_in");
+  req.add_node_ids("s2");
+  REQUIRE(job.Admin(req).ok());
+  REQUIRE(job.server(2).WaitForTermination(15s).ok());
+  REQUIRE(from_leaving.wait_for(15s) == std::future_status::ready);
+  Result<BufferPtr> gone = from_leaving.get();
+  CHECK(gone.status().code() == Code::kUnavailable);
+  CHECK_THAT(gone.status().message(), Catch::Contains("the cluster has 2 servers now"));
+  // Rank 1 is still there: its receive waits on, and gets what rank 1 sends.
+  CHECK(from_staying.wait_for(0s) == std::future_status::timeout);
+  auto sent = job.server(1).CollectiveSend(0, "kept", Buffer::FromString("still here"));
+  REQUIRE(sent.wait_for(10s) == std::future_status::ready);
+  REQUIRE(sent.get().ok());
+  REQUIRE(from_staying.wait_for(10s) == std::future_status::ready);
+  Result<BufferPtr> kept = from_staying.get();
+  REQUIRE(kept.ok());
+  CHECK((*kept)->view() == "still here");
+  job.FinishAndCheckSums();
+}
+
 TEST_CASE("a scale-out whose new server never comes rolls back to the old membership", "[node][net][scale]") {
   SchedulerOptions so = Sched(1, 1);
   so.scale_timeout = 500ms;
