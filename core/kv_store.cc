@@ -36,8 +36,8 @@ Result<std::string> NormalizeKey(std::string_view key) {
   return out;
 }
 
-KvStore::KvStore(const Clock* clock, size_t max_value_bytes)
-    : clock_(clock), max_value_bytes_(max_value_bytes) {
+KvStore::KvStore(const Clock* clock, size_t max_value_bytes, uint64_t max_total_bytes)
+    : clock_(clock), max_value_bytes_(max_value_bytes), max_total_bytes_(max_total_bytes) {
   CHECK(clock_ != nullptr);
 }
 
@@ -56,6 +56,15 @@ Status KvStore::Set(const std::string& key, std::string value, bool overwrite) {
   if (it != entries_.end() && !overwrite) {
     return Status(Code::kAlreadyExists, "kv key " + *norm + " already exists");
   }
+  const uint64_t old_bytes = it == entries_.end() ? 0 : it->first.size() + it->second.size();
+  const uint64_t new_bytes = norm->size() + value.size();
+  const uint64_t total = total_bytes_ - old_bytes + new_bytes;
+  if (max_total_bytes_ > 0 && total > max_total_bytes_ && new_bytes > old_bytes) {
+    return Status(Code::kResourceExhausted, "kv store full: setting " + *norm + " would hold " +
+                                                std::to_string(total) + " bytes of keys and values, over the " +
+                                                std::to_string(max_total_bytes_) + "-byte cap");
+  }
+  total_bytes_ = total;
   if (it == entries_.end()) {
     entries_.emplace(*norm, std::move(value));
   } else {
@@ -160,13 +169,14 @@ KvStore::Entries KvStore::List(const std::string& dir) const {
 void KvStore::Delete(const std::string& key) {
   Result<std::string> norm = NormalizeKey(key);
   if (!norm.ok()) return;
-  entries_.erase(*norm);
+  auto forget = [this](std::map<std::string, std::string>::iterator it) {
+    total_bytes_ -= it->first.size() + it->second.size();
+    return entries_.erase(it);
+  };
+  if (auto it = entries_.find(*norm); it != entries_.end()) forget(it);
   // Children sort contiguously after "key/"; siblings like "key!" or "keyc" lie outside.
   std::string prefix = *norm + "/";
-  auto first = entries_.lower_bound(prefix);
-  auto last = first;
-  while (last != entries_.end() && HasPrefix(last->first, prefix)) ++last;
-  entries_.erase(first, last);
+  for (auto it = entries_.lower_bound(prefix); it != entries_.end() && HasPrefix(it->first, prefix);) it = forget(it);
 }
 
 void KvStore::Tick() {
@@ -194,6 +204,7 @@ KvStore::Entries KvStore::Snapshot() const {
 
 void KvStore::Restore(const Entries& entries) {
   entries_.clear();
+  total_bytes_ = 0;
   for (const auto& [key, value] : entries) {
     Result<std::string> norm = NormalizeKey(key);
     Status st = norm.ok() ? CheckValue(*norm, value) : norm.status();
@@ -201,7 +212,15 @@ void KvStore::Restore(const Entries& entries) {
       LOG(WARNING) << "kv restore skips an entry: " << st;
       continue;
     }
-    entries_[*norm] = value;
+    auto [it, added] = entries_.try_emplace(*norm);
+    if (!added) total_bytes_ -= it->first.size() + it->second.size();  // a key given twice: the last wins
+    it->second = value;
+    total_bytes_ += it->first.size() + it->second.size();
+  }
+  if (max_total_bytes_ > 0 && total_bytes_ > max_total_bytes_) {
+    // Nothing restored is dropped: the cap only refuses Sets that would grow the store.
+    LOG(WARNING) << "kv restore holds " << total_bytes_ << " bytes of keys and values, over the " << max_total_bytes_
+                 << "-byte cap";
   }
   Answers answers;
   std::vector<std::string> keys;

@@ -36,13 +36,15 @@ class KvStore {
   using GetCallback = std::function<void(Result<std::string>)>;
   using Entries = std::vector<std::pair<std::string, std::string>>;
 
-  // clock must outlive the store. Values longer than max_value_bytes are refused.
-  KvStore(const Clock* clock, size_t max_value_bytes);
+  // clock must outlive the store. Values longer than max_value_bytes are refused, and so
+  // is a Set that would take the keys and values stored past max_total_bytes (0: no cap).
+  KvStore(const Clock* clock, size_t max_value_bytes, uint64_t max_total_bytes = 0);
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
   // Stores value under key. An existing key without overwrite is kAlreadyExists and keeps its
-  // old value; a value over the bound or a bad key is kInvalidArgument. Wakes every Get
+  // old value; a value over the bound or a bad key is kInvalidArgument; a store that would
+  // grow past max_total_bytes is kResourceExhausted (the old value is kept). Wakes every Get
   // waiting on the key.
   [[nodiscard]] Status Set(const std::string& key, std::string value, bool overwrite);
 
@@ -68,10 +70,13 @@ class KvStore {
   std::optional<TimePoint> NextDeadline() const;
 
   size_t size() const { return entries_.size(); }
+  // Bytes of keys and values stored (what max_total_bytes bounds).
+  uint64_t total_bytes() const { return total_bytes_; }
   size_t waiting() const { return waiters_.size(); }
 
   // For persistence: all entries, sorted; Restore replaces the contents with them (entries
-  // with a bad key or an oversized value are skipped with a warning) and wakes waiting Gets.
+  // with a bad key or an oversized value are skipped with a warning; a total over the cap is
+  // kept, with a warning, and only Sets that shrink it pass) and wakes waiting Gets.
   Entries Snapshot() const;
   void Restore(const Entries& entries);
 
@@ -93,6 +98,8 @@ class KvStore {
 
   const Clock* clock_;
   size_t max_value_bytes_;
+  uint64_t max_total_bytes_;
+  uint64_t total_bytes_ = 0;  // sum of key and value sizes in entries_
   std::map<std::string, std::string> entries_;  // Ordered, so List is a range scan.
   std::unordered_map<uint64_t, Waiter> waiters_;
   std::map<std::string, std::set<uint64_t>> waiters_by_key_;  // Ids ascend: oldest first.

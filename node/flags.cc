@@ -32,6 +32,10 @@ DEFINE_string(super_pod_id, "", "Super-pod of this node's devices (rank table 1.
 DEFINE_uint64(max_message_bytes, 256ull << 20, "Largest frame payload accepted or sent.");
 DEFINE_uint64(buffer_pool_mb, 256, "Released payload buffers of 128 KiB and more are kept for reuse up to this many "
               "MiB (0: none), so large transfers do not fault in fresh pages for every message.");
+DEFINE_uint64(max_kv_value_bytes, 16u << 20, "Scheduler: largest value the key-value store takes (a KvSet of a larger "
+              "one is refused kInvalidArgument).");
+DEFINE_uint64(max_kv_total_mb, 1024, "Scheduler: MiB of keys and values the key-value store holds at most; a KvSet "
+              "that would grow it past this is refused kResourceExhausted (0: no cap).");
 DEFINE_string(job_id, "default", "Job id served by the scheduler's rank table.");
 DEFINE_string(http_host, "127.0.0.1", "Bind address of the scheduler's HTTP endpoint.");
 DEFINE_int32(http_port, -1, "HTTP port of the scheduler (-1: off, 0: a free port).");
@@ -209,6 +213,10 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   if (FLAGS_max_message_bytes < 1024) Die(prog, "--max_message_bytes must be >= 1024");
   if (FLAGS_buffer_pool_mb > (1ull << 20)) Die(prog, "--buffer_pool_mb must be <= 1048576");
   if (FLAGS_stream_spare_mb > (1ull << 20)) Die(prog, "--stream_spare_mb must be <= 1048576");
+  if (FLAGS_max_kv_value_bytes < 1 || FLAGS_max_kv_value_bytes > FLAGS_max_message_bytes) {
+    Die(prog, "--max_kv_value_bytes must be in [1, --max_message_bytes]");
+  }
+  if (FLAGS_max_kv_total_mb > (1ull << 30)) Die(prog, "--max_kv_total_mb must be <= 1073741824");
   if (FLAGS_journal_compact_mb < 1 || FLAGS_journal_compact_mb > (1ull << 20)) {
     Die(prog, "--journal_compact_mb must be in [1, 1048576]");
   }
@@ -245,6 +253,8 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   s.heartbeat_timeout = std::chrono::milliseconds(FLAGS_heartbeat_timeout_ms);
   s.scale_timeout = std::chrono::milliseconds(FLAGS_scale_timeout_ms);
   s.max_message_bytes = FLAGS_max_message_bytes;
+  s.max_kv_value_bytes = static_cast<size_t>(FLAGS_max_kv_value_bytes);
+  s.max_kv_total_bytes = FLAGS_max_kv_total_mb << 20;
   s.job_id = FLAGS_job_id;
   s.http_host = FLAGS_http_host;
   s.http_port = FLAGS_http_port;

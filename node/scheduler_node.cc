@@ -28,7 +28,7 @@ SchedulerNode::SchedulerNode(SchedulerOptions options, comm::EventLoop* loop)
       owned_loop_(loop == nullptr ? std::make_unique<comm::EventLoop>("scheduler") : nullptr),
       loop_(loop == nullptr ? owned_loop_.get() : loop),
       cluster_(MakeClusterConfig(options_), &clock_),
-      kv_(&clock_, options_.max_kv_value_bytes),
+      kv_(&clock_, options_.max_kv_value_bytes, options_.max_kv_total_bytes),
       barriers_(&clock_) {
   comm::Messenger::Handlers h;
   h.on_request = [this](ConnId c, Frame&& f) { OnRequest(c, std::move(f)); };

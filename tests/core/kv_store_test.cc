@@ -218,6 +218,39 @@ TEST_CASE("kv delete removes a key and its subtree only", "[core][kv]") {
   CHECK(kv.size() == 0);
 }
 
+TEST_CASE("kv total cap refuses growth past it - shrinking sets and deletes free room", "[core][kv]") {
+  FakeClock clock;
+  KvStore kv(&clock, 64, /*max_total_bytes=*/20);
+  REQUIRE(kv.Set("a", "123456789", false).ok());  // 1 + 9
+  REQUIRE(kv.Set("b", "12345678", false).ok());   // 1 + 8: 19 of 20
+  CHECK(kv.total_bytes() == 19);
+  Status full = kv.Set("c", "1", false);  // 21
+  CHECK(full.code() == Code::kResourceExhausted);
+  CHECK(full.message().find("20-byte cap") != std::string::npos);
+  CHECK(kv.TryGet("c").status().code() == Code::kNotFound);
+  CHECK(kv.Set("b", "1234567890", true).code() == Code::kResourceExhausted);  // grows the total to 21
+  CHECK(*kv.TryGet("b") == "12345678");                                      // kept
+  REQUIRE(kv.Set("b", "1", true).ok());                                      // shrinks: 12
+  CHECK(kv.total_bytes() == 12);
+  REQUIRE(kv.Set("c/d", "12345", false).ok());  // 3 + 5: 20, exactly the cap
+  CHECK(kv.total_bytes() == 20);
+  kv.Delete("c");  // the subtree goes, its bytes with it
+  CHECK(kv.total_bytes() == 12);
+  kv.Delete("a");
+  CHECK(kv.total_bytes() == 2);
+  REQUIRE(kv.Set("e", "12345678", false).ok());
+  CHECK(kv.total_bytes() == 11);
+
+  // Restore keeps everything it is given, even over the cap; only shrinking Sets pass then.
+  KvStore small(&clock, 64, /*max_total_bytes=*/5);
+  small.Restore({{"x", "1234"}, {"y", "1234"}, {"x", "12"}});  // x given twice: the last wins
+  CHECK(small.size() == 2);
+  CHECK(small.total_bytes() == 8);
+  CHECK(small.Set("z", "", false).code() == Code::kResourceExhausted);
+  REQUIRE(small.Set("y", "1", true).ok());
+  CHECK(small.total_bytes() == 5);
+}
+
 TEST_CASE("kv snapshot and restore round-trip and wake waiters", "[core][kv]") {
   FakeClock clock;
   KvStore kv(&clock, 8);

@@ -139,6 +139,10 @@ TEST_CASE("pscore-node refuses bad flags with one line and exit code 2 - help ex
        "--heartbeat_timeout_ms (50) must be greater than --heartbeat_interval_ms (100)"},
       {{"--role=worker", "--no_such_flag=1"}, "unknown flag --no_such_flag=1 (see --help)"},
       {{"--role=server", "--stream_spare_mb=2000000"}, "--stream_spare_mb must be <= 1048576"},
+      {{"--role=scheduler", "--max_kv_value_bytes=0"}, "--max_kv_value_bytes must be in [1, --max_message_bytes]"},
+      {{"--role=scheduler", "--max_message_bytes=4096", "--max_kv_value_bytes=8192"},
+       "--max_kv_value_bytes must be in [1, --max_message_bytes]"},
+      {{"--role=scheduler", "--max_kv_total_mb=2000000000"}, "--max_kv_total_mb must be <= 1073741824"},
       // A deadline of now + 2^63 ms would overflow the steady clock.
       {{"--role=worker", "--finish_timeout_ms=9223372036854775807"},
        "--finish_timeout_ms must be in [1, 4398046511104] (got 9223372036854775807)"},

@@ -316,6 +316,22 @@ TEST_CASE("KV through nodes: set, overwrite, blocking get, timeout, try-get, sor
   CHECK(a.KvDelete("no/such/key").ok());
 }
 
+TEST_CASE("KV through nodes: a store at its total cap refuses growth - a delete makes room", "[node][net][coord]") {
+  SchedulerOptions so = SchedOpts(1, 0);
+  so.max_kv_total_bytes = 4096;
+  TestCluster c(so);
+  c.StartWorkers(1);
+  Node& a = c.node(0);
+  for (const char* k : {"k1", "k2", "k3"}) REQUIRE(a.KvSet(k, std::string(1000, 'v')).ok());  // 3,006 bytes
+  Status full = a.KvSet("k4", std::string(1100, 'v'));                                         // would be 4,108
+  CHECK(full.code() == Code::kResourceExhausted);
+  CHECK_THAT(full.message(), Catch::Contains("4096-byte cap"));
+  CHECK(a.KvTryGet("k4").status().code() == Code::kNotFound);
+  REQUIRE(a.KvDelete("k1").ok());
+  REQUIRE(a.KvSet("k4", std::string(1100, 'v')).ok());
+  CHECK(Val(a.KvTryGet("k4")) == std::string(1100, 'v'));
+}
+
 TEST_CASE("KV asynchronous calls: many in flight, chained from callbacks, the same answers and errors",
           "[node][net][coord]") {
   SchedulerOptions so = SchedOpts(2, 0);
