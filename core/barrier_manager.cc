@@ -62,7 +62,7 @@ const char* BarrierStateName(BarrierState state) {
   return "unknown";
 }
 
-BarrierManager::BarrierManager(const Clock* clock) : clock_(clock) {
+BarrierManager::BarrierManager(const Clock* clock, Duration keep_ended) : clock_(clock), keep_ended_(keep_ended) {
   CHECK(clock_ != nullptr);
 }
 
@@ -81,6 +81,7 @@ void BarrierManager::Arrive(const std::string& id, const std::string& node_id,
 
   auto it = series.rounds.find(gen);
   if (it == series.rounds.end() && gen <= series.pruned_through) {
+    Touch(id, &series);
     cb(Status(Code::kFailedPrecondition,
               Name(id, gen) + " ended long ago; its result is no longer kept"));
     return;
@@ -91,6 +92,7 @@ void BarrierManager::Arrive(const std::string& id, const std::string& node_id,
   Answers answers;
   JoinRound(id, gen, node_id, participants, std::move(cb), &round, &answers);
   Prune(&series);
+  Touch(id, &series);
   Deliver(&answers);
 }
 
@@ -164,6 +166,16 @@ void BarrierManager::Finish(const std::string& id, uint64_t gen, BarrierState st
   round->waiting.clear();
 }
 
+void BarrierManager::Touch(const std::string& id, Series* series) {
+  if (series->idle_since) idle_.erase({*series->idle_since, id});
+  series->idle_since.reset();
+  for (const auto& [gen, round] : series->rounds) {
+    if (round.state == BarrierState::kWaiting) return;
+  }
+  series->idle_since = clock_->Now();
+  idle_.emplace(*series->idle_since, id);
+}
+
 void BarrierManager::Prune(Series* series) {
   auto newest_done = series->rounds.end();
   for (auto it = series->rounds.begin(); it != series->rounds.end(); ++it) {
@@ -207,6 +219,7 @@ Status BarrierManager::Cancel(const std::string& id) {
                                                  "; nothing to cancel");
   }
   Prune(&series);
+  Touch(id, &series);
   Deliver(&answers);
   return Status::Ok();
 }
@@ -215,12 +228,15 @@ void BarrierManager::CancelAll(const Status& why) {
   CHECK(!why.ok()) << "CancelAll needs an error status";
   Answers answers;
   for (auto& [id, series] : series_) {
+    bool ended = false;
     for (auto& [gen, round] : series.rounds) {
       if (round.state == BarrierState::kWaiting) {
         Finish(id, gen, BarrierState::kCancelled, why, &round, &answers);
+        ended = true;
       }
     }
     Prune(&series);
+    if (ended) Touch(id, &series);
   }
   Deliver(&answers);
 }
@@ -228,6 +244,7 @@ void BarrierManager::CancelAll(const Status& why) {
 void BarrierManager::NodeFailed(const std::string& node_id, const std::string& reason) {
   Answers answers;
   for (auto& [id, series] : series_) {
+    bool ended = false;
     for (auto& [gen, round] : series.rounds) {
       if (round.state != BarrierState::kWaiting ||
           !std::binary_search(round.participants.begin(), round.participants.end(),
@@ -237,6 +254,7 @@ void BarrierManager::NodeFailed(const std::string& node_id, const std::string& r
       Status failed(Code::kAborted, Name(id, gen) + " failed: participant " + node_id +
                                         " failed: " + reason);
       Finish(id, gen, BarrierState::kFailed, std::move(failed), &round, &answers);
+      ended = true;
     }
     // A restarted node counts its arrivals from scratch; align it with the newest round so
     // its next Arrive joins the next fresh round instead of an old one.
@@ -245,6 +263,7 @@ void BarrierManager::NodeFailed(const std::string& node_id, const std::string& r
       last = std::max(last, series.rounds.rbegin()->first);
     }
     Prune(&series);
+    if (ended) Touch(id, &series);
   }
   Deliver(&answers);
 }
@@ -263,6 +282,12 @@ void BarrierManager::Tick() {
                                        " arrived, missing: " + JoinNames(missing));
     Finish(id, gen, BarrierState::kFailed, std::move(timeout), &round, &answers);
     Prune(&series);
+    Touch(id, &series);
+  }
+  // Ids that ended and saw no arrival for keep_ended are forgotten.
+  while (!idle_.empty() && now - idle_.begin()->first >= keep_ended_) {
+    series_.erase(idle_.begin()->second);
+    idle_.erase(idle_.begin());
   }
   Deliver(&answers);
 }

@@ -41,8 +41,14 @@ class BarrierManager {
   // Answers one Arrive. Called exactly once per Arrive.
   using Callback = std::function<void(Status)>;
 
-  // clock must outlive the manager.
-  explicit BarrierManager(const Clock* clock);
+  // How long a barrier id whose rounds have all ended is kept (for late and retried
+  // arrivals) after its last activity, before Tick forgets it.
+  static constexpr Duration kDefaultKeepEnded = std::chrono::minutes(10);
+
+  // clock must outlive the manager. An id none of whose rounds waits, and that nobody has
+  // arrived at for keep_ended, is forgotten: ids used once each (one per training step)
+  // would otherwise each keep a round forever. Its next Arrive starts again at round 1.
+  explicit BarrierManager(const Clock* clock, Duration keep_ended = kDefaultKeepEnded);
   BarrierManager(const BarrierManager&) = delete;
   BarrierManager& operator=(const BarrierManager&) = delete;
 
@@ -71,13 +77,16 @@ class BarrierManager {
   // does not alter rounds already open.
   void SetAllNodes(std::vector<std::string> node_ids);
 
-  // Fails with kTimeout every waiting round whose deadline is at or before now.
+  // Fails with kTimeout every waiting round whose deadline is at or before now, and forgets
+  // ids idle for keep_ended.
   void Tick();
   // Earliest deadline of a waiting round, so the owner can arm one timer instead of polling.
   std::optional<TimePoint> NextDeadline() const;
 
   // Every kept round, sorted by id then generation.
   std::vector<BarrierInfo> List() const;
+  // Barrier ids kept (with a round waiting, or ended within keep_ended).
+  size_t ids() const { return series_.size(); }
 
  private:
   struct Round {
@@ -93,6 +102,7 @@ class BarrierManager {
     std::map<std::string, uint64_t> last_generation;  // Highest generation each node joined.
     std::map<uint64_t, Round> rounds;
     uint64_t pruned_through = 0;  // Every completed round up to here has been dropped.
+    std::optional<TimePoint> idle_since;  // set while no round waits (then in idle_)
   };
   using Answers = std::vector<std::pair<Callback, Status>>;
 
@@ -108,12 +118,16 @@ class BarrierManager {
               Round* round, Answers* answers);
   // Drops completed rounds every participant has arrived for, keeping the newest one.
   static void Prune(Series* series);
+  // After any change to id's rounds: marks it idle from now if no round waits, busy if one does.
+  void Touch(const std::string& id, Series* series);
   static void Deliver(Answers* answers);
 
   const Clock* clock_;
+  const Duration keep_ended_;
   std::vector<std::string> all_nodes_;  // Sorted, unique.
   std::map<std::string, Series> series_;
   std::set<std::tuple<TimePoint, std::string, uint64_t>> deadlines_;  // Waiting rounds only.
+  std::set<std::pair<TimePoint, std::string>> idle_;  // (idle_since, id) of ids with no round waiting
 };
 
 }  // namespace pscore::core

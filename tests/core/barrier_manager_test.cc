@@ -288,4 +288,55 @@ TEST_CASE("barrier 64 nodes x 100 rounds of one id all pass", "[core][barrier]")
   CHECK(info[0].state == BarrierState::kPassed);
 }
 
+TEST_CASE("barrier ids whose rounds ended are forgotten after their idle time - waiting ones never",
+          "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock, Millis(1000));
+  Answers a;
+  // 1,000 ids used once each (one per step), all passed.
+  for (int step = 0; step < 1000; ++step) {
+    const std::string id = "step-" + std::to_string(step);
+    bm.Arrive(id, "w0", Millis(100), {"w0", "w1"}, a.For("w0"));
+    bm.Arrive(id, "w1", Millis(100), {"w0", "w1"}, a.For("w1"));
+  }
+  REQUIRE(a.calls("w0") == 1000);
+  // One round that waits with a deadline far away, and one id whose round is retried late.
+  bm.Arrive("slow", "w0", Millis(60000), {"w0", "w1"}, a.For("slow"));
+  CHECK(bm.ids() == 1001);
+  clock.Advance(Millis(999));
+  bm.Tick();
+  CHECK(bm.ids() == 1001);  // not yet
+  bm.Arrive("step-7", "w1", Millis(100), {"w0", "w1"}, a.For("retry"), 1);  // a late retry: still answered
+  REQUIRE(a.calls("retry") == 1);
+  CHECK(a.last("retry").ok());
+  clock.Advance(Millis(1));
+  bm.Tick();
+  CHECK(bm.ids() == 2);  // the retried id was active 1 ms ago; the waiting one stays
+  clock.Advance(Millis(999));
+  bm.Tick();
+  CHECK(bm.ids() == 1);
+  std::vector<BarrierInfo> info = bm.List();
+  REQUIRE(info.size() == 1);
+  CHECK(info[0].id == "slow");
+  CHECK(info[0].state == BarrierState::kWaiting);
+  CHECK(a.calls("slow") == 0);
+  // A forgotten id starts again at round 1, for every node alike.
+  bm.Arrive("step-3", "w0", Millis(100), {"w0", "w1"}, a.For("again-w0"));
+  bm.Arrive("step-3", "w1", Millis(100), {"w0", "w1"}, a.For("again-w1"));
+  REQUIRE(a.calls("again-w1") == 1);
+  CHECK(a.last("again-w0").ok());
+  info = bm.List();
+  REQUIRE(info.size() == 2);
+  CHECK(info[0].id == "slow");
+  CHECK(info[1].generation == 1);
+  // The waiting round ends at its deadline, and its id is forgotten keep_ended later.
+  clock.Advance(Millis(60000));
+  bm.Tick();
+  CHECK(a.last("slow").code() == Code::kTimeout);
+  CHECK(bm.ids() == 1);
+  clock.Advance(Millis(1000));
+  bm.Tick();
+  CHECK(bm.ids() == 0);
+}
+
 }  // namespace pscore::core
