@@ -259,6 +259,17 @@ void SchedulerHttp::ServeMetrics(comm::HttpConnId id) {
   sample("pscore_nodes_expected", "role=\"worker\"", cluster.worker_num());
   family("pscore_heartbeats_received_total", "counter", "Heartbeats received by the scheduler.");
   sample("pscore_heartbeats_received_total", "", sched_->heartbeats());
+  const core::KvStore& kv = sched_->kv();
+  family("pscore_kv_entries", "gauge", "Keys in the coordination key-value store.");
+  sample("pscore_kv_entries", "", kv.size());
+  family("pscore_kv_bytes", "gauge", "Bytes of keys and values in the key-value store.");
+  sample("pscore_kv_bytes", "", kv.total_bytes());
+  family("pscore_kv_bytes_limit", "gauge", "Cap on pscore_kv_bytes (--max_kv_total_mb; 0: none).");
+  sample("pscore_kv_bytes_limit", "", sched_->options().max_kv_total_bytes);
+  family("pscore_kv_gets_waiting", "gauge", "Blocking key-value gets waiting for their key.");
+  sample("pscore_kv_gets_waiting", "", kv.waiting());
+  family("pscore_barrier_ids", "gauge", "Barrier ids kept (a round waiting, or ended within 10 minutes).");
+  sample("pscore_barrier_ids", "", sched_->barriers().ids());
   const comm::TransportStats& t = sched_->transport_stats();
   // By command: one in and one out sample per command that carried a frame either way.
   const std::vector<comm::CommandStats> by_cmd = sched_->messenger().transport().StatsByCommand();

@@ -54,6 +54,8 @@ class SchedulerNode {
 
   // Loop-thread accessors for the HTTP layer and tests.
   core::ClusterManager& cluster() { return cluster_; }
+  const core::KvStore& kv() const { return kv_; }
+  const core::BarrierManager& barriers() const { return barriers_; }
   // Runs an admin request (same as ADMIN over the wire); cb runs on the loop thread.
   void Admin(const pb::AdminRequest& req, std::function<void(Status, pb::AdminResponse)> cb);
   const comm::TransportStats& transport_stats() { return messenger_->transport().stats(); }

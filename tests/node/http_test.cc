@@ -588,6 +588,43 @@ TEST_CASE("http: /metrics is valid Prometheus text", "[node][net]") {
   CHECK(MetricValue(a.body, "pscore_bytes_total{direction=\"out\",cmd=\"REGISTER\"}") > 16);
   CHECK(a.body.find("cmd=\"OTHER\"") == std::string::npos);
   CHECK(a.body.find("pscore_messages_total{direction=\"in\"} ") == std::string::npos);  // no unlabelled total
+  // The coordination store: empty, with its default cap.
+  CHECK(MetricValue(a.body, "pscore_kv_entries") == 0);
+  CHECK(MetricValue(a.body, "pscore_kv_bytes") == 0);
+  CHECK(MetricValue(a.body, "pscore_kv_bytes_limit") == (1ll << 30));
+  CHECK(MetricValue(a.body, "pscore_kv_gets_waiting") == 0);
+  CHECK(MetricValue(a.body, "pscore_barrier_ids") == 0);
+}
+
+TEST_CASE("http: /metrics counts the key-value store's keys and bytes and its waiting gets", "[node][net]") {
+  SchedulerOptions o = SchedOpts(1, 1);
+  o.max_kv_total_bytes = 4096;
+  Stack st(o);
+  auto kv = [&st](pb::KvRequest::Op op, const std::string& key, const std::string& value, int64_t timeout_ms = 0) {
+    pb::KvRequest req;
+    req.set_op(op);
+    req.set_key(key);
+    req.set_value(value);
+    req.set_overwrite(true);
+    req.set_timeout_ms(timeout_ms);
+    comm::Frame f;
+    f.meta = MakeMeta(pb::KV_REQUEST, pb::WORKER, 0);
+    f.payload = ToBuffer(req);
+    st.sched.InjectForTest(/*conn=*/0, std::move(f));  // its answer goes nowhere
+  };
+  kv(pb::KvRequest::SET, "job/a", "12345");
+  kv(pb::KvRequest::SET, "job/b", std::string(100, 'v'));
+  kv(pb::KvRequest::GET, "never", "", 60000);
+  HttpAnswer a = Request(st.port, "GET", "/metrics");
+  REQUIRE(a.status == 200);
+  CHECK(MetricValue(a.body, "pscore_kv_entries") == 2);
+  CHECK(MetricValue(a.body, "pscore_kv_bytes") == 5 + 5 + 5 + 100);
+  CHECK(MetricValue(a.body, "pscore_kv_bytes_limit") == 4096);
+  CHECK(MetricValue(a.body, "pscore_kv_gets_waiting") == 1);
+  kv(pb::KvRequest::DELETE, "job", "");
+  a = Request(st.port, "GET", "/metrics");
+  CHECK(MetricValue(a.body, "pscore_kv_entries") == 0);
+  CHECK(MetricValue(a.body, "pscore_kv_bytes") == 0);
 }
 
 TEST_CASE("http: a 401 and a 405 carry their reason phrase and a 405 names the allowed method", "[node][net]") {
