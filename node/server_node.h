@@ -86,12 +86,12 @@ class ServerNode : public Node {
   void OnMetadataApplied() override;
   void OnStateApplied(pb::ClusterState state) override;
   void OnClusterEvent(const pb::ClusterEventMessage& ev) override;
-  // Answers the receives waiting on `rank` (all ranks of at least `rank` when `and_above`).
-  void FailReceives(int rank, bool and_above, const Status& why);
   void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) override;
   void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) override;
 
  private:
+  // Answers the receives waiting on `rank` (all ranks of at least `rank` when `and_above`).
+  void FailReceives(int rank, bool and_above, const Status& why);
   void Dispatch(comm::ConnId conn, comm::Frame&& frame);
   void HandlePush(const DataRequest& req, Responder r);
   // Commits a push whose values were folded in as they arrived (PushTail), and answers.
