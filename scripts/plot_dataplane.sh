@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Plots a data-plane benchmark run (the output of `scripts/bench.sh dataplane`) as a PNG:
 # MB/s against value size (log-2 axis) for the baseline one-way rate and pscore's 1w1s
-# push, zero-copy push, pull, pull-into and zero-copy pull. Usage: scripts/plot_dataplane.sh bench-output.txt out.png
+# push, zero-copy push, pull, pull-into and zero-copy pull. The baseline drawn is the median
+# of the runs paired with the figures (baseline_oneway_<size>_paired) when the output has
+# it, else the one run at the start. Usage: scripts/plot_dataplane.sh bench-output.txt out.png
 set -euo pipefail
 in=${1:?bench output}
 out=${2:?png to write}
@@ -16,7 +18,8 @@ size_kib() {
 for size in 4KiB 64KiB 1MiB 16MiB 64MiB; do
   get() { awk -v n="$1" '$1 == n { print $2 }' "$in"; }
   opt() { get "$1" | grep . || echo NaN; }  # figures measured for sizes >= 1 MiB only
-  printf '%s %s %s %s %s %s %s\n' "$(size_kib $size)" "$(get baseline_oneway_$size)" "$(get push_1w1s_$size)" \
+  base=$(get "baseline_oneway_${size}_paired" | grep . || get "baseline_oneway_$size")
+  printf '%s %s %s %s %s %s %s\n' "$(size_kib $size)" "$base" "$(get push_1w1s_$size)" \
     "$(get pull_1w1s_$size)" "$(opt pullinto_1w1s_$size)" "$(opt zpush_1w1s_$size)" "$(opt zpull_1w1s_$size)" >> "$data"
 done
 gnuplot <<GP

@@ -60,6 +60,9 @@ std::string JournalDir() {
 // how many figures of 1 MiB and more reached 0.85 of it (issue 4's target).
 std::map<size_t, double> g_baseline;
 std::map<std::string, std::pair<int, int>> g_target;  // form -> (at 0.85 or more, figures)
+// Every paired baseline run by size (MB/s): their median is the baseline the figures were
+// measured against (the plot draws it), where g_baseline is one run at the start.
+std::map<size_t, std::vector<double>> g_paired;
 
 // Paired rounds (PSCORE_BENCH_ROUNDS, default 5): a figure whose size has a baseline is
 // measured this many times, each time right after a baseline run of its own size, and its
@@ -453,7 +456,10 @@ void PrintKv(Cluster& c, const std::string& name, size_t size, KvMode mode) {
   const bool paired = g_baseline.count(size) > 0;
   std::vector<double> rates, bases, ratios;
   for (int r = 0; r < (paired ? g_rounds : 1); ++r) {
-    if (paired) bases.push_back(BaselineOneWay(size));
+    if (paired) {
+      bases.push_back(BaselineOneWay(size));
+      g_paired[size].push_back(bases.back());
+    }
     rates.push_back(KvThroughput(c, size, mode));
     if (paired) ratios.push_back(rates.back() / bases.back());
   }
@@ -539,6 +545,10 @@ int Main(const std::string& mode, size_t size, int nodes) {
     // (a checksummed record, in the page cache) before applying it.
     Cluster c(1, 1, 2, JournalDir());
     PrintKv(c, "push_1w1s_16MiB_journaled", size_t{16} << 20, KvMode::kPush);
+  }
+  for (const auto& [size, runs] : g_paired) {
+    std::printf("%-40s %12.2f MB/s (median of %zu paired runs)\n", ("baseline_oneway_" + SizeName(size) + "_paired").c_str(),
+                Median(runs), runs.size());
   }
   for (const auto& [form, count] : g_target) {
     std::printf("%-40s %12d of %d figures of 1 MiB and more\n", ("target_" + form + "_at_0.85").c_str(), count.first,
