@@ -266,11 +266,12 @@ Status ServerJournal::AppendRecord(std::string_view header, std::string_view bod
   return Status::Ok();
 }
 
-void ServerJournal::MaybeCompact() {
+void ServerJournal::MaybeCompact(bool may_wait) {
   if (compactor_.joinable()) {
     // Still writing: appends go on, until the new segment reaches twice the bound (a disk
-    // slower than the pushes); then they wait for it, so the files stay bounded.
-    if (!done_.load(std::memory_order_acquire) && bytes_ <= 2 * compact_at_) return;
+    // slower than the pushes); then they wait for it, so the files stay bounded, unless
+    // they must not wait.
+    if (!done_.load(std::memory_order_acquire) && (!may_wait || bytes_ <= 2 * compact_at_)) return;
     Status st = FinishCompaction();
     if (!st.ok()) LOG(WARNING) << "journal compaction failed (appending continues): " << st;
     return;
@@ -290,6 +291,7 @@ void ServerJournal::MaybeCompact() {
   const uint64_t covers = segment_ - 1;
   done_.store(false, std::memory_order_relaxed);
   compactor_ = std::thread([this, covers, keys = std::move(keys), values = std::move(values)]() mutable {
+    if (options_.before_compaction_write) options_.before_compaction_write();
     uint64_t written = 0;
     compacted_status_ = WriteCompacted(covers, keys, values, &written);
     compacted_bytes_ = written;

@@ -22,7 +22,8 @@
 // segment; a thread of the journal's own then writes the pinned values to the temporary
 // file, fsyncs it, renames it over the compacted file and removes the segments it covers.
 // Nothing is copied on the appenders' side; they wait only if the new segment reaches
-// twice the bound before the compaction is done (a disk slower than the pushes).
+// twice the bound before the compaction is done (a disk slower than the pushes), and an
+// appender on a loop thread never waits (MaybeCompact's may_wait).
 //
 // Not thread-safe: the owner serialises Open/Append/MaybeCompact (and orders them with the
 // store changes they describe).
@@ -30,6 +31,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -44,6 +46,8 @@ namespace pscore::node {
 
 struct ServerJournalOptions {
   uint64_t compact_floor = 64ull << 20;  // a segment smaller than this is never compacted
+  // Tests: runs on the compaction's thread before it writes (to hold a compaction open).
+  std::function<void()> before_compaction_write;
 };
 
 class ServerJournal {
@@ -67,8 +71,11 @@ class ServerJournal {
   // checksum is most of an append's CPU time, and needs no lock).
   Status AppendRecord(std::string_view header, std::string_view body);
   // Once the change is applied: ends a compaction the background has finished, or starts
-  // one when the current segment has grown past its bound.
-  void MaybeCompact();
+  // one when the current segment has grown past its bound. With `may_wait` (the default)
+  // it waits for a compaction still being written once the new segment has grown past
+  // twice the bound; without (an event loop's thread, which must not stall on a disk),
+  // the segment grows on until the compaction is done.
+  void MaybeCompact(bool may_wait = true);
   // Waits for a compaction in progress and returns how it ended (tests).
   Status FinishCompaction();
 

@@ -65,7 +65,9 @@ void ServerNode::RegisterHandler(const std::string& name, DataHandler handler) {
 
 Status ServerNode::StartRole() {
   if (!options_.data_dir.empty()) {
-    journal_ = std::make_unique<ServerJournal>(options_.data_dir, ServerJournalOptions{options_.journal_compact_bytes});
+    ServerJournalOptions journal_options;
+    journal_options.compact_floor = options_.journal_compact_bytes;
+    journal_ = std::make_unique<ServerJournal>(options_.data_dir, journal_options);
     PSCORE_RETURN_IF_ERROR(journal_->Open(&store_));
     LOG(INFO) << "server " << options_.node_id << ": parameters journaled in " << journal_->path() << " ("
               << journal_->restored_keys() << " keys restored)";
@@ -412,7 +414,9 @@ Status ServerNode::Journaled(core::JournalOp op, std::string_view body, const st
     return Status(Code::kUnavailable, "server " + options_.node_id + " cannot journal the change: " + logged.message());
   }
   Status st = apply();
-  journal_->MaybeCompact();
+  // The loop thread (a view change's drop, inline handlers) must not wait for the disk:
+  // a stalled loop misses its heartbeats.
+  journal_->MaybeCompact(/*may_wait=*/!loop()->InLoopThread());
   return st;
 }
 

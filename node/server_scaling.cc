@@ -143,7 +143,7 @@ size_t ServerNode::DropUnconfirmedRestored() {
     return 0;
   }
   size_t dropped = store_.Erase(keys.data(), keys.size());
-  journal_->MaybeCompact();
+  journal_->MaybeCompact(/*may_wait=*/!loop()->InLoopThread());
   return dropped;
 }
 

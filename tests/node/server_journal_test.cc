@@ -5,8 +5,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/kv_codec.h"
@@ -45,13 +48,13 @@ BufferPtr PushBody(int round) {
 
 // Journals a push of `round` + key index to every key, then applies it, as a server does
 // (the caller is the only thread: it stands for the owner's lock).
-void JournaledPush(ServerJournal& j, core::ParamStore& store, int round) {
+void JournaledPush(ServerJournal& j, core::ParamStore& store, int round, bool may_wait = true) {
   BufferPtr body = PushBody(round);
   REQUIRE(j.Append(core::JournalOp::kPush, body->view()).ok());
   Result<core::KvView> v = core::DecodeKvPairs(body->data(), body->size(), true);
   REQUIRE(v.ok());
   REQUIRE(store.Push(v->keys, v->lens, v->values, v->num_keys).ok());
-  j.MaybeCompact();
+  j.MaybeCompact(may_wait);
 }
 
 // Journals pushes until one of them starts a compaction; returns the next round.
@@ -140,6 +143,43 @@ TEST_CASE("a journal dropped while a compaction is written replays the same stor
     want = Values(store);
   }
   CHECK_FALSE(Exists(dir.File("params.journal.tmp")));
+  CHECK(Reopened(dir) == want);
+}
+
+TEST_CASE("an appender that must not wait - a loop thread - goes on past twice the bound while a compaction is written",
+          "[node][journal]") {
+  testing::TempDir dir;
+  REQUIRE(dir.ok());
+  ServerJournal::Options options;
+  options.compact_floor = 1 << 20;
+  // The compaction is held open until the pushes below are done; if one of them waits for
+  // it, the releaser lets it go after 20 s and says so.
+  std::promise<void> pushes_done, release;
+  std::shared_future<void> released = release.get_future().share();
+  options.before_compaction_write = [released] { released.wait(); };
+  bool waited = false;
+  std::thread releaser([&waited, &release, done = pushes_done.get_future()] {
+    waited = done.wait_for(std::chrono::seconds(20)) == std::future_status::timeout;
+    release.set_value();
+  });
+  std::vector<float> want;
+  {
+    core::ParamStore store(SumStore());
+    ServerJournal j(dir.path(), options);
+    REQUIRE(j.Open(&store).ok());
+    int round = PushUntilCompacting(j, store);
+    for (int i = 0; i < 6; ++i) JournaledPush(j, store, round++, /*may_wait=*/false);
+    const bool still_compacting = j.compacting();
+    const uint64_t segment = j.bytes();
+    pushes_done.set_value();
+    releaser.join();
+    CHECK_FALSE(waited);
+    CHECK(still_compacting);
+    CHECK(segment > 2 * options.compact_floor);  // past the bound where a waiting appender stops
+    REQUIRE(j.FinishCompaction().ok());
+    CHECK(j.compactions() == 2);
+    want = Values(store);
+  }
   CHECK(Reopened(dir) == want);
 }
 
