@@ -162,6 +162,12 @@ TEST_CASE("an appender that must not wait - a loop thread - goes on past twice t
     waited = done.wait_for(std::chrono::seconds(20)) == std::future_status::timeout;
     release.set_value();
   });
+  struct JoinOnExit {  // a failed REQUIRE below must not leave the thread joinable
+    std::thread& t;
+    ~JoinOnExit() {
+      if (t.joinable()) t.join();
+    }
+  } join_releaser{releaser};
   std::vector<float> want;
   {
     core::ParamStore store(SumStore());
