@@ -125,8 +125,9 @@ void Messenger::OnFrame(ConnId conn, Frame&& frame) {
   if (frame.meta.is_response()) {
     uint64_t id = frame.meta.request_id();
     Status st = StatusOf(frame.meta);
-    bool known = st.ok() ? tracker_.Complete(id, std::move(frame)) : tracker_.Complete(id, st);
-    if (!known) VLOG(1) << "conn " << conn << ": late or unknown answer " << id;
+    // Only the connection the request went out on may answer it.
+    bool known = st.ok() ? tracker_.CompleteFrom(conn, id, std::move(frame)) : tracker_.CompleteFrom(conn, id, st);
+    if (!known) VLOG(1) << "conn " << conn << ": late, unknown or foreign answer " << id;
     return;
   }
   if (handlers_.on_request) handlers_.on_request(conn, std::move(frame));

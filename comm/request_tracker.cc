@@ -51,8 +51,14 @@ RequestTracker::Entry RequestTracker::Take(std::unordered_map<uint64_t, Entry>::
 bool RequestTracker::Complete(uint64_t id, Result<Frame> result) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return false;
-  Entry e = Take(it);
-  e.cb(std::move(result));
+  Take(it).cb(std::move(result));  // taken first: the callback may add requests
+  return true;
+}
+
+bool RequestTracker::CompleteFrom(ConnId conn, uint64_t id, Result<Frame> result) {
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.conn != conn) return false;
+  Take(it).cb(std::move(result));
   return true;
 }
 

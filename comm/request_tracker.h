@@ -45,6 +45,9 @@ class RequestTracker {
   void set_on_sink_release(std::function<void(ConnId, uint64_t id)> fn) { on_sink_release_ = std::move(fn); }
   // Completes request `id` with `result`. False if it is unknown (late or duplicate answer).
   bool Complete(uint64_t id, Result<Frame> result);
+  // The same for an answer that arrived on `conn`: false, and the request left pending,
+  // if `id` went out on another connection (a peer may not answer another's request).
+  bool CompleteFrom(ConnId conn, uint64_t id, Result<Frame> result);
   // Fails every request pending on `conn` with `why`; returns how many.
   size_t FailConnection(ConnId conn, const Status& why);
   // Fails every request whose deadline is at or before `now`.

@@ -223,6 +223,49 @@ TEST_CASE("messenger: an error status in the answer fails the call", "[comm][net
   srv.reset();
 }
 
+TEST_CASE("messenger: a peer cannot answer a request that went to another peer", "[comm][net][messenger]") {
+  // The honest server holds the client's first request; the forger answers the client's
+  // second request under the first one's id (ids are sequential), with its own payload.
+  EchoServer honest;
+  int honest_port = honest.Start();
+  EventLoop floop("forger");
+  Messenger::Handlers h;
+  std::unique_ptr<Messenger> forger;
+  h.on_request = [&](ConnId c, Frame&& f) {
+    pb::MessageMeta forged = f.meta;
+    forged.set_request_id(f.meta.request_id() - 1);
+    forger->Reply(c, forged, Status::Ok(), Buffer::FromString("forged")).IgnoreError();
+  };
+  forger = std::make_unique<Messenger>(&floop, TransportOptions(), std::move(h));
+  REQUIRE(floop.Start().ok());
+  Result<int> forger_port = OnLoop(floop, [&] { return forger->transport().Listen("127.0.0.1", 0); });
+  REQUIRE(forger_port.ok());
+  Client client;
+  ConnId to_honest = client.Connect(honest_port);
+  ConnId to_forger = client.Connect(*forger_port);
+  auto first = std::make_shared<OneShot<Result<std::string>>>();
+  auto second = std::make_shared<OneShot<Status>>();
+  client.loop.Post([&, first, second] {
+    auto text = [](Result<Frame> r) -> Result<std::string> {
+      if (!r.ok()) return r.status();
+      return std::string(r->payload ? r->payload->view() : "");
+    };
+    client.messenger->Call(to_honest, TestMeta(0, testing::kCmdSilent), Buffer::FromString("held"),
+                           std::chrono::milliseconds(500), [first, text](Result<Frame> r) { first->Set(text(std::move(r))); });
+    client.messenger->Call(to_forger, TestMeta(0, 0), Buffer::FromString("ask"), std::chrono::milliseconds(500),
+                           [second](Result<Frame> r) { second->Set(r.status()); });
+  });
+  Result<std::string> r = first->Get();
+  INFO((r.ok() ? "answered: " + *r : r.status().ToString()));
+  CHECK(r.status().code() == Code::kTimeout);  // not "forged": the forger's answer was dropped
+  CHECK(second->Get().code() == Code::kTimeout);  // its own id was never answered
+  CHECK(OnLoop(client.loop, [&] { return client.messenger->pending_requests(); }) == 0);
+  REQUIRE(client.Stop().ok());
+  REQUIRE(floop.Stop().ok());
+  forger.reset();
+  REQUIRE(honest.Stop().ok());
+}
+
 TEST_CASE("messenger: a request to a peer that never answers times out", "[comm][net][messenger]") {
   EchoServer server;
   int port = server.Start();

@@ -111,4 +111,22 @@ TEST_CASE("tracker: a sink is handed out once - to its own connection and length
   CHECK(log == std::vector<std::string>{"b", "release 1/" + std::to_string(a), "a", "release 2/" + std::to_string(c), "c"});
 }
 
+TEST_CASE("tracker: an answer is taken only from the connection its request went out on", "[comm][tracker]") {
+  FakeClock clock;
+  RequestTracker t;
+  std::vector<std::string> log;
+  auto cb = [&](const char* name) { return [&log, name](Result<Frame> r) { log.push_back(name + std::string(r.ok() ? " ok" : " failed")); }; };
+  const TimePoint later = clock.Now() + std::chrono::seconds(1);
+  uint64_t a = t.Add(1, later, 0, cb("a"));
+  uint64_t b = t.Add(2, later, 0, cb("b"));
+  CHECK_FALSE(t.CompleteFrom(2, a, Frame()));  // another connection: ignored, a still waits
+  CHECK_FALSE(t.CompleteFrom(1, 999, Frame()));  // unknown
+  CHECK(t.pending() == 2);
+  CHECK(t.CompleteFrom(1, a, Frame()));
+  CHECK_FALSE(t.CompleteFrom(1, a, Frame()));  // only once
+  CHECK(t.CompleteFrom(2, b, Status(Code::kNotFound, "no")));
+  CHECK(log == std::vector<std::string>{"a ok", "b failed"});
+  CHECK(t.pending() == 0);
+}
+
 }  // namespace pscore::comm
