@@ -51,8 +51,10 @@ void Messenger::Shutdown() {
   shut_down_ = true;
   if (expiry_timer_ != 0) loop_->CancelTimer(expiry_timer_);
   expiry_timer_ = 0;
-  transport_->Shutdown();
+  // Pending requests first, while their connections are open: closing them first would
+  // fail the requests as lost links (kUnavailable), which callers may retry.
   tracker_.FailAll(Status(Code::kCancelled, "messenger shut down"));
+  transport_->Shutdown();
 }
 
 void Messenger::Call(ConnId conn, pb::MessageMeta meta, Payload payload, Duration timeout,

@@ -651,6 +651,7 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
 // Loop thread: keeps a part to send again; held parts go out 50 ms later (or when the
 // scale that holds traffic ends).
 void WorkerNode::HoldForRetry(const std::shared_ptr<KvOp>& op, KvPart part) {
+  if (closed()) return op->Fail(Stopped());  // StopRole has answered the held ones already
   held_.emplace_back(op, std::move(part));
   WatchHeld();
 }

@@ -357,6 +357,44 @@ TEST_CASE("a stopped server fails the requests pending on it with a clear status
   CHECK_FALSE(Await(late).ok());
 }
 
+TEST_CASE("a worker stopped with pushes and pulls on the wire answers them kCancelled - not a hang",
+          "[node][net][dataplane]") {
+  // A handler blocks the worker's lane on the server, so the push and pull sent after it
+  // wait there, unanswered, when the worker stops.
+  auto gate = std::make_shared<std::promise<void>>();
+  std::shared_future<void> open = gate->get_future().share();
+  auto entered = std::make_shared<std::promise<void>>();
+  TestCluster::Config config;
+  config.setup = [open, entered](ServerNode& s) {
+    s.RegisterHandler("block", [open, entered](const DataRequest&, Responder r) {
+      entered->set_value();
+      open.wait_for(20s);
+      r.Reply(nullptr);
+    });
+  };
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  auto blocked = w.Call(0, "block", nullptr);
+  REQUIRE(entered->get_future().wait_for(kDeadline) == std::future_status::ready);
+  std::future<Status> push = w.Push({1, 2}, {1, 1});
+  std::future<Result<PullResult>> pull = w.Pull({1, 2});
+  CHECK(push.wait_for(200ms) == std::future_status::timeout);  // on the wire, behind the handler
+  w.Stop();
+  const bool push_ready = push.wait_for(10s) == std::future_status::ready;
+  const bool pull_ready = pull.wait_for(10s) == std::future_status::ready;
+  const bool call_ready = blocked.wait_for(10s) == std::future_status::ready;
+  gate->set_value();
+  REQUIRE(push_ready);
+  REQUIRE(pull_ready);
+  REQUIRE(call_ready);
+  Status ps = push.get();
+  INFO(ps.ToString());
+  CHECK(ps.code() == Code::kCancelled);
+  CHECK(pull.get().status().code() == Code::kCancelled);
+  CHECK(blocked.get().status().code() == Code::kCancelled);
+}
+
 TEST_CASE("Push/Pull: sums from 8 workers x 1000 pushes are exact", "[node][net][dataplane]") {
   TestCluster::Config config;
   config.workers = 8;
