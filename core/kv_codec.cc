@@ -183,6 +183,13 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
 
 Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
                                       size_t num_values, const std::function<Status(float*)>& fill) {
+  // flatbuffers keeps its size in 32 bits (and checks the 2 GiB limit only in debug
+  // builds): past it the offsets would wrap and the fill write past the buffer.
+  if (num_keys > FLATBUFFERS_MAX_BUFFER_SIZE || num_values > FLATBUFFERS_MAX_BUFFER_SIZE ||
+      128 + num_keys * (sizeof(uint64_t) + sizeof(uint32_t)) + num_values * sizeof(float) > FLATBUFFERS_MAX_BUFFER_SIZE) {
+    return Status(Code::kResourceExhausted, "KvPairs: " + std::to_string(num_keys) + " keys with " +
+                                                std::to_string(num_values) + " values exceed the flatbuffers limit");
+  }
   const size_t estimate = 128 + num_keys * (sizeof(uint64_t) + sizeof(uint32_t)) + num_values * sizeof(float);
   flatbuffers::FlatBufferBuilder fbb(estimate);
   std::vector<Hole> holes;

@@ -431,6 +431,15 @@ void ServerNode::HandlePull(const DataRequest& req, Responder r) {
   PSCORE_RETURN_IF_ERROR_RESPOND(store_.Lens(view->keys, view->num_keys, lens.data()), r);
   uint64_t total = 0;
   for (uint32_t l : lens) total += l;
+  // An answer over the frame limit would be refused by the worker (its link closed), and
+  // one of 2 GiB or more cannot be encoded at all: refused here, whole. Keys may repeat
+  // in a request, so a small request can ask for a huge answer.
+  const uint64_t answer_bytes = total * sizeof(float) + uint64_t{view->num_keys} * (sizeof(uint64_t) + sizeof(uint32_t));
+  if (answer_bytes > options_.max_message_bytes) {
+    return r.Fail(Status(Code::kResourceExhausted, "pull: the answer would hold " + std::to_string(answer_bytes) +
+                                                       " bytes of keys and values, over max_message_bytes (" +
+                                                       std::to_string(options_.max_message_bytes) + ")"));
+  }
   if (total * sizeof(float) >= core::kSharedAnswerBytes * view->num_keys) {
     // Values of a few KiB a key and more are not copied: the answer's tail is the stored
     // memory itself, pinned until the answer is written (a push meanwhile writes a fresh

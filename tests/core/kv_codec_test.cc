@@ -369,4 +369,24 @@ TEST_CASE("filled encoding writes values in place and passes fill errors on", "[
   CHECK(bad.status().code() == Code::kNotFound);
 }
 
+TEST_CASE("filled encoding refuses what one flatbuffer cannot hold - before allocating or filling",
+          "[core][kvcodec]") {
+  std::vector<uint64_t> keys = {1};
+  std::vector<uint32_t> lens = {0};  // not read: the sizes are refused first
+  bool filled = false;
+  auto fill = [&filled](float*) {
+    filled = true;
+    return Status::Ok();
+  };
+  // 4 GiB of values (past 32 bits: the builder's offsets would wrap), and 2 GiB.
+  for (size_t values : {size_t{1} << 30, size_t{1} << 29}) {
+    Result<BufferPtr> b = EncodeKvPairsFilled(keys.data(), keys.size(), lens.data(), values, fill);
+    CHECK(b.status().code() == Code::kResourceExhausted);
+  }
+  // Keys alone: 2^28 of them need 3 GiB of keys and lens.
+  Result<BufferPtr> many = EncodeKvPairsFilled(keys.data(), size_t{1} << 28, lens.data(), 0, fill);
+  CHECK(many.status().code() == Code::kResourceExhausted);
+  CHECK_FALSE(filled);
+}
+
 }  // namespace pscore::core

@@ -1572,6 +1572,30 @@ TEST_CASE("malformed pscore.push payloads are refused with an error answer and t
   CHECK(r->values == std::vector<float>(values, values + 6));
 }
 
+TEST_CASE("a Pull whose answer would pass max_message_bytes is refused kResourceExhausted - repeated keys included - and the server stays up",
+          "[node][net][dataplane]") {
+  TestCluster::Config config;
+  config.max_message_bytes = 1 << 20;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  // Key 1: 1000 floats (answers written from the store); key 2: 100 floats (copied).
+  REQUIRE(Await(w.Push({1, 2}, std::vector<float>(1100, 0.5f), {1000, 100})).ok());
+  for (auto [key, times] : {std::pair<uint64_t, size_t>{1, 300}, std::pair<uint64_t, size_t>{2, 3000}}) {
+    INFO("key " << key << " x " << times);
+    std::vector<uint64_t> keys(times, key);  // about 1.2 MB of answer from a small request
+    Result<PullResult> r = Await(w.Pull(keys));
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == Code::kResourceExhausted);
+    CHECK_THAT(r.status().message(), Catch::Contains("max_message_bytes"));
+  }
+  // The link and the server are fine: a pull that fits is answered.
+  Result<PullResult> ok = Await(w.Pull({1, 2, 1}));
+  REQUIRE(ok.ok());
+  CHECK(ok->values.size() == 2100);
+  CHECK(c.timeouts() == 0);
+}
+
 TEST_CASE("a 64 MiB Push/Pull round-trips and heartbeats stay on time", "[node][net][dataplane]") {
   TestCluster::Config config;
   config.heartbeat_timeout = 2s;
