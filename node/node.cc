@@ -86,6 +86,8 @@ void Node::CloseOnLoop() {
   closed_ = true;
   if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
   heartbeat_timer_ = 0;
+  for (auto& [conn, timer] : leave_timers_) loop_->CancelTimer(timer);
+  leave_timers_.clear();
   scheduler_.reset();
   StopRole();
   messenger_->Shutdown();
@@ -300,9 +302,11 @@ void Node::ApplyMetadata(const pb::SendMetadataMessage& md) {
   std::set<std::string> current;
   for (auto& [r, a] : addrs) current.insert(a);
   for (auto& [addr, conn] : server_conn_) {
-    if (current.count(addr)) continue;
+    if (current.count(addr) || leave_timers_.count(conn)) continue;
     ConnId c = conn;
-    loop_->AddTimer(options_.request_timeout, Duration::zero(), [this, c] {
+    // Cancelled by CloseOnLoop: on a shared loop the timer may outlive the node.
+    leave_timers_[c] = loop_->AddTimer(options_.request_timeout, Duration::zero(), [this, c] {
+      leave_timers_.erase(c);
       messenger_->transport().Close(c, Status(Code::kCancelled, "server left the membership"));
     });
   }

@@ -190,6 +190,8 @@ class Node {
   // Links are keyed by address, not rank: when ranks are compacted a server keeps its
   // link, and requests in flight on it are never cut.
   std::map<std::string, comm::ConnId> server_conn_;  // ip:port -> open link
+  // Links to servers that left the membership, closed when these timers fire (loop thread).
+  std::map<comm::ConnId, comm::TimerId> leave_timers_;
   std::map<std::string, std::vector<std::function<void(Result<comm::ConnId>)>>> dialing_;
 
   // Snapshot for other threads.

@@ -332,6 +332,45 @@ TEST_CASE("a collective receive from a rank that a scale-in removes fails once t
   job.FinishAndCheckSums();
 }
 
+TEST_CASE("a worker on a shared loop destroyed after a scale-in leaves no timer behind that would use it",
+          "[node][net][scale]") {
+  // The link to a server that left is closed request_timeout later, by a timer on the
+  // loop; on a shared loop it must go with the worker (ASan: heap-use-after-free before).
+  comm::EventLoop loop("shared");
+  REQUIRE(loop.Start().ok());
+  SchedulerNode sched(Sched(1, 2));
+  REQUIRE(sched.Start().ok());
+  ServerNode s0(Opts(pb::SERVER, sched.port(), "s0"));
+  ServerNode s1(Opts(pb::SERVER, sched.port(), "s1"));
+  REQUIRE(s0.Start().ok());
+  REQUIRE(s1.Start().ok());
+  NodeOptions wo = Opts(pb::WORKER, sched.port(), "w0");
+  wo.request_timeout = 500ms;
+  auto worker = std::make_unique<WorkerNode>(wo, &loop);
+  REQUIRE(worker->Start().ok());
+  REQUIRE(worker->WaitForReady(10s).ok());
+  const int leaving_rank = s1.rank();
+  auto linked = worker->Send(leaving_rank, 99, nullptr);  // opens the link (kNotFound answer)
+  REQUIRE(linked.wait_for(10s) == std::future_status::ready);
+  CHECK(linked.get().status().code() == Code::kNotFound);
+  pb::AdminRequest req;
+  req.set_op("scale_in");
+  req.add_node_ids("s1");
+  REQUIRE(AdminOp(sched, req).ok());
+  auto deadline = std::chrono::steady_clock::now() + 15s;
+  while (worker->server_count() != 1) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(10ms);
+  }
+  worker->Stop();
+  worker.reset();
+  std::this_thread::sleep_for(1s);  // past the timer's 500 ms, the shared loop running
+  bool alive = false;
+  loop.RunAndWait([&alive] { alive = true; });
+  CHECK(alive);
+  REQUIRE(loop.Stop().ok());
+}
+
 TEST_CASE("a scale-out whose new server never comes rolls back to the old membership", "[node][net][scale]") {
   SchedulerOptions so = Sched(1, 1);
   so.scale_timeout = 500ms;
