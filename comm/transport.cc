@@ -53,6 +53,8 @@ struct Dialer {
   uv_tcp_t* tcp = nullptr;  // the attempt in flight, if any
   uv_connect_t req;
   TimerId retry_timer = 0;
+  TimerId deadline_timer = 0;  // ends an attempt still in flight at the deadline
+  bool timed_out = false;
   Status last_error;
   int attempts = 0;
 };
@@ -79,6 +81,16 @@ void OnConnect(uv_connect_t* req, int status) {
   auto* d = static_cast<Dialer*>(req->data);
   uv_tcp_t* tcp = d->tcp;
   d->tcp = nullptr;
+  if (d->deadline_timer != 0 && d->transport != nullptr) d->transport->loop()->CancelTimer(d->deadline_timer);
+  d->deadline_timer = 0;
+  if (d->timed_out) {
+    // The deadline closed the attempt (a peer that drops SYNs would leave it to the
+    // kernel's retries, about two minutes).
+    Finish(d, Status(Code::kTimeout, "connect to " + d->target + ": no connection within " +
+                                         std::to_string(ToMillis(d->options.timeout)) + " ms (" +
+                                         std::to_string(d->attempts) + " attempts)"));
+    return;
+  }
   if (d->transport == nullptr || status == UV_ECANCELED) {
     if (status == 0) CloseAndFree(tcp);
     Finish(d, Status(Code::kCancelled, "connect to " + d->target + " cancelled"));
@@ -122,7 +134,17 @@ void Attempt(Dialer* d) {
     d->tcp = nullptr;
     CloseAndFree(tcp);
     Finish(d, UvStatus(rc, "connect to " + d->target));
+    return;
   }
+  const Duration left = std::max<Duration>(Duration::zero(), d->deadline - std::chrono::steady_clock::now());
+  d->deadline_timer = d->transport->loop()->AddTimer(left, Duration::zero(), [d] {
+    d->deadline_timer = 0;
+    if (d->tcp == nullptr) return;
+    d->timed_out = true;  // OnConnect runs with UV_ECANCELED and ends the dial
+    uv_tcp_t* tcp = d->tcp;
+    d->tcp = nullptr;
+    CloseAndFree(tcp);
+  });
 }
 
 }  // namespace
@@ -152,6 +174,8 @@ void Transport::Shutdown() {
   dialers.swap(dialers_);
   for (Dialer* d : dialers) {
     d->transport = nullptr;
+    if (d->deadline_timer != 0) loop_->CancelTimer(d->deadline_timer);
+    d->deadline_timer = 0;
     if (d->retry_timer != 0) {
       loop_->CancelTimer(d->retry_timer);
       Finish(d, Status(Code::kCancelled, "connect to " + d->target + " cancelled"));

@@ -1,7 +1,11 @@
 // Transport over loopback: listen/connect, large payloads, backpressure, close watching.
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -275,6 +279,39 @@ TEST_CASE("transport: connect retries until the listener appears, and gives up i
   REQUIRE(late.ok());
   REQUIRE(client.Stop().ok());
   REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("transport: a connect whose SYNs are dropped ends at its deadline - not at the kernel's two minutes",
+          "[comm][net][transport]") {
+  // A listener with a backlog of 0 that never accepts: once one connection fills its
+  // accept queue, the kernel drops every further SYN (as a firewall DROP rule would).
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(lfd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(lfd, 0) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  std::vector<int> fillers;
+  for (int i = 0; i < 4; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    REQUIRE(fd >= 0);
+    ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));  // EINPROGRESS, or dropped
+    fillers.push_back(fd);
+  }
+  Peer client("client");
+  ConnectOptions opts;
+  opts.timeout = std::chrono::milliseconds(1500);
+  Result<ConnId> r = client.Connect(ntohs(addr.sin_port), opts);  // OneShot waits 20 s at most
+  for (int fd : fillers) ::close(fd);
+  ::close(lfd);
+  REQUIRE_FALSE(r.ok());
+  INFO(r.status().ToString());
+  CHECK(r.status().code() == Code::kTimeout);
+  CHECK_THAT(r.status().message(), Catch::Contains("no connection within 1500 ms"));
+  REQUIRE(client.Stop().ok());
 }
 
 TEST_CASE("transport: send to a closed connection fails - WatchClose reports closes",
