@@ -1,5 +1,8 @@
 // TcpClient: keeps one connection to host:port open, reconnecting with backoff after a
 // loss until ConnectOptions::timeout passes without success; then it reports failure.
+// A connection lost within max_backoff of being made (a peer that accepts and closes at
+// once, e.g. at its connection cap) is dialed again only after a backoff that doubles
+// from initial_backoff up to max_backoff, so such a peer is not hammered.
 // Owned by its user; loop thread only; the Transport must outlive it.
 #pragma once
 
@@ -7,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/event_loop.h"
 #include "comm/transport.h"
 
 namespace pscore::comm {
@@ -31,6 +35,7 @@ class TcpClient {
 
  private:
   void Dial();
+  void Redial();  // after a loss: at once, or after a backoff when the link was short-lived
 
   Transport* transport_;
   std::string host_;
@@ -41,6 +46,9 @@ class TcpClient {
   Callbacks callbacks_;
   ConnId conn_ = kNoConn;
   bool stopped_ = false;
+  TimePoint connected_at_{};
+  Duration redial_backoff_ = Duration::zero();  // zero: the last link lived long enough
+  TimerId redial_timer_ = 0;
   // Callbacks hold this token weakly so they do nothing once *this is gone.
   std::shared_ptr<TcpClient*> alive_;
 };

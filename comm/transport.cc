@@ -68,6 +68,7 @@ void CloseAndFree(uv_tcp_t* tcp) {
 }
 
 void Attempt(Dialer* d);
+void RetryLater(Dialer* d, Status error);
 
 void Finish(Dialer* d, Result<ConnId> result) {
   auto done = std::move(d->done);
@@ -97,16 +98,27 @@ void OnConnect(uv_connect_t* req, int status) {
     return;
   }
   if (status == 0) {
-    // The connection reports itself ready (after the token handshake, if any).
-    Transport* t = d->transport;
-    auto done = std::move(d->done);
-    d->done = nullptr;
-    Finish(d, kNoConn);
-    t->Adopt(tcp, /*accepted=*/false, std::move(done));
+    // The dial ends when the connection reports itself ready (after the token handshake,
+    // if any). A peer that closes it during the handshake with no verdict (it refused the
+    // connection at accept, or it restarted) is one more failed attempt; a refused proof
+    // (kPermissionDenied) ends the dial. On shutdown the close answers it kCancelled.
+    d->transport->Adopt(tcp, /*accepted=*/false, [d](Result<ConnId> r) {
+      if (r.ok() || d->transport == nullptr || r.status().code() == Code::kPermissionDenied) {
+        Finish(d, std::move(r));
+        return;
+      }
+      RetryLater(d, r.status());
+    });
     return;
   }
   CloseAndFree(tcp);
-  d->last_error = UvStatus(status, "connect to " + d->target);
+  RetryLater(d, UvStatus(status, "connect to " + d->target));
+}
+
+// A failed attempt: another after the backoff, or the dial ends if that would pass the
+// deadline.
+void RetryLater(Dialer* d, Status error) {
+  d->last_error = std::move(error);
   TimePoint now = std::chrono::steady_clock::now();
   if (now + d->backoff >= d->deadline) {
     Finish(d, Status(d->last_error.code() == Code::kTimeout ? Code::kTimeout : Code::kUnavailable,
@@ -279,6 +291,7 @@ ConnId Transport::Adopt(uv_tcp_t* tcp, bool accepted, std::function<void(Result<
   if (!st.ok()) {
     LOG(WARNING) << "conn " << id << " " << conn->peer() << ": " << st;
     conns_.emplace(id, std::move(conn));
+    if (accepted) ++num_accepted_;  // Close counts it out again
     Close(id, st);
     if (ready) ready(st);
     return kNoConn;

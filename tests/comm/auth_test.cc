@@ -84,6 +84,32 @@ TEST_CASE("a wrong token fails the connect with a clear error and the server clo
   REQUIRE(server.Stop().ok());
 }
 
+TEST_CASE("a dial whose connection is closed in the handshake tries again - a server at its connection cap admits it once a slot frees",
+          "[comm][auth][net]") {
+  TransportOptions so = WithToken("s3cret");  // unproven connections are closed after 500 ms
+  so.max_accepted_connections = 1;
+  EchoServer server(so);
+  int port = server.Start();
+  // A silent peer takes the only slot (it got the challenge: accepted) until the server
+  // drops it for never proving the token.
+  RawSocket holder;
+  REQUIRE(holder.Connect(port));
+  pb::MessageMeta challenge;
+  std::string payload;
+  REQUIRE(holder.RecvFrame(&challenge, &payload));
+  // Meanwhile the server closes the client's connections at accept; the dial (2 s) tries
+  // again with backoff and gets in once the slot is free.
+  Client client(WithToken("s3cret"));
+  Result<ConnId> c = client.Connect(port);
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(holder.WaitClosed());
+  Result<Frame> r = client.Echo(*c, "in at last");
+  REQUIRE(r.ok());
+  CHECK(r->payload->view() == "in at last");
+  REQUIRE(server.Stop().ok());
+}
+
 TEST_CASE("a client without a token is refused before any request is served", "[comm][auth][net]") {
   EchoServer server(WithToken("s3cret"));
   int port = server.Start();

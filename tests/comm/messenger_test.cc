@@ -1,8 +1,15 @@
 // Request/response over loopback: echo, reconnect, lost peer, deadlines.
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/messenger.h"
@@ -379,6 +386,64 @@ TEST_CASE("tcp client: reconnects after the server restarts on the same port",
   OnLoop(client.loop, [&] { tcp.reset(); });
   REQUIRE(client.Stop().ok());
   REQUIRE(server->Stop().ok());
+}
+
+TEST_CASE("tcp client: a peer that accepts and closes at once is dialed again with backoff - not in a busy loop",
+          "[comm][net][messenger]") {
+  // A listener (a raw socket on this thread's helper) that closes every connection at
+  // accept, as a process at its connection cap does.
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(lfd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(lfd, 64) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  std::atomic<bool> stop{false};
+  std::atomic<int> accepted{0};
+  std::thread acceptor([&] {
+    while (!stop.load()) {
+      pollfd p{lfd, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      int fd = ::accept(lfd, nullptr, nullptr);
+      if (fd < 0) continue;
+      ++accepted;
+      ::close(fd);
+    }
+  });
+  Client client;
+  std::atomic<int> connects{0};
+  std::unique_ptr<TcpClient> tcp;
+  OnLoop(client.loop, [&] {
+    TcpClient::Callbacks cb;
+    cb.on_connected = [&](ConnId) { ++connects; };
+    ConnectOptions opts;
+    opts.initial_backoff = std::chrono::milliseconds(20);
+    opts.max_backoff = std::chrono::milliseconds(1000);
+    tcp = std::make_unique<TcpClient>(&client.messenger->transport(), "127.0.0.1", ntohs(addr.sin_port), opts,
+                                      /*reconnect=*/true, std::move(cb));
+    tcp->Start();
+  });
+  // The client keeps dialing (each dial succeeds, then the link is lost at once) ...
+  auto deadline = std::chrono::steady_clock::now() + testing::kWait;
+  while (connects.load() < 3) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // ... but with a backoff that doubles: 20 + 40 + ... ms. Within a second, a handful of
+  // dials, where redialing at once made thousands.
+  const int before = connects.load();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const int in_a_second = connects.load() - before;
+  OnLoop(client.loop, [&] { tcp.reset(); });
+  stop = true;
+  acceptor.join();
+  ::close(lfd);
+  INFO(in_a_second << " connections in a second, " << accepted.load() << " accepted in all");
+  CHECK(in_a_second < 50);
+  REQUIRE(client.Stop().ok());
 }
 
 }  // namespace pscore::comm
