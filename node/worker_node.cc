@@ -147,6 +147,7 @@ struct WorkerNode::KvOp {
   // owns dest again the moment the future is.
   size_t parts_sent = 0;
   std::optional<Status> failure;
+  uint64_t seq = 0;  // issue order on the loop (WorkerNode::op_seq_)
   std::promise<Status> push_done;  // also PullInto's
   std::promise<Result<PullResult>> pull_done;
   std::promise<Result<PullView>> view_done;
@@ -425,6 +426,7 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
     parts.push_back(std::move(part));
   }
   bool queued = loop()->Run([this, op, parts = std::move(parts)]() mutable {
+    op->seq = ++op_seq_;
     for (KvPart& p : parts) Dispatch(op, std::move(p));
   });
   if (!queued) op->Fail(Stopped());  // never reached the loop: no other thread has op
@@ -560,6 +562,7 @@ void WorkerNode::StartPull(const std::shared_ptr<KvOp>& op, const std::vector<ui
     return;
   }
   bool queued = loop()->Run([this, op] {
+    op->seq = ++op_seq_;
     KvPart all;
     all.indices.resize(op->keys.size());
     std::iota(all.indices.begin(), all.indices.end(), 0);
@@ -572,7 +575,9 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
   if (op->finished) return;
   if (closed()) return op->Fail(Stopped());  // a shared loop runs on after Stop
   int n = metadata().server_num();
-  if (holding_ || n == 0) {
+  // While a scale holds traffic, and behind parts held for a re-send: an op issued after
+  // a push that must be sent again must not overtake it.
+  if (holding_ || n == 0 || !held_.empty()) {
     held_.emplace_back(op, std::move(part));
     WatchHeld();
     return;
@@ -697,6 +702,12 @@ void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<Fra
     op->Fail(r.status());
     return;
   }
+  if (!op->push && AfterHeldPush(*op, part)) {
+    // Answered after an earlier push to that server was refused and held for a re-send:
+    // the answer cannot show that push. Pulled again behind it.
+    VLOG(1) << options_.node_id << ": pull answered before an earlier push's re-send; pulling again after it";
+    return HoldForRetry(op, std::move(part));
+  }
   if (!op->push) {
     BufferPtr b = r->payload ? std::move(r->payload) : Buffer::Allocate(0);
     // Values read into dest (the sink) leave only the head here.
@@ -752,9 +763,20 @@ Status WorkerNode::HeldTooLong() const {
                                     " ms) while the cluster scaled");
 }
 
+bool WorkerNode::AfterHeldPush(const KvOp& op, const KvPart& part) const {
+  for (const auto& [held_op, held_part] : held_) {
+    if (held_op->push && held_op->seq < op.seq && held_part.addr == part.addr) return true;
+  }
+  return false;
+}
+
 void WorkerNode::ReleaseHeld() {
   auto held = std::move(held_);
   held_.clear();
+  // In issue order: parts are held in the order they were refused (a pull held while the
+  // cluster scales, then an earlier push refused as its keys moved), and go out on one
+  // link per server, in order.
+  std::stable_sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.first->seq < b.first->seq; });
   TimePoint now = std::chrono::steady_clock::now();
   for (auto& [op, part] : held) {
     if (now >= op->deadline) {

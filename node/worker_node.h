@@ -158,6 +158,10 @@ class WorkerNode : public Node {
   // Idle direct links by server address; a calling thread takes one for a call.
   std::unordered_map<std::string, std::vector<std::unique_ptr<comm::BlockingLink>>> idle_links_;  // direct_mu_
   std::vector<std::pair<std::shared_ptr<KvOp>, KvPart>> held_;
+  // Issue order of pushes and pulls on the loop (loop thread): parts held for a re-send go
+  // out again in it, and later ones wait behind them (a Pull after a Push sees it).
+  uint64_t op_seq_ = 0;
+  bool AfterHeldPush(const KvOp& op, const KvPart& part) const;
   // Float counts of keys seen in pull answers written from the store (64 KiB or more per
   // key on average): a Pull whose keys are all here allocates its result before sending
   // and has the answers read into it; a PullInto given no layout takes them as its layout.

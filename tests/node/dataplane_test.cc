@@ -461,6 +461,41 @@ TEST_CASE("a Pull issued after a Push from the same worker sees that Push", "[no
   for (auto& f : pushes) CHECK(Await(f).ok());
 }
 
+TEST_CASE("a Pull issued after a Push sees it even when the server refused that Push once and it was sent again",
+          "[node][net][dataplane]") {
+  // The server refuses one push kAborted (as when its keys move in a scale, or a stalled
+  // stream is revoked): the worker holds it and sends it again 50 ms later. The pull
+  // issued right after it was answered in between; it must not be the caller's answer.
+  auto refuse = std::make_shared<std::atomic<int>>(0);
+  TestCluster::Config config;
+  config.store.rule = core::UpdateRule::kSum;
+  config.setup = [refuse](ServerNode& s) {
+    ServerNode* server = &s;
+    s.RegisterHandler(kPushHandler, [server, refuse](const DataRequest& req, Responder r) {
+      if (refuse->exchange(0) > 0) return r.Fail(Status(Code::kAborted, "test: these keys moved"));
+      Result<core::KvView> v = core::DecodeKvPairs(req.payload->data(), req.payload->size(), true);
+      if (!v.ok()) return r.Fail(v.status());
+      Status st = server->store().Push(v->keys, v->lens, v->values, v->num_keys);
+      if (!st.ok()) return r.Fail(st);
+      r.Reply(nullptr);
+    });
+  };
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  REQUIRE(Await(w.Push({7}, std::vector<float>{1.0f})).ok());
+  for (int round = 0; round < 5; ++round) {
+    INFO("round " << round);
+    refuse->store(1);
+    auto pushed = w.Push({7}, std::vector<float>{2.0f});
+    auto pulled = w.Pull({7});
+    REQUIRE(Await(pushed).ok());
+    Result<PullResult> r = Await(pulled);
+    REQUIRE(r.ok());
+    CHECK(r->values == std::vector<float>{3.0f + 2.0f * round});
+  }
+}
+
 TEST_CASE("large Pulls answered from the store's memory see each Push whole and in order",
           "[node][net][dataplane]") {
   // Keys of 128 KiB: the server answers them with the stored memory itself (no copy), so
