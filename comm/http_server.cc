@@ -38,6 +38,7 @@ struct HttpServer::Conn {
   TimePoint awaiting_since;
   std::string pending;  // received bytes not yet parsed
   uint64_t queued = 0;  // bytes handed to uv_write and not yet written
+  TimePoint write_progress;  // when queued last went up from 0 or an answer was written
   std::vector<std::function<void()>> watchers;
 };
 
@@ -367,6 +368,7 @@ Status HttpServer::Write(Conn* c, std::string head, std::shared_ptr<const std::s
     CloseConn(c);
     return st;
   }
+  if (c->queued == 0) c->write_progress = SteadyClock().Now();
   c->queued += op->bytes;
   stats_.bytes_out += op->bytes;
   if (c->queued > options_.max_queued_bytes) {
@@ -379,6 +381,7 @@ Status HttpServer::Write(Conn* c, std::string head, std::shared_ptr<const std::s
 
 void HttpServer::OnWritten(Conn* c, size_t bytes) {
   c->queued -= std::min<uint64_t>(c->queued, bytes);
+  c->write_progress = SteadyClock().Now();
   if (c->close_after_write && c->queued == 0) CloseConn(c);
 }
 
@@ -506,13 +509,21 @@ HttpServer::Conn* HttpServer::Find(HttpConnId id) const {
   return it == conns_.end() ? nullptr : it->second;
 }
 
-// Cuts off requests that take too long to arrive and keep-alive connections left idle.
+// Cuts off requests that take too long to arrive, keep-alive connections left idle, and
+// peers that do not take their answers: output waiting with no answer written for the
+// request timeout (a client that pipelines requests and never reads would otherwise hold
+// up to max_queued_bytes each, for good; so would one sent a 4xx it never reads).
 // Streams are exempt: their subscribers are policed by whoever feeds them.
 void HttpServer::Sweep() {
   TimePoint now = SteadyClock().Now();
-  std::vector<Conn*> slow, idle;
+  std::vector<Conn*> slow, idle, stalled;
   for (auto& [id, c] : conns_) {
-    if (c->closing || c->streaming || c->busy) continue;
+    if (c->closing || c->streaming) continue;
+    if (c->queued > 0 && now - c->write_progress > options_.request_timeout) {
+      stalled.push_back(c);
+      continue;
+    }
+    if (c->busy) continue;
     if (c->in_request) {
       if (now - c->request_started > options_.request_timeout) slow.push_back(c);
     } else if (!c->pending.empty()) {
@@ -526,6 +537,12 @@ void HttpServer::Sweep() {
   for (Conn* c : slow) Fail(c, 408, "request not completed within " +
                                          std::to_string(ToMillis(options_.request_timeout)) + " ms");
   for (Conn* c : idle) CloseConn(c);
+  for (Conn* c : stalled) {
+    LOG(WARNING) << "http: conn " << c->id << " took no answer within " << ToMillis(options_.request_timeout) << " ms ("
+                 << c->queued << " bytes waiting); closing";
+    ++stats_.bad_requests;
+    CloseConn(c);
+  }
 }
 
 void HttpServer::Shutdown() {

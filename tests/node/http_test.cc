@@ -11,6 +11,7 @@
 #include <functional>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "node/ranktable_hub.h"
 #include "node/ranktable_subscriber.h"
@@ -713,6 +714,41 @@ TEST_CASE("http: a client sending only blank lines is closed as idle", "[node][n
   }
   CHECK(closed);
   // A real request on a fresh connection is still served.
+  CHECK(Request(st.port, "GET", "/v1/cluster").status == 200);
+}
+
+TEST_CASE("http: a client that pipelines requests and never reads its answers is closed after the request timeout",
+          "[node][net]") {
+  comm::HttpServerOptions ho;
+  ho.request_timeout = 300ms;
+  Stack st(SchedOpts(1, 1), ho);
+  RawSocket s;
+  REQUIRE(s.Connect(st.port, /*rcvbuf=*/4096));
+  // Answers of a few KiB each, far more than the sockets' buffers hold, far less than
+  // max_queued_bytes (64 MiB): before, such a connection held its output for good.
+  std::string requests;
+  for (int i = 0; i < 50; ++i) requests += "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  size_t sent = 0;
+  for (int round = 0; round < 60 && s.SendAll(requests); ++round) sent += 50;
+  REQUIRE(sent >= 1000);
+  std::this_thread::sleep_for(2s);  // no reading: well past the 300 ms request timeout
+  // Now read: what was written before the close, then the end of the connection.
+  size_t got = 0;
+  bool ended = false;
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!ended && std::chrono::steady_clock::now() < deadline) {
+    char buf[65536];
+    ssize_t r = ::recv(s.fd(), buf, sizeof(buf), 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else {
+      ended = r == 0 || errno == ECONNRESET;
+      if (!ended && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
+    }
+  }
+  INFO(sent << " requests sent, " << got << " bytes of answers read");
+  CHECK(ended);
+  // Other clients are served.
   CHECK(Request(st.port, "GET", "/v1/cluster").status == 200);
 }
 
