@@ -59,6 +59,7 @@ class Connection {
   bool heard() const { return heard_; }  // at least one whole frame decoded
   uint64_t queued_bytes() const { return queued_bytes_; }
   void DropSink(uint64_t request_id) { decoder_.DropSink(request_id); }
+  void LimitPayload(uint64_t bytes) { decoder_.set_max_message_bytes(bytes); }
   // Called by Transport when it goes away first: the close callback must not touch it.
   void Detach() { transport_ = nullptr; }
   // Writes the frames queued since the last flush (Transport calls it before the loop polls).

@@ -69,6 +69,9 @@ class FrameDecoder {
   using StreamFn = std::function<std::shared_ptr<TailStream>(const pb::MessageMeta& meta, uint64_t tail)>;
 
   explicit FrameDecoder(const Limits& limits);
+  // Changes the largest payload accepted from the next frame header on (a connection
+  // still proving its token takes only handshake-sized frames).
+  void set_max_message_bytes(uint64_t bytes) { limits_.max_message_bytes = bytes; }
 
   void set_sink(SinkFn fn) { sink_fn_ = std::move(fn); }
   void set_stream(StreamFn fn) { stream_fn_ = std::move(fn); }

@@ -12,6 +12,9 @@
 namespace pscore::comm {
 namespace {
 
+// A HELLO's payload is a nonce or a proof (32 bytes each) in a few bytes of protobuf.
+constexpr uint64_t kHandshakeMaxPayload = 1024;
+
 pb::MessageMeta HelloMeta(bool response, const Status& st) {
   pb::MessageMeta meta;
   meta.set_cmd(pb::HELLO);
@@ -33,6 +36,9 @@ BufferPtr HelloPayload(const pb::HelloMessage& msg) {
 }  // namespace
 
 void Transport::StartAuth(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready) {
+  // Until the proof is checked only handshake frames may come: a stranger's header must
+  // not make the decoder set aside max_message_bytes (256 MiB) for it.
+  if (Connection* c = Lookup(id)) c->LimitPayload(kHandshakeMaxPayload);
   PendingAuth& p = pending_auth_[id];
   p.accepted = accepted;
   p.ready = std::move(ready);
@@ -97,6 +103,7 @@ void Transport::AuthDone(ConnId id, const Status& st) {
   if (p.timer != 0) loop_->CancelTimer(p.timer);
   if (st.ok()) {
     VLOG(1) << "conn " << id << " " << PeerAddress(id) << ": token handshake done";
+    if (Connection* c = Lookup(id)) c->LimitPayload(options_.limits.max_message_bytes);
     return Opened(id, p.accepted, std::move(p.ready));
   }
   LOG(WARNING) << "conn " << id << " " << PeerAddress(id) << ": authentication failed: " << st;

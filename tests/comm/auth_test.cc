@@ -141,6 +141,32 @@ TEST_CASE("raw frames before the proof are refused and never reach the handler",
   REQUIRE(server.Stop().ok());
 }
 
+TEST_CASE("a frame header larger than a handshake before the proof closes the connection at once - nothing set aside for it",
+          "[comm][auth][net]") {
+  TransportOptions so = WithToken("s3cret");
+  so.auth_timeout = std::chrono::seconds(3);
+  EchoServer server(so);
+  int port = server.Start();
+  RawSocket s;
+  REQUIRE(s.Connect(port));
+  pb::MessageMeta challenge;
+  std::string payload;
+  REQUIRE(s.RecvFrame(&challenge, &payload));
+  // A header announcing 200 MiB, then one byte of it: before, the server set aside the
+  // 200 MiB and waited, until the auth timeout answered "no token proof" (a verdict frame).
+  pb::MessageMeta meta = TestMeta(1);
+  std::string meta_bytes = meta.SerializeAsString();
+  std::string wire = EncodeHeader(FrameHeader{kMagic, static_cast<uint32_t>(meta_bytes.size()), uint64_t{200} << 20});
+  wire += meta_bytes;
+  wire += "x";
+  REQUIRE(s.SendAll(wire));
+  CHECK(s.WaitClosed());
+  // Refused as a bad frame (the decoder's limit), not closed by the auth timeout.
+  CHECK(OnLoop(server.loop(), [&] { return server.messenger().transport().stats().protocol_errors; }) == 1);
+  CHECK(server.requests() == 0);
+  REQUIRE(server.Stop().ok());
+}
+
 TEST_CASE("a token client facing a server without a token gives up after the auth timeout", "[comm][auth][net]") {
   EchoServer server;
   int port = server.Start();
