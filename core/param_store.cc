@@ -420,12 +420,20 @@ Status ParamStore::Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) c
   });
 }
 
-Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, float* out) const {
-  return ForEachStored(keys, num_keys, [&](size_t, const BlockPtr& b) {
+Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, const uint32_t* lens, float* out) const {
+  Status changed = Status::Ok();
+  Status st = ForEachStored(keys, num_keys, [&](size_t i, const BlockPtr& b) {
+    if (!changed.ok()) return;
+    if (b->values.size() != lens[i]) {  // replaced by Insert since Lens: out has no room for it
+      changed = Status(Code::kAborted, "key " + std::to_string(keys[i]) + " changed from " + std::to_string(lens[i]) +
+                                           " to " + std::to_string(b->values.size()) + " floats while being read");
+      return;
+    }
     if (b->values.empty()) return;  // memcpy from an empty vector's null data is undefined
     std::memcpy(out, b->values.data(), b->values.size() * sizeof(float));
     out += b->values.size();
   });
+  return st.ok() ? changed : st;
 }
 
 Status ParamStore::ShareValues(const uint64_t* keys, size_t num_keys, Slice* out) const {

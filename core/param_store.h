@@ -112,12 +112,13 @@ class ParamStore {
               std::vector<float>* values) const;
 
   // Pull in two steps, so a caller can copy straight into its own buffer: Lens writes
-  // each key's length (kNotFound names a missing key); CopyValues copies the floats back
-  // to back into out, which must hold the sum of those lengths. A key's length never
-  // changes once it exists, so the two agree unless a key is removed in between
-  // (then CopyValues is kNotFound).
+  // each key's length (kNotFound names a missing key); CopyValues, given those lens,
+  // copies the floats back to back into out, which must hold their sum. A push never
+  // changes a key's length, but Insert may replace a key in between (a migration, the
+  // embedding program): CopyValues then answers kAborted and writes nothing past that
+  // key's place; a key removed in between is kNotFound.
   Status Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const;
-  Status CopyValues(const uint64_t* keys, size_t num_keys, float* out) const;
+  Status CopyValues(const uint64_t* keys, size_t num_keys, const uint32_t* lens, float* out) const;
   // Pull without a copy: out[i] is the stored memory of keys[i] (its length times 4 bytes),
   // pinned while the slice's owner is held. A push to a pinned key writes a fresh copy and
   // leaves the pinned memory alone, so a slice keeps the values of the moment it was taken

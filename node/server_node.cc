@@ -455,7 +455,7 @@ void ServerNode::HandlePull(const DataRequest& req, Responder r) {
   // Smaller ones are copied once: from the store straight into the answer.
   Result<BufferPtr> answer = core::EncodeKvPairsFilled(
       view->keys, view->num_keys, lens.data(), total,
-      [&](float* dst) { return store_.CopyValues(view->keys, view->num_keys, dst); });
+      [&](float* dst) { return store_.CopyValues(view->keys, view->num_keys, lens.data(), dst); });
   lock.unlock();
   if (!answer.ok()) return r.Fail(answer.status());
   CountCopied(total * sizeof(float));

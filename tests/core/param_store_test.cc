@@ -171,11 +171,19 @@ TEST_CASE("two-step pull gives lengths then the values back to back", "[core][pa
   REQUIRE(store.Lens(keys.data(), 2, got.data()).ok());
   CHECK(got == lens);
   std::vector<float> out(5);
-  REQUIRE(store.CopyValues(keys.data(), 2, out.data()).ok());
+  REQUIRE(store.CopyValues(keys.data(), 2, got.data(), out.data()).ok());
   CHECK(out == vals);
   uint64_t missing = 8;
   CHECK(store.Lens(&missing, 1, got.data()).code() == Code::kNotFound);
-  CHECK(store.CopyValues(&missing, 1, out.data()).code() == Code::kNotFound);
+  CHECK(store.CopyValues(&missing, 1, got.data(), out.data()).code() == Code::kNotFound);
+  // Key 7 replaced by a longer value between Lens and CopyValues (Insert: a migration, or
+  // the embedding program): refused, and nothing written past the room the lens gave.
+  store.Insert(7, std::vector<float>(100, 9.0f));
+  std::vector<float> room(5 + 8, -1.0f);  // 8 guard floats after the 5 the lens ask for
+  Status changed = store.CopyValues(keys.data(), 2, got.data(), room.data());
+  CHECK(changed.code() == Code::kAborted);
+  CHECK_THAT(changed.message(), Catch::Contains("key 7 changed from 2 to 100 floats"));
+  CHECK(std::all_of(room.begin() + 5, room.end(), [](float f) { return f == -1.0f; }));
 }
 
 TEST_CASE("shared values are the stored memory and keep their contents while a push writes a copy",

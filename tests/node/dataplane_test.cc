@@ -733,7 +733,9 @@ TEST_CASE("a journaling server's Stop ends the compaction being written - nothin
   ServerJournal journal(dir.File("s0"));
   REQUIRE(journal.Open(&store).ok());
   std::vector<float> got(values.size());
-  REQUIRE(store.CopyValues(keys.data(), keys.size(), got.data()).ok());
+  std::vector<uint32_t> lens(keys.size());
+  REQUIRE(store.Lens(keys.data(), keys.size(), lens.data()).ok());
+  REQUIRE(store.CopyValues(keys.data(), keys.size(), lens.data(), got.data()).ok());
   CHECK(got == std::vector<float>(values.size(), static_cast<float>(pushes)));
 }
 

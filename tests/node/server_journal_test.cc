@@ -68,7 +68,8 @@ int PushUntilCompacting(ServerJournal& j, core::ParamStore& store) {
 std::vector<float> Values(const core::ParamStore& store) {
   const std::vector<uint64_t> keys = Keys();
   std::vector<float> out(kKeys * kLen, -1.0f);
-  REQUIRE(store.CopyValues(keys.data(), kKeys, out.data()).ok());
+  const std::vector<uint32_t> lens(kKeys, kLen);
+  REQUIRE(store.CopyValues(keys.data(), kKeys, lens.data(), out.data()).ok());
   return out;
 }
 
