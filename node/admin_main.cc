@@ -61,6 +61,10 @@ std::string Summary(const pb::AdminResponse& r) {
   return os.str();
 }
 
+// KV values and ids are bytes, not necessarily UTF-8: invalid sequences print as U+FFFD
+// (nlohmann's default throws, which aborted the command).
+std::string Dump(const Json& j, int indent = 2) { return j.dump(indent, ' ', false, Json::error_handler_t::replace); }
+
 Json StatusJson(const pb::AdminResponse& r) {
   return Json{{"cluster_state", StateName(r.cluster_state())},
               {"epoch", r.epoch()},
@@ -73,7 +77,7 @@ Json StatusJson(const pb::AdminResponse& r) {
 
 int PrintStatus(const pb::AdminResponse& r, bool json) {
   if (json) {
-    std::cout << StatusJson(r).dump(2) << std::endl;
+    std::cout << Dump(StatusJson(r)) << std::endl;
     return kOk;
   }
   std::cout << Summary(r) << std::endl;
@@ -95,7 +99,7 @@ int PrintNodes(const pb::AdminResponse& r, bool json) {
                                   {"incarnation", n.incarnation()},
                                   {"last_heartbeat_age_ms", n.last_heartbeat_age_ms()}});
     }
-    std::cout << out.dump(2) << std::endl;
+    std::cout << Dump(out) << std::endl;
     return kOk;
   }
   std::cout << Summary(r) << "\n";
@@ -124,7 +128,7 @@ int PrintBarriers(const std::vector<pb::BarrierInfo>& list, bool json) {
                          {"missing", std::vector<std::string>(b.missing().begin(), b.missing().end())},
                          {"result", b.result()}});
     }
-    std::cout << out.dump(2) << std::endl;
+    std::cout << Dump(out) << std::endl;
     return kOk;
   }
   if (list.empty()) {
@@ -214,7 +218,7 @@ int Kv(node::AdminClient& client, const std::vector<std::string>& args, bool jso
     if (json) {
       Json out = Json::object();
       for (auto& [k, v] : *list) out[k] = v;
-      std::cout << out.dump(2) << std::endl;
+      std::cout << Dump(out) << std::endl;
       return kOk;
     }
     for (auto& [k, v] : *list) std::cout << k << "\t" << v << "\n";
@@ -244,6 +248,10 @@ void OnSignal(int sig) { g_signal = sig; }
 // ends (the job is over: exit 0; with --reconnect_ms, once subscribing again failed for
 // that long) or a signal arrives (exit 0).
 int WatchRankTable(const node::CommandLine& cl) {
+  // Only this command ends cleanly on SIGINT/SIGTERM; the others keep the default (the
+  // process ends at once), which a handler that nothing reads would swallow.
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
   node::RankTableSubscriberOptions o;
   o.host = cl.node.scheduler_host;
   o.port = cl.node.scheduler_port;
@@ -263,7 +271,7 @@ int WatchRankTable(const node::CommandLine& cl) {
       [json](const pb::RankTableStream& s) {
         if (json) {
           Json line = {{"jobId", s.jobid()}, {"rankTable", Json::parse(s.ranktable(), nullptr, false)}};
-          std::cout << line.dump() << std::endl;
+          std::cout << Dump(line, -1) << std::endl;
         } else {
           std::cout << s.ranktable() << std::endl;
         }
@@ -343,8 +351,6 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 2;  // Only errors: the command's own output is the report.
   std::signal(SIGPIPE, SIG_IGN);
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) return Fail(kUsage, "no command given (see --help)");
   return Run(cl, args);

@@ -219,6 +219,13 @@ TEST_CASE("pscore-admin kv set/get/ls/rm round trip", "[multiproc][net]") {
   nlohmann::json doc = nlohmann::json::parse(ls_json.out, nullptr, false);
   REQUIRE(doc.is_object());
   CHECK(doc["cfg/opt/name"] == "adam");
+  // A value that is not UTF-8 (values are bytes): printed with U+FFFD, not an abort.
+  CHECK(job.Admin({"kv", "set", "cfg/bin", "\xff\xfe"}).code == 0);
+  AdminRun bin_json = job.Admin({"kv", "ls", "cfg", "--json"});
+  CHECK(bin_json.code == 0);
+  nlohmann::json bin_doc = nlohmann::json::parse(bin_json.out, nullptr, false);
+  REQUIRE(bin_doc.is_object());
+  CHECK(bin_doc["cfg/bin"] == "\xef\xbf\xbd\xef\xbf\xbd");
   CHECK(job.Admin({"kv", "rm", "cfg"}).code == 0);
   AdminRun gone = job.Admin({"kv", "get", "cfg/lr"});
   CHECK(gone.code == 1);
@@ -267,6 +274,22 @@ TEST_CASE("pscore-admin refuses bad commands with a reason and exit code", "[mul
   CHECK(unreachable.code == 3);
   CHECK(Has(unreachable, "scheduler unreachable"));
 
+  job.StopAndCheckExits();
+}
+
+TEST_CASE("pscore-admin waiting for a scale ends at SIGTERM or SIGINT - not at its wait timeout", "[multiproc][net]") {
+  Job job(1, 1, /*scale_timeout_ms=*/3000);  // the new server never comes: rolled back after 3 s
+  for (int sig : {SIGTERM, SIGINT}) {
+    INFO("signal " << sig);
+    auto waiting = job.StartAdmin({"scale-out", "--servers=2", "--wait", "--wait_timeout_ms=60000"});
+    std::this_thread::sleep_for(500ms);  // connected and polling (it would poll for 60 s)
+    REQUIRE(waiting->running());
+    waiting->Signal(sig);
+    std::optional<int> code = waiting->Wait(10s);
+    REQUIRE(code.has_value());  // before: the signal was caught and ignored
+    CHECK(*code == 128 + sig);
+    REQUIRE(job.WaitForState(pb::CLUSTER_READY));  // the scale rolled back
+  }
   job.StopAndCheckExits();
 }
 
