@@ -33,8 +33,9 @@ SchedulerNode::SchedulerNode(SchedulerOptions options, comm::EventLoop* loop)
   comm::Messenger::Handlers h;
   h.on_request = [this](ConnId c, Frame&& f) { OnRequest(c, std::move(f)); };
   h.on_close = [this](ConnId c, const Status& why) { OnClose(c, why); };
-  messenger_ = std::make_unique<comm::Messenger>(
-      loop_, MakeTransportOptions(options_.max_message_bytes, options_.cluster_token, options_.accept), std::move(h));
+  comm::TransportOptions t = MakeTransportOptions(options_.max_message_bytes, options_.cluster_token, options_.accept);
+  t.max_queued_write_bytes = options_.max_queued_write_bytes;
+  messenger_ = std::make_unique<comm::Messenger>(loop_, t, std::move(h));
 }
 
 SchedulerNode::~SchedulerNode() { Stop(); }
@@ -358,7 +359,7 @@ void SchedulerNode::HandleEvent(ConnId conn, const Frame& frame) {
   ev.set_payload(msg.payload());
   BufferPtr payload = ToBuffer(ev);
   pb::MessageMeta meta = MakeMeta(pb::SEND_EVENT, pb::SCHEDULER, 0);
-  for (auto& [node_id, c] : conn_of_) {
+  for (auto& [node_id, c] : Links()) {
     if (node_id != msg.node_id()) messenger_->Notify(c, meta, payload).IgnoreError();
   }
   Reply(conn, frame.meta, Status::Ok());
@@ -413,7 +414,13 @@ void SchedulerNode::Tick() {
 }
 
 void SchedulerNode::Broadcast(const pb::MessageMeta& meta, const BufferPtr& payload) {
-  for (auto& [node_id, c] : conn_of_) messenger_->Notify(c, meta, payload).IgnoreError();
+  for (auto& [node_id, c] : Links()) messenger_->Notify(c, meta, payload).IgnoreError();
+}
+
+// A copy of the node links to send over: a send may close its connection at once (a
+// peer over the queued-output cap), and OnClose then erases it from conn_of_.
+std::vector<std::pair<std::string, ConnId>> SchedulerNode::Links() const {
+  return std::vector<std::pair<std::string, ConnId>>(conn_of_.begin(), conn_of_.end());
 }
 
 void SchedulerNode::SendMetadataTo(const std::string& node_id) {

@@ -122,6 +122,7 @@ class SchedulerNode {
   uint64_t stop_hook_ = 0;
 
   std::unordered_map<std::string, comm::ConnId> conn_of_;  // node_id -> its scheduler link
+  std::vector<std::pair<std::string, comm::ConnId>> Links() const;  // conn_of_, copied
   struct LinkNode {
     std::string node_id;
     core::ClusterManager::NodeHint hint;  // spares the registry lookup per heartbeat

@@ -105,7 +105,7 @@ void SchedulerNode::DrainEvents() {
           LOG(INFO) << "scheduler: scale-in to " << e.worker_num << " workers, " << e.server_num
                     << " servers (epoch " << e.epoch << ")";
           std::set<std::string> leaving(e.leaving_node_ids.begin(), e.leaving_node_ids.end());
-          for (auto& [node_id, c] : conn_of_) {
+          for (auto& [node_id, c] : Links()) {
             pb::ScaleInMessage msg;
             msg.set_worker_num(e.worker_num);
             msg.set_server_num(e.server_num);
@@ -286,10 +286,12 @@ void SchedulerNode::HandleKv(ConnId conn, const Frame& frame) {
         if (r.ok()) out.set_value(*r);
         Reply(conn, meta, r.status(), ToBuffer(out));
       });
+      // Looked up again: an answer given at once may have closed the connection (a peer
+      // over the queued-output cap), and OnClose erased its set.
       if (*id != 0) {
-        waiting.insert(*id);
-      } else if (waiting.empty()) {
-        kv_gets_.erase(conn);  // answered at once
+        kv_gets_[conn].insert(*id);  // waits: nothing was sent
+      } else if (auto w = kv_gets_.find(conn); w != kv_gets_.end() && w->second.empty()) {
+        kv_gets_.erase(w);  // answered at once
       }
       return;
     }

@@ -2,6 +2,11 @@
 // incarnations and the in-error policy, KV and barriers through nodes, error delivery
 // (also to late joiners), the shutdown barrier, the device topology, and two stress runs
 // (3 x 1,000 concurrent KvSet; 64 nodes x 100 barrier rounds).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,6 +22,7 @@
 #include <vector>
 
 #include "comm/event_loop.h"
+#include "comm/frame.h"
 #include "comm/messenger.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
@@ -710,6 +716,56 @@ TEST_CASE("blocking KV gets of a connection that closes stop waiting - at most 4
     if (!none) std::this_thread::sleep_for(10ms);
   }
   CHECK(none);  // before, they waited out their hour
+}
+
+TEST_CASE("a peer that asks for large KV values and never reads is closed at the queued-output cap - the scheduler lives on",
+          "[node][net][coord]") {
+  // Each GET of "big" is answered at once with 1 MiB; the 4 MiB cap closes the connection
+  // inside such an answer. The GET handler used its per-connection set after that answer,
+  // which OnClose had erased (ASan: heap-use-after-free).
+  SchedulerOptions so = SchedOpts(1, 0);
+  so.max_queued_write_bytes = 4 << 20;
+  TestCluster c(so);
+  c.StartWorkers(1);
+  REQUIRE(c.node(0).KvSet("big", std::string(1 << 20, 'v')).ok());
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  int rcvbuf = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(c.sched().port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  pb::KvRequest get;
+  get.set_op(pb::KvRequest::GET);
+  get.set_key("big");
+  get.set_timeout_ms(1000);
+  const std::string body = get.SerializeAsString();
+  std::string wire;
+  for (int i = 1; i <= 64; ++i) {
+    pb::MessageMeta meta = MakeMeta(pb::KV_REQUEST, pb::WORKER, -1);
+    meta.set_request_id(static_cast<uint64_t>(i));
+    const std::string m = meta.SerializeAsString();
+    wire += comm::EncodeHeader(comm::FrameHeader{comm::kMagic, static_cast<uint32_t>(m.size()), body.size()}) + m + body;
+  }
+  REQUIRE(::send(fd, wire.data(), wire.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(wire.size()));
+  std::this_thread::sleep_for(1s);  // not reading: the answers pile up past the cap
+  bool ended = false;
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!ended && std::chrono::steady_clock::now() < deadline) {
+    char buf[65536];
+    ssize_t r = ::recv(fd, buf, sizeof(buf), 0);
+    if (r == 0 || (r < 0 && errno == ECONNRESET)) ended = true;
+  }
+  ::close(fd);
+  CHECK(ended);
+  CHECK(c.sched().kv_gets_waiting() == 0);
+  Result<std::string> again = c.node(0).KvGet("big", 5s);
+  REQUIRE(again.ok());
+  CHECK(again->size() == (1u << 20));
 }
 
 TEST_CASE("stress: 3 nodes x 1,000 concurrent KvSet to distinct keys, then List returns all 3,000",
