@@ -36,8 +36,8 @@ Result<std::string> NormalizeKey(std::string_view key) {
   return out;
 }
 
-KvStore::KvStore(const Clock* clock, size_t max_value_bytes, uint64_t max_total_bytes)
-    : clock_(clock), max_value_bytes_(max_value_bytes), max_total_bytes_(max_total_bytes) {
+KvStore::KvStore(const Clock* clock, size_t max_value_bytes, uint64_t max_total_bytes, size_t max_entries)
+    : clock_(clock), max_value_bytes_(max_value_bytes), max_total_bytes_(max_total_bytes), max_entries_(max_entries) {
   CHECK(clock_ != nullptr);
 }
 
@@ -63,6 +63,10 @@ Status KvStore::Set(const std::string& key, std::string value, bool overwrite) {
     return Status(Code::kResourceExhausted, "kv store full: setting " + *norm + " would hold " +
                                                 std::to_string(total) + " bytes of keys and values, over the " +
                                                 std::to_string(max_total_bytes_) + "-byte cap");
+  }
+  if (it == entries_.end() && entries_.size() >= max_entries_) {
+    return Status(Code::kResourceExhausted, "kv store full: it holds " + std::to_string(entries_.size()) +
+                                                " keys, the most it may (a new key " + *norm + " is refused)");
   }
   total_bytes_ = total;
   if (it == entries_.end()) {

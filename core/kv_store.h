@@ -36,15 +36,22 @@ class KvStore {
   using GetCallback = std::function<void(Result<std::string>)>;
   using Entries = std::vector<std::pair<std::string, std::string>>;
 
+  // At most this many keys by default: what a state file may hold (kMaxStateKvEntries),
+  // so a scheduler can always load the state it wrote.
+  static constexpr size_t kDefaultMaxEntries = size_t{1} << 20;
+
   // clock must outlive the store. Values longer than max_value_bytes are refused, and so
-  // is a Set that would take the keys and values stored past max_total_bytes (0: no cap).
-  KvStore(const Clock* clock, size_t max_value_bytes, uint64_t max_total_bytes = 0);
+  // is a Set that would take the keys and values stored past max_total_bytes (0: no cap),
+  // or add a key past max_entries.
+  KvStore(const Clock* clock, size_t max_value_bytes, uint64_t max_total_bytes = 0,
+          size_t max_entries = kDefaultMaxEntries);
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
   // Stores value under key. An existing key without overwrite is kAlreadyExists and keeps its
   // old value; a value over the bound or a bad key is kInvalidArgument; a store that would
-  // grow past max_total_bytes is kResourceExhausted (the old value is kept). Wakes every Get
+  // grow past max_total_bytes, or a new key past max_entries, is kResourceExhausted (the
+  // old value is kept). Wakes every Get
   // waiting on the key.
   [[nodiscard]] Status Set(const std::string& key, std::string value, bool overwrite);
 
@@ -99,6 +106,7 @@ class KvStore {
   const Clock* clock_;
   size_t max_value_bytes_;
   uint64_t max_total_bytes_;
+  size_t max_entries_;
   uint64_t total_bytes_ = 0;  // sum of key and value sizes in entries_
   std::map<std::string, std::string> entries_;  // Ordered, so List is a range scan.
   std::unordered_map<uint64_t, Waiter> waiters_;

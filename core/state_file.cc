@@ -13,6 +13,9 @@
 #include "core/kv_store.h"
 
 namespace pscore::core {
+
+static_assert(core::KvStore::kDefaultMaxEntries == static_cast<size_t>(core::kMaxStateKvEntries),
+              "a scheduler's KV store must fit in the state file it writes");
 namespace {
 
 using internal::Err;

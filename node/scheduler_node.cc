@@ -2,6 +2,7 @@
 
 #include <future>
 
+#include "core/state_file.h"
 #include "node/state_writer.h"
 #include "node/wire.h"
 
@@ -225,6 +226,16 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   req.host_name = msg.host_name();
   if (req.node_id.empty() || req.node_id.size() > 256) {
     return Reply(conn, frame.meta, Status(Code::kInvalidArgument, "node_id must be 1..256 bytes"));
+  }
+  // What the state file may hold (core/state_file.h): a scheduler must be able to load the
+  // state it writes, or its restart fails on a member's bad REGISTER.
+  if (req.port < 0 || req.port > 65535) {
+    return Reply(conn, frame.meta, Status(Code::kInvalidArgument, "port " + std::to_string(req.port) + " is not in [0, 65535]"));
+  }
+  if (req.devices.size() > static_cast<size_t>(core::kMaxStateDevicesPerNode)) {
+    return Reply(conn, frame.meta, Status(Code::kInvalidArgument, std::to_string(req.devices.size()) +
+                                                                      " devices: at most " +
+                                                                      std::to_string(core::kMaxStateDevicesPerNode) + " per node"));
   }
   Result<core::RegisterOutcome> out = cluster_.Register(req);
   if (!out.ok()) {

@@ -5,6 +5,7 @@
 
 #include "core/clock.h"
 #include "core/kv_store.h"
+#include "core/state_file.h"
 
 // Catch2 comes after core headers: glog (via status.h) also defines CHECK, and the last
 // definition wins. Here CHECK must be Catch's non-aborting assertion.
@@ -249,6 +250,23 @@ TEST_CASE("kv total cap refuses growth past it - shrinking sets and deletes free
   CHECK(small.Set("z", "", false).code() == Code::kResourceExhausted);
   REQUIRE(small.Set("y", "1", true).ok());
   CHECK(small.total_bytes() == 5);
+}
+
+TEST_CASE("kv entry cap refuses new keys past it - overwrites and deletes still pass", "[core][kv]") {
+  FakeClock clock;
+  KvStore kv(&clock, 64, /*max_total_bytes=*/0, /*max_entries=*/3);
+  REQUIRE(kv.Set("a", "1", false).ok());
+  REQUIRE(kv.Set("b/c", "2", false).ok());
+  REQUIRE(kv.Set("d", "3", false).ok());
+  Status full = kv.Set("e", "4", false);
+  CHECK(full.code() == Code::kResourceExhausted);
+  CHECK(full.message().find("3 keys") != std::string::npos);
+  REQUIRE(kv.Set("a", "10", true).ok());  // an existing key
+  kv.Delete("b");
+  REQUIRE(kv.Set("e", "4", false).ok());
+  CHECK(kv.size() == 3);
+  // The default is what a state file may hold.
+  CHECK(KvStore::kDefaultMaxEntries == static_cast<size_t>(kMaxStateKvEntries));
 }
 
 TEST_CASE("kv snapshot and restore round-trip and wake waiters", "[core][kv]") {

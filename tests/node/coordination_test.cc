@@ -23,6 +23,7 @@
 
 #include "comm/event_loop.h"
 #include "comm/frame.h"
+#include "core/state_file.h"
 #include "comm/messenger.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
@@ -716,6 +717,32 @@ TEST_CASE("blocking KV gets of a connection that closes stop waiting - at most 4
     if (!none) std::this_thread::sleep_for(10ms);
   }
   CHECK(none);  // before, they waited out their hour
+}
+
+TEST_CASE("a REGISTER with a port out of range or too many devices is refused - the state file stays loadable",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(1, 0));
+  RawClient x(c.sched().port());
+  auto reg = [&](int port, int devices) {
+    pb::RegisterMessage msg;
+    msg.set_ip("127.0.0.1");
+    msg.set_port(port);
+    msg.set_node_id("w0");
+    msg.set_role(pb::WORKER);
+    msg.set_incarnation(1);
+    msg.set_requested_rank(-1);
+    for (int i = 0; i < devices; ++i) msg.add_devices()->set_local_id(i);
+    return x.Call(pb::REGISTER, msg);
+  };
+  for (int port : {70000, -1}) {
+    Result<comm::Frame> r = reg(port, 0);
+    CHECK(r.status().code() == Code::kInvalidArgument);
+    CHECK_THAT(r.status().message(), Catch::Contains("not in [0, 65535]"));
+  }
+  Result<comm::Frame> many = reg(1, core::kMaxStateDevicesPerNode + 1);
+  CHECK(many.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(many.status().message(), Catch::Contains("at most 4096 per node"));
+  REQUIRE(reg(1, 2).ok());  // in range: registered
 }
 
 TEST_CASE("a peer that asks for large KV values and never reads is closed at the queued-output cap - the scheduler lives on",
