@@ -169,7 +169,7 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
       }
       Die(prog, "unknown flag " + a + " (see --help)");
     }
-    if (!value && info.type != "bool" && i + 1 < *argc) value = (*argv)[i + 1];  // --name value
+    if (!value && info.type != "bool" && i + 1 < *argc) value = (*argv)[++i];  // --name value (e.g. --rank -1)
     if (value && gflags::SetCommandLineOption(name.c_str(), value->c_str()).empty()) {
       Die(prog, "bad value '" + *value + "' for --" + name + " (" + info.type + ")");
     }
@@ -200,6 +200,9 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
                   ") must be greater than --heartbeat_interval_ms (" + std::to_string(FLAGS_heartbeat_interval_ms) + ")");
   }
   if (FLAGS_connect_timeout_ms <= 0) Die(prog, "--connect_timeout_ms must be > 0");
+  if (FLAGS_scale_timeout_ms <= 0) Die(prog, "--scale_timeout_ms must be > 0");
+  // Each is a thread of the server's executor.
+  if (FLAGS_handler_threads < 0 || FLAGS_handler_threads > 1024) Die(prog, "--handler_threads must be in [0, 1024]");
   // The int64 durations become steady-clock deadlines (now + ms): more than 2^42 ms
   // (about 139 years) would overflow them.
   auto check_ms = [&](const char* name, int64_t v, int64_t min) {
