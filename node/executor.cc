@@ -2,12 +2,27 @@
 
 namespace pscore::node {
 
+namespace {
+thread_local const void* t_lane = nullptr;  // the lane whose thread this is, if any
+}  // namespace
+
 Executor::Executor(int threads) {
   for (int i = 0; i < threads; ++i) {
-    lanes_.push_back(std::make_unique<Lane>());
-    Lane* lane = lanes_.back().get();
+    lanes_.push_back(std::make_shared<Lane>());
+    std::shared_ptr<Lane> lane = lanes_.back();
     lane->thread = std::thread([lane] { Run(lane); });
   }
+}
+
+bool Executor::ReleaseCallingLane() {
+  for (auto& lane : lanes_) {
+    if (lane.get() != t_lane) continue;
+    std::lock_guard<std::mutex> lock(lane->mu);
+    lane->released = true;
+    lane->queue.clear();  // nothing more runs there: the node is stopping
+    return true;
+  }
+  return false;
 }
 
 Executor::~Executor() { Shutdown(); }
@@ -35,11 +50,22 @@ void Executor::Shutdown() {
     lane->cv.notify_all();
   }
   for (auto& lane : lanes_) {
-    if (lane->thread.joinable() && lane->thread.get_id() != std::this_thread::get_id()) lane->thread.join();
+    if (!lane->thread.joinable()) continue;
+    bool released;
+    {
+      std::lock_guard<std::mutex> lock(lane->mu);
+      released = lane->released;
+    }
+    if (released) {
+      lane->thread.detach();  // ends after the task that released it (it holds the lane)
+    } else if (lane->thread.get_id() != std::this_thread::get_id()) {
+      lane->thread.join();
+    }
   }
 }
 
-void Executor::Run(Lane* lane) {
+void Executor::Run(std::shared_ptr<Lane> lane) {
+  t_lane = lane.get();
   for (;;) {
     std::function<void()> fn;
     {

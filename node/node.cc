@@ -435,6 +435,7 @@ void Node::Stop() {
     }
     cv_.notify_all();
   }
+  OnStopCalled();
   if (owned_loop_) {
     owned_loop_->Stop().IgnoreError();  // The stop hook closes everything.
   } else if (loop_->running() && !loop_->InLoopThread()) {

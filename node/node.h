@@ -126,6 +126,9 @@ class Node {
   // InjectForTest: treat `conn` as an identified member (fuzzers, tests).
   virtual void TrustPeerForTest(comm::ConnId conn) {}
   virtual void StopRole() {}
+  // Stop() was called on this thread, before anything stops (e.g. a server's handler
+  // thread, which Stop must then not wait for).
+  virtual void OnStopCalled() {}
 
   // Blocking call to the scheduler from a user thread.
   Result<comm::Frame> CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,

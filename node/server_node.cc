@@ -82,6 +82,10 @@ Status ServerNode::StartRole() {
   return Status::Ok();
 }
 
+void ServerNode::OnStopCalled() {
+  if (executor_) executor_->ReleaseCallingLane();
+}
+
 void ServerNode::StopRole() {
   LOG(INFO) << "server " << options_.node_id << ": " << streamed_pushes()
             << " pushes folded into the store as they arrived";

@@ -79,6 +79,7 @@ class ServerNode : public Node {
   Status StartRole() override;
   void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame) override;
   void StopRole() override;
+  void OnStopCalled() override;  // from a handler: its executor thread is not waited for
   void OnPeerClosed(comm::ConnId conn, const Status& why) override;
   std::shared_ptr<comm::TailStream> OnRequestStream(comm::ConnId conn, const pb::MessageMeta& meta,
                                                     uint64_t tail) override;

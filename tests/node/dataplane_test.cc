@@ -395,6 +395,25 @@ TEST_CASE("a worker stopped with pushes and pulls on the wire answers them kCanc
   CHECK(blocked.get().status().code() == Code::kCancelled);
 }
 
+TEST_CASE("a handler may stop its own server - Stop returns, no deadlock with the executor", "[node][net][dataplane]") {
+  // A "shutdown" RPC: the handler runs on an executor thread, which Stop's teardown joins.
+  auto stopped = std::make_shared<std::promise<void>>();
+  TestCluster::Config config;
+  config.setup = [stopped](ServerNode& s) {
+    ServerNode* server = &s;
+    s.RegisterHandler("shutdown", [server, stopped](const DataRequest&, Responder r) {
+      r.Reply(nullptr);
+      server->Stop();
+      stopped->set_value();
+    });
+  };
+  TestCluster c(config);
+  c.Start();
+  auto f = c.worker(0).Call(0, "shutdown", nullptr);
+  REQUIRE(stopped->get_future().wait_for(20s) == std::future_status::ready);  // before: never
+  CHECK(f.wait_for(20s) == std::future_status::ready);  // answered, or failed as the link went
+}
+
 TEST_CASE("Push/Pull: sums from 8 workers x 1000 pushes are exact", "[node][net][dataplane]") {
   TestCluster::Config config;
   config.workers = 8;
