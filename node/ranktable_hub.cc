@@ -38,9 +38,10 @@ Status RankTableHub::Start() {
 
 void RankTableHub::InstallOnLoop() {
   std::weak_ptr<bool> alive = alive_;
-  sched_->SetCommandHandler(pb::SUBSCRIBE_RANKTABLE, [this, alive](comm::ConnId conn, comm::Frame&& frame) {
+  SchedulerNode* sched = sched_;  // by value: the handler outlives a hub that stopped
+  sched_->SetCommandHandler(pb::SUBSCRIBE_RANKTABLE, [this, alive, sched](comm::ConnId conn, comm::Frame&& frame) {
     if (alive.expired()) {
-      sched_->messenger().Reply(conn, frame.meta, Status(Code::kUnavailable, "rank-table service stopped"))
+      sched->messenger().Reply(conn, frame.meta, Status(Code::kUnavailable, "rank-table service stopped"))
           .IgnoreError();
       return;
     }
@@ -185,11 +186,24 @@ void RankTableHub::CheckCongested() {
   }
 }
 
+namespace {
+constexpr size_t kMaxRoleLabelBytes = 256;
+}  // namespace
+
 void RankTableHub::OnSubscribe(comm::ConnId conn, comm::Frame&& frame) {
   comm::Messenger& m = sched_->messenger();
   pb::ClientInfo info;
   Status st = ParsePayload(frame, &info);
   if (st.ok()) st = CheckJob(info.jobid());
+  // One stream per connection, and a role that is a label: each subscription keeps a sink
+  // and gets every table, so one connection repeating SUBSCRIBE must not multiply them.
+  if (st.ok() && native_conns_.count(conn) != 0) {
+    st = Status(Code::kAlreadyExists, "this connection already subscribes to the rank table");
+  }
+  if (st.ok() && info.role().size() > kMaxRoleLabelBytes) {
+    st = Status(Code::kInvalidArgument, "role of " + std::to_string(info.role().size()) + " bytes (at most " +
+                                            std::to_string(kMaxRoleLabelBytes) + ")");
+  }
   if (!st.ok()) {
     ++stats_.refused;
     LOG(WARNING) << "rank table: refused subscription from " << m.transport().PeerAddress(conn) << ": " << st;
@@ -207,9 +221,12 @@ void RankTableHub::OnSubscribe(comm::ConnId conn, comm::Frame&& frame) {
   };
   sink.drop = [t, conn](const Status& why) { t->Close(conn, why); };
   uint64_t id = AddSubscriber(std::move(sink));
+  native_conns_.insert(conn);
   std::weak_ptr<bool> alive = alive_;
-  t->WatchClose(conn, [this, alive, id](const Status&) {
-    if (!alive.expired()) RemoveSubscriber(id);
+  t->WatchClose(conn, [this, alive, id, conn](const Status&) {
+    if (alive.expired()) return;
+    native_conns_.erase(conn);
+    RemoveSubscriber(id);
   });
 }
 

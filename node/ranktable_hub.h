@@ -94,6 +94,7 @@ class RankTableHub {
   RankTableHubOptions options_;
   std::shared_ptr<const RankTableSnapshot> current_;
   std::map<uint64_t, Sub> subs_;
+  std::set<comm::ConnId> native_conns_;  // connections subscribed natively (one each)
   std::set<uint64_t> congested_;
   uint64_t next_id_ = 1;
   comm::TimerId check_timer_ = 0;

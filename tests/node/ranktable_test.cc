@@ -153,6 +153,45 @@ TEST_CASE("a stalled subscriber is coalesced, does not delay another, and is dro
   sched.Stop();
 }
 
+TEST_CASE("a connection subscribes once - a repeated SUBSCRIBE or an oversized role is refused", "[node][net]") {
+  SchedulerNode sched(SchedOpts(1, 1));
+  REQUIRE(sched.Start().ok());
+  RankTableHub hub(&sched);
+  REQUIRE(hub.Start().ok());
+  comm::testing::RawSocket s;
+  REQUIRE(s.Connect(sched.port()));
+  auto subscribe = [&](uint64_t request_id, const std::string& role) {
+    pb::ClientInfo info;
+    info.set_jobid("job-7");
+    info.set_role(role);
+    pb::MessageMeta meta = MakeMeta(pb::SUBSCRIBE_RANKTABLE, pb::ADMIN_CLIENT, 0);
+    meta.set_request_id(request_id);
+    REQUIRE(s.SendAll(comm::testing::EncodeFrame(meta, info.SerializeAsString())));
+  };
+  // The answer to request `id` (stream frames in between are skipped).
+  auto answer = [&](uint64_t id) {
+    for (int i = 0; i < 10; ++i) {
+      pb::MessageMeta m;
+      std::string payload;
+      if (!s.RecvFrame(&m, &payload)) break;
+      if (m.is_response() && m.request_id() == id) return m;
+    }
+    FAIL("no answer to request " << id);
+    return pb::MessageMeta();
+  };
+  subscribe(1, std::string(1000, 'r'));
+  CHECK(answer(1).status_code() == static_cast<int>(Code::kInvalidArgument));
+  subscribe(2, "worker");
+  CHECK(answer(2).status_code() == 0);
+  for (uint64_t id = 3; id < 6; ++id) {
+    subscribe(id, "worker");
+    pb::MessageMeta again = answer(id);
+    CHECK(again.status_code() == static_cast<int>(Code::kAlreadyExists));
+  }
+  CHECK(OnLoop(*sched.loop(), [&] { return hub.num_subscribers(); }) == 1u);
+  sched.Stop();
+}
+
 TEST_CASE("250 native subscribers all get the final table", "[node][net]") {
   SchedulerNode sched(SchedOpts(20, 1));
   REQUIRE(sched.Start().ok());
