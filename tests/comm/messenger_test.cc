@@ -392,15 +392,9 @@ TEST_CASE("tcp client: a peer that accepts and closes at once is dialed again wi
           "[comm][net][messenger]") {
   // A listener (a raw socket on this thread's helper) that closes every connection at
   // accept, as a process at its connection cap does.
-  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr;
+  int lfd = testing::ListenOnLoopback(64, &addr);
   REQUIRE(lfd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(::listen(lfd, 64) == 0);
-  socklen_t len = sizeof(addr);
-  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
   std::atomic<bool> stop{false};
   std::atomic<int> accepted{0};
   std::thread acceptor([&] {

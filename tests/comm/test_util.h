@@ -94,6 +94,23 @@ class OneShot {
   std::future<T> future_;
 };
 
+// A raw listening socket on 127.0.0.1 at an ephemeral port (written to *addr), which
+// accepts nothing by itself: for peers that misbehave at accept. -1 on failure.
+inline int ListenOnLoopback(int backlog, sockaddr_in* addr) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  *addr = sockaddr_in{};
+  addr->sin_family = AF_INET;
+  addr->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(*addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(addr), sizeof(*addr)) != 0 || ::listen(fd, backlog) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(addr), &len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // The exact bytes of one frame on the wire.
 inline std::string EncodeFrame(const pb::MessageMeta& meta, std::string_view payload) {
   std::string m = meta.SerializeAsString();

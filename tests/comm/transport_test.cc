@@ -285,15 +285,9 @@ TEST_CASE("transport: a connect whose SYNs are dropped ends at its deadline - no
           "[comm][net][transport]") {
   // A listener with a backlog of 0 that never accepts: once one connection fills its
   // accept queue, the kernel drops every further SYN (as a firewall DROP rule would).
-  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr;
+  int lfd = testing::ListenOnLoopback(0, &addr);
   REQUIRE(lfd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(::listen(lfd, 0) == 0);
-  socklen_t len = sizeof(addr);
-  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
   std::vector<int> fillers;
   for (int i = 0; i < 4; ++i) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
