@@ -62,7 +62,8 @@ const char* BarrierStateName(BarrierState state) {
   return "unknown";
 }
 
-BarrierManager::BarrierManager(const Clock* clock, Duration keep_ended) : clock_(clock), keep_ended_(keep_ended) {
+BarrierManager::BarrierManager(const Clock* clock, Duration keep_ended, BarrierLimits limits)
+    : clock_(clock), keep_ended_(keep_ended), limits_(limits) {
   CHECK(clock_ != nullptr);
 }
 
@@ -70,40 +71,93 @@ void BarrierManager::SetAllNodes(std::vector<std::string> node_ids) {
   all_nodes_ = SortedUnique(std::move(node_ids));
 }
 
+size_t BarrierManager::waiting_of(uint64_t owner) const {
+  auto it = waiting_of_.find(owner);
+  return it == waiting_of_.end() ? 0 : it->second;
+}
+
+void BarrierManager::Decrement(std::unordered_map<uint64_t, size_t>* counts, uint64_t owner) {
+  if (owner == 0) return;
+  auto it = counts->find(owner);
+  if (it == counts->end()) return;
+  if (--it->second == 0) counts->erase(it);
+}
+
+Status BarrierManager::CheckOpen(uint64_t owner) const {
+  if (deadlines_.size() >= limits_.max_rounds) {
+    return Status(Code::kResourceExhausted, std::to_string(deadlines_.size()) +
+                                                " barrier rounds already wait (the limit)");
+  }
+  auto it = opened_by_.find(owner);
+  if (owner != 0 && it != opened_by_.end() && it->second >= limits_.max_rounds_per_owner) {
+    return Status(Code::kResourceExhausted, std::to_string(it->second) +
+                                                " barrier rounds opened on this connection "
+                                                "already wait (the limit)");
+  }
+  return Status::Ok();
+}
+
 void BarrierManager::Arrive(const std::string& id, const std::string& node_id,
                             Duration timeout, std::vector<std::string> participants,
-                            Callback cb, uint64_t generation) {
+                            Callback cb, uint64_t generation, uint64_t owner) {
+  // Refusals come first and change nothing: no id is created, no counter moves.
+  if (timeout > limits_.max_timeout) {
+    cb(Status(Code::kInvalidArgument,
+              "barrier " + id + ": timeout " + std::to_string(ToMillis(timeout)) +
+                  " ms is over the limit of " + std::to_string(ToMillis(limits_.max_timeout)) +
+                  " ms"));
+    return;
+  }
+  if (owner != 0 && waiting_of(owner) >= limits_.max_waiting_per_owner) {
+    cb(Status(Code::kResourceExhausted, std::to_string(waiting_of(owner)) +
+                                            " barrier arrivals already wait on this connection"));
+    return;
+  }
   participants = SortedUnique(std::move(participants));
-  Series& series = series_[id];
-  uint64_t& last = series.last_generation[node_id];
-  uint64_t gen = generation != 0 ? generation : last + 1;
-  last = std::max(last, gen);
+  auto [found, created] = series_.try_emplace(id);
+  Series& series = found->second;
+  auto last_it = series.last_generation.find(node_id);
+  const uint64_t last = last_it == series.last_generation.end() ? 0 : last_it->second;
+  const uint64_t gen = generation != 0 ? generation : last + 1;
 
   auto it = series.rounds.find(gen);
+  if (it == series.rounds.end() && gen > series.pruned_through) {
+    Status room = CheckOpen(owner);
+    if (!room.ok()) {
+      if (created) series_.erase(found);
+      cb(std::move(room));
+      return;
+    }
+  }
+  series.last_generation[node_id] = std::max(last, gen);
   if (it == series.rounds.end() && gen <= series.pruned_through) {
     Touch(id, &series);
+    EvictIdle();
     cb(Status(Code::kFailedPrecondition,
               Name(id, gen) + " ended long ago; its result is no longer kept"));
     return;
   }
   Round& round = it != series.rounds.end()
                      ? it->second
-                     : OpenRound(id, gen, timeout, participants, &series);
+                     : OpenRound(id, gen, timeout, participants, owner, &series);
   Answers answers;
-  JoinRound(id, gen, node_id, participants, std::move(cb), &round, &answers);
+  JoinRound(id, gen, node_id, participants, std::move(cb), owner, &round, &answers);
   Prune(&series);
   Touch(id, &series);
+  EvictIdle();
   Deliver(&answers);
 }
 
 BarrierManager::Round& BarrierManager::OpenRound(const std::string& id, uint64_t gen,
                                                  Duration timeout,
                                                  const std::vector<std::string>& participants,
-                                                 Series* series) {
+                                                 uint64_t owner, Series* series) {
   Round& round = series->rounds[gen];
   round.all_nodes = participants.empty();
   round.participants = round.all_nodes ? all_nodes_ : participants;
   round.deadline = DeadlineAfter(clock_->Now(), timeout);
+  round.opener = owner;
+  if (owner != 0) ++opened_by_[owner];
   deadlines_.emplace(round.deadline, id, gen);
   return round;
 }
@@ -137,7 +191,7 @@ Status BarrierManager::CheckCaller(const std::string& id, uint64_t gen,
 
 void BarrierManager::JoinRound(const std::string& id, uint64_t gen, const std::string& node_id,
                                const std::vector<std::string>& participants, Callback cb,
-                               Round* round, Answers* answers) {
+                               uint64_t owner, Round* round, Answers* answers) {
   Status check = CheckCaller(id, gen, node_id, participants, *round);
   if (round->state != BarrierState::kWaiting) {
     // A late or repeated caller of an ended round learns how it ended; a caller that could
@@ -145,7 +199,8 @@ void BarrierManager::JoinRound(const std::string& id, uint64_t gen, const std::s
     answers->emplace_back(std::move(cb), check.ok() ? round->result : check);
     return;
   }
-  round->waiting.push_back(std::move(cb));
+  round->waiting.push_back(Round::Waiter{std::move(cb), owner, node_id});
+  if (owner != 0) ++waiting_of_[owner];
   if (!check.ok()) {
     Finish(id, gen, BarrierState::kFailed, check, round, answers);
     return;
@@ -162,8 +217,76 @@ void BarrierManager::Finish(const std::string& id, uint64_t gen, BarrierState st
   deadlines_.erase({round->deadline, id, gen});
   round->state = state;
   round->result = std::move(result);
-  for (Callback& cb : round->waiting) answers->emplace_back(std::move(cb), round->result);
+  for (Round::Waiter& w : round->waiting) {
+    Decrement(&waiting_of_, w.owner);
+    answers->emplace_back(std::move(w.cb), round->result);
+  }
   round->waiting.clear();
+  Decrement(&opened_by_, round->opener);
+  round->opener = 0;
+}
+
+void BarrierManager::Withdraw(uint64_t owner) {
+  if (owner == 0 || (waiting_of_.count(owner) == 0 && opened_by_.count(owner) == 0)) return;
+  // Newest round of an id first, so a node withdrawn from rounds k and k+1 steps its
+  // counter back to k-1 and rejoins round k first.
+  std::vector<std::pair<std::string, uint64_t>> rounds;
+  for (const auto& [deadline, id, gen] : deadlines_) rounds.emplace_back(id, gen);
+  std::sort(rounds.begin(), rounds.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second > b.second;
+  });
+  Answers answers;
+  for (const auto& [id, gen] : rounds) {
+    Series& series = series_.at(id);
+    WithdrawFrom(id, gen, owner, &series, &answers);
+    Touch(id, &series);
+  }
+  EvictIdle();
+  Deliver(&answers);
+}
+
+void BarrierManager::WithdrawFrom(const std::string& id, uint64_t gen, uint64_t owner,
+                                  Series* series, Answers* answers) {
+  Round& round = series->rounds.at(gen);
+  if (round.opener == owner) {
+    Decrement(&opened_by_, owner);
+    round.opener = 0;
+  }
+  std::set<std::string> left;
+  std::vector<Round::Waiter> kept;
+  for (Round::Waiter& w : round.waiting) {
+    if (w.owner != owner) {
+      kept.push_back(std::move(w));
+      continue;
+    }
+    Decrement(&waiting_of_, owner);
+    left.insert(w.node_id);
+    answers->emplace_back(std::move(w.cb),
+                          Status(Code::kCancelled, Name(id, gen) + ": the connection that "
+                                                   "arrived for " + w.node_id + " closed"));
+  }
+  round.waiting = std::move(kept);
+  for (const std::string& node_id : left) {
+    bool still = std::any_of(round.waiting.begin(), round.waiting.end(),
+                             [&](const Round::Waiter& w) { return w.node_id == node_id; });
+    if (still) continue;
+    round.arrived.erase(node_id);
+    auto last = series->last_generation.find(node_id);
+    if (last != series->last_generation.end() && last->second == gen) last->second = gen - 1;
+  }
+  if (round.waiting.empty()) {
+    // Nobody waits and nobody counts as arrived: the round is as if never opened.
+    deadlines_.erase({round.deadline, id, gen});
+    Decrement(&opened_by_, round.opener);
+    series->rounds.erase(gen);
+  }
+}
+
+void BarrierManager::EvictIdle() {
+  while (idle_.size() > limits_.max_ended_ids) {
+    series_.erase(idle_.begin()->second);
+    idle_.erase(idle_.begin());
+  }
 }
 
 void BarrierManager::Touch(const std::string& id, Series* series) {

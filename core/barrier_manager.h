@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,22 @@ struct BarrierInfo {
   Status result;                     // OK while waiting and once passed.
 };
 
+// Bounds on what callers may hold in a BarrierManager. An owner is the caller's handle for a
+// source of arrivals (the scheduler passes the connection id); owner 0 is not counted.
+struct BarrierLimits {
+  // Arrivals of one owner waiting at once (as KV blocking gets: 4096 per connection).
+  size_t max_waiting_per_owner = 4096;
+  // Waiting rounds one owner's arrivals opened.
+  size_t max_rounds_per_owner = 1024;
+  // Waiting rounds in total, whoever opened them.
+  size_t max_rounds = 65536;
+  // Ids kept with no round waiting (for late arrivals and retries); past this the one idle
+  // longest is forgotten early.
+  size_t max_ended_ids = 65536;
+  // The longest timeout an Arrive may give; a longer one is refused with kInvalidArgument.
+  Duration max_timeout = std::chrono::hours(24);
+};
+
 class BarrierManager {
  public:
   // Answers one Arrive. Called exactly once per Arrive.
@@ -48,7 +65,8 @@ class BarrierManager {
   // clock must outlive the manager. An id none of whose rounds waits, and that nobody has
   // arrived at for keep_ended, is forgotten: ids used once each (one per training step)
   // would otherwise each keep a round forever. Its next Arrive starts again at round 1.
-  explicit BarrierManager(const Clock* clock, Duration keep_ended = kDefaultKeepEnded);
+  explicit BarrierManager(const Clock* clock, Duration keep_ended = kDefaultKeepEnded,
+                          BarrierLimits limits = {});
   BarrierManager(const BarrierManager&) = delete;
   BarrierManager& operator=(const BarrierManager&) = delete;
 
@@ -59,8 +77,21 @@ class BarrierManager {
   // and its deadline (now + timeout); later callers' timeouts are ignored. A caller naming a
   // different set, or not in the set, fails the round at once for everyone. An arrival for a
   // round that already ended is answered at once with that round's result.
+  // Refused at once, changing nothing: a timeout over limits.max_timeout (kInvalidArgument);
+  // an owner with max_waiting_per_owner arrivals waiting, or an arrival that would open a
+  // round past max_rounds_per_owner or max_rounds (kResourceExhausted).
   void Arrive(const std::string& id, const std::string& node_id, Duration timeout,
-              std::vector<std::string> participants, Callback cb, uint64_t generation = 0);
+              std::vector<std::string> participants, Callback cb, uint64_t generation = 0,
+              uint64_t owner = 0);
+
+  // The owner is gone (its connection closed): each of its waiting arrivals is answered with
+  // kCancelled and withdrawn. A node none of whose arrivals at a round still waits no longer
+  // counts as arrived there, and its next Arrive on the id (generation 0) joins that round
+  // again. The round's other waiters keep waiting; a round nobody waits at any more is
+  // dropped as if never opened. Rounds the owner opened no longer count against it.
+  void Withdraw(uint64_t owner);
+  // Arrivals of owner waiting now.
+  size_t waiting_of(uint64_t owner) const;
 
   // Waiting rounds of id end with kCancelled. kNotFound for an unknown id;
   // kFailedPrecondition if no round of id is waiting (it passed, failed or was cancelled).
@@ -96,7 +127,13 @@ class BarrierManager {
     BarrierState state = BarrierState::kWaiting;
     Status result;
     std::set<std::string> arrived;
-    std::vector<Callback> waiting;
+    struct Waiter {
+      Callback cb;
+      uint64_t owner = 0;
+      std::string node_id;
+    };
+    std::vector<Waiter> waiting;
+    uint64_t opener = 0;  // owner whose arrival opened the round (while it waits)
   };
   struct Series {
     std::map<std::string, uint64_t> last_generation;  // Highest generation each node joined.
@@ -106,11 +143,19 @@ class BarrierManager {
   };
   using Answers = std::vector<std::pair<Callback, Status>>;
 
+  // Why owner may not open one more round, or OK.
+  Status CheckOpen(uint64_t owner) const;
   Round& OpenRound(const std::string& id, uint64_t gen, Duration timeout,
-                   const std::vector<std::string>& participants, Series* series);
+                   const std::vector<std::string>& participants, uint64_t owner,
+                   Series* series);
   void JoinRound(const std::string& id, uint64_t gen, const std::string& node_id,
-                 const std::vector<std::string>& participants, Callback cb, Round* round,
-                 Answers* answers);
+                 const std::vector<std::string>& participants, Callback cb, uint64_t owner,
+                 Round* round, Answers* answers);
+  // Withdraws owner's waiters from one waiting round; drops the round if none is left.
+  void WithdrawFrom(const std::string& id, uint64_t gen, uint64_t owner, Series* series,
+                    Answers* answers);
+  // Forgets the ids idle longest while more than max_ended_ids are idle.
+  void EvictIdle();
   // Why node_id with this participant list may not join round, or OK.
   Status CheckCaller(const std::string& id, uint64_t gen, const std::string& node_id,
                      const std::vector<std::string>& participants, const Round& round) const;
@@ -122,8 +167,13 @@ class BarrierManager {
   void Touch(const std::string& id, Series* series);
   static void Deliver(Answers* answers);
 
+  static void Decrement(std::unordered_map<uint64_t, size_t>* counts, uint64_t owner);
+
   const Clock* clock_;
   const Duration keep_ended_;
+  const BarrierLimits limits_;
+  std::unordered_map<uint64_t, size_t> waiting_of_;  // owner -> its waiting arrivals
+  std::unordered_map<uint64_t, size_t> opened_by_;   // owner -> waiting rounds it opened
   std::vector<std::string> all_nodes_;  // Sorted, unique.
   std::map<std::string, Series> series_;
   std::set<std::tuple<TimePoint, std::string, uint64_t>> deadlines_;  // Waiting rounds only.

@@ -202,6 +202,7 @@ void SchedulerNode::InjectForTest(ConnId conn, Frame&& frame) {
 
 void SchedulerNode::OnClose(ConnId conn, const Status& why) {
   CancelGets(conn);
+  barriers_.Withdraw(conn);  // a departed caller no longer counts as arrived
   auto it = node_of_.find(conn);
   if (it == node_of_.end()) return;
   VLOG(1) << "scheduler: link of " << it->second.node_id << " (conn " << conn << ") closed: " << why;

@@ -327,7 +327,8 @@ void SchedulerNode::HandleBarrier(ConnId conn, const Frame& frame) {
                      pb::BarrierResponse resp;
                      resp.set_id(id);
                      Reply(conn, meta, s, ToBuffer(resp));
-                   });
+                   },
+                   /*generation=*/0, /*owner=*/conn);
 }
 
 }  // namespace pscore::node

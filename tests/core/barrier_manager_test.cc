@@ -339,4 +339,151 @@ TEST_CASE("barrier ids whose rounds ended are forgotten after their idle time - 
   CHECK(bm.ids() == 0);
 }
 
+TEST_CASE("barrier arrivals of a closed connection are withdrawn - the node no longer counts as arrived",
+          "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  constexpr uint64_t kConnA = 7, kConnB = 8;
+  bm.Arrive("b1", "w0", Millis(1000), kThree, a.For("w0"), 0, kConnA);
+  bm.Arrive("b1", "w1", Millis(1000), kThree, a.For("w1"), 0, kConnB);
+  CHECK(bm.waiting_of(kConnA) == 1);
+  bm.Withdraw(kConnA);
+  REQUIRE(a.calls("w0") == 1);
+  CHECK(a.last("w0").code() == Code::kCancelled);
+  CHECK_THAT(a.last("w0").message(), Catch::Contains("connection that arrived for w0 closed"));
+  CHECK(bm.waiting_of(kConnA) == 0);
+  // w1 keeps waiting; w0 is missing again.
+  std::vector<BarrierInfo> info = bm.List();
+  REQUIRE(info.size() == 1);
+  CHECK(info[0].state == BarrierState::kWaiting);
+  CHECK(info[0].arrived == 1);
+  CHECK(info[0].missing == Names{"w0", "w2"});
+  // w2 arriving does not pass the round: the departed w0 no longer counts.
+  bm.Arrive("b1", "w2", Millis(1000), kThree, a.For("w2"), 0, kConnB);
+  CHECK(a.calls("w1") == 0);
+  CHECK(a.calls("w2") == 0);
+  // w0 reconnects and arrives again: it rejoins the same round, which passes.
+  bm.Arrive("b1", "w0", Millis(1000), kThree, a.For("w0 again"), 0, 9);
+  REQUIRE(a.calls("w0 again") == 1);
+  CHECK(a.last("w0 again").ok());
+  CHECK(a.last("w1").ok());
+  CHECK(a.last("w2").ok());
+  info = bm.List();
+  REQUIRE(info.size() == 1);
+  CHECK(info[0].generation == 1);
+}
+
+TEST_CASE("a barrier round whose every waiter withdrew is dropped - it counts against nobody",
+          "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("b1", "w0", Millis(1000), kThree, a.For("w0"), 0, 7);
+  bm.Withdraw(7);
+  CHECK(a.calls("w0") == 1);
+  CHECK(bm.List().empty());
+  CHECK_FALSE(bm.NextDeadline().has_value());
+  // The node's next arrival opens round 1 again, with its own timeout.
+  bm.Arrive("b1", "w0", Millis(50), kThree, a.For("w0 again"), 0, 8);
+  REQUIRE(bm.List().size() == 1);
+  CHECK(bm.List()[0].generation == 1);
+  clock.Advance(Millis(50));
+  bm.Tick();
+  REQUIRE(a.calls("w0 again") == 1);
+  CHECK(a.last("w0 again").code() == Code::kTimeout);
+}
+
+TEST_CASE("barrier arrivals waiting on one connection are capped - others may still arrive",
+          "[core][barrier]") {
+  FakeClock clock;
+  BarrierLimits limits;
+  limits.max_waiting_per_owner = 3;
+  BarrierManager bm(&clock, BarrierManager::kDefaultKeepEnded, limits);
+  Answers a;
+  for (int i = 0; i < 3; ++i) bm.Arrive("b1", "w0", Millis(1000), kThree, a.For("w0"), 0, 7);
+  CHECK(a.calls("w0") == 0);
+  bm.Arrive("b1", "w0", Millis(1000), kThree, a.For("over"), 0, 7);
+  REQUIRE(a.calls("over") == 1);
+  CHECK(a.last("over").code() == Code::kResourceExhausted);
+  CHECK_THAT(a.last("over").message(), Catch::Contains("3 barrier arrivals already wait"));
+  bm.Arrive("b1", "w1", Millis(1000), kThree, a.For("w1"), 0, 8);
+  CHECK(a.calls("w1") == 0);
+  CHECK(bm.waiting_of(8) == 1);
+  // The default is 4096, as for blocking KV gets.
+  CHECK(BarrierLimits{}.max_waiting_per_owner == 4096);
+}
+
+TEST_CASE("barrier rounds a connection opens are capped, and so are all rounds - refusals change nothing",
+          "[core][barrier]") {
+  FakeClock clock;
+  BarrierLimits limits;
+  limits.max_rounds_per_owner = 2;
+  limits.max_rounds = 3;
+  BarrierManager bm(&clock, BarrierManager::kDefaultKeepEnded, limits);
+  Answers a;
+  bm.Arrive("r1", "w0", Millis(1000), kThree, a.For("r1"), 0, 7);
+  bm.Arrive("r2", "w0", Millis(1000), kThree, a.For("r2"), 0, 7);
+  bm.Arrive("r3", "w0", Millis(1000), kThree, a.For("r3"), 0, 7);
+  REQUIRE(a.calls("r3") == 1);
+  CHECK(a.last("r3").code() == Code::kResourceExhausted);
+  CHECK_THAT(a.last("r3").message(), Catch::Contains("opened on this connection"));
+  CHECK(bm.ids() == 2);  // the refused id was not kept
+  // Joining a round another connection opened is not opening one.
+  bm.Arrive("r1", "w1", Millis(1000), kThree, a.For("r1 w1"), 0, 7);
+  CHECK(a.calls("r1 w1") == 0);
+  // Another connection opens the third round, then the total is reached.
+  bm.Arrive("r3", "w1", Millis(1000), kThree, a.For("r3 w1"), 0, 8);
+  CHECK(a.calls("r3 w1") == 0);
+  bm.Arrive("r4", "w1", Millis(1000), kThree, a.For("r4"), 0, 9);
+  REQUIRE(a.calls("r4") == 1);
+  CHECK(a.last("r4").code() == Code::kResourceExhausted);
+  CHECK_THAT(a.last("r4").message(), Catch::Contains("3 barrier rounds already wait"));
+  // A round that ends frees its place: r2 is cancelled, so connection 7 may open one more.
+  REQUIRE(bm.Cancel("r2").ok());
+  bm.Arrive("r5", "w0", Millis(1000), kThree, a.For("r5"), 0, 7);
+  CHECK(a.calls("r5") == 0);
+  // The refused w0 arrival on r3 did not move w0's counter: it joins round 1 of r3.
+  bm.Arrive("r3", "w0", Millis(1000), kThree, a.For("r3 again"), 0, 7);
+  CHECK(a.calls("r3 again") == 0);
+  for (const BarrierInfo& info : bm.List()) {
+    if (info.id == "r3") CHECK(info.arrived == 2);
+  }
+}
+
+TEST_CASE("barrier timeouts over 24 hours are refused - 24 hours is accepted", "[core][barrier]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("b1", "w0", std::chrono::hours(24) + Millis(1), kThree, a.For("long"));
+  REQUIRE(a.calls("long") == 1);
+  CHECK(a.last("long").code() == Code::kInvalidArgument);
+  CHECK_THAT(a.last("long").message(), Catch::Contains("over the limit of 86400000 ms"));
+  CHECK(bm.ids() == 0);
+  bm.Arrive("b1", "w0", std::chrono::hours(24), kThree, a.For("day"));
+  CHECK(a.calls("day") == 0);
+  REQUIRE(bm.NextDeadline().has_value());
+  CHECK(*bm.NextDeadline() == clock.Now() + std::chrono::hours(24));
+}
+
+TEST_CASE("barrier ids kept after their rounds ended are bounded - the longest idle is forgotten",
+          "[core][barrier]") {
+  FakeClock clock;
+  BarrierLimits limits;
+  limits.max_ended_ids = 2;
+  BarrierManager bm(&clock, BarrierManager::kDefaultKeepEnded, limits);
+  Answers a;
+  for (const char* id : {"s1", "s2", "s3"}) {
+    bm.Arrive(id, "w0", Millis(1000), {"w0"}, a.For(id));
+    REQUIRE(a.calls(id) == 1);
+    CHECK(a.last(id).ok());
+    clock.Advance(Millis(1));
+  }
+  CHECK(bm.ids() == 2);
+  std::vector<BarrierInfo> info = bm.List();
+  REQUIRE(info.size() == 2);
+  CHECK(info[0].id == "s2");
+  CHECK(info[1].id == "s3");
+}
+
 }  // namespace pscore::core

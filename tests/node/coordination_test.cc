@@ -634,22 +634,16 @@ TEST_CASE("timeouts from the wire up to the int64 limit are capped - scheduler_d
   for (int64_t ms : {int64_t{483784042479615}, int64_t{1} << 62, std::numeric_limits<int64_t>::max()}) {
     INFO("timeout_ms " << ms);
     const std::string id = "b" + std::to_string(ms);
-    // A barrier of two waits (it cannot time out for ages): cancelled, it answers so.
+    // A barrier timeout over 24 hours is refused at once, naming the limit.
     pb::BarrierRequest b;
     b.set_id(id);
     b.set_node_id("x");
     b.set_timeout_ms(ms);
     b.add_participants("x");
     b.add_participants("y");
-    std::future<Result<comm::Frame>> waiting = x.CallAsync(MakeMeta(pb::BARRIER, pb::WORKER, -1), ToBuffer(b), 10s);
-    REQUIRE(x.WaitArrived(id, 1));
-    pb::BarrierRequest cancel;
-    cancel.set_id(id);
-    cancel.set_cancel(true);
-    cancel.set_node_id("x");
-    REQUIRE(x.Call(pb::BARRIER, cancel).ok());
-    REQUIRE(waiting.wait_for(10s) == std::future_status::ready);
-    CHECK(waiting.get().status().code() == Code::kCancelled);
+    Result<comm::Frame> refused = x.Call(pb::BARRIER, b);
+    CHECK(refused.status().code() == Code::kInvalidArgument);
+    CHECK_THAT(refused.status().message(), Catch::Contains("over the limit of 86400000 ms"));
     // A blocking KV get with the same timeout is answered by the set that follows it.
     pb::KvRequest get;
     get.set_op(pb::KvRequest::GET);
@@ -717,6 +711,51 @@ TEST_CASE("blocking KV gets of a connection that closes stop waiting - at most 4
     if (!none) std::this_thread::sleep_for(10ms);
   }
   CHECK(none);  // before, they waited out their hour
+}
+
+TEST_CASE("barrier arrivals of a connection that closes are withdrawn - the others keep waiting",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(1, 0, 100ms, 60s));
+  RawClient y(c.sched().port());
+  auto arrive = [](RawClient& link, const std::string& node) {
+    pb::BarrierRequest b;
+    b.set_id("b");
+    b.set_node_id(node);
+    b.set_timeout_ms(3600 * 1000);  // an hour: only a close or the last arrival ends it
+    for (const char* p : {"x", "y", "z"}) b.add_participants(p);
+    return link.CallAsync(MakeMeta(pb::BARRIER, pb::WORKER, -1), ToBuffer(b), 3600s);
+  };
+  std::future<Result<comm::Frame>> from_y = arrive(y, "y");
+  {
+    RawClient x(c.sched().port());
+    std::future<Result<comm::Frame>> from_x = arrive(x, "x");
+    REQUIRE(y.WaitArrived("b", 2));
+  }  // x's connection closes
+  bool withdrawn = false;
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;
+       !withdrawn && std::chrono::steady_clock::now() < deadline;) {
+    Result<pb::AdminResponse> r = y.Admin("barriers");
+    REQUIRE(r.ok());
+    REQUIRE(r->barriers_size() == 1);
+    withdrawn = r->barriers(0).arrived() == 1;
+    if (withdrawn) CHECK(std::vector<std::string>(r->barriers(0).missing().begin(), r->barriers(0).missing().end()) ==
+                         std::vector<std::string>{"x", "z"});
+    if (!withdrawn) std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE(withdrawn);
+  // z arriving does not pass the round: the departed x does not count.
+  RawClient z(c.sched().port());
+  std::future<Result<comm::Frame>> from_z = arrive(z, "z");
+  REQUIRE(y.WaitArrived("b", 2));
+  CHECK(from_y.wait_for(0s) == std::future_status::timeout);
+  // x comes back on a new connection: the round passes for all three.
+  RawClient x2(c.sched().port());
+  Result<comm::Frame> back = arrive(x2, "x").get();
+  CHECK(back.ok());
+  REQUIRE(from_y.wait_for(10s) == std::future_status::ready);
+  CHECK(from_y.get().ok());
+  REQUIRE(from_z.wait_for(10s) == std::future_status::ready);
+  CHECK(from_z.get().ok());
 }
 
 TEST_CASE("a REGISTER with a port out of range or too many devices is refused - the state file stays loadable",
