@@ -203,6 +203,7 @@ void SchedulerNode::InjectForTest(ConnId conn, Frame&& frame) {
 void SchedulerNode::OnClose(ConnId conn, const Status& why) {
   CancelGets(conn);
   barriers_.Withdraw(conn);  // a departed caller no longer counts as arrived
+  finish_waiters_.erase(conn);  // its FINISH stays recorded; only the wait ends
   auto it = node_of_.find(conn);
   if (it == node_of_.end()) return;
   VLOG(1) << "scheduler: link of " << it->second.node_id << " (conn " << conn << ") closed: " << why;
@@ -313,20 +314,30 @@ void SchedulerNode::HandleFinish(ConnId conn, const Frame& frame) {
   pb::FinishMessage msg;
   Status st = ParsePayload(frame, &msg);
   if (!st.ok()) return Reply(conn, frame.meta, st);
+  if (auto w = finish_waiters_.find(conn); w != finish_waiters_.end()) {
+    return Reply(conn, frame.meta, Status(Code::kResourceExhausted, "a FINISH for " + w->second.node_id +
+                                                                          " already waits on this connection"));
+  }
   st = cluster_.Finish(msg.node_id());
   if (!st.ok()) return Reply(conn, frame.meta, st);
   MarkStateDirty(/*urgent=*/true);
-  finish_waiters_.push_back(FinishWaiter{conn, frame.meta,
-                                         clock_.Now() + WireMillis(msg.timeout_ms(), std::chrono::seconds(60)),
-                                         msg.node_id()});
+  finish_waiters_[conn] = FinishWaiter{frame.meta,
+                                       clock_.Now() + WireMillis(msg.timeout_ms(), std::chrono::seconds(60)),
+                                       msg.node_id()};
   LOG(INFO) << "scheduler: " << msg.node_id() << " finished; waiting for "
             << cluster_.FinishMissing().size() << " more";
 }
 
+size_t SchedulerNode::finish_waiting() {
+  size_t n = 0;
+  loop_->RunAndWait([this, &n] { n = finish_waiters_.size(); });
+  return n;
+}
+
 void SchedulerNode::AnswerFinishWaiters(const Status& st) {
-  std::vector<FinishWaiter> waiters;
+  std::map<ConnId, FinishWaiter> waiters;
   waiters.swap(finish_waiters_);
-  for (auto& w : waiters) Reply(w.conn, w.meta, st);
+  for (auto& [conn, w] : waiters) Reply(conn, w.meta, st);
 }
 
 void SchedulerNode::ExpireFinishWaiters() {
@@ -337,15 +348,18 @@ void SchedulerNode::ExpireFinishWaiters() {
   for (auto& m : missing) names += (names.empty() ? "" : ", ") + m;
   bool expired = false;
   for (auto it = finish_waiters_.begin(); it != finish_waiters_.end();) {
-    if (it->deadline > now) {
+    if (it->second.deadline > now) {
       ++it;
       continue;
     }
     expired = true;
-    Reply(it->conn, it->meta,
+    // Erased first: a reply may close its connection, and OnClose erases from this map.
+    const ConnId conn = it->first;
+    const pb::MessageMeta meta = std::move(it->second.meta);
+    it = finish_waiters_.erase(it);
+    Reply(conn, meta,
           Status(Code::kTimeout, "finish timed out: " + std::to_string(missing.size()) +
                                      " node(s) missing: " + names));
-    it = finish_waiters_.erase(it);
   }
   if (!expired) return;
   // Tell the stragglers that the others gave up waiting for them.

@@ -67,6 +67,8 @@ class SchedulerNode {
   uint64_t heartbeats() const { return heartbeats_; }
   // Blocking KV gets waiting for their key (any thread; tests).
   size_t kv_gets_waiting();
+  // FINISH requests waiting for the others (any thread; tests).
+  size_t finish_waiting();
   // Tests and fuzzers (not on the loop thread): handles `frame` as if it had arrived on
   // `conn`, on the loop thread, and returns once it is handled. Answers to a conn that
   // does not exist are dropped.
@@ -129,12 +131,13 @@ class SchedulerNode {
   };
   std::unordered_map<comm::ConnId, LinkNode> node_of_;
   struct FinishWaiter {
-    comm::ConnId conn;
     pb::MessageMeta meta;
     TimePoint deadline;
     std::string node_id;
   };
-  std::vector<FinishWaiter> finish_waiters_;
+  // FINISH requests waiting for the others: at most one per connection (a second is
+  // refused), withdrawn when their connection closes (nobody could be answered).
+  std::map<comm::ConnId, FinishWaiter> finish_waiters_;
   // Blocking KV gets waiting for a key, by the connection that asked: at most
   // kMaxGetsPerConn each, cancelled when their connection closes (nobody could be answered).
   static constexpr size_t kMaxGetsPerConn = 4096;

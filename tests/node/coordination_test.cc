@@ -571,6 +571,46 @@ TEST_CASE("finish: a timeout names the stragglers, who are told - a second Finis
   CHECK_THAT(again.message(), Catch::Contains("already left"));
 }
 
+TEST_CASE("FINISH waits are one per connection and end when their connection closes",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(2, 0, 100ms, 60s));  // the raw clients never beat
+  SchedulerNode& sched = c.sched();
+  RawClient y(sched.port());
+  REQUIRE(y.Register("y", 1).ok());
+  pb::FinishMessage f;
+  f.set_timeout_ms(3600 * 1000);  // an hour: only the close ends the wait
+  {
+    RawClient x(sched.port());
+    REQUIRE(x.Register("x", 1).ok());
+    f.set_node_id("x");
+    std::future<Result<comm::Frame>> waiting = x.CallAsync(MakeMeta(pb::FINISH, pb::WORKER, -1), ToBuffer(f), 3600s);
+    bool waits = false;
+    for (auto deadline = std::chrono::steady_clock::now() + 10s;
+         !waits && std::chrono::steady_clock::now() < deadline;) {
+      waits = sched.finish_waiting() == 1;
+      if (!waits) std::this_thread::sleep_for(5ms);
+    }
+    REQUIRE(waits);
+    // A second FINISH on the same connection is refused at once, whichever node it names.
+    f.set_node_id("y");
+    Result<comm::Frame> second = x.Call(pb::FINISH, f);
+    CHECK(second.status().code() == Code::kResourceExhausted);
+    CHECK_THAT(second.status().message(), Catch::Contains("a FINISH for x already waits on this connection"));
+    CHECK(sched.finish_waiting() == 1);
+  }  // x's connection closes
+  bool none = false;
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;
+       !none && std::chrono::steady_clock::now() < deadline;) {
+    none = sched.finish_waiting() == 0;
+    if (!none) std::this_thread::sleep_for(5ms);
+  }
+  CHECK(none);  // before, it waited out its hour
+  // x's FINISH stays recorded: y finishing ends the job.
+  f.set_node_id("y");
+  CHECK(y.Call(pb::FINISH, f).ok());
+  CHECK(sched.WaitForExit(10s).ok());
+}
+
 TEST_CASE("topology: 11 servers and a worker get dense global ids by role, numeric rank, local id",
           "[node][net][coord]") {
   constexpr int kServers = 11;
