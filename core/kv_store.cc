@@ -1,5 +1,7 @@
 #include "core/kv_store.h"
 
+#include <algorithm>
+
 #include <glog/logging.h>
 
 namespace pscore::core {
@@ -37,7 +39,10 @@ Result<std::string> NormalizeKey(std::string_view key) {
 }
 
 KvStore::KvStore(const Clock* clock, size_t max_value_bytes, uint64_t max_total_bytes, size_t max_entries)
-    : clock_(clock), max_value_bytes_(max_value_bytes), max_total_bytes_(max_total_bytes), max_entries_(max_entries) {
+    : clock_(clock),
+      max_value_bytes_(max_value_bytes),
+      max_total_bytes_(max_total_bytes == 0 ? kMaxKvTotalBytes : std::min(max_total_bytes, kMaxKvTotalBytes)),
+      max_entries_(max_entries) {
   CHECK(clock_ != nullptr);
 }
 
@@ -59,7 +64,7 @@ Status KvStore::Set(const std::string& key, std::string value, bool overwrite) {
   const uint64_t old_bytes = it == entries_.end() ? 0 : it->first.size() + it->second.size();
   const uint64_t new_bytes = norm->size() + value.size();
   const uint64_t total = total_bytes_ - old_bytes + new_bytes;
-  if (max_total_bytes_ > 0 && total > max_total_bytes_ && new_bytes > old_bytes) {
+  if (total > max_total_bytes_ && new_bytes > old_bytes) {
     return Status(Code::kResourceExhausted, "kv store full: setting " + *norm + " would hold " +
                                                 std::to_string(total) + " bytes of keys and values, over the " +
                                                 std::to_string(max_total_bytes_) + "-byte cap");
@@ -221,7 +226,7 @@ void KvStore::Restore(const Entries& entries) {
     it->second = value;
     total_bytes_ += it->first.size() + it->second.size();
   }
-  if (max_total_bytes_ > 0 && total_bytes_ > max_total_bytes_) {
+  if (total_bytes_ > max_total_bytes_) {
     // Nothing restored is dropped: the cap only refuses Sets that would grow the store.
     LOG(WARNING) << "kv restore holds " << total_bytes_ << " bytes of keys and values, over the " << max_total_bytes_
                  << "-byte cap";

@@ -25,6 +25,10 @@ namespace pscore::core {
 // memory for the job's life, so they stay small.
 inline constexpr size_t kMaxKeyBytes = 4096;
 
+// The most bytes of keys and values any store holds, whatever it is configured with: the
+// state file (core/state_file.h) is sized so a store this full, framed, always fits.
+inline constexpr uint64_t kMaxKvTotalBytes = uint64_t{1} << 30;
+
 // Normalises a '/'-separated key: repeated slashes collapse to one, leading and trailing
 // slashes are dropped ("//a//b/" -> "a/b"). A key that is empty after that, or longer than
 // kMaxKeyBytes, is kInvalidArgument. Components are taken literally ("." and ".." are names).
@@ -41,8 +45,8 @@ class KvStore {
   static constexpr size_t kDefaultMaxEntries = size_t{1} << 20;
 
   // clock must outlive the store. Values longer than max_value_bytes are refused, and so
-  // is a Set that would take the keys and values stored past max_total_bytes (0: no cap),
-  // or add a key past max_entries.
+  // is a Set that would take the keys and values stored past max_total_bytes (0, or more
+  // than kMaxKvTotalBytes: kMaxKvTotalBytes), or add a key past max_entries.
   KvStore(const Clock* clock, size_t max_value_bytes, uint64_t max_total_bytes = 0,
           size_t max_entries = kDefaultMaxEntries);
   KvStore(const KvStore&) = delete;
@@ -79,6 +83,8 @@ class KvStore {
   size_t size() const { return entries_.size(); }
   // Bytes of keys and values stored (what max_total_bytes bounds).
   uint64_t total_bytes() const { return total_bytes_; }
+  // The cap in force (kMaxKvTotalBytes at most).
+  uint64_t max_total_bytes() const { return max_total_bytes_; }
   size_t waiting() const { return waiters_.size(); }
 
   // For persistence: all entries, sorted; Restore replaces the contents with them (entries

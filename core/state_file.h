@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "core/cluster_manager.h"
+#include "core/kv_store.h"
 #include "core/status.h"
 #include "proto/comm.pb.h"
 
@@ -25,10 +26,22 @@ namespace pscore::core {
 inline constexpr uint32_t kStateMagic = 0x54535350;  // "PSST" read as little-endian bytes
 inline constexpr uint32_t kStateVersion = 1;
 inline constexpr size_t kStateHeaderBytes = 20;
-inline constexpr uint64_t kMaxStateBodyBytes = 1ull << 30;
 inline constexpr int kMaxStateNodes = 1 << 16;
 inline constexpr int kMaxStateDevicesPerNode = 4096;
 inline constexpr int kMaxStateKvEntries = 1 << 20;
+// Protobuf framing of one KvEntry inside the body, at most: the entry's tag (1 byte) and
+// length (a varint; an entry is under 2^35 bytes: 5), the key's tag and length (1 + 2: a key
+// is at most kMaxKeyBytes = 4096 < 2^14) and the value's tag and length (1 + 5).
+inline constexpr uint64_t kMaxStateKvEntryOverheadBytes = 15;
+// The KV section of a body when the store is as full as it may be: every byte it may hold
+// plus the framing of the most entries (1 GiB + 15 MiB).
+inline constexpr uint64_t kMaxStateKvBytes =
+    kMaxKvTotalBytes + uint64_t{kMaxStateKvEntries} * kMaxStateKvEntryOverheadBytes;
+// Room for everything else: membership (up to kMaxStateNodes nodes with their devices),
+// cluster state, totals, the scale operation.
+inline constexpr uint64_t kMaxStateMembershipBytes = 512ull << 20;
+inline constexpr uint64_t kMaxStateBodyBytes = kMaxStateKvBytes + kMaxStateMembershipBytes;
+static_assert(kMaxStateBodyBytes <= 0x7fffffff, "protobuf parses at most 2^31 - 1 bytes");
 inline constexpr int kMaxStateRoleTotal = kMaxRoleTotal;
 inline constexpr size_t kMaxStateNodeIdBytes = 256;
 

@@ -264,8 +264,8 @@ void SchedulerHttp::ServeMetrics(comm::HttpConnId id) {
   sample("pscore_kv_entries", "", kv.size());
   family("pscore_kv_bytes", "gauge", "Bytes of keys and values in the key-value store.");
   sample("pscore_kv_bytes", "", kv.total_bytes());
-  family("pscore_kv_bytes_limit", "gauge", "Cap on pscore_kv_bytes (--max_kv_total_mb; 0: none).");
-  sample("pscore_kv_bytes_limit", "", sched_->options().max_kv_total_bytes);
+  family("pscore_kv_bytes_limit", "gauge", "Cap on pscore_kv_bytes (--max_kv_total_mb, at most 1 GiB).");
+  sample("pscore_kv_bytes_limit", "", kv.max_total_bytes());
   family("pscore_kv_gets_waiting", "gauge", "Blocking key-value gets waiting for their key.");
   sample("pscore_kv_gets_waiting", "", kv.waiting());
   family("pscore_barrier_ids", "gauge", "Barrier ids kept (a round waiting, or ended within 10 minutes).");

@@ -7,7 +7,10 @@
 #include <vector>
 
 #include "core/cluster_manager.h"
+#include "core/kv_store.h"
 #include "core/state_file.h"
+
+#include <google/protobuf/io/coded_stream.h>
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
@@ -225,6 +228,67 @@ TEST_CASE("restore during a scale-out rolls it back - an ended job is not restor
   ClusterManager ended(Config(1, 1), &clock);
   CHECK(ended.Restore(cm.Snapshot()).code() == Code::kFailedPrecondition);
   CHECK(back.Restore(mid).code() == Code::kFailedPrecondition);  // not fresh
+}
+
+// The framing protobuf adds to one KvEntry inside PersistedState, computed from its
+// encoding rules: tag + length varint for the entry, the key and the value.
+uint64_t KvEntryFraming(uint64_t key_bytes, uint64_t value_bytes) {
+  using google::protobuf::io::CodedOutputStream;
+  uint64_t inner = 0;
+  if (key_bytes > 0) inner += 1 + CodedOutputStream::VarintSize64(key_bytes) + key_bytes;
+  if (value_bytes > 0) inner += 1 + CodedOutputStream::VarintSize64(value_bytes) + value_bytes;
+  return 1 + CodedOutputStream::VarintSize64(inner) + inner - key_bytes - value_bytes;
+}
+
+TEST_CASE("a KV store at its cap with the most entries fits the state file - the arithmetic for the real limits",
+          "[core][state]") {
+  // The framing model agrees with protobuf on real entries.
+  for (auto [k, v] : {std::pair<size_t, size_t>{1, 0}, {1, 1}, {127, 127}, {128, 128}, {4096, 16384}, {4096, 1 << 21}}) {
+    pb::PersistedState one;
+    pb::KvEntry* e = one.add_kv();
+    e->set_key(std::string(k, 'k'));
+    e->set_value(std::string(v, 'v'));
+    INFO("key " << k << " value " << v);
+    CHECK(one.ByteSizeLong() == k + v + KvEntryFraming(k, v));
+  }
+  // The worst framing of any entry a store may hold: the longest key, the largest value.
+  const uint64_t worst = KvEntryFraming(kMaxKeyBytes, kMaxKvTotalBytes);
+  CHECK(worst <= kMaxStateKvEntryOverheadBytes);
+  CHECK(KvEntryFraming(1, 1) <= kMaxStateKvEntryOverheadBytes);
+  // A store holding kMaxKvTotalBytes in the most entries, each framed at worst, leaves the
+  // membership budget free under the body limit (it did not: the limit was 1 GiB flat).
+  const uint64_t kv_worst = kMaxKvTotalBytes + uint64_t{kMaxStateKvEntries} * worst;
+  CHECK(kv_worst <= kMaxStateKvBytes);
+  CHECK(kv_worst + kMaxStateMembershipBytes <= kMaxStateBodyBytes);
+  CHECK(kMaxStateBodyBytes <= 0x7fffffffu);
+  // Whatever a scheduler is configured with, its store holds at most kMaxKvTotalBytes.
+  FakeClock clock;
+  KvStore unbounded(&clock, 1 << 20, /*max_total_bytes=*/0);
+  KvStore huge(&clock, 1 << 20, /*max_total_bytes=*/uint64_t{1} << 40);
+  CHECK(unbounded.max_total_bytes() == kMaxKvTotalBytes);
+  CHECK(huge.max_total_bytes() == kMaxKvTotalBytes);
+  CHECK(KvStore(&clock, 1, 4096).max_total_bytes() == 4096);
+}
+
+TEST_CASE("a KV store filled to a small cap with tiny entries is written and read back", "[core][state]") {
+  // Tiny entries carry the most framing per byte stored.
+  FakeClock clock;
+  constexpr uint64_t kCap = 1 << 20;
+  KvStore kv(&clock, 64, kCap);
+  Status st;
+  for (int i = 0; st.ok(); ++i) st = kv.Set(std::to_string(i), "v", true);
+  REQUIRE(st.code() == Code::kResourceExhausted);
+  pb::PersistedState state;
+  for (const auto& [k, v] : kv.Snapshot()) {
+    pb::KvEntry* e = state.add_kv();
+    e->set_key(k);
+    e->set_value(v);
+  }
+  const std::string file = SerializeState(state);
+  CHECK(file.size() - kStateHeaderBytes <= kv.total_bytes() + kv.size() * kMaxStateKvEntryOverheadBytes);
+  Result<pb::PersistedState> back = ParseState(file);
+  REQUIRE(back.ok());
+  CHECK(back->kv_size() == static_cast<int>(kv.size()));
 }
 
 }  // namespace pscore::core
