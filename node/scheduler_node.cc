@@ -157,6 +157,16 @@ std::string SchedulerNode::NodeOf(ConnId conn) const {
 }
 
 void SchedulerNode::Reply(ConnId conn, const pb::MessageMeta& req, const Status& st, BufferPtr payload) {
+  // The transport refuses to send a payload over max_message_bytes: answer with why instead,
+  // so the caller fails at once rather than at its deadline.
+  if (payload != nullptr && payload->size() > options_.max_message_bytes) {
+    Status too_big(Code::kResourceExhausted, "the answer to " + pb::NodeCommand_Name(req.cmd()) + " is " +
+                                                 std::to_string(payload->size()) + " bytes, over max_message_bytes " +
+                                                 std::to_string(options_.max_message_bytes));
+    LOG_EVERY_N(WARNING, 100) << "scheduler: conn " << conn << ": " << too_big;
+    payload = nullptr;
+    return Reply(conn, req, too_big);
+  }
   Status sent = messenger_->Reply(conn, req, st, std::move(payload));
   if (!sent.ok()) VLOG(1) << "reply to conn " << conn << " not sent: " << sent;
 }

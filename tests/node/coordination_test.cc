@@ -798,6 +798,41 @@ TEST_CASE("barrier arrivals of a connection that closes are withdrawn - the othe
   CHECK(from_z.get().ok());
 }
 
+TEST_CASE("a scheduler answer over max_message_bytes becomes an error answer - the caller fails at once",
+          "[node][net][coord]") {
+  SchedulerOptions so = SchedOpts(1, 0, 100ms, 60s);
+  so.max_message_bytes = 4096;
+  TestCluster c(so);
+  RawClient x(c.sched().port());
+  for (int i = 0; i < 3; ++i) {
+    pb::KvRequest set;
+    set.set_op(pb::KvRequest::SET);
+    set.set_key("dir/k" + std::to_string(i));
+    set.set_value(std::string(2000, 'v'));
+    REQUIRE(x.Call(pb::KV_REQUEST, set).ok());
+  }
+  pb::KvRequest list;
+  list.set_op(pb::KvRequest::LIST);
+  list.set_key("dir");
+  // A deadline of an hour: only an answer ends the call before the test's own wait.
+  std::future<Result<comm::Frame>> f = x.CallAsync(MakeMeta(pb::KV_REQUEST, pb::WORKER, -1), ToBuffer(list), 3600s);
+  REQUIRE(f.wait_for(10s) == std::future_status::ready);
+  Result<comm::Frame> r = f.get();
+  CHECK(r.status().code() == Code::kResourceExhausted);
+  CHECK_THAT(r.status().message(), Catch::Contains("over max_message_bytes 4096"));
+  CHECK_THAT(r.status().message(), Catch::Contains("KV_REQUEST"));
+  // A list that fits is answered.
+  pb::KvRequest del;
+  del.set_op(pb::KvRequest::DELETE);
+  del.set_key("dir/k0");
+  REQUIRE(x.Call(pb::KV_REQUEST, del).ok());
+  Result<comm::Frame> small = x.Call(pb::KV_REQUEST, list);
+  REQUIRE(small.ok());
+  pb::KvResponse resp;
+  REQUIRE(ParsePayload(*small, &resp).ok());
+  CHECK(resp.entries_size() == 2);
+}
+
 TEST_CASE("a REGISTER with a port out of range or too many devices is refused - the state file stays loadable",
           "[node][net][coord]") {
   TestCluster c(SchedOpts(1, 0));
