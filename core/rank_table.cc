@@ -1,8 +1,9 @@
 #include "core/rank_table.h"
 
 #include <algorithm>
-#include <set>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace pscore {
 namespace core {
@@ -52,7 +53,7 @@ bool IdLess(const std::string& a, const std::string& b) {
   return a < b;
 }
 
-// The role's hosts, ordered by their lowest-ranked node.
+// The role's hosts, ordered by their lowest-ranked node. O(n log n) in the role's nodes.
 std::vector<Host> HostsOfRole(const std::vector<RankTableNode>& nodes, pb::NodeRole role) {
   std::vector<const RankTableNode*> members;
   for (const RankTableNode& n : nodes) {
@@ -60,12 +61,12 @@ std::vector<Host> HostsOfRole(const std::vector<RankTableNode>& nodes, pb::NodeR
   }
   std::sort(members.begin(), members.end(), NodeLess);
   std::vector<Host> hosts;
+  std::unordered_map<std::string, size_t> index;  // server_id -> position in hosts
   for (const RankTableNode* n : members) {
-    const std::string key = HostKey(*n);
-    auto it = std::find_if(hosts.begin(), hosts.end(),
-                           [&](const Host& h) { return h.server_id == key; });
-    if (it == hosts.end()) it = hosts.insert(hosts.end(), Host{key, n->ip, {}});
-    it->nodes.push_back(n);
+    std::string key = HostKey(*n);
+    auto [it, added] = index.try_emplace(key, hosts.size());
+    if (added) hosts.push_back(Host{std::move(key), n->ip, {}});
+    hosts[it->second].nodes.push_back(n);
   }
   return hosts;
 }
@@ -114,32 +115,35 @@ bool AnySuperPod(const std::vector<RankTableNode>& nodes) {
 }
 
 // super_pod_list: pods in IdLess order; each lists the hosts having a device
-// in it, once, in table order (group "0" hosts first).
+// in it, once, in table order (group "0" hosts first). One pass over the devices
+// and a sort of the pods: O(d log d) in the devices.
 json SuperPodList(const std::vector<std::vector<Host>>& groups) {
-  std::vector<std::string> pods;
+  struct Pod {
+    std::vector<const std::string*> servers;  // server ids in table order
+    std::unordered_set<std::string> seen;
+  };
+  std::unordered_map<std::string, Pod> pods;
   for (const auto& hosts : groups) {
     for (const Host& h : hosts) {
-      for (const pb::Device& d : DevicesOf(h)) {
-        if (!d.super_pod_id().empty()) pods.push_back(d.super_pod_id());
+      for (const RankTableNode* n : h.nodes) {
+        for (const pb::Device& d : n->devices) {
+          if (d.super_pod_id().empty()) continue;
+          Pod& pod = pods[d.super_pod_id()];
+          if (pod.seen.insert(h.server_id).second) pod.servers.push_back(&h.server_id);
+        }
       }
     }
   }
-  std::sort(pods.begin(), pods.end(), IdLess);
-  pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
+  std::vector<const std::string*> order;
+  order.reserve(pods.size());
+  for (const auto& [id, pod] : pods) order.push_back(&id);
+  std::sort(order.begin(), order.end(),
+            [](const std::string* a, const std::string* b) { return IdLess(*a, *b); });
   json list = json::array();
-  for (const std::string& pod : pods) {
+  for (const std::string* id : order) {
     json servers = json::array();
-    std::set<std::string> seen;
-    for (const auto& hosts : groups) {
-      for (const Host& h : hosts) {
-        const auto devs = DevicesOf(h);
-        const bool in_pod = std::any_of(devs.begin(), devs.end(), [&](const pb::Device& d) {
-          return d.super_pod_id() == pod;
-        });
-        if (in_pod && seen.insert(h.server_id).second) servers.push_back({{"server_id", h.server_id}});
-      }
-    }
-    list.push_back({{"super_pod_id", pod}, {"server_list", std::move(servers)}});
+    for (const std::string* server : pods.at(*id).servers) servers.push_back({{"server_id", *server}});
+    list.push_back({{"super_pod_id", *id}, {"server_list", std::move(servers)}});
   }
   return list;
 }

@@ -1,5 +1,11 @@
 #include <algorithm>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <thread>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -162,5 +168,78 @@ TEST_CASE("empty cluster and hostile strings still give a valid table", "[core][
 }
 
 }  // namespace
+// Builds the table on a thread of its own and waits up to `deadline`: a quadratic builder
+// would take hours on these inputs, and the test must fail, not hang. The thread owns its
+// input, so it may be left running when the deadline passes.
+std::optional<json> BuildWithin(std::vector<RankTableNode> nodes, std::chrono::seconds deadline) {
+  auto input = std::make_shared<std::vector<RankTableNode>>(std::move(nodes));
+  auto done = std::make_shared<std::promise<json>>();
+  std::future<json> result = done->get_future();
+  std::thread([input, done] { done->set_value(BuildRankTableJson(*input, true)); }).detach();
+  if (result.wait_for(deadline) != std::future_status::ready) return std::nullopt;
+  return result.get();
+}
+
+// Each super_pod_list entry's servers, by pod id.
+std::map<std::string, std::vector<std::string>> PodServers(const json& table) {
+  std::map<std::string, std::vector<std::string>> out;
+  for (const json& p : table["super_pod_list"]) {
+    std::vector<std::string>& servers = out[p["super_pod_id"].get<std::string>()];
+    for (const json& s : p["server_list"]) servers.push_back(s["server_id"].get<std::string>());
+  }
+  return out;
+}
+
+TEST_CASE("rank table of 100k devices on distinct super pods over 25 members is built - not quadratic",
+          "[core][ranktable]") {
+  // 25 members of 4096 devices (the most a REGISTER may carry), each device on a pod of
+  // its own: the builder looked every pod up in every host's devices.
+  std::vector<RankTableNode> nodes;
+  int global = 0;
+  for (int m = 0; m < 25; ++m) {
+    std::vector<pb::Device> devs;
+    for (int i = 0; i < 4096; ++i, ++global) {
+      devs.push_back(Dev(i, global, "10.9.0.1", std::to_string(global), "sd"));
+    }
+    nodes.push_back(Node("w" + std::to_string(m), pb::WORKER, m, "10.0.0." + std::to_string(m),
+                         "host" + std::to_string(m), std::move(devs)));
+  }
+  std::optional<json> table = BuildWithin(std::move(nodes), std::chrono::seconds(120));
+  REQUIRE(table.has_value());
+  const auto pods = PodServers(*table);
+  REQUIRE(pods.size() == 25 * 4096);
+  CHECK(pods.at("0") == std::vector<std::string>{"host0"});
+  CHECK(pods.at("102399") == std::vector<std::string>{"host24"});
+  // IdLess order: numeric ids ascend as numbers.
+  CHECK((*table)["super_pod_list"][10]["super_pod_id"] == "10");
+  CHECK((*table)["super_pod_list"].back()["super_pod_id"] == "102399");
+}
+
+TEST_CASE("rank table of 20k members on distinct hosts and pods is built - not quadratic in hosts",
+          "[core][ranktable]") {
+  // Every member on a host of its own: each host was found by a scan of the hosts so far.
+  std::vector<RankTableNode> nodes;
+  for (int m = 0; m < 20000; ++m) {
+    const pb::NodeRole role = m % 2 == 0 ? pb::WORKER : pb::SERVER;
+    nodes.push_back(Node("n" + std::to_string(m), role, m / 2, "10.1.0.1", "h" + std::to_string(m),
+                         {Dev(0, m, "10.9.0.1", "p" + std::to_string(m)),
+                          Dev(1, m, "10.9.0.1", "shared")}));
+  }
+  std::optional<json> table = BuildWithin(std::move(nodes), std::chrono::seconds(120));
+  REQUIRE(table.has_value());
+  const json& groups = (*table)["server_group_list"];
+  CHECK(groups[0]["server_count"] == "10000");
+  CHECK(groups[1]["server_count"] == "10000");
+  const auto pods = PodServers(*table);
+  REQUIRE(pods.size() == 20001);
+  CHECK(pods.at("p7") == std::vector<std::string>{"h7"});
+  // A pod shared by every host lists each once, group "0" hosts first, in rank order.
+  const std::vector<std::string>& shared = pods.at("shared");
+  REQUIRE(shared.size() == 20000);
+  CHECK(shared[0] == "h0");
+  CHECK(shared[1] == "h2");
+  CHECK(shared[10000] == "h1");
+}
+
 }  // namespace core
 }  // namespace pscore
