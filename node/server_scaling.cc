@@ -168,13 +168,17 @@ void ServerNode::OnScaleInStart(const pb::ScaleInMessage& msg, std::function<voi
 
 void ServerNode::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, std::function<void()> done) {
   auto work = [this, rank, n, dest_rank, done]() mutable {
-    std::vector<std::pair<uint64_t, std::vector<float>>> entries;
     {
+      // Once the view is switched no push or pull of a key this server gives up can be
+      // applied: each checks ownership and applies under the view lock (shared). So the
+      // lock covers only the switch; the copy below, which may take long, runs under the
+      // store's own stripe locks while the loop thread goes on serving.
       std::unique_lock<std::shared_mutex> lock(view_mu_);
       view_rank_ = rank;
       view_n_ = n;
-      entries = store_.ExtractNotOwned(rank, n, /*erase=*/false);
     }
+    std::vector<std::pair<uint64_t, std::vector<float>>> entries =
+        store_.ExtractNotOwned(rank, n, /*erase=*/false);
     LOG(INFO) << "server " << options_.node_id << " now rank " << rank << " of " << n << "; moving "
               << entries.size() << " keys";
     std::weak_ptr<ServerNode*> weak = alive_;

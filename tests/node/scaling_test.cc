@@ -1,6 +1,8 @@
 // In-process scaling: scale-out and scale-in while a worker pushes, with no update lost.
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <map>
 #include <thread>
 
@@ -12,7 +14,7 @@
 #include "node/server_node.h"
 #include "node/worker_node.h"
 
-#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+#include "node/raw_link.h"  // last: pulls in Catch, whose CHECK must win over glog's
 
 namespace pscore::node {
 namespace {
@@ -267,7 +269,7 @@ TEST_CASE("a new server whose data dir holds an earlier membership's entries kee
           "[node][net][scale][journal]") {
   // The journal of an earlier life: every pushed key with a stale value, and keys no
   // server of this job has.
-  testing::TempDir dir;
+  pscore::testing::TempDir dir;
   REQUIRE(!dir.path().empty());
   std::vector<uint64_t> stale_keys;
   for (uint64_t k = 0; k < 64; ++k) stale_keys.push_back(k);
@@ -492,6 +494,101 @@ TEST_CASE("a worker stopped while the cluster scales fails its held pushes and p
   server.Stop();
   sched.Stop();
   loop.Stop().IgnoreError();
+}
+
+TEST_CASE("a server copying the keys it gives up does not hold the view lock - its loop serves a pull meanwhile",
+          "[node][net][scale]") {
+  SchedulerNode sched(Sched(1, 1));
+  REQUIRE(sched.Start().ok());
+  NodeOptions o0 = Opts(pb::SERVER, sched.port(), "s0");
+  o0.rank = 0;
+  ServerNode s0(o0);
+  REQUIRE(s0.Start().ok());
+  WorkerNode w0(Opts(pb::WORKER, sched.port(), "w0"));
+  REQUIRE(w0.Start().ok());
+  REQUIRE(w0.WaitForReady(10s).ok());
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 64; ++k) keys.push_back(k);
+  REQUIRE(w0.Push(keys, std::vector<float>(keys.size() * 4, 1.0f)).get().ok());
+  // `held` stays on s0 under 2 servers; `moving` goes to s1. They differ in the top bit of
+  // their position, so they are in different stripes of the store.
+  uint64_t held = 0, moving = 0;
+  while (core::ServerForKey(held, 2) != 0) ++held;
+  while (core::ServerForKey(moving, 2) != 1) ++moving;
+  // A push straight into the store whose update rule waits on the test: it holds `held`'s
+  // stripe, so the copy of the keys s0 gives up stops there until the test lets go.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, released = false;
+  s0.store().SetUpdater([&](uint64_t key, float* stored, const float* incoming, size_t n) {
+    if (key == held) {
+      std::unique_lock<std::mutex> lock(mu);
+      entered = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return released; });
+    }
+    for (size_t i = 0; i < n; ++i) stored[i] += incoming[i];
+  });
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+    cv.notify_all();
+  };
+  std::thread holder([&] {
+    const uint32_t len = 4;
+    const float zeros[4] = {0, 0, 0, 0};
+    s0.store().Push(&held, &len, zeros, 1).IgnoreError();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    REQUIRE(cv.wait_for(lock, 10s, [&] { return entered; }));
+  }
+  pb::AdminRequest out;
+  out.set_op("scale_out");
+  out.set_worker_num(1);
+  out.set_server_num(2);
+  Status scaled = AdminOp(sched, out);
+  NodeOptions o1 = Opts(pb::SERVER, sched.port(), "s1");
+  o1.rank = 1;
+  ServerNode s1(o1);
+  bool refused_under_new_view = false;
+  bool scale_still_open = false;
+  if (scaled.ok() && s1.Start().ok()) {
+    // A small pull runs on s0's loop thread and takes the view lock. Once s0 switched its
+    // view it refuses `moving` as owned by rank 1 of 2, while its copy is still stopped
+    // at `held`: the scale cannot have ended. Before, the copy ran under the view lock and
+    // the pull waited until the copy was done.
+    pscore::node::testing::RawLink peer(s0.listen_port(), "raw-peer");
+    pb::HelloMessage hello;
+    hello.set_node_id("w0");
+    hello.set_role(pb::WORKER);
+    peer.Notify(MakeMeta(pb::HELLO, pb::WORKER, -1), ToBuffer(hello));
+    pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
+    meta.set_handler(kPullHandler);
+    for (auto deadline = std::chrono::steady_clock::now() + 30s;
+         !refused_under_new_view && std::chrono::steady_clock::now() < deadline;) {
+      std::future<Result<comm::Frame>> pull = peer.CallAsync(meta, core::EncodeKvPairs(&moving, 1, nullptr, nullptr, 0), 60s);
+      if (pull.wait_for(5s) != std::future_status::ready) break;  // the loop is stuck on the lock
+      Result<comm::Frame> r = pull.get();
+      refused_under_new_view = r.status().code() == Code::kAborted && r.status().message().find("of 2") != std::string::npos;
+      scale_still_open = sched.cluster_state() == pb::CLUSTER_SCALE_OUT;
+      if (!refused_under_new_view) std::this_thread::sleep_for(10ms);
+    }
+  }
+  release();
+  holder.join();
+  REQUIRE(scaled.ok());
+  CHECK(refused_under_new_view);
+  CHECK(scale_still_open);
+  // The copy goes on once let go: the scale-out ends and no value was lost.
+  REQUIRE(WaitState(sched, pb::CLUSTER_READY, 30s));
+  Result<PullResult> all = w0.Pull(keys).get();
+  REQUIRE(all.ok());
+  CHECK(all->values == std::vector<float>(keys.size() * 4, 1.0f));
+  w0.Stop();
+  s1.Stop();
+  s0.Stop();
+  sched.Stop();
 }
 
 }  // namespace pscore::node
