@@ -86,6 +86,8 @@ void Node::CloseOnLoop() {
   closed_ = true;
   if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
   heartbeat_timer_ = 0;
+  if (register_retry_timer_ != 0) loop_->CancelTimer(register_retry_timer_);
+  register_retry_timer_ = 0;
   for (auto& [conn, timer] : leave_timers_) loop_->CancelTimer(timer);
   leave_timers_.clear();
   scheduler_.reset();
@@ -127,7 +129,8 @@ void Node::Register() {
     pb::RegisterRespMessage resp;
     Status st = r.ok() ? ParsePayload(*r, &resp) : r.status();
     if (!st.ok()) {
-      if (st.code() == Code::kUnavailable || st.code() == Code::kTimeout) return;  // link will retry
+      if (st.code() == Code::kUnavailable) return;  // the link is lost: it registers again when back
+      if (st.code() == Code::kTimeout) return RetryRegister(st);
       LOG(ERROR) << options_.node_id << ": registration refused: " << st;
       if (!start_done_) {
         start_done_ = true;
@@ -137,6 +140,7 @@ void Node::Register() {
       return;
     }
     registered_ = true;
+    register_backoff_ = Duration::zero();
     rank_ = resp.rank_id();
     LOG(INFO) << RoleLabel(options_.role) << " " << options_.node_id << " registered as rank " << rank_;
     PublishSnapshot();
@@ -148,6 +152,22 @@ void Node::Register() {
       start_done_ = true;
       start_promise_.set_value(Status::Ok());
     }
+  });
+}
+
+// A REGISTER unanswered within request_timeout while the link stays up (a scheduler stalled
+// that long) is sent again, after a backoff doubling from 100 ms to 5 s; the scheduler takes
+// a repeat from the same incarnation as a retry. A lost link registers again on reconnect.
+void Node::RetryRegister(const Status& why) {
+  if (closed_ || registered_ || register_retry_timer_ != 0) return;
+  constexpr Duration kFirst = std::chrono::milliseconds(100);
+  constexpr Duration kMax = std::chrono::seconds(5);
+  register_backoff_ = register_backoff_ == Duration::zero() ? kFirst : std::min(register_backoff_ * 2, kMax);
+  LOG(WARNING) << RoleLabel(options_.role) << " " << options_.node_id << ": registration not answered (" << why
+               << "); sending it again in " << ToMillis(register_backoff_) << " ms";
+  register_retry_timer_ = loop_->AddTimer(register_backoff_, Duration::zero(), [this] {
+    register_retry_timer_ = 0;
+    if (!registered_) Register();
   });
 }
 

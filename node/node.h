@@ -158,6 +158,7 @@ class Node {
   void OnSchedulerConnected(comm::ConnId conn);
   void OnSchedulerFailed(const Status& why);
   void Register();
+  void RetryRegister(const Status& why);
   void Heartbeat();
   void ApplyMetadata(const pb::SendMetadataMessage& md);
   void ApplyState(pb::ClusterState state);
@@ -178,6 +179,9 @@ class Node {
   bool closed_ = false;  // loop thread: CloseOnLoop ran
   bool registered_ = false;
   bool registering_ = false;
+  // A REGISTER that timed out on a live link is sent again after this backoff (loop thread).
+  comm::TimerId register_retry_timer_ = 0;
+  Duration register_backoff_{};
   std::promise<Status> start_promise_;
   bool start_done_ = false;
 

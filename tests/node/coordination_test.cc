@@ -833,6 +833,53 @@ TEST_CASE("a scheduler answer over max_message_bytes becomes an error answer - t
   CHECK(resp.entries_size() == 2);
 }
 
+// A scheduler stand-in that swallows the first REGISTER and answers the later ones (rank 0);
+// nothing else is answered.
+class SwallowingScheduler {
+ public:
+  SwallowingScheduler() : loop_("fake-sched") {
+    comm::Messenger::Handlers h;
+    h.on_request = [this](comm::ConnId conn, comm::Frame&& frame) {
+      if (frame.meta.cmd() != pb::REGISTER) return;
+      if (registers_.fetch_add(1) == 0) return;
+      pb::RegisterRespMessage resp;
+      resp.set_rank_id(0);
+      messenger_->Reply(conn, frame.meta, resp).IgnoreError();
+    };
+    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), h);
+    REQUIRE(loop_.Start().ok());
+    Result<int> port = Status(Code::kInternal, "not listening");
+    loop_.RunAndWait([&] { port = messenger_->transport().Listen("127.0.0.1", 0); });
+    REQUIRE(port.ok());
+    port_ = *port;
+  }
+  ~SwallowingScheduler() {
+    loop_.RunAndWait([this] { messenger_->Shutdown(); });
+    loop_.Stop().IgnoreError();
+  }
+  int port() const { return port_; }
+  int registers() const { return registers_.load(); }
+
+ private:
+  comm::EventLoop loop_;
+  std::unique_ptr<comm::Messenger> messenger_;
+  std::atomic<int> registers_{0};
+  int port_ = 0;
+};
+
+TEST_CASE("a REGISTER that times out while the link stays up is sent again - the node registers",
+          "[node][net][coord]") {
+  SwallowingScheduler sched;
+  NodeOptions o = MemberOpts(pb::WORKER, sched.port(), "w0", 1s);
+  o.request_timeout = 300ms;  // the swallowed REGISTER times out soon
+  o.connect_timeout = 5s;
+  WorkerNode w(o);
+  Status started = w.Start();  // returns once registered, or kTimeout after connect_timeout + 5 s
+  CHECK(started.ok());
+  CHECK(sched.registers() >= 2);
+  w.Stop();
+}
+
 TEST_CASE("a REGISTER with a port out of range or too many devices is refused - the state file stays loadable",
           "[node][net][coord]") {
   TestCluster c(SchedOpts(1, 0));
