@@ -26,6 +26,16 @@ uint64_t FreshPushIncarnation() {
   return (r ^ t) | 1;  // never 0
 }
 
+// Why a part whose server was lost failed: the server, how often and how long it was tried.
+Status GaveUpStatus(const std::string& server, TimePoint lost_since, int sends, const Status& last,
+                    Duration recovery_timeout) {
+  const auto waited = ToMillis(std::chrono::steady_clock::now() - lost_since);
+  return Status(Code::kUnavailable, "server " + server + " lost: sent " + std::to_string(sends) + " times over " +
+                                        std::to_string(waited) + " ms (recovery_timeout " +
+                                        std::to_string(ToMillis(recovery_timeout)) + " ms); last error: " +
+                                        last.ToString());
+}
+
 }  // namespace
 
 WorkerNode::WorkerNode(NodeOptions options, comm::EventLoop* loop)
@@ -336,7 +346,8 @@ struct WorkerNode::KvPart {
   std::string addr;             // the server it was sent to
   Status lost;                  // set when that server's link died before the answer
   uint64_t push_seq = 0;        // push: its id's seq once sent (kept when sent again)
-  TimePoint lost_since{};       // first loss of its server (retried until recovery_timeout)
+  TimePoint sent_at{};          // its last send
+  TimePoint lost_since{};       // the send that first met its server lost (retried until recovery_timeout)
   int attempts = 0;             // sends since then
   std::string lost_server;      // "node id (address)" of the server lost
 
@@ -675,6 +686,7 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
   int server = part.server;
   ++op->parts_sent;
   part.addr = ServerAddress(server);
+  const Status last_error = part.lost;
   part.lost = Status::Ok();
   if (part.lost_since != TimePoint{}) ++part.attempts;
   pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
@@ -688,8 +700,28 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
     id->set_incarnation(push_incarnation_);
     id->set_seq(part.push_seq);
   }
+  // A part sent again while its server is lost ends at its recovery deadline even when
+  // the send is still under way then (a dial alone may take connect_timeout), unless the
+  // metadata has named a new address for the server meanwhile: then the send (to the old
+  // one) ends by itself and the part goes to the new one. The timer ends with the send.
+  auto timer = std::make_shared<comm::TimerId>(0);
+  part.sent_at = std::chrono::steady_clock::now();
+  if (part.lost_since != TimePoint{}) {
+    const Duration left = HeldUntil(*op, part) - part.sent_at;
+    *timer = loop()->AddTimer(std::max(left, Duration::zero()), Duration::zero(),
+                              [this, op, timer, rank = server, addr = part.addr, server_name = part.lost_server,
+                               since = part.lost_since, sends = part.attempts + 1, last = last_error] {
+                                *timer = 0;
+                                if (ServerAddress(rank) != addr) return;
+                                op->Fail(GaveUpStatus(server_name, since, sends, last, options_.recovery_timeout));
+                              });
+  }
   Issue(server, std::move(meta), std::move(payload), sink,
-        [this, op, part = std::move(part)](Result<Frame> r) mutable { OnPart(op, std::move(part), std::move(r)); });
+        [this, op, timer, part = std::move(part)](Result<Frame> r) mutable {
+          if (*timer != 0) loop()->CancelTimer(*timer);
+          *timer = 0;
+          OnPart(op, std::move(part), std::move(r));
+        });
 }
 
 // Loop thread: keeps a part to send again; held parts go out 50 ms later (or when the
@@ -805,30 +837,35 @@ Status WorkerNode::HeldTooLong() const {
 void WorkerNode::RetryLost(const std::shared_ptr<KvOp>& op, KvPart part, const Status& why) {
   const TimePoint now = std::chrono::steady_clock::now();
   if (part.lost_since == TimePoint{}) {
-    part.lost_since = now;
+    // The clock starts with the send that failed (a dial may have taken connect_timeout).
+    part.lost_since = part.sent_at;
     part.lost_server = ServerName(part.server);
     LOG(WARNING) << options_.node_id << ": " << (op->push ? "push" : "pull") << " to server " << part.lost_server
                  << " lost (" << why << "); sending it again for up to "
                  << ToMillis(options_.recovery_timeout) << " ms";
   }
   part.lost = why;
-  if (now >= HeldUntil(*op, part)) return op->Fail(GaveUp(part));
+  if (now >= HeldUntil(*op, part)) {
+    const std::string addr = ServerAddress(part.server);
+    if (addr.empty() || addr == part.addr) return op->Fail(GaveUp(part));
+    // Back at another address (a restart on a new port): its own recovery_timeout there.
+    LOG(WARNING) << options_.node_id << ": server " << part.lost_server << " is at " << addr
+                 << " now; sending there for up to " << ToMillis(options_.recovery_timeout) << " ms";
+    part.lost_since = now;
+  }
   HoldForRetry(op, std::move(part));
 }
 
+
 Status WorkerNode::GaveUp(const KvPart& part) const {
-  const auto waited = ToMillis(std::chrono::steady_clock::now() - part.lost_since);
-  return Status(Code::kUnavailable, "server " + part.lost_server + " lost: sent " +
-                                        std::to_string(part.attempts + 1) + " times over " + std::to_string(waited) +
-                                        " ms (recovery_timeout " + std::to_string(ToMillis(options_.recovery_timeout)) +
-                                        " ms); last error: " + part.lost.ToString());
+  return GaveUpStatus(part.lost_server, part.lost_since, part.attempts + 1, part.lost, options_.recovery_timeout);
 }
 
-// A part held while its server is lost waits up to recovery_timeout from the loss; others
-// up to their op's deadline.
+// A part whose server was lost is sent again up to recovery_timeout from the loss; others
+// wait up to their op's deadline.
 TimePoint WorkerNode::HeldUntil(const KvOp& op, const KvPart& part) const {
   if (part.lost_since == TimePoint{}) return op.deadline;
-  return std::max(op.deadline, part.lost_since + options_.recovery_timeout);
+  return part.lost_since + options_.recovery_timeout;
 }
 
 std::string WorkerNode::ServerName(int rank) const {
@@ -937,9 +974,10 @@ Result<PullResult> WorkerNode::PullSync(const std::vector<uint64_t>& keys) {
   std::optional<Result<PullResult>> direct = TryDirectPull(keys);
   if (direct.has_value()) return std::move(*direct);
   std::future<Result<PullResult>> f = Pull(keys);
-  // Pull ends by itself within the request timeout (held parts fail at their deadline);
-  // the margin only guards against a stopped loop.
-  if (f.wait_for(options_.request_timeout + std::chrono::seconds(5)) != std::future_status::ready) {
+  // Pull ends by itself within the request timeout, or the recovery timeout of a lost
+  // server (held parts fail then); the margin only guards against a stopped loop.
+  if (f.wait_for(options_.request_timeout + options_.recovery_timeout + std::chrono::seconds(5)) !=
+      std::future_status::ready) {
     return Status(Code::kTimeout, "pull: no answer within the request timeout");
   }
   return f.get();
