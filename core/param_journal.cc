@@ -15,7 +15,34 @@ uint32_t RecordCrc(uint8_t op, std::string_view body) {
   return Crc32(body.data(), body.size(), Crc32(&op, 1));
 }
 
-bool KnownOp(uint8_t op) { return op >= 1 && op <= 5; }
+bool KnownOp(uint8_t op) { return op >= 1 && op <= 7; }
+
+constexpr size_t kPushIdFixedBytes = 2 + 8 + 8;  // writer_len, incarnation, seq
+
+std::string PushIdPrefix(const PushId& id) {
+  std::string out(kPushIdFixedBytes + id.writer.size(), '\0');
+  PutLe(id.writer.size(), 2, &out[0]);
+  out.replace(2, id.writer.size(), id.writer);
+  PutLe(id.incarnation, 8, &out[2 + id.writer.size()]);
+  PutLe(id.seq, 8, &out[10 + id.writer.size()]);
+  return out;
+}
+
+// The id at the front of a kPushId body; *kv gets the rest.
+Result<PushId> DecodePushIdPrefix(std::string_view body, std::string_view* kv) {
+  if (body.size() < 2) return Status(Code::kInvalidArgument, "push-id body of " + std::to_string(body.size()) + " bytes");
+  const size_t len = GetLe(body.data(), 2);
+  if (len > PushDedup::kMaxWriterBytes || body.size() < kPushIdFixedBytes + len) {
+    return Status(Code::kInvalidArgument, "push-id body of " + std::to_string(body.size()) +
+                                              " bytes with a writer of " + std::to_string(len));
+  }
+  PushId id;
+  id.writer.assign(body.data() + 2, len);
+  id.incarnation = GetLe(body.data() + 2 + len, 8);
+  id.seq = GetLe(body.data() + 10 + len, 8);
+  *kv = body.substr(kPushIdFixedBytes + len);
+  return id;
+}
 
 std::string RecordHeader(JournalOp op, uint64_t body_len, uint32_t crc) {
   std::string out(kJournalRecordHeaderBytes, '\0');
@@ -57,6 +84,13 @@ Result<uint64_t> DecodeJournalCovers(std::string_view body) {
     return Status(Code::kInvalidArgument, "covers record of " + std::to_string(body.size()) + " bytes");
   }
   return GetLe(body.data(), 8);
+}
+
+std::string JournalPushIdHead(const PushId& id, std::string_view kv) {
+  const std::string prefix = PushIdPrefix(id);
+  const uint8_t op = static_cast<uint8_t>(JournalOp::kPushId);
+  const uint32_t crc = Crc32(kv.data(), kv.size(), Crc32(prefix.data(), prefix.size(), Crc32(&op, 1)));
+  return RecordHeader(JournalOp::kPushId, prefix.size() + kv.size(), crc) + prefix;
 }
 
 std::string EncodeJournalDrop(int rank, int num_servers) {
@@ -105,9 +139,23 @@ Result<ParsedJournal> ParseJournal(std::string_view bytes) {
   return out;
 }
 
-Status ReplayJournal(const std::vector<JournalRecord>& records, ParamStore* store) {
+Status ReplayJournal(const std::vector<JournalRecord>& records, ParamStore* store, PushDedup* dedup) {
   for (size_t i = 0; i < records.size(); ++i) {
     const JournalRecord& r = records[i];
+    if (r.op == JournalOp::kDedup) {
+      if (dedup == nullptr) continue;
+      Status st = dedup->Decode(r.body);
+      if (!st.ok()) return Status(Code::kInvalidArgument, "journal record " + std::to_string(i) + ": " + st.message());
+      continue;
+    }
+    std::string_view kv = r.body;
+    if (r.op == JournalOp::kPushId) {
+      Result<PushId> id = DecodePushIdPrefix(r.body, &kv);
+      if (!id.ok()) {
+        return Status(Code::kInvalidArgument, "journal record " + std::to_string(i) + ": " + id.status().message());
+      }
+      if (dedup != nullptr) dedup->MarkApplied(*id);
+    }
     if (r.op == JournalOp::kDrop) {
       if (r.body.size() != 8) {
         return Status(Code::kInvalidArgument, "journal record " + std::to_string(i) + ": drop body of " +
@@ -136,12 +184,12 @@ Status ReplayJournal(const std::vector<JournalRecord>& records, ParamStore* stor
       }
       continue;
     }
-    BufferPtr aligned = Buffer::Copy(r.body.data(), r.body.size());  // the decoder wants 8-byte alignment
+    BufferPtr aligned = Buffer::Copy(kv.data(), kv.size());  // the decoder wants 8-byte alignment
     Result<KvView> view = DecodeKvPairs(aligned->data(), aligned->size(), /*expect_values=*/true);
     if (!view.ok()) {
       return Status(Code::kInvalidArgument, "journal record " + std::to_string(i) + ": " + view.status().message());
     }
-    if (r.op == JournalOp::kPush) {
+    if (r.op == JournalOp::kPush || r.op == JournalOp::kPushId) {
       store->Push(view->keys, view->lens, view->values, view->num_keys).IgnoreError();  // as when served
       continue;
     }

@@ -7,7 +7,10 @@
 //   | op u8 | body_len u32 | crc32(op byte + body) u32 | body |           per record
 // Bodies: kPush and kInsert carry a kv-pairs request (core/kv_codec.h) with values;
 // kDrop carries | rank i32 | num_servers i32 |; kDropKeys carries | key u64 |*; kCovers
-// carries | segment u64 | (a compacted file's first record: node/server_journal.h).
+// carries | segment u64 | (a compacted file's first record: node/server_journal.h);
+// kPushId carries | writer_len u16 | writer | incarnation u64 | seq u64 | then a kv-pairs
+// request with values (a push with its id, core/push_dedup.h); kDedup carries a
+// PushDedup snapshot (a compacted file's second record, when any push had an id).
 //
 // Records are appended whole, in the order the changes were applied, so only the last
 // record can be torn (a process killed mid-append). A torn tail is cut off; a complete
@@ -23,6 +26,7 @@
 
 #include "core/buffer.h"
 #include "core/param_store.h"
+#include "core/push_dedup.h"
 #include "core/status.h"
 
 namespace pscore::core {
@@ -39,6 +43,8 @@ enum class JournalOp : uint8_t {
   kDrop = 3,    // ParamStore::ExtractNotOwned(rank, num_servers, erase = true)
   kDropKeys = 4,  // ParamStore::Erase of the body's keys
   kCovers = 5,    // no store change: the file holds the changes of segments up to the body's
+  kPushId = 6,    // as kPush, and the push's id enters the dedup window
+  kDedup = 7,     // no store change: the dedup window as it was (replaces the window)
 };
 
 struct JournalRecord {
@@ -55,6 +61,9 @@ std::string JournalRecordHeader(JournalOp op, const Payload& body);
 // Body of a kCovers record, and its segment number (kInvalidArgument: not 8 bytes).
 std::string EncodeJournalCovers(uint64_t segment);
 Result<uint64_t> DecodeJournalCovers(std::string_view body);
+// Everything of a kPushId record before its kv-pairs body `kv`: the record header (its
+// checksum covers the id and kv) and the id. Write kv right after it.
+std::string JournalPushIdHead(const PushId& id, std::string_view kv);
 // Body of a kDrop record.
 std::string EncodeJournalDrop(int rank, int num_servers);
 // Body of a kDropKeys record.
@@ -70,7 +79,8 @@ Result<ParsedJournal> ParseJournal(std::string_view bytes);
 
 // Applies the records in order to `store`. A push record is applied exactly as it was
 // when served (a key of the wrong length is skipped again, the others applied).
-// kInvalidArgument when a body does not decode (the record index is named).
-Status ReplayJournal(const std::vector<JournalRecord>& records, ParamStore* store);
+// kInvalidArgument when a body does not decode (the record index is named). With `dedup`,
+// kPushId and kDedup records rebuild the push window too.
+Status ReplayJournal(const std::vector<JournalRecord>& records, ParamStore* store, PushDedup* dedup = nullptr);
 
 }  // namespace pscore::core

@@ -58,6 +58,10 @@ struct NodeOptions {
   Duration heartbeat_interval = std::chrono::milliseconds(1000);
   Duration connect_timeout = std::chrono::seconds(30);
   Duration request_timeout = std::chrono::seconds(60);
+  // Worker: how long a push or pull part whose server link was lost is sent again (to the
+  // address the metadata gives for its keys' owner) before it fails; 3x the default
+  // heartbeat timeout, so a server restarted in that time is waited for.
+  Duration recovery_timeout = std::chrono::milliseconds(15000);
   std::vector<pb::Device> devices;
   std::string host_name;
   uint64_t max_message_bytes = 256ull << 20;

@@ -114,8 +114,9 @@ ServerJournal::~ServerJournal() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status ServerJournal::Open(core::ParamStore* store) {
+Status ServerJournal::Open(core::ParamStore* store, core::PushDedup* dedup) {
   store_ = store;
+  dedup_ = dedup;
   PSCORE_RETURN_IF_ERROR(MakeDirs(dir_));
   // The compacted file, then the segments after the last one it covers, in order.
   uint64_t covers = 0;
@@ -130,7 +131,7 @@ Status ServerJournal::Open(core::ParamStore* store) {
       if (!c.ok()) return Status(c.status().code(), path_ + ": " + c.status().message());
       covers = *c;
     }
-    Status st = core::ReplayJournal(parsed.records, store);
+    Status st = core::ReplayJournal(parsed.records, store, dedup);
     if (!st.ok()) return Status(st.code(), path_ + ": " + st.message());
     records += parsed.records.size();
   }
@@ -142,24 +143,27 @@ Status ServerJournal::Open(core::ParamStore* store) {
     core::ParsedJournal parsed;
     bool found = false;
     PSCORE_RETURN_IF_ERROR(ReadJournalFile(SegmentPath(n), /*segment=*/true, &bytes, &parsed, &found));
-    Status st = core::ReplayJournal(parsed.records, store);
+    Status st = core::ReplayJournal(parsed.records, store, dedup);
     if (!st.ok()) return Status(st.code(), SegmentPath(n) + ": " + st.message());
     records += parsed.records.size();
   }
   restored_keys_ = store->num_keys();
   if (records > 0) LOG(INFO) << path_ << ": replayed " << records << " records, " << restored_keys_ << " keys";
   // Compacted at once: everything replayed goes into one file covering `last`.
+  std::string window;
   std::vector<uint64_t> keys;
   std::vector<Slice> values;
-  PSCORE_RETURN_IF_ERROR(PinStore(&keys, &values));
+  PSCORE_RETURN_IF_ERROR(PinStore(&window, &keys, &values));
   uint64_t written = 0;
-  PSCORE_RETURN_IF_ERROR(WriteCompacted(last, keys, values, &written));
+  PSCORE_RETURN_IF_ERROR(WriteCompacted(last, window, keys, values, &written));
   compact_at_ = std::max(options_.compact_floor, 4 * written);
   ++compactions_;
   return StartSegment(last + 1);
 }
 
-Status ServerJournal::PinStore(std::vector<uint64_t>* keys, std::vector<Slice>* values) const {
+Status ServerJournal::PinStore(std::string* window, std::vector<uint64_t>* keys, std::vector<Slice>* values) const {
+  window->clear();
+  if (dedup_ != nullptr && dedup_->writers() > 0) *window = dedup_->Encode();
   *keys = store_->Keys();
   std::sort(keys->begin(), keys->end());
   values->assign(keys->size(), Slice{});
@@ -193,7 +197,7 @@ void ServerJournal::RemoveSegmentsUpTo(uint64_t n) const {
 
 // A crash before the rename leaves the old compacted file and every segment; one after it,
 // the new file and the segments after `covers` (those up to it are skipped by Open).
-Status ServerJournal::WriteCompacted(uint64_t covers, const std::vector<uint64_t>& keys,
+Status ServerJournal::WriteCompacted(uint64_t covers, const std::string& window, const std::vector<uint64_t>& keys,
                                      const std::vector<Slice>& values, uint64_t* written) const {
   int fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("open " + tmp_);
@@ -205,8 +209,12 @@ Status ServerJournal::WriteCompacted(uint64_t covers, const std::vector<uint64_t
   Status st = WriteFd(fd, tmp_, core::JournalFileHeader(), {});
   const std::string mark = core::EncodeJournalCovers(covers);
   if (st.ok()) st = WriteFd(fd, tmp_, core::JournalRecordHeader(core::JournalOp::kCovers, mark), mark);
+  if (st.ok() && !window.empty()) {
+    st = WriteFd(fd, tmp_, core::JournalRecordHeader(core::JournalOp::kDedup, window), window);
+  }
   if (!st.ok()) return fail(st);
   uint64_t n = core::kJournalFileHeaderBytes + core::kJournalRecordHeaderBytes + mark.size();
+  if (!window.empty()) n += core::kJournalRecordHeaderBytes + window.size();
   // The pinned values, a chunk of keys per insert record, written from where they are.
   for (size_t begin = 0; begin < keys.size();) {
     std::vector<uint32_t> lens;
@@ -279,9 +287,10 @@ void ServerJournal::MaybeCompact(bool may_wait) {
   if (bytes_ <= compact_at_) return;
   // The state as of this segment's end (the owner's lock keeps store and journal in step):
   // pinned, not copied; appends move on to the next segment.
+  std::string window;
   std::vector<uint64_t> keys;
   std::vector<Slice> values;
-  Status st = PinStore(&keys, &values);
+  Status st = PinStore(&window, &keys, &values);
   if (st.ok()) st = StartSegment(segment_ + 1);
   if (!st.ok()) {
     LOG(WARNING) << "journal compaction not started (appending continues): " << st;
@@ -290,10 +299,11 @@ void ServerJournal::MaybeCompact(bool may_wait) {
   }
   const uint64_t covers = segment_ - 1;
   done_.store(false, std::memory_order_relaxed);
-  compactor_ = std::thread([this, covers, keys = std::move(keys), values = std::move(values)]() mutable {
+  compactor_ = std::thread([this, covers, window = std::move(window), keys = std::move(keys),
+                            values = std::move(values)]() mutable {
     if (options_.before_compaction_write) options_.before_compaction_write();
     uint64_t written = 0;
-    compacted_status_ = WriteCompacted(covers, keys, values, &written);
+    compacted_status_ = WriteCompacted(covers, window, keys, values, &written);
     compacted_bytes_ = written;
     values.clear();  // the store's blocks are free again
     done_.store(true, std::memory_order_release);

@@ -4,7 +4,8 @@
 //
 // Files in the directory:
 //   params.journal     a compacted state: a kCovers record naming the last segment whose
-//                      changes it holds, then insert records of every entry. Written to
+//                      changes it holds, the push dedup window (a kDedup record, when
+//                      the journal has one), then insert records of every entry. Written to
 //                      params.journal.tmp, fsync'ed and renamed over, never appended to.
 //   params.journal.N   segment N (N >= 1): the changes made after it, one record each,
 //                      appended with write(2) before the request is answered.
@@ -62,8 +63,9 @@ class ServerJournal {
   ServerJournal& operator=(const ServerJournal&) = delete;
 
   // Creates the directory if needed, replays what it holds into `store` (which must be
-  // empty), then compacts. Errors name the file.
-  Status Open(core::ParamStore* store);
+  // empty) and, when given, the push window into `dedup` (kept with every compaction
+  // from then on: both must outlive the journal), then compacts. Errors name the file.
+  Status Open(core::ParamStore* store, core::PushDedup* dedup = nullptr);
   // Appends one record (the store change it describes is applied by the caller after it;
   // on an error nothing of the record stays and the change must not be applied).
   Status Append(core::JournalOp op, std::string_view body);
@@ -91,10 +93,11 @@ class ServerJournal {
   // temporary file, fsyncs it, renames it over the compacted file and removes the
   // segments up to `covers`. *written gets the file's size. Uses only its arguments and
   // the paths, so the compactor thread runs it.
-  Status WriteCompacted(uint64_t covers, const std::vector<uint64_t>& keys, const std::vector<Slice>& values,
-                        uint64_t* written) const;
-  // Pins every entry of the store (the state as of the current segment's end).
-  Status PinStore(std::vector<uint64_t>* keys, std::vector<Slice>* values) const;
+  Status WriteCompacted(uint64_t covers, const std::string& window, const std::vector<uint64_t>& keys,
+                        const std::vector<Slice>& values, uint64_t* written) const;
+  // Pins every entry of the store and takes the push window (the state as of the current
+  // segment's end; `window` empty when there is no window).
+  Status PinStore(std::string* window, std::vector<uint64_t>* keys, std::vector<Slice>* values) const;
   // Starts segment `n` (a fresh file with the file header) and appends there from now on.
   Status StartSegment(uint64_t n);
   void RemoveSegmentsUpTo(uint64_t n) const;
@@ -110,6 +113,7 @@ class ServerJournal {
   uint64_t compact_at_ = 0;
   size_t restored_keys_ = 0;
   core::ParamStore* store_ = nullptr;
+  core::PushDedup* dedup_ = nullptr;
   uint64_t compactions_ = 0;
 
   // The compaction in the background: started by the owner, run by compactor_, which sets

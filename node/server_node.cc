@@ -68,7 +68,7 @@ Status ServerNode::StartRole() {
     ServerJournalOptions journal_options;
     journal_options.compact_floor = options_.journal_compact_bytes;
     journal_ = std::make_unique<ServerJournal>(options_.data_dir, journal_options);
-    PSCORE_RETURN_IF_ERROR(journal_->Open(&store_));
+    PSCORE_RETURN_IF_ERROR(journal_->Open(&store_, &dedup_));
     LOG(INFO) << "server " << options_.node_id << ": parameters journaled in " << journal_->path() << " ("
               << journal_->restored_keys() << " keys restored)";
     std::vector<uint64_t> keys = store_.Keys();
@@ -273,7 +273,10 @@ void ServerNode::Dispatch(ConnId conn, Frame&& frame) {
         .IgnoreError();
     return;
   }
-  DataRequest req{meta.role(), meta.rank_id(), meta.user_cmd(), meta.handler(), std::move(frame.payload)};
+  DataRequest req{meta.role(), meta.rank_id(), meta.user_cmd(), meta.handler(), std::move(frame.payload), {}};
+  if (meta.has_push_id()) {
+    req.push_id = core::PushId{meta.push_id().writer(), meta.push_id().incarnation(), meta.push_id().seq()};
+  }
   Responder r = MakeResponder(conn, meta);
   if (!executor_) return (*handler)(req, r);
   // Built-in push/pull of a few KiB take microseconds: on the loop thread at once, unless
@@ -314,103 +317,14 @@ bool ServerNode::SmallBuiltin(const pb::MessageMeta& meta, const BufferPtr& payl
   return bytes <= kSmallBytes || (view->num_keys <= kFewKeys && bytes >= core::kZeroCopyBytes * view->num_keys);
 }
 
-// ---- pushes folded in while their values arrive ----
-
-// The tail of a large built-in push, taken from the connection's input buffer piece by
-// piece (loop thread): each piece is folded into the store's spare blocks while it is
-// still in cache, instead of the whole payload being written to memory and read back by
-// the update. Nothing is visible before CommitStreamedPush; a connection lost mid-push
-// drops the stream and with it every folded piece.
-class ServerNode::PushTail : public comm::TailStream {
- public:
-  explicit PushTail(ServerNode* server) : server_(server) {}
-
-  bool Begin(Buffer& head, uint64_t tail) override {
-    Result<core::KvView> view = core::DecodeKvPairsHead(head.data(), head.size(), tail);
-    if (!view.ok()) return false;  // received whole: the handler refuses it as usual
-    // Large keys only: a push small enough for the loop thread (SmallBuiltin) can then
-    // never wait there for a stream, which only the loop thread itself could finish.
-    for (size_t i = 0; i < view->num_keys; ++i) {
-      if (uint64_t{view->lens[i]} * sizeof(float) < core::kZeroCopyBytes) return false;
-    }
-    std::shared_lock<std::shared_mutex> lock(server_->view_mu_);
-    if (!server_->CheckOwned(view->keys, view->num_keys).ok()) return false;
-    stream_ = server_->store_.BeginStream(view->keys, view->lens, view->num_keys,
-                                           core::ParamStore::Targets::kSparesOnly);
-    if (stream_ != nullptr) keys_.assign(view->keys, view->keys + view->num_keys);
-    return stream_ != nullptr;
-  }
-  void Consume(const char* data, size_t n) override {
-    // Begin checked that the tail is sum(lens) whole floats; the decoder hands them over
-    // 4-byte aligned.
-    stream_->Apply(reinterpret_cast<const float*>(data), n / sizeof(float));
-  }
-  std::unique_ptr<core::ParamStore::PushStream>& stream() { return stream_; }
-  const std::vector<uint64_t>& keys() const { return keys_; }
-
- private:
-  ServerNode* server_;
-  std::unique_ptr<core::ParamStore::PushStream> stream_;
-  std::vector<uint64_t> keys_;  // of the push, as verified by Begin
-};
-
-std::shared_ptr<comm::TailStream> ServerNode::OnRequestStream(ConnId conn, const pb::MessageMeta& meta,
-                                                              uint64_t tail) {
-  // Large pushes of the built-in store only, from a member, served in order: no earlier
-  // request of the link still with the handler threads, no journal (it logs whole pushes).
-  if (meta.cmd() != pb::SEND_DATA || meta.handler() != kPushHandler || tail < core::kZeroCopyBytes) return nullptr;
-  // Handlers on the loop thread (no executor) would wait there for the stream: none then.
-  if (!executor_ || journal_ || !members_.count(conn) || held_.count(conn) ||
-      cluster_state() == pb::CLUSTER_DISABLE_FLS) {
-    return nullptr;
-  }
-  auto pending = in_executor_.find(conn);
-  if (pending != in_executor_.end() && pending->second->load(std::memory_order_acquire) != 0) return nullptr;
-  return std::make_shared<PushTail>(this);
-}
-
-void ServerNode::CommitStreamedPush(ConnId conn, Frame&& frame) {
-  auto* tail = static_cast<PushTail*>(frame.stream.get());
-  std::unique_ptr<core::ParamStore::PushStream> stream = std::move(tail->stream());
-  Status st;
-  {
-    // A scale-out or scale-in may have moved keys while the values arrived: then the
-    // push is refused as one arriving now would be, and nothing is applied.
-    std::shared_lock<std::shared_mutex> lock(view_mu_);
-    st = CheckOwned(tail->keys().data(), tail->keys().size());
-    if (st.ok()) st = stream->Commit();
-  }
-  frame.stream.reset();
-  stream.reset();  // an uncommitted stream lets go of its keys here
-  if (st.ok()) streamed_pushes_.fetch_add(1, std::memory_order_relaxed);
-  messenger().Reply(conn, frame.meta, st).IgnoreError();
-}
-
-void ServerNode::HandlePush(const DataRequest& req, Responder r) {
-  const char* data = req.payload ? req.payload->data() : "";
-  size_t size = req.payload ? req.payload->size() : 0;
-  Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
-  if (!view.ok()) return r.Fail(view.status());
-  // A key held by a push being folded in as it arrives (PushTail: keys of 64 KiB or more)
-  // is waited for here, not under the view lock: the loop thread, which feeds that push,
-  // takes the view lock.
-  const bool large = std::any_of(view->lens, view->lens + view->num_keys,
-                                 [](uint32_t l) { return uint64_t{l} * sizeof(float) >= core::kZeroCopyBytes; });
-  core::ParamStore::StreamHold hold =
-      large ? store_.HoldStreamsOff(view->keys, view->lens, view->num_keys) : core::ParamStore::StreamHold();
-  std::shared_lock<std::shared_mutex> lock(view_mu_);
-  PSCORE_RETURN_IF_ERROR_RESPOND(CheckOwned(view->keys, view->num_keys), r);
-  Status st = Journaled(core::JournalOp::kPush, std::string_view(data, size), [&] {
-    return store_.Push(view->keys, view->lens, view->values, view->num_keys);
-  });
-  if (!st.ok()) return r.Fail(st);
-  r.Reply(nullptr);
-}
-
 Status ServerNode::Journaled(core::JournalOp op, std::string_view body, const std::function<Status()>& apply) {
   if (!journal_) return apply();
   // The checksum first, outside the lock: another handler thread writes meanwhile.
-  const std::string header = core::JournalRecordHeader(op, body);
+  return JournaledRecord(core::JournalRecordHeader(op, body), body, apply);
+}
+
+Status ServerNode::JournaledRecord(const std::string& header, std::string_view body,
+                                   const std::function<Status()>& apply) {
   std::lock_guard<std::mutex> lock(journal_mu_);
   Status logged = journal_->AppendRecord(header, body);
   if (!logged.ok()) {

@@ -18,6 +18,7 @@
 
 #include "core/param_journal.h"
 #include "core/param_store.h"
+#include "core/push_dedup.h"
 #include "node/executor.h"
 #include "node/node.h"
 #include "node/server_journal.h"
@@ -30,6 +31,7 @@ struct DataRequest {
   int user_cmd = 0;
   std::string handler;  // empty when addressed by user_cmd
   BufferPtr payload;    // may be null (empty request)
+  std::optional<core::PushId> push_id;  // a built-in push's id, as the wire gave it (unchecked)
 };
 
 // Answers one request exactly once; copyable handle, any thread. Dropping every copy
@@ -67,6 +69,10 @@ class ServerNode : public Node {
   uint64_t streamed_pushes() const { return streamed_pushes_.load(std::memory_order_relaxed); }
   // Whether a journal compaction is being written or waits to be ended (tests).
   bool journal_compacting();
+  // Which pushes with an id were applied (core/push_dedup.h), and how many pushes came
+  // again after they were applied and were acknowledged without being applied (any thread).
+  const core::PushDedup& push_window() const { return dedup_; }
+  uint64_t repeated_pushes() const { return repeated_pushes_.load(std::memory_order_relaxed); }
 
   // Server-to-server messages matched by (sender rank, tag), whatever the arrival order.
   std::future<Status> CollectiveSend(int rank, const std::string& tag, BufferPtr payload);
@@ -134,11 +140,20 @@ class ServerNode : public Node {
   // lock orders records as the changes are applied). An append error is returned and
   // nothing is applied.
   Status Journaled(core::JournalOp op, std::string_view body, const std::function<Status()>& apply);
+  // The same with the record's head (header, and for kPushId the id) made by the caller.
+  Status JournaledRecord(const std::string& head, std::string_view body, const std::function<Status()>& apply);
+  // A push with an id: nullopt when it is new (claimed: apply it, then end the claim),
+  // otherwise the answer to give without applying it (ok: it was applied already).
+  std::optional<Status> ClaimPush(const core::PushId& id);
   // A server joining a scale-out as a new member: drops the restored entries no
   // migration has overwritten (they belong to an earlier membership); returns how many.
   size_t DropUnconfirmedRestored();
 
   core::ParamStore store_;
+  // Applied push ids. With a journal, a push's id is recorded with it and the window
+  // enters the dedup window under journal_mu_, so a compaction sees both or neither.
+  core::PushDedup dedup_;
+  std::atomic<uint64_t> repeated_pushes_{0};
   std::atomic<uint64_t> streamed_pushes_{0};
   std::unique_ptr<ServerJournal> journal_;
   std::mutex journal_mu_;

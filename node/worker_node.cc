@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <numeric>
+#include <random>
 
 #include "core/key_range.h"
 #include "core/kv_codec.h"
@@ -15,11 +16,34 @@ namespace pscore::node {
 using comm::ConnId;
 using comm::Frame;
 
+namespace {
+
+// A number that differs between two starts of a worker process (with the same node id).
+uint64_t FreshPushIncarnation() {
+  std::random_device rd;
+  const uint64_t r = (uint64_t{rd()} << 32) ^ rd();
+  const uint64_t t = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return (r ^ t) | 1;  // never 0
+}
+
+// Why a part whose server was lost failed: the server, how often and how long it was tried.
+Status GaveUpStatus(const std::string& server, TimePoint lost_since, int sends, const Status& last,
+                    Duration recovery_timeout) {
+  const auto waited = ToMillis(std::chrono::steady_clock::now() - lost_since);
+  return Status(Code::kUnavailable, "server " + server + " lost: sent " + std::to_string(sends) + " times over " +
+                                        std::to_string(waited) + " ms (recovery_timeout " +
+                                        std::to_string(ToMillis(recovery_timeout)) + " ms); last error: " +
+                                        last.ToString());
+}
+
+}  // namespace
+
 WorkerNode::WorkerNode(NodeOptions options, comm::EventLoop* loop)
     : Node([&] {
         options.role = pb::WORKER;
         return options;
-      }(), loop) {}
+      }(), loop),
+      push_incarnation_(FreshPushIncarnation()) {}
 
 WorkerNode::~WorkerNode() { Stop(); }
 
@@ -321,6 +345,22 @@ struct WorkerNode::KvPart {
   std::vector<size_t> indices;  // pull
   std::string addr;             // the server it was sent to
   Status lost;                  // set when that server's link died before the answer
+  uint64_t push_seq = 0;        // push: its id's seq once sent (kept when sent again)
+  TimePoint sent_at{};          // its last send
+  TimePoint lost_since{};       // the send that first met its server lost (retried until recovery_timeout)
+  int attempts = 0;             // sends since then
+  std::string lost_server;      // "node id (address)" of the server lost
+
+  // A part made of some of this one's keys for a new split: no payload or id of its own
+  // yet, but the same recovery clock (a loss is not forgotten by re-splitting).
+  KvPart Successor() const {
+    KvPart p;
+    p.lost_since = lost_since;
+    p.attempts = attempts;
+    p.lost_server = lost_server;
+    p.lost = lost;
+    return p;
+  }
 };
 
 namespace {
@@ -600,7 +640,7 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
     std::vector<std::vector<size_t>> groups = ByOwner(v->keys, v->num_keys, n);
     for (int s = 0; s < n; ++s) {
       if (groups[s].empty()) continue;
-      KvPart sub;
+      KvPart sub = part.Successor();
       sub.server = s;
       sub.for_servers = n;
       sub.num_keys = groups[s].size();
@@ -619,7 +659,7 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
   std::vector<std::vector<size_t>> groups = ByOwner(ks.data(), ks.size(), n);
   for (int s = 0; s < n; ++s) {
     if (groups[s].empty()) continue;
-    KvPart sub;
+    KvPart sub = part.Successor();
     sub.server = s;
     sub.for_servers = n;
     for (size_t j : groups[s]) sub.indices.push_back(part.indices[j]);
@@ -646,11 +686,42 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
   int server = part.server;
   ++op->parts_sent;
   part.addr = ServerAddress(server);
+  const Status last_error = part.lost;
   part.lost = Status::Ok();
+  if (part.lost_since != TimePoint{}) ++part.attempts;
   pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
   meta.set_handler(op->push ? kPushHandler : kPullHandler);
+  if (op->push) {
+    // The same id on every send of this part: a server that applied it acknowledges a
+    // repeat without applying it again.
+    if (part.push_seq == 0) part.push_seq = ++push_seq_;
+    pb::PushId* id = meta.mutable_push_id();
+    id->set_writer(options_.node_id);
+    id->set_incarnation(push_incarnation_);
+    id->set_seq(part.push_seq);
+  }
+  // A part sent again while its server is lost ends at its recovery deadline even when
+  // the send is still under way then (a dial alone may take connect_timeout), unless the
+  // metadata has named a new address for the server meanwhile: then the send (to the old
+  // one) ends by itself and the part goes to the new one. The timer ends with the send.
+  auto timer = std::make_shared<comm::TimerId>(0);
+  part.sent_at = std::chrono::steady_clock::now();
+  if (part.lost_since != TimePoint{}) {
+    const Duration left = HeldUntil(*op, part) - part.sent_at;
+    *timer = loop()->AddTimer(std::max(left, Duration::zero()), Duration::zero(),
+                              [this, op, timer, rank = server, addr = part.addr, server_name = part.lost_server,
+                               since = part.lost_since, sends = part.attempts + 1, last = last_error] {
+                                *timer = 0;
+                                if (ServerAddress(rank) != addr) return;
+                                op->Fail(GaveUpStatus(server_name, since, sends, last, options_.recovery_timeout));
+                              });
+  }
   Issue(server, std::move(meta), std::move(payload), sink,
-        [this, op, part = std::move(part)](Result<Frame> r) mutable { OnPart(op, std::move(part), std::move(r)); });
+        [this, op, timer, part = std::move(part)](Result<Frame> r) mutable {
+          if (*timer != 0) loop()->CancelTimer(*timer);
+          *timer = 0;
+          OnPart(op, std::move(part), std::move(r));
+        });
 }
 
 // Loop thread: keeps a part to send again; held parts go out 50 ms later (or when the
@@ -671,11 +742,11 @@ void WorkerNode::WatchHeld() {
     if (!holding_ && metadata().server_num() > 0) return ReleaseHeld();
     TimePoint now = std::chrono::steady_clock::now();
     auto expired = std::stable_partition(held_.begin(), held_.end(),
-                                         [now](const auto& h) { return now < h.first->deadline; });
+                                         [this, now](const auto& h) { return now < HeldUntil(*h.first, h.second); });
     std::vector<std::pair<std::shared_ptr<KvOp>, KvPart>> late(std::make_move_iterator(expired),
                                                                std::make_move_iterator(held_.end()));
     held_.erase(expired, held_.end());
-    for (auto& [op, part] : late) op->Fail(HeldTooLong());
+    for (auto& [op, part] : late) op->Fail(part.lost_since != TimePoint{} ? GaveUp(part) : HeldTooLong());
     if (!held_.empty()) WatchHeld();
   });
 }
@@ -690,14 +761,14 @@ void WorkerNode::OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<Fra
       VLOG(1) << options_.node_id << ": " << keys << " keys moved; re-sending after the scale";
       return HoldForRetry(op, std::move(part));
     }
-    // The link died before the answer. If the server left the membership by a scale-in,
-    // it had handed its keys over and stopped owning any before it went (it refuses, never
-    // applies, what arrives after that), so the part is re-sent once the new metadata is
-    // here. If it is still a member, it may have applied the part: report the loss.
-    if (r.status().code() == Code::kUnavailable && !part.addr.empty() &&
-        std::chrono::steady_clock::now() < op->deadline) {
-      part.lost = r.status();
-      return HoldForRetry(op, std::move(part));
+    // The link died before the answer, or the server cannot be reached (killed, restarting
+    // on the same or a new address), or it asks for the push again (being applied by an
+    // earlier send). Sent again with the same push id until recovery_timeout: a server that
+    // applied it acknowledges the repeat without applying it. A server that left by a
+    // scale-in had handed its keys over first: the part goes to their new owner.
+    const Code code = r.status().code();
+    if (code == Code::kUnavailable || (code == Code::kTimeout && part.lost_since != TimePoint{})) {
+      return RetryLost(op, std::move(part), r.status());
     }
     op->Fail(r.status());
     return;
@@ -763,9 +834,57 @@ Status WorkerNode::HeldTooLong() const {
                                     " ms) while the cluster scaled");
 }
 
+void WorkerNode::RetryLost(const std::shared_ptr<KvOp>& op, KvPart part, const Status& why) {
+  const TimePoint now = std::chrono::steady_clock::now();
+  if (part.lost_since == TimePoint{}) {
+    // The clock starts with the send that failed (a dial may have taken connect_timeout).
+    part.lost_since = part.sent_at;
+    part.lost_server = ServerName(part.server);
+    LOG(WARNING) << options_.node_id << ": " << (op->push ? "push" : "pull") << " to server " << part.lost_server
+                 << " lost (" << why << "); sending it again for up to "
+                 << ToMillis(options_.recovery_timeout) << " ms";
+  }
+  part.lost = why;
+  if (now >= HeldUntil(*op, part)) {
+    const std::string addr = ServerAddress(part.server);
+    if (addr.empty() || addr == part.addr) return op->Fail(GaveUp(part));
+    // Back at another address (a restart on a new port): its own recovery_timeout there.
+    LOG(WARNING) << options_.node_id << ": server " << part.lost_server << " is at " << addr
+                 << " now; sending there for up to " << ToMillis(options_.recovery_timeout) << " ms";
+    part.lost_since = now;
+  }
+  HoldForRetry(op, std::move(part));
+}
+
+
+Status WorkerNode::GaveUp(const KvPart& part) const {
+  return GaveUpStatus(part.lost_server, part.lost_since, part.attempts + 1, part.lost, options_.recovery_timeout);
+}
+
+// A part whose server was lost is sent again up to recovery_timeout from the loss; others
+// wait up to their op's deadline.
+TimePoint WorkerNode::HeldUntil(const KvOp& op, const KvPart& part) const {
+  if (part.lost_since == TimePoint{}) return op.deadline;
+  return part.lost_since + options_.recovery_timeout;
+}
+
+std::string WorkerNode::ServerName(int rank) const {
+  std::string id;
+  const pb::SendMetadataMessage md = metadata();
+  for (const pb::ServersMeta& s : md.servers_meta()) {
+    if (s.role() == pb::SERVER && s.rank_id() == rank) id = s.node_id();
+  }
+  return (id.empty() ? "rank " + std::to_string(rank) : id) + " (" + ServerAddress(rank) + ")";
+}
+
 bool WorkerNode::AfterHeldPush(const KvOp& op, const KvPart& part) const {
+  // Same server: same address, or the same rank of the same view (restarted elsewhere).
   for (const auto& [held_op, held_part] : held_) {
-    if (held_op->push && held_op->seq < op.seq && held_part.addr == part.addr) return true;
+    if (held_op->push && held_op->seq < op.seq &&
+        (held_part.addr == part.addr ||
+         (held_part.server == part.server && held_part.for_servers == part.for_servers))) {
+      return true;
+    }
   }
   return false;
 }
@@ -779,16 +898,9 @@ void WorkerNode::ReleaseHeld() {
   std::stable_sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.first->seq < b.first->seq; });
   TimePoint now = std::chrono::steady_clock::now();
   for (auto& [op, part] : held) {
-    if (now >= op->deadline) {
-      op->Fail(HeldTooLong());
+    if (now >= HeldUntil(*op, part)) {
+      op->Fail(part.lost_since != TimePoint{} ? GaveUp(part) : HeldTooLong());
       continue;
-    }
-    if (!part.lost.ok()) {
-      if (IsServerAddress(part.addr)) {
-        op->Fail(part.lost);
-        continue;
-      }
-      VLOG(1) << options_.node_id << ": server " << part.addr << " left the job; re-sending its part";
     }
     Dispatch(op, std::move(part));
   }
@@ -862,9 +974,10 @@ Result<PullResult> WorkerNode::PullSync(const std::vector<uint64_t>& keys) {
   std::optional<Result<PullResult>> direct = TryDirectPull(keys);
   if (direct.has_value()) return std::move(*direct);
   std::future<Result<PullResult>> f = Pull(keys);
-  // Pull ends by itself within the request timeout (held parts fail at their deadline);
-  // the margin only guards against a stopped loop.
-  if (f.wait_for(options_.request_timeout + std::chrono::seconds(5)) != std::future_status::ready) {
+  // Pull ends by itself within the request timeout, or the recovery timeout of a lost
+  // server (held parts fail then); the margin only guards against a stopped loop.
+  if (f.wait_for(options_.request_timeout + options_.recovery_timeout + std::chrono::seconds(5)) !=
+      std::future_status::ready) {
     return Status(Code::kTimeout, "pull: no answer within the request timeout");
   }
   return f.get();

@@ -137,6 +137,12 @@ class WorkerNode : public Node {
   void WatchHeld();
   Status HeldTooLong() const;
   void ReleaseHeld();
+  // A part whose server was lost: held to be sent again, or failed once it has been
+  // retried for options_.recovery_timeout (then the status names the server and the tries).
+  void RetryLost(const std::shared_ptr<KvOp>& op, KvPart part, const Status& why);
+  Status GaveUp(const KvPart& part) const;
+  TimePoint HeldUntil(const KvOp& op, const KvPart& part) const;
+  std::string ServerName(int rank) const;  // "node id (address)" from the metadata
 
   // PullSync's direct way: nullopt when it does not apply (then Pull is used).
   std::optional<Result<PullResult>> TryDirectPull(const std::vector<uint64_t>& keys);
@@ -170,6 +176,10 @@ class WorkerNode : public Node {
   std::mutex learned_mu_;
   std::unordered_map<uint64_t, uint32_t> learned_lens_;  // guarded by learned_mu_
   comm::TimerId retry_timer_ = 0;
+  // Push ids (docs/reliability.md): this process's number, fresh per start, and the
+  // sequence of push requests (loop thread); a part sent again keeps its id.
+  const uint64_t push_incarnation_;
+  uint64_t push_seq_ = 0;
 };
 
 }  // namespace pscore::node

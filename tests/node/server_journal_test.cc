@@ -268,3 +268,52 @@ TEST_CASE("a compaction that cannot be written leaves the journal whole - append
 }
 
 }  // namespace pscore::node
+
+namespace pscore::node {
+namespace {
+
+// Journals a push with id (writer "w", incarnation 1, seq) and applies it, as a server does.
+void JournaledPushWithId(ServerJournal& j, core::ParamStore& store, core::PushDedup& window, uint64_t seq) {
+  BufferPtr body = PushBody(static_cast<int>(seq));
+  const core::PushId id{"w", 1, seq};
+  REQUIRE(window.Begin(id) == core::PushDedup::Verdict::kApply);
+  REQUIRE(j.AppendRecord(core::JournalPushIdHead(id, body->view()), body->view()).ok());
+  Result<core::KvView> v = core::DecodeKvPairs(body->data(), body->size(), true);
+  REQUIRE(v.ok());
+  REQUIRE(store.Push(v->keys, v->lens, v->values, v->num_keys).ok());
+  window.End(id, true);
+  j.MaybeCompact();
+}
+
+TEST_CASE("the push window is kept through background compactions - a reopened journal knows every applied id",
+          "[node][journal][dedup]") {
+  testing::TempDir dir;
+  REQUIRE(dir.ok());
+  ServerJournal::Options options;
+  options.compact_floor = 2 << 20;
+  uint64_t seq = 0;
+  {
+    core::ParamStore store(SumStore());
+    core::PushDedup window;
+    ServerJournal j(dir.path(), options);
+    REQUIRE(j.Open(&store, &window).ok());
+    while (j.compactions() < 3 && seq < 100) JournaledPushWithId(j, store, window, ++seq);
+    REQUIRE(j.FinishCompaction().ok());
+    REQUIRE(j.compactions() >= 3);
+    JournaledPushWithId(j, store, window, ++seq);  // one in the segment after them
+  }
+  for (int reopen = 0; reopen < 2; ++reopen) {  // the second reads Open's compaction of the first
+    core::ParamStore store(SumStore());
+    core::PushDedup window;
+    ServerJournal j(dir.path(), options);
+    REQUIRE(j.Open(&store, &window).ok());
+    for (uint64_t s = 1; s <= seq; ++s) {
+      INFO("reopen " << reopen << ", seq " << s);
+      CHECK(window.Begin(core::PushId{"w", 1, s}) == core::PushDedup::Verdict::kApplied);
+    }
+    CHECK(window.Begin(core::PushId{"w", 1, seq + 1}) == core::PushDedup::Verdict::kApply);
+  }
+}
+
+}  // namespace
+}  // namespace pscore::node

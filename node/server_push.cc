@@ -1,0 +1,170 @@
+// ServerNode, the built-in store's pushes: whole ones (HandlePush), large ones folded in
+// as their values arrive (PushTail, CommitStreamedPush), and the push-id window that
+// applies a push sent again at most once (ClaimPush; docs/reliability.md).
+#include <algorithm>
+
+#include "core/kv_codec.h"
+#include "node/server_node.h"
+
+#define PSCORE_RETURN_IF_ERROR_RESPOND(expr, responder) \
+  do {                                                  \
+    ::pscore::Status _st = (expr);                      \
+    if (!_st.ok()) return (responder).Fail(_st);        \
+  } while (0)
+
+namespace pscore::node {
+
+using comm::ConnId;
+using comm::Frame;
+
+// ---- pushes folded in while their values arrive ----
+
+// The tail of a large built-in push, taken from the connection's input buffer piece by
+// piece (loop thread): each piece is folded into the store's spare blocks while it is
+// still in cache, instead of the whole payload being written to memory and read back by
+// the update. Nothing is visible before CommitStreamedPush; a connection lost mid-push
+// drops the stream and with it every folded piece.
+class ServerNode::PushTail : public comm::TailStream {
+ public:
+  explicit PushTail(ServerNode* server) : server_(server) {}
+
+  bool Begin(Buffer& head, uint64_t tail) override {
+    Result<core::KvView> view = core::DecodeKvPairsHead(head.data(), head.size(), tail);
+    if (!view.ok()) return false;  // received whole: the handler refuses it as usual
+    // Large keys only: a push small enough for the loop thread (SmallBuiltin) can then
+    // never wait there for a stream, which only the loop thread itself could finish.
+    for (size_t i = 0; i < view->num_keys; ++i) {
+      if (uint64_t{view->lens[i]} * sizeof(float) < core::kZeroCopyBytes) return false;
+    }
+    std::shared_lock<std::shared_mutex> lock(server_->view_mu_);
+    if (!server_->CheckOwned(view->keys, view->num_keys).ok()) return false;
+    stream_ = server_->store_.BeginStream(view->keys, view->lens, view->num_keys,
+                                           core::ParamStore::Targets::kSparesOnly);
+    if (stream_ != nullptr) keys_.assign(view->keys, view->keys + view->num_keys);
+    return stream_ != nullptr;
+  }
+  void Consume(const char* data, size_t n) override {
+    // Begin checked that the tail is sum(lens) whole floats; the decoder hands them over
+    // 4-byte aligned.
+    stream_->Apply(reinterpret_cast<const float*>(data), n / sizeof(float));
+  }
+  std::unique_ptr<core::ParamStore::PushStream>& stream() { return stream_; }
+  const std::vector<uint64_t>& keys() const { return keys_; }
+
+ private:
+  ServerNode* server_;
+  std::unique_ptr<core::ParamStore::PushStream> stream_;
+  std::vector<uint64_t> keys_;  // of the push, as verified by Begin
+};
+
+std::shared_ptr<comm::TailStream> ServerNode::OnRequestStream(ConnId conn, const pb::MessageMeta& meta,
+                                                              uint64_t tail) {
+  // Large pushes of the built-in store only, from a member, served in order: no earlier
+  // request of the link still with the handler threads, no journal (it logs whole pushes).
+  if (meta.cmd() != pb::SEND_DATA || meta.handler() != kPushHandler || tail < core::kZeroCopyBytes) return nullptr;
+  // Handlers on the loop thread (no executor) would wait there for the stream: none then.
+  if (!executor_ || journal_ || !members_.count(conn) || held_.count(conn) ||
+      cluster_state() == pb::CLUSTER_DISABLE_FLS) {
+    return nullptr;
+  }
+  auto pending = in_executor_.find(conn);
+  if (pending != in_executor_.end() && pending->second->load(std::memory_order_acquire) != 0) return nullptr;
+  return std::make_shared<PushTail>(this);
+}
+
+void ServerNode::CommitStreamedPush(ConnId conn, Frame&& frame) {
+  auto* tail = static_cast<PushTail*>(frame.stream.get());
+  std::unique_ptr<core::ParamStore::PushStream> stream = std::move(tail->stream());
+  std::optional<core::PushId> id;
+  if (frame.meta.has_push_id()) {
+    id = core::PushId{frame.meta.push_id().writer(), frame.meta.push_id().incarnation(), frame.meta.push_id().seq()};
+  }
+  Status st;
+  {
+    // A scale-out or scale-in may have moved keys while the values arrived: then the
+    // push is refused as one arriving now would be, and nothing is applied.
+    std::shared_lock<std::shared_mutex> lock(view_mu_);
+    st = CheckOwned(tail->keys().data(), tail->keys().size());
+    // A push already applied is acknowledged, its folded values dropped uncommitted.
+    std::optional<Status> answered;
+    if (st.ok() && id) answered = ClaimPush(*id);
+    if (answered) {
+      st = *answered;
+    } else if (st.ok()) {
+      st = stream->Commit();
+      if (id) dedup_.End(*id, st.ok());
+    }
+  }
+  frame.stream.reset();
+  stream.reset();  // an uncommitted stream lets go of its keys here
+  if (st.ok()) streamed_pushes_.fetch_add(1, std::memory_order_relaxed);
+  messenger().Reply(conn, frame.meta, st).IgnoreError();
+}
+
+void ServerNode::HandlePush(const DataRequest& req, Responder r) {
+  const char* data = req.payload ? req.payload->data() : "";
+  size_t size = req.payload ? req.payload->size() : 0;
+  Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
+  if (!view.ok()) return r.Fail(view.status());
+  // A key held by a push being folded in as it arrives (PushTail: keys of 64 KiB or more)
+  // is waited for here, not under the view lock: the loop thread, which feeds that push,
+  // takes the view lock.
+  const bool large = std::any_of(view->lens, view->lens + view->num_keys,
+                                 [](uint32_t l) { return uint64_t{l} * sizeof(float) >= core::kZeroCopyBytes; });
+  core::ParamStore::StreamHold hold =
+      large ? store_.HoldStreamsOff(view->keys, view->lens, view->num_keys) : core::ParamStore::StreamHold();
+  std::shared_lock<std::shared_mutex> lock(view_mu_);
+  PSCORE_RETURN_IF_ERROR_RESPOND(CheckOwned(view->keys, view->num_keys), r);
+  const std::string_view body(data, size);
+  auto apply = [&] { return store_.Push(view->keys, view->lens, view->values, view->num_keys); };
+  if (!req.push_id) {
+    Status st = Journaled(core::JournalOp::kPush, body, apply);
+    if (!st.ok()) return r.Fail(st);
+    return r.Reply(nullptr);
+  }
+  const core::PushId& id = *req.push_id;
+  std::optional<Status> answered = ClaimPush(id);
+  if (answered) return answered->ok() ? r.Reply(nullptr) : r.Fail(*answered);
+  // Applied (a key of a wrong length is skipped, as replay skips it): the id is in the
+  // window, entered with the store change under the journal's lock.
+  bool ran = false;
+  auto apply_and_end = [&] {
+    ran = true;
+    Status st = apply();
+    dedup_.End(id, /*applied=*/true);
+    return st;
+  };
+  Status st = journal_ ? JournaledRecord(core::JournalPushIdHead(id, body), body, apply_and_end) : apply_and_end();
+  if (!ran) dedup_.End(id, /*applied=*/false);
+  if (!st.ok()) return r.Fail(st);
+  r.Reply(nullptr);
+}
+
+std::optional<Status> ServerNode::ClaimPush(const core::PushId& id) {
+  if (id.seq == 0 || id.writer.empty() || id.writer.size() > core::PushDedup::kMaxWriterBytes) {
+    return Status(Code::kInvalidArgument, "push id '" + id.writer.substr(0, 64) + "' seq " + std::to_string(id.seq) +
+                                              ": a writer of 1 to 256 bytes and a seq >= 1 are required");
+  }
+  switch (dedup_.Begin(id)) {
+    case core::PushDedup::Verdict::kApply:
+      return std::nullopt;
+    case core::PushDedup::Verdict::kApplied:
+      repeated_pushes_.fetch_add(1, std::memory_order_relaxed);
+      VLOG(1) << "server " << options_.node_id << ": push " << core::ToString(id) << " applied before; acknowledged";
+      return Status::Ok();
+    case core::PushDedup::Verdict::kInFlight:
+      return Status(Code::kUnavailable, "server " + options_.node_id + ": push " + core::ToString(id) +
+                                            " is being applied by an earlier request; send it again");
+    case core::PushDedup::Verdict::kTooOld:
+      return Status(Code::kFailedPrecondition,
+                    "server " + options_.node_id + ": push " + core::ToString(id) + " is older than the last " +
+                        std::to_string(core::PushDedup::kWindow) + " applied pushes of its writer: not applied");
+    case core::PushDedup::Verdict::kFull:
+      break;
+  }
+  return Status(Code::kResourceExhausted, "server " + options_.node_id + ": push " + core::ToString(id) + ": " +
+                                              std::to_string(core::PushDedup::kMaxWriters) +
+                                              " writers tracked already: not applied");
+}
+
+}  // namespace pscore::node

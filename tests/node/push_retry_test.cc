@@ -1,0 +1,205 @@
+// Workers ride through a lost server link: a push whose answer never came is sent again
+// with the same push id and applied once (by the same server, or by one restarted from its
+// data_dir, whose journal kept the id), and a part whose server stays away fails after
+// recovery_timeout with a status naming the server and the tries.
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "multiproc/process.h"  // TempDir
+#include "node/scheduler_node.h"
+#include "node/server_node.h"
+#include "node/worker_node.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::node {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr auto kDeadline = std::chrono::seconds(30);
+
+template <typename T>
+T Await(std::future<T>&& f, Duration timeout = kDeadline) {
+  if (f.wait_for(timeout) != std::future_status::ready) FAIL("no answer within the deadline");
+  return f.get();
+}
+
+// A server whose links fail on built-in pushes: the first `apply_then_drop` pushes are
+// handed to the handler thread, and their link is closed once the push is applied and
+// before its answer is written (the answer is lost, the push is not); after those, with `refuse_after`, every data request's link is
+// closed before it is served. Pushes of kFloats floats (over 16 KiB) always go to the
+// handler thread, never run inline on the loop.
+class AnswerDroppingServer : public ServerNode {
+ public:
+  AnswerDroppingServer(NodeOptions o, core::ParamStore::Options store, int apply_then_drop, bool refuse_after)
+      : ServerNode(std::move(o), store), drops_left_(apply_then_drop), refuse_after_(refuse_after) {}
+  std::atomic<int> applied_then_dropped{0};
+
+ protected:
+  void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame) override {
+    const bool push = frame.meta.cmd() == pb::SEND_DATA && frame.meta.handler() == kPushHandler;
+    if (push && drops_left_ > 0) {
+      const core::PushId id{frame.meta.push_id().writer(), frame.meta.push_id().incarnation(),
+                            frame.meta.push_id().seq()};
+      ServerNode::OnPeerRequest(conn, std::move(frame));
+      // The loop thread waits (bounded) until the handler thread applied the push: its
+      // answer, posted to this loop, then finds the link closed.
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      while (!push_window().Applied(id) && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(1ms);
+      }
+      if (!push_window().Applied(id)) return;  // not applied (refused or held): left alone
+      --drops_left_;
+      messenger().transport().Close(conn, Status(Code::kUnavailable, "test: answer dropped"));
+      ++applied_then_dropped;
+      return;
+    }
+    if (frame.meta.cmd() == pb::SEND_DATA && refuse_after_ && applied_then_dropped > 0) {
+      messenger().transport().Close(conn, Status(Code::kUnavailable, "test: refused"));
+      return;
+    }
+    ServerNode::OnPeerRequest(conn, std::move(frame));
+  }
+
+ private:
+  int drops_left_;  // loop thread
+  const bool refuse_after_;
+};
+
+constexpr size_t kFloats = 8192;  // 32 KiB a push
+
+std::vector<float> Filled(float v) { return std::vector<float>(kFloats, v); }
+
+core::ParamStore::Options SumStore() {
+  core::ParamStore::Options o;
+  o.rule = core::UpdateRule::kSum;
+  return o;
+}
+
+class Cluster {
+ public:
+  Cluster() {
+    SchedulerOptions so;
+    so.heartbeat_interval = 50ms;
+    so.heartbeat_timeout = 3s;
+    sched_ = std::make_unique<SchedulerNode>(so);
+    REQUIRE(sched_->Start().ok());
+  }
+  ~Cluster() {
+    if (worker) worker->Stop();
+    for (auto& s : servers) s->Stop();
+    sched_->Stop();
+  }
+  NodeOptions Opts(const std::string& id) const {
+    NodeOptions o;
+    o.scheduler_port = sched_->port();
+    o.node_id = id;
+    o.heartbeat_interval = 50ms;
+    o.connect_timeout = 2s;
+    o.handler_threads = 1;
+    return o;
+  }
+  void StartWorker(Duration recovery_timeout) {
+    NodeOptions o = Opts("w0");
+    o.recovery_timeout = recovery_timeout;
+    worker = std::make_unique<WorkerNode>(o);
+    REQUIRE(worker->Start().ok());
+    REQUIRE(worker->WaitForReady(kDeadline).ok());
+    // The servers know the worker (their metadata lists it) before it pushes.
+    for (auto& s : servers) REQUIRE(s->WaitForReady(kDeadline).ok());
+  }
+  float Value(uint64_t key) {
+    Result<PullResult> r = Await(worker->Pull({key}));
+    REQUIRE(r.ok());
+    REQUIRE(r->values.size() == kFloats);
+    return r->values[0];
+  }
+
+  std::vector<std::unique_ptr<ServerNode>> servers;
+  std::unique_ptr<WorkerNode> worker;
+
+ private:
+  std::unique_ptr<SchedulerNode> sched_;
+};
+
+TEST_CASE("a push whose answer was lost with its link is sent again and applied once", "[node][net][retry]") {
+  Cluster c;
+  auto* server = new AnswerDroppingServer(c.Opts("s0"), SumStore(), /*apply_then_drop=*/1, /*refuse_after=*/false);
+  c.servers.emplace_back(server);
+  REQUIRE(server->Start().ok());
+  c.StartWorker(10s);
+
+  REQUIRE(Await(c.worker->Push({1}, Filled(1.0f))).ok());  // applied, answer lost, sent again
+  REQUIRE(Await(c.worker->Push({1}, Filled(2.0f))).ok());  // an ordinary push after it
+  REQUIRE(server->applied_then_dropped == 1);
+  CHECK(server->repeated_pushes() == 1);  // the repeat was acknowledged, not applied
+  CHECK(c.Value(1) == 3.0f);
+}
+
+TEST_CASE("a push applied by a server that died before answering is applied once by its restart from data_dir",
+          "[node][net][retry][journal]") {
+  testing::TempDir dir;
+  Cluster c;
+  NodeOptions so = c.Opts("s0");
+  so.data_dir = dir.File("s0");
+  auto* first = new AnswerDroppingServer(so, SumStore(), /*apply_then_drop=*/1, /*refuse_after=*/true);
+  c.servers.emplace_back(first);
+  REQUIRE(first->Start().ok());
+  c.StartWorker(20s);
+
+  std::future<Status> pushed = c.worker->Push({5}, Filled(1.0f));
+  // The push is applied and journaled, its answer lost; the server answers nothing more.
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  for (;;) {
+    const uint64_t key = 5;
+    std::vector<uint32_t> lens;
+    std::vector<float> values;
+    if (first->applied_then_dropped > 0 && first->store().Pull(&key, 1, &lens, &values).ok() && values[0] == 1.0f) {
+      break;
+    }
+    INFO("dropped " << first->applied_then_dropped << ", value " << (values.empty() ? -1.0f : values[0]));
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(5ms);
+  }
+  first->Stop();
+  // Restarted from its data directory, on another port: the journal kept the push's id.
+  NodeOptions again = c.Opts("s0");
+  again.data_dir = so.data_dir;
+  c.servers.push_back(std::make_unique<ServerNode>(again, SumStore()));
+  ServerNode& second = *c.servers.back();
+  REQUIRE(second.Start().ok());
+  REQUIRE(Await(std::move(pushed)).ok());
+  CHECK(second.repeated_pushes() == 1);
+  CHECK(c.Value(5) == 1.0f);
+  REQUIRE(Await(c.worker->Push({5}, Filled(2.0f))).ok());  // a new push is applied as usual
+  CHECK(c.Value(5) == 3.0f);
+}
+
+TEST_CASE("a part whose server stays away fails after recovery_timeout - the status names the server and the tries",
+          "[node][net][retry]") {
+  Cluster c;
+  c.servers.push_back(std::make_unique<ServerNode>(c.Opts("s-gone"), SumStore()));
+  REQUIRE(c.servers.back()->Start().ok());
+  c.StartWorker(1500ms);
+  REQUIRE(Await(c.worker->Push({1}, Filled(1.0f))).ok());
+  c.servers.back()->Stop();
+  Status push = Await(c.worker->Push({1}, Filled(1.0f)));
+  Result<PullResult> pull = Await(c.worker->Pull({1}));
+  REQUIRE_FALSE(push.ok());
+  INFO("push: " << push);
+  CHECK(push.code() == Code::kUnavailable);
+  CHECK_THAT(push.message(), Catch::Contains("s-gone (127.0.0.1:"));
+  CHECK_THAT(push.message(), Catch::Contains("recovery_timeout 1500 ms"));
+  CHECK_THAT(push.message(), Catch::Contains("times over"));
+  REQUIRE_FALSE(pull.ok());
+  CHECK_THAT(pull.status().message(), Catch::Contains("s-gone"));
+  CHECK_THAT(push.message(), !Catch::Contains("sent 1 times"));  // retried, not failed at once
+}
+
+}  // namespace
+}  // namespace pscore::node
