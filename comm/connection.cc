@@ -77,6 +77,7 @@ Connection::Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_
       opened_(last_read_),
       accepted_(accepted) {
   tcp_->data = this;
+  decoder_.set_budget(options.incomplete_frame_budget);
   if (options.tcp_nodelay) uv_tcp_nodelay(tcp_, 1);
   if (transport_->has_sink()) {
     decoder_.set_sink([this](const pb::MessageMeta& meta, uint64_t tail) -> char* {
@@ -137,8 +138,13 @@ void Connection::OnBytes(size_t n) {
     st = decoder_.Resume(&decoded_);
   }
   if (!st.ok() && !closing_) {
-    LOG(WARNING) << "conn " << id_ << " " << peer_ << ": bad frame, closing: " << st;
-    if (transport_ != nullptr) transport_->CountProtocolError();
+    if (st.code() == Code::kResourceExhausted) {
+      LOG(WARNING) << "conn " << id_ << " " << peer_ << ": frame over the incomplete-frame budget, closing: " << st;
+      if (transport_ != nullptr) transport_->CountIncompleteCapClosed();
+    } else {
+      LOG(WARNING) << "conn " << id_ << " " << peer_ << ": bad frame, closing: " << st;
+      if (transport_ != nullptr) transport_->CountProtocolError();
+    }
     Close(st);
   }
 }

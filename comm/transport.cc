@@ -162,7 +162,11 @@ void Attempt(Dialer* d) {
 }  // namespace
 
 Transport::Transport(EventLoop* loop, TransportOptions options, Handlers handlers)
-    : loop_(loop), options_(options), handlers_(std::move(handlers)) {}
+    : loop_(loop), options_(std::move(options)), handlers_(std::move(handlers)) {
+  if (options_.incomplete_frame_budget == nullptr) {
+    options_.incomplete_frame_budget = std::make_shared<MemoryBudget>(options_.max_incomplete_frame_bytes);
+  }
+}
 
 Transport::~Transport() {
   if (!shut_down_) {

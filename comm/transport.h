@@ -123,6 +123,9 @@ class Transport {
     c.bytes_in += bytes;
   }
   void CountProtocolError() { ++stats_.protocol_errors; }
+  void CountIncompleteCapClosed() { ++stats_.incomplete_cap_closed; }
+  // Payload bytes held now for frames received in part, on every transport sharing the budget.
+  uint64_t incomplete_frame_bytes() const { return options_.incomplete_frame_budget->held(); }
   void CountCopied(uint64_t bytes) { copied_.fetch_add(bytes, std::memory_order_relaxed); }
   // Connection `id` has frames queued: flush it before the loop next polls.
   void QueueFlush(ConnId id);

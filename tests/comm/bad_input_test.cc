@@ -185,4 +185,54 @@ TEST_CASE("bad input: accepted connections over the cap are closed at once", "[c
   REQUIRE(server.Stop().ok());
 }
 
+TEST_CASE("bad input: headers announcing huge payloads hold a chunk each - past the process cap the connection is closed",
+          "[comm][net][bad_input][budget]") {
+  TransportOptions o = SmallLimits();
+  o.limits.max_message_bytes = uint64_t{256} << 20;
+  const uint64_t chunk = FrameDecoder::kPayloadChunk;
+  o.max_incomplete_frame_bytes = 4 * chunk;
+  EchoServer server(o);
+  int port = server.Start();
+  RawSocket good;
+  REQUIRE(good.Connect(port));
+  REQUIRE(RawEcho(good, 1, "before"));
+  // Each announces just under 256 MiB and sends 10 bytes of it, then falls silent.
+  const std::string meta = TestMeta(9).SerializeAsString();
+  const std::string start =
+      EncodeHeader(FrameHeader{kMagic, static_cast<uint32_t>(meta.size()), (uint64_t{256} << 20) - 64}) + meta +
+      std::string(10, 'z');
+  std::vector<RawSocket> attackers(6);
+  std::vector<ConnId> ids;
+  for (size_t i = 0; i < attackers.size(); ++i) {
+    REQUIRE(attackers[i].Connect(port));
+    ids.push_back(server.WaitOpened(i + 2));
+    REQUIRE(attackers[i].SendAll(start));
+    REQUIRE(RawEcho(good, 2 + i, "between"));  // the server has read the attacker's bytes by now
+  }
+  // Four fit the cap of four chunks; the fifth and sixth are closed with the reason.
+  for (size_t i = 4; i < attackers.size(); ++i) {
+    Status why = server.WaitClosed(ids[i]);
+    INFO("close reason: " << why);
+    CHECK(why.code() == Code::kResourceExhausted);
+    CHECK(why.message().find("cap " + std::to_string(4 * chunk)) != std::string::npos);
+    CHECK(attackers[i].WaitClosed());
+  }
+  for (size_t i = 0; i < 4; ++i) CHECK_FALSE(server.IsClosed(ids[i]));
+  auto [stats, held] = testing::OnLoop(server.loop(), [&] {
+    Transport& t = server.messenger().transport();
+    return std::make_pair(t.stats(), t.incomplete_frame_bytes());
+  });
+  CHECK(stats.incomplete_cap_closed == 2);
+  CHECK(stats.protocol_errors == 0);
+  CHECK(held == 4 * chunk);
+  // With two attackers gone, the good connection gets a payload of more than a chunk through.
+  attackers[0].Close();
+  attackers[1].Close();
+  CHECK(server.WaitClosed(ids[0]).code() == Code::kUnavailable);
+  CHECK(server.WaitClosed(ids[1]).code() == Code::kUnavailable);
+  CHECK(RawEcho(good, 20, std::string(300000, 'p')));
+  CHECK_FALSE(server.IsClosed(server.WaitOpened(1)));
+  REQUIRE(server.Stop().ok());
+}
+
 }  // namespace pscore::comm
