@@ -409,6 +409,7 @@ void Transport::Release(ConnId id, const Status& why) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   if (it->second->accepted()) --num_accepted_;
+  stats_.queued_write_bytes -= it->second->queued_bytes();  // its writes no longer count
   it->second->Detach();
   it->second.release();  // The connection frees itself in its close callback.
   conns_.erase(it);

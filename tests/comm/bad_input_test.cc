@@ -2,7 +2,9 @@
 // reason while a well-behaved connection, opened before, keeps being served.
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 namespace pscore::comm {
 namespace {
@@ -232,6 +234,85 @@ TEST_CASE("bad input: headers announcing huge payloads hold a chunk each - past 
   CHECK(server.WaitClosed(ids[1]).code() == Code::kUnavailable);
   CHECK(RawEcho(good, 20, std::string(300000, 'p')));
   CHECK_FALSE(server.IsClosed(server.WaitOpened(1)));
+  REQUIRE(server.Stop().ok());
+}
+
+}  // namespace pscore::comm
+
+namespace pscore::comm {
+
+TEST_CASE("slow readers: a peer over the per-connection queue cap is closed and counted", "[comm][net][bad_input][queue]") {
+  TransportOptions o = SmallLimits();
+  o.max_queued_write_bytes = 2u << 20;
+  EchoServer server(o);
+  int port = server.Start();
+  RawSocket slow;  // never reads
+  REQUIRE(slow.Connect(port));
+  ConnId id = server.WaitOpened(1);
+  BufferPtr mib = Buffer::Allocate(1u << 20);
+  std::memset(mib->data(), 'q', mib->size());
+  // All in one loop turn: nothing is flushed in between, so the queue holds every frame.
+  auto [sent, stats] = testing::OnLoop(server.loop(), [&] {
+    Transport& t = server.messenger().transport();
+    std::vector<Status> st;
+    for (int i = 0; i < 3; ++i) st.push_back(t.Send(id, TestMeta(static_cast<uint64_t>(i + 1)), mib));
+    return std::make_pair(st, t.stats());
+  });
+  CHECK(sent[0].ok());
+  CHECK(sent[1].code() == Code::kResourceExhausted);  // 2 MiB + headers is over the cap
+  CHECK(server.WaitClosed(id).code() == Code::kResourceExhausted);
+  CHECK(stats.queued_cap_closed == 1);
+  CHECK(stats.total_queued_cap_closed == 0);
+  CHECK(stats.queued_write_bytes == 0);  // a closed connection's queue no longer counts
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("slow readers: past the total queue cap only a peer above its fair share is closed",
+          "[comm][net][bad_input][queue]") {
+  TransportOptions o = SmallLimits();
+  o.max_queued_write_bytes = 64u << 20;
+  o.max_total_queued_write_bytes = 4u << 20;  // two connections: a fair share is 2 MiB
+  EchoServer server(o);
+  int port = server.Start();
+  RawSocket a, b;  // neither reads
+  REQUIRE(a.Connect(port));
+  ConnId a_id = server.WaitOpened(1);
+  REQUIRE(b.Connect(port));
+  ConnId b_id = server.WaitOpened(2);
+  BufferPtr mib = Buffer::Allocate(1u << 20);
+  std::memset(mib->data(), 'q', mib->size());
+  BufferPtr half = Buffer::Allocate(512u << 10);
+  std::memset(half->data(), 'h', half->size());
+  struct Seen {
+    std::vector<Status> st;
+    uint64_t total_before_close = 0, total_after = 0, b_queued = 0;
+    TransportStats stats;
+  };
+  // All in one loop turn: nothing is flushed in between, so the queues hold every frame.
+  Seen seen = testing::OnLoop(server.loop(), [&] {
+    Transport& t = server.messenger().transport();
+    Seen s;
+    for (int i = 0; i < 3; ++i) s.st.push_back(t.Send(a_id, TestMeta(1), mib));  // a: 3 MiB
+    s.st.push_back(t.Send(b_id, TestMeta(2), half));                             // total 3.5 MiB
+    s.st.push_back(t.Send(b_id, TestMeta(3), mib));  // total past 4 MiB, but b holds 1.5 MiB: queued
+    s.total_before_close = t.queued_write_bytes();
+    s.st.push_back(t.Send(a_id, TestMeta(4), mib));  // a would hold 4 MiB, over its share: closed
+    s.total_after = t.queued_write_bytes();
+    s.b_queued = t.QueuedBytes(b_id);
+    s.stats = t.stats();
+    return s;
+  });
+  for (size_t i = 0; i < 5; ++i) CHECK(seen.st[i].ok());
+  CHECK(seen.total_before_close > (4u << 20));
+  INFO(seen.st[5]);
+  CHECK(seen.st[5].code() == Code::kResourceExhausted);
+  CHECK(seen.st[5].message().find("fair share") != std::string::npos);
+  CHECK(server.WaitClosed(a_id).code() == Code::kResourceExhausted);
+  CHECK(seen.stats.total_queued_cap_closed == 1);
+  CHECK(seen.stats.queued_cap_closed == 0);
+  CHECK(seen.total_after == seen.b_queued);  // only b's frames are still queued
+  CHECK(seen.b_queued > (3u << 19));
+  CHECK_FALSE(server.IsClosed(b_id));
   REQUIRE(server.Stop().ok());
 }
 
