@@ -55,7 +55,7 @@ struct ConnectionCallbacks {
   static void OnWriteDone(uv_write_t* req, int status) {
     std::unique_ptr<WriteBatch> batch(static_cast<WriteBatch*>(req->data));
     Connection* self = batch->conn;
-    self->queued_bytes_ -= batch->bytes;
+    self->DropQueued(batch->bytes);
     if (status < 0 && status != UV_ECANCELED) self->Close(UvStatus(status, "write"));
   }
 
@@ -77,6 +77,7 @@ Connection::Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_
       opened_(last_read_),
       accepted_(accepted) {
   tcp_->data = this;
+  decoder_.set_budget(options.incomplete_frame_budget);
   if (options.tcp_nodelay) uv_tcp_nodelay(tcp_, 1);
   if (transport_->has_sink()) {
     decoder_.set_sink([this](const pb::MessageMeta& meta, uint64_t tail) -> char* {
@@ -137,8 +138,13 @@ void Connection::OnBytes(size_t n) {
     st = decoder_.Resume(&decoded_);
   }
   if (!st.ok() && !closing_) {
-    LOG(WARNING) << "conn " << id_ << " " << peer_ << ": bad frame, closing: " << st;
-    if (transport_ != nullptr) transport_->CountProtocolError();
+    if (st.code() == Code::kResourceExhausted) {
+      LOG(WARNING) << "conn " << id_ << " " << peer_ << ": frame over the incomplete-frame budget, closing: " << st;
+      if (transport_ != nullptr) transport_->CountIncompleteCapClosed();
+    } else {
+      LOG(WARNING) << "conn " << id_ << " " << peer_ << ": bad frame, closing: " << st;
+      if (transport_ != nullptr) transport_->CountProtocolError();
+    }
     Close(st);
   }
 }
@@ -199,13 +205,11 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
     return nullptr;
   }
   uint64_t frame_bytes = kHeaderBytes + meta_len + data_len;
-  if (queued_bytes_ + frame_bytes > options_.max_queued_write_bytes) {
-    Status why(Code::kResourceExhausted,
-               "peer " + peer_ + " is not reading: " + std::to_string(queued_bytes_) +
-                   " bytes queued, cap " + std::to_string(options_.max_queued_write_bytes));
-    LOG(WARNING) << "conn " << id_ << ": " << why;
-    Close(why);
-    *st = why;
+  Status over = CheckQueueCaps(frame_bytes);
+  if (!over.ok()) {
+    LOG(WARNING) << "conn " << id_ << ": " << over;
+    Close(over);
+    *st = over;
     return nullptr;
   }
   if (!pending_) {
@@ -223,13 +227,45 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
   out_offset_ += frame_bytes;
   b.payloads.push_back(std::move(payload));
   b.bytes += frame_bytes;
-  queued_bytes_ += frame_bytes;
+  AddQueued(frame_bytes);
   if (transport_ != nullptr) transport_->CountOut(frame_bytes, meta.cmd());
   if (!flush_scheduled_ && transport_ != nullptr) {
     flush_scheduled_ = true;
     transport_->QueueFlush(id_);  // one before-poll pass per loop iteration flushes them all
   }
   return &b.head[off + kHeaderBytes + meta_len];
+}
+
+// The per-connection cap, then the transport's total: past the total, only a connection
+// holding more than a fair share (total cap / open connections) is closed, so one slow
+// peer cannot get others closed, and closing never cascades to peers under their share.
+Status Connection::CheckQueueCaps(uint64_t frame_bytes) {
+  if (queued_bytes_ + frame_bytes > options_.max_queued_write_bytes) {
+    if (transport_ != nullptr) transport_->CountQueuedCapClosed(/*total=*/false);
+    return Status(Code::kResourceExhausted, "peer " + peer_ + " is not reading: " + std::to_string(queued_bytes_) +
+                                                " bytes queued, cap " + std::to_string(options_.max_queued_write_bytes));
+  }
+  const uint64_t cap = options_.max_total_queued_write_bytes;
+  if (cap == 0 || transport_ == nullptr) return Status::Ok();
+  const uint64_t total = transport_->queued_write_bytes();
+  if (total + frame_bytes <= cap) return Status::Ok();
+  const uint64_t fair = cap / std::max<size_t>(1, transport_->num_connections());
+  if (queued_bytes_ + frame_bytes <= fair) return Status::Ok();
+  transport_->CountQueuedCapClosed(/*total=*/true);
+  return Status(Code::kResourceExhausted,
+                "peer " + peer_ + " is not reading: " + std::to_string(queued_bytes_) + " bytes queued, over its fair share " +
+                    std::to_string(fair) + " while all connections hold " + std::to_string(total) + " bytes, cap " +
+                    std::to_string(cap));
+}
+
+void Connection::AddQueued(uint64_t n) {
+  queued_bytes_ += n;
+  if (transport_ != nullptr) transport_->AddQueuedTotal(n);
+}
+
+void Connection::DropQueued(uint64_t n) {
+  queued_bytes_ -= n;
+  if (transport_ != nullptr) transport_->DropQueuedTotal(n);
 }
 
 void Connection::Flush() {
@@ -259,7 +295,7 @@ void Connection::Flush() {
   auto* stream = reinterpret_cast<uv_stream_t*>(tcp_);
   int n = uv_try_write(stream, bufs.data(), static_cast<unsigned>(bufs.size()));
   if (n < 0 && n != UV_EAGAIN) {
-    queued_bytes_ -= batch->bytes;
+    DropQueued(batch->bytes);
     Close(UvStatus(n, "write"));
     return;
   }
@@ -273,7 +309,7 @@ void Connection::Flush() {
   }
   while (first < bufs.size() && bufs[first].len == 0) ++first;
   if (first == bufs.size()) {
-    queued_bytes_ -= batch->bytes;  // All written: drop the payload references, keep the storage.
+    DropQueued(batch->bytes);  // All written: drop the payload references, keep the storage.
     batch->head.clear();
     batch->head_spans.clear();
     batch->payloads.clear();
@@ -285,7 +321,7 @@ void Connection::Flush() {
   int rc = uv_write(&batch->req, stream, bufs.data() + first,
                     static_cast<unsigned>(bufs.size() - first), &ConnectionCallbacks::OnWriteDone);
   if (rc < 0) {
-    queued_bytes_ -= batch->bytes;
+    DropQueued(batch->bytes);
     Close(UvStatus(rc, "uv_write"));
     return;
   }

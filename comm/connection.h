@@ -71,6 +71,10 @@ class Connection {
   // Checks the limits and appends a frame's header and meta plus `inline_bytes` of room to
   // the pending batch (`payload` is referenced after them when not empty). Returns the room,
   // or null with *st set.
+  Status CheckQueueCaps(uint64_t frame_bytes);
+  // queued_bytes_ and the transport's total move together (until Release detaches us).
+  void AddQueued(uint64_t n);
+  void DropQueued(uint64_t n);
   char* Append(const pb::MessageMeta& meta, uint64_t data_len, size_t inline_bytes, Payload payload,
                Status* st);
 

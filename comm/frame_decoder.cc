@@ -21,6 +21,67 @@ constexpr uint64_t kLargeFrame = 64 << 10;
 // costs no buffer; it starts at 4 KiB, so a connection of small frames costs little.
 FrameDecoder::FrameDecoder(const Limits& limits) : limits_(limits) {}
 
+FrameDecoder::~FrameDecoder() { Uncharge(); }
+
+// A payload under kDirectReadMin is decoded only once it is all in the input buffer (which
+// is bounded): it draws nothing.
+Status FrameDecoder::Charge(size_t size) {
+  if (size <= charged_ || payload_want_ < kDirectReadMin) return Status::Ok();
+  const uint64_t more = size - charged_;
+  if (budget_ != nullptr && !budget_->TryAcquire(more)) {
+    return Status(Code::kResourceExhausted,
+                  "frames received in part hold " + std::to_string(budget_->held()) + " bytes, cap " +
+                      std::to_string(budget_->limit()) + ": a payload of " + std::to_string(payload_want_) +
+                      " bytes (" + std::to_string(payload_filled_) + " received) needs " +
+                      std::to_string(more) + " more");
+  }
+  charged_ = size;
+  return Status::Ok();
+}
+
+void FrameDecoder::Uncharge() {
+  if (budget_ != nullptr && charged_ > 0) budget_->Release(charged_);
+  charged_ = 0;
+}
+
+Status FrameDecoder::StartPayload(size_t want) {
+  payload_want_ = want;
+  payload_filled_ = 0;
+  payload_ = nullptr;
+  if (want > kPayloadChunk && (budget_ == nullptr || budget_->held() + want <= budget_->limit())) {
+    // A block of this size the pool holds already is memory the process has anyway.
+    payload_ = Buffer::TakePooled(want);
+    if (payload_ != nullptr) {
+      const Status st = Charge(want);
+      if (st.ok()) return st;
+      payload_ = nullptr;  // lost a race for the budget: grow as the bytes come instead
+    }
+  }
+  return Grow();
+}
+
+// The buffer grows to what has arrived plus max(kPayloadChunk, what has arrived), so the
+// memory a peer makes us hold is at most about twice what it sent, plus a chunk. It grows
+// before it is full, while at least kDirectReadMin would still fit, so reads of the
+// payload keep going straight into place.
+Status FrameDecoder::Grow() {
+  const size_t have = payload_ != nullptr ? payload_->size() : 0;
+  size_t size = static_cast<size_t>(
+      std::min<uint64_t>(payload_want_, payload_filled_ + std::max(kPayloadChunk, payload_filled_)));
+  if (payload_want_ - size < kDirectReadMin) size = payload_want_;  // no short last step
+  if (size <= have) return Status::Ok();
+  PSCORE_RETURN_IF_ERROR(Charge(size));
+  if (payload_ == nullptr || !payload_->Grow(size)) {
+    BufferPtr bigger = Buffer::Allocate(size);
+    if (payload_filled_ > 0) {
+      std::memcpy(bigger->data(), payload_->data(), payload_filled_);
+      copied_payload_bytes_ += payload_filled_;
+    }
+    payload_ = std::move(bigger);
+  }
+  return Status::Ok();
+}
+
 // Moves the unconsumed bytes to offset `to` of an input buffer of `capacity` bytes: within
 // this one when no payload was handed out in place from it, else into a new one.
 void FrameDecoder::Relocate(size_t to, size_t capacity) {
@@ -105,7 +166,7 @@ void FrameDecoder::Compact(size_t need) {
 }
 
 char* FrameDecoder::Cursor(size_t* missing) {
-  if (payload_filled_ < payload_->size()) {
+  if (payload_filled_ < payload_want_) {
     *missing = payload_->size() - payload_filled_;
     return payload_->data() + payload_filled_;
   }
@@ -113,27 +174,30 @@ char* FrameDecoder::Cursor(size_t* missing) {
   return sink_ != nullptr ? sink_ + tail_filled_ : nullptr;
 }
 
-void FrameDecoder::Advance(size_t n) {
-  if (payload_filled_ < payload_->size()) {
+Status FrameDecoder::Advance(size_t n) {
+  if (payload_filled_ < payload_want_) {
     payload_filled_ += n;
-    if (payload_filled_ == payload_->size() && stream_ && !stream_begun_) HeadDone();
+    if (payload_filled_ == payload_want_) {
+      if (stream_ && !stream_begun_) return HeadDone();
+    } else if (payload_->size() - payload_filled_ < kDirectReadMin) {
+      return Grow();
+    }
   } else {
     tail_filled_ += n;
   }
+  return Status::Ok();
 }
 
-void FrameDecoder::HeadDone() {
+Status FrameDecoder::HeadDone() {
   if (stream_->Begin(*payload_, tail_len_)) {
     stream_begun_ = true;
-    return;
+    return Status::Ok();
   }
   // Declined: the tail goes into the payload after its head, as if never offered.
-  BufferPtr whole = Buffer::Allocate(payload_->size() + tail_len_);
-  std::memcpy(whole->data(), payload_->data(), payload_->size());
-  copied_payload_bytes_ += payload_->size();
-  payload_ = std::move(whole);
+  payload_want_ += tail_len_;
   tail_len_ = 0;
   stream_.reset();
+  return Grow();
 }
 
 bool FrameDecoder::ConsumeBuffered() {
@@ -161,6 +225,7 @@ bool FrameDecoder::ConsumeBuffered() {
 }
 
 void FrameDecoder::Emit(std::vector<Frame>* out) {
+  Uncharge();  // complete: the payload is its receiver's now
   Frame f{std::move(meta_), std::move(payload_), frame_bytes_};
   f.tail_bytes = sink_ != nullptr || stream_begun_ ? tail_len_ : 0;
   f.tail_dropped = tail_dropped_;
@@ -188,7 +253,7 @@ Status FrameDecoder::Commit(size_t n, std::vector<Frame>* out) {
     // The region was one part (head or tail) of the payload: nothing ran in between.
     direct_ = false;
     received_ += n;
-    Advance(n);
+    PSCORE_RETURN_IF_ERROR(Advance(n));
     if (PayloadDone()) Emit(out);
     return Status::Ok();
   }
@@ -221,8 +286,8 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
         std::memcpy(cursor, in_ + in_begin_, take);
         copied_payload_bytes_ += take;
       }
-      Advance(take);
       in_begin_ += take;
+      PSCORE_RETURN_IF_ERROR(Advance(take));
       if (take < missing) break;  // all that arrived is consumed
       if (PayloadDone()) Emit(out);
       continue;
@@ -284,10 +349,9 @@ Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
       meta_.Clear();
       continue;
     }
-    payload_ = Buffer::Allocate(sink_ != nullptr || stream_ ? head_len : header->data_len);
-    payload_filled_ = 0;
     head_len_ = head;
     frame_bytes_ = head + header->data_len;
+    PSCORE_RETURN_IF_ERROR(StartPayload(sink_ != nullptr || stream_ ? head_len : header->data_len));
   }
   if (in_begin_ == in_end_ && !Shared()) in_begin_ = in_end_ = InStep();
   return Status::Ok();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/frame.h"
+#include "comm/memory_budget.h"
 #include "core/buffer.h"
 #include "core/status.h"
 #include "proto/comm.pb.h"
@@ -54,6 +55,10 @@ class FrameDecoder {
   // Payload bytes still missing at or above this size are read directly into the payload
   // buffer; smaller tails go through the input buffer to save syscalls (one small copy).
   static constexpr size_t kDirectReadMin = 16 << 10;
+  // Memory for a payload is committed as its bytes arrive, never from the length its
+  // header announces: its buffer starts at this size at most and grows, without a copy
+  // (Buffer::Grow), to the bytes received plus max(kPayloadChunk, bytes received).
+  static constexpr size_t kPayloadChunk = 256 << 10;
 
   // Asked once per frame whose meta has 0 < payload_head < payload size, right after the
   // meta is parsed: memory for exactly `tail` bytes (the payload after its head), or null
@@ -69,6 +74,15 @@ class FrameDecoder {
   using StreamFn = std::function<std::shared_ptr<TailStream>(const pb::MessageMeta& meta, uint64_t tail)>;
 
   explicit FrameDecoder(const Limits& limits);
+  ~FrameDecoder();
+  FrameDecoder(const FrameDecoder&) = delete;
+  FrameDecoder& operator=(const FrameDecoder&) = delete;
+  // Every byte of payload memory held for a frame not yet complete is drawn from `budget`
+  // (null: no cap). A frame that needs more than it has left fails Commit with
+  // kResourceExhausted: the connection is closed, the bytes it held go back.
+  void set_budget(std::shared_ptr<MemoryBudget> budget) { budget_ = std::move(budget); }
+  // Payload bytes this decoder holds now for the frame being received.
+  uint64_t held_bytes() const { return charged_; }
   // Changes the largest payload accepted from the next frame header on (a connection
   // still proving its token takes only handshake-sized frames).
   void set_max_message_bytes(uint64_t bytes) { limits_.max_message_bytes = bytes; }
@@ -104,11 +118,17 @@ class FrameDecoder {
   // The payload being received: where its next bytes go (null: dropped) and how many of
   // the current part (head, then tail) are still missing.
   char* Cursor(size_t* missing);
-  void Advance(size_t n);
-  bool PayloadDone() const { return payload_filled_ == payload_->size() && tail_filled_ == tail_len_; }
+  [[nodiscard]] Status Advance(size_t n);
+  bool PayloadDone() const { return payload_filled_ == payload_want_ && tail_filled_ == tail_len_; }
   // The head of a payload offered to a stream is in: Begin, or the payload whole.
-  void HeadDone();
-  bool Streaming() const { return stream_begun_ && payload_filled_ == payload_->size(); }
+  [[nodiscard]] Status HeadDone();
+  bool Streaming() const { return stream_begun_ && payload_filled_ == payload_want_; }
+  // Starts receiving a payload (or its head) of `want` bytes.
+  [[nodiscard]] Status StartPayload(size_t want);
+  // Makes room for the payload's next bytes (see kPayloadChunk), drawn from the budget.
+  [[nodiscard]] Status Grow();
+  [[nodiscard]] Status Charge(size_t size);
+  void Uncharge();
   // Hands the buffered tail bytes to the stream; false when more must be read.
   bool ConsumeBuffered();
   void Emit(std::vector<Frame>* out);
@@ -142,8 +162,11 @@ class FrameDecoder {
   size_t in_end_ = 0;    // one past the last received byte
   // Set while a payload is being received.
   pb::MessageMeta meta_;
-  BufferPtr payload_;
+  BufferPtr payload_;        // holds payload_filled_ bytes; its size grows to payload_want_
+  size_t payload_want_ = 0;  // bytes it must hold when complete (the head, if a tail goes elsewhere)
   size_t payload_filled_ = 0;
+  std::shared_ptr<MemoryBudget> budget_;
+  uint64_t charged_ = 0;     // drawn from budget_ for payload_
   uint64_t frame_bytes_ = 0;  // wire size of the frame whose payload is being read
   // Tail of the payload being received, when it goes to a sink (tail_len_ 0: none).
   SinkFn sink_fn_;

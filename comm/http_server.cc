@@ -31,6 +31,11 @@ struct HttpServer::Conn {
   bool close_after_write = false;
   bool in_feed = false;
   bool head_only = false;   // the current request is a HEAD: answers carry no body
+  // The connection's request was refused (Fail): a late answer to it is dropped, and what
+  // the client still sends is read and discarded, so the refusal is not lost to a reset.
+  bool refused = false;
+  bool lingering = false;   // refusal written, write side shut: waiting for the client's end
+  TimePoint linger_since;
   TimePoint request_started;  // the current request's first byte (on_message_begin)
   // When the connection began waiting for its next request: accepted, or the previous
   // answer was sent. Bytes that do not start a request (stray CRLFs) do not move it, so
@@ -56,6 +61,9 @@ struct WriteOp {
   std::string tail;
   size_t bytes = 0;
 };
+
+// After a refusal is written, how long the client may take to stop sending and close.
+constexpr Duration kLinger = std::chrono::seconds(2);
 
 // One read buffer for all connections: libuv fills it and OnRead consumes it at once.
 thread_local char g_read_buf[64 << 10];
@@ -302,9 +310,11 @@ void HttpServer::OnAccept() {
 
 void HttpServer::OnRead(Conn* c, const char* data, size_t n) {
   stats_.bytes_in += n;
-  if (c->streaming) return;  // a stream's client has nothing more to say; ignore it
+  if (c->streaming || c->refused) return;  // nothing more to parse here: discarded
   if (c->pending.size() + n > options_.max_header_bytes + options_.max_body_bytes + 4096) {
-    return Fail(c, 413, "request too large");
+    return Fail(c, 413, "request over the limit of " + std::to_string(options_.max_body_bytes) +
+                            " body bytes (max_body_bytes) and " + std::to_string(options_.max_header_bytes) +
+                            " header bytes");
   }
   c->pending.append(data, n);
   Feed(c);
@@ -322,9 +332,16 @@ void HttpServer::Feed(Conn* c) {
     if (err == HPE_PAUSED) {
       http_parser_pause(&c->parser, 0);
     } else if (err != HPE_OK) {
-      int status = c->fail_status != 0 ? c->fail_status : 400;
       c->in_feed = false;
-      return Fail(c, status, std::string("bad request: ") + http_errno_description(err));
+      if (c->fail_status == 413) {
+        return Fail(c, 413, "request body over the limit of " + std::to_string(options_.max_body_bytes) +
+                                " bytes (max_body_bytes)");
+      }
+      if (c->fail_status == 431) {
+        return Fail(c, 431, "request line and headers over the limit of " +
+                                std::to_string(options_.max_header_bytes) + " bytes (max_header_bytes)");
+      }
+      return Fail(c, 400, std::string("bad request: ") + http_errno_description(err));
     }
     c->pending.erase(0, used);
     if (!c->ready) break;
@@ -382,7 +399,25 @@ Status HttpServer::Write(Conn* c, std::string head, std::shared_ptr<const std::s
 void HttpServer::OnWritten(Conn* c, size_t bytes) {
   c->queued -= std::min<uint64_t>(c->queued, bytes);
   c->write_progress = SteadyClock().Now();
-  if (c->close_after_write && c->queued == 0) CloseConn(c);
+  if (!c->close_after_write || c->queued != 0 || c->closing) return;
+  if (c->refused) return Linger(c);
+  CloseConn(c);
+}
+
+// A client refused mid-upload is still sending: closing now, with its bytes unread, would
+// reset the connection and could destroy the refusal before the client reads it. So the
+// write side is shut (the client sees the answer, then end of stream) and its input is
+// discarded until it closes, or kLinger passes (Sweep).
+void HttpServer::Linger(Conn* c) {
+  c->lingering = true;
+  c->linger_since = SteadyClock().Now();
+  auto* req = new uv_shutdown_t;
+  req->data = c;
+  int rc = uv_shutdown(req, reinterpret_cast<uv_stream_t*>(&c->tcp), [](uv_shutdown_t* r, int) { delete r; });
+  if (rc != 0) {
+    delete req;
+    CloseConn(c);
+  }
 }
 
 Status HttpServer::Respond(HttpConnId id, int status, const std::string& content_type, std::string body) {
@@ -394,6 +429,7 @@ Status HttpServer::Respond(HttpConnId id, int status, const std::string& content
   DCHECK(loop_->InLoopThread());
   Conn* c = Find(id);
   if (c == nullptr) return Status(Code::kNotFound, "http connection " + std::to_string(id) + " is closed");
+  if (c->refused) return Status(Code::kCancelled, "http connection " + std::to_string(id) + " was refused: answer dropped");
   if (!c->busy || c->streaming) return Status(Code::kFailedPrecondition, "no request to answer");
   const bool keep = c->parser.http_errno == HPE_OK && c->fail_status == 0 && c->req.keep_alive &&
                     !c->close_after_write;
@@ -426,6 +462,7 @@ Status HttpServer::StartStream(HttpConnId id, int status, const std::string& con
   DCHECK(loop_->InLoopThread());
   Conn* c = Find(id);
   if (c == nullptr) return Status(Code::kNotFound, "http connection " + std::to_string(id) + " is closed");
+  if (c->refused) return Status(Code::kCancelled, "http connection " + std::to_string(id) + " was refused: no stream");
   if (!c->busy || c->streaming) return Status(Code::kFailedPrecondition, "no request to answer");
   std::string head = "HTTP/1.1 " + std::to_string(status) + " " + HttpReason(status) +
                      "\r\nContent-Type: " + content_type + "\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\n";
@@ -465,11 +502,9 @@ void HttpServer::Fail(Conn* c, int status, const std::string& why) {
   c->busy = true;  // nothing more is parsed on this connection
   c->close_after_write = true;
   c->pending.clear();
-  if (!c->streaming && Write(c, std::move(head), std::make_shared<const std::string>(std::move(text)), "").ok()) {
-    uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->tcp));
-    return;
-  }
-  CloseConn(c);
+  if (c->streaming || c->refused) return CloseConn(c);
+  c->refused = true;  // and a late answer to its request is dropped
+  Write(c, std::move(head), std::make_shared<const std::string>(std::move(text)), "").IgnoreError();  // closes on error
 }
 
 void HttpServer::Close(HttpConnId id) {
@@ -519,6 +554,10 @@ void HttpServer::Sweep() {
   std::vector<Conn*> slow, idle, stalled;
   for (auto& [id, c] : conns_) {
     if (c->closing || c->streaming) continue;
+    if (c->lingering) {
+      if (now - c->linger_since > kLinger) idle.push_back(c);
+      continue;
+    }
     if (c->queued > 0 && now - c->write_progress > options_.request_timeout) {
       stalled.push_back(c);
       continue;
@@ -565,6 +604,14 @@ void HttpServer::Shutdown() {
     std::vector<std::function<void()>> watchers;
     watchers.swap(c->watchers);
     c->server = nullptr;
+    if (c->streaming && c->queued == 0 && !c->closing) {
+      // The stream ends here: its last chunk, so a client (curl) sees a complete answer.
+      // Written now or never (the connection closes below); a reader that lags behind
+      // (output still queued) is cut off.
+      char last[] = "0\r\n\r\n";
+      uv_buf_t buf = uv_buf_init(last, sizeof(last) - 1);
+      uv_try_write(reinterpret_cast<uv_stream_t*>(&c->tcp), &buf, 1);
+    }
     CloseConn(c);
     for (auto& fn : watchers) fn();
   }

@@ -98,7 +98,10 @@ class HttpServer {
  private:
   Status Write(Conn* c, std::string head, std::shared_ptr<const std::string> body, std::string tail);
   void Feed(Conn* c);
+  // Refuses the connection's request: the answer `status`, then the connection closes
+  // (after a linger, see Linger); a late answer to the request is dropped.
   void Fail(Conn* c, int status, const std::string& why);
+  void Linger(Conn* c);
   void CloseConn(Conn* c);
   void Sweep();
   Conn* Find(HttpConnId id) const;

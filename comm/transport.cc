@@ -162,7 +162,11 @@ void Attempt(Dialer* d) {
 }  // namespace
 
 Transport::Transport(EventLoop* loop, TransportOptions options, Handlers handlers)
-    : loop_(loop), options_(options), handlers_(std::move(handlers)) {}
+    : loop_(loop), options_(std::move(options)), handlers_(std::move(handlers)) {
+  if (options_.incomplete_frame_budget == nullptr) {
+    options_.incomplete_frame_budget = std::make_shared<MemoryBudget>(options_.max_incomplete_frame_bytes);
+  }
+}
 
 Transport::~Transport() {
   if (!shut_down_) {
@@ -405,6 +409,7 @@ void Transport::Release(ConnId id, const Status& why) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   if (it->second->accepted()) --num_accepted_;
+  stats_.queued_write_bytes -= it->second->queued_bytes();  // its writes no longer count
   it->second->Detach();
   it->second.release();  // The connection frees itself in its close callback.
   conns_.erase(it);

@@ -123,6 +123,14 @@ class Transport {
     c.bytes_in += bytes;
   }
   void CountProtocolError() { ++stats_.protocol_errors; }
+  void CountIncompleteCapClosed() { ++stats_.incomplete_cap_closed; }
+  void CountQueuedCapClosed(bool total) { ++(total ? stats_.total_queued_cap_closed : stats_.queued_cap_closed); }
+  void AddQueuedTotal(uint64_t n) { stats_.queued_write_bytes += n; }
+  void DropQueuedTotal(uint64_t n) { stats_.queued_write_bytes -= n; }
+  // Queued-but-unwritten bytes of all open connections.
+  uint64_t queued_write_bytes() const { return stats_.queued_write_bytes; }
+  // Payload bytes held now for frames received in part, on every transport sharing the budget.
+  uint64_t incomplete_frame_bytes() const { return options_.incomplete_frame_budget->held(); }
   void CountCopied(uint64_t bytes) { copied_.fetch_add(bytes, std::memory_order_relaxed); }
   // Connection `id` has frames queued: flush it before the loop next polls.
   void QueueFlush(ConnId id);

@@ -3,7 +3,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include "comm/memory_budget.h"
 
 #include "comm/frame.h"
 #include "core/clock.h"
@@ -18,6 +21,16 @@ struct TransportOptions {
   Limits limits;
   // A peer whose queued-but-unwritten bytes exceed this is closed (kResourceExhausted).
   uint64_t max_queued_write_bytes = 2ull << 30;
+  // Queued-but-unwritten bytes of all connections of the transport together: a send that
+  // would go past it closes its connection (kResourceExhausted) if that connection holds
+  // more than a fair share (this cap / open connections), else it is queued (0: no cap).
+  uint64_t max_total_queued_write_bytes = 4ull << 30;
+  // Payload memory held for frames received in part, all connections together: a
+  // connection whose frame needs more is closed (kResourceExhausted). Drawn from
+  // `incomplete_frame_budget` when set (share one among the transports of a process),
+  // else from a budget of this many bytes of the transport's own.
+  uint64_t max_incomplete_frame_bytes = 1ull << 30;
+  std::shared_ptr<MemoryBudget> incomplete_frame_budget;
   // A frame started but not completed, with no byte received for this long, is cut off.
   Duration partial_frame_timeout = std::chrono::seconds(30);
   // An accepted connection that has not delivered one whole frame this long after it was
@@ -60,6 +73,10 @@ struct TransportStats {
   uint64_t protocol_errors = 0;
   uint64_t connections_refused = 0;  // over max_accepted_connections
   uint64_t silent_closed = 0;        // no whole frame within first_frame_timeout
+  uint64_t incomplete_cap_closed = 0;    // a frame needed more than the incomplete-frame budget left
+  uint64_t queued_cap_closed = 0;        // over max_queued_write_bytes
+  uint64_t total_queued_cap_closed = 0;  // over a fair share when the total queued was at its cap
+  uint64_t queued_write_bytes = 0;       // now: queued or in flight, all connections
 };
 
 }  // namespace pscore::comm

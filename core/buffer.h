@@ -46,6 +46,10 @@ class Buffer {
     return std::make_shared<Buffer>(Private{}, std::move(owner), data, size);
   }
 
+  // A buffer of `size` bytes on a pooled block the pool holds now, or null (no new memory
+  // is taken): memory the process already holds, for a payload announced but not yet here.
+  static std::shared_ptr<Buffer> TakePooled(size_t size);
+
   static constexpr size_t kSmallBytes = 64;
   static constexpr size_t kPooledBytes = 128 * 1024;
   static constexpr size_t kDefaultPoolLimit = size_t{256} << 20;
@@ -61,6 +65,10 @@ class Buffer {
   const char* data() const { return data_; }
   size_t size() const { return size_; }
   std::string_view view() const { return std::string_view(data_, size_); }
+  // While its only holder still fills it: makes the buffer `size` bytes long (not less
+  // than now), its bytes kept, without a copy (a large block's pages are moved by
+  // mremap). False when it cannot: not a large block of its own, or no memory.
+  bool Grow(size_t size);
 
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -87,11 +95,13 @@ class Buffer {
       data_ = new char[size];
     }
   }
+  Buffer(Private, size_t size, char* block, size_t capacity) : data_(block), size_(size), capacity_(capacity) {}
   Buffer(Private, std::shared_ptr<const void> owner, char* data, size_t size)
       : data_(data), size_(size), owner_(std::move(owner)) {}
 
  private:
   static char* AcquireLarge(size_t capacity);
+  static char* TakePooledBlock(size_t capacity);
   static void ReleaseLarge(char* block, size_t capacity);
 
   char* data_;

@@ -36,7 +36,9 @@ struct SchedulerOptions {
   // Keys and values the KV store holds at most; a Set past it is kResourceExhausted (0: no cap).
   uint64_t max_kv_total_bytes = 1ull << 30;
   // A connection whose unsent answers pass this is closed (a peer that does not read).
-  uint64_t max_queued_write_bytes = 2ull << 30;
+  // The scheduler's answers are small (a KV value is at most 16 MiB): 64 MiB is four of
+  // the largest waiting for a peer.
+  uint64_t max_queued_write_bytes = 64ull << 20;
   std::string job_id = "default";
   std::string http_host = "127.0.0.1";
   int http_port = -1;  // -1: no HTTP endpoint; 0: a free port

@@ -290,6 +290,14 @@ void SchedulerHttp::ServeMetrics(comm::HttpConnId id) {
   sample("pscore_wire_bytes_total", "direction=\"out\"", t.bytes_out);
   family("pscore_protocol_errors_total", "counter", "Native connections closed for bad input.");
   sample("pscore_protocol_errors_total", "", t.protocol_errors);
+  family("pscore_connections_capped_total", "counter", "Native connections closed at a memory cap, by cap.");
+  sample("pscore_connections_capped_total", "cap=\"incomplete_frames\"", t.incomplete_cap_closed);
+  sample("pscore_connections_capped_total", "cap=\"queued_per_connection\"", t.queued_cap_closed);
+  sample("pscore_connections_capped_total", "cap=\"queued_total\"", t.total_queued_cap_closed);
+  family("pscore_incomplete_frame_bytes", "gauge", "Payload bytes held for native frames received in part.");
+  sample("pscore_incomplete_frame_bytes", "", sched_->messenger().transport().incomplete_frame_bytes());
+  family("pscore_queued_write_bytes", "gauge", "Native output queued and not yet written, all connections.");
+  sample("pscore_queued_write_bytes", "", t.queued_write_bytes);
   family("pscore_connections", "gauge", "Open connections by protocol.");
   sample("pscore_connections", "protocol=\"native\"", sched_->messenger().transport().num_connections());
   sample("pscore_connections", "protocol=\"http\"", server_->num_connections());

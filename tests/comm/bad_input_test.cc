@@ -2,7 +2,9 @@
 // reason while a well-behaved connection, opened before, keeps being served.
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 namespace pscore::comm {
 namespace {
@@ -182,6 +184,135 @@ TEST_CASE("bad input: accepted connections over the cap are closed at once", "[c
   RawSocket later;
   REQUIRE(later.Connect(port));
   CHECK(RawEcho(later, 1, "later"));
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("bad input: headers announcing huge payloads hold a chunk each - past the process cap the connection is closed",
+          "[comm][net][bad_input][budget]") {
+  TransportOptions o = SmallLimits();
+  o.limits.max_message_bytes = uint64_t{256} << 20;
+  const uint64_t chunk = FrameDecoder::kPayloadChunk;
+  o.max_incomplete_frame_bytes = 4 * chunk;
+  EchoServer server(o);
+  int port = server.Start();
+  RawSocket good;
+  REQUIRE(good.Connect(port));
+  REQUIRE(RawEcho(good, 1, "before"));
+  // Each announces just under 256 MiB and sends 10 bytes of it, then falls silent.
+  const std::string meta = TestMeta(9).SerializeAsString();
+  const std::string start =
+      EncodeHeader(FrameHeader{kMagic, static_cast<uint32_t>(meta.size()), (uint64_t{256} << 20) - 64}) + meta +
+      std::string(10, 'z');
+  std::vector<RawSocket> attackers(6);
+  std::vector<ConnId> ids;
+  for (size_t i = 0; i < attackers.size(); ++i) {
+    REQUIRE(attackers[i].Connect(port));
+    ids.push_back(server.WaitOpened(i + 2));
+    REQUIRE(attackers[i].SendAll(start));
+    REQUIRE(RawEcho(good, 2 + i, "between"));  // the server has read the attacker's bytes by now
+  }
+  // Four fit the cap of four chunks; the fifth and sixth are closed with the reason.
+  for (size_t i = 4; i < attackers.size(); ++i) {
+    Status why = server.WaitClosed(ids[i]);
+    INFO("close reason: " << why);
+    CHECK(why.code() == Code::kResourceExhausted);
+    CHECK(why.message().find("cap " + std::to_string(4 * chunk)) != std::string::npos);
+    CHECK(attackers[i].WaitClosed());
+  }
+  for (size_t i = 0; i < 4; ++i) CHECK_FALSE(server.IsClosed(ids[i]));
+  auto [stats, held] = testing::OnLoop(server.loop(), [&] {
+    Transport& t = server.messenger().transport();
+    return std::make_pair(t.stats(), t.incomplete_frame_bytes());
+  });
+  CHECK(stats.incomplete_cap_closed == 2);
+  CHECK(stats.protocol_errors == 0);
+  CHECK(held == 4 * chunk);
+  // With two attackers gone, the good connection gets a payload of more than a chunk through.
+  attackers[0].Close();
+  attackers[1].Close();
+  CHECK(server.WaitClosed(ids[0]).code() == Code::kUnavailable);
+  CHECK(server.WaitClosed(ids[1]).code() == Code::kUnavailable);
+  CHECK(RawEcho(good, 20, std::string(300000, 'p')));
+  CHECK_FALSE(server.IsClosed(server.WaitOpened(1)));
+  REQUIRE(server.Stop().ok());
+}
+
+}  // namespace pscore::comm
+
+namespace pscore::comm {
+
+TEST_CASE("slow readers: a peer over the per-connection queue cap is closed and counted", "[comm][net][bad_input][queue]") {
+  TransportOptions o = SmallLimits();
+  o.max_queued_write_bytes = 2u << 20;
+  EchoServer server(o);
+  int port = server.Start();
+  RawSocket slow;  // never reads
+  REQUIRE(slow.Connect(port));
+  ConnId id = server.WaitOpened(1);
+  BufferPtr mib = Buffer::Allocate(1u << 20);
+  std::memset(mib->data(), 'q', mib->size());
+  // All in one loop turn: nothing is flushed in between, so the queue holds every frame.
+  auto [sent, stats] = testing::OnLoop(server.loop(), [&] {
+    Transport& t = server.messenger().transport();
+    std::vector<Status> st;
+    for (int i = 0; i < 3; ++i) st.push_back(t.Send(id, TestMeta(static_cast<uint64_t>(i + 1)), mib));
+    return std::make_pair(st, t.stats());
+  });
+  CHECK(sent[0].ok());
+  CHECK(sent[1].code() == Code::kResourceExhausted);  // 2 MiB + headers is over the cap
+  CHECK(server.WaitClosed(id).code() == Code::kResourceExhausted);
+  CHECK(stats.queued_cap_closed == 1);
+  CHECK(stats.total_queued_cap_closed == 0);
+  CHECK(stats.queued_write_bytes == 0);  // a closed connection's queue no longer counts
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("slow readers: past the total queue cap only a peer above its fair share is closed",
+          "[comm][net][bad_input][queue]") {
+  TransportOptions o = SmallLimits();
+  o.max_queued_write_bytes = 64u << 20;
+  o.max_total_queued_write_bytes = 4u << 20;  // two connections: a fair share is 2 MiB
+  EchoServer server(o);
+  int port = server.Start();
+  RawSocket a, b;  // neither reads
+  REQUIRE(a.Connect(port));
+  ConnId a_id = server.WaitOpened(1);
+  REQUIRE(b.Connect(port));
+  ConnId b_id = server.WaitOpened(2);
+  BufferPtr mib = Buffer::Allocate(1u << 20);
+  std::memset(mib->data(), 'q', mib->size());
+  BufferPtr half = Buffer::Allocate(512u << 10);
+  std::memset(half->data(), 'h', half->size());
+  struct Seen {
+    std::vector<Status> st;
+    uint64_t total_before_close = 0, total_after = 0, b_queued = 0;
+    TransportStats stats;
+  };
+  // All in one loop turn: nothing is flushed in between, so the queues hold every frame.
+  Seen seen = testing::OnLoop(server.loop(), [&] {
+    Transport& t = server.messenger().transport();
+    Seen s;
+    for (int i = 0; i < 3; ++i) s.st.push_back(t.Send(a_id, TestMeta(1), mib));  // a: 3 MiB
+    s.st.push_back(t.Send(b_id, TestMeta(2), half));                             // total 3.5 MiB
+    s.st.push_back(t.Send(b_id, TestMeta(3), mib));  // total past 4 MiB, but b holds 1.5 MiB: queued
+    s.total_before_close = t.queued_write_bytes();
+    s.st.push_back(t.Send(a_id, TestMeta(4), mib));  // a would hold 4 MiB, over its share: closed
+    s.total_after = t.queued_write_bytes();
+    s.b_queued = t.QueuedBytes(b_id);
+    s.stats = t.stats();
+    return s;
+  });
+  for (size_t i = 0; i < 5; ++i) CHECK(seen.st[i].ok());
+  CHECK(seen.total_before_close > (4u << 20));
+  INFO(seen.st[5]);
+  CHECK(seen.st[5].code() == Code::kResourceExhausted);
+  CHECK(seen.st[5].message().find("fair share") != std::string::npos);
+  CHECK(server.WaitClosed(a_id).code() == Code::kResourceExhausted);
+  CHECK(seen.stats.total_queued_cap_closed == 1);
+  CHECK(seen.stats.queued_cap_closed == 0);
+  CHECK(seen.total_after == seen.b_queued);  // only b's frames are still queued
+  CHECK(seen.b_queued > (3u << 19));
+  CHECK_FALSE(server.IsClosed(b_id));
   REQUIRE(server.Stop().ok());
 }
 

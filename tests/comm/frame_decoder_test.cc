@@ -647,3 +647,100 @@ TEST_CASE("decoder: a stream cut off mid-tail is let go without its frame", "[co
 }
 
 }  // namespace pscore::comm
+
+namespace pscore::comm {
+namespace {
+
+// A frame's header and meta announcing `data_len` payload bytes, and `sent` of them.
+std::string AnnouncedFrame(uint64_t request_id, uint64_t data_len, size_t sent) {
+  const std::string meta = TestMeta(request_id).SerializeAsString();
+  return EncodeHeader(FrameHeader{kMagic, static_cast<uint32_t>(meta.size()), data_len}) + meta +
+         std::string(sent, 'a');
+}
+
+}  // namespace
+
+TEST_CASE("decoder: payload memory grows with the bytes that arrive - never from the announced length",
+          "[comm][decoder][budget]") {
+  Limits limits;
+  limits.max_message_bytes = uint64_t{256} << 20;
+  auto budget = std::make_shared<MemoryBudget>(uint64_t{1} << 30);
+  FrameDecoder d{limits};
+  d.set_budget(budget);
+  std::vector<Frame> got;
+  // A header announcing just under 256 MiB and a few bytes: one chunk held, not 256 MiB.
+  const uint64_t announced = (uint64_t{256} << 20) - 100;
+  const std::string frame_start = AnnouncedFrame(1, announced, 10);
+  REQUIRE(d.Feed(frame_start, &got).ok());
+  CHECK(got.empty());
+  CHECK(d.held_bytes() == FrameDecoder::kPayloadChunk);
+  CHECK(budget->held() == FrameDecoder::kPayloadChunk);
+  // As bytes arrive, what is held stays within what arrived plus max(chunk, what arrived).
+  uint64_t received = 10;
+  const std::string piece(300 << 10, 'b');
+  for (int i = 0; i < 12; ++i) {
+    REQUIRE(d.Feed(piece, &got).ok());
+    received += piece.size();
+    INFO("received " << received);
+    CHECK(d.held_bytes() <= received + std::max<uint64_t>(FrameDecoder::kPayloadChunk, received) +
+                                FrameDecoder::kDirectReadMin);
+    CHECK(d.held_bytes() > received);
+  }
+  CHECK(got.empty());
+}
+
+TEST_CASE("decoder: a payload grown as it arrives is whole and in place - and its memory is returned",
+          "[comm][decoder][budget]") {
+  auto budget = std::make_shared<MemoryBudget>(uint64_t{64} << 20);
+  for (size_t size : {size_t{300} << 10, (size_t{5} << 20) + 12, size_t{9} << 20}) {
+    INFO("size " << size);
+    std::vector<Expected> want = {{TestMeta(1), Pattern(size, 3)}, {TestMeta(2), "after"}};
+    FrameDecoder d{Limits{}};
+    d.set_budget(budget);
+    std::vector<Frame> got;
+    // Reads of at most 64 KiB: the buffer grows step by step, its pages moved, not copied.
+    REQUIRE(FeedChunked(&d, PaddedStream(want), size_t{64} << 10, &got).ok());
+    CheckSame(got, want);
+    CHECK(d.held_bytes() == 0);
+    CHECK(budget->held() == 0);
+    CHECK(d.copied_payload_bytes() < (size_t{64} << 10));
+  }
+}
+
+TEST_CASE("decoder: frames received in part share one budget - the one that needs more than is left fails",
+          "[comm][decoder][budget]") {
+  Limits limits;
+  limits.max_message_bytes = uint64_t{256} << 20;
+  const uint64_t chunk = FrameDecoder::kPayloadChunk;
+  auto budget = std::make_shared<MemoryBudget>(3 * chunk);
+  std::vector<std::unique_ptr<FrameDecoder>> decoders;
+  std::vector<Frame> got;
+  for (int i = 0; i < 3; ++i) {
+    decoders.push_back(std::make_unique<FrameDecoder>(limits));
+    decoders.back()->set_budget(budget);
+    REQUIRE(decoders.back()->Feed(AnnouncedFrame(1, uint64_t{200} << 20, 5), &got).ok());
+  }
+  CHECK(budget->held() == 3 * chunk);
+  FrameDecoder over{limits};
+  over.set_budget(budget);
+  const Status st = over.Feed(AnnouncedFrame(1, uint64_t{200} << 20, 5), &got);
+  INFO(st);
+  CHECK(st.code() == Code::kResourceExhausted);
+  CHECK(st.message().find("cap " + std::to_string(3 * chunk)) != std::string::npos);
+  CHECK(budget->refusals() == 1);
+  // A frame small enough to be decoded from the input buffer holds no budget.
+  FrameDecoder small{limits};
+  small.set_budget(budget);
+  REQUIRE(small.Feed(EncodeFrame(TestMeta(2), "small"), &got).ok());
+  CHECK(got.size() == 1);
+  // A decoder that goes away (its connection closed) gives its share back.
+  decoders.pop_back();
+  CHECK(budget->held() == 2 * chunk);
+  FrameDecoder next{limits};
+  next.set_budget(budget);
+  CHECK(next.Feed(AnnouncedFrame(1, uint64_t{200} << 20, 5), &got).ok());
+  decoders.clear();
+  CHECK(budget->held() == chunk);
+}
+
+}  // namespace pscore::comm

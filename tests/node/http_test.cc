@@ -597,6 +597,31 @@ TEST_CASE("http: /metrics is valid Prometheus text", "[node][net]") {
   CHECK(MetricValue(a.body, "pscore_barrier_ids") == 0);
 }
 
+TEST_CASE("http: /metrics shows the native transport's memory caps - bytes held and connections closed at each",
+          "[node][net]") {
+  Stack st(SchedOpts(1, 1));
+  // A frame announcing 1 MiB with 10 bytes sent: one chunk held for it.
+  RawSocket attacker;
+  REQUIRE(attacker.Connect(st.sched.port()));
+  const std::string meta = pb::MessageMeta().SerializeAsString();
+  REQUIRE(attacker.SendAll(comm::EncodeHeader(comm::FrameHeader{comm::kMagic, static_cast<uint32_t>(meta.size()), 1u << 20}) +
+                           meta + std::string(10, 'x')));
+  long long held = -1;
+  HttpAnswer a;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (held <= 0 && std::chrono::steady_clock::now() < deadline) {
+    a = Request(st.port, "GET", "/metrics");
+    held = MetricValue(a.body, "pscore_incomplete_frame_bytes");
+    if (held <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  INFO(a.body);
+  CHECK(held == static_cast<long long>(comm::FrameDecoder::kPayloadChunk));
+  CHECK(MetricValue(a.body, "pscore_queued_write_bytes") >= 0);
+  for (const char* cap : {"incomplete_frames", "queued_per_connection", "queued_total"}) {
+    CHECK(MetricValue(a.body, std::string("pscore_connections_capped_total{cap=\"") + cap + "\"}") == 0);
+  }
+}
+
 TEST_CASE("http: /metrics counts the key-value store's keys and bytes and its waiting gets", "[node][net]") {
   SchedulerOptions o = SchedOpts(1, 1);
   o.max_kv_total_bytes = 4096;
