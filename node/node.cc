@@ -331,6 +331,7 @@ void Node::ApplyMetadata(const pb::SendMetadataMessage& md) {
     });
   }
   server_addr_ = std::move(addrs);
+  FailDialsNotIn(current);
   PublishSnapshot();
   if (callbacks_.on_metadata) callbacks_.on_metadata(md);
   ApplyState(md.cluster_state());

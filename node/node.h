@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -142,6 +143,10 @@ class Node {
   bool IsServerAddress(const std::string& addr) const;
   // Loop thread: the connection to server `rank` (dialled on first use); cb gets it or why not.
   void WithServerConn(int rank, std::function<void(Result<comm::ConnId>)> cb);
+  // Loop thread: dials to addresses not in `current` end now with kUnavailable, so their
+  // callers retry at the address the membership names now instead of dialing a dead one
+  // until connect_timeout.
+  void FailDialsNotIn(const std::set<std::string>& current);
   comm::Messenger& messenger() { return *messenger_; }
   void CountCopied(uint64_t bytes) { copied_->fetch_add(bytes, std::memory_order_relaxed); }
   // The role's count, shared with work that may finish after a call returns.
@@ -199,7 +204,14 @@ class Node {
   std::map<std::string, comm::ConnId> server_conn_;  // ip:port -> open link
   // Links to servers that left the membership, closed when these timers fire (loop thread).
   std::map<comm::ConnId, comm::TimerId> leave_timers_;
-  std::map<std::string, std::vector<std::function<void(Result<comm::ConnId>)>>> dialing_;
+  // Dials under way, by address (loop thread). A dial whose address left the membership is
+  // answered at once (FailDialsNotIn); its late result is recognised by its serial and dropped.
+  struct Dial {
+    uint64_t serial = 0;
+    std::vector<std::function<void(Result<comm::ConnId>)>> waiters;
+  };
+  std::map<std::string, Dial> dialing_;
+  uint64_t dial_serial_ = 0;
 
   // Snapshot for other threads.
   mutable std::mutex mu_;

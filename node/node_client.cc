@@ -229,17 +229,24 @@ void Node::WithServerConn(int rank, std::function<void(Result<ConnId>)> cb) {
     cb(open->second);
     return;
   }
-  auto& waiting = dialing_[addr];
-  waiting.push_back(std::move(cb));
-  if (waiting.size() > 1) return;  // A dial is already under way.
+  Dial& dial = dialing_[addr];
+  dial.waiters.push_back(std::move(cb));
+  if (dial.waiters.size() > 1) return;  // A dial is already under way.
+  dial.serial = ++dial_serial_;
   size_t colon = addr.rfind(':');
   std::string host = addr.substr(0, colon);
   int port = std::atoi(addr.c_str() + colon + 1);
   comm::ConnectOptions co;
   co.timeout = options_.connect_timeout;
-  messenger_->transport().Connect(host, port, co, [this, addr](Result<ConnId> r) {
-    auto waiters = std::move(dialing_[addr]);
-    dialing_.erase(addr);
+  messenger_->transport().Connect(host, port, co, [this, addr, serial = dial.serial](Result<ConnId> r) {
+    auto d = dialing_.find(addr);
+    if (d == dialing_.end() || d->second.serial != serial) {
+      // Answered already: the address left the membership while this dial ran.
+      if (r.ok()) messenger_->transport().Close(*r, Status(Code::kCancelled, "server left the membership"));
+      return;
+    }
+    auto waiters = std::move(d->second.waiters);
+    dialing_.erase(d);
     if (r.ok()) {
       ConnId conn = *r;
       // Say who we are first: servers serve data only to members of the job.
@@ -256,6 +263,23 @@ void Node::WithServerConn(int rank, std::function<void(Result<ConnId>)> cb) {
     }
     for (auto& w : waiters) w(r);
   });
+}
+
+void Node::FailDialsNotIn(const std::set<std::string>& current) {
+  DCHECK(loop_->InLoopThread());
+  for (auto d = dialing_.begin(); d != dialing_.end();) {
+    if (current.count(d->first) != 0) {
+      ++d;
+      continue;
+    }
+    const std::string addr = d->first;
+    auto waiters = std::move(d->second.waiters);
+    d = dialing_.erase(d);
+    VLOG(1) << options_.node_id << ": dial to " << addr << " ended: the address left the membership";
+    for (auto& w : waiters) {
+      w(Status(Code::kUnavailable, "server address " + addr + " left the membership while it was being dialed"));
+    }
+  }
 }
 
 }  // namespace pscore::node

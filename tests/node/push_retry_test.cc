@@ -104,9 +104,10 @@ class Cluster {
     o.handler_threads = 1;
     return o;
   }
-  void StartWorker(Duration recovery_timeout) {
+  void StartWorker(Duration recovery_timeout, Duration connect_timeout = 2s) {
     NodeOptions o = Opts("w0");
     o.recovery_timeout = recovery_timeout;
+    o.connect_timeout = connect_timeout;
     worker = std::make_unique<WorkerNode>(o);
     REQUIRE(worker->Start().ok());
     REQUIRE(worker->WaitForReady(kDeadline).ok());
@@ -199,6 +200,27 @@ TEST_CASE("a part whose server stays away fails after recovery_timeout - the sta
   REQUIRE_FALSE(pull.ok());
   CHECK_THAT(pull.status().message(), Catch::Contains("s-gone"));
   CHECK_THAT(push.message(), !Catch::Contains("sent 1 times"));  // retried, not failed at once
+}
+
+TEST_CASE("a dial to a server's old address ends when it restarts elsewhere - the part goes to the new one",
+          "[node][net][retry]") {
+  Cluster c;
+  c.servers.push_back(std::make_unique<ServerNode>(c.Opts("s0"), SumStore()));
+  REQUIRE(c.servers.back()->Start().ok());
+  // A connect timeout past the test's deadline: only the membership change can end the dial.
+  c.StartWorker(/*recovery_timeout=*/60s, /*connect_timeout=*/120s);
+  REQUIRE(Await(c.worker->Push({1}, Filled(1.0f))).ok());
+  c.servers.back()->Stop();
+  // Sent while s0 is gone: the link is lost and the dial to its address is refused, again
+  // and again, until the scheduler names s0's new address.
+  std::future<Status> pushed = c.worker->Push({1}, Filled(2.0f));
+  std::this_thread::sleep_for(300ms);
+  c.servers.push_back(std::make_unique<ServerNode>(c.Opts("s0"), SumStore()));  // same id, new port
+  REQUIRE(c.servers.back()->Start().ok());
+  Status st = Await(std::move(pushed));
+  INFO("push: " << st);
+  REQUIRE(st.ok());
+  CHECK(c.Value(1) == 2.0f);  // the restart kept nothing (no data_dir); the push reached it
 }
 
 }  // namespace
