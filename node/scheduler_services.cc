@@ -43,7 +43,7 @@ void SchedulerNode::DrainEvents() {
       for (auto& fn : listeners_) fn(e);
       switch (e.kind) {
         case Kind::kStateChanged:
-          LOG(INFO) << "scheduler: cluster state " << pb::ClusterState_Name(e.state) << " (epoch "
+          LOG(INFO) << "scheduler: cluster state " << core::ClusterStateName(e.state) << " (epoch "
                     << cluster_.epoch() << ")";
           SendClusterEvent(e, pb::ClusterEventMessage::STATE_CHANGED);
           if (e.state == pb::CLUSTER_EXIT) {
