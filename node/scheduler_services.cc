@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "node/admin_fields.h"
 #include "node/wire.h"
 
 namespace pscore::node {
@@ -177,7 +178,8 @@ pb::AdminResponse SchedulerNode::StatusResponse(bool with_nodes) const {
 void SchedulerNode::Admin(const pb::AdminRequest& req,
                           std::function<void(Status, pb::AdminResponse)> cb) {
   const std::string& op = req.op();
-  Status st;
+  Status st = CheckAdminFields(req);
+  if (!st.ok()) return cb(st, StatusResponse(false));
   if (op == "status") {
   } else if (op == "nodes") {
     return cb(Status::Ok(), StatusResponse(true));
