@@ -19,7 +19,8 @@ build() {
   if [[ ! -f "$BUILD/build.ninja" ]]; then
     cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   fi
-  ninja -C "$BUILD" -j"$JOBS" $target >&2  # several targets may be given, space-separated
+  # shellcheck disable=SC2086  # several targets may be given, space-separated
+  ninja -C "$BUILD" -j"$JOBS" $target >&2
 }
 
 not_yet() {

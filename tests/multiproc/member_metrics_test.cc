@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -113,6 +114,17 @@ TEST_CASE("a server and a worker started with --http_port serve their /metrics",
     CHECK(body.find("pscore_messages_total{direction=\"out\",cmd=\"REGISTER\"} 1") != std::string::npos);
     CHECK(body.find("pscore_wire_bytes_total{direction=\"in\"}") != std::string::npos);
     CHECK(ValidText(body));
+    // promtool (Debian package prometheus), where installed, checks the format and its lint.
+    if (::access("/usr/bin/promtool", X_OK) == 0) {
+      const std::string file = dir.File(role + ".metrics");
+      { std::ofstream(file) << body; }
+      Process promtool;
+      REQUIRE(promtool.Start({"/bin/sh", "-c", "exec /usr/bin/promtool check metrics < " + file},
+                             dir.File(role + ".promtool")));
+      std::optional<int> code = promtool.Wait(30s);
+      INFO(promtool.Log());
+      CHECK(code == std::optional<int>(0));
+    }
     if (role == "worker") CHECK(body.find("pscore_worker_direct_pulls_total") != std::string::npos);
     const std::string other = HttpGet(http, "/v1/cluster");
     CHECK(other.rfind("HTTP/1.1 404", 0) == 0);
