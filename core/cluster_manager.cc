@@ -45,6 +45,7 @@ std::string RoleName(pb::NodeRole role) {
 }
 
 std::string ClusterStateName(pb::ClusterState state) {
+  if (state == pb::ClUSTER_STARTING) return "CLUSTER_STARTING";  // the wire enum keeps the reference's typo
   const std::string name = pb::ClusterState_Name(state);
   return name.empty() ? std::to_string(static_cast<int>(state)) : name;
 }

@@ -3,6 +3,7 @@
 #include <future>
 #include <thread>
 
+#include "core/cluster_manager.h"
 #include "node/wire.h"
 
 namespace pscore::node {
@@ -128,8 +129,24 @@ Result<pb::AdminResponse> AdminClient::WaitForReady(Duration timeout, Duration p
       return Status(Code::kAborted, "the job is exiting");
     }
     if (std::chrono::steady_clock::now() + period > deadline) {
-      return Status(Code::kTimeout, "cluster still in " + pb::ClusterState_Name(r->cluster_state()) +
+      return Status(Code::kTimeout, "cluster still in " + core::ClusterStateName(r->cluster_state()) +
                                         " after " + std::to_string(ToMillis(timeout)) + " ms");
+    }
+    std::this_thread::sleep_for(period);
+  }
+}
+
+Result<pb::AdminResponse> AdminClient::WaitForScaleEnd(Duration timeout, Duration period) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    Result<pb::AdminResponse> r = Admin("status");
+    if (!r.ok()) return r.status();
+    const pb::ClusterState s = r->cluster_state();
+    if (s == pb::CLUSTER_EXIT) return Status(Code::kAborted, "the job is exiting");
+    if (s != pb::CLUSTER_SCALE_OUT && s != pb::CLUSTER_SCALE_IN) return r;
+    if (std::chrono::steady_clock::now() + period > deadline) {
+      return Status(Code::kTimeout, "cluster still in " + core::ClusterStateName(s) + " after " +
+                                        std::to_string(ToMillis(timeout)) + " ms");
     }
     std::this_thread::sleep_for(period);
   }

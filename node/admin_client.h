@@ -48,6 +48,13 @@ class AdminClient {
   Result<pb::AdminResponse> WaitForReady(Duration timeout,
                                          Duration period = std::chrono::milliseconds(100));
 
+  // Polls "status" every `period` until no scale operation is running: the answer whose
+  // state is neither SCALE_OUT nor SCALE_IN (READY when it completed or rolled back to a
+  // healthy job; NODE_TIMEOUT or another state when it rolled back into one), kAborted at
+  // EXIT, or kTimeout after `timeout`.
+  Result<pb::AdminResponse> WaitForScaleEnd(Duration timeout,
+                                            Duration period = std::chrono::milliseconds(100));
+
   // Coordination key-value store of the scheduler.
   Status KvSet(const std::string& key, const std::string& value, bool overwrite = true);
   // Blocks until the key exists or `timeout` passes (kTimeout from the scheduler).

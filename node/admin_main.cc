@@ -12,6 +12,7 @@
 #include <gflags/gflags.h>
 #include <nlohmann/json.hpp>
 
+#include "core/cluster_manager.h"
 #include "node/admin_client.h"
 #include "node/flags.h"
 #include "node/ranktable_subscriber.h"
@@ -51,7 +52,7 @@ int FailStatus(const Status& st) {
   return Fail(st.code() == Code::kUnavailable ? kUnreachable : kRefused, st.ToString());
 }
 
-std::string StateName(pb::ClusterState s) { return pb::ClusterState_Name(s); }
+std::string StateName(pb::ClusterState s) { return core::ClusterStateName(s); }
 
 std::string Summary(const pb::AdminResponse& r) {
   std::ostringstream os;
@@ -176,8 +177,14 @@ int Scale(node::AdminClient& client, const node::AdminFlags& f, bool out) {
   if (!started.ok()) return FailStatus(started.status());
   std::cout << name << " started: " << Summary(*started) << std::endl;
   if (!f.wait) return kOk;
-  Result<pb::AdminResponse> end = client.WaitForReady(std::chrono::milliseconds(f.wait_timeout_ms));
+  Result<pb::AdminResponse> end = client.WaitForScaleEnd(std::chrono::milliseconds(f.wait_timeout_ms));
   if (!end.ok()) return FailStatus(Status(end.status().code(), std::string(name) + ": " + end.status().message()));
+  // The operation is over; a cluster not READY (e.g. NODE_TIMEOUT after a rollback) will
+  // not become READY through this operation, so waiting on would only wait out the timeout.
+  if (end->cluster_state() != pb::CLUSTER_READY) {
+    std::string why = end->last_scale_result().empty() ? "the operation ended" : end->last_scale_result();
+    return Fail(kRefused, std::string(name) + " failed: " + why + "; " + Summary(*end));
+  }
   bool as_asked = true;
   if (by_ids) {
     Result<pb::AdminResponse> nodes = client.Admin("nodes");
@@ -314,6 +321,14 @@ int Run(const node::CommandLine& cl, const std::vector<std::string>& args) {
                                                "watch-ranktable"};
   if (kKnown.count(cmd) == 0) return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
   if (cmd != "kv" && args.size() > 1) return Fail(kUsage, cmd + ": unexpected argument '" + args[1] + "'");
+  // A flag that the command would ignore is refused by name, so a typo'd command never
+  // runs with an operator believing it took the totals or ids.
+  const bool scale = cmd == "scale-out" || cmd == "scale-in";
+  if (!scale && cl.admin.workers != -1) return Fail(kUsage, cmd + ": --workers does not apply (scale-out, scale-in)");
+  if (!scale && cl.admin.servers != -1) return Fail(kUsage, cmd + ": --servers does not apply (scale-out, scale-in)");
+  if (cmd != "scale-in" && !cl.admin.node_ids.empty()) {
+    return Fail(kUsage, cmd + ": --node_ids does not apply (scale-in only)");
+  }
   if (cmd == "watch-ranktable") return WatchRankTable(cl);
 
   node::AdminClientOptions o;
@@ -346,7 +361,7 @@ int Run(const node::CommandLine& cl, const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  node::CommandLine cl = node::ParseFlags(&argc, &argv, kUsageText);
+  node::CommandLine cl = node::ParseFlags(&argc, &argv, kUsageText, node::Program::kAdmin);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 2;  // Only errors: the command's own output is the report.

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <set>
 #include <iostream>
 #include <sstream>
 
@@ -38,12 +39,13 @@ DEFINE_uint64(max_kv_value_bytes, 16u << 20, "Scheduler: largest value the key-v
 DEFINE_uint64(max_kv_total_mb, 1024, "Scheduler: MiB of keys and values the key-value store holds at most; a KvSet "
               "that would grow it past this is refused kResourceExhausted (0: no cap).");
 DEFINE_string(job_id, "default", "Job id served by the scheduler's rank table.");
-DEFINE_string(http_host, "127.0.0.1", "Bind address of the scheduler's HTTP endpoint.");
-DEFINE_int32(http_port, -1, "HTTP port of the scheduler (-1: off, 0: a free port).");
+DEFINE_string(http_host, "127.0.0.1", "Bind address of the HTTP endpoint (--http_port).");
+DEFINE_int32(http_port, -1, "HTTP port (-1: off, 0: a free port): the scheduler's admin, rank-table and /metrics "
+             "endpoint; a worker's or server's /metrics.");
 DEFINE_int32(handler_threads, 2, "Executor threads for server handlers (0: run on the loop thread).");
 DEFINE_bool(auto_finish, true, "Worker/server: join the finish barrier once READY and serve until the job ends.");
 DEFINE_int64(finish_timeout_ms, 24LL * 3600 * 1000, "Deadline of this node's finish barrier.");
-DEFINE_string(http_port_file, "", "Scheduler: write the bound HTTP port to this file (with --http_port >= 0).");
+DEFINE_string(http_port_file, "", "Write the bound HTTP port to this file (with --http_port >= 0).");
 DEFINE_string(port_file, "", "Write the bound port (scheduler: scheduler port; server: data port) to this file.");
 DEFINE_string(state_dir, "", "Scheduler: persist membership, cluster state and the KV store in this directory and "
               "reload them on restart, so nodes re-register and the job carries on (empty: off).");
@@ -89,6 +91,43 @@ DECLARE_bool(help);
 namespace pscore::node {
 namespace {
 
+// Which program takes which of the flags above. pscore-node and pscore-train take every
+// flag but pscore-admin's own (train: also its six); pscore-admin takes its own plus the
+// few that find and authenticate to the scheduler. --help lists only the program's flags
+// and any other flag of this file is refused as unknown.
+const std::set<std::string> kAdminOnly = {"workers", "servers",         "node_ids",    "json",
+                                          "timeout_ms", "wait", "wait_timeout_ms", "reconnect_ms"};
+const std::set<std::string> kAdminShared = {"scheduler_host", "scheduler_port", "cluster_token_file", "job_id",
+                                            "max_message_bytes"};
+const std::set<std::string> kTrainOnly = {"steps", "samples", "dim", "keys", "seed", "scale_out_at"};
+
+bool DefinedHere(const gflags::CommandLineFlagInfo& info) {
+  return info.filename.find("node/flags.cc") != std::string::npos;
+}
+
+// Whether `program` takes the flag `name` (a flag of node/flags.cc).
+bool Takes(Program program, const std::string& name) {
+  switch (program) {
+    case Program::kAdmin: return kAdminOnly.count(name) != 0 || kAdminShared.count(name) != 0;
+    case Program::kTrain: return kAdminOnly.count(name) == 0;
+    case Program::kNode: return kAdminOnly.count(name) == 0 && kTrainOnly.count(name) == 0;
+  }
+  return false;
+}
+
+// --help: the usage text, then the program's own flags (gflags' ShowUsage would list every
+// flag linked in).
+[[noreturn]] void ShowHelp(Program program, const char* usage) {
+  std::vector<gflags::CommandLineFlagInfo> all;
+  gflags::GetAllFlags(&all);
+  std::cout << usage << "\n\n  Flags:\n";
+  for (const auto& f : all) {
+    if (DefinedHere(f) && Takes(program, f.name)) std::cout << gflags::DescribeOneFlag(f);
+  }
+  std::cout << "\n(--helpfull also lists glog's logging flags)" << std::endl;
+  std::exit(0);
+}
+
 AcceptLimits AcceptLimitsFromFlags() {
   AcceptLimits a;
   a.max_connections = static_cast<size_t>(FLAGS_max_connections);
@@ -103,11 +142,11 @@ AcceptLimits AcceptLimitsFromFlags() {
 }
 
 // PSCORE_<NAME> fills every flag not given on the command line.
-void ApplyEnvironment(const std::string& prog) {
+void ApplyEnvironment(const std::string& prog, Program program) {
   std::vector<gflags::CommandLineFlagInfo> all;
   gflags::GetAllFlags(&all);
   for (const auto& f : all) {
-    if (!f.is_default || f.filename.find("flags.cc") == std::string::npos) continue;
+    if (!f.is_default || !DefinedHere(f) || !Takes(program, f.name)) continue;
     std::string env = "PSCORE_";
     for (char c : f.name) env += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     const char* v = std::getenv(env.c_str());
@@ -145,7 +184,7 @@ std::vector<pb::Device> ParseDevices(const std::string& prog, const std::string&
 
 }  // namespace
 
-CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
+CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program program) {
   std::string prog = (*argc > 0) ? (*argv)[0] : "pscore";
   size_t slash = prog.rfind('/');
   if (slash != std::string::npos) prog = prog.substr(slash + 1);
@@ -165,24 +204,21 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
     gflags::CommandLineFlagInfo info;
     if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
       if (name.rfind("no", 0) == 0 && gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) &&
-          info.type == "bool" && !value) {
+          info.type == "bool" && !value && (!DefinedHere(info) || Takes(program, info.name))) {
         continue;
       }
       Die(prog, "unknown flag " + a + " (see --help)");
     }
+    if (DefinedHere(info) && !Takes(program, info.name)) Die(prog, "unknown flag " + a + " (see --help)");
     if (!value && info.type != "bool" && i + 1 < *argc) value = (*argv)[++i];  // --name value (e.g. --rank -1)
     if (value && gflags::SetCommandLineOption(name.c_str(), value->c_str()).empty()) {
       Die(prog, "bad value '" + *value + "' for --" + name + " (" + info.type + ")");
     }
   }
   gflags::ParseCommandLineNonHelpFlags(argc, argv, true);
-  if (FLAGS_help) {  // gflags would list every library's flags and exit 1
-    gflags::ShowUsageWithFlagsRestrict(prog.c_str(), "node/flags.cc");
-    std::cout << "\n(--helpfull also lists glog's logging flags)" << std::endl;
-    std::exit(0);
-  }
+  if (FLAGS_help) ShowHelp(program, usage);  // gflags would list every library's flags and exit 1
   gflags::HandleCommandLineHelpFlags();  // --helpfull, --version, ...
-  ApplyEnvironment(prog);
+  ApplyEnvironment(prog, program);
 
   auto check_port = [&](const char* name, int v) {
     if (v < 0 || v > 65535) Die(prog, std::string("--") + name + " must be in [0, 65535] (got " + std::to_string(v) + ")");
@@ -234,6 +270,11 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage) {
   if (FLAGS_partial_frame_timeout_ms < 0) Die(prog, "--partial_frame_timeout_ms must be >= 0");
   if (FLAGS_update_rule != "assign" && FLAGS_update_rule != "sum" && FLAGS_update_rule != "sgd") {
     Die(prog, "--update_rule must be assign, sum or sgd (got '" + FLAGS_update_rule + "')");
+  }
+
+  // A member with no scheduler port would dial port 0 until --connect_timeout_ms.
+  if ((FLAGS_role == "worker" || FLAGS_role == "server") && FLAGS_scheduler_port == 0) {
+    Die(prog, "--scheduler_port is required with --role=" + FLAGS_role + " (the scheduler's port, 1-65535)");
   }
 
   CommandLine cl;

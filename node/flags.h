@@ -1,4 +1,5 @@
-// Command-line flags of pscore-node and pscore-admin (defined only in flags.cc).
+// Command-line flags of pscore-node, pscore-admin and pscore-train (defined only in
+// flags.cc; each program takes its own subset, see Program).
 // ParseFlags applies PSCORE_<FLAG> environment fallbacks, validates, and on a bad flag
 // prints one line and exits with code 2.
 #pragma once
@@ -47,7 +48,11 @@ struct CommandLine {
   AdminFlags admin;
 };
 
-// Parses argv (removing flags) for the program `prog`; exits 2 on a bad flag.
-CommandLine ParseFlags(int* argc, char*** argv, const char* usage);
+// The program whose flags are parsed: each takes (and --help lists) only its own flags.
+enum class Program { kNode, kAdmin, kTrain };
+
+// Parses argv (removing flags) for `program`; exits 2 on a bad flag or one the program does
+// not take.
+CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program program);
 
 }  // namespace pscore::node

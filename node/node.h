@@ -64,6 +64,8 @@ class Node {
   std::vector<std::string> NodeIds(pb::NodeRole role) const;
   int listen_port() const { return listen_port_; }
   comm::EventLoop* loop() const { return loop_; }
+  // Loop thread: this node's transport, read for its counters (MemberHttp's /metrics).
+  const comm::Transport& transport() const { return messenger_->transport(); }
   // Payload bytes this node copied in user space so far (any thread): by its role (a
   // push's values into its message, answers into a pull's result, a small pull's answer
   // out of the store) and by its transport (comm::Transport::payload_bytes_copied).

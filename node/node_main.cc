@@ -2,7 +2,9 @@
 // 0 the job ended normally; 1 a runtime failure (scheduler lost, refused, port busy);
 // 2 bad flags.
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -10,6 +12,7 @@
 #include <gflags/gflags.h>
 
 #include "node/flags.h"
+#include "node/member_http.h"
 #include "node/ranktable_hub.h"
 #include "node/scheduler_http.h"
 #include "node/scheduler_node.h"
@@ -41,7 +44,7 @@ void LogClusterEvent(const std::string& self, const pb::ClusterEventMessage& ev)
   if (ev.kind() == pb::ClusterEventMessage::STATE_CHANGED) return;
   const std::string line = self + ": cluster event " + pb::ClusterEventMessage::Kind_Name(ev.kind()) + " for " +
                            node::RoleLabel(ev.role()) + " " + ev.node_id() + " (rank " + std::to_string(ev.rank_id()) +
-                           "): " + ev.message() + "; cluster " + pb::ClusterState_Name(ev.cluster_state());
+                           "): " + ev.message() + "; cluster " + core::ClusterStateName(ev.cluster_state());
   if (ev.kind() == pb::ClusterEventMessage::NODE_TIMED_OUT || ev.kind() == pb::ClusterEventMessage::NODE_ERROR) {
     LOG(WARNING) << line;
   } else {
@@ -86,6 +89,27 @@ int RunScheduler(const node::CommandLine& cl) {
   return g_signal != 0 ? 1 : 0;
 }
 
+// Node::Start blocks until the scheduler admitted the node (up to --connect_timeout_ms). It
+// runs on a thread of its own so that SIGINT/SIGTERM meanwhile ends the process at once
+// (exit 1): the node is stopped, then the process exits without waiting for a Start that
+// would only return at its deadline.
+Status StartOrSignal(node::Node* n) {
+  std::promise<Status> started;
+  std::future<Status> done = started.get_future();
+  std::thread starter([n, &started] { started.set_value(n->Start()); });
+  while (done.wait_for(50ms) != std::future_status::ready) {
+    if (g_signal == 0) continue;
+    const int sig = g_signal;
+    LOG(WARNING) << n->node_id() << ": signal " << sig << " while starting; exiting";
+    std::cerr << "pscore-node: " << n->node_id() << ": signal " << sig << " while starting; exiting" << std::endl;
+    n->Stop();
+    google::FlushLogFiles(google::GLOG_INFO);
+    std::_Exit(1);
+  }
+  starter.join();
+  return done.get();
+}
+
 int RunMember(const node::CommandLine& cl, pb::NodeRole role) {
   node::NodeOptions opts = cl.node;
   opts.role = role;
@@ -104,12 +128,26 @@ int RunMember(const node::CommandLine& cl, pb::NodeRole role) {
   node::Node::Callbacks cb;
   cb.on_cluster_event = [self = n->node_id()](const pb::ClusterEventMessage& ev) { LogClusterEvent(self, ev); };
   n->SetCallbacks(std::move(cb));
-  Status st = n->Start();
+  Status st = StartOrSignal(n.get());
   if (!st.ok()) {
     std::cerr << "pscore-node: " << st << std::endl;
     return 1;
   }
   WritePortFile(cl.port_file, n->listen_port());
+  // --http_port >= 0: /metrics of this member (docs/http.md, Members).
+  node::MemberHttp http(n.get());
+  if (cl.scheduler.http_port >= 0) {
+    Result<int> port = http.Start(cl.scheduler.http_host, cl.scheduler.http_port);
+    if (!port.ok()) {
+      LOG(ERROR) << n->node_id() << ": HTTP failed to start: " << port.status();
+      std::cerr << "pscore-node: " << port.status() << std::endl;
+      http.Stop();
+      n->Stop();
+      return 1;
+    }
+    std::cout << "pscore-node: HTTP on " << cl.scheduler.http_host << ":" << *port << std::endl;
+    WritePortFile(cl.http_port_file, *port);
+  }
   std::thread finisher;
   if (cl.auto_finish) {
     finisher = std::thread([&n, &cl] {
@@ -127,6 +165,7 @@ int RunMember(const node::CommandLine& cl, pb::NodeRole role) {
       break;
     }
   }
+  http.Stop();
   n->Stop();
   if (finisher.joinable()) finisher.join();
   if (!end.ok()) {
@@ -147,7 +186,8 @@ int main(int argc, char** argv) {
       "  pscore-node --role=scheduler --scheduler_port=P --worker_num=W --server_num=S\n"
       "  pscore-node --role=server --scheduler_port=P [--node_id=ID]\n"
       "  pscore-node --role=worker --scheduler_port=P [--node_id=ID]\n"
-      "Every flag also reads PSCORE_<FLAG_NAME> from the environment when not given.");
+      "Every flag also reads PSCORE_<FLAG_NAME> from the environment when not given.",
+      node::Program::kNode);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   std::signal(SIGINT, OnSignal);

@@ -109,7 +109,7 @@ void RankTableHub::Rebuild() {
       line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   current_ = snap;
   LOG(INFO) << "rank table version " << snap->version << " (" << snap->table.size() << " bytes, epoch "
-            << cluster.epoch() << ", " << pb::ClusterState_Name(cluster.state()) << ") to "
+            << cluster.epoch() << ", " << core::ClusterStateName(cluster.state()) << ") to "
             << subs_.size() << " subscriber(s)";
   for (auto& [id, sub] : subs_) Deliver(id, &sub, current_);
 }

@@ -6,6 +6,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include "node/metrics_text.h"
 #include "node/wire.h"
 
 namespace pscore::node {
@@ -29,17 +30,45 @@ json ToJson(const google::protobuf::Message& msg) {
   return json::parse(text, nullptr, false);
 }
 
-// Reads the admin body: {"worker_num":int,"server_num":int,"node_ids":[string]}, all optional.
+// An admin answer as JSON; the cluster state by its printed name (core::ClusterStateName).
+json AdminJson(const pb::AdminResponse& resp) {
+  json j = ToJson(resp);
+  if (j.is_object()) j["cluster_state"] = core::ClusterStateName(resp.cluster_state());
+  return j;
+}
+
+// The body fields each admin operation takes; any other field is refused by name.
+const std::map<std::string, std::set<std::string>> kAdminFields = {
+    {"scale_out", {"worker_num", "server_num"}},
+    {"scale_in", {"worker_num", "server_num", "node_ids"}},
+    {"new_instance", {}},
+    {"enable", {}},
+    {"disable", {}},
+    {"stop", {}},
+};
+
+// Reads the admin body: {"worker_num":int,"server_num":int,"node_ids":[string]}, each field
+// only where kAdminFields lets the operation take it; all optional.
 Status ParseAdminBody(const std::string& body, const std::string& op, pb::AdminRequest* req) {
   req->set_op(op);
   if (body.find_first_not_of(" \t\r\n") == std::string::npos) return Status::Ok();
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded()) return Status(Code::kInvalidArgument, "request body is not valid JSON");
   if (!j.is_object()) return Status(Code::kInvalidArgument, "request body must be a JSON object");
+  const std::set<std::string>& allowed = kAdminFields.at(op);
   for (auto& [key, value] : j.items()) {
+    const bool known = key == "worker_num" || key == "server_num" || key == "node_ids";
+    if (!known) return Status(Code::kInvalidArgument, "unknown field '" + key + "'");
+    if (allowed.count(key) == 0) {
+      std::string takes;
+      for (const std::string& f : allowed) takes += (takes.empty() ? "" : ", ") + f;
+      return Status(Code::kInvalidArgument, "field '" + key + "' does not apply to " + op + " (it takes " +
+                                                (takes.empty() ? "no field" : takes) + ")");
+    }
     if (key == "worker_num" || key == "server_num") {
-      if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > 1000000) {
-        return Status(Code::kInvalidArgument, key + " must be an integer in [0, 1000000]");
+      if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > core::kMaxRoleTotal) {
+        return Status(Code::kInvalidArgument,
+                      key + " must be an integer in [0, " + std::to_string(core::kMaxRoleTotal) + "]");
       }
       int v = value.get<int>();
       key == "worker_num" ? req->set_worker_num(v) : req->set_server_num(v);
@@ -49,19 +78,9 @@ Status ParseAdminBody(const std::string& body, const std::string& op, pb::AdminR
         if (!id.is_string()) return Status(Code::kInvalidArgument, "node_ids must be an array of strings");
         req->add_node_ids(id.get<std::string>());
       }
-    } else {
-      return Status(Code::kInvalidArgument, "unknown field '" + key + "'");
     }
   }
   return Status::Ok();
-}
-
-// The cmd label of a command number: its NodeCommand name, CMD_<n> for an unknown number,
-// OTHER for the transport's overflow slot.
-std::string CommandLabel(int cmd) {
-  if (cmd == comm::kOtherCommand) return "OTHER";
-  if (pb::NodeCommand_IsValid(cmd)) return pb::NodeCommand_Name(static_cast<pb::NodeCommand>(cmd));
-  return "CMD_" + std::to_string(cmd);
 }
 
 }  // namespace
@@ -160,7 +179,7 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
     if (!get) return wrong_method("GET, HEAD");
     pb::AdminRequest areq;
     areq.set_op(p == "/v1/nodes" ? "nodes" : "status");
-    return sched_->Admin(areq, [this, id](Status st, pb::AdminResponse resp) { Reply(id, st, ToJson(resp)); });
+    return sched_->Admin(areq, [this, id](Status st, pb::AdminResponse resp) { Reply(id, st, AdminJson(resp)); });
   }
   if (p.rfind("/v1/", 0) == 0 && kAdminOps.count(p.substr(4)) != 0) {
     if (!post) return wrong_method("POST");
@@ -223,25 +242,24 @@ void SchedulerHttp::ServeAdmin(comm::HttpConnId id, const std::string& op, const
   }
   sched_->Admin(areq, [this, id, op](Status s, pb::AdminResponse resp) {
     CountScale(op, s);
-    Reply(id, s, ToJson(resp));
+    Reply(id, s, AdminJson(resp));
   });
 }
 
 // Prometheus text format 0.0.4: a HELP and TYPE line per family, then its samples.
 void SchedulerHttp::ServeMetrics(comm::HttpConnId id) {
-  std::string out;
-  auto family = [&out](const std::string& name, const char* type, const char* help) {
-    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-  };
-  auto sample = [&out](const std::string& name, const std::string& labels, uint64_t value) {
-    out += name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(value) + "\n";
+  MetricsText m;
+  auto family = [&m](const std::string& name, const char* type, const char* help) { m.Family(name, type, help); };
+  auto sample = [&m](const std::string& name, const std::string& labels, uint64_t value) {
+    m.Sample(name, labels, value);
   };
   const core::ClusterManager& cluster = sched_->cluster();
   family("pscore_cluster_state", "gauge", "1 for the cluster's current state, 0 for the others.");
   const google::protobuf::EnumDescriptor* states = pb::ClusterState_descriptor();
   for (int i = 0; i < states->value_count(); ++i) {
     const auto* v = states->value(i);
-    sample("pscore_cluster_state", "state=\"" + v->name() + "\"", v->number() == cluster.state() ? 1 : 0);
+    const std::string name = core::ClusterStateName(static_cast<pb::ClusterState>(v->number()));
+    sample("pscore_cluster_state", "state=\"" + name + "\"", v->number() == cluster.state() ? 1 : 0);
   }
   family("pscore_membership_version", "gauge", "Membership epoch (bumped at every published topology).");
   sample("pscore_membership_version", "", cluster.epoch());
@@ -271,33 +289,7 @@ void SchedulerHttp::ServeMetrics(comm::HttpConnId id) {
   family("pscore_barrier_ids", "gauge", "Barrier ids kept (a round waiting, or ended within 10 minutes).");
   sample("pscore_barrier_ids", "", sched_->barriers().ids());
   const comm::TransportStats& t = sched_->transport_stats();
-  // By command: one in and one out sample per command that carried a frame either way.
-  const std::vector<comm::CommandStats> by_cmd = sched_->messenger().transport().StatsByCommand();
-  family("pscore_messages_total", "counter", "Native protocol frames by direction and command.");
-  for (const comm::CommandStats& c : by_cmd) {
-    const std::string cmd = CommandLabel(c.cmd);
-    sample("pscore_messages_total", "direction=\"in\",cmd=\"" + cmd + "\"", c.frames_in);
-    sample("pscore_messages_total", "direction=\"out\",cmd=\"" + cmd + "\"", c.frames_out);
-  }
-  family("pscore_bytes_total", "counter", "Native protocol bytes of whole frames by direction and command.");
-  for (const comm::CommandStats& c : by_cmd) {
-    const std::string cmd = CommandLabel(c.cmd);
-    sample("pscore_bytes_total", "direction=\"in\",cmd=\"" + cmd + "\"", c.bytes_in);
-    sample("pscore_bytes_total", "direction=\"out\",cmd=\"" + cmd + "\"", c.bytes_out);
-  }
-  family("pscore_wire_bytes_total", "counter", "Native protocol bytes read and queued, partial and refused frames included.");
-  sample("pscore_wire_bytes_total", "direction=\"in\"", t.bytes_in);
-  sample("pscore_wire_bytes_total", "direction=\"out\"", t.bytes_out);
-  family("pscore_protocol_errors_total", "counter", "Native connections closed for bad input.");
-  sample("pscore_protocol_errors_total", "", t.protocol_errors);
-  family("pscore_connections_capped_total", "counter", "Native connections closed at a memory cap, by cap.");
-  sample("pscore_connections_capped_total", "cap=\"incomplete_frames\"", t.incomplete_cap_closed);
-  sample("pscore_connections_capped_total", "cap=\"queued_per_connection\"", t.queued_cap_closed);
-  sample("pscore_connections_capped_total", "cap=\"queued_total\"", t.total_queued_cap_closed);
-  family("pscore_incomplete_frame_bytes", "gauge", "Payload bytes held for native frames received in part.");
-  sample("pscore_incomplete_frame_bytes", "", sched_->messenger().transport().incomplete_frame_bytes());
-  family("pscore_queued_write_bytes", "gauge", "Native output queued and not yet written, all connections.");
-  sample("pscore_queued_write_bytes", "", t.queued_write_bytes);
+  AppendTransportMetrics(sched_->messenger().transport(), &m);
   family("pscore_connections", "gauge", "Open connections by protocol.");
   sample("pscore_connections", "protocol=\"native\"", sched_->messenger().transport().num_connections());
   sample("pscore_connections", "protocol=\"http\"", server_->num_connections());
@@ -343,7 +335,7 @@ void SchedulerHttp::ServeMetrics(comm::HttpConnId id) {
   sample("pscore_scale_results_total", "result=\"done\"", scale_results_["done"]);
   sample("pscore_scale_results_total", "result=\"rolled_back\"", scale_results_["rolled_back"]);
   ++responses_[200];
-  server_->Respond(id, 200, "text/plain; version=0.0.4", std::move(out)).IgnoreError();
+  server_->Respond(id, 200, "text/plain; version=0.0.4", m.text()).IgnoreError();
 }
 
 }  // namespace pscore::node

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "node/admin_fields.h"
 #include "node/wire.h"
 
 namespace pscore::node {
@@ -43,7 +44,7 @@ void SchedulerNode::DrainEvents() {
       for (auto& fn : listeners_) fn(e);
       switch (e.kind) {
         case Kind::kStateChanged:
-          LOG(INFO) << "scheduler: cluster state " << pb::ClusterState_Name(e.state) << " (epoch "
+          LOG(INFO) << "scheduler: cluster state " << core::ClusterStateName(e.state) << " (epoch "
                     << cluster_.epoch() << ")";
           SendClusterEvent(e, pb::ClusterEventMessage::STATE_CHANGED);
           if (e.state == pb::CLUSTER_EXIT) {
@@ -177,7 +178,8 @@ pb::AdminResponse SchedulerNode::StatusResponse(bool with_nodes) const {
 void SchedulerNode::Admin(const pb::AdminRequest& req,
                           std::function<void(Status, pb::AdminResponse)> cb) {
   const std::string& op = req.op();
-  Status st;
+  Status st = CheckAdminFields(req);
+  if (!st.ok()) return cb(st, StatusResponse(false));
   if (op == "status") {
   } else if (op == "nodes") {
     return cb(Status::Ok(), StatusResponse(true));

@@ -64,7 +64,7 @@ Status SchedulerNode::OpenState() {
       kv_.Restore(entries);
       state_sequence_ = state->sequence();
       LOG(INFO) << "scheduler: restored from " << path << " (" << cluster_.Nodes().size() << " nodes, "
-                << entries.size() << " KV entries, state " << pb::ClusterState_Name(cluster_.state())
+                << entries.size() << " KV entries, state " << core::ClusterStateName(cluster_.state())
                 << ", epoch " << cluster_.epoch() << "); nodes have until their heartbeat timeout to re-register";
     } else {
       LOG(INFO) << "scheduler: no state to restore in " << options_.state_dir << "; starting fresh";

@@ -189,7 +189,8 @@ int main(int argc, char** argv) {
   node::CommandLine cl = node::ParseFlags(
       &argc, &argv,
       "Demo worker: logistic regression by synchronous SGD over pscore Push/Pull.\n"
-      "  pscore-train --scheduler_port=P [--steps=60 --samples=20000 --dim=64 --keys=8]");
+      "  pscore-train --scheduler_port=P [--steps=60 --samples=20000 --dim=64 --keys=8]",
+      node::Program::kTrain);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;

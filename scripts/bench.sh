@@ -9,7 +9,7 @@ BUILD="${PSCORE_BENCH_BUILD:-$ROOT/build-bench}"
 JOBS="${PSCORE_BENCH_JOBS:-1}"
 
 usage() {
-  echo "usage: $0 {transport|control|dataplane|coord|ranktable|scale} [args...]" >&2
+  echo "usage: $0 {transport|control|dataplane|coord|ranktable|scale|smoke} [args...]" >&2
   exit 1
 }
 
@@ -19,12 +19,76 @@ build() {
   if [[ ! -f "$BUILD/build.ninja" ]]; then
     cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   fi
-  ninja -C "$BUILD" -j"$JOBS" "$target" >&2
+  # shellcheck disable=SC2086  # several targets may be given, space-separated
+  ninja -C "$BUILD" -j"$JOBS" $target >&2
 }
 
 not_yet() {
   echo "benchmark '$1': not yet implemented" >&2
   exit 2
+}
+
+# Every benchmark binary once at tiny sizes: each must exit 0 and print its figures (CI runs
+# this so no benchmark rots). PSCORE_BENCH_BUILD picks the build directory (CI: build-ci).
+smoke() {
+  local benches=(transport_bench control_bench dataplane_bench coord_bench ranktable_bench scale_bench soak_driver_bench)
+  build "${benches[*]} pscore-node"
+  local failed=0 t0
+  run_one() {  # name, then the command; its stdout must hold at least one figure line
+    local name="$1" out rc=0
+    shift
+    t0=$SECONDS
+    out=$("$@" 2>"$tmp/$name.err") || rc=$?
+    printf '%s\n' "$out"
+    if [[ $rc -ne 0 ]] || ! grep -Eq '^[A-Za-z_0-9.]+ +-?[0-9]' <<<"$out"; then
+      echo "smoke $name: FAILED (exit $rc, or no figure printed); stderr:" >&2
+      tail -20 "$tmp/$name.err" >&2
+      failed=1
+    fi
+    echo "== smoke $name took $((SECONDS - t0)) s"
+  }
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/pscore-bench-smoke-XXXXXX")
+  run_one transport "$BUILD/transport_bench" smoke
+  run_one control "$BUILD/control_bench" --nodes=20 --beat_nodes=20 --window_s=1
+  PSCORE_BENCH_ROUNDS=1 run_one dataplane "$BUILD/dataplane_bench" smoke
+  run_one coord "$BUILD/coord_bench" all --clients=2 --client_loops=1 --duration_s=0.3 --rounds=5 \
+    --fanout_nodes=8 --fanout_reps=2
+  run_one ranktable "$BUILD/ranktable_bench" smoke
+  run_one scale "$BUILD/scale_bench" smoke
+  run_one soak_driver soak_smoke
+  rm -rf "$tmp"
+  return $failed
+}
+
+# A scheduler, one server and one soak_driver with --check for about a second; prints the
+# driver's check line as a figure. Every process is stopped by its pid.
+soak_smoke() {
+  local node="$BUILD/pscore-node" dir="$tmp/soak" sched srv drv rc=0 i
+  mkdir -p "$dir"
+  "$node" --role=scheduler --scheduler_port=0 --worker_num=1 --server_num=1 --port_file="$dir/port" \
+    --heartbeat_interval_ms=200 >"$dir/scheduler.log" 2>&1 &
+  sched=$!
+  for ((i = 0; i < 200; i++)); do [[ -s "$dir/port" ]] && break; sleep 0.05; done
+  if [[ ! -s "$dir/port" ]]; then kill -KILL $sched; wait $sched 2>/dev/null; return 1; fi
+  "$node" --role=server --node_id=s0 --scheduler_port="$(cat "$dir/port")" --auto_finish=false \
+    --heartbeat_interval_ms=200 >"$dir/s0.log" 2>&1 &
+  srv=$!
+  "$BUILD/soak_driver_bench" --scheduler_port="$(cat "$dir/port")" --node_id=w0 --dir="$dir" --check --peers=w0 \
+    --connect_timeout_ms=20000 >"$dir/w0.out" 2>"$dir/w0.log" &
+  drv=$!
+  for ((i = 0; i < 400; i++)); do [[ -s "$dir/w0.acked" ]] && break; sleep 0.05; done
+  sleep 1
+  touch "$dir/stop"
+  for ((i = 0; i < 600; i++)); do kill -0 $drv 2>/dev/null || break; sleep 0.05; done
+  kill -KILL $drv 2>/dev/null || true
+  wait $drv || rc=$?
+  kill -KILL $srv $sched 2>/dev/null || true
+  wait $srv $sched 2>/dev/null || true
+  # "soak check: keys 64, pushes acknowledged N, ..." as one figure line.
+  sed -n 's/^soak check: keys [0-9]*, pushes acknowledged \([0-9]*\),.*/soak_pushes_acknowledged \1 count/p' "$dir/w0.out"
+  cat "$dir/w0.out" >&2
+  [[ $rc -eq 0 ]] || tail -5 "$dir/w0.log" "$dir/s0.log" "$dir/scheduler.log" >&2
+  return $rc
 }
 
 [[ $# -ge 1 ]] || usage
@@ -55,6 +119,9 @@ case "$name" in
   scale)  # admin command to READY for 2->4 and 4->8 servers at 64 MiB..1 GiB; migration vs Push rate
     build scale_bench
     exec "$BUILD/scale_bench" "$@"
+    ;;
+  smoke)
+    smoke
     ;;
   *) usage ;;
 esac

@@ -3,7 +3,7 @@
 // Send round trips with 1 and 64 in flight, each beside a blocking-socket baseline
 // measured in the same run (length prefix + writev/read: one-way rate and ping-pong).
 // Also prints the payload copies per direction. One figure per line: `name value unit`.
-// Run through `scripts/bench.sh dataplane [quick | latency | model | push|zpush|pull|pullinto|zpull MiB [N]]`
+// Run through `scripts/bench.sh dataplane [quick | smoke | latency | model | push|zpush|pull|pullinto|zpull MiB [N]]`
 // (Release build; N workers and N servers for the one-figure modes, default 1).
 
 #include <algorithm>
@@ -489,7 +489,8 @@ void PrintKv(Cluster& c, const std::string& name, size_t size, KvMode mode) {
 }
 
 int Main(const std::string& mode, size_t size, int nodes) {
-  const bool quick = mode == "quick";
+  const bool smoke = mode == "smoke";  // CI: every figure at tiny sizes, so the code cannot rot
+  const bool quick = mode == "quick" || smoke;
   if (mode == "jpush") {  // push to servers that journal (--data_dir): one figure
     Cluster c(nodes, nodes, 2, JournalDir());
     PrintKv(c, "push_" + std::to_string(nodes) + "w" + std::to_string(nodes) + "s_" + SizeName(size) + "_journaled",
@@ -512,8 +513,9 @@ int Main(const std::string& mode, size_t size, int nodes) {
     PrintModelPulls(c);
     return 0;
   }
-  if (quick) g_volume = 64ull << 20;
+  if (quick) g_volume = smoke ? 4ull << 20 : 64ull << 20;
   std::vector<size_t> sizes = {4u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
+  if (smoke) sizes = {4u << 10, 1u << 20};
   std::printf("# pscore data-plane benchmark (loopback; MB = 1e6 bytes; %llu MiB per figure)\n",
               static_cast<unsigned long long>(g_volume >> 20));
   std::printf("# *_copies_*: payload bytes copied in user space per byte moved (kernel socket copies not counted)\n");
@@ -544,7 +546,8 @@ int Main(const std::string& mode, size_t size, int nodes) {
     // A server that journals its parameters (--data_dir) writes every push to its journal
     // (a checksummed record, in the page cache) before applying it.
     Cluster c(1, 1, 2, JournalDir());
-    PrintKv(c, "push_1w1s_16MiB_journaled", size_t{16} << 20, KvMode::kPush);
+    const size_t journaled = smoke ? size_t{1} << 20 : size_t{16} << 20;
+    PrintKv(c, "push_1w1s_" + SizeName(journaled) + "_journaled", journaled, KvMode::kPush);
   }
   for (const auto& [size, runs] : g_paired) {
     std::printf("%-40s %12.2f MB/s (median of %zu paired runs)\n", ("baseline_oneway_" + SizeName(size) + "_paired").c_str(),
@@ -556,7 +559,7 @@ int Main(const std::string& mode, size_t size, int nodes) {
   }
   // The 64 B figures in interleaved blocks (ping-pong, Pull, PullSync; a fifth of the
   // calls each), so the VM's drift falls on all three alike.
-  const int rounds = quick ? 2000 : 20000, blocks = 5;
+  const int rounds = smoke ? 200 : quick ? 2000 : 20000, blocks = 5;
   Cluster c(1, 1);
   std::vector<double> base, pull, sync;
   for (int b = 0; b < blocks; ++b) {
@@ -580,7 +583,7 @@ int Main(const std::string& mode, size_t size, int nodes) {
     Print("pull_64B_inline_handlers_p50", Percentile(inline_pull, 0.5), "us");
     Print("pull_64B_inline_handlers_p99", Percentile(inline_pull, 0.99), "us");
   }
-  const uint64_t sends = quick ? 20000 : 100000;
+  const uint64_t sends = smoke ? 2000 : quick ? 20000 : 100000;
   Print("baseline_pingpong_64B_rate", 1e6 / (std::accumulate(base.begin(), base.end(), 0.0) / base.size()),
         "rt/s");
   Print("send_64B_depth1", SendRate(c, sends / 4, 1), "rt/s");

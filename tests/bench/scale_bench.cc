@@ -5,7 +5,7 @@
 // (once creating the keys, then twice adding into them). In-process nodes, each on its own
 // loop thread; the new servers are started right after the admin command, as an operator
 // would. Each case runs PSCORE_SCALE_REPS (default 3) fresh jobs. One figure per line:
-// `name value unit`. Run through `scripts/bench.sh scale [quick | FROM TO MIB]`.
+// `name value unit`. Run through `scripts/bench.sh scale [quick | smoke | FROM TO MIB]`.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -173,6 +173,10 @@ int Main(int argc, char** argv) {
   const char* env_reps = std::getenv("PSCORE_SCALE_REPS");
   const int reps = std::max(1, env_reps != nullptr ? std::atoi(env_reps) : 3);
   std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "smoke") {  // CI: one tiny case, so the code cannot rot
+    RunCase(2, 3, 4, 1);
+    return 0;
+  }
   if (mode == "quick") {
     RunCase(2, 4, 64, 1);
     return 0;
@@ -182,7 +186,7 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (argc != 1) {
-    std::fprintf(stderr, "usage: scale_bench [quick | FROM TO MIB]  (PSCORE_SCALE_REPS=3 runs per case)\n");
+    std::fprintf(stderr, "usage: scale_bench [quick | smoke | FROM TO MIB]  (PSCORE_SCALE_REPS=3 runs per case)\n");
     return 2;
   }
   for (size_t mib : {64, 256, 1024}) {

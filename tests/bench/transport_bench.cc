@@ -34,9 +34,10 @@ using bench::RecvMessage;
 using bench::SendMessage;
 using bench::SocketPair;
 
-// Messages sent for a payload size: 1 GiB in total, at most 1M messages.
+// Messages sent for a payload size: 1 GiB in total, at most 1M messages (smoke: 1/64 of both).
+int g_volume_shift = 0;
 uint64_t MessageCount(size_t size) {
-  return std::min<uint64_t>((1ull << 30) / size, 1000000);
+  return std::min<uint64_t>(((1ull << 30) >> g_volume_shift) / size, 1000000 >> g_volume_shift);
 }
 
 template <typename F>
@@ -215,15 +216,21 @@ double BaselineRoundTrips(uint64_t total) {
 // processes on the machine does not decide a ratio.
 constexpr int kReps = 3;
 
-// only: "" runs everything, "oneway" or "rtt" one group (handy under a profiler).
-int Main(const std::string& only) {
-  const size_t sizes[] = {64, 4 << 10, 64 << 10, 1 << 20, 16 << 20};
-  std::printf("# pscore transport benchmark (loopback; MB = 1e6 bytes; best of %d)\n", kReps);
+// only: "" runs everything, "oneway" or "rtt" one group (handy under a profiler), "smoke"
+// every figure at the two smallest sizes with one rep and few round trips (CI: it runs).
+int Main(std::string only) {
+  const bool smoke = only == "smoke";
+  if (smoke) only.clear();
+  std::vector<size_t> sizes = {64, 4 << 10, 64 << 10, 1 << 20, 16 << 20};
+  if (smoke) sizes.resize(2);
+  if (smoke) g_volume_shift = 6;
+  const int reps = smoke ? 1 : kReps;
+  std::printf("# pscore transport benchmark (loopback; MB = 1e6 bytes; best of %d)\n", reps);
   for (size_t size : sizes) {
     if (!only.empty() && only != "oneway") break;
     std::string n = SizeName(size);
     double base = 0, ps = 0;
-    for (int i = 0; i < kReps; ++i) {
+    for (int i = 0; i < reps; ++i) {
       base = std::max(base, BaselineThroughput(size));
       ps = std::max(ps, PscoreThroughput(size));
     }
@@ -232,9 +239,9 @@ int Main(const std::string& only) {
     Print("oneway_" + n + "_ratio", ps / base, "x");
   }
   if (!only.empty() && only != "rtt") return 0;
-  const uint64_t kRoundTrips = 50000;
+  const uint64_t kRoundTrips = smoke ? 2000 : 50000;
   double base_rtt = 0, ps_rtt = 0, ps_rtt64 = 0;
-  for (int i = 0; i < kReps; ++i) {
+  for (int i = 0; i < reps; ++i) {
     base_rtt = std::max(base_rtt, BaselineRoundTrips(kRoundTrips));
     ps_rtt = std::max(ps_rtt, PscoreRoundTrips(kRoundTrips, 1));
     ps_rtt64 = std::max(ps_rtt64, PscoreRoundTrips(4 * kRoundTrips, 64));

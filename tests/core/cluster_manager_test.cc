@@ -347,7 +347,7 @@ TEST_CASE("scale-out: new ranks follow old ones, done with newest epoch, READY",
   Fixture f(/*workers=*/1, /*servers=*/1);
   Status early = f.cm->ScaleOut(2, 2);
   CHECK(early.code() == Code::kFailedPrecondition);
-  CHECK_THAT(early.message(), Catch::Contains("ClUSTER_STARTING"));
+  CHECK_THAT(early.message(), Catch::Contains("CLUSTER_STARTING"));
   f.StartAll(/*devices=*/1);
   CHECK(f.cm->ScaleOut(0, 2).code() == Code::kInvalidArgument);
   CHECK(f.cm->ScaleOut(1, 1).code() == Code::kInvalidArgument);

@@ -293,6 +293,23 @@ TEST_CASE("pscore-admin waiting for a scale ends at SIGTERM or SIGINT - not at i
   job.StopAndCheckExits();
 }
 
+TEST_CASE("pscore-admin scale-out --wait ends at once when the scale rolls back into NODE_TIMEOUT", "[multiproc][net]") {
+  Job job(1, 2, /*scale_timeout_ms=*/60000);
+  // The new server never comes; w1 dies mid-scale: the scale rolls back and the cluster
+  // stays in NODE_TIMEOUT (w1 is gone), which no longer is the admin's operation to wait for.
+  auto waiting = job.StartAdmin({"scale-out", "--servers=2", "--wait", "--wait_timeout_ms=120000"});
+  REQUIRE(job.WaitForState(pb::CLUSTER_SCALE_OUT));
+  job.node("w1").Kill();
+  REQUIRE(job.WaitForState(pb::NODE_TIMEOUT));
+  std::optional<int> code = waiting->Wait(20s);  // far below its 120 s wait timeout
+  REQUIRE(code.has_value());
+  const std::string out = waiting->Log();
+  INFO(out);
+  CHECK(*code == 1);
+  CHECK(out.find("scale-out failed: rolled back") != std::string::npos);
+  CHECK(out.find("cluster NODE_TIMEOUT") != std::string::npos);
+}
+
 TEST_CASE("pscore-admin scale-out waits for the new nodes, scale-in removes them", "[multiproc][net]") {
   Job job;
   auto scale = job.StartAdmin({"scale-out", "--servers=2", "--workers=2"});

@@ -305,7 +305,7 @@ TEST_CASE("http: endpoints answer with one JSON shape and proper status codes", 
   a = Request(st.port, "GET", "/v1/cluster");
   CHECK(a.status == 200);
   CHECK(Shaped(a.body));
-  CHECK(nlohmann::json::parse(a.body)["data"]["cluster_state"] == "ClUSTER_STARTING");
+  CHECK(nlohmann::json::parse(a.body)["data"]["cluster_state"] == "CLUSTER_STARTING");
   a = Request(st.port, "GET", "/v1/nodes");
   CHECK(a.status == 200);
   CHECK(Shaped(a.body));
@@ -328,6 +328,28 @@ TEST_CASE("http: endpoints answer with one JSON shape and proper status codes", 
   CHECK(a.status >= 400);
   CHECK(a.status < 500);
   CHECK(Shaped(a.body));
+  CHECK(st.sched.cluster_state() == pb::ClUSTER_STARTING);
+}
+
+TEST_CASE("http: an admin body field that does not apply is refused by name and totals stop at 65536", "[node][net]") {
+  Stack st(SchedOpts(1, 1));
+  auto message = [](const HttpAnswer& a) { return nlohmann::json::parse(a.body)["message"].get<std::string>(); };
+  for (const char* op : {"stop", "enable", "disable", "new_instance"}) {
+    HttpAnswer a = Request(st.port, "POST", std::string("/v1/") + op, "{\"worker_num\": 3}");
+    CHECK(a.status == 400);
+    CHECK_THAT(message(a), Catch::Contains("'worker_num'") && Catch::Contains(op));
+  }
+  HttpAnswer a = Request(st.port, "POST", "/v1/scale_out", "{\"node_ids\": [\"s0\"]}");
+  CHECK(a.status == 400);
+  CHECK_THAT(message(a), Catch::Contains("'node_ids'") && Catch::Contains("scale_out"));
+  a = Request(st.port, "POST", "/v1/scale_in", "{\"server_num\": 2, \"bogus\": 1}");
+  CHECK(a.status == 400);
+  CHECK_THAT(message(a), Catch::Contains("'bogus'"));
+  a = Request(st.port, "POST", "/v1/scale_out", "{\"worker_num\": 65537}");
+  CHECK(a.status == 400);
+  CHECK_THAT(message(a), Catch::Contains("worker_num") && Catch::Contains("65536"));
+  // At the bound the body is read; the scheduler then refuses to scale while STARTING (409).
+  CHECK(Request(st.port, "POST", "/v1/scale_out", "{\"server_num\": 65536}").status == 409);
   CHECK(st.sched.cluster_state() == pb::ClUSTER_STARTING);
 }
 
@@ -558,6 +580,9 @@ TEST_CASE("http: /metrics is valid Prometheus text", "[node][net]") {
   int samples = 0;
   REQUIRE(!a.body.empty());
   CHECK(a.body.back() == '\n');
+  // The state label is spelled CLUSTER_STARTING, not as the wire enum's ClUSTER_STARTING.
+  CHECK(MetricValue(a.body, "pscore_cluster_state{state=\"CLUSTER_STARTING\"}") == 1);
+  CHECK(a.body.find("ClUSTER") == std::string::npos);
   while (std::getline(in, line)) {
     std::smatch m;
     INFO(line);
