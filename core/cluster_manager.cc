@@ -1,6 +1,7 @@
 #include "core/cluster_manager.h"
 
 #include <algorithm>
+#include <cstring>
 #include <tuple>
 #include <utility>
 
@@ -119,7 +120,7 @@ Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const Regist
   rec->incarnation = req.incarnation;
   SetTimedOut(rec, false);
   if (restarted) {
-    rec->in_error = false;
+    SetInError(rec, false);
     rec->error_code = 0;
     rec->error_message.clear();
     rec->finished = false;
@@ -148,6 +149,7 @@ Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
   if (!rank.ok()) return rank.status();
   NodeRecord& rec = AddNode(req.node_id, req.role);
   rec.rank = *rank;
+  rank_taken_[req.role == pb::SERVER ? 0 : 1][*rank] = 1;  // PickRank just sized it
   rec.ip = req.ip;
   rec.port = req.port;
   rec.incarnation = req.incarnation;
@@ -169,21 +171,37 @@ Result<int> ClusterManager::PickRank(pb::NodeRole role, int requested) const {
     return Err(Code::kInvalidArgument, "requested ", RoleName(role), " rank ", requested,
                " out of range [0, ", total, ")");
   }
-  // Owner of each rank of the role (one pass, no per-node allocation: this runs for every
-  // registration, so a job of N nodes registering at once costs O(N^2) small steps).
-  std::vector<const std::string*> owner(total, nullptr);
-  for (const auto& [id, rec] : nodes_) {
-    if (rec.role == role && rec.rank >= 0 && rec.rank < total) owner[rec.rank] = &id;
-  }
+  const std::vector<char>& taken = RanksTaken(role);
   if (requested >= 0) {
-    if (owner[requested] == nullptr) return requested;
-    return Err(Code::kAlreadyExists, RoleName(role), " rank ", requested,
-               " already taken by node ", *owner[requested]);
+    if (!taken[requested]) return requested;
+    for (const auto& [id, rec] : nodes_) {  // only to name the owner in the refusal
+      if (rec.role == role && rec.rank == requested) {
+        return Err(Code::kAlreadyExists, RoleName(role), " rank ", requested, " already taken by node ", id);
+      }
+    }
+    return Err(Code::kAlreadyExists, RoleName(role), " rank ", requested, " already taken");
   }
-  for (int r = 0; r < total; ++r) {
-    if (owner[r] == nullptr) return r;
-  }
+  const void* free = total == 0 ? nullptr : std::memchr(taken.data(), 0, taken.size());
+  if (free != nullptr) return static_cast<int>(static_cast<const char*>(free) - taken.data());
   return Status(Code::kResourceExhausted, "no free " + RoleName(role) + " rank");
+}
+
+// The taken ranks of a role, kept across registrations (AdmitNew marks each new rank), so
+// a storm of N registrations costs N cheap picks, not N walks of the registry. Rebuilt from
+// the registry when invalidated (a removal, a rank compaction, a restore) or when the
+// role's total changed.
+const std::vector<char>& ClusterManager::RanksTaken(pb::NodeRole role) const {
+  const int i = role == pb::SERVER ? 0 : 1;
+  std::vector<char>& taken = rank_taken_[i];
+  const size_t total = static_cast<size_t>(Total(role));
+  if (!rank_taken_valid_[i] || taken.size() != total) {
+    taken.assign(total, 0);
+    for (const auto& [id, rec] : nodes_) {
+      if (rec.role == role && rec.rank >= 0 && static_cast<size_t>(rec.rank) < total) taken[rec.rank] = 1;
+    }
+    rank_taken_valid_[i] = true;
+  }
+  return taken;
 }
 
 void ClusterManager::AfterAdmit() {
@@ -280,7 +298,7 @@ Status ClusterManager::ReportError(const std::string& node_id, int code,
                                    const std::string& message) {
   NodeRecord* rec = Mutable(node_id);
   if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
-  rec->in_error = true;
+  SetInError(rec, true);
   rec->error_code = code;
   rec->error_message = message;
   RefreshNodeState(rec);
@@ -294,7 +312,7 @@ Status ClusterManager::ReportError(const std::string& node_id, int code,
 Status ClusterManager::ResetNode(const std::string& node_id) {
   NodeRecord* rec = Mutable(node_id);
   if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
-  rec->in_error = false;
+  SetInError(rec, false);
   rec->error_code = 0;
   rec->error_message.clear();
   RefreshNodeState(rec);
@@ -392,6 +410,8 @@ NodeRecord& ClusterManager::AddNode(const std::string& node_id, pb::NodeRole rol
   auto [it, added] = nodes_.try_emplace(node_id);
   if (!added && it->second.role >= 0 && it->second.role < 4) --role_count_[it->second.role];
   if (!added && it->second.timed_out) --timed_out_count_;
+  if (!added && it->second.in_error) --in_error_count_;
+  if (!added) InvalidateRanks();
   it->second = NodeRecord();
   it->second.node_id = node_id;
   it->second.role = role;
@@ -405,7 +425,9 @@ void ClusterManager::RemoveNode(const std::string& node_id) {
   if (it == nodes_.end()) return;
   if (it->second.role >= 0 && it->second.role < 4) --role_count_[it->second.role];
   if (it->second.timed_out) --timed_out_count_;
+  if (it->second.in_error) --in_error_count_;
   nodes_.erase(it);
+  InvalidateRanks();
   ++generation_;
 }
 
@@ -413,6 +435,12 @@ void ClusterManager::SetTimedOut(NodeRecord* rec, bool timed_out) {
   if (rec->timed_out == timed_out) return;
   rec->timed_out = timed_out;
   timed_out_count_ += timed_out ? 1 : -1;
+}
+
+void ClusterManager::SetInError(NodeRecord* rec, bool in_error) {
+  if (rec->in_error == in_error) return;
+  rec->in_error = in_error;
+  in_error_count_ += in_error ? 1 : -1;
 }
 
 int ClusterManager::Total(pb::NodeRole role) const {

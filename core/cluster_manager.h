@@ -162,6 +162,9 @@ class ClusterManager {
   int worker_num() const { return worker_num_; }  // current target totals
   int server_num() const { return server_num_; }
   int registered(pb::NodeRole role) const;
+  // Records timed out or in error, in O(1): a registration skips its scan for notices to
+  // replay when there are none.
+  int flagged() const { return timed_out_count_ + in_error_count_; }
   const NodeRecord* Find(const std::string& node_id) const;
   std::vector<const NodeRecord*> Nodes() const;  // sorted by role (server, worker), then rank
   // Every node in no particular order (no sort, no allocation).
@@ -238,6 +241,13 @@ class ClusterManager {
   int timed_out_count_ = 0;  // records with timed_out set; kept by SetTimedOut / AddNode / RemoveNode
   NodeRecord& AddNode(const std::string& node_id, pb::NodeRole role);
   void SetTimedOut(NodeRecord* rec, bool timed_out);
+  int in_error_count_ = 0;   // records with in_error set; kept by SetInError / AddNode / RemoveNode
+  void SetInError(NodeRecord* rec, bool in_error);
+  // Which ranks of each role (0: servers, 1: workers) are taken, by rank; see RanksTaken.
+  mutable std::vector<char> rank_taken_[2];
+  mutable bool rank_taken_valid_[2] = {false, false};
+  const std::vector<char>& RanksTaken(pb::NodeRole role) const;
+  void InvalidateRanks() { rank_taken_valid_[0] = rank_taken_valid_[1] = false; }
   void RemoveNode(const std::string& node_id);
   std::vector<Event> events_;
 };

@@ -180,6 +180,7 @@ void ClusterManager::CompleteScaleIn() {
       rec->rank = next_rank[rec->role]++;
     }
   }
+  InvalidateRanks();
   PublishMetadata();
   EndScale();
   CheckFinish();

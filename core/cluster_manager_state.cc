@@ -72,7 +72,7 @@ Status ClusterManager::Restore(const pb::PersistedState& state) {
     rec.devices.assign(n.devices().begin(), n.devices().end());
     rec.host_name = n.host_name();
     rec.last_heartbeat = now;
-    rec.in_error = n.in_error();
+    SetInError(&rec, n.in_error());
     rec.error_code = n.error_code();
     rec.error_message = n.error_message();
     rec.finished = n.finished();
@@ -85,6 +85,7 @@ Status ClusterManager::Restore(const pb::PersistedState& state) {
   epoch_ = state.epoch();
   state_ = state.cluster_state();
   finish_passed_ = false;
+  InvalidateRanks();
   for (NodeRecord* rec : MutableNodes()) RefreshNodeState(rec);
   LOG(INFO) << "restored " << nodes_.size() << " nodes, state " << ClusterStateName(state_) << ", epoch "
             << epoch_ << ", totals " << worker_num_ << " workers / " << server_num_ << " servers";

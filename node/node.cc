@@ -190,8 +190,36 @@ void Node::Heartbeat() {
     }
     pb::HeartbeatRespMessage resp;
     if (!ParsePayload(*r, &resp).ok()) return;
-    if (resp.has_metadata()) ApplyMetadata(resp.metadata());
+    if (resp.has_metadata()) ApplyMetadata(resp.metadata());  // a scheduler that still inlines it
+    if (resp.epoch() > epoch_ && resp.cluster_state() != pb::ClUSTER_STARTING) {
+      // We missed a membership change: fetch it. Its state comes with the metadata, so
+      // nothing here acts on a state whose membership we do not have yet.
+      FetchMetadata(resp.epoch());
+      return;
+    }
     ApplyState(resp.cluster_state());
+  });
+}
+
+// One fetch in flight at a time. An answer older than the newest epoch a heartbeat showed
+// meanwhile (the membership changed again mid-fetch) is applied and fetched again, as long
+// as each answer moves us forward; a failed fetch is retried by the next heartbeat.
+void Node::FetchMetadata(uint64_t epoch) {
+  metadata_wanted_ = std::max(metadata_wanted_, epoch);
+  if (metadata_fetching_ || closed_ || scheduler_ == nullptr || !scheduler_->connected()) return;
+  metadata_fetching_ = true;
+  messenger_->Call(scheduler_->conn(), MakeMeta(pb::FETCH_METADATA, options_.role, rank_), nullptr,
+                   options_.heartbeat_interval * 3, [this](Result<Frame> r) {
+    metadata_fetching_ = false;
+    if (closed_) return;
+    pb::SendMetadataMessage md;
+    if (!r.ok() || !ParsePayload(*r, &md).ok()) {
+      VLOG(1) << options_.node_id << ": metadata fetch failed: " << r.status();
+      return;
+    }
+    const uint64_t before = epoch_;
+    ApplyMetadata(md);
+    if (epoch_ > before && epoch_ < metadata_wanted_) FetchMetadata(metadata_wanted_);
   });
 }
 

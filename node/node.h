@@ -168,6 +168,7 @@ class Node {
   void RetryRegister(const Status& why);
   void Heartbeat();
   void ApplyMetadata(const pb::SendMetadataMessage& md);
+  void FetchMetadata(uint64_t epoch);
   void ApplyState(pb::ClusterState state);
   void HandleSchedulerPush(comm::ConnId conn, comm::Frame&& frame);
   void Terminate(const Status& why);
@@ -197,6 +198,8 @@ class Node {
   pb::ClusterState state_ = pb::ClUSTER_STARTING;
   uint64_t epoch_ = 0;
   pb::SendMetadataMessage metadata_;
+  bool metadata_fetching_ = false;  // a FETCH_METADATA is in flight
+  uint64_t metadata_wanted_ = 0;    // newest epoch a heartbeat answer showed
   uint64_t scale_out_acked_epoch_ = 0;  // newest metadata epoch whose scale-out was handled
   uint64_t scale_in_epoch_ = 0;         // scale-in under way (0: none)
   bool scale_in_handed_over_ = false;

@@ -176,10 +176,10 @@ void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
     case pb::REGISTER: HandleRegister(conn, frame); break;
     case pb::HEARTBEAT: HandleHeartbeat(conn, frame); break;
     case pb::FETCH_METADATA: {
-      std::string node_id = NodeOf(conn);
-      pb::SendMetadataMessage md = cluster_.BuildMetadata();
-      if (const core::NodeRecord* rec = cluster_.Find(node_id)) md.set_rank_id(rec->rank);
-      Reply(conn, frame.meta, Status::Ok(), ToBuffer(md));
+      // What a member asks for once it sees a newer epoch in a heartbeat answer: the
+      // cached bytes, so a wave of fetches after one change builds them once.
+      const core::NodeRecord* rec = cluster_.Find(NodeOf(conn));
+      Reply(conn, frame.meta, Status::Ok(), metadata_.For(cluster_, rec == nullptr ? 0 : rec->rank));
       break;
     }
     case pb::FINISH: HandleFinish(conn, frame); break;
@@ -271,11 +271,16 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   resp.set_worker_num(cluster_.worker_num());
   resp.set_server_num(cluster_.server_num());
   Reply(conn, frame.meta, Status::Ok(), ToBuffer(resp));
-  if (!out->retry) for (auto& fn : register_listeners_) fn();
+  if (!out->retry) {
+    metadata_.Invalidate();
+    for (auto& fn : register_listeners_) fn();
+  }
   // A node that (re)joins an already published membership needs the metadata now.
   if (cluster_.state() != pb::ClUSTER_STARTING) SendMetadataTo(req.node_id);
   // It also learns at once of every stored error and heartbeat loss it may have missed
-  // (a late joiner, or a node whose link was down when the notice went out).
+  // (a late joiner, or a node whose link was down when the notice went out). Skipped when
+  // no node is flagged: a scan per REGISTER would make a registration storm O(N^2).
+  if (cluster_.flagged() == 0) return;
   cluster_.ForEachNode([&](const core::NodeRecord& rec) {
     if (rec.node_id == req.node_id || (!rec.in_error && !rec.timed_out)) return;
     pb::ClusterEventMessage ev;
@@ -306,16 +311,12 @@ void SchedulerNode::HandleHeartbeat(ConnId conn, const Frame& frame) {
     conn_of_[msg.node_id()] = conn;
     node_of_[conn] = LinkNode{msg.node_id(), {}};
   }
+  // Constant-size whatever the cluster's size: a member whose known epoch is older fetches
+  // the metadata itself (FETCH_METADATA), once, so no beat costs O(members).
   pb::HeartbeatRespMessage& resp = heartbeat_out_;
   resp.Clear();
   resp.set_cluster_state(cluster_.state());
   resp.set_epoch(cluster_.epoch());
-  if (msg.known_epoch() != cluster_.epoch() && cluster_.state() != pb::ClUSTER_STARTING) {
-    *resp.mutable_metadata() = cluster_.BuildMetadata();
-    if (const core::NodeRecord* rec = cluster_.Find(msg.node_id())) {
-      resp.mutable_metadata()->set_rank_id(rec->rank);
-    }
-  }
   Status sent = messenger_->Reply(conn, frame.meta, resp);
   if (!sent.ok()) VLOG(1) << "heartbeat answer to conn " << conn << " not sent: " << sent;
 }
@@ -442,6 +443,7 @@ void SchedulerNode::Tick() {
     cluster_.Pause(gap - tick_period_);
   }
   last_tick_ = now;
+  metadata_.Invalidate();  // heartbeat ages and liveness in the bytes are one tick old at most
   cluster_.Tick();
   kv_.Tick();
   barriers_.Tick();
@@ -463,9 +465,14 @@ void SchedulerNode::SendMetadataTo(const std::string& node_id) {
   auto c = conn_of_.find(node_id);
   const core::NodeRecord* rec = cluster_.Find(node_id);
   if (c == conn_of_.end() || rec == nullptr) return;
-  pb::SendMetadataMessage md = cluster_.BuildMetadata();
-  md.set_rank_id(rec->rank);
-  messenger_->Notify(c->second, MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0), ToBuffer(md)).IgnoreError();
+  messenger_->Notify(c->second, MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0), metadata_.For(cluster_, rec->rank))
+      .IgnoreError();
+}
+
+uint64_t SchedulerNode::QueuedOutputBytes() const {
+  uint64_t total = 0;
+  for (const auto& [conn, link] : node_of_) total += messenger_->transport().QueuedBytes(conn);
+  return total;
 }
 
 void SchedulerNode::SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind) {

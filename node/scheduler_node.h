@@ -20,6 +20,7 @@
 #include "core/barrier_manager.h"
 #include "core/cluster_manager.h"
 #include "core/kv_store.h"
+#include "node/metadata_cache.h"
 #include "node/options.h"
 
 namespace pscore::node {
@@ -65,6 +66,10 @@ class SchedulerNode {
   comm::Messenger& messenger() { return *messenger_; }
   const SchedulerOptions& options() const { return options_; }
   uint64_t heartbeats() const { return heartbeats_; }
+  // Loop thread: how many times the metadata bytes were built (once per membership change
+  // and tick at most, never per member), and the output queued on the members' links now.
+  uint64_t metadata_builds() const { return metadata_.builds(); }
+  uint64_t QueuedOutputBytes() const;
   // Blocking KV gets waiting for their key (any thread; tests).
   size_t kv_gets_waiting();
   // FINISH requests waiting for the others (any thread; tests).
@@ -144,6 +149,7 @@ class SchedulerNode {
   std::unordered_map<comm::ConnId, std::unordered_set<uint64_t>> kv_gets_;
   std::vector<std::function<void(const core::Event&)>> listeners_;
   std::vector<std::function<void()>> register_listeners_;
+  MetadataCache metadata_;
   std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;
   uint64_t heartbeats_ = 0;
   pb::HeartbeatMessage heartbeat_in_;     // HandleHeartbeat scratch (loop thread)

@@ -13,33 +13,11 @@ using comm::ConnId;
 using comm::Frame;
 using Kind = core::Event::Kind;
 
-namespace {
-
-// A serialised SendMetadataMessage with rank_id (field 5, varint) appended: protobuf
-// parsing keeps the last value of a scalar field, so this equals setting rank_id.
-BufferPtr WithRank(const std::string& base, int rank) {
-  uint8_t tail[11];
-  size_t n = 0;
-  tail[n++] = (5 << 3) | 0;  // field 5, wire type varint
-  uint64_t v = static_cast<uint64_t>(static_cast<int64_t>(rank));  // int32: sign-extended
-  do {
-    tail[n] = static_cast<uint8_t>(v & 0x7f);
-    v >>= 7;
-    if (v != 0) tail[n] |= 0x80;
-    ++n;
-  } while (v != 0);
-  auto buf = Buffer::Allocate(base.size() + n);
-  std::memcpy(buf->data(), base.data(), base.size());
-  std::memcpy(buf->data() + base.size(), tail, n);
-  return buf;
-}
-
-}  // namespace
-
 void SchedulerNode::DrainEvents() {
   for (;;) {
     std::vector<core::Event> events = cluster_.TakeEvents();
     if (events.empty()) break;
+    metadata_.Invalidate();
     for (const core::Event& e : events) {
       for (auto& fn : listeners_) fn(e);
       switch (e.kind) {
@@ -53,15 +31,14 @@ void SchedulerNode::DrainEvents() {
           }
           break;
         case Kind::kMetadataChanged: {
-          // Built and serialised once; each copy only gets the recipient's rank appended
-          // (building it per node made READY with N nodes cost O(N^2) work).
-          const std::string base = cluster_.BuildMetadata().SerializeAsString();
+          // Built and serialised once (the cache); each copy only gets the recipient's
+          // rank appended (building it per node made READY with N nodes cost O(N^2) work).
           const pb::MessageMeta meta = MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0);
           std::vector<std::string> live;
           for (const core::NodeRecord* rec : cluster_.Nodes()) {
             auto c = conn_of_.find(rec->node_id);
             if (c != conn_of_.end()) {
-              messenger_->Notify(c->second, meta, WithRank(base, rec->rank)).IgnoreError();
+              messenger_->Notify(c->second, meta, metadata_.For(cluster_, rec->rank)).IgnoreError();
             }
             if (!rec->leaving) live.push_back(rec->node_id);
           }

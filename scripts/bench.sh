@@ -100,9 +100,25 @@ case "$name" in
     build transport_bench
     exec "$BUILD/transport_bench" "$@"
     ;;
-  control)  # register 1,000 nodes to READY; scheduler CPU per heartbeat at 2,000 nodes; death notice
+  control)  # per member count, without and with a CPU burner: READY time, heartbeat bytes, CPU per beat, peak RSS
+    # --members=a,b,c (default 1000,2000,10000); other arguments go to every run. Each run
+    # is its own process, so each peak RSS is that size's own.
     build control_bench
-    exec "$BUILD/control_bench" "$@"
+    members="1000,2000,10000"
+    pass=()
+    for a in "$@"; do
+      case "$a" in
+        --members=*) members="${a#--members=}" ;;
+        *) pass+=("$a") ;;
+      esac
+    done
+    rc=0
+    for m in ${members//,/ }; do
+      for burn in "" "--burner"; do
+        "$BUILD/control_bench" --members="$m" $burn "${pass[@]}" || rc=1
+      done
+    done
+    exit $rc
     ;;
   dataplane)  # push/pull throughput, pull latency, send rates vs blocking sockets
     build dataplane_bench

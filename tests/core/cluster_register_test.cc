@@ -1,0 +1,87 @@
+// Registration bookkeeping the scheduler relies on to keep a REGISTER O(1): the count of
+// flagged nodes (timed out or in error) and the kept table of taken ranks.
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "core/cluster_manager.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::core {
+namespace {
+
+RegisterRequest Member(const std::string& id, pb::NodeRole role, uint64_t inc = 1, int rank = -1) {
+  RegisterRequest req;
+  req.node_id = id;
+  req.role = role;
+  req.ip = "10.0.0.1";
+  req.port = 7000;
+  req.incarnation = inc;
+  req.requested_rank = rank;
+  return req;
+}
+
+ClusterConfig Config(int workers, int servers) {
+  ClusterConfig c;
+  c.worker_num = workers;
+  c.server_num = servers;
+  c.heartbeat_timeout = std::chrono::seconds(30);
+  return c;
+}
+
+TEST_CASE("flagged counts the nodes timed out or in error and drops as they recover or reset", "[core][cluster]") {
+  FakeClock clock;
+  ClusterManager cm(Config(2, 1), &clock);
+  for (auto [id, role] : {std::pair{"s0", pb::SERVER}, {"w0", pb::WORKER}, {"w1", pb::WORKER}}) {
+    REQUIRE(cm.Register(Member(id, role)).ok());
+  }
+  CHECK(cm.flagged() == 0);
+  REQUIRE(cm.ReportError("w0", 7, "disk").ok());
+  CHECK(cm.flagged() == 1);
+  REQUIRE(cm.ReportError("w0", 8, "again").ok());  // still one node
+  CHECK(cm.flagged() == 1);
+  clock.Advance(std::chrono::seconds(20));
+  REQUIRE(cm.Heartbeat("s0").ok());
+  REQUIRE(cm.Heartbeat("w0").ok());
+  clock.Advance(std::chrono::seconds(11));  // w1 silent for 31 s
+  cm.Tick();
+  CHECK(cm.flagged() == 2);
+  REQUIRE(cm.Register(Member("w1", pb::WORKER)).ok());  // recovers
+  CHECK(cm.flagged() == 1);
+  REQUIRE(cm.Register(Member("w0", pb::WORKER, /*inc=*/2)).ok());  // a restart clears the error
+  CHECK(cm.flagged() == 0);
+  REQUIRE(cm.ReportError("s0", 1, "x").ok());
+  REQUIRE(cm.ResetNode("s0").ok());
+  CHECK(cm.flagged() == 0);
+}
+
+TEST_CASE("ranks stay dense and unique across registrations and removals and requested ranks", "[core][cluster]") {
+  FakeClock clock;
+  ClusterManager cm(Config(4, 1), &clock);
+  REQUIRE(cm.Register(Member("s0", pb::SERVER)).ok());
+  Result<RegisterOutcome> w2 = cm.Register(Member("w2", pb::WORKER, 1, /*rank=*/2));
+  REQUIRE(w2.ok());
+  CHECK(w2->rank == 2);
+  Result<RegisterOutcome> taken = cm.Register(Member("wx", pb::WORKER, 1, /*rank=*/2));
+  REQUIRE_FALSE(taken.ok());
+  CHECK(taken.status().code() == Code::kAlreadyExists);
+  CHECK_THAT(taken.status().message(), Catch::Contains("w2"));
+  CHECK(cm.Register(Member("w0", pb::WORKER)).value().rank == 0);
+  CHECK(cm.Register(Member("w1", pb::WORKER)).value().rank == 1);
+  CHECK(cm.Register(Member("w3", pb::WORKER)).value().rank == 3);  // READY now
+  REQUIRE(cm.state() == pb::CLUSTER_READY);
+  // Scale-in removes w1 and compacts: w2 -> 1, w3 -> 2. A scale-out then hands out rank 3.
+  REQUIRE(cm.ScaleInByIds({"w1"}).ok());
+  for (const char* id : {"s0", "w0", "w1", "w2", "w3"}) REQUIRE(cm.ScaleInDone(id, cm.epoch()).ok());
+  REQUIRE(cm.state() == pb::CLUSTER_READY);
+  CHECK(cm.Find("w2")->rank == 1);
+  CHECK(cm.Find("w3")->rank == 2);
+  REQUIRE(cm.ScaleOut(/*worker_num=*/4, /*server_num=*/1).ok());
+  Result<RegisterOutcome> w4 = cm.Register(Member("w4", pb::WORKER));
+  REQUIRE(w4.ok());
+  CHECK(w4->rank == 3);
+}
+
+}  // namespace
+}  // namespace pscore::core
