@@ -49,7 +49,7 @@ smoke() {
   }
   tmp=$(mktemp -d "${TMPDIR:-/tmp}/pscore-bench-smoke-XXXXXX")
   run_one transport "$BUILD/transport_bench" smoke
-  run_one control "$BUILD/control_bench" --nodes=20 --beat_nodes=20 --window_s=1
+  run_one control "$BUILD/control_bench" --members=50 --seconds=1
   PSCORE_BENCH_ROUNDS=1 run_one dataplane "$BUILD/dataplane_bench" smoke
   run_one coord "$BUILD/coord_bench" all --clients=2 --client_loops=1 --duration_s=0.3 --rounds=5 \
     --fanout_nodes=8 --fanout_reps=2
