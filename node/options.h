@@ -56,6 +56,14 @@ struct NodeOptions {
   int port = 0;                    // 0: a free port
   int rank = -1;                   // -1: any
   Duration heartbeat_interval = std::chrono::milliseconds(1000);
+  // The scheduler's heartbeat timeout (the same --heartbeat_timeout_ms): scales the watch below.
+  Duration heartbeat_timeout = std::chrono::milliseconds(5000);
+  // Scheduler watch: no answer from the scheduler for this long is logged once and the link
+  // is closed and redialed (a stopped scheduler keeps its socket open). 0: 2 x heartbeat_timeout.
+  int64_t scheduler_timeout_ms = 0;
+  // No answer for this long (at least scheduler_timeout_ms): the node gives up and terminates
+  // with kUnavailable naming the scheduler (pscore-node exits 4).
+  int64_t recovery_timeout_ms = 20000;
   Duration connect_timeout = std::chrono::seconds(30);
   Duration request_timeout = std::chrono::seconds(60);
   std::vector<pb::Device> devices;
