@@ -11,6 +11,7 @@ SchedulerWatch::SchedulerWatch(Config config, const Clock* clock) : config_(conf
 void SchedulerWatch::Start() {
   started_ = true;
   last_answer_ = clock_->Now();
+  last_check_ = last_answer_;
 }
 
 std::optional<Duration> SchedulerWatch::Answered() {
@@ -28,6 +29,12 @@ std::optional<Duration> SchedulerWatch::Answered() {
 SchedulerWatch::Verdict SchedulerWatch::Check() {
   if (!started_ || gave_up_) return Verdict::kAlive;
   const TimePoint now = clock_->Now();
+  const Duration stalled = now - last_check_;
+  last_check_ = now;
+  if (stalled > config_.silence_timeout / 2) {
+    last_answer_ = std::min(now, last_answer_ + stalled);
+    last_redial_ = std::min(now, last_redial_ + stalled);
+  }
   const Duration silence = now - last_answer_;
   if (silence >= config_.give_up_after) {
     gave_up_ = true;

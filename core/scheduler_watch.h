@@ -30,7 +30,10 @@ class SchedulerWatch {
   // The scheduler answered. When that ends a silence, returns how long it lasted (log the
   // recovery once); otherwise nullopt.
   std::optional<Duration> Answered();
-  // Called periodically while watching.
+  // Called periodically (several times per silence_timeout) while watching. A call more
+  // than silence_timeout / 2 after the previous one means this node itself did not run
+  // (stopped, swapped out): answers may be waiting unread in its socket, so that gap is
+  // not counted as the scheduler's silence.
   Verdict Check();
   bool silent() const { return silent_; }
   // Time since the last answer.
@@ -45,6 +48,7 @@ class SchedulerWatch {
   bool gave_up_ = false;
   TimePoint last_answer_{};
   TimePoint last_redial_{};
+  TimePoint last_check_{};
 };
 
 }  // namespace pscore::core

@@ -1,5 +1,6 @@
 // How a job ends (ClusterManager::outcome) and a member's scheduler watch (SchedulerWatch):
 // both pure state machines driven by a fake clock, no sockets.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -152,37 +153,48 @@ TEST_CASE("an admin stop ends the job stopped", "[core][outcome]") {
   CHECK(std::string(JobResultName(job.cm->outcome().result)) == "stopped");
 }
 
+namespace {
+
+// Advances the clock by `total` in steps of at most 50 ms, checking after each step as the
+// node's timer does; returns the verdicts other than kAlive.
+std::vector<SchedulerWatch::Verdict> Run(SchedulerWatch& watch, FakeClock& clock, milliseconds total) {
+  std::vector<SchedulerWatch::Verdict> seen;
+  while (total > milliseconds(0)) {
+    const milliseconds step = std::min(total, milliseconds(50));
+    clock.Advance(step);
+    total -= step;
+    const SchedulerWatch::Verdict v = watch.Check();
+    if (v != SchedulerWatch::Verdict::kAlive) seen.push_back(v);
+  }
+  return seen;
+}
+
+using V = SchedulerWatch::Verdict;
+using Verdicts = std::vector<SchedulerWatch::Verdict>;
+
+}  // namespace
+
 TEST_CASE("the scheduler watch reports silence once, redials each timeout, logs recovery, then gives up once",
           "[core][watch]") {
   FakeClock clock;
   SchedulerWatch watch({/*silence_timeout=*/milliseconds(1000), /*give_up_after=*/milliseconds(5000)}, &clock);
-  CHECK(watch.Check() == SchedulerWatch::Verdict::kAlive);  // not started: nothing to judge
+  CHECK(watch.Check() == V::kAlive);  // not started: nothing to judge
   watch.Start();
-  clock.Advance(milliseconds(999));
-  CHECK(watch.Check() == SchedulerWatch::Verdict::kAlive);
+  CHECK(Run(watch, clock, milliseconds(999)).empty());
   CHECK_FALSE(watch.Answered().has_value());  // an answer while alive ends no silence
 
-  clock.Advance(milliseconds(1000));
-  CHECK(watch.Check() == SchedulerWatch::Verdict::kSilent);
+  CHECK(Run(watch, clock, milliseconds(1000)) == Verdicts{V::kSilent});
   CHECK(watch.silent());
-  clock.Advance(milliseconds(500));
-  CHECK(watch.Check() == SchedulerWatch::Verdict::kAlive);  // reported already; no redial yet
-  clock.Advance(milliseconds(500));
-  CHECK(watch.Check() == SchedulerWatch::Verdict::kRedial);
+  CHECK(Run(watch, clock, milliseconds(1000)) == Verdicts{V::kRedial});
   std::optional<Duration> silence = watch.Answered();
   REQUIRE(silence.has_value());
   CHECK(ToMillis(*silence) == 2000);
   CHECK_FALSE(watch.silent());
 
-  clock.Advance(milliseconds(1000));
-  CHECK(watch.Check() == SchedulerWatch::Verdict::kSilent);  // a new silence is reported again
-  clock.Advance(milliseconds(3999));
-  CHECK(watch.Check() == SchedulerWatch::Verdict::kRedial);
-  clock.Advance(milliseconds(1));
-  CHECK(watch.Check() == SchedulerWatch::Verdict::kGiveUp);
+  // A new silence is reported again, redialed each second, and given up at 5 s, once.
+  CHECK(Run(watch, clock, milliseconds(5000)) == Verdicts{V::kSilent, V::kRedial, V::kRedial, V::kRedial, V::kGiveUp});
   CHECK(ToMillis(watch.since_answer()) == 5000);
-  clock.Advance(milliseconds(1000));
-  CHECK(watch.Check() == SchedulerWatch::Verdict::kAlive);  // given up once
+  CHECK(Run(watch, clock, milliseconds(2000)).empty());
 }
 
 TEST_CASE("the scheduler watch never gives up before it has judged the scheduler silent", "[core][watch]") {
@@ -190,10 +202,20 @@ TEST_CASE("the scheduler watch never gives up before it has judged the scheduler
   SchedulerWatch watch({/*silence_timeout=*/milliseconds(3000), /*give_up_after=*/milliseconds(1000)}, &clock);
   CHECK(ToMillis(watch.config().give_up_after) == 3000);
   watch.Start();
-  clock.Advance(milliseconds(2999));
-  CHECK(watch.Check() == SchedulerWatch::Verdict::kAlive);
-  clock.Advance(milliseconds(1));
-  CHECK(watch.Check() == SchedulerWatch::Verdict::kGiveUp);
+  CHECK(Run(watch, clock, milliseconds(2999)).empty());
+  CHECK(Run(watch, clock, milliseconds(1)) == Verdicts{V::kGiveUp});
+}
+
+TEST_CASE("time the member itself did not run does not count as the scheduler's silence", "[core][watch]") {
+  FakeClock clock;
+  SchedulerWatch watch({/*silence_timeout=*/milliseconds(1000), /*give_up_after=*/milliseconds(5000)}, &clock);
+  watch.Start();
+  CHECK(Run(watch, clock, milliseconds(500)).empty());
+  clock.Advance(seconds(10));  // this process was stopped: the answers wait in its socket
+  CHECK(watch.Check() == V::kAlive);
+  CHECK(ToMillis(watch.since_answer()) == 500);
+  CHECK(Run(watch, clock, milliseconds(450)).empty());
+  CHECK(Run(watch, clock, milliseconds(50)) == Verdicts{V::kSilent});
 }
 
 }  // namespace pscore::core
