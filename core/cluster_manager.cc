@@ -45,6 +45,16 @@ std::string RoleName(pb::NodeRole role) {
   return name.empty() ? std::to_string(static_cast<int>(role)) : name;
 }
 
+const char* JobResultName(JobOutcome::Result result) {
+  switch (result) {
+    case JobOutcome::Result::kRunning: return "running";
+    case JobOutcome::Result::kFinished: return "finished";
+    case JobOutcome::Result::kFailed: return "failed";
+    case JobOutcome::Result::kStopped: return "stopped";
+  }
+  return "running";
+}
+
 std::string ClusterStateName(pb::ClusterState state) {
   if (state == pb::ClUSTER_STARTING) return "CLUSTER_STARTING";  // the wire enum keeps the reference's typo
   const std::string name = pb::ClusterState_Name(state);
@@ -276,6 +286,7 @@ void ClusterManager::Tick() {
       const Duration silent = now - rec->last_heartbeat;
       SetTimedOut(rec, true);
       RefreshNodeState(rec);
+      rec->lost_cause = Cat("no heartbeat for ", ToMillis(silent), " ms");
       LOG(WARNING) << Label(*rec) << " timed out: silent for " << ToMillis(silent) << " ms";
       Emit(Event::Kind::kNodeTimedOut, rec).message = Cat("silent for ", ToMillis(silent), " ms");
       if (first_timeout.empty()) first_timeout = Label(*rec);
@@ -353,10 +364,37 @@ void ClusterManager::CheckFinish() {
   finish_passed_ = true;
   scaling_ = false;
   for (NodeRecord* rec : MutableNodes()) RefreshNodeState(rec);
-  LOG(INFO) << "finish barrier passed; cluster exiting";
+  SetOutcomeAtFinish();
   state_ = pb::CLUSTER_EXIT;
-  EmitRaw(Event::Kind::kFinishPassed);
-  EmitRaw(Event::Kind::kStateChanged);
+  const bool failed = outcome_.result == JobOutcome::Result::kFailed;
+  for (Event::Kind kind : {Event::Kind::kFinishPassed, Event::Kind::kStateChanged}) {
+    Event& e = EmitRaw(kind);
+    if (failed) {
+      e.error_code = static_cast<int>(Code::kAborted);
+      e.message = "job failed: " + outcome_.failure;
+    }
+  }
+}
+
+// The barrier passed. Nodes still timed out that never called Finish died and were not
+// brought back in time: the job failed. A node that finished and then went silent had
+// done its part.
+void ClusterManager::SetOutcomeAtFinish() {
+  outcome_ = JobOutcome();
+  for (const NodeRecord* rec : Nodes()) {
+    if (!rec->timed_out || rec->finished) continue;
+    const std::string cause = rec->lost_cause.empty() ? "timed out" : rec->lost_cause;
+    outcome_.failure += Cat(outcome_.failure.empty() ? "" : "; ", RoleName(rec->role), " ", rec->node_id,
+                            " lost (", cause, ")");
+    outcome_.failed_nodes.push_back(rec->node_id);
+  }
+  if (outcome_.failed_nodes.empty()) {
+    outcome_.result = JobOutcome::Result::kFinished;
+    LOG(INFO) << "finish barrier passed; cluster exiting";
+  } else {
+    outcome_.result = JobOutcome::Result::kFailed;
+    LOG(ERROR) << "finish barrier passed; the job failed: " << outcome_.failure;
+  }
 }
 
 // Admin states. NEW_INSTANCE passes through and returns to READY. DISABLE_FLS is sticky:
@@ -387,6 +425,8 @@ Status ClusterManager::SetState(pb::ClusterState state) {
         return Status(Code::kFailedPrecondition, "cluster is already exiting");
       }
       scaling_ = false;
+      outcome_ = JobOutcome();
+      outcome_.result = JobOutcome::Result::kStopped;
       LOG(INFO) << "cluster terminated by admin";
       SetClusterState(pb::CLUSTER_EXIT);
       return Status::Ok();

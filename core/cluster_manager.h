@@ -89,7 +89,20 @@ struct NodeRecord {
   bool leaving = false;
   // Additions: the facts `state` is derived from (with timed_out above).
   bool in_metadata = false;  // part of a published topology
+  std::string lost_cause;    // while timed_out: why, e.g. "no heartbeat for 3000 ms"
 };
+
+// How the job ended. A job fails when the finish barrier passes while a node is timed out
+// without having called Finish (it died and was neither restarted nor replaced in time);
+// nodes that left in a scale-in are gone from the registry and do not count.
+struct JobOutcome {
+  enum class Result { kRunning, kFinished, kFailed, kStopped };
+  Result result = Result::kRunning;
+  std::string failure;                    // kFailed: "worker w1 lost (no heartbeat for 3000 ms)"; ...
+  std::vector<std::string> failed_nodes;  // kFailed: node ids, by role then rank
+};
+// "running", "finished", "failed", "stopped".
+const char* JobResultName(JobOutcome::Result result);
 
 // A decision the node layer must act on, in order.
 struct Event {
@@ -100,7 +113,8 @@ struct Event {
     kNodeTimedOut,     // node_id silent past heartbeat_timeout
     kNodeRecovered,    // a timed-out node came back
     kNodeError,        // node_id reported an error (code, message)
-    kFinishPassed,     // every live node called Finish: answer all finish waiters OK, then exit
+    kFinishPassed,     // every live node called Finish: answer all finish waiters, then exit; a
+                       // failed job carries error_code kAborted and message "job failed: ..."
     kFinishFailed,     // (not used by Tick: finish deadline is per caller, see FinishMissing)
     kScaleOut,         // start of scale-out: tell every node the new totals (worker_num, server_num, epoch)
     kScaleIn,          // start of scale-in: tell every node; leaving_node_ids are leaving
@@ -158,6 +172,8 @@ class ClusterManager {
 
   std::vector<Event> TakeEvents();
   pb::ClusterState state() const { return state_; }
+  // kRunning until the cluster exits (finish barrier passed or admin stop).
+  const JobOutcome& outcome() const { return outcome_; }
   uint64_t epoch() const { return epoch_; }
   int worker_num() const { return worker_num_; }  // current target totals
   int server_num() const { return server_num_; }
@@ -208,6 +224,7 @@ class ClusterManager {
   void RefreshNodeState(NodeRecord* rec) const;
   void RefreshTimeoutState();
   void CheckFinish();
+  void SetOutcomeAtFinish();
   void CompleteScaleIn();
   void EndScale();
   bool AllDone() const;
@@ -227,6 +244,7 @@ class ClusterManager {
   int worker_num_;
   int server_num_;
   bool finish_passed_ = false;
+  JobOutcome outcome_;
   bool scaling_ = false;
   ScaleOp op_;
   std::unordered_map<std::string, NodeRecord> nodes_;  // by node_id; pointers stay valid until removal

@@ -17,6 +17,11 @@ pb::PersistedState ClusterManager::Snapshot() const {
   out.set_worker_num(worker_num_);
   out.set_server_num(server_num_);
   out.set_finish_passed(finish_passed_);
+  if (outcome_.result != JobOutcome::Result::kRunning) {
+    out.set_job_result(JobResultName(outcome_.result));
+    out.set_job_failure(outcome_.failure);
+    for (const std::string& id : outcome_.failed_nodes) out.add_failed_nodes(id);
+  }
   for (const NodeRecord* rec : Nodes()) {
     pb::PersistedNode* n = out.add_nodes();
     n->set_node_id(rec->node_id);

@@ -73,7 +73,10 @@ Json StatusJson(const pb::AdminResponse& r) {
               {"server_num", r.server_num()},
               {"registered_workers", r.registered_workers()},
               {"registered_servers", r.registered_servers()},
-              {"last_scale_result", r.last_scale_result()}};
+              {"last_scale_result", r.last_scale_result()},
+              {"job_result", r.job_result()},
+              {"job_failure", r.job_failure()},
+              {"failed_nodes", Json(std::vector<std::string>(r.failed_nodes().begin(), r.failed_nodes().end()))}};
 }
 
 int PrintStatus(const pb::AdminResponse& r, bool json) {
@@ -83,6 +86,9 @@ int PrintStatus(const pb::AdminResponse& r, bool json) {
   }
   std::cout << Summary(r) << std::endl;
   if (!r.last_scale_result().empty()) std::cout << "last scale operation: " << r.last_scale_result() << std::endl;
+  if (!r.job_result().empty()) {
+    std::cout << "job: " << r.job_result() << (r.job_failure().empty() ? "" : ": " + r.job_failure()) << std::endl;
+  }
   return kOk;
 }
 

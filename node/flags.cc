@@ -27,7 +27,10 @@ DEFINE_int32(port, 0, "Port a server binds (0: a free port).");
 DEFINE_int32(heartbeat_interval_ms, 1000, "Heartbeat period.");
 DEFINE_int32(heartbeat_timeout_ms, 5000, "A node silent this long is timed out (scheduler).");
 DEFINE_int32(connect_timeout_ms, 30000, "How long a node keeps retrying to reach the scheduler before it gives up.");
-DEFINE_int32(recovery_timeout_ms, 15000, "Worker: how long a push or pull whose server was lost is retried.");
+DEFINE_int64(scheduler_timeout_ms, 0, "Worker/server: no answer from the scheduler for this long is logged and the "
+             "link redialed (0: 2 x --heartbeat_timeout_ms).");
+DEFINE_int64(recovery_timeout_ms, 15000, "Worker/server: how long a push or pull whose server was lost is retried, and "
+             "how long the scheduler may stay silent (at least --scheduler_timeout_ms) before the node exits with code 4.");
 DEFINE_int32(scale_timeout_ms, 60000, "Rollback deadline of a scale operation (scheduler).");
 DEFINE_string(devices, "", "Local devices: comma-separated ordinals, each optionally id@device_ip (e.g. 0@10.0.0.1,1@10.0.0.2).");
 DEFINE_string(super_pod_id, "", "Super-pod of this node's devices (rank table 1.2).");
@@ -237,7 +240,6 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program progr
                   ") must be greater than --heartbeat_interval_ms (" + std::to_string(FLAGS_heartbeat_interval_ms) + ")");
   }
   if (FLAGS_connect_timeout_ms <= 0) Die(prog, "--connect_timeout_ms must be > 0");
-  if (FLAGS_recovery_timeout_ms <= 0) Die(prog, "--recovery_timeout_ms must be > 0");
   if (FLAGS_scale_timeout_ms <= 0) Die(prog, "--scale_timeout_ms must be > 0");
   // Each is a thread of the server's executor.
   if (FLAGS_handler_threads < 0 || FLAGS_handler_threads > 1024) Die(prog, "--handler_threads must be in [0, 1024]");
@@ -250,6 +252,8 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program progr
     }
   };
   check_ms("finish_timeout_ms", FLAGS_finish_timeout_ms, 1);
+  check_ms("scheduler_timeout_ms", FLAGS_scheduler_timeout_ms, 0);
+  check_ms("recovery_timeout_ms", FLAGS_recovery_timeout_ms, 1);
   if (FLAGS_rank < -1) Die(prog, "--rank must be >= -1");
   if (FLAGS_max_message_bytes < 1024) Die(prog, "--max_message_bytes must be >= 1024");
   if (FLAGS_buffer_pool_mb > (1ull << 20)) Die(prog, "--buffer_pool_mb must be <= 1048576");
@@ -315,6 +319,8 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program progr
   n.port = FLAGS_port;
   n.rank = FLAGS_rank;
   n.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_interval_ms);
+  n.heartbeat_timeout = std::chrono::milliseconds(FLAGS_heartbeat_timeout_ms);
+  n.scheduler_timeout_ms = FLAGS_scheduler_timeout_ms;
   n.connect_timeout = std::chrono::milliseconds(FLAGS_connect_timeout_ms);
   n.recovery_timeout = std::chrono::milliseconds(FLAGS_recovery_timeout_ms);
   n.devices = ParseDevices(prog, FLAGS_devices);

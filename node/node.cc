@@ -14,6 +14,14 @@ using comm::Frame;
 
 namespace {
 
+core::SchedulerWatch::Config WatchConfig(const NodeOptions& o) {
+  core::SchedulerWatch::Config c;
+  c.silence_timeout = o.scheduler_timeout_ms > 0 ? Duration(std::chrono::milliseconds(o.scheduler_timeout_ms))
+                                                 : Duration(o.heartbeat_timeout * 2);
+  c.give_up_after = o.recovery_timeout;
+  return c;
+}
+
 uint64_t FreshIncarnation() {
   std::random_device rd;
   uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
@@ -27,7 +35,8 @@ Node::Node(NodeOptions options, comm::EventLoop* loop)
     : options_(std::move(options)),
       owned_loop_(loop == nullptr ? std::make_unique<comm::EventLoop>(RoleLabel(options_.role)) : nullptr),
       loop_(loop == nullptr ? owned_loop_.get() : loop),
-      incarnation_(FreshIncarnation()) {
+      incarnation_(FreshIncarnation()),
+      watch_(WatchConfig(options_), &clock_) {
   if (options_.node_id.empty()) {
     options_.node_id = RoleLabel(options_.role) + "-" + std::to_string(incarnation_ % 1000000007);
   }
@@ -86,6 +95,8 @@ void Node::CloseOnLoop() {
   closed_ = true;
   if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
   heartbeat_timer_ = 0;
+  if (watch_timer_ != 0) loop_->CancelTimer(watch_timer_);
+  watch_timer_ = 0;
   if (register_retry_timer_ != 0) loop_->CancelTimer(register_retry_timer_);
   register_retry_timer_ = 0;
   for (auto& [conn, timer] : leave_timers_) loop_->CancelTimer(timer);
@@ -141,12 +152,19 @@ void Node::Register() {
     }
     registered_ = true;
     register_backoff_ = Duration::zero();
+    SchedulerAnswered();
     rank_ = resp.rank_id();
     LOG(INFO) << RoleLabel(options_.role) << " " << options_.node_id << " registered as rank " << rank_;
     PublishSnapshot();
     if (heartbeat_timer_ == 0) {
       heartbeat_timer_ = loop_->AddTimer(options_.heartbeat_interval, options_.heartbeat_interval,
                                          [this] { Heartbeat(); });
+    }
+    if (watch_timer_ == 0 && !closed_) {
+      watch_.Start();
+      // Eight checks per silence timeout: a silence is reported at most 1/8 late.
+      const Duration period = std::max<Duration>(watch_.config().silence_timeout / 8, std::chrono::milliseconds(5));
+      watch_timer_ = loop_->AddTimer(period, period, [this] { WatchScheduler(); });
     }
     if (!start_done_) {
       start_done_ = true;
@@ -179,6 +197,7 @@ void Node::Heartbeat() {
   msg.set_node_state(state_ == pb::CLUSTER_READY ? pb::NODE_READY : pb::NODE_STARTING);
   messenger_->Call(scheduler_->conn(), MakeMeta(pb::HEARTBEAT, options_.role, rank_), ToBuffer(msg),
                    options_.heartbeat_interval * 3, [this](Result<Frame> r) {
+    if (r.ok() || r.status().code() == Code::kNotFound) SchedulerAnswered();
     if (!r.ok()) {
       if (r.status().code() == Code::kNotFound) {
         LOG(WARNING) << options_.node_id << ": the scheduler does not know us (" << r.status()
@@ -223,8 +242,51 @@ void Node::FetchMetadata(uint64_t epoch) {
   });
 }
 
+// Loop thread: any answer or push from the scheduler shows it runs.
+void Node::SchedulerAnswered() {
+  const std::optional<Duration> silence = watch_.Answered();
+  if (!silence || scheduler_ == nullptr) return;
+  LOG(WARNING) << RoleLabel(options_.role) << " " << options_.node_id << ": the scheduler at "
+               << scheduler_->target() << " answers again after " << ToMillis(*silence) << " ms of silence";
+}
+
+// Loop thread, on watch_timer_: the data plane runs on while the scheduler is silent; the
+// link is redialed, and past the recovery timeout the node gives up.
+void Node::WatchScheduler() {
+  if (closed_ || scheduler_ == nullptr) return;
+  const core::SchedulerWatch::Verdict verdict = watch_.Check();
+  const std::string who = RoleLabel(options_.role) + " " + options_.node_id;
+  const int64_t silent_ms = ToMillis(watch_.since_answer());
+  switch (verdict) {
+    case core::SchedulerWatch::Verdict::kAlive:
+      return;
+    case core::SchedulerWatch::Verdict::kGiveUp: {
+      Status st(Code::kUnavailable, "gave up on the scheduler at " + scheduler_->target() + ": no answer for " +
+                                        std::to_string(silent_ms) + " ms (recovery timeout " +
+                                        std::to_string(ToMillis(watch_.config().give_up_after)) + " ms)");
+      LOG(ERROR) << who << ": " << st;
+      Terminate(st);
+      return;
+    }
+    case core::SchedulerWatch::Verdict::kSilent:
+      LOG(WARNING) << who << ": the scheduler at " << scheduler_->target() << " has not answered for " << silent_ms
+                   << " ms; serving on and redialing it (giving up after "
+                   << ToMillis(watch_.config().give_up_after) << " ms)";
+      [[fallthrough]];
+    case core::SchedulerWatch::Verdict::kRedial:
+      // A stopped scheduler keeps the socket open: only a fresh link shows it is back.
+      if (scheduler_->connected()) {
+        VLOG(1) << who << ": closing the silent scheduler link (conn " << scheduler_->conn() << ")";
+        messenger_->transport().Close(scheduler_->conn(),
+                                      Status(Code::kTimeout, "scheduler silent for " + std::to_string(silent_ms) + " ms"));
+      }
+      return;
+  }
+}
+
 void Node::OnFrame(ConnId conn, Frame&& frame) {
   if (scheduler_ != nullptr && conn == scheduler_->conn()) {
+    SchedulerAnswered();
     HandleSchedulerPush(conn, std::move(frame));
   } else {
     OnPeerRequest(conn, std::move(frame));
@@ -263,6 +325,7 @@ void Node::HandleSchedulerPush(ConnId conn, Frame&& frame) {
       pb::ClusterEventMessage ev;
       if (!ParsePayload(frame, &ev).ok()) break;
       if (ev.kind() == pb::ClusterEventMessage::STATE_CHANGED) {
+        if (ev.cluster_state() == pb::CLUSTER_EXIT) TerminateAsTold(ev);
         if (ev.cluster_state() == pb::CLUSTER_NEW_INSTANCE && callbacks_.on_new_instance) {
           callbacks_.on_new_instance();
         }
@@ -315,10 +378,13 @@ void Node::HandleSchedulerPush(ConnId conn, Frame&& frame) {
       });
       break;
     }
-    case pb::TERMINATE:
+    case pb::TERMINATE: {
+      pb::ClusterEventMessage end;  // how the job ended; empty: it finished
+      if (!ParsePayload(frame, &end).ok()) end.Clear();
       LOG(INFO) << options_.node_id << ": terminated by the scheduler";
-      Terminate(Status::Ok());
+      TerminateAsTold(end);
       break;
+    }
     default:
       LOG(WARNING) << options_.node_id << ": unexpected " << pb::NodeCommand_Name(frame.meta.cmd())
                    << " from the scheduler";
@@ -419,6 +485,20 @@ void Node::ApplyState(pb::ClusterState state) {
   if (state == pb::CLUSTER_EXIT) Terminate(Status::Ok());
 }
 
+// The scheduler ends the job; error_code kAborted says it failed, and the message why
+// (bounded: it is shown in one log line).
+void Node::TerminateAsTold(const pb::ClusterEventMessage& end) {
+  if (end.error_code() != static_cast<int>(Code::kAborted)) {
+    Terminate(Status::Ok());
+    return;
+  }
+  constexpr size_t kMaxReason = 4096;
+  std::string why = end.message().substr(0, kMaxReason);
+  if (why.rfind("job failed", 0) != 0) why = "job failed: " + why;
+  Status failed(Code::kAborted, why);
+  if (Terminate(failed)) LOG(ERROR) << RoleLabel(options_.role) << " " << options_.node_id << ": " << why;
+}
+
 void Node::PublishSnapshot() {
   std::lock_guard<std::mutex> lock(mu_);
   rank_snapshot_ = rank_;
@@ -429,17 +509,20 @@ void Node::PublishSnapshot() {
   cv_.notify_all();
 }
 
-void Node::Terminate(const Status& why) {
+bool Node::Terminate(const Status& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (terminated_) return;
+    if (terminated_) return false;
     terminated_ = true;
     termination_ = why;
     cv_.notify_all();
   }
   if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
   heartbeat_timer_ = 0;
+  if (watch_timer_ != 0) loop_->CancelTimer(watch_timer_);
+  watch_timer_ = 0;
   if (!why.ok() && callbacks_.on_fatal) callbacks_.on_fatal(why);
+  return true;
 }
 
 int Node::rank() const {

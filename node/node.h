@@ -20,6 +20,7 @@
 #include "comm/event_loop.h"
 #include "comm/messenger.h"
 #include "comm/tcp_client.h"
+#include "core/scheduler_watch.h"
 #include "node/options.h"
 
 namespace pscore::node {
@@ -171,7 +172,10 @@ class Node {
   void FetchMetadata(uint64_t epoch);
   void ApplyState(pb::ClusterState state);
   void HandleSchedulerPush(comm::ConnId conn, comm::Frame&& frame);
-  void Terminate(const Status& why);
+  bool Terminate(const Status& why);  // false: terminated already (the first reason stays)
+  void TerminateAsTold(const pb::ClusterEventMessage& end);
+  void SchedulerAnswered();
+  void WatchScheduler();
   void PublishSnapshot();
   void SendScaleDone(pb::NodeCommand cmd, uint64_t epoch);
   void MaybeFinishScaleOut(const pb::SendMetadataMessage& md);
@@ -183,6 +187,11 @@ class Node {
   std::unique_ptr<comm::TcpClient> scheduler_;
   uint64_t incarnation_;
   comm::TimerId heartbeat_timer_ = 0;
+  // Scheduler liveness (loop thread): fed every answer, checked by watch_timer_ from the
+  // first registration on.
+  SteadyClock clock_;
+  core::SchedulerWatch watch_;
+  comm::TimerId watch_timer_ = 0;
   uint64_t stop_hook_ = 0;
   bool closed_ = false;  // loop thread: CloseOnLoop ran
   bool registered_ = false;

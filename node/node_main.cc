@@ -1,6 +1,6 @@
-// pscore-node: runs one scheduler, worker or server of a job. Exit codes:
-// 0 the job ended normally; 1 a runtime failure (scheduler lost, refused, port busy);
-// 2 bad flags.
+// pscore-node: runs one scheduler, worker or server of a job. Exit codes (node/exit_codes.h):
+// 0 the job finished; 1 a runtime failure (refused, port busy, signal); 2 bad flags;
+// 3 the job failed (a member lost); 4 a member gave up on the scheduler.
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
@@ -11,6 +11,7 @@
 
 #include <gflags/gflags.h>
 
+#include "node/exit_codes.h"
 #include "node/flags.h"
 #include "node/member_http.h"
 #include "node/ranktable_hub.h"
@@ -86,7 +87,13 @@ int RunScheduler(const node::CommandLine& cl) {
   http.Stop();
   hub.Stop();
   sched.Stop();
-  return g_signal != 0 ? 1 : 0;
+  if (g_signal != 0) return node::kExitError;
+  const core::JobOutcome outcome = sched.outcome();
+  if (outcome.result == core::JobOutcome::Result::kFailed) {
+    std::cerr << "pscore-node: job failed: " << outcome.failure << std::endl;
+    return node::kExitJobFailed;
+  }
+  return node::kExitFinished;
 }
 
 // Node::Start blocks until the scheduler admitted the node (up to --connect_timeout_ms). It
@@ -171,7 +178,7 @@ int RunMember(const node::CommandLine& cl, pb::NodeRole role) {
   if (!end.ok()) {
     LOG(ERROR) << n->node_id() << ": " << end;
     std::cerr << "pscore-node: " << end << std::endl;
-    return 1;
+    return node::MemberExitCode(end);
   }
   LOG(INFO) << n->node_id() << ": the job ended; exiting";
   return 0;

@@ -58,11 +58,18 @@ struct NodeOptions {
   int port = 0;                    // 0: a free port
   int rank = -1;                   // -1: any
   Duration heartbeat_interval = std::chrono::milliseconds(1000);
+  // The scheduler's heartbeat timeout (the same --heartbeat_timeout_ms): scales the watch below.
+  Duration heartbeat_timeout = std::chrono::milliseconds(5000);
+  // Scheduler watch: no answer from the scheduler for this long is logged once and the link
+  // is closed and redialed (a stopped scheduler keeps its socket open). 0: 2 x heartbeat_timeout.
+  int64_t scheduler_timeout_ms = 0;
   Duration connect_timeout = std::chrono::seconds(30);
   Duration request_timeout = std::chrono::seconds(60);
   // Worker: how long a push or pull part whose server link was lost is sent again (to the
   // address the metadata gives for its keys' owner) before it fails; 3x the default
-  // heartbeat timeout, so a server restarted in that time is waited for.
+  // heartbeat timeout, so a server restarted in that time is waited for. Every member: no
+  // answer from the scheduler for this long (at least the scheduler timeout) and the node
+  // gives up, terminating with kUnavailable naming the scheduler (pscore-node exits 4).
   Duration recovery_timeout = std::chrono::milliseconds(15000);
   std::vector<pb::Device> devices;
   std::string host_name;

@@ -133,6 +133,11 @@ uint64_t SchedulerNode::epoch() const {
   return epoch_snapshot_;
 }
 
+core::JobOutcome SchedulerNode::outcome() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return outcome_snapshot_;
+}
+
 void SchedulerNode::SetCommandHandler(pb::NodeCommand cmd, std::function<void(ConnId, Frame&&)> fn) {
   extra_handlers_[cmd] = std::move(fn);
 }
@@ -478,7 +483,9 @@ uint64_t SchedulerNode::QueuedOutputBytes() const {
 void SchedulerNode::SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind) {
   pb::ClusterEventMessage ev;
   ev.set_kind(kind);
-  ev.set_cluster_state(cluster_.state());
+  // A state change names the state it changed to: several may be drained at once (NODE_TIMEOUT,
+  // then CLUSTER_EXIT), and only the last carries how the job ended.
+  ev.set_cluster_state(kind == pb::ClusterEventMessage::STATE_CHANGED ? e.state : cluster_.state());
   ev.set_node_id(e.node_id);
   ev.set_role(e.role);
   ev.set_rank_id(e.rank);

@@ -47,6 +47,8 @@ class SchedulerNode {
   // Snapshot of the cluster state (any thread).
   pb::ClusterState cluster_state() const;
   uint64_t epoch() const;
+  // How the job ended (any thread): kRunning until the cluster exits.
+  core::JobOutcome outcome() const;
   // Called on the loop thread at every cluster event (tests, HTTP layer, rank table).
   void AddEventListener(std::function<void(const core::Event&)> fn);
   // Called on the loop thread after a node is admitted or re-admitted, which no cluster
@@ -164,6 +166,7 @@ class SchedulerNode {
   bool exited_ = false;
   pb::ClusterState state_snapshot_ = pb::ClUSTER_STARTING;
   uint64_t epoch_snapshot_ = 0;
+  core::JobOutcome outcome_snapshot_;
   bool stopped_ = false;
 };
 

@@ -26,7 +26,17 @@ void SchedulerNode::DrainEvents() {
                     << cluster_.epoch() << ")";
           SendClusterEvent(e, pb::ClusterEventMessage::STATE_CHANGED);
           if (e.state == pb::CLUSTER_EXIT) {
-            Broadcast(MakeMeta(pb::TERMINATE, pb::SCHEDULER, 0), nullptr);
+            // The notice says how the job ended (error_code kAborted: it failed, and why).
+            pb::ClusterEventMessage end;
+            end.set_kind(pb::ClusterEventMessage::STATE_CHANGED);
+            end.set_cluster_state(pb::CLUSTER_EXIT);
+            end.set_error_code(e.error_code);
+            end.set_message(e.message);
+            Broadcast(MakeMeta(pb::TERMINATE, pb::SCHEDULER, 0), ToBuffer(end));
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              outcome_snapshot_ = cluster_.outcome();
+            }
             MarkExited();
           }
           break;
@@ -64,8 +74,13 @@ void SchedulerNode::DrainEvents() {
           SendClusterEvent(e, pb::ClusterEventMessage::NODE_ERROR);
           break;
         case Kind::kFinishPassed:
-          LOG(INFO) << "scheduler: every node finished; the job ends";
-          AnswerFinishWaiters(Status::Ok());
+          if (e.error_code != 0) {
+            LOG(ERROR) << "scheduler: " << e.message;
+            AnswerFinishWaiters(Status(Code::kAborted, e.message));
+          } else {
+            LOG(INFO) << "scheduler: every node finished; the job ends";
+            AnswerFinishWaiters(Status::Ok());
+          }
           break;
         case Kind::kFinishFailed:
           break;
@@ -134,6 +149,10 @@ pb::AdminResponse SchedulerNode::StatusResponse(bool with_nodes) const {
   resp.set_registered_workers(cluster_.registered(pb::WORKER));
   resp.set_registered_servers(cluster_.registered(pb::SERVER));
   resp.set_last_scale_result(last_scale_result_);
+  const core::JobOutcome& outcome = cluster_.outcome();
+  resp.set_job_result(core::JobResultName(outcome.result));
+  resp.set_job_failure(outcome.failure);
+  for (const std::string& id : outcome.failed_nodes) resp.add_failed_nodes(id);
   if (!with_nodes) return resp;
   TimePoint now = clock_.Now();
   for (const core::NodeRecord* rec : cluster_.Nodes()) {
