@@ -604,7 +604,7 @@ TEST_CASE("FINISH waits are one per connection and end when their connection clo
     none = sched.finish_waiting() == 0;
     if (!none) std::this_thread::sleep_for(5ms);
   }
-  CHECK(none);  // before, it waited out its hour
+  CHECK(none);  // withdrawn with its connection, not kept for its hour
   // x's FINISH stays recorded: y finishing ends the job.
   f.set_node_id("y");
   CHECK(y.Call(pb::FINISH, f).ok());

@@ -556,8 +556,8 @@ TEST_CASE("a server copying the keys it gives up does not hold the view lock - i
   if (scaled.ok() && s1.Start().ok()) {
     // A small pull runs on s0's loop thread and takes the view lock. Once s0 switched its
     // view it refuses `moving` as owned by rank 1 of 2, while its copy is still stopped
-    // at `held`: the scale cannot have ended. Before, the copy ran under the view lock and
-    // the pull waited until the copy was done.
+    // at `held`: the scale cannot have ended. A copy under the view lock would keep the
+    // pull waiting until the copy was done.
     pscore::node::testing::RawLink peer(s0.listen_port(), "raw-peer");
     pb::HelloMessage hello;
     hello.set_node_id("w0");
