@@ -1,5 +1,6 @@
 #include "node/admin_client.h"
 
+#include <algorithm>
 #include <future>
 #include <thread>
 
@@ -23,6 +24,7 @@ Status Unreachable(const std::string& target, const std::string& why) {
 AdminClient::AdminClient(AdminClientOptions options) : options_(std::move(options)), loop_("admin") {
   comm::TransportOptions t;
   t.limits.max_message_bytes = options_.max_message_bytes;
+  t.max_incomplete_frame_bytes = std::max<uint64_t>(t.max_incomplete_frame_bytes, 2 * options_.max_message_bytes);
   t.auth_token = options_.cluster_token;
   comm::Messenger::Handlers h;
   // The scheduler sends an admin client nothing but answers; ignore anything else.

@@ -2,6 +2,7 @@
 // embedding program directly); no other code reads flags or the environment.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -92,6 +93,9 @@ inline comm::TransportOptions MakeTransportOptions(uint64_t max_message_bytes, c
                                                    const AcceptLimits& accept) {
   comm::TransportOptions t;
   t.limits.max_message_bytes = max_message_bytes;
+  // Frames received in part may hold 1 GiB in all, and always two of the largest frame the
+  // node accepts: a raised --max_message_bytes is not refused by the budget.
+  t.max_incomplete_frame_bytes = std::max<uint64_t>(t.max_incomplete_frame_bytes, 2 * max_message_bytes);
   t.auth_token = cluster_token;
   t.max_accepted_connections = accept.max_connections;
   t.first_frame_timeout = accept.first_frame_timeout;

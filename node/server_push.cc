@@ -6,12 +6,6 @@
 #include "core/kv_codec.h"
 #include "node/server_node.h"
 
-#define PSCORE_RETURN_IF_ERROR_RESPOND(expr, responder) \
-  do {                                                  \
-    ::pscore::Status _st = (expr);                      \
-    if (!_st.ok()) return (responder).Fail(_st);        \
-  } while (0)
-
 namespace pscore::node {
 
 using comm::ConnId;
@@ -114,7 +108,7 @@ void ServerNode::HandlePush(const DataRequest& req, Responder r) {
   core::ParamStore::StreamHold hold =
       large ? store_.HoldStreamsOff(view->keys, view->lens, view->num_keys) : core::ParamStore::StreamHold();
   std::shared_lock<std::shared_mutex> lock(view_mu_);
-  PSCORE_RETURN_IF_ERROR_RESPOND(CheckOwned(view->keys, view->num_keys), r);
+  if (Status owned = CheckOwned(view->keys, view->num_keys); !owned.ok()) return r.Fail(owned);
   const std::string_view body(data, size);
   auto apply = [&] { return store_.Push(view->keys, view->lens, view->values, view->num_keys); };
   if (!req.push_id) {

@@ -18,6 +18,7 @@
 
 #include "comm/frame.h"
 #include "multiproc/process.h"
+#include "multiproc/raw_conn.h"
 #include "node/admin_client.h"
 #include "proto/comm.pb.h"
 
@@ -34,48 +35,6 @@ constexpr int64_t kAddressLimitKb = 3000000;  // ulimit -v of the scheduler and 
 // What 200 frames may add to a process's address space: a 256 KiB chunk each is 50 MiB;
 // the old behaviour (a buffer sized from the header) needed 200 x 256 MiB.
 constexpr int64_t kGrowthCeilingKb = 400 * 1024;
-
-// A blocking client socket (closed at destruction).
-class RawConn {
- public:
-  explicit RawConn(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-      ::close(fd_);
-      fd_ = -1;
-    }
-  }
-  ~RawConn() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  RawConn(const RawConn&) = delete;
-  RawConn& operator=(const RawConn&) = delete;
-  bool ok() const { return fd_ >= 0; }
-  bool Send(const std::string& bytes) {
-    size_t off = 0;
-    while (off < bytes.size()) {
-      ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      off += static_cast<size_t>(n);
-    }
-    return true;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// "VmSize:" or "VmRSS:" of a process, in KiB (-1 when gone).
-int64_t StatusKb(pid_t pid, const std::string& field) {
-  const std::string status = ReadFile("/proc/" + std::to_string(pid) + "/status");
-  const size_t at = status.find(field);
-  if (at == std::string::npos) return -1;
-  return std::stoll(status.substr(at + field.size()));
-}
 
 // The start of a frame: a header announcing just under 256 MiB, a meta, 10 payload bytes.
 std::string HugeFrameStart(uint64_t request_id) {
