@@ -37,6 +37,18 @@ namespace {
 #endif
 #endif
 
+// ThreadSanitizer does not follow pages that mremap moves: a destination it picks keeps
+// the shadow of what other threads did at that address before, and races that are not
+// there are reported. Under it a growing block moves onto a range mmap just returned
+// (whose shadow mmap resets), with MREMAP_FIXED; the pages still move, nothing is copied.
+#if defined(__SANITIZE_THREAD__)
+#define PSCORE_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PSCORE_TSAN 1
+#endif
+#endif
+
 struct LargeBlockPool {
   std::mutex mu;
   std::map<size_t, std::vector<char*>> free_blocks;  // guarded by mu
@@ -115,8 +127,18 @@ bool Buffer::Grow(size_t size) {
   if (capacity_ == 0 || size < size_) return false;
   if (size > capacity_) {
     const size_t capacity = PooledCapacity(size);
+#ifdef PSCORE_TSAN
+    void* fresh = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (fresh == MAP_FAILED) return false;
+    void* moved = mremap(data_, capacity_, capacity, MREMAP_MAYMOVE | MREMAP_FIXED, fresh);
+    if (moved == MAP_FAILED) {
+      munmap(fresh, capacity);
+      return false;
+    }
+#else
     void* moved = mremap(data_, capacity_, capacity, MREMAP_MAYMOVE);
     if (moved == MAP_FAILED) return false;
+#endif
     data_ = static_cast<char*>(moved);
     capacity_ = capacity;
     AdviseHugePages(data_, capacity_);

@@ -98,8 +98,9 @@ int RunScheduler(const node::CommandLine& cl) {
 
 // Node::Start blocks until the scheduler admitted the node (up to --connect_timeout_ms). It
 // runs on a thread of its own so that SIGINT/SIGTERM meanwhile ends the process at once
-// (exit 1): the node is stopped, then the process exits without waiting for a Start that
-// would only return at its deadline.
+// (exit 1), without waiting for a Start that would only return at its deadline. The node
+// is not stopped: Stop must not run while Start does, and the process ends as a SIGKILL
+// would end it (the journal and state files are written to survive that).
 Status StartOrSignal(node::Node* n) {
   std::promise<Status> started;
   std::future<Status> done = started.get_future();
@@ -109,7 +110,6 @@ Status StartOrSignal(node::Node* n) {
     const int sig = g_signal;
     LOG(WARNING) << n->node_id() << ": signal " << sig << " while starting; exiting";
     std::cerr << "pscore-node: " << n->node_id() << ": signal " << sig << " while starting; exiting" << std::endl;
-    n->Stop();
     google::FlushLogFiles(google::GLOG_INFO);
     std::_Exit(1);
   }
