@@ -69,7 +69,7 @@ bool Contains(const std::string& s, const std::string& what) { return s.find(wha
 
 }  // namespace
 
-TEST_CASE("http server: a stream ends with its last chunk when the server shuts down - curl exits 0, not 18",
+TEST_CASE("http server: a stream ends with its last chunk when the server shuts down - curl exits 0 and not 18",
           "[comm][net][http]") {
   // Catch's assertions are for the test's thread: the handler (loop thread) only records.
   std::atomic<bool> streamed{false};
