@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "multiproc/process.h"
+#include "multiproc/train_log.h"
 #include "node/admin_client.h"
 
 #include <catch2/catch.hpp>
@@ -31,23 +32,8 @@ std::vector<std::string> With(std::vector<std::string> args) {
   return args;
 }
 
-// What one trainer printed on its final line.
-struct Final {
-  bool found = false;
-  double loss = 0;
-  double checksum = 0;
-};
-
-Final ParseFinal(const std::string& log) {
-  Final f;
-  size_t at = log.rfind(" final loss ");
-  size_t sum_at = log.rfind("weights checksum ");
-  if (at == std::string::npos || sum_at == std::string::npos || sum_at < at) return f;
-  f.loss = std::strtod(log.c_str() + at + 12, nullptr);
-  f.checksum = std::strtod(log.c_str() + sum_at + 17, nullptr);
-  f.found = true;
-  return f;
-}
+using Final = testing::TrainFinal;
+constexpr auto ParseFinal = testing::ParseTrainFinal;
 
 bool ScaleOutRunning(node::AdminClient& admin) {
   Result<pb::AdminResponse> r = admin.Admin("status");

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "multiproc/process.h"
+#include "multiproc/train_log.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
@@ -38,23 +39,8 @@ std::vector<std::string> With(std::vector<std::string> args) {
   return args;
 }
 
-struct Final {
-  bool found = false;
-  double loss = 0;
-  double checksum = 0;
-};
-
-// The trainer's last line: "... final loss L ... weights checksum C".
-Final ParseFinal(const std::string& log) {
-  Final f;
-  const size_t at = log.rfind(" final loss ");
-  const size_t sum_at = log.rfind("weights checksum ");
-  if (at == std::string::npos || sum_at == std::string::npos || sum_at < at) return f;
-  f.loss = std::strtod(log.c_str() + at + 12, nullptr);
-  f.checksum = std::strtod(log.c_str() + sum_at + 17, nullptr);
-  f.found = true;
-  return f;
-}
+using Final = testing::TrainFinal;
+constexpr auto ParseFinal = testing::ParseTrainFinal;
 
 enum class Fault { kNone, kKillRestart, kKillGone };
 
