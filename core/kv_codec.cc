@@ -51,7 +51,7 @@ constexpr size_t kStreamingCopyBytes = 256u << 10;
 // memcpy for a large encoded buffer: its bytes are read next by the kernel's send copy
 // on another thread, milliseconds later, after megabytes of other traffic, so ordinary
 // stores only leave dirty lines in this core's cache for the sender to fetch back.
-// Non-temporal stores write them to memory directly (docs/benchmarks.md, tenth session:
+// Non-temporal stores write them to memory directly (measured
 // +3 to +18 % for the copying Push of 1 to 64 MiB).
 void CopyStreaming(char* dst, const char* src, size_t n) {
 #if defined(__SSE2__)

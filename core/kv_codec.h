@@ -51,7 +51,7 @@ inline constexpr size_t kZeroCopyBytes = 64 * 1024;
 // Average value bytes per key from which a server writes a pull answer from the store
 // itself (pinned slices) rather than copying the values into it. Lower than
 // kZeroCopyBytes: an answer's slices are the store's, so nothing is copied to make them;
-// at 4 KiB a key that measured level with copying (docs/benchmarks.md, seventh session)
+// at 4 KiB a key that measured level with copying
 // and leaves the worker's copy the only one in that direction.
 inline constexpr size_t kSharedAnswerBytes = 2 * 1024;
 

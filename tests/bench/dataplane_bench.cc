@@ -68,7 +68,7 @@ std::map<size_t, std::vector<double>> g_paired;
 // measured this many times, each time right after a baseline run of its own size, and its
 // ratio is the median of the rounds' ratios. The VM's speed drifts by 2x within minutes,
 // so one figure against one baseline taken a minute earlier measured the drift as much
-// as pscore (docs/benchmarks.md, tenth session).
+// as pscore.
 int g_rounds = 5;
 
 double Median(std::vector<double> v) {
