@@ -8,7 +8,8 @@
 // figure's time over the memcpy's. ps-lite's own benchmark on this machine (issue 27:
 // 10 M keys x 1 float, one worker) took ~0.95 s to push and ~1.2 s to pull; the targets
 // are 1.5x better (push <= 0.63 s, pull <= 0.8 s), printed as `_vs_target` (<= 1 meets).
-// In-process nodes, each on its own loop thread. Usage: sparse_bench [smoke].
+// In-process nodes, each on its own loop thread. Usage: sparse_bench [smoke], or one case
+// for a profiler: sparse_bench KEYS FLOATS WORKERS SERVERS.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -171,6 +172,11 @@ int main(int argc, char** argv) {
   FLAGS_minloglevel = 2;
   const bool smoke = argc > 1 && std::string(argv[1]) == "smoke";
   std::printf("# pscore sparse benchmark (many small keys per call; in-process, loopback)\n");
+  if (argc == 5) {
+    pscore::node::RunCase(std::strtoull(argv[1], nullptr, 10), std::strtoull(argv[2], nullptr, 10),
+                          std::atoi(argv[3]), std::atoi(argv[4]));
+    return 0;
+  }
   if (smoke) {
     pscore::node::RunCase(100000, 1, 1, 1);
     pscore::node::RunCase(10000, 64, 2, 2);
