@@ -9,7 +9,7 @@ BUILD="${PSCORE_BENCH_BUILD:-$ROOT/build-bench}"
 JOBS="${PSCORE_BENCH_JOBS:-1}"
 
 usage() {
-  echo "usage: $0 {transport|control|dataplane|coord|ranktable|scale|smoke} [args...]" >&2
+  echo "usage: $0 {transport|control|dataplane|coord|ranktable|scale|python|smoke} [args...]" >&2
   exit 1
 }
 
@@ -56,6 +56,8 @@ smoke() {
   run_one ranktable "$BUILD/ranktable_bench" smoke
   run_one scale "$BUILD/scale_bench" smoke
   run_one soak_driver soak_smoke
+  build _pscore
+  PYTHONPATH="$BUILD/python" run_one python /usr/bin/python3 "$ROOT/python/bench/bench_python.py" --smoke
   rm -rf "$tmp"
   return $failed
 }
@@ -135,6 +137,10 @@ case "$name" in
   scale)  # admin command to READY for 2->4 and 4->8 servers at 64 MiB..1 GiB; migration vs Push rate
     build scale_bench
     exec "$BUILD/scale_bench" "$@"
+    ;;
+  python)  # the Python binding vs the C++ API: push/pull MB/s, 64 B pull p50, MLP samples/s (docs/python.md)
+    build _pscore
+    PYTHONPATH="$BUILD/python" exec /usr/bin/python3 "$ROOT/python/bench/bench_python.py" "$@"
     ;;
   smoke)
     smoke
