@@ -6,7 +6,10 @@
 #   2. a click-through-rate model whose pscore.torch.Embedding has 1,048,576 rows on the
 #      servers, on generated data, a line per epoch (log loss, AUC).
 # Exit 0 when both reached their bound. Python is Debian's /usr/bin/python3.
-# Usage: scripts/demo.sh [--epochs=N] [--workers=N] [--servers=N]
+# --scale-out-at=STEP: the digits job adds a server after that training step (worker 0
+# asks; this script starts the server once the scale-out began); synchronous training ends
+# with the weights of the run without it.
+# Usage: scripts/demo.sh [--epochs=N] [--workers=N] [--servers=N] [--scale-out-at=STEP]
 #
 # scripts/demo.sh --cpp: the C++ job (pscore-train): logistic regression with synchronous
 # SGD over Push/Pull, a progress line per step and the final loss/accuracy against the
@@ -26,10 +29,6 @@ for arg in "$@"; do
     *) echo "demo.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
-if [ $cpp -eq 0 ] && [ "$scale_out_at" -ge 0 ]; then
-  echo "demo.sh: --scale-out-at is implemented for the C++ job: scripts/demo.sh --cpp --scale-out-at=$scale_out_at" >&2
-  exit 2
-fi
 build=${BUILD_DIR:-$root/build}
 if [ -z "${SKIP_BUILD:-}" ]; then
   echo "== building (first run installs packages and takes a few minutes)"
@@ -62,6 +61,22 @@ if [ $cpp -eq 0 ]; then
         --node-id="worker$i" "$@"
       pids+=("$(tail -n 1 "$JOB_DIR/pids" | cut -d' ' -f1)")
     done
+    # A scale-out asked for by worker 0: start the new server once `pscore-admin status`
+    # shows CLUSTER_SCALE_OUT (a server registering before is refused: quota full).
+    if [ "$name" = digits ] && [ "$scale_out_at" -ge 0 ]; then
+      (
+        while kill -0 "${pids[0]}" 2>/dev/null; do
+          if "$build/pscore-admin" --scheduler_port="$port" --timeout_ms=2000 status 2>/dev/null |
+            grep -q CLUSTER_SCALE_OUT; then
+            echo "== scale-out started: adding server$servers"
+            start_proc "$name-server$servers" "$PY" -m pscore.run server --scheduler-port="$port" \
+              --node-id="server$servers"
+            break
+          fi
+          sleep 0.1
+        done
+      ) &
+    fi
     tail -n +1 -f "$JOB_DIR/$name-worker0.log" --pid="${pids[0]}" | grep --line-buffered "^worker" || true
     local rc=0
     for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
@@ -69,7 +84,9 @@ if [ $cpp -eq 0 ]; then
     return $rc
   }
   rc=0
-  run_job digits digits_mlp.py ${epochs:+--epochs=$epochs} || rc=1
+  scale=()
+  [ "$scale_out_at" -lt 0 ] || scale=(--scale-out-at="$scale_out_at")
+  run_job digits digits_mlp.py ${epochs:+--epochs=$epochs} "${scale[@]}" || rc=1
   run_job ctr ctr.py ${epochs:+--epochs=$epochs} || rc=1
   if [ $rc -eq 0 ]; then echo "== demo reached its bounds; jobs finished"; else echo "== demo FAILED (logs in $JOB_DIR)"; fi
   exit $rc

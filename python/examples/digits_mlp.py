@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=float, default=0.95)
     p.add_argument("--local", action="store_true", help="one process, no servers (baseline)")
-    p.add_argument("--workers", type=int, default=1, help="with --local: the shard count to emulate")
+    p.add_argument("--scale-out-at", type=int, default=-1,
+                   help="worker rank 0 asks for one more server after this step (the operator starts it)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     xtr, ytr, xte, yte = data(a.seed)
@@ -82,6 +83,7 @@ def main(argv=None) -> int:
     steps = per // a.batch
     acc = 0.0
     samples, t_train = 0, 0.0
+    step_no = 0
     for epoch in range(a.epochs):
         order = np.random.default_rng(a.seed * 1000 + epoch * 10 + rank).permutation(per)
         t0 = time.perf_counter()
@@ -97,6 +99,15 @@ def main(argv=None) -> int:
             else:
                 loss.backward()
                 dp.step()
+                step_no += 1
+                if step_no == a.scale_out_at and rank == 0:
+                    # Every push of this step is in (dp.step passed its barrier): the
+                    # scale-out moves finished parameters; the next push and pull of every
+                    # worker wait until the cluster is READY again.
+                    with pscore.AdminClient(a.scheduler_port) as admin:
+                        r = admin.scale_out(servers=worker.server_count + 1)
+                    print(f"worker 0 asked for a scale-out to {worker.server_count + 1} servers "
+                          f"(membership version {r['epoch']})", flush=True)
             total += float(loss)
         t_train += time.perf_counter() - t0
         samples += steps * a.batch

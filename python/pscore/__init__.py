@@ -12,6 +12,10 @@ See docs/python.md.
 
 from __future__ import annotations
 
+import concurrent.futures as _futures
+import threading as _threading
+import concurrent.futures as _futures
+import threading as _threading
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as _np
@@ -41,6 +45,7 @@ __all__ = [
     "Cancelled", "FailedPrecondition", "PermissionDenied", "Aborted", "Unimplemented", "as_buffer",
 ]
 
+
 def as_buffer(x: Any) -> Any:
     """The object pscore reads or writes for ``x``, sharing its memory.
 
@@ -58,6 +63,7 @@ def as_buffer(x: Any) -> Any:
         return x.detach().numpy()
     return x
 
+
 class Scheduler(_pscore.Scheduler):
     """The job's scheduler (C++ ``SchedulerNode``).
 
@@ -72,6 +78,7 @@ class Scheduler(_pscore.Scheduler):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
 
 class Server(_pscore.Server):
     """A parameter server (C++ ``ServerNode``) with the built-in store.
@@ -104,6 +111,7 @@ class Server(_pscore.Server):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+
 class Worker(_pscore.Worker):
     """A worker (C++ ``WorkerNode``): pushes and pulls keyed float32 tensors.
 
@@ -133,11 +141,50 @@ class Worker(_pscore.Worker):
         layout (one count per key); the true per-key counts are returned."""
         return super().pull_into(keys, as_buffer(out), None if lens is None else list(lens))
 
+    # ---- futures: the blocking calls run on a small thread pool of the worker (they
+    # release the GIL while they wait); each returns a concurrent.futures.Future, usable
+    # from asyncio with asyncio.wrap_future.
+    def _pool(self) -> _futures.ThreadPoolExecutor:
+        with _pool_lock:
+            pool = self.__dict__.get("_executor")
+            if pool is None:
+                pool = _futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="pscore-worker")
+                self.__dict__["_executor"] = pool
+        return pool
+
+    def push_async(self, keys: Any, values: Any, lens: Optional[Sequence[int]] = None) -> "_futures.Future[None]":
+        """``push`` on the worker's thread pool; do not change ``values`` before the future is done."""
+        return self._pool().submit(self.push, keys, values, lens)
+
+    def pull_async(self, keys: Any, with_lens: bool = False) -> "_futures.Future[Any]":
+        """``pull`` on the worker's thread pool."""
+        return self._pool().submit(self.pull, keys, with_lens)
+
+    def pull_into_async(self, keys: Any, out: Any, lens: Optional[Sequence[int]] = None) -> "_futures.Future[list]":
+        """``pull_into`` on the worker's thread pool; ``out`` is written until the future is done."""
+        return self._pool().submit(self.pull_into, keys, out, lens)
+
+    def call_async(self, rank: int, name: str, payload: bytes = b"") -> "_futures.Future[bytes]":
+        """``call`` on the worker's thread pool."""
+        return self._pool().submit(self.call, rank, name, payload)
+
+    def close(self) -> None:  # type: ignore[override]
+        """Stops the node (pending calls end with Cancelled), then the futures' threads."""
+        super().close()
+        with _pool_lock:
+            pool = self.__dict__.pop("_executor", None)
+        if pool is not None:
+            pool.shutdown(wait=True)
+
     def __enter__(self) -> "Worker":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+_pool_lock = _threading.Lock()
+
 
 class AdminClient(_AdminClient):
     """The operator's client (C++ ``AdminClient``): status, nodes, scale_out, scale_in."""
@@ -150,19 +197,32 @@ class AdminClient(_AdminClient):
         """Every member: node_id, role, rank, host, port."""
         return self.admin("nodes")["nodes"]
 
+    def _totals(self, workers: int, servers: int) -> tuple:
+        if workers and servers:
+            return workers, servers
+        st = self.status()
+        return workers or st["worker_num"], servers or st["server_num"]
+
     def scale_out(self, workers: int = 0, servers: int = 0) -> dict:
-        """Asks for ``workers`` more workers and ``servers`` more servers."""
-        return self.admin("scale_out", workers, servers)
+        """Starts a scale-out to these **totals** (0: the role keeps its current total, as
+        pscore-admin does); answers once it started (CLUSTER_SCALE_OUT). Starting the new
+        processes is the caller's job."""
+        return self.admin("scale_out", *self._totals(workers, servers))
 
     def scale_in(self, workers: int = 0, servers: int = 0, node_ids: Iterable[str] = ()) -> dict:
-        """Removes workers/servers (the highest ranks, or the given node ids)."""
-        return self.admin("scale_in", workers, servers, list(node_ids))
+        """Starts a scale-in to these totals (0: unchanged; the highest ranks leave), or of
+        the given node ids."""
+        ids = list(node_ids)
+        if ids:
+            return self.admin("scale_in", 0, 0, ids)
+        return self.admin("scale_in", *self._totals(workers, servers))
 
     def __enter__(self) -> "AdminClient":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
 
 def keys_array(keys: Iterable[int]) -> "_np.ndarray":
     """``keys`` as a numpy uint64 array (the form pscore reads without converting)."""

@@ -75,8 +75,9 @@ class Procs:
         return self.start(name, [sys.executable, *args], **kw)
 
     def scheduler(self, workers, servers):
-        port_file = self.tmp / "scheduler.port"
-        self.python("scheduler", ["-m", "pscore.run", "scheduler", f"--workers={workers}",
+        name = f"scheduler{sum(1 for p in self.procs if p.log_path.name.startswith('scheduler'))}"
+        port_file = self.tmp / f"{name}.port"
+        self.python(name, ["-m", "pscore.run", "scheduler", f"--workers={workers}",
                                   f"--servers={servers}", f"--port-file={port_file}"])
         deadline = time.monotonic() + 30
         while not port_file.exists():

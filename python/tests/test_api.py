@@ -261,3 +261,26 @@ def test_finish_of_a_job():
         assert j.scheduler.exited
     finally:
         j.close()
+
+
+def test_futures_and_asyncio(job):
+    import asyncio
+    import concurrent.futures
+
+    w = job.worker
+    f = w.push_async([50, 51], np.ones(8, dtype=np.float32))
+    assert isinstance(f, concurrent.futures.Future)
+    assert f.result(timeout=10) is None
+    out = np.zeros(8, dtype=np.float32)
+    assert w.pull_into_async([50, 51], out).result(timeout=10) == [4, 4]
+    assert np.all(out == 1)
+
+    async def main():
+        a, b = await asyncio.gather(asyncio.wrap_future(w.pull_async([50])), asyncio.wrap_future(w.pull_async([51])))
+        return a, b
+
+    a, b = asyncio.run(asyncio.wait_for(main(), 10))
+    np.testing.assert_array_equal(a, np.ones(4))
+    np.testing.assert_array_equal(b, np.ones(4))
+    with pytest.raises(pscore.NotFound):
+        w.pull_async([52]).result(timeout=10)
