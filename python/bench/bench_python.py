@@ -34,31 +34,38 @@ def fig(name, value, unit):
     print(f"{name} {value:.4g} {unit}", flush=True)
 
 
-def dataplane(w, sizes, iters):
+def dataplane(w, sizes, iters, rounds):
+    """Rounds alternate Python and C++ (the same n calls each), so load on the machine
+    hits both alike; each figure is the median over the rounds."""
     for label, floats in sizes:
         key = 1000 + floats  # a key of its own per size
         arr = np.full(floats, 0.001, dtype=np.float32)
         out = np.empty(floats, dtype=np.float32)
         w.push([key], arr)
         lens = w.pull_into([key], out)
-        n = max(2, iters * (1 << 20) // max(floats * 4, 1 << 16))  # fewer rounds for large sizes
-        n = min(n, iters * 8)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            w.push([key], arr)
-        t1 = time.perf_counter()
-        for _ in range(n):
-            w.pull_into([key], out, lens)
-        t2 = time.perf_counter()
-        py_push, py_pull = (t1 - t0) / n, (t2 - t1) / n
-        cpp_push, cpp_pull = _pscore._cpp_push_pull(w, key, floats, n)
+        n = max(3, min(iters * 8, iters * (1 << 20) // max(floats * 4, 1 << 16)))
+        py_push, py_pull, cpp_push, cpp_pull = [], [], [], []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                w.push([key], arr)
+            t1 = time.perf_counter()
+            for _ in range(n):
+                w.pull_into([key], out, lens)
+            t2 = time.perf_counter()
+            py_push.append((t1 - t0) / n)
+            py_pull.append((t2 - t1) / n)
+            a, b = _pscore._cpp_push_pull(w, key, floats, n)
+            cpp_push.append(a)
+            cpp_pull.append(b)
+        med = statistics.median
         mb = floats * 4 / 1e6
-        fig(f"python_push_{label}", mb / py_push, "MB/s")
-        fig(f"cpp_push_{label}", mb / cpp_push, "MB/s")
-        fig(f"ratio_push_{label}", cpp_push / py_push, "x")
-        fig(f"python_pull_into_{label}", mb / py_pull, "MB/s")
-        fig(f"cpp_pull_into_{label}", mb / cpp_pull, "MB/s")
-        fig(f"ratio_pull_{label}", cpp_pull / py_pull, "x")
+        fig(f"python_push_{label}", mb / med(py_push), "MB/s")
+        fig(f"cpp_push_{label}", mb / med(cpp_push), "MB/s")
+        fig(f"ratio_push_{label}", med(cpp_push) / med(py_push), "x (python/cpp throughput)")
+        fig(f"python_pull_into_{label}", mb / med(py_pull), "MB/s")
+        fig(f"cpp_pull_into_{label}", mb / med(cpp_pull), "MB/s")
+        fig(f"ratio_pull_{label}", med(cpp_pull) / med(py_pull), "x (python/cpp throughput)")
 
 
 def latency(w, iters):
@@ -67,16 +74,18 @@ def latency(w, iters):
     out = np.empty(16, dtype=np.float32)
     for _ in range(20):
         w.pull(keys)
-    py, py_into = [], []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        w.pull(keys)
-        py.append(time.perf_counter() - t0)
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        w.pull_into(keys, out)
-        py_into.append(time.perf_counter() - t0)
-    cpp = _pscore._cpp_pull_latencies(w, keys, iters)
+    py, py_into, cpp = [], [], []
+    chunk = max(1, iters // 10)
+    for _ in range(0, iters, chunk):  # alternating chunks of Python and C++ calls
+        for _ in range(chunk):
+            t0 = time.perf_counter()
+            w.pull(keys)
+            py.append(time.perf_counter() - t0)
+        for _ in range(chunk):
+            t0 = time.perf_counter()
+            w.pull_into(keys, out)
+            py_into.append(time.perf_counter() - t0)
+        cpp += _pscore._cpp_pull_latencies(w, keys, chunk)
     p50 = statistics.median
     fig("python_pull_64B_p50", p50(py) * 1e6, "us")
     fig("python_pull_into_64B_p50", p50(py_into) * 1e6, "us")
@@ -84,12 +93,27 @@ def latency(w, iters):
     fig("ratio_pull_64B_p50", p50(py) / p50(cpp), "x (python/cpp, lower is better)")
 
 
-def mlp(epochs):
+def mlp(epochs, reps):
+    """Best samples/s of `reps` runs each, alternating: one process with no server, and
+    one worker through pscore (1 scheduler, 1 server as processes)."""
+    base = got = 0.0
+    for _ in range(reps):
+        base = max(base, mlp_local(epochs))
+        got = max(got, mlp_pscore(epochs))
+    fig("mlp_local_samples", base, "samples/s")
+    fig("mlp_pscore_samples", got, "samples/s")
+    fig("ratio_mlp_samples", got / base, "x (pscore/local)")
+
+
+def mlp_local(epochs):
+    local = subprocess.run([sys.executable, str(EXAMPLES / "digits_mlp.py"), "--local", f"--epochs={epochs}",
+                            "--batch=64", "--target=0"], capture_output=True, text=True, timeout=600)
+    return float(re.search(r"final .* samples/s (\d+)", local.stdout).group(1))
+
+
+def mlp_pscore(epochs):
     py = sys.executable
     env = dict(os.environ)
-    local = subprocess.run([py, str(EXAMPLES / "digits_mlp.py"), "--local", f"--epochs={epochs}", "--batch=64",
-                            "--target=0"], capture_output=True, text=True, timeout=600, env=env)
-    base = float(re.search(r"final .* samples/s (\d+)", local.stdout).group(1))
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "port"
         procs = [subprocess.Popen([py, "-m", "pscore.run", "scheduler", "--workers=1", "--servers=1",
@@ -112,9 +136,7 @@ def mlp(epochs):
                 if p.poll() is None:
                     p.kill()
                 p.wait(timeout=10)
-    fig("mlp_local_samples", base, "samples/s")
-    fig("mlp_pscore_samples", got, "samples/s")
-    fig("ratio_mlp_samples", got / base, "x (pscore/local)")
+    return got
 
 
 def main() -> int:
@@ -122,9 +144,10 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if a.smoke:
-        sizes, iters, lat_iters, epochs = [("4KiB", 1024), ("1MiB", 1 << 18)], 2, 50, 1
+        sizes, iters, rounds, lat_iters, epochs, reps = [("4KiB", 1024), ("1MiB", 1 << 18)], 2, 1, 50, 1, 1
     else:
-        sizes, iters, lat_iters, epochs = [("4KiB", 1024), ("1MiB", 1 << 18), ("16MiB", 1 << 22)], 20, 2000, 3
+        sizes, iters, rounds, lat_iters = [("4KiB", 1024), ("1MiB", 1 << 18), ("16MiB", 1 << 22)], 20, 7, 2000
+        epochs, reps = 3, 2
     hb = dict(heartbeat_interval=0.5, heartbeat_timeout=5.0)
     with pscore.Scheduler(worker_num=1, server_num=1, **hb) as s:
         s.start()
@@ -133,9 +156,9 @@ def main() -> int:
             srv.start()
             w.start()
             w.wait_ready(30)
-            dataplane(w, sizes, iters)
+            dataplane(w, sizes, iters, rounds)
             latency(w, lat_iters)
-    mlp(epochs)
+    mlp(epochs, reps)
     return 0
 
 
