@@ -43,9 +43,9 @@ def dataplane(w, sizes, iters, rounds):
         out = np.empty(floats, dtype=np.float32)
         w.push([key], arr)
         lens = w.pull_into([key], out)
-        n = max(3, min(iters * 8, iters * (1 << 20) // max(floats * 4, 1 << 16)))
+        n = max(iters // 2, min(iters * 8, iters * (1 << 20) // max(floats * 4, 1 << 16)))
         py_push, py_pull, cpp_push, cpp_pull = [], [], [], []
-        for _ in range(rounds):
+        for r in range(rounds + 1):  # round 0 warms both paths up and is not counted
             t0 = time.perf_counter()
             for _ in range(n):
                 w.push([key], arr)
@@ -53,9 +53,11 @@ def dataplane(w, sizes, iters, rounds):
             for _ in range(n):
                 w.pull_into([key], out, lens)
             t2 = time.perf_counter()
+            a, b = _pscore._cpp_push_pull(w, key, floats, n)
+            if r == 0:
+                continue
             py_push.append((t1 - t0) / n)
             py_pull.append((t2 - t1) / n)
-            a, b = _pscore._cpp_push_pull(w, key, floats, n)
             cpp_push.append(a)
             cpp_pull.append(b)
         med = statistics.median
