@@ -384,7 +384,7 @@ Payload PushPayload(BufferPtr encoded, uint64_t floats, size_t num_keys) {
 
 std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
                                      const std::vector<uint32_t>& lens) {
-  return StartPush(keys, values, lens, nullptr);
+  return StartPush(keys, values.data(), values.size(), lens, nullptr);
 }
 
 std::future<Status> WorkerNode::Push(const std::vector<uint64_t>& keys, std::vector<float>&& values,
@@ -397,21 +397,26 @@ std::future<Status> WorkerNode::ZPush(const std::vector<uint64_t>& keys,
                                       const std::vector<uint32_t>& lens) {
   if (!values) values = std::make_shared<const std::vector<float>>();
   const std::vector<float>& v = *values;
-  return StartPush(keys, v, lens, std::move(values));
+  return StartPush(keys, v.data(), v.size(), lens, std::move(values));
 }
 
-std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, const std::vector<float>& values,
-                                          const std::vector<uint32_t>& lens_in,
+std::future<Status> WorkerNode::ZPush(const std::vector<uint64_t>& keys, const float* values, size_t num_values,
+                                      std::shared_ptr<const void> owner, const std::vector<uint32_t>& lens) {
+  return StartPush(keys, values, num_values, lens, std::move(owner));
+}
+
+std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, const float* values,
+                                          size_t num_values, const std::vector<uint32_t>& lens_in,
                                           std::shared_ptr<const void> shared) {
   auto op = std::make_shared<KvOp>();
   op->CountIn(kv_in_flight_, copied_counter());
   auto fut = op->push_done.get_future();
   std::vector<uint32_t> lens = lens_in;
-  if (lens.empty() && !keys.empty()) lens.assign(keys.size(), static_cast<uint32_t>(values.size() / keys.size()));
-  if (lens.size() != keys.size() || std::accumulate(lens.begin(), lens.end(), uint64_t{0}) != values.size()) {
+  if (lens.empty() && !keys.empty()) lens.assign(keys.size(), static_cast<uint32_t>(num_values / keys.size()));
+  if (lens.size() != keys.size() || std::accumulate(lens.begin(), lens.end(), uint64_t{0}) != num_values) {
     op->Fail(Status(Code::kInvalidArgument, "push: " + std::to_string(keys.size()) + " keys, " +
                                                 std::to_string(lens_in.size()) + " lens and " +
-                                                std::to_string(values.size()) + " values do not match"));
+                                                std::to_string(num_values) + " values do not match"));
     return fut;
   }
   op->outstanding = keys.size();
@@ -430,7 +435,7 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
     off += lens[i];
   }
   // (`shared` itself stays alive to the end: it may own `values`.)
-  const bool zero_copy = shared && values.size() * sizeof(float) >= core::kZeroCopyBytes * keys.size();
+  const bool zero_copy = shared && num_values * sizeof(float) >= core::kZeroCopyBytes * keys.size();
   int n = std::max(1, server_count());
   std::vector<KvPart> parts;
   std::vector<std::vector<size_t>> groups = ByOwner(keys.data(), keys.size(), n);
@@ -447,7 +452,7 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
       for (size_t i : groups[s]) {
         k.push_back(keys[i]);
         l.push_back(lens[i]);
-        tail.push_back(Slice{shared, reinterpret_cast<const char*>(values.data() + offsets[i]), lens[i] * sizeof(float)});
+        tail.push_back(Slice{shared, reinterpret_cast<const char*>(values + offsets[i]), lens[i] * sizeof(float)});
       }
       Result<Payload> p = core::EncodeKvPairsShared(k.data(), k.size(), l.data(), std::move(tail));
       if (!p.ok()) {
@@ -458,7 +463,7 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
     } else {
       uint64_t floats = 0;
       for (size_t i : groups[s]) floats += lens[i];
-      part.payload = PushPayload(core::EncodeKvPairsGather(keys.data(), lens.data(), values.data(), offsets.data(),
+      part.payload = PushPayload(core::EncodeKvPairsGather(keys.data(), lens.data(), values, offsets.data(),
                                                            groups[s].data(), groups[s].size()),
                                  floats, groups[s].size());
       CountCopied(floats * sizeof(float));

@@ -73,6 +73,11 @@ class WorkerNode : public Node {
   // Push; values under core::kZeroCopyBytes per key on average are copied as Push does.
   std::future<Status> ZPush(const std::vector<uint64_t>& keys, std::shared_ptr<const std::vector<float>> values,
                             const std::vector<uint32_t>& lens = {});
+  // ZPush of floats held by something other than a vector (a numpy array, a tensor):
+  // `owner` keeps values[0, num_values) alive; the same rules as the ZPush above, with
+  // owner.use_count() in place of values.use_count(). A null owner: copied, as Push does.
+  std::future<Status> ZPush(const std::vector<uint64_t>& keys, const float* values, size_t num_values,
+                            std::shared_ptr<const void> owner, const std::vector<uint32_t>& lens = {});
   std::future<Result<PullResult>> Pull(const std::vector<uint64_t>& keys);
   // Pull without copying the values on the worker: the result points into the answers as
   // they were read from the sockets (a runtime can copy them once, straight to where they
@@ -126,7 +131,7 @@ class WorkerNode : public Node {
   void LearnLens(const KvOp& op, const std::vector<size_t>& indices, const uint32_t* lens);
   void ForgetLens(const KvOp& op);
   // Push and ZPush; `shared` (ZPush) owns values, which are then written without a copy.
-  std::future<Status> StartPush(const std::vector<uint64_t>& keys, const std::vector<float>& values,
+  std::future<Status> StartPush(const std::vector<uint64_t>& keys, const float* values, size_t num_values,
                                 const std::vector<uint32_t>& lens, std::shared_ptr<const void> shared);
   // Loop thread. Sends the keys `indices` of op to their owners, or holds them while the
   // cluster is scaling; parts refused as moved are held and re-sent under new metadata.

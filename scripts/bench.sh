@@ -9,7 +9,7 @@ BUILD="${PSCORE_BENCH_BUILD:-$ROOT/build-bench}"
 JOBS="${PSCORE_BENCH_JOBS:-1}"
 
 usage() {
-  echo "usage: $0 {transport|control|dataplane|coord|ranktable|scale|sparse|smoke} [args...]" >&2
+  echo "usage: $0 {transport|control|dataplane|coord|ranktable|scale|sparse|python|smoke} [args...]" >&2
   exit 1
 }
 
@@ -57,6 +57,8 @@ smoke() {
   run_one scale "$BUILD/scale_bench" smoke
   run_one sparse "$BUILD/sparse_bench" smoke
   run_one soak_driver soak_smoke
+  build _pscore
+  PYTHONPATH="$BUILD/python" run_one python /usr/bin/python3 "$ROOT/python/bench/bench_python.py" --smoke
   rm -rf "$tmp"
   return $failed
 }
@@ -140,6 +142,10 @@ case "$name" in
   sparse)  # 10 M keys x 1 float and 1 M keys x 64 floats per call: push (new, present), pull vs memcpy
     build sparse_bench
     exec "$BUILD/sparse_bench" "$@"
+    ;;
+  python)  # the Python binding vs the C++ API: push/pull MB/s, 64 B pull p50, MLP samples/s (docs/python.md)
+    build _pscore
+    PYTHONPATH="$BUILD/python" exec /usr/bin/python3 "$ROOT/python/bench/bench_python.py" "$@"
     ;;
   smoke)
     smoke

@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
-# The main job: installs missing packages, builds, starts a local job (1 scheduler,
-# 2 servers, 2 workers, each its own process) and trains logistic regression with
-# synchronous SGD over Push/Pull, printing a progress line per step and the final
-# loss/accuracy against the generating weights. Exit 0 when it converged.
-# Usage: scripts/demo.sh [--steps=N] [--workers=N] [--servers=N] [--scale-out-at=STEP]
+# The main job: installs missing packages, builds, and trains real PyTorch models through
+# pscore across separate processes (1 scheduler, 2 servers, 2 workers; python/examples):
+#   1. an MLP on scikit-learn's handwritten digits by synchronous data-parallel SGD, a
+#      line per epoch, to >= 95% test accuracy;
+#   2. a click-through-rate model whose pscore.torch.Embedding has 1,048,576 rows on the
+#      servers, on generated data, a line per epoch (log loss, AUC).
+# Exit 0 when both reached their bound. Python is Debian's /usr/bin/python3.
+# --scale-out-at=STEP: the digits job adds a server after that training step (worker 0
+# asks; this script starts the server once the scale-out began); synchronous training ends
+# with the weights of the run without it.
+# Usage: scripts/demo.sh [--epochs=N] [--workers=N] [--servers=N] [--scale-out-at=STEP]
+#
+# scripts/demo.sh --cpp: the C++ job (pscore-train): logistic regression with synchronous
+# SGD over Push/Pull, a progress line per step and the final loss/accuracy against the
+# generating weights. Exit 0 when it converged.
+# Usage: scripts/demo.sh --cpp [--steps=N] [--workers=N] [--servers=N] [--scale-out-at=STEP]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-steps=60 workers=2 servers=2 scale_out_at=-1
+steps=60 workers=2 servers=2 scale_out_at=-1 cpp=0 epochs=""
 for arg in "$@"; do
   case $arg in
+    --cpp) cpp=1 ;;
     --steps=*) steps=${arg#*=} ;;
+    --epochs=*) epochs=${arg#*=} ;;
     --workers=*) workers=${arg#*=} ;;
     --servers=*) servers=${arg#*=} ;;
     --scale-out-at=*) scale_out_at=${arg#*=} ;;
@@ -25,8 +38,61 @@ JOB_DIR=$(mktemp -d /tmp/pscore-demo.XXXXXX)
 export JOB_DIR
 . "$root/scripts/lib.sh"
 trap stop_all EXIT
+if [ $cpp -eq 0 ]; then
+  PY=/usr/bin/python3
+  [ -f "$build/python/pscore/__init__.py" ] || { echo "demo.sh: no Python package in $build (python3-pybind11 and python3-numpy missing?)" >&2; exit 1; }
+  export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
+  # run_job NAME SCRIPT ARGS...: one job of its own scheduler, servers and workers.
+  run_job() {
+    local name=$1 script=$2
+    shift 2
+    echo "== $name: 1 scheduler, $servers servers, $workers workers (logs in $JOB_DIR)"
+    start_proc "$name-scheduler" "$PY" -m pscore.run scheduler --workers="$workers" --servers="$servers" \
+      --port-file="$JOB_DIR/$name.port"
+    wait_file "$JOB_DIR/$name.port" 30
+    local port
+    port=$(cat "$JOB_DIR/$name.port")
+    for i in $(seq 0 $((servers - 1))); do
+      start_proc "$name-server$i" "$PY" -m pscore.run server --scheduler-port="$port" --node-id="server$i"
+    done
+    local pids=()
+    for i in $(seq 0 $((workers - 1))); do
+      start_proc "$name-worker$i" "$PY" "$root/python/examples/$script" --scheduler-port="$port" \
+        --node-id="worker$i" "$@"
+      pids+=("$(tail -n 1 "$JOB_DIR/pids" | cut -d' ' -f1)")
+    done
+    # A scale-out asked for by worker 0: start the new server once `pscore-admin status`
+    # shows CLUSTER_SCALE_OUT (a server registering before is refused: quota full).
+    if [ "$name" = digits ] && [ "$scale_out_at" -ge 0 ]; then
+      (
+        while kill -0 "${pids[0]}" 2>/dev/null; do
+          if "$build/pscore-admin" --scheduler_port="$port" --timeout_ms=2000 status 2>/dev/null |
+            grep -q CLUSTER_SCALE_OUT; then
+            echo "== scale-out started: adding server$servers"
+            start_proc "$name-server$servers" "$PY" -m pscore.run server --scheduler-port="$port" \
+              --node-id="server$servers"
+            break
+          fi
+          sleep 0.1
+        done
+      ) &
+    fi
+    tail -n +1 -f "$JOB_DIR/$name-worker0.log" --pid="${pids[0]}" | grep --line-buffered "^worker" || true
+    local rc=0
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    for i in $(seq 1 $((workers - 1))); do grep -h "final" "$JOB_DIR/$name-worker$i.log" || true; done
+    return $rc
+  }
+  rc=0
+  scale=()
+  [ "$scale_out_at" -lt 0 ] || scale=(--scale-out-at="$scale_out_at")
+  run_job digits digits_mlp.py ${epochs:+--epochs=$epochs} "${scale[@]}" || rc=1
+  run_job ctr ctr.py ${epochs:+--epochs=$epochs} || rc=1
+  if [ $rc -eq 0 ]; then echo "== demo reached its bounds; jobs finished"; else echo "== demo FAILED (logs in $JOB_DIR)"; fi
+  exit $rc
+fi
 common=(--heartbeat_interval_ms=200 --heartbeat_timeout_ms=3000)
-echo "== job: 1 scheduler, $servers servers, $workers workers (logs in $JOB_DIR)"
+echo "== C++ job: 1 scheduler, $servers servers, $workers workers (logs in $JOB_DIR)"
 start_proc scheduler "$build/pscore-node" --role=scheduler --worker_num="$workers" --server_num="$servers" \
   --scheduler_port=0 --port_file="$JOB_DIR/scheduler.port" "${common[@]}"
 wait_file "$JOB_DIR/scheduler.port" 10

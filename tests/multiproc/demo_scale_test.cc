@@ -1,4 +1,4 @@
-// The demo job scaled out mid-training, as `scripts/demo.sh --scale-out-at=STEP` runs it:
+// The demo job scaled out mid-training, as `scripts/demo.sh --cpp --scale-out-at=STEP` runs it:
 // real pscore-node and pscore-train processes, worker rank 0 asks for a third server after
 // step STEP, and the test starts that server once the scheduler reports CLUSTER_SCALE_OUT
 // (as demo.sh does). Synchronous SGD must end with the same weights as an unscaled run of

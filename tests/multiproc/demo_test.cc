@@ -1,4 +1,4 @@
-// The demo job as a test: the real binaries, as scripts/demo.sh starts them. One
+// The demo job as a test: the real binaries, as scripts/demo.sh --cpp starts them. One
 // pscore-node scheduler (port 0, read back from --port_file), two pscore-node servers
 // with the sgd rule, two pscore-train workers; both trainers must exit 0 and end with a
 // final line whose loss gap to the generating weights is at most 0.01. Every child is
