@@ -3,7 +3,8 @@
 set -euo pipefail
 PACKAGES=(build-essential cmake ninja-build pkg-config libuv1-dev libprotobuf-dev protobuf-compiler
   libflatbuffers-dev flatbuffers-compiler libgflags-dev libgoogle-glog-dev catch2 nlohmann-json3-dev
-  libhttp-parser-dev libssl-dev zlib1g-dev clang libclang-rt-dev iproute2 curl gnuplot-nox)
+  libhttp-parser-dev libssl-dev zlib1g-dev clang libclang-rt-dev iproute2 curl gnuplot-nox
+  python3-yaml slurm-wlm munge)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
