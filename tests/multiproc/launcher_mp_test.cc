@@ -45,7 +45,7 @@ Ended RunToEnd(const TempDir& dir, const std::vector<std::string>& argv, const s
 
 }  // namespace
 
-TEST_CASE("--launcher: a bad name or a missing variable exits 2 naming it", "[multiproc][launcher]") {
+TEST_CASE("launcher: a bad name or a missing variable exits 2 naming it", "[multiproc][launcher]") {
   TempDir dir;
   REQUIRE(dir.ok());
   Ended bad = RunToEnd(dir, {NodeBinary(), "--launcher=mpi", "--role=worker", "--scheduler_port=1"}, "bad.log");
@@ -85,8 +85,9 @@ TEST_CASE("--launcher: a bad name or a missing variable exits 2 naming it", "[mu
 TEST_CASE("a demo job laid out by Slurm's variables alone runs to its end", "[multiproc][launcher][demo]") {
   TempDir dir;
   REQUIRE(dir.ok());
-  // A job id from the pid: the scheduler port derived from it differs between test runs.
-  const std::string job = std::to_string(1000 + ::getpid() % 18000);
+  // A job id from the pid: the scheduler port derived from it (21000-31999) differs between
+  // test runs and stays below the kernel's ephemeral range (32768-).
+  const std::string job = std::to_string(1000 + ::getpid() % 11000);
   const int port = node::SlurmDefaultPort(std::stoull(job));
   auto slurm = [&](int procid, const std::string& ntasks) {
     return std::vector<std::string>{"SLURM_JOB_ID=" + job, "SLURM_PROCID=" + std::to_string(procid),

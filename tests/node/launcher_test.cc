@@ -32,7 +32,7 @@ TEST_CASE("Slurm host lists expand in order, zero padding kept", "[launcher]") {
   }
 }
 
-TEST_CASE("--launcher names and the auto rule", "[launcher]") {
+TEST_CASE("launcher names and the auto rule", "[launcher]") {
   CHECK(*ParseLauncherKind("auto") == LauncherKind::kAuto);
   CHECK(*ParseLauncherKind("slurm") == LauncherKind::kSlurm);
   CHECK(*ParseLauncherKind("k8s") == LauncherKind::kK8s);
@@ -71,7 +71,7 @@ TEST_CASE("Slurm: one srun step per role, --role given", "[launcher]") {
   CHECK(SlurmDefaultPort(123456789) == 20000 + 123456789 % 20000);
 }
 
-TEST_CASE("Slurm: flags given win; only the variables still needed are asked for", "[launcher]") {
+TEST_CASE("Slurm: flags given win, only the variables still needed are asked for", "[launcher]") {
   LaunchGiven given;
   given.role = "worker";
   given.node_id = true;
