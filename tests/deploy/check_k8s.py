@@ -185,6 +185,9 @@ def pod_env(doc, name, ip):
     labels = doc["spec"]["template"]["metadata"]["labels"]
     env = {"PATH": "/usr/bin:/bin", "KUBERNETES_SERVICE_HOST": "127.0.0.1", "POD_NAME": name, "POD_IP": ip,
            "POD_ROLE": labels["pscore/role"], "PSCORE_SCHEDULER_SERVICE": "127.0.0.1"}
+    for name in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", "LSAN_OPTIONS"):  # CI's sanitizer runs
+        if name in os.environ:
+            env[name] = os.environ[name]
     return env
 
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -22,9 +23,12 @@ using namespace std::chrono_literals;
 
 std::string TrainBinary() { return std::string(PSCORE_BIN_DIR) + "/pscore-train"; }
 
-// argv run under `env -i VARS...`.
+// argv run under `env -i VARS...`; the sanitizers' options (CI's suppressions) pass through.
 std::vector<std::string> WithEnv(const std::vector<std::string>& vars, const std::vector<std::string>& argv) {
   std::vector<std::string> out = {"/usr/bin/env", "-i"};
+  for (const char* name : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", "LSAN_OPTIONS"}) {
+    if (const char* v = std::getenv(name)) out.push_back(std::string(name) + "=" + v);
+  }
   out.insert(out.end(), vars.begin(), vars.end());
   out.insert(out.end(), argv.begin(), argv.end());
   return out;
