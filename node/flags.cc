@@ -13,9 +13,15 @@
 
 #include "core/buffer.h"
 #include "core/cluster_manager.h"
+#include "node/launcher.h"
 #include "node/wire.h"
 
+extern char** environ;
+
 DEFINE_string(role, "", "Node role: scheduler, worker or server.");
+DEFINE_string(launcher, "auto", "Where the job's layout comes from: env (flags and PSCORE_<FLAG> only), slurm, k8s, "
+              "or auto (slurm when SLURM_JOB_ID and SLURM_PROCID are set, else k8s when KUBERNETES_SERVICE_HOST is "
+              "set, else env). Detection fills only the flags not given (docs/deploy.md).");
 DEFINE_string(scheduler_host, "127.0.0.1", "Scheduler address (numeric IP or localhost).");
 DEFINE_int32(scheduler_port, 0, "Scheduler port. The scheduler binds it (0: a free port, see --port_file).");
 DEFINE_int32(worker_num, 1, "Number of workers in the job (scheduler).");
@@ -100,6 +106,7 @@ namespace {
 // and any other flag of this file is refused as unknown.
 const std::set<std::string> kAdminOnly = {"workers", "servers",         "node_ids",    "json",
                                           "timeout_ms", "wait", "wait_timeout_ms", "reconnect_ms"};
+// --launcher belongs to pscore-node and pscore-train (kNode, kTrain): not in kAdminShared.
 const std::set<std::string> kAdminShared = {"scheduler_host", "scheduler_port", "cluster_token_file", "job_id",
                                             "max_message_bytes"};
 const std::set<std::string> kTrainOnly = {"steps", "samples", "dim", "keys", "seed", "scale_out_at"};
@@ -185,6 +192,61 @@ std::vector<pb::Device> ParseDevices(const std::string& prog, const std::string&
   return out;
 }
 
+bool Given(const char* name) { return !gflags::GetCommandLineFlagInfoOrDie(name).is_default; }
+
+// --launcher: fills the flags not given (on the command line or as PSCORE_<FLAG>) from what
+// Slurm or Kubernetes exported, resolves host names to addresses, and prints one line saying
+// what was detected. A variable needed and missing is exit 2 naming it.
+void ApplyLauncher(const std::string& prog, Program program) {
+  if (program == Program::kAdmin) return;  // pscore-admin is given the scheduler's address
+  Result<LauncherKind> kind = ParseLauncherKind(FLAGS_launcher);
+  if (!kind.ok()) Die(prog, kind.status().message());
+  EnvMap env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  const LauncherKind resolved = *kind == LauncherKind::kAuto ? ResolveAuto(env) : *kind;
+  if (resolved == LauncherKind::kEnv) return;  // as without a launcher: nothing printed
+  LaunchGiven given;
+  given.role = program == Program::kTrain ? "worker" : FLAGS_role;  // pscore-train is a worker
+  given.node_id = Given("node_id");
+  given.scheduler_host = Given("scheduler_host");
+  given.scheduler_port = Given("scheduler_port");
+  given.host = Given("host");
+  given.counts = Given("worker_num") || Given("server_num");
+  given.job_id = Given("job_id");
+  given.http_host = Given("http_host");
+  Result<LaunchInfo> info = DetectLaunch(resolved, env, given);
+  if (!info.ok()) Die(prog, std::string("--launcher=") + LauncherName(resolved) + ": " + info.status().message());
+  if (program != Program::kTrain) FLAGS_role = info->role;
+  if (!info->node_id.empty()) FLAGS_node_id = info->node_id;
+  if (info->scheduler_port > 0) FLAGS_scheduler_port = info->scheduler_port;
+  if (info->server_num >= 0) FLAGS_server_num = info->server_num;
+  if (info->worker_num >= 0) FLAGS_worker_num = info->worker_num;
+  if (!info->job_id.empty()) FLAGS_job_id = info->job_id;
+  if (!info->http_host.empty()) FLAGS_http_host = info->http_host;
+  if (!info->scheduler_host.empty()) FLAGS_scheduler_host = info->scheduler_host;
+  if (!info->host.empty()) FLAGS_host = info->host;
+  // Names (a Slurm host, a Kubernetes Service, or a name given in a flag) become addresses:
+  // the transport takes numeric ones.
+  const std::string what = std::string("--launcher=") + LauncherName(resolved) + ": ";
+  if (info->role != "scheduler") {
+    Result<std::string> a = ResolveHost(FLAGS_scheduler_host);
+    if (!a.ok()) Die(prog, what + "scheduler: " + a.status().message());
+    FLAGS_scheduler_host = *a;
+  }
+  Result<std::string> self = ResolveHost(FLAGS_host);
+  if (!self.ok()) Die(prog, what + "host: " + self.status().message());
+  FLAGS_host = *self;
+  std::cerr << prog << ": " << info->Describe() << "; "
+            << (info->role == "scheduler" ? "listening on " + FLAGS_host + ":" + std::to_string(FLAGS_scheduler_port)
+                                          : "scheduler " + FLAGS_scheduler_host + ":" + std::to_string(FLAGS_scheduler_port) +
+                                                ", host " + FLAGS_host)
+            << std::endl;
+}
+
 }  // namespace
 
 CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program program) {
@@ -222,6 +284,8 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program progr
   if (FLAGS_help) ShowHelp(program, usage);  // gflags would list every library's flags and exit 1
   gflags::HandleCommandLineHelpFlags();  // --helpfull, --version, ...
   ApplyEnvironment(prog, program);
+
+  ApplyLauncher(prog, program);
 
   auto check_port = [&](const char* name, int v) {
     if (v < 0 || v > 65535) Die(prog, std::string("--") + name + " must be in [0, 65535] (got " + std::to_string(v) + ")");

@@ -4,7 +4,8 @@ set -euo pipefail
 PACKAGES=(build-essential cmake ninja-build pkg-config libuv1-dev libprotobuf-dev protobuf-compiler
   libflatbuffers-dev flatbuffers-compiler libgflags-dev libgoogle-glog-dev catch2 nlohmann-json3-dev
   libhttp-parser-dev libssl-dev zlib1g-dev clang libclang-rt-dev iproute2 curl gnuplot-nox
-  python3 python3-dev python3-pybind11 python3-numpy python3-torch python3-sklearn python3-pytest)
+  python3 python3-dev python3-pybind11 python3-numpy python3-torch python3-sklearn python3-pytest
+  python3-yaml slurm-wlm munge)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,237 @@
+// Multi-host on one machine: every process of a demo job on a host of its own. The test
+// makes a bridge in the root namespace (10.A.B.1/24, the test's admin client lives there)
+// and one network namespace per host, each joined to the bridge by a veth pair and given
+// its own address (10.A.B.2 the scheduler, .3 and .4 the servers, .5 and .6 the trainers).
+// It runs pscore-train across them, the first trainer asks for one more server at a step,
+// and a new host (.7) is created for it mid-run; once the job is READY with 3 servers, one
+// server's link is cut, and stays cut. What the system does now, asserted: the scheduler
+// times the server out (NODE_TIMEOUT); each trainer's request in flight to it waits for its
+// request timeout (60 s: the connection is not closed, so --recovery_timeout_ms does not
+// apply), then the trainer exits 1 naming the server's address; the scheduler then ends the
+// job as failed (the trainers lost) and exits 3.
+// Without the privilege to create namespaces the test WARNs the reason and returns.
+// Namespaces, veth pairs and the bridge are removed by RAII guards; every child is
+// SIGKILLed by pid, even on failure.
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "multiproc/process.h"
+#include "node/admin_client.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const char* kIp = "/usr/sbin/ip";
+
+int Run(const std::vector<std::string>& argv, const std::string& log) {
+  Process p;
+  if (!p.Start(argv, log)) return -1;
+  return p.Wait(10s).value_or(-1);
+}
+
+// A bridge in the root namespace with the test's own address on it; removed at destruction.
+class Bridge {
+ public:
+  Bridge(const std::string& log) : log_(log) {
+    const int pid = static_cast<int>(::getpid());
+    name_ = "psb" + std::to_string(pid);
+    subnet_ = "10." + std::to_string(200 + pid % 50) + "." + std::to_string((pid / 50) % 250);
+    created_ = Run({kIp, "link", "add", name_, "type", "bridge"}, log_) == 0;
+    if (created_) {
+      up_ = Run({kIp, "addr", "add", Address(1) + "/24", "dev", name_}, log_) == 0 &&
+            Run({kIp, "link", "set", name_, "up"}, log_) == 0;
+    }
+  }
+  ~Bridge() {
+    if (created_) Run({kIp, "link", "del", name_}, log_);
+  }
+  Bridge(const Bridge&) = delete;
+  Bridge& operator=(const Bridge&) = delete;
+  bool ok() const { return created_ && up_; }
+  const std::string& name() const { return name_; }
+  std::string Address(int host) const { return subnet_ + "." + std::to_string(host); }
+
+ private:
+  std::string log_, name_, subnet_;
+  bool created_ = false, up_ = false;
+};
+
+// One host: a namespace whose eth0 is a veth pair's end, the other end on the bridge.
+class Host {
+ public:
+  Host(const Bridge& bridge, int index, const std::string& log) : log_(log) {
+    const int pid = static_cast<int>(::getpid());
+    ns_ = "pscore-" + std::to_string(pid) + "-h" + std::to_string(index);
+    dev_ = "pv" + std::to_string(pid) + "h" + std::to_string(index);  // at most 15 bytes
+    ip_ = bridge.Address(index);
+    created_ = Run({kIp, "netns", "add", ns_}, log_) == 0;
+    if (!created_) return;
+    wired_ = Run({kIp, "link", "add", dev_, "type", "veth", "peer", "name", "eth0", "netns", ns_}, log_) == 0 &&
+             Run({kIp, "link", "set", dev_, "master", bridge.name()}, log_) == 0 &&
+             Run({kIp, "link", "set", dev_, "up"}, log_) == 0 &&
+             Run({kIp, "-n", ns_, "addr", "add", ip_ + "/24", "dev", "eth0"}, log_) == 0 &&
+             Run({kIp, "-n", ns_, "link", "set", "eth0", "up"}, log_) == 0 &&
+             Run({kIp, "-n", ns_, "link", "set", "lo", "up"}, log_) == 0;
+  }
+  ~Host() {
+    if (!created_) return;
+    Run({kIp, "link", "del", dev_}, log_);  // also removes eth0 in the namespace
+    Run({kIp, "netns", "del", ns_}, log_);
+  }
+  Host(const Host&) = delete;
+  Host& operator=(const Host&) = delete;
+  bool created() const { return created_; }
+  bool ok() const { return created_ && wired_; }
+  const std::string& ip() const { return ip_; }
+  // argv run inside this host's namespace.
+  std::vector<std::string> Exec(std::vector<std::string> argv) const {
+    argv.insert(argv.begin(), {kIp, "netns", "exec", ns_});
+    return argv;
+  }
+  bool SetLink(bool up) { return Run({kIp, "-n", ns_, "link", "set", "eth0", up ? "up" : "down"}, log_) == 0; }
+
+ private:
+  std::string log_, ns_, dev_, ip_;
+  bool created_ = false, wired_ = false;
+};
+
+std::string TrainBinary() { return std::string(PSCORE_BIN_DIR) + "/pscore-train"; }
+
+std::string StateLine(node::AdminClient& admin) {
+  Result<pb::AdminResponse> r = admin.Admin("status");
+  if (!r.ok()) return "";
+  return pb::ClusterState_Name(r->cluster_state()) + " servers " + std::to_string(r->registered_servers()) + "/" +
+         std::to_string(r->server_num());
+}
+
+}  // namespace
+
+TEST_CASE("a demo job with every process on a host of its own: scale-out to a new host, then a server's link cut",
+          "[multiproc][net][netns]") {
+  TempDir dir;
+  REQUIRE(dir.ok());
+  const std::string iplog = dir.File("ip.log");
+  Bridge bridge(iplog);
+  if (!bridge.ok()) {
+    WARN("netns job test skipped: cannot create a bridge (needs root / CAP_NET_ADMIN): " << ReadFile(iplog));
+    return;
+  }
+  std::vector<std::unique_ptr<Host>> hosts;
+  for (int i = 2; i <= 7; ++i) {
+    hosts.push_back(std::make_unique<Host>(bridge, i, iplog));
+    if (!hosts.back()->created()) {
+      WARN("netns job test skipped: `ip netns add` failed (needs root / CAP_SYS_ADMIN): " << ReadFile(iplog));
+      return;
+    }
+    INFO(ReadFile(iplog));
+    REQUIRE(hosts.back()->ok());
+  }
+  Host& sched_host = *hosts[0];
+  Host* server_hosts[3] = {hosts[1].get(), hosts[2].get(), hosts[5].get()};
+  Host* worker_hosts[2] = {hosts[3].get(), hosts[4].get()};
+
+  const std::vector<std::string> timing = {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=2000",
+                                           "--connect_timeout_ms=30000"};
+  auto with = [&](std::vector<std::string> v) {
+    v.insert(v.end(), timing.begin(), timing.end());
+    return v;
+  };
+  Process scheduler;
+  REQUIRE(scheduler.Start(sched_host.Exec(with({NodeBinary(), "--role=scheduler", "--host=" + sched_host.ip(),
+                                                 "--scheduler_port=0", "--worker_num=2", "--server_num=2",
+                                                 "--port_file=" + dir.File("sched.port")})),
+                          dir.File("scheduler.log")));
+  const int port = ReadPortFile(dir.File("sched.port"), 10s);
+  INFO(scheduler.Log());
+  REQUIRE(port > 0);
+  const std::string sport = std::to_string(port);
+  auto server_argv = [&](int i) {
+    return server_hosts[i]->Exec(with({NodeBinary(), "--role=server", "--node_id=s" + std::to_string(i),
+                                       "--host=" + server_hosts[i]->ip(), "--scheduler_host=" + sched_host.ip(),
+                                       "--scheduler_port=" + sport, "--update_rule=sgd", "--learning_rate=2"}));
+  };
+  Process servers[3];
+  for (int i = 0; i < 2; ++i) REQUIRE(servers[i].Start(server_argv(i), dir.File("s" + std::to_string(i) + ".log")));
+  Process trainers[2];
+  for (int i = 0; i < 2; ++i) {
+    // Many steps: the job is still training when the link is cut. Rank 0 asks for a third
+    // server at step 5. A lost server is retried for 3 s before the call fails.
+    REQUIRE(trainers[i].Start(
+        worker_hosts[i]->Exec(with({TrainBinary(), "--node_id=w" + std::to_string(i), "--host=" + worker_hosts[i]->ip(),
+                                    "--scheduler_host=" + sched_host.ip(), "--scheduler_port=" + sport,
+                                    "--steps=100000", "--scale_out_at=5", "--recovery_timeout_ms=3000"})),
+        dir.File("w" + std::to_string(i) + ".log")));
+  }
+
+  node::AdminClientOptions o;
+  o.scheduler_host = sched_host.ip();  // the root namespace reaches it over the bridge
+  o.scheduler_port = port;
+  o.timeout = 5s;
+  node::AdminClient admin(o);
+  REQUIRE(admin.Connect().ok());
+
+  // The scale-out: the third server starts on its new host once the scheduler asks for it.
+  auto deadline = Clock::now() + 90s;
+  std::string st;
+  while (Clock::now() < deadline && trainers[0].running()) {
+    st = StateLine(admin);
+    if (st.rfind("CLUSTER_SCALE_OUT", 0) == 0) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  INFO(trainers[0].Log());
+  REQUIRE(st.rfind("CLUSTER_SCALE_OUT", 0) == 0);
+  REQUIRE(servers[2].Start(server_argv(2), dir.File("s2.log")));
+  while (Clock::now() < deadline && st != "CLUSTER_READY servers 3/3") {
+    std::this_thread::sleep_for(50ms);
+    st = StateLine(admin);
+  }
+  INFO(servers[2].Log());
+  REQUIRE(st == "CLUSTER_READY servers 3/3");
+  Result<pb::AdminResponse> nodes = admin.Admin("nodes");
+  REQUIRE(nodes.ok());
+  bool s2_on_its_host = false;
+  for (const pb::ServersMeta& m : nodes->nodes()) {
+    if (m.node_id() == "s2") s2_on_its_host = m.ip() == server_hosts[2]->ip() && m.is_alive();
+  }
+  CHECK(s2_on_its_host);
+  // Training goes on with three servers.
+  std::this_thread::sleep_for(1s);
+  REQUIRE(trainers[0].running());
+  REQUIRE(trainers[1].running());
+
+  // Cut server s1's host off, and leave it off. The scheduler times it out within its
+  // heartbeat timeout. A trainer's request in flight to s1 is not failed over: the TCP
+  // connection is not closed (the link is down, nothing resets it), so the request waits
+  // for its request timeout (60 s), not --recovery_timeout_ms, and the trainer then exits 1
+  // naming the server's address. The scheduler ends the job as failed, exit 3.
+  REQUIRE(server_hosts[1]->SetLink(false));
+  std::optional<int> codes[2];
+  for (int i = 0; i < 2; ++i) codes[i] = trainers[i].Wait(180s);
+  const std::optional<int> sched_code = scheduler.Wait(60s);
+  INFO("w0:\n" << trainers[0].Log() << "\nw1:\n" << trainers[1].Log() << "\nscheduler:\n" << scheduler.Log());
+  const std::string s1_addr = server_hosts[1]->ip() + ":";
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(codes[i].has_value());
+    CHECK(*codes[i] == 1);
+    CHECK(trainers[i].Log().find("final loss") == std::string::npos);
+    CHECK_THAT(trainers[i].Log(), Catch::Contains("pscore-train: worker ") && Catch::Contains(s1_addr));
+  }
+  REQUIRE(sched_code.has_value());
+  CHECK(*sched_code == 3);
+  CHECK_THAT(scheduler.Log(), Catch::Contains("server s1 (rank ") && Catch::Contains(") timed out"));
+  CHECK_THAT(scheduler.Log(), Catch::Contains("pscore-node: job failed: "));
+  // The other servers are still alive when the job fails; they leave with it.
+  CHECK(servers[0].Wait(30s).has_value());
+}
+
+}  // namespace pscore::testing
