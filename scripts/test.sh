@@ -16,6 +16,8 @@ cd "$dir"
 ctest --output-on-failure -j "${TEST_JOBS:-2}" --timeout 300
 if grep -q '^PSCORE_SANITIZE:STRING=.\+' CMakeCache.txt; then
   echo "test.sh: sanitizer build: python/tests not run (the extension is built: $dir/python/pscore)"
+elif grep -q '^PSCORE_PYTHON:STRING=OFF' CMakeCache.txt; then
+  echo "test.sh: configured with -DPSCORE_PYTHON=OFF: python/tests not run"
 elif [ -f "$dir/python/pscore/__init__.py" ]; then
   cd "$root/python/tests"
   PYTHONPATH="$dir/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 -m pytest -q -p no:cacheprovider .

@@ -13,8 +13,10 @@ See docs/python.md.
 from __future__ import annotations
 
 import concurrent.futures as _futures
+import json as _json
 import threading as _threading
 import concurrent.futures as _futures
+import json as _json
 import threading as _threading
 from typing import Any, Iterable, Optional, Sequence
 
@@ -40,7 +42,7 @@ from ._pscore import (  # noqa: F401  (re-exported)
 )
 
 __all__ = [
-    "Scheduler", "Server", "Worker", "AdminClient", "Error", "InvalidArgument", "ProtocolError",
+    "Scheduler", "Server", "Worker", "AdminClient", "RankTables", "Error", "InvalidArgument", "ProtocolError",
     "Unavailable", "Timeout", "ResourceExhausted", "InternalError", "NotFound", "AlreadyExists",
     "Cancelled", "FailedPrecondition", "PermissionDenied", "Aborted", "Unimplemented", "as_buffer",
 ]
@@ -218,6 +220,33 @@ class AdminClient(_AdminClient):
         return self.admin("scale_in", *self._totals(workers, servers))
 
     def __enter__(self) -> "AdminClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class RankTables(_pscore.RankTables):
+    """The job's rank table as an iterator (C++ ``RankTableSubscriber``, docs/ranktable.md).
+
+    Each item is the table as the scheduler streams it, parsed from JSON: the current
+    table first, then every change. Iteration blocks (GIL released, Ctrl-C ends it) until
+    the next table; it stops when the stream is closed (``close()``), and raises the
+    reason when the stream is lost (``reconnect_for`` seconds of resubscribing first).
+    """
+
+    def __iter__(self) -> "RankTables":
+        return self
+
+    def __next__(self) -> dict:
+        return _json.loads(self.next(-1.0))
+
+    def get(self, timeout: float) -> Optional[dict]:
+        """The next table, or None after ``timeout`` seconds."""
+        t = self.next(timeout)
+        return None if t is None else _json.loads(t)
+
+    def __enter__(self) -> "RankTables":
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -21,6 +21,9 @@
 #include <vector>
 
 #include "node/admin_client.h"
+#include "node/ranktable_hub.h"
+#include "node/ranktable_subscriber.h"
+#include "node/scheduler_http.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
 #include "node/worker_node.h"
@@ -108,6 +111,15 @@ std::vector<uint64_t> Keys(py::handle keys) {
   }
   for (py::handle k : keys) out.push_back(k.cast<uint64_t>());
   return out;
+}
+
+// bytes, bytearray or memoryview as they are; str as UTF-8.
+std::string BytesOf(py::handle v) {
+  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
+  if (py::isinstance<py::bytes>(v)) return v.cast<std::string>();
+  PyObject* b = PyBytes_FromObject(v.ptr());  // bytearray, memoryview, buffers
+  if (b == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::bytes>(b).cast<std::string>();
 }
 
 std::vector<uint32_t> Lens(const std::optional<std::vector<uint32_t>>& lens) {
@@ -333,8 +345,8 @@ struct PyNode {
   }
 
   // ---- control plane (the scheduler's KV, barriers, errors, events) ----
-  void KvSet(const std::string& key, py::bytes value, bool overwrite) {
-    std::string v = value;
+  void KvSet(const std::string& key, py::object value, bool overwrite) {
+    std::string v = BytesOf(value);
     auto p = std::make_shared<std::promise<Status>>();
     std::future<Status> f = p->get_future();
     get().KvSetAsync(key, v, overwrite, [p](Status st) { p->set_value(std::move(st)); });
@@ -401,8 +413,8 @@ struct PyNode {
     }
     Check(st);
   }
-  void SendEvent(uint32_t event, py::bytes payload) {
-    std::string s = payload;
+  void SendEvent(uint32_t event, py::object payload) {
+    std::string s = BytesOf(payload);
     Status st;
     {
       py::gil_scoped_release nogil;
@@ -543,8 +555,8 @@ std::vector<uint32_t> PullInto(PyWorker& w, py::handle keys_obj, py::buffer out,
   return *held->lens;
 }
 
-py::bytes Call(PyWorker& w, int rank, const std::string& name, py::bytes payload) {
-  std::string s = payload;
+py::bytes Call(PyWorker& w, int rank, const std::string& name, py::object payload) {
+  std::string s = BytesOf(payload);
   std::future<Result<BufferPtr>> f = w.get().Call(rank, name, Buffer::FromString(s));
   Result<BufferPtr> r = Wait(f);
   if (!r.ok()) Raise(r.status());
@@ -553,8 +565,8 @@ py::bytes Call(PyWorker& w, int rank, const std::string& name, py::bytes payload
   return py::bytes(reinterpret_cast<const char*>(b->data()), b->size());
 }
 
-py::list Broadcast(PyWorker& w, const std::string& name, py::bytes payload) {
-  std::string s = payload;
+py::list Broadcast(PyWorker& w, const std::string& name, py::object payload) {
+  std::string s = BytesOf(payload);
   std::future<Result<std::vector<BufferPtr>>> f = w.get().Broadcast(0, name, Buffer::FromString(s));
   Result<std::vector<BufferPtr>> r = Wait(f);
   if (!r.ok()) Raise(r.status());
@@ -602,16 +614,42 @@ node::DataHandler PythonHandler(py::function fn) {
 }
 
 // ---- scheduler ----
+// The scheduler as pscore-node runs it: with its rank-table hub (native subscribers,
+// RankTables) and, with http_port >= 0, its HTTP endpoint.
 struct PyScheduler {
   std::unique_ptr<node::SchedulerNode> node;
+  std::unique_ptr<node::RankTableHub> hub;
+  std::unique_ptr<node::SchedulerHttp> http;
+  int http_port = -1;
   ~PyScheduler() {
-    if (!node) return;
     py::gil_scoped_release nogil;
-    node->Stop();
+    Close();
   }
   node::SchedulerNode& get() {
     if (!node) Raise(Status(Code::kFailedPrecondition, "scheduler is closed"));
     return *node;
+  }
+  Status Start() {
+    Status st = get().Start();
+    if (!st.ok()) return st;
+    hub = std::make_unique<node::RankTableHub>(node.get());
+    http = std::make_unique<node::SchedulerHttp>(node.get(), hub.get());
+    st = hub->Start();
+    if (st.ok() && node->options().http_port >= 0) {
+      Result<int> port = http->Start(node->options().http_host, node->options().http_port);
+      st = port.status();
+      if (st.ok()) http_port = *port;
+    }
+    return st;
+  }
+  void Close() {  // without the GIL
+    if (!node) return;
+    if (http) http->Stop();
+    if (hub) hub->Stop();
+    node->Stop();
+    http.reset();
+    hub.reset();
+    node.reset();
   }
 };
 
@@ -674,6 +712,59 @@ py::dict AdminDict(const pb::AdminResponse& r) {
   d["nodes"] = nodes;
   return d;
 }
+
+// ---- the rank table: the subscriber's callbacks (loop thread) queue the tables; Python
+// takes them with next().
+struct PyRankTables {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::string> tables;
+    bool closed = false;
+    Status why;
+  };
+  std::shared_ptr<Shared> shared = std::make_shared<Shared>();
+  std::unique_ptr<node::RankTableSubscriber> sub;
+
+  ~PyRankTables() {
+    if (!sub) return;
+    py::gil_scoped_release nogil;
+    sub->Stop();
+  }
+
+  // The next table (JSON text); None after `timeout` seconds (negative: no limit).
+  // Raises the reason the stream ended once every queued table was taken (StopIteration
+  // for a stream closed without error).
+  py::object Next(double timeout) {
+    auto deadline = std::chrono::steady_clock::now() + Seconds(timeout < 0 ? 1e9 : timeout);
+    for (;;) {
+      std::string table;
+      bool got = false, closed = false;
+      Status why;
+      {
+        py::gil_scoped_release nogil;
+        std::unique_lock<std::mutex> lock(shared->mu);
+        auto until = std::min(deadline, std::chrono::steady_clock::now() + kSlice);
+        shared->cv.wait_until(lock, until, [&] { return !shared->tables.empty() || shared->closed; });
+        if (!shared->tables.empty()) {
+          table = std::move(shared->tables.front());
+          shared->tables.pop_front();
+          got = true;
+        } else if (shared->closed) {
+          closed = true;
+          why = shared->why;
+        }
+      }
+      if (got) return py::str(table);
+      if (closed) {
+        if (why.ok()) throw py::stop_iteration();
+        Raise(why);
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (std::chrono::steady_clock::now() >= deadline) return py::none();
+    }
+  }
+};
 
 // The same push/pull loop as scripts/bench.sh python runs from Python, here in C++ on the
 // same worker and servers (ZPush of a shared vector, PullInto with its layout): the
@@ -747,13 +838,15 @@ PYBIND11_MODULE(_pscore, m) {
              return s;
            }))
       .def("start", [](PyScheduler& s) {
+        s.get();
         Status st;
         {
           py::gil_scoped_release nogil;
-          st = s.get().Start();
+          st = s.Start();
         }
         Check(st);
-      })
+      }, "Listens, starts the rank-table hub (and HTTP with http_port >= 0).")
+      .def_property_readonly("http_port", [](PyScheduler& s) { return s.http_port; })
       .def_property_readonly("port", [](PyScheduler& s) { return s.get().port(); })
       .def_property_readonly("cluster_state", [](PyScheduler& s) { return pb::ClusterState_Name(s.get().cluster_state()); })
       .def_property_readonly("epoch", [](PyScheduler& s) { return s.get().epoch(); })
@@ -773,12 +866,8 @@ PYBIND11_MODULE(_pscore, m) {
         }
       }, py::arg("timeout"))
       .def("close", [](PyScheduler& s) {
-        if (!s.node) return;
-        {
-          py::gil_scoped_release nogil;
-          s.node->Stop();
-        }
-        s.node.reset();
+        py::gil_scoped_release nogil;
+        s.Close();
       });
 
   py::class_<PyServer> server(m, "Server");
@@ -824,6 +913,61 @@ PYBIND11_MODULE(_pscore, m) {
         "Benchmark baseline: seconds per ZPush and per PullInto of one key, looped in C++.");
   m.def("_cpp_pull_latencies", &CppPullLatencies, py::arg("worker"), py::arg("keys"), py::arg("iters"),
         "Benchmark baseline: seconds of each of `iters` Pulls, called from C++.");
+
+  py::class_<PyRankTables>(m, "RankTables")
+      .def(py::init([](int scheduler_port, const std::string& scheduler_host, const std::string& job_id,
+                       const std::string& role, double timeout, double reconnect_for,
+                       const std::string& cluster_token) {
+             node::RankTableSubscriberOptions o;
+             o.port = scheduler_port;
+             o.host = scheduler_host;
+             o.job_id = job_id;
+             o.role = role;
+             o.timeout = Seconds(timeout);
+             o.reconnect_for = Seconds(reconnect_for);
+             o.cluster_token = cluster_token;
+             auto r = std::make_unique<PyRankTables>();
+             std::shared_ptr<PyRankTables::Shared> sh = r->shared;
+             r->sub = std::make_unique<node::RankTableSubscriber>(
+                 o,
+                 [sh](const pb::RankTableStream& t) {
+                   {
+                     std::lock_guard<std::mutex> lock(sh->mu);
+                     if (sh->tables.size() >= 1024) sh->tables.pop_front();
+                     sh->tables.push_back(t.ranktable());
+                   }
+                   sh->cv.notify_all();
+                 },
+                 [sh](const Status& why) {
+                   {
+                     std::lock_guard<std::mutex> lock(sh->mu);
+                     sh->closed = true;
+                     sh->why = why;
+                   }
+                   sh->cv.notify_all();
+                 });
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = r->sub->Start();
+             }
+             Check(st);
+             return r;
+           }), py::arg("scheduler_port"), py::arg("scheduler_host") = "127.0.0.1", py::arg("job_id") = "default",
+           py::arg("role") = "worker", py::arg("timeout") = 10.0, py::arg("reconnect_for") = 0.0,
+           py::arg("cluster_token") = "")
+      .def("next", &PyRankTables::Next, py::arg("timeout") = -1.0)
+      .def("close", [](PyRankTables& r) {
+        if (!r.sub) return;
+        {
+          py::gil_scoped_release nogil;
+          r.sub->Stop();
+        }
+        r.sub.reset();
+        std::lock_guard<std::mutex> lock(r.shared->mu);
+        r.shared->closed = true;
+        r.shared->why = Status::Ok();  // closed by its user: iteration simply ends
+      });
 
   struct PyAdmin {
     std::unique_ptr<node::AdminClient> c;

@@ -109,6 +109,8 @@ def test_errors(job):
         w.pull_into([40], np.zeros(3, dtype=np.float32))  # wrong size
     with pytest.raises(pscore.NotFound):
         w.call(0, "no-such-handler", b"")
+    with pytest.raises(pscore.Timeout):
+        w.wait_for_termination(0.2)  # the job is running
     with pytest.raises(pscore.Timeout) as t:
         w.kv_get("never-set", timeout=0.3)
     assert isinstance(t.value, TimeoutError)
@@ -134,7 +136,7 @@ def test_closed_worker_raises():
 def test_kv_and_barrier(job):
     w = job.worker
     w.kv_set("cfg/a", b"1")
-    w.kv_set("cfg/b", b"2")
+    w.kv_set("cfg/b", "2")  # str: stored as UTF-8
     with pytest.raises(pscore.AlreadyExists):
         w.kv_set("cfg/a", b"3", overwrite=False)
     assert w.kv_get("cfg/a", timeout=5) == b"1"
@@ -158,6 +160,27 @@ def test_kv_and_barrier(job):
     assert done == [None]
     with pytest.raises(pscore.Timeout):
         w.barrier("b2", 0.3, ["w0", "s0"])
+    # A waiting round cancelled by another node ends with Cancelled.
+    errors = []
+
+    def wait_b3():
+        try:
+            w.barrier("b3", 30, ["w0", "s0"])
+        except pscore.Error as e:
+            errors.append(e)
+
+    th = threading.Thread(target=wait_b3)
+    th.start()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            s.cancel_barrier("b3")
+            break
+        except (pscore.NotFound, pscore.FailedPrecondition):  # the round is not open yet
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    th.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], pscore.Cancelled)
 
 
 def test_membership(job2):
@@ -259,6 +282,7 @@ def test_finish_of_a_job():
         assert errs == [None]
         j.scheduler.wait_for_exit(30)
         assert j.scheduler.exited
+        j.worker.wait_for_termination(10)  # the job ended without error
     finally:
         j.close()
 
@@ -284,3 +308,15 @@ def test_futures_and_asyncio(job):
     np.testing.assert_array_equal(b, np.ones(4))
     with pytest.raises(pscore.NotFound):
         w.pull_async([52]).result(timeout=10)
+
+
+def test_rank_table_iterator(job2):
+    with pscore.RankTables(job2.scheduler.port) as tables:
+        first = next(iter(tables))
+        assert first["status"] == "completed"
+        groups = first["server_group_list"]
+        assert len(groups) == 2 and groups[1]["server_count"] == "1"  # both servers on one host
+        assert tables.get(timeout=0.2) is None  # no change: nothing more within the timeout
+        tables.close()
+        with pytest.raises(StopIteration):
+            next(tables)
