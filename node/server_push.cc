@@ -5,6 +5,7 @@
 
 #include "core/kv_codec.h"
 #include "node/server_node.h"
+#include "node/wire.h"
 
 namespace pscore::node {
 
@@ -61,6 +62,11 @@ std::shared_ptr<comm::TailStream> ServerNode::OnRequestStream(ConnId conn, const
       cluster_state() == pb::CLUSTER_DISABLE_FLS) {
     return nullptr;
   }
+  {
+    // A replicated push is forwarded whole to the backups: received whole.
+    std::shared_lock<std::shared_mutex> lock(view_mu_);
+    if (view_replicas_ > 1) return nullptr;
+  }
   auto pending = in_executor_.find(conn);
   if (pending != in_executor_.end() && pending->second->load(std::memory_order_acquire) != 0) return nullptr;
   return std::make_shared<PushTail>(this);
@@ -95,7 +101,7 @@ void ServerNode::CommitStreamedPush(ConnId conn, Frame&& frame) {
   messenger().Reply(conn, frame.meta, st).IgnoreError();
 }
 
-void ServerNode::HandlePush(const DataRequest& req, Responder r) {
+void ServerNode::HandlePush(const DataRequest& req, Responder r, bool replica) {
   const char* data = req.payload ? req.payload->data() : "";
   size_t size = req.payload ? req.payload->size() : 0;
   Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
@@ -108,17 +114,30 @@ void ServerNode::HandlePush(const DataRequest& req, Responder r) {
   core::ParamStore::StreamHold hold =
       large ? store_.HoldStreamsOff(view->keys, view->lens, view->num_keys) : core::ParamStore::StreamHold();
   std::shared_lock<std::shared_mutex> lock(view_mu_);
-  if (Status owned = CheckOwned(view->keys, view->num_keys); !owned.ok()) return r.Fail(owned);
+  // A worker's push is applied here first, then by each live backup of its keys' ranges
+  // (an answer only once all did: docs/reliability.md); a forwarded one here only.
+  std::vector<int> backups;
+  if (Status owned = CheckOwned(view->keys, view->num_keys, !replica, replica ? nullptr : &backups); !owned.ok()) {
+    return r.Fail(owned);
+  }
+  auto done = [&] {
+    if (backups.empty()) return r.Reply(nullptr);
+    lock.unlock();
+    Replicate(req, std::move(backups), r);
+  };
   const std::string_view body(data, size);
   auto apply = [&] { return store_.Push(view->keys, view->lens, view->values, view->num_keys); };
   if (!req.push_id) {
     Status st = Journaled(core::JournalOp::kPush, body, apply);
     if (!st.ok()) return r.Fail(st);
-    return r.Reply(nullptr);
+    return done();
   }
   const core::PushId& id = *req.push_id;
+  // Applied before (a retried push, or one a former primary forwarded): not applied again,
+  // but forwarded again, so a backup that missed it gets it (each backup's window applies
+  // it at most once).
   std::optional<Status> answered = ClaimPush(id);
-  if (answered) return answered->ok() ? r.Reply(nullptr) : r.Fail(*answered);
+  if (answered) return answered->ok() ? done() : r.Fail(*answered);
   // Applied (a key of a wrong length is skipped, as replay skips it): the id is in the
   // window, entered with the store change under the journal's lock.
   bool ran = false;
@@ -131,7 +150,46 @@ void ServerNode::HandlePush(const DataRequest& req, Responder r) {
   Status st = journal_ ? JournaledRecord(core::JournalPushIdHead(id, body), body, apply_and_end) : apply_and_end();
   if (!ran) dedup_.End(id, /*applied=*/false);
   if (!st.ok()) return r.Fail(st);
-  r.Reply(nullptr);
+  done();
+}
+
+void ServerNode::Replicate(const DataRequest& req, std::vector<int> backups, Responder r) {
+  struct Round {
+    size_t left = 0;
+    bool failed = false;
+  };
+  auto round = std::make_shared<Round>();
+  round->left = backups.size();
+  bool queued = loop()->Run([this, req, backups = std::move(backups), r, round] {
+    for (int backup : backups) {
+      auto answered = [this, backup, r, round](const Status& st) {
+        if (round->failed) return;
+        if (!st.ok()) {
+          // The worker sends the push again (same id): this server acknowledges its repeat
+          // and forwards it again, once the backup answers or the scheduler has marked it down.
+          round->failed = true;
+          return r.Fail(Status(Code::kUnavailable, "server " + options_.node_id + ": backup server rank " +
+                                                       std::to_string(backup) + " did not apply the push: " +
+                                                       st.message()));
+        }
+        if (--round->left == 0) r.Reply(nullptr);
+      };
+      WithServerConn(backup, [this, req, answered](Result<ConnId> c) {
+        if (!c.ok()) return answered(c.status());
+        pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::SERVER, rank());
+        meta.set_handler(kReplicateHandler);
+        if (req.push_id) {
+          pb::PushId* id = meta.mutable_push_id();
+          id->set_writer(req.push_id->writer);
+          id->set_incarnation(req.push_id->incarnation);
+          id->set_seq(req.push_id->seq);
+        }
+        messenger().Call(*c, meta, req.payload, options_.request_timeout,
+                         [answered](Result<Frame> res) { answered(res.status()); });
+      });
+    }
+  });
+  if (!queued) r.Fail(Stopped());
 }
 
 std::optional<Status> ServerNode::ClaimPush(const core::PushId& id) {
