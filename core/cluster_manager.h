@@ -267,6 +267,8 @@ class ClusterManager {
   int timed_out_count_ = 0;  // records with timed_out set; kept by SetTimedOut / AddNode / RemoveNode
   NodeRecord& AddNode(const std::string& node_id, pb::NodeRole role);
   void SetTimedOut(NodeRecord* rec, bool timed_out);
+  // kFailedPrecondition when a scale would change the server count with replicas >= 2.
+  Status CheckReplicatedServerScale(int server_num, const std::string& totals) const;
   // Whether a lost server's key ranges all still have a live replica (replicas >= 2).
   bool ServerCovered(const NodeRecord& rec) const;
   int in_error_count_ = 0;   // records with in_error set; kept by SetInError / AddNode / RemoveNode

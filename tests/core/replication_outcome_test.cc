@@ -1,7 +1,8 @@
 // The scheduler's side of server replication (ClusterManager with replicas >= 2, fake
 // clock, no sockets): a server's timeout publishes a new epoch marking it down, a lost
 // server whose ranges all keep a live copy does not fail the job (one whose ranges lost
-// every copy does), and a server that comes back stays marked down (it missed pushes).
+// every copy does), a server that comes back stays marked down (it missed pushes), and the
+// server count cannot be scaled.
 #include <string>
 #include <vector>
 
@@ -116,6 +117,16 @@ TEST_CASE("replicas=2: a server restarted after a loss stays marked down", "[cor
   REQUIRE(quick.cm->Register(Req("s2", pb::SERVER, /*inc=*/102)).ok());
   CHECK(quick.cm->epoch() > before);
   CHECK_FALSE(quick.Alive("s2"));
+}
+
+TEST_CASE("replicas=2: a scale that changes the server count is refused; workers may scale", "[core][replication]") {
+  Job job(2);
+  Status out = job.cm->ScaleOut(1, 4);
+  CHECK(out.code() == Code::kFailedPrecondition);
+  CHECK(out.message().find("replicas=2") != std::string::npos);
+  CHECK(job.cm->ScaleInByIds({"s2"}).code() == Code::kFailedPrecondition);
+  CHECK(job.cm->state() == pb::CLUSTER_READY);
+  CHECK(job.cm->ScaleOut(2, 3).ok());
 }
 
 }  // namespace pscore::core
