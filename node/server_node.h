@@ -102,13 +102,14 @@ class ServerNode : public Node {
   // Answers the receives waiting on `rank` (all ranks of at least `rank` when `and_above`).
   void FailReceives(int rank, bool and_above, const Status& why);
   void Dispatch(comm::ConnId conn, comm::Frame&& frame);
-  // A push from a worker (applied here as the keys' primary, then forwarded to the live
+  // A push from a worker (applied here as the keys' primary and forwarded to the live
   // backups, answered once all applied it), or forwarded by a primary (`replica`).
   void HandlePush(const DataRequest& req, Responder r, bool replica);
   // Sends the push to the server ranks `backups` (kReplicateHandler, same push id) and
-  // answers r once every one applied it, or fails it (kUnavailable) at the first that did
-  // not. Any thread.
-  void Replicate(const DataRequest& req, std::vector<int> backups, Responder r);
+  // returns the callback through which this server reports its own apply (once): r is
+  // answered ok when that and every backup's apply are, or fails at the first that is not
+  // (a backup's as kUnavailable). Any thread.
+  std::function<void(const Status&)> Replicate(const DataRequest& req, std::vector<int> backups, Responder r);
   // Commits a push whose values were folded in as they arrived (PushTail), and answers.
   void CommitStreamedPush(comm::ConnId conn, comm::Frame&& frame);
   class PushTail;

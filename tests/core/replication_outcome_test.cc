@@ -119,7 +119,7 @@ TEST_CASE("replicas=2: a server restarted after a loss stays marked down", "[cor
   CHECK_FALSE(quick.Alive("s2"));
 }
 
-TEST_CASE("replicas=2: a scale that changes the server count is refused; workers may scale", "[core][replication]") {
+TEST_CASE("replicas=2: a scale that changes the server count is refused but workers may scale", "[core][replication]") {
   Job job(2);
   Status out = job.cm->ScaleOut(1, 4);
   CHECK(out.code() == Code::kFailedPrecondition);

@@ -131,7 +131,7 @@ std::vector<uint64_t> Keys(size_t n) {
 
 }  // namespace
 
-TEST_CASE("replica chains: each range on R consecutive ranks, its primary the first live one", "[replication]") {
+TEST_CASE("replica chains: each range on R consecutive ranks and its primary the first live one", "[replication]") {
   CHECK(core::ReplicaChain(2, 3, 2) == std::vector<int>{2, 0});
   CHECK(core::ReplicaChain(0, 3, 5) == std::vector<int>{0, 1, 2});  // at most the server count
   CHECK(core::ReplicaChain(0, 3, 0) == std::vector<int>{0});
