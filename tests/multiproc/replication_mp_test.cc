@@ -92,6 +92,7 @@ std::vector<TrainFinal> RunJob(bool kill, int victim) {
   const auto deadline = Clock::now() + 240s;
   if (kill) {
     REQUIRE(job.WaitStep(kSteps / 2, deadline));
+    REQUIRE(job.servers[victim]->running());
     job.servers[victim]->Signal(SIGKILL);
     REQUIRE(job.servers[victim]->Wait(10s).has_value());
     std::filesystem::remove_all(job.dir.File("server" + std::to_string(victim) + ".data"));
@@ -114,6 +115,16 @@ std::vector<TrainFinal> RunJob(bool kill, int victim) {
   }
   INFO(job.scheduler.Log());
   CHECK(job.scheduler.Wait(60s) == std::optional<int>(0));
+  if (kill) {
+    // The kill landed while the job ran: the scheduler timed the server out before every
+    // node had finished.
+    const std::string log = job.scheduler.Log();
+    const size_t lost = log.find("scheduler: server server" + std::to_string(victim) + " (rank ");
+    const size_t ended = log.find("every node finished");
+    CHECK(lost != std::string::npos);
+    CHECK(ended != std::string::npos);
+    CHECK(lost < ended);
+  }
   return finals;
 }
 
