@@ -7,6 +7,8 @@
 
 #include <glog/logging.h>
 
+#include "core/key_range.h"
+
 namespace pscore::core {
 namespace {
 
@@ -138,7 +140,14 @@ Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const Regist
   RefreshNodeState(rec);
   if (restarted) Emit(Event::Kind::kNodeRestarted, rec);
   if (recovered) Emit(Event::Kind::kNodeRecovered, rec);
-  if (moved && rec->in_metadata) PublishMetadata();  // peers need the new address
+  // A replica that missed pushes must not be read or written again: marked down.
+  const bool resync = config_.replicas >= 2 && rec->role == pb::SERVER && rec->in_metadata && !rec->resyncing;
+  if (resync) {
+    rec->resyncing = true;
+    LOG(WARNING) << Label(*rec) << " came back with replicas=" << config_.replicas
+                 << ": kept out of its key ranges' replica set (it missed pushes)";
+  }
+  if ((moved || resync) && rec->in_metadata) PublishMetadata();  // peers need the new address
   RefreshTimeoutState();
   out.restarted = restarted;
   out.epoch = epoch_;
@@ -291,6 +300,12 @@ void ClusterManager::Tick() {
       Emit(Event::Kind::kNodeTimedOut, rec).message = Cat("silent for ", ToMillis(silent), " ms");
       if (first_timeout.empty()) first_timeout = Label(*rec);
     }
+    // Replicated ranges: a new epoch whose metadata marks the lost server down promotes
+    // the next live replica of each of its ranges (docs/reliability.md).
+    const bool server_lost = std::any_of(expired.begin(), expired.end(), [](const NodeRecord* rec) {
+      return rec->role == pb::SERVER && rec->in_metadata;
+    });
+    if (server_lost && config_.replicas >= 2 && !scaling_) PublishMetadata();
   }
   if (scaling_) {
     const char* what = op_.kind == ScaleKind::kOut ? "scale-out" : "scale-in";
@@ -383,6 +398,10 @@ void ClusterManager::SetOutcomeAtFinish() {
   outcome_ = JobOutcome();
   for (const NodeRecord* rec : Nodes()) {
     if (!rec->timed_out || rec->finished) continue;
+    if (rec->role == pb::SERVER && ServerCovered(*rec)) {
+      LOG(WARNING) << Label(*rec) << " lost; its key ranges live on in their replicas";
+      continue;
+    }
     const std::string cause = rec->lost_cause.empty() ? "timed out" : rec->lost_cause;
     outcome_.failure += Cat(outcome_.failure.empty() ? "" : "; ", RoleName(rec->role), " ", rec->node_id,
                             " lost (", cause, ")");
@@ -483,6 +502,23 @@ void ClusterManager::SetInError(NodeRecord* rec, bool in_error) {
   in_error_count_ += in_error ? 1 : -1;
 }
 
+bool ClusterManager::ServerCovered(const NodeRecord& lost) const {
+  if (config_.replicas < 2 || server_num_ <= 0 || lost.rank < 0 || lost.rank >= server_num_) return false;
+  std::vector<char> live(static_cast<size_t>(server_num_), 0);
+  for (const auto& [id, rec] : nodes_) {
+    if (rec.role == pb::SERVER && rec.rank >= 0 && rec.rank < server_num_ && !rec.timed_out && !rec.resyncing) {
+      live[static_cast<size_t>(rec.rank)] = 1;
+    }
+  }
+  for (int range = 0; range < server_num_; ++range) {
+    if (HoldsRange(lost.rank, range, server_num_, config_.replicas) &&
+        PrimaryOf(range, server_num_, config_.replicas, live) < 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 int ClusterManager::Total(pb::NodeRole role) const {
   return role == pb::SERVER ? server_num_ : worker_num_;
 }
@@ -518,6 +554,7 @@ pb::SendMetadataMessage ClusterManager::BuildMetadata() const {
   msg.set_server_num(server_num_);
   msg.set_cluster_state(state_);
   msg.set_epoch(epoch_);
+  msg.set_replicas(config_.replicas);
   const TimePoint now = clock_->Now();
   for (const NodeRecord* rec : Nodes()) {
     pb::ServersMeta* meta =
@@ -525,7 +562,7 @@ pb::SendMetadataMessage ClusterManager::BuildMetadata() const {
     meta->set_rank_id(rec->rank);
     meta->set_ip(rec->ip);
     meta->set_port(rec->port);
-    meta->set_is_alive(!rec->timed_out);
+    meta->set_is_alive(!rec->timed_out && !rec->resyncing);
     meta->set_role(rec->role);
     meta->set_node_id(rec->node_id);
     for (const pb::Device& d : rec->devices) *meta->add_devices() = d;

@@ -48,6 +48,10 @@ struct ClusterConfig {
   int server_num = 1;
   Duration heartbeat_timeout = std::chrono::seconds(30);
   Duration scale_timeout = std::chrono::seconds(60);
+  // Copies of each server's key range (docs/reliability.md). With 2 or more, a server's
+  // heartbeat timeout publishes new metadata (a new epoch) marking it down, so every
+  // member routes its ranges to their next live replica.
+  int replicas = 1;
 };
 
 struct RegisterRequest {
@@ -90,6 +94,10 @@ struct NodeRecord {
   // Additions: the facts `state` is derived from (with timed_out above).
   bool in_metadata = false;  // part of a published topology
   std::string lost_cause;    // while timed_out: why, e.g. "no heartbeat for 3000 ms"
+  // A server of a replicated job (replicas >= 2) that came back (restarted, or heard from
+  // again after its timeout): it missed pushes, so the metadata marks it down (not a
+  // replica anyone reads or writes) for the rest of the job.
+  bool resyncing = false;
 };
 
 // How the job ended. A job fails when the finish barrier passes while a node is timed out
@@ -259,6 +267,10 @@ class ClusterManager {
   int timed_out_count_ = 0;  // records with timed_out set; kept by SetTimedOut / AddNode / RemoveNode
   NodeRecord& AddNode(const std::string& node_id, pb::NodeRole role);
   void SetTimedOut(NodeRecord* rec, bool timed_out);
+  // kFailedPrecondition when a scale would change the server count with replicas >= 2.
+  Status CheckReplicatedServerScale(int server_num, const std::string& totals) const;
+  // Whether a lost server's key ranges all still have a live replica (replicas >= 2).
+  bool ServerCovered(const NodeRecord& rec) const;
   int in_error_count_ = 0;   // records with in_error set; kept by SetInError / AddNode / RemoveNode
   void SetInError(NodeRecord* rec, bool in_error);
   // Which ranks of each role (0: servers, 1: workers) are taken, by rank; see RanksTaken.

@@ -42,6 +42,7 @@ Status ClusterManager::ScaleOut(int worker_num, int server_num) {
   if (worker_num > kMaxRoleTotal || server_num > kMaxRoleTotal) {
     return Err(Code::kInvalidArgument, "scale-out past ", kMaxRoleTotal, " nodes per role: ", totals);
   }
+  PSCORE_RETURN_IF_ERROR(CheckReplicatedServerScale(server_num, totals));
   op_ = ScaleOp();
   op_.kind = ScaleKind::kOut;
   op_.started = clock_->Now();
@@ -99,7 +100,24 @@ Status ClusterManager::ScaleInByCounts(int worker_num, int server_num) {
   return StartScaleIn(leaving);
 }
 
+Status ClusterManager::CheckReplicatedServerScale(int server_num, const std::string& totals) const {
+  // Scaling moves each range's entries to its new primary only: the new backups would
+  // stay empty (docs/reliability.md, Server replication).
+  if (config_.replicas >= 2 && server_num != server_num_) {
+    return Err(Code::kFailedPrecondition, "the server count cannot change with replicas=", config_.replicas,
+               " (the new ranges' backups would not be filled): ", totals);
+  }
+  return Status::Ok();
+}
+
 Status ClusterManager::StartScaleIn(const std::vector<std::string>& leaving) {
+  int servers_leaving = 0;
+  for (const std::string& id : leaving) {
+    const NodeRecord* rec = Find(id);
+    if (rec != nullptr && rec->role == pb::SERVER) ++servers_leaving;
+  }
+  PSCORE_RETURN_IF_ERROR(CheckReplicatedServerScale(
+      server_num_ - servers_leaving, Totals(worker_num_, worker_num_, server_num_, server_num_ - servers_leaving)));
   op_ = ScaleOp();
   op_.kind = ScaleKind::kIn;
   op_.started = clock_->Now();

@@ -69,5 +69,27 @@ void SortKeysByPosition(std::vector<uint64_t>* keys) {
             [](uint64_t a, uint64_t b) { return KeyPosition(a) < KeyPosition(b); });
 }
 
+std::vector<int> ReplicaChain(int range, int num_servers, int replicas) {
+  std::vector<int> chain;
+  if (num_servers <= 0 || range < 0 || range >= num_servers) return chain;
+  const int r = std::clamp(replicas, 1, num_servers);
+  chain.reserve(static_cast<size_t>(r));
+  for (int i = 0; i < r; ++i) chain.push_back((range + i) % num_servers);
+  return chain;
+}
+
+bool HoldsRange(int rank, int range, int num_servers, int replicas) {
+  if (num_servers <= 0 || rank < 0 || rank >= num_servers || range < 0 || range >= num_servers) return false;
+  const int r = std::clamp(replicas, 1, num_servers);
+  return (rank - range + num_servers) % num_servers < r;
+}
+
+int PrimaryOf(int range, int num_servers, int replicas, const std::vector<char>& live) {
+  for (int rank : ReplicaChain(range, num_servers, replicas)) {
+    if (static_cast<size_t>(rank) >= live.size() || live[static_cast<size_t>(rank)] != 0) return rank;
+  }
+  return -1;
+}
+
 }  // namespace core
 }  // namespace pscore

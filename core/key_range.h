@@ -69,5 +69,17 @@ std::vector<std::pair<int, int>> SliceByServer(const std::vector<uint64_t>& sort
 // Sorts keys by KeyPosition, the order SliceByServer expects.
 void SortKeysByPosition(std::vector<uint64_t>* keys);
 
+// Replication (docs/reliability.md): the range of server rank `range` is held by the
+// ranks range, range+1, ..., range+R-1 (mod num_servers), R = min(replicas, num_servers),
+// in that order (its replica chain). Empty when range is not in [0, num_servers).
+std::vector<int> ReplicaChain(int range, int num_servers, int replicas);
+
+// Whether `rank` is in the replica chain of `range`.
+bool HoldsRange(int rank, int range, int num_servers, int replicas);
+
+// The primary of `range`: the first rank of its chain that `live` marks live (live[rank]
+// != 0; ranks past live.size() count as live). -1 when every replica is down.
+int PrimaryOf(int range, int num_servers, int replicas, const std::vector<char>& live);
+
 }  // namespace core
 }  // namespace pscore

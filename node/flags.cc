@@ -51,6 +51,9 @@ DEFINE_string(job_id, "default", "Job id served by the scheduler's rank table.")
 DEFINE_string(http_host, "127.0.0.1", "Bind address of the HTTP endpoint (--http_port).");
 DEFINE_int32(http_port, -1, "HTTP port (-1: off, 0: a free port): the scheduler's admin, rank-table and /metrics "
              "endpoint; a worker's or server's /metrics.");
+DEFINE_int32(replicas, 1, "Scheduler: copies of each server's key range (primary plus backups on the next servers); "
+             "a push is acknowledged once every live copy applied it, and a lost server's ranges fail over to a "
+             "copy. 2 is the recommended setting; at most --server_num.");
 DEFINE_int32(handler_threads, 2, "Executor threads for server handlers (0: run on the loop thread).");
 DEFINE_bool(auto_finish, true, "Worker/server: join the finish barrier once READY and serve until the job ends.");
 DEFINE_int64(finish_timeout_ms, 24LL * 3600 * 1000, "Deadline of this node's finish barrier.");
@@ -298,6 +301,10 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program progr
     Die(prog, "--worker_num and --server_num must be in [0, " + std::to_string(pscore::core::kMaxRoleTotal) + "]");
   }
   if (FLAGS_worker_num + FLAGS_server_num == 0) Die(prog, "the job needs at least one worker or server");
+  if (FLAGS_replicas < 1 || (FLAGS_role == "scheduler" && FLAGS_replicas > std::max(1, FLAGS_server_num))) {
+    Die(prog, "--replicas must be in [1, --server_num] (got " + std::to_string(FLAGS_replicas) + " with " +
+                  std::to_string(FLAGS_server_num) + " servers)");
+  }
   if (FLAGS_heartbeat_interval_ms <= 0) Die(prog, "--heartbeat_interval_ms must be > 0");
   if (FLAGS_heartbeat_timeout_ms <= FLAGS_heartbeat_interval_ms) {
     Die(prog, "--heartbeat_timeout_ms (" + std::to_string(FLAGS_heartbeat_timeout_ms) +
@@ -375,6 +382,7 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program progr
   s.state_dir = FLAGS_state_dir;
   s.state_reset_on_corrupt = FLAGS_state_reset_on_corrupt;
   s.accept = AcceptLimitsFromFlags();
+  s.replicas = FLAGS_replicas;
   NodeOptions& n = cl.node;
   n.node_id = FLAGS_node_id;
   n.scheduler_host = FLAGS_scheduler_host;

@@ -414,7 +414,12 @@ void Node::ApplyMetadata(const pb::SendMetadataMessage& md) {
   // Links to servers no longer in the membership are closed once their requests had
   // time to finish (a leaving server usually exits first and closes them itself).
   std::set<std::string> current;
-  for (auto& [r, a] : addrs) current.insert(a);
+  for (const pb::ServersMeta& s : md.servers_meta()) {
+    // Replicated ranges (docs/reliability.md): a server marked down is read and written no
+    // more, so a dial to it ends at once and its ranges' next replica is used.
+    if (md.replicas() >= 2 && !s.is_alive()) continue;
+    current.insert(s.ip() + ":" + std::to_string(s.port()));
+  }
   for (auto& [addr, conn] : server_conn_) {
     if (current.count(addr) || leave_timers_.count(conn)) continue;
     ConnId c = conn;

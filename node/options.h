@@ -48,6 +48,9 @@ struct SchedulerOptions {
   bool state_reset_on_corrupt = false;  // a damaged state file: start fresh, not exit 1
   std::string cluster_token;  // empty: no authentication
   AcceptLimits accept;
+  // Copies of each server's key range, at most server_num (docs/reliability.md). Members
+  // learn it from the metadata.
+  int replicas = 1;
 };
 
 struct NodeOptions {

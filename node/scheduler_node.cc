@@ -19,6 +19,7 @@ core::ClusterConfig MakeClusterConfig(const SchedulerOptions& o) {
   c.server_num = o.server_num;
   c.heartbeat_timeout = o.heartbeat_timeout;
   c.scale_timeout = o.scale_timeout;
+  c.replicas = o.replicas;
   return c;
 }
 

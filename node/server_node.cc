@@ -47,7 +47,8 @@ ServerNode::ServerNode(NodeOptions options, core::ParamStore::Options store, com
       store_(store),
       alive_(std::make_shared<ServerNode*>(this)) {
   if (options_.handler_threads > 0) executor_ = std::make_unique<Executor>(options_.handler_threads);
-  RegisterHandler(kPushHandler, [this](const DataRequest& req, Responder r) { HandlePush(req, r); });
+  RegisterHandler(kPushHandler, [this](const DataRequest& req, Responder r) { HandlePush(req, r, false); });
+  RegisterHandler(kReplicateHandler, [this](const DataRequest& req, Responder r) { HandlePush(req, r, true); });
   RegisterHandler(kPullHandler, [this](const DataRequest& req, Responder r) { HandlePull(req, r); });
   RegisterHandler(kMigrateHandler, [this](const DataRequest& req, Responder r) { HandleMigrate(req, r); });
 }
@@ -296,7 +297,7 @@ void ServerNode::Dispatch(ConnId conn, Frame&& frame) {
 
 bool ServerNode::SmallBuiltin(const pb::MessageMeta& meta, const BufferPtr& payload) const {
   constexpr size_t kSmallBytes = 16 * 1024;
-  const bool push = meta.handler() == kPushHandler;
+  const bool push = meta.handler() == kPushHandler || meta.handler() == kReplicateHandler;
   if (!push && meta.handler() != kPullHandler) return false;
   const size_t size = payload ? payload->size() : 0;
   if (size > kSmallBytes) return false;

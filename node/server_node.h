@@ -55,6 +55,8 @@ using DataHandler = std::function<void(const DataRequest&, Responder)>;
 inline constexpr char kPushHandler[] = "pscore.push";
 inline constexpr char kPullHandler[] = "pscore.pull";
 inline constexpr char kMigrateHandler[] = "pscore.migrate";  // server to server, during scaling
+// A push forwarded by its range's primary to a backup (same payload and push id).
+inline constexpr char kReplicateHandler[] = "pscore.replicate";
 
 class ServerNode : public Node {
  public:
@@ -100,7 +102,14 @@ class ServerNode : public Node {
   // Answers the receives waiting on `rank` (all ranks of at least `rank` when `and_above`).
   void FailReceives(int rank, bool and_above, const Status& why);
   void Dispatch(comm::ConnId conn, comm::Frame&& frame);
-  void HandlePush(const DataRequest& req, Responder r);
+  // A push from a worker (applied here as the keys' primary and forwarded to the live
+  // backups, answered once all applied it), or forwarded by a primary (`replica`).
+  void HandlePush(const DataRequest& req, Responder r, bool replica);
+  // Sends the push to the server ranks `backups` (kReplicateHandler, same push id) and
+  // returns the callback through which this server reports its own apply (once): r is
+  // answered ok when that and every backup's apply are, or fails at the first that is not
+  // (a backup's as kUnavailable). Any thread.
+  std::function<void(const Status&)> Replicate(const DataRequest& req, std::vector<int> backups, Responder r);
   // Commits a push whose values were folded in as they arrived (PushTail), and answers.
   void CommitStreamedPush(comm::ConnId conn, comm::Frame&& frame);
   class PushTail;
@@ -123,8 +132,12 @@ class ServerNode : public Node {
   void HandleMigrate(const DataRequest& req, Responder r);
   // Outside a scale operation, serve the key range of the current metadata.
   void RefreshView();
-  // Which keys this server serves: those with ServerForKey(key, view_n_) == view_rank_.
-  Status CheckOwned(const uint64_t* keys, size_t n) const;  // view_mu_ held (shared)
+  // Which keys this server serves: those whose range (ServerForKey(key, view_n_)) it is
+  // the primary of (`as_primary`), or whose range's replica chain it is in (a forwarded
+  // push). With one replica both are ServerForKey(key, view_n_) == view_rank_. When
+  // `backups` is given, it gets the live replicas of the keys' ranges other than this one.
+  Status CheckOwned(const uint64_t* keys, size_t n, bool as_primary = true,
+                    std::vector<int>* backups = nullptr) const;  // view_mu_ held (shared)
   // Switches the view to (rank, n) and ships the entries it no longer owns to
   // dest_rank(new owner) (a rank of the current metadata); done() once all are stored.
   void MoveKeys(int rank, int n, std::function<int(int)> dest_rank, std::function<void()> done);
@@ -189,6 +202,8 @@ class ServerNode : public Node {
   mutable std::shared_mutex view_mu_;
   int view_rank_ = -1;
   int view_n_ = 0;
+  int view_replicas_ = 1;        // copies of each range (the metadata's replicas)
+  std::vector<char> view_live_;  // by server rank: a live replica (the metadata's is_alive)
 };
 
 }  // namespace pscore::node

@@ -2,9 +2,13 @@
 // as their values arrive (PushTail, CommitStreamedPush), and the push-id window that
 // applies a push sent again at most once (ClaimPush; docs/reliability.md).
 #include <algorithm>
+#include <atomic>
+#include <functional>
+#include <memory>
 
 #include "core/kv_codec.h"
 #include "node/server_node.h"
+#include "node/wire.h"
 
 namespace pscore::node {
 
@@ -61,6 +65,11 @@ std::shared_ptr<comm::TailStream> ServerNode::OnRequestStream(ConnId conn, const
       cluster_state() == pb::CLUSTER_DISABLE_FLS) {
     return nullptr;
   }
+  {
+    // A replicated push is forwarded whole to the backups: received whole.
+    std::shared_lock<std::shared_mutex> lock(view_mu_);
+    if (view_replicas_ > 1) return nullptr;
+  }
   auto pending = in_executor_.find(conn);
   if (pending != in_executor_.end() && pending->second->load(std::memory_order_acquire) != 0) return nullptr;
   return std::make_shared<PushTail>(this);
@@ -95,7 +104,7 @@ void ServerNode::CommitStreamedPush(ConnId conn, Frame&& frame) {
   messenger().Reply(conn, frame.meta, st).IgnoreError();
 }
 
-void ServerNode::HandlePush(const DataRequest& req, Responder r) {
+void ServerNode::HandlePush(const DataRequest& req, Responder r, bool replica) {
   const char* data = req.payload ? req.payload->data() : "";
   size_t size = req.payload ? req.payload->size() : 0;
   Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
@@ -108,17 +117,37 @@ void ServerNode::HandlePush(const DataRequest& req, Responder r) {
   core::ParamStore::StreamHold hold =
       large ? store_.HoldStreamsOff(view->keys, view->lens, view->num_keys) : core::ParamStore::StreamHold();
   std::shared_lock<std::shared_mutex> lock(view_mu_);
-  if (Status owned = CheckOwned(view->keys, view->num_keys); !owned.ok()) return r.Fail(owned);
+  // A worker's push is applied here and by each live backup of its keys' ranges, the
+  // forwards sent before this server applies it (an answer only once all did:
+  // docs/reliability.md); a forwarded one here only.
+  std::vector<int> backups;
+  if (Status owned = CheckOwned(view->keys, view->num_keys, !replica, replica ? nullptr : &backups); !owned.ok()) {
+    return r.Fail(owned);
+  }
+  std::function<void(const Status&)> replicated;  // reports this server's own apply
+  auto forward = [&] {
+    if (!backups.empty()) replicated = Replicate(req, std::move(backups), r);
+  };
+  auto done = [&](const Status& st) {
+    if (replicated) return replicated(st);
+    st.ok() ? r.Reply(nullptr) : r.Fail(st);
+  };
   const std::string_view body(data, size);
   auto apply = [&] { return store_.Push(view->keys, view->lens, view->values, view->num_keys); };
   if (!req.push_id) {
-    Status st = Journaled(core::JournalOp::kPush, body, apply);
-    if (!st.ok()) return r.Fail(st);
-    return r.Reply(nullptr);
+    forward();
+    return done(Journaled(core::JournalOp::kPush, body, apply));
   }
   const core::PushId& id = *req.push_id;
+  // Applied before (a retried push, or one a former primary forwarded): not applied again,
+  // but forwarded again, so a backup that missed it gets it (each backup's window applies
+  // it at most once).
   std::optional<Status> answered = ClaimPush(id);
-  if (answered) return answered->ok() ? r.Reply(nullptr) : r.Fail(*answered);
+  if (answered) {
+    if (answered->ok()) forward();
+    return done(*answered);
+  }
+  forward();
   // Applied (a key of a wrong length is skipped, as replay skips it): the id is in the
   // window, entered with the store change under the journal's lock.
   bool ran = false;
@@ -130,8 +159,55 @@ void ServerNode::HandlePush(const DataRequest& req, Responder r) {
   };
   Status st = journal_ ? JournaledRecord(core::JournalPushIdHead(id, body), body, apply_and_end) : apply_and_end();
   if (!ran) dedup_.End(id, /*applied=*/false);
-  if (!st.ok()) return r.Fail(st);
-  r.Reply(nullptr);
+  done(st);
+}
+
+std::function<void(const Status&)> ServerNode::Replicate(const DataRequest& req, std::vector<int> backups,
+                                                         Responder r) {
+  // Every backup and this server's own apply report once; the first failure answers, and
+  // the answer is ok only when all reported ok (a failed part never counts down).
+  struct Round {
+    std::atomic<size_t> left{0};
+    std::atomic<bool> failed{false};
+  };
+  auto round = std::make_shared<Round>();
+  round->left = backups.size() + 1;
+  auto report = [r, round](const Status& st) {
+    if (!st.ok()) {
+      if (!round->failed.exchange(true)) r.Fail(st);
+      return;
+    }
+    if (round->left.fetch_sub(1) == 1 && !round->failed.load()) r.Reply(nullptr);
+  };
+  bool queued = loop()->Run([this, req, backups = std::move(backups), report] {
+    for (int backup : backups) {
+      auto answered = [this, backup, report](const Status& st) {
+        // The worker sends the push again (same id): this server acknowledges its repeat
+        // and forwards it again, until the backup answers or the scheduler marks it down.
+        if (!st.ok()) {
+          return report(Status(Code::kUnavailable, "server " + options_.node_id + ": backup server rank " +
+                                                       std::to_string(backup) + " did not apply the push: " +
+                                                       st.message()));
+        }
+        report(st);
+      };
+      WithServerConn(backup, [this, req, answered](Result<ConnId> c) {
+        if (!c.ok()) return answered(c.status());
+        pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::SERVER, rank());
+        meta.set_handler(kReplicateHandler);
+        if (req.push_id) {
+          pb::PushId* id = meta.mutable_push_id();
+          id->set_writer(req.push_id->writer);
+          id->set_incarnation(req.push_id->incarnation);
+          id->set_seq(req.push_id->seq);
+        }
+        messenger().Call(*c, meta, req.payload, options_.request_timeout,
+                         [answered](Result<Frame> res) { answered(res.status()); });
+      });
+    }
+  });
+  if (!queued) report(Stopped());
+  return report;
 }
 
 std::optional<Status> ServerNode::ClaimPush(const core::PushId& id) {

@@ -26,14 +26,39 @@ namespace {
 constexpr size_t kMigrateChunkBytes = 32u << 20;
 }
 
-Status ServerNode::CheckOwned(const uint64_t* keys, size_t n) const {
+Status ServerNode::CheckOwned(const uint64_t* keys, size_t n, bool as_primary, std::vector<int>* backups) const {
   if (view_n_ <= 0) return Status(Code::kAborted, "server " + options_.node_id + " owns no keys yet");
+  if (view_replicas_ <= 1) {
+    for (size_t i = 0; i < n; ++i) {
+      int owner = core::ServerForKey(keys[i], view_n_);
+      if (owner != view_rank_) {
+        return Status(Code::kAborted, "key " + std::to_string(keys[i]) + " is owned by server rank " +
+                                          std::to_string(owner) + " of " + std::to_string(view_n_) +
+                                          ", not " + std::to_string(view_rank_));
+      }
+    }
+    return Status::Ok();
+  }
+  int last_range = -1;
   for (size_t i = 0; i < n; ++i) {
-    int owner = core::ServerForKey(keys[i], view_n_);
-    if (owner != view_rank_) {
-      return Status(Code::kAborted, "key " + std::to_string(keys[i]) + " is owned by server rank " +
-                                        std::to_string(owner) + " of " + std::to_string(view_n_) +
-                                        ", not " + std::to_string(view_rank_));
+    const int range = core::ServerForKey(keys[i], view_n_);
+    if (range == last_range) continue;
+    last_range = range;
+    const int primary = core::PrimaryOf(range, view_n_, view_replicas_, view_live_);
+    const bool ok = as_primary ? primary == view_rank_ : core::HoldsRange(view_rank_, range, view_n_, view_replicas_);
+    if (!ok) {
+      // kAborted: nothing applied; the worker sends it again under newer metadata.
+      return Status(Code::kAborted, "key " + std::to_string(keys[i]) + " is of range " + std::to_string(range) + "/" +
+                                        std::to_string(view_n_) + ", whose primary is server rank " +
+                                        std::to_string(primary) + ", not " + std::to_string(view_rank_) +
+                                        (as_primary ? "" : " (nor is it a replica)"));
+    }
+    if (backups == nullptr) continue;
+    for (int rank : core::ReplicaChain(range, view_n_, view_replicas_)) {
+      const bool live = static_cast<size_t>(rank) >= view_live_.size() || view_live_[static_cast<size_t>(rank)];
+      if (rank != view_rank_ && live && std::find(backups->begin(), backups->end(), rank) == backups->end()) {
+        backups->push_back(rank);
+      }
     }
   }
   return Status::Ok();
@@ -70,12 +95,20 @@ void ServerNode::RefreshView() {
   if (s == pb::CLUSTER_SCALE_OUT || s == pb::CLUSTER_SCALE_IN || s == pb::ClUSTER_STARTING) return;
   int rank = md.rank_id();
   int n = md.server_num();
+  const int replicas = std::max(1, md.replicas());
+  // Which servers hold their ranges' copies: not those timed out or back after a loss.
+  std::vector<char> live(static_cast<size_t>(std::max(n, 0)), 1);
+  for (const pb::ServersMeta& s : md.servers_meta()) {
+    if (s.role() == pb::SERVER && s.rank_id() >= 0 && s.rank_id() < n) live[s.rank_id()] = s.is_alive() ? 1 : 0;
+  }
   bool changed;
   {
     std::unique_lock<std::shared_mutex> lock(view_mu_);
-    changed = view_rank_ != rank || view_n_ != n;
+    changed = view_rank_ != rank || view_n_ != n || view_live_ != live;
     view_rank_ = rank;
     view_n_ = n;
+    view_replicas_ = replicas;
+    view_live_ = std::move(live);
   }
   if (n != mailbox_servers_) {
     // Ranks are numbered anew: a timed-out rank may be a live server now, and a receive
@@ -93,7 +126,8 @@ void ServerNode::RefreshView() {
   // Stable under this view: entries moved away (or copied here by a rolled-back
   // operation) are no longer needed here.
   size_t dropped = 0;
-  if (store_.HasNotOwned(rank, n)) {
+  // (With replicas, this server also holds the ranges it backs up.)
+  if (replicas <= 1 && store_.HasNotOwned(rank, n)) {
     Status st = Journaled(core::JournalOp::kDrop, core::EncodeJournalDrop(rank, n), [&] {
       dropped = store_.ExtractNotOwned(rank, n, /*erase=*/true).size();
       return Status::Ok();
@@ -102,6 +136,7 @@ void ServerNode::RefreshView() {
   }
   if (changed || dropped > 0) {
     LOG(INFO) << "server " << options_.node_id << " serves key range " << rank << "/" << n
+              << (replicas > 1 ? " (replicas " + std::to_string(replicas) + ")" : "")
               << (dropped ? " (dropped " + std::to_string(dropped) + " keys owned elsewhere)" : "");
   }
 }

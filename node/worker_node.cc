@@ -338,7 +338,8 @@ struct WorkerNode::KvOp {
 // What one request carries: a push payload already encoded for `for_servers` servers
 // (re-split from its own bytes if the server count changed), or pull key indices.
 struct WorkerNode::KvPart {
-  int server = -1;
+  int server = -1;              // the key range (server rank of the partition) of its keys
+  int target = -1;              // the server rank it was last sent to: the range's primary
   int for_servers = 0;
   Payload payload;              // push
   size_t num_keys = 0;          // push
@@ -688,7 +689,11 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
       sink = comm::AnswerSink{reinterpret_cast<char*>(op->dest + off), floats * sizeof(float)};
     }
   }
-  int server = part.server;
+  // The range's primary under the current metadata (with replicas, the first live copy);
+  // with every copy down, the range's own rank (the send fails and is retried).
+  int server = Primary(part.server);
+  if (server < 0) server = part.server;
+  part.target = server;
   ++op->parts_sent;
   part.addr = ServerAddress(server);
   const Status last_error = part.lost;
@@ -714,10 +719,11 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
   if (part.lost_since != TimePoint{}) {
     const Duration left = HeldUntil(*op, part) - part.sent_at;
     *timer = loop()->AddTimer(std::max(left, Duration::zero()), Duration::zero(),
-                              [this, op, timer, rank = server, addr = part.addr, server_name = part.lost_server,
-                               since = part.lost_since, sends = part.attempts + 1, last = last_error] {
+                              [this, op, timer, rank = server, range = part.server, addr = part.addr,
+                               server_name = part.lost_server, since = part.lost_since, sends = part.attempts + 1,
+                               last = last_error] {
                                 *timer = 0;
-                                if (ServerAddress(rank) != addr) return;
+                                if (ServerAddress(rank) != addr || Primary(range) != rank) return;
                                 op->Fail(GaveUpStatus(server_name, since, sends, last, options_.recovery_timeout));
                               });
   }
@@ -844,17 +850,19 @@ void WorkerNode::RetryLost(const std::shared_ptr<KvOp>& op, KvPart part, const S
   if (part.lost_since == TimePoint{}) {
     // The clock starts with the send that failed (a dial may have taken connect_timeout).
     part.lost_since = part.sent_at;
-    part.lost_server = ServerName(part.server);
+    part.lost_server = ServerName(part.target);
     LOG(WARNING) << options_.node_id << ": " << (op->push ? "push" : "pull") << " to server " << part.lost_server
                  << " lost (" << why << "); sending it again for up to "
                  << ToMillis(options_.recovery_timeout) << " ms";
   }
   part.lost = why;
   if (now >= HeldUntil(*op, part)) {
-    const std::string addr = ServerAddress(part.server);
+    const int primary = Primary(part.server);
+    const std::string addr = primary < 0 ? std::string() : ServerAddress(primary);
     if (addr.empty() || addr == part.addr) return op->Fail(GaveUp(part));
-    // Back at another address (a restart on a new port): its own recovery_timeout there.
-    LOG(WARNING) << options_.node_id << ": server " << part.lost_server << " is at " << addr
+    // Back at another address (a restart on a new port), or another replica is the
+    // range's primary now: its own recovery_timeout there.
+    LOG(WARNING) << options_.node_id << ": keys of server " << part.lost_server << " are served at " << addr
                  << " now; sending there for up to " << ToMillis(options_.recovery_timeout) << " ms";
     part.lost_since = now;
   }
@@ -948,14 +956,30 @@ void WorkerNode::StopRole() {
   idle_links_.clear();  // a link out with a caller is dropped when it comes back
 }
 
+int WorkerNode::Primary(int range) const {
+  if (replicas_ <= 1) return range;
+  return core::PrimaryOf(range, static_cast<int>(live_.size()), replicas_, live_);
+}
+
 void WorkerNode::UpdateRoute() {
+  {
+    // Where each range is read and written: its first live replica (docs/reliability.md).
+    const pb::SendMetadataMessage md = metadata();
+    const int n = std::max(0, md.server_num());
+    replicas_ = std::max(1, md.replicas());
+    live_.assign(static_cast<size_t>(n), 1);
+    for (const pb::ServersMeta& s : md.servers_meta()) {
+      if (s.role() == pb::SERVER && s.rank_id() >= 0 && s.rank_id() < n) live_[s.rank_id()] = s.is_alive() ? 1 : 0;
+    }
+  }
   Route r;
   r.usable = !holding_ && cluster_state() == pb::CLUSTER_READY;
   // server_num comes from the wire: walk only the ranks the metadata gave an address
   // (a count with no addresses behind it must not size anything here).
   const int n = metadata().server_num();
-  for (int rank = 0; rank < n; ++rank) {
-    std::string addr = ServerAddress(rank);
+  for (int range = 0; range < n; ++range) {
+    const int primary = Primary(range);
+    std::string addr = primary < 0 ? std::string() : ServerAddress(primary);
     if (addr.empty()) {
       r.usable = false;
       break;

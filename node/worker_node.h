@@ -152,6 +152,11 @@ class WorkerNode : public Node {
   // PullSync's direct way: nullopt when it does not apply (then Pull is used).
   std::optional<Result<PullResult>> TryDirectPull(const std::vector<uint64_t>& keys);
   void UpdateRoute();  // loop thread: publishes where keys live for PullSync
+  // Loop thread: the server rank that reads and writes key range `range` (its primary);
+  // -1 when every replica of it is down.
+  int Primary(int range) const;
+  int replicas_ = 1;        // loop thread: the metadata's replicas
+  std::vector<char> live_;  // loop thread: by server rank, whether it is a live replica
   void KeepIdle(const std::string& addr, std::unique_ptr<comm::BlockingLink> link);  // after a call
 
   bool holding_ = false;  // the cluster is scaling: new key-value traffic waits
@@ -162,7 +167,7 @@ class WorkerNode : public Node {
   struct Route {
     bool stopped = false;            // Stop() ran: no direct link is kept or opened again
     bool usable = false;             // READY and not scaling
-    std::vector<std::string> addrs;  // server address by rank
+    std::vector<std::string> addrs;  // by key range: its primary's address
   };
   std::mutex direct_mu_;
   Route route_;  // guarded by direct_mu_

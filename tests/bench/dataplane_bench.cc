@@ -137,11 +137,13 @@ class Cluster {
  public:
   // With a data_dir, each server journals its parameters in a directory of its own below
   // it (ServerNode's --data_dir), removed with the cluster.
-  Cluster(int workers, int servers, int handler_threads = 2, std::string data_dir = "")
+  // replicas: copies of each server's key range (SchedulerOptions::replicas).
+  Cluster(int workers, int servers, int handler_threads = 2, std::string data_dir = "", int replicas = 1)
       : handler_threads_(handler_threads), data_dir_(std::move(data_dir)) {
     SchedulerOptions so;
     so.worker_num = workers;
     so.server_num = servers;
+    so.replicas = replicas;
     so.max_message_bytes = 1ull << 30;
     sched_ = std::make_unique<SchedulerNode>(so);
     CHECK(sched_->Start().ok());
@@ -488,6 +490,78 @@ void PrintKv(Cluster& c, const std::string& name, size_t size, KvMode mode) {
   if (mode == KvMode::kZPush || mode == KvMode::kPush) Print(name + "_streamed", g_streamed_share, "share");
 }
 
+// Failover: a 2-server job with replicas=2 (heartbeats every 100 ms, timed out after
+// 1000 ms); the primary of a key's range is stopped (its links close and its heartbeats
+// end, as a SIGKILL does) and a push of that key is issued at once. Milliseconds from the
+// stop to that push's acknowledgement, which only the promoted backup can give.
+double FailoverMs() {
+  SchedulerOptions so;
+  so.worker_num = 1;
+  so.server_num = 2;
+  so.replicas = 2;
+  so.heartbeat_interval = 100ms;
+  so.heartbeat_timeout = 1000ms;
+  SchedulerNode sched(so);
+  CHECK(sched.Start().ok());
+  auto opts = [&](const std::string& id, int rank) {
+    NodeOptions o;
+    o.scheduler_port = sched.port();
+    o.node_id = id;
+    o.rank = rank;
+    o.heartbeat_interval = 100ms;
+    o.heartbeat_timeout = 1000ms;
+    o.recovery_timeout = 30s;
+    return o;
+  };
+  core::ParamStore::Options store;
+  store.rule = core::UpdateRule::kSum;
+  std::vector<std::unique_ptr<ServerNode>> servers;
+  for (int i = 0; i < 2; ++i) {
+    servers.push_back(std::make_unique<ServerNode>(opts("s" + std::to_string(i), i), store));
+    CHECK(servers.back()->Start().ok());
+  }
+  WorkerNode worker(opts("w0", -1));
+  CHECK(worker.Start().ok());
+  CHECK(worker.WaitForReady(30s).ok());
+  for (auto& s : servers) CHECK(s->WaitForReady(30s).ok());
+  const uint64_t key = 1;
+  const std::vector<float> values(1024, 1.0f);
+  CHECK(worker.Push({key}, values).get().ok());
+  const auto stopped = std::chrono::steady_clock::now();
+  servers[static_cast<size_t>(core::ServerForKey(key, 2))]->Stop();
+  const Status st = worker.Push({key}, values).get();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - stopped).count();
+  CHECK(st.ok()) << st;
+  worker.Stop();
+  for (auto& s : servers) s->Stop();
+  sched.Stop();
+  return ms;
+}
+
+// Push and pull of 1 MiB with every key range on two servers (replicas=2) against one copy,
+// in alternating rounds of the same run; then the failover median.
+void PrintReplication(bool smoke) {
+  const size_t size = size_t{1} << 20;
+  Cluster one(2, 2);
+  Cluster two(2, 2, 2, "", /*replicas=*/2);
+  std::vector<double> push1, push2, pull1, pull2;
+  for (int r = 0; r < g_rounds; ++r) {
+    push1.push_back(KvThroughput(one, size, KvMode::kPush));
+    push2.push_back(KvThroughput(two, size, KvMode::kPush));
+    pull1.push_back(KvThroughput(one, size, KvMode::kPull));
+    pull2.push_back(KvThroughput(two, size, KvMode::kPull));
+  }
+  Print("push_2w2s_1MiB_replicas1", Median(push1), "MB/s");
+  Print("push_2w2s_1MiB_replicas2", Median(push2), "MB/s");
+  Print("push_2w2s_1MiB_replicas2_vs_1", Median(push2) / Median(push1), "x");
+  Print("pull_2w2s_1MiB_replicas1", Median(pull1), "MB/s");
+  Print("pull_2w2s_1MiB_replicas2", Median(pull2), "MB/s");
+  Print("pull_2w2s_1MiB_replicas2_vs_1", Median(pull2) / Median(pull1), "x");
+  std::vector<double> failovers;
+  for (int i = 0; i < (smoke ? 1 : 5); ++i) failovers.push_back(FailoverMs());
+  Print("failover_2s_replicas2_hb1000ms_p50", Median(failovers), "ms");
+}
+
 int Main(const std::string& mode, size_t size, int nodes) {
   const bool smoke = mode == "smoke";  // CI: every figure at tiny sizes, so the code cannot rot
   const bool quick = mode == "quick" || smoke;
@@ -506,6 +580,10 @@ int Main(const std::string& mode, size_t size, int nodes) {
                                           : KvMode::kPull;
     const std::string tag = std::to_string(nodes) + "w" + std::to_string(nodes) + "s_";
     PrintKv(c, mode + "_" + tag + SizeName(size), size, m);
+    return 0;
+  }
+  if (mode == "replication") {  // replicas=2 against 1 at 1 MiB, and the failover median
+    PrintReplication(false);
     return 0;
   }
   if (mode == "model") {  // the model-pull figures only
@@ -549,6 +627,7 @@ int Main(const std::string& mode, size_t size, int nodes) {
     const size_t journaled = smoke ? size_t{1} << 20 : size_t{16} << 20;
     PrintKv(c, "push_1w1s_" + SizeName(journaled) + "_journaled", journaled, KvMode::kPush);
   }
+  if (!latency_only) PrintReplication(smoke);
   for (const auto& [size, runs] : g_paired) {
     std::printf("%-40s %12.2f MB/s (median of %zu paired runs)\n", ("baseline_oneway_" + SizeName(size) + "_paired").c_str(),
                 Median(runs), runs.size());

@@ -1,0 +1,132 @@
+// The scheduler's side of server replication (ClusterManager with replicas >= 2, fake
+// clock, no sockets): a server's timeout publishes a new epoch marking it down, a lost
+// server whose ranges all keep a live copy does not fail the job (one whose ranges lost
+// every copy does), a server that comes back stays marked down (it missed pushes), and the
+// server count cannot be scaled.
+#include <string>
+#include <vector>
+
+#include "core/cluster_manager.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::core {
+namespace {
+
+using std::chrono::seconds;
+
+RegisterRequest Req(const std::string& id, pb::NodeRole role, uint64_t inc = 100, int port = 7000) {
+  RegisterRequest req;
+  req.node_id = id;
+  req.role = role;
+  req.ip = "10.0.0.1";
+  req.port = port;
+  req.incarnation = inc;
+  return req;
+}
+
+// s0, s1, s2 + w0, READY, heartbeat timeout 30 s, `replicas` copies of each range.
+struct Job {
+  explicit Job(int replicas) {
+    ClusterConfig c;
+    c.worker_num = 1;
+    c.server_num = 3;
+    c.replicas = replicas;
+    c.heartbeat_timeout = seconds(30);
+    cm = std::make_unique<ClusterManager>(c, &clock);
+    for (auto [id, role] : {std::pair{"s0", pb::SERVER}, {"s1", pb::SERVER}, {"s2", pb::SERVER}, {"w0", pb::WORKER}}) {
+      REQUIRE(cm->Register(Req(id, role)).ok());
+    }
+    REQUIRE(cm->state() == pb::CLUSTER_READY);
+    cm->TakeEvents();
+  }
+  void Silence(const std::vector<std::string>& alive) {
+    clock.Advance(seconds(31));
+    for (const std::string& id : alive) REQUIRE(cm->Heartbeat(id).ok());
+    cm->Tick();
+  }
+  bool Alive(const std::string& id) const {
+    pb::SendMetadataMessage md = cm->BuildMetadata();
+    for (const pb::ServersMeta& s : md.servers_meta()) {
+      if (s.node_id() == id) return s.is_alive();
+    }
+    return false;
+  }
+  FakeClock clock;
+  std::unique_ptr<ClusterManager> cm;
+};
+
+bool Published(const std::vector<Event>& events) {
+  for (const Event& e : events) {
+    if (e.kind == Event::Kind::kMetadataChanged) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("replicas=2: a server's timeout publishes a new epoch marking it down", "[core][replication]") {
+  Job job(2);
+  const uint64_t epoch = job.cm->epoch();
+  CHECK(job.cm->BuildMetadata().replicas() == 2);
+  job.Silence({"s0", "s2", "w0"});
+  CHECK(Published(job.cm->TakeEvents()));
+  CHECK(job.cm->epoch() > epoch);
+  CHECK_FALSE(job.Alive("s1"));
+  CHECK(job.Alive("s0"));
+}
+
+TEST_CASE("replicas=1: a server's timeout publishes no new metadata", "[core][replication]") {
+  Job job(1);
+  const uint64_t epoch = job.cm->epoch();
+  job.Silence({"s0", "s2", "w0"});
+  CHECK_FALSE(Published(job.cm->TakeEvents()));
+  CHECK(job.cm->epoch() == epoch);
+}
+
+TEST_CASE("replicas=2: a lost server whose ranges keep a live copy does not fail the job", "[core][replication]") {
+  Job job(2);
+  job.Silence({"s0", "s2", "w0"});
+  for (const char* id : {"s0", "s2", "w0"}) REQUIRE(job.cm->Finish(id).ok());
+  REQUIRE(job.cm->state() == pb::CLUSTER_EXIT);
+  CHECK(job.cm->outcome().result == JobOutcome::Result::kFinished);
+}
+
+TEST_CASE("replicas=2: two neighbouring servers lost take a range's every copy and fail the job",
+          "[core][replication]") {
+  Job job(2);
+  job.Silence({"s2", "w0"});  // range 0 lived on s0 and s1
+  for (const char* id : {"s2", "w0"}) REQUIRE(job.cm->Finish(id).ok());
+  REQUIRE(job.cm->state() == pb::CLUSTER_EXIT);
+  CHECK(job.cm->outcome().result == JobOutcome::Result::kFailed);
+  CHECK(job.cm->outcome().failed_nodes == std::vector<std::string>{"s0", "s1"});
+}
+
+TEST_CASE("replicas=2: a server restarted after a loss stays marked down", "[core][replication]") {
+  Job job(2);
+  job.Silence({"s0", "s2", "w0"});
+  job.cm->TakeEvents();
+  const uint64_t epoch = job.cm->epoch();
+  REQUIRE(job.cm->Register(Req("s1", pb::SERVER, /*inc=*/101, /*port=*/7001)).ok());
+  CHECK(job.cm->epoch() > epoch);
+  CHECK_FALSE(job.cm->Find("s1")->timed_out);
+  CHECK_FALSE(job.Alive("s1"));
+  // Restarted before its timeout, on the same address: marked down too.
+  Job quick(2);
+  const uint64_t before = quick.cm->epoch();
+  REQUIRE(quick.cm->Register(Req("s2", pb::SERVER, /*inc=*/102)).ok());
+  CHECK(quick.cm->epoch() > before);
+  CHECK_FALSE(quick.Alive("s2"));
+}
+
+TEST_CASE("replicas=2: a scale that changes the server count is refused but workers may scale", "[core][replication]") {
+  Job job(2);
+  Status out = job.cm->ScaleOut(1, 4);
+  CHECK(out.code() == Code::kFailedPrecondition);
+  CHECK(out.message().find("replicas=2") != std::string::npos);
+  CHECK(job.cm->ScaleInByIds({"s2"}).code() == Code::kFailedPrecondition);
+  CHECK(job.cm->state() == pb::CLUSTER_READY);
+  CHECK(job.cm->ScaleOut(2, 3).ok());
+}
+
+}  // namespace pscore::core

@@ -1,0 +1,226 @@
+// Server replication (docs/reliability.md), in one process: with replicas=2 a push is
+// applied by every live replica of its keys' range before the worker's future is ready;
+// a server's loss marks it down in a new epoch, the next replica of each of its ranges
+// serves them, and every acknowledged push is still there; a push forwarded twice (a
+// retry after a lost answer) is applied once on the primary and the backup.
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <thread>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/key_range.h"
+#include "node/scheduler_node.h"
+#include "node/server_node.h"
+#include "node/worker_node.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::node {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr auto kDeadline = std::chrono::seconds(60);
+
+template <typename T>
+T Await(std::future<T>&& f, Duration timeout = kDeadline) {
+  if (f.wait_for(timeout) != std::future_status::ready) FAIL("no answer within the deadline");
+  return f.get();
+}
+
+core::ParamStore::Options SumStore() {
+  core::ParamStore::Options o;
+  o.rule = core::UpdateRule::kSum;
+  return o;
+}
+
+// A value stored on `server` for `key`, or empty when it holds none.
+std::vector<float> Stored(ServerNode& server, uint64_t key) {
+  std::vector<uint32_t> lens;
+  std::vector<float> values;
+  if (!server.store().Pull(&key, 1, &lens, &values).ok()) return {};
+  return values;
+}
+
+// A server that closes a worker's link once the worker's first built-in push is applied,
+// before its answer is written: the worker sees the link lost and sends the push again.
+class AnswerDroppingServer : public ServerNode {
+ public:
+  AnswerDroppingServer(NodeOptions o, core::ParamStore::Options store) : ServerNode(std::move(o), store) {}
+  std::atomic<int> dropped{0};
+
+ protected:
+  void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame) override {
+    const bool push = frame.meta.cmd() == pb::SEND_DATA && frame.meta.handler() == kPushHandler;
+    if (!push || dropped > 0) return ServerNode::OnPeerRequest(conn, std::move(frame));
+    const core::PushId id{frame.meta.push_id().writer(), frame.meta.push_id().incarnation(),
+                          frame.meta.push_id().seq()};
+    ServerNode::OnPeerRequest(conn, std::move(frame));
+    // The loop thread waits (bounded) until the handler thread applied it.
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while (!push_window().Applied(id) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(1ms);
+    }
+    if (!push_window().Applied(id)) return;
+    ++dropped;
+    messenger().transport().Close(conn, Status(Code::kUnavailable, "test: answer dropped"));
+  }
+};
+
+class ReplicatedCluster {
+ public:
+  using Factory = std::function<std::unique_ptr<ServerNode>(NodeOptions, int rank)>;
+  ReplicatedCluster(int servers, int replicas, Factory factory = nullptr) {
+    SchedulerOptions so;
+    so.server_num = servers;
+    so.worker_num = 1;
+    so.replicas = replicas;
+    so.heartbeat_interval = 100ms;
+    so.heartbeat_timeout = 1500ms;
+    sched_ = std::make_unique<SchedulerNode>(so);
+    REQUIRE(sched_->Start().ok());
+    std::vector<std::future<Status>> started;
+    for (int i = 0; i < servers; ++i) {
+      NodeOptions o = Opts("s" + std::to_string(i));
+      o.rank = i;
+      this->servers.push_back(factory ? factory(o, i) : std::make_unique<ServerNode>(o, SumStore()));
+    }
+    worker = std::make_unique<WorkerNode>(Opts("w0"));
+    for (auto& s : this->servers) REQUIRE(s->Start().ok());
+    REQUIRE(worker->Start().ok());
+    REQUIRE(worker->WaitForReady(kDeadline).ok());
+    for (auto& s : this->servers) REQUIRE(s->WaitForReady(kDeadline).ok());
+  }
+  ~ReplicatedCluster() {
+    worker->Stop();
+    for (auto& s : servers) s->Stop();
+    sched_->Stop();
+  }
+  NodeOptions Opts(const std::string& id) const {
+    NodeOptions o;
+    o.scheduler_port = sched_->port();
+    o.node_id = id;
+    o.heartbeat_interval = 100ms;
+    o.heartbeat_timeout = 1500ms;
+    o.connect_timeout = 5s;
+    o.recovery_timeout = 30s;
+    o.handler_threads = 1;
+    return o;
+  }
+  ServerNode& ByRank(int rank) {
+    for (auto& s : servers) {
+      if (s->rank() == rank) return *s;
+    }
+    FAIL("no server of rank " << rank);
+    return *servers[0];
+  }
+
+  std::unique_ptr<SchedulerNode> sched_;
+  std::vector<std::unique_ptr<ServerNode>> servers;
+  std::unique_ptr<WorkerNode> worker;
+};
+
+std::vector<uint64_t> Keys(size_t n) {
+  std::vector<uint64_t> keys(n);
+  for (size_t i = 0; i < n; ++i) keys[i] = i;
+  return keys;
+}
+
+}  // namespace
+
+TEST_CASE("replica chains: each range on R consecutive ranks and its primary the first live one", "[replication]") {
+  CHECK(core::ReplicaChain(2, 3, 2) == std::vector<int>{2, 0});
+  CHECK(core::ReplicaChain(0, 3, 5) == std::vector<int>{0, 1, 2});  // at most the server count
+  CHECK(core::ReplicaChain(0, 3, 0) == std::vector<int>{0});
+  CHECK(core::ReplicaChain(3, 3, 2).empty());
+  CHECK(core::HoldsRange(0, 2, 3, 2));
+  CHECK_FALSE(core::HoldsRange(1, 2, 3, 2));
+  CHECK(core::PrimaryOf(1, 3, 2, {1, 1, 1}) == 1);
+  CHECK(core::PrimaryOf(1, 3, 2, {1, 0, 1}) == 2);
+  CHECK(core::PrimaryOf(2, 3, 2, {1, 1, 0}) == 0);
+  CHECK(core::PrimaryOf(1, 3, 2, {1, 0, 0}) == -1);  // both copies down
+  CHECK(core::PrimaryOf(1, 3, 2, {}) == 1);         // no liveness known: all live
+}
+
+TEST_CASE("with replicas=2 a push is on both replicas of its range before it is acknowledged",
+          "[replication][net]") {
+  ReplicatedCluster c(/*servers=*/2, /*replicas=*/2);
+  const std::vector<uint64_t> keys = Keys(16);
+  for (int round = 1; round <= 3; ++round) {
+    // Small values (applied on the loop thread) and large ones (on the handler thread).
+    const size_t len = round == 2 ? 32768 : 4;
+    std::vector<float> values(keys.size() * len, 1.0f);
+    if (round == 2) {
+      REQUIRE(Await(c.worker->Push({100, 101}, std::vector<float>(2 * len, 2.0f))).ok());
+      for (auto& s : c.servers) {
+        CHECK(Stored(*s, 100) == std::vector<float>(len, 2.0f));
+        CHECK(Stored(*s, 101) == std::vector<float>(len, 2.0f));
+      }
+      continue;
+    }
+    REQUIRE(Await(c.worker->Push(keys, values)).ok());
+    // Acknowledged: every key is on both servers (each is the primary of one range and
+    // the backup of the other), with every push so far.
+    for (uint64_t k : keys) {
+      INFO("key " << k << " round " << round);
+      for (auto& s : c.servers) CHECK(Stored(*s, k) == std::vector<float>(len, round == 1 ? 1.0f : 2.0f));
+    }
+  }
+  Result<PullResult> pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(keys.size() * 4, 2.0f));
+}
+
+TEST_CASE("with replicas=2 a server's loss promotes its backup and no acknowledged push is lost",
+          "[replication][net]") {
+  ReplicatedCluster c(/*servers=*/3, /*replicas=*/2);
+  const std::vector<uint64_t> keys = Keys(32);
+  const std::vector<float> ones(keys.size() * 8, 1.0f);
+  for (int i = 0; i < 5; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  // Server rank 1 goes away (its heartbeats stop, its links close); its range's backup,
+  // rank 2, becomes the primary once the scheduler has timed it out.
+  const uint64_t epoch = c.worker->epoch();
+  c.ByRank(1).Stop();
+  for (int i = 0; i < 5; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  Result<PullResult> pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(keys.size() * 8, 10.0f));
+  CHECK(c.worker->epoch() > epoch);
+  // The survivors hold every key of the ranges they serve with all ten pushes.
+  for (uint64_t k : keys) {
+    const int range = core::ServerForKey(k, 3);
+    for (int rank : core::ReplicaChain(range, 3, 2)) {
+      if (rank == 1) continue;
+      INFO("key " << k << " on rank " << rank);
+      CHECK(Stored(c.ByRank(rank), k) == std::vector<float>(8, 10.0f));
+    }
+  }
+}
+
+TEST_CASE("a push whose answer was lost is sent again and applied once on the primary and the backup",
+          "[replication][net]") {
+  const uint64_t key = 7;
+  const int primary = core::ServerForKey(key, 2);
+  ReplicatedCluster c(/*servers=*/2, /*replicas=*/2, [&](NodeOptions o, int rank) -> std::unique_ptr<ServerNode> {
+    if (rank == primary) return std::make_unique<AnswerDroppingServer>(std::move(o), SumStore());
+    return std::make_unique<ServerNode>(std::move(o), SumStore());
+  });
+  auto& dropping = static_cast<AnswerDroppingServer&>(c.ByRank(primary));
+  ServerNode& backup = c.ByRank(1 - primary);
+  const size_t len = 8192;  // 32 KiB: applied on the handler thread
+  REQUIRE(Await(c.worker->Push({key}, std::vector<float>(len, 1.0f))).ok());
+  CHECK(dropping.dropped == 1);
+  // Sent again with its id: the primary acknowledged the repeat without applying it and
+  // forwarded it again; the backup applied it once.
+  CHECK(dropping.repeated_pushes() == 1);
+  CHECK(Stored(dropping, key) == std::vector<float>(len, 1.0f));
+  CHECK(Stored(backup, key) == std::vector<float>(len, 1.0f));
+  Result<PullResult> pulled = Await(c.worker->Pull({key}));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(len, 1.0f));
+}
+
+}  // namespace pscore::node
