@@ -318,15 +318,25 @@ void SchedulerNode::HandleBarrier(ConnId conn, const Frame& frame) {
   if (!st.ok()) return Reply(conn, frame.meta, st);
   if (req.cancel()) return Reply(conn, frame.meta, barriers_.Cancel(req.id()));
   std::string node_id = req.node_id().empty() ? NodeOf(conn) : req.node_id();
+  if (req.query_round()) {
+    pb::BarrierResponse resp;
+    resp.set_id(req.id());
+    resp.set_generation(barriers_.LastRoundOf(req.id(), node_id));
+    return Reply(conn, frame.meta, Status::Ok(), ToBuffer(resp));
+  }
   pb::MessageMeta meta = frame.meta;
   barriers_.Arrive(req.id(), node_id, WireMillis(req.timeout_ms()),
                    {req.participants().begin(), req.participants().end()},
-                   [this, conn, meta, id = req.id()](Status s) {
+                   [this, conn, meta, id = req.id(), round = req.round()](Status s) {
                      pb::BarrierResponse resp;
                      resp.set_id(id);
+                     resp.set_generation(round);
+                     // The round's result goes into the state file (a restarted scheduler
+                     // answers a re-issued call with it).
+                     MarkStateDirty(/*urgent=*/true);
                      Reply(conn, meta, s, ToBuffer(resp));
                    },
-                   /*generation=*/0, /*owner=*/conn);
+                   /*generation=*/req.round(), /*owner=*/conn);
 }
 
 }  // namespace pscore::node

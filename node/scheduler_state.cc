@@ -1,6 +1,6 @@
 // SchedulerNode, restart recovery (--state_dir): loads the persisted state at Start, before
 // the port is open, and writes a snapshot whenever membership, cluster state, epoch, the
-// finish barrier or the KV store change. Snapshots are built and serialized on the loop
+// finish barrier, the KV store or a barrier round's end change. Snapshots are built and serialized on the loop
 // thread and written by a StateWriter thread; the loop never waits on the disk.
 #include <chrono>
 #include <cstdio>
@@ -62,6 +62,9 @@ Status SchedulerNode::OpenState() {
       core::KvStore::Entries entries;
       for (const pb::KvEntry& e : state->kv()) entries.emplace_back(e.key(), e.value());
       kv_.Restore(entries);
+      for (const pb::PersistedBarrier& b : state->barriers()) {
+        barriers_.RestoreEndedRound(b.id(), b.round(), Status(static_cast<Code>(b.code()), b.message()));
+      }
       state_sequence_ = state->sequence();
       LOG(INFO) << "scheduler: restored from " << path << " (" << cluster_.Nodes().size() << " nodes, "
                 << entries.size() << " KV entries, state " << core::ClusterStateName(cluster_.state())
@@ -110,6 +113,14 @@ void SchedulerNode::PersistState() {
     pb::KvEntry* e = st.add_kv();
     e->set_key(key);
     e->set_value(value);
+  }
+  for (const core::BarrierManager::EndedRound& r : barriers_.NewestEndedRounds()) {
+    if (r.id.size() > core::kMaxStateBarrierIdBytes) continue;  // not kept over a restart
+    pb::PersistedBarrier* b = st.add_barriers();
+    b->set_id(r.id);
+    b->set_round(r.round);
+    b->set_code(static_cast<int>(r.result.code()));
+    b->set_message(r.result.message().substr(0, core::kMaxStateBarrierMessageBytes));
   }
   state_writer_->Submit(core::SerializeState(st));
   state_dirty_ = false;
