@@ -308,6 +308,10 @@ void SchedulerNode::HandleKv(ConnId conn, const Frame& frame) {
   }
   if (st.ok() && (req.op() == pb::KvRequest::SET || req.op() == pb::KvRequest::DELETE)) {
     MarkStateDirty(/*urgent=*/false);
+    // Answered once on disk: a member never learns of a change a restart would lose.
+    BufferPtr body = ToBuffer(resp);
+    pb::MessageMeta meta = frame.meta;
+    return AnswerWhenDurable([this, conn, meta, body] { Reply(conn, meta, Status::Ok(), body); });
   }
   Reply(conn, frame.meta, st, ToBuffer(resp));
 }
@@ -331,10 +335,11 @@ void SchedulerNode::HandleBarrier(ConnId conn, const Frame& frame) {
                      pb::BarrierResponse resp;
                      resp.set_id(id);
                      resp.set_generation(round);
-                     // The round's result goes into the state file (a restarted scheduler
-                     // answers a re-issued call with it).
+                     // The round's result goes into the state file first (a restarted
+                     // scheduler answers a re-issued call with it).
                      MarkStateDirty(/*urgent=*/true);
-                     Reply(conn, meta, s, ToBuffer(resp));
+                     BufferPtr body = ToBuffer(resp);
+                     AnswerWhenDurable([this, conn, meta, s, body] { Reply(conn, meta, s, body); });
                    },
                    /*generation=*/req.round(), /*owner=*/conn);
 }

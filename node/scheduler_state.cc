@@ -52,6 +52,7 @@ Status SchedulerNode::OpenState() {
   Result<std::optional<pb::PersistedState>> loaded = LoadStateFile(options_, path);
   if (!loaded.ok()) return loaded.status();
   state_writer_ = std::make_unique<StateWriter>(path);
+  state_writer_->SetOnWritten([this] { loop_->Run([this] { RunDurableAnswers(/*all=*/false); }); });
   PSCORE_RETURN_IF_ERROR(state_writer_->Start());
   std::promise<Status> done;
   bool queued = loop_->Run([this, &loaded, &path, &done] {
@@ -81,6 +82,7 @@ Status SchedulerNode::OpenState() {
       loop_->AddStopHook([this] {
         MarkStateDirty(/*urgent=*/true);
         PersistState();
+        RunDurableAnswers(/*all=*/true);
       });
     }
     MarkStateDirty(/*urgent=*/true);  // the first snapshot replaces an ended or damaged file
@@ -125,6 +127,31 @@ void SchedulerNode::PersistState() {
   state_writer_->Submit(core::SerializeState(st));
   state_dirty_ = false;
   state_urgent_ = false;
+}
+
+void SchedulerNode::AnswerWhenDurable(std::function<void()> answer) {
+  if (!state_writer_) return answer();
+  PersistState();
+  // Not submitted yet (a KV change waits for an idle writer or the next tick): the next one.
+  const uint64_t needed = state_writer_->submitted() + (state_dirty_ ? 1 : 0);
+  if (state_writer_->written_through() >= needed) return answer();
+  durable_answers_.emplace_back(needed, std::move(answer));
+}
+
+void SchedulerNode::RunDurableAnswers(bool all) {
+  if (durable_answers_.empty() || !state_writer_) return;
+  const uint64_t written = state_writer_->written_through();
+  std::vector<std::function<void()>> ready;
+  std::vector<std::pair<uint64_t, std::function<void()>>> kept;
+  for (auto& [needed, answer] : durable_answers_) {
+    if (all || needed <= written) {
+      ready.push_back(std::move(answer));
+    } else {
+      kept.emplace_back(needed, std::move(answer));
+    }
+  }
+  durable_answers_ = std::move(kept);
+  for (auto& answer : ready) answer();
 }
 
 }  // namespace pscore::node

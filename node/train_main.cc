@@ -260,12 +260,19 @@ int Train(const node::CommandLine& cl) {
   }
   if (!st.ok()) {
     std::cerr << "pscore-train: worker " << rank << ": " << st << std::endl;
-    // The job's own end, when the scheduler already told it (failed: 3), says more.
+    // Honest outcome: this worker's part is not done. Reported as an error and followed by
+    // Finish, the job ends failed naming it (or the peer whose loss stopped it) instead of
+    // waiting for a worker that will never finish; 3 once the scheduler says so.
     Status end = worker.WaitForTermination(0s);
+    if (end.code() != Code::kAborted && end.code() != Code::kUnavailable) {
+      worker.ReportError(static_cast<int>(st.code()), st.message()).IgnoreError();
+      end = worker.Finish(60s);
+      if (!end.ok()) std::cerr << "pscore-train: finish: " << end << std::endl;
+    }
     worker.Stop();
     if (end.code() == Code::kAborted) return node::kExitJobFailed;
     const int code = node::MemberExitCode(st);
-    return code == node::kExitFinished ? node::kExitError : code;
+    return code == node::kExitFinished || code == node::kExitJobFailed ? node::kExitError : code;
   }
   Eval final_eval = Evaluate(data, w, 0, 1, nullptr);
   Eval optimum = Evaluate(data, data.w_star, 0, 1, nullptr);
