@@ -120,6 +120,14 @@ void BarrierManager::Arrive(const std::string& id, const std::string& node_id,
   const uint64_t last = last_it == series.last_generation.end() ? 0 : last_it->second;
   const uint64_t gen = generation != 0 ? generation : last + 1;
 
+  if (generation != 0) {
+    Status at = CheckRound(id, gen, node_id, &series);
+    if (!at.ok()) {
+      if (created) series_.erase(found);
+      cb(std::move(at));
+      return;
+    }
+  }
   auto it = series.rounds.find(gen);
   if (it == series.rounds.end() && gen > series.pruned_through) {
     Status room = CheckOpen(owner);
@@ -140,6 +148,11 @@ void BarrierManager::Arrive(const std::string& id, const std::string& node_id,
   Round& round = it != series.rounds.end()
                      ? it->second
                      : OpenRound(id, gen, timeout, participants, owner, &series);
+  if (round.restored) {  // only its result survived a restart
+    Touch(id, &series);
+    cb(round.result);
+    return;
+  }
   Answers answers;
   JoinRound(id, gen, node_id, participants, std::move(cb), owner, &round, &answers);
   Prune(&series);
@@ -436,6 +449,54 @@ std::vector<BarrierInfo> BarrierManager::List() const {
     }
   }
   return out;
+}
+
+Status BarrierManager::CheckRound(const std::string& id, uint64_t gen, const std::string& node_id,
+                                  Series* series) {
+  uint64_t newest = series->pruned_through;
+  if (!series->rounds.empty()) newest = std::max(newest, series->rounds.rbegin()->first);
+  if (newest == 0) {
+    // Nothing kept (a new id, or one forgotten while idle): the caller's count rules.
+    series->pruned_through = gen - 1;
+    return Status::Ok();
+  }
+  if (gen <= newest + 1) return Status::Ok();
+  return Status(Code::kInternal, Name(id, gen) + ": " + node_id + " is at round " + std::to_string(gen) +
+                                     " but the service is at round " + std::to_string(newest) +
+                                     " (the caller's round counter is ahead of the service)");
+}
+
+std::vector<BarrierManager::EndedRound> BarrierManager::NewestEndedRounds() const {
+  std::vector<EndedRound> out;
+  for (const auto& [id, series] : series_) {
+    for (auto r = series.rounds.rbegin(); r != series.rounds.rend(); ++r) {
+      if (r->second.state == BarrierState::kWaiting) continue;
+      out.push_back(EndedRound{id, r->first, r->second.result});
+      break;
+    }
+  }
+  return out;
+}
+
+void BarrierManager::RestoreEndedRound(const std::string& id, uint64_t round, Status result) {
+  if (round == 0) return;
+  auto [found, created] = series_.try_emplace(id);
+  if (!created) return;
+  Series& series = found->second;
+  series.pruned_through = round - 1;
+  Round& r = series.rounds[round];
+  r.restored = true;
+  r.state = result.ok() ? BarrierState::kPassed : BarrierState::kFailed;
+  r.result = std::move(result);
+  Touch(id, &series);
+  EvictIdle();
+}
+
+uint64_t BarrierManager::LastRoundOf(const std::string& id, const std::string& node_id) const {
+  auto s = series_.find(id);
+  if (s == series_.end()) return 0;
+  auto last = s->second.last_generation.find(node_id);
+  return last == s->second.last_generation.end() ? 0 : last->second;
 }
 
 void BarrierManager::Deliver(Answers* answers) {

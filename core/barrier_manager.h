@@ -119,6 +119,22 @@ class BarrierManager {
   // Barrier ids kept (with a round waiting, or ended within keep_ended).
   size_t ids() const { return series_.size(); }
 
+  // --- Round counter (callers count their calls per id; docs/coordination.md) ---
+  // The newest ended round of one id and its result.
+  struct EndedRound {
+    std::string id;
+    uint64_t round = 0;
+    Status result;
+  };
+  // Per kept id, its newest ended round (for the scheduler's state file), sorted by id.
+  std::vector<EndedRound> NewestEndedRounds() const;
+  // A restarted scheduler: id's round `round` ended with result; a caller repeating it gets
+  // that result, the next round opens fresh, a caller further ahead fails (kInternal).
+  // Ignored when id is already known.
+  void RestoreEndedRound(const std::string& id, uint64_t round, Status result);
+  // The highest round of id node_id has joined and not withdrawn from (0: none kept).
+  uint64_t LastRoundOf(const std::string& id, const std::string& node_id) const;
+
  private:
   struct Round {
     std::vector<std::string> participants;  // Sorted, unique.
@@ -134,6 +150,7 @@ class BarrierManager {
     };
     std::vector<Waiter> waiting;
     uint64_t opener = 0;  // owner whose arrival opened the round (while it waits)
+    bool restored = false;  // RestoreEndedRound: only its result is known
   };
   struct Series {
     std::map<std::string, uint64_t> last_generation;  // Highest generation each node joined.
@@ -166,6 +183,11 @@ class BarrierManager {
   // After any change to id's rounds: marks it idle from now if no round waits, busy if one does.
   void Touch(const std::string& id, Series* series);
   static void Deliver(Answers* answers);
+  // Round counter: why a caller naming round gen of a known id may not take part (it is
+  // ahead of the round the manager is at: kInternal), or OK. An id with no round kept starts
+  // at the caller's round.
+  static Status CheckRound(const std::string& id, uint64_t gen, const std::string& node_id,
+                           Series* series);
 
   static void Decrement(std::unordered_map<uint64_t, size_t>* counts, uint64_t owner);
 

@@ -369,13 +369,16 @@ std::vector<std::string> ClusterManager::FinishMissing() const {
 // left in a scale-in are gone from the registry. It cannot pass before the cluster was READY.
 void ClusterManager::CheckFinish() {
   if (finish_passed_ || state_ == pb::ClUSTER_STARTING || state_ == pb::CLUSTER_EXIT) return;
-  bool any_live = false;
+  bool any_finished = false;
   for (const auto& [id, rec] : nodes_) {
-    if (rec.timed_out) continue;
-    if (!rec.finished) return;
-    any_live = true;
+    if (!rec.timed_out && !rec.finished) return;
+    any_finished = any_finished || rec.finished;
   }
-  if (!any_live) return;
+  // Every live node finished. Once a node called Finish the barrier is under way, so it
+  // also passes when no live node is left at all (every one timed out, the finished ones
+  // too: nobody is left to finish, and the outcome below names the lost ones). Before any
+  // Finish, a cluster whose every node timed out waits for them to come back.
+  if (!any_finished) return;
   finish_passed_ = true;
   scaling_ = false;
   for (NodeRecord* rec : MutableNodes()) RefreshNodeState(rec);
@@ -392,19 +395,25 @@ void ClusterManager::CheckFinish() {
 }
 
 // The barrier passed. Nodes still timed out that never called Finish died and were not
-// brought back in time: the job failed. A node that finished and then went silent had
-// done its part.
+// brought back in time, and nodes still in error (reported, never reset): the job failed.
+// A node that finished and then went silent had done its part.
 void ClusterManager::SetOutcomeAtFinish() {
   outcome_ = JobOutcome();
   for (const NodeRecord* rec : Nodes()) {
-    if (!rec->timed_out || rec->finished) continue;
-    if (rec->role == pb::SERVER && ServerCovered(*rec)) {
-      LOG(WARNING) << Label(*rec) << " lost; its key ranges live on in their replicas";
+    std::string what;
+    if (rec->timed_out && !rec->finished) {
+      if (rec->role == pb::SERVER && ServerCovered(*rec)) {
+        LOG(WARNING) << Label(*rec) << " lost; its key ranges live on in their replicas";
+        continue;
+      }
+      what = Cat("lost (", rec->lost_cause.empty() ? "timed out" : rec->lost_cause, ")");
+    } else if (rec->in_error) {
+      // Reported an error and was neither reset nor restarted: its part is not done.
+      what = Cat("in error (", rec->error_code, ": ", rec->error_message, ")");
+    } else {
       continue;
     }
-    const std::string cause = rec->lost_cause.empty() ? "timed out" : rec->lost_cause;
-    outcome_.failure += Cat(outcome_.failure.empty() ? "" : "; ", RoleName(rec->role), " ", rec->node_id,
-                            " lost (", cause, ")");
+    outcome_.failure += Cat(outcome_.failure.empty() ? "" : "; ", RoleName(rec->role), " ", rec->node_id, " ", what);
     outcome_.failed_nodes.push_back(rec->node_id);
   }
   if (outcome_.failed_nodes.empty()) {

@@ -101,8 +101,10 @@ struct NodeRecord {
 };
 
 // How the job ended. A job fails when the finish barrier passes while a node is timed out
-// without having called Finish (it died and was neither restarted nor replaced in time);
-// nodes that left in a scale-in are gone from the registry and do not count.
+// without having called Finish (it died and was neither restarted nor replaced in time) or
+// is in error (reported one, never reset); nodes that left in a scale-in are gone from the
+// registry and do not count. Once a node called Finish, the barrier also ends the job when
+// no node is live any more (every one timed out).
 struct JobOutcome {
   enum class Result { kRunning, kFinished, kFailed, kStopped };
   Result result = Result::kRunning;

@@ -98,6 +98,28 @@ Result<pb::PersistedState> ParseState(std::string_view bytes) {
   return state;
 }
 
+// Barrier rounds: bounded count and sizes, each id once, a round number, a known code.
+static Status ValidateBarriers(const pb::PersistedState& state) {
+  if (state.barriers_size() > kMaxStateBarriers) {
+    return Err(Code::kInvalidArgument, state.barriers_size(), " barriers (max ", kMaxStateBarriers, ")");
+  }
+  std::set<std::string> ids;
+  for (const pb::PersistedBarrier& b : state.barriers()) {
+    if (b.id().empty() || b.id().size() > kMaxStateBarrierIdBytes) {
+      return Err(Code::kInvalidArgument, "barrier id of ", b.id().size(), " bytes");
+    }
+    if (!ids.insert(b.id()).second) return Err(Code::kInvalidArgument, "barrier ", b.id(), " listed twice");
+    if (b.round() == 0) return Err(Code::kInvalidArgument, "barrier ", b.id(), " with round 0");
+    if (b.code() < 0 || b.code() > static_cast<int>(Code::kUnimplemented)) {
+      return Err(Code::kInvalidArgument, "barrier ", b.id(), " with unknown code ", b.code());
+    }
+    if (b.message().size() > kMaxStateBarrierMessageBytes) {
+      return Err(Code::kInvalidArgument, "barrier ", b.id(), " message of ", b.message().size(), " bytes");
+    }
+  }
+  return Status::Ok();
+}
+
 Status ValidateState(const pb::PersistedState& state) {
   if (!pb::ClusterState_IsValid(state.cluster_state())) {
     return Err(Code::kInvalidArgument, "unknown cluster state ", static_cast<int>(state.cluster_state()));
@@ -112,6 +134,7 @@ Status ValidateState(const pb::PersistedState& state) {
   if (state.kv_size() > kMaxStateKvEntries) {
     return Err(Code::kInvalidArgument, state.kv_size(), " KV entries (max ", kMaxStateKvEntries, ")");
   }
+  PSCORE_RETURN_IF_ERROR(ValidateBarriers(state));
   std::set<std::string> ids;
   std::set<std::pair<int, int>> ranks;
   std::map<int, int> per_role;

@@ -1,5 +1,5 @@
 // State file codec: frames a pb::PersistedState (the scheduler's membership, cluster state,
-// epoch, totals and KV store) with a magic, a format version, a length and a CRC-32, and
+// epoch, totals, KV store and barriers' last ended rounds) with a magic, a format version, a length and a CRC-32, and
 // validates all of it on the way back in. Pure functions, any thread; no I/O here (the
 // writer thread is node/state_writer.h).
 //
@@ -44,6 +44,11 @@ inline constexpr uint64_t kMaxStateBodyBytes = kMaxStateKvBytes + kMaxStateMembe
 static_assert(kMaxStateBodyBytes <= 0x7fffffff, "protobuf parses at most 2^31 - 1 bytes");
 inline constexpr int kMaxStateRoleTotal = kMaxRoleTotal;
 inline constexpr size_t kMaxStateNodeIdBytes = 256;
+// Barrier ids with their newest ended round (BarrierLimits::max_ended_ids), and the bytes of
+// one id and of one round's result message.
+inline constexpr int kMaxStateBarriers = 65536;
+inline constexpr size_t kMaxStateBarrierIdBytes = 4096;
+inline constexpr size_t kMaxStateBarrierMessageBytes = 4096;
 
 // CRC-32 (IEEE 802.3, reflected: zlib's crc32, which computes it) of data; given the CRC
 // of the bytes before data as `crc`, the CRC of both (so a record need not be contiguous).

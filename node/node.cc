@@ -93,6 +93,9 @@ Status Node::Stopped() const { return Status(Code::kCancelled, options_.node_id 
 // Loop thread: closes what the node owns on the loop (also run as the loop's stop hook).
 void Node::CloseOnLoop() {
   closed_ = true;
+  auto parked = std::move(parked_calls_);
+  parked_calls_.clear();
+  for (auto& [serial, call] : parked) call->done(Stopped(), call->reissued);
   if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
   heartbeat_timer_ = 0;
   if (watch_timer_ != 0) loop_->CancelTimer(watch_timer_);
@@ -156,6 +159,7 @@ void Node::Register() {
     rank_ = resp.rank_id();
     LOG(INFO) << RoleLabel(options_.role) << " " << options_.node_id << " registered as rank " << rank_;
     PublishSnapshot();
+    ReissueParked();
     if (heartbeat_timer_ == 0) {
       heartbeat_timer_ = loop_->AddTimer(options_.heartbeat_interval, options_.heartbeat_interval,
                                          [this] { Heartbeat(); });
@@ -254,6 +258,7 @@ void Node::SchedulerAnswered() {
 // link is redialed, and past the recovery timeout the node gives up.
 void Node::WatchScheduler() {
   if (closed_ || scheduler_ == nullptr) return;
+  FailParked(/*all=*/false, "");
   const core::SchedulerWatch::Verdict verdict = watch_.Check();
   const std::string who = RoleLabel(options_.role) + " " + options_.node_id;
   const int64_t silent_ms = ToMillis(watch_.since_answer());
@@ -526,6 +531,7 @@ bool Node::Terminate(const Status& why) {
   heartbeat_timer_ = 0;
   if (watch_timer_ != 0) loop_->CancelTimer(watch_timer_);
   watch_timer_ = 0;
+  FailParked(/*all=*/true, why.ok() ? "the job ended" : why.message());
   if (!why.ok() && callbacks_.on_fatal) callbacks_.on_fatal(why);
   return true;
 }

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -87,6 +88,14 @@ class Node {
   Status KvDelete(const std::string& key);
   Status Barrier(const std::string& id, Duration timeout, std::vector<std::string> participants = {});
   Status CancelBarrier(const std::string& id);
+  // Barrier rounds: every Barrier/BarrierAsync call is this node's next round of its id (1,
+  // 2, ...), sent with the call, so a call re-issued after a lost link or a scheduler restart
+  // gets that round's answer. A restarted process (same node id) resumes with
+  // ResumeBarrierRound: it asks the scheduler for the last round of id this node joined,
+  // continues counting from it and returns it (0: none). Blocking; docs/embedding.md.
+  Result<uint64_t> ResumeBarrierRound(const std::string& id);
+  // The last round of id this process called (0: none).
+  uint64_t BarrierRound(const std::string& id) const;
   Status ReportError(int code, const std::string& message);
   Status SendEvent(uint32_t event, const std::string& payload);
 
@@ -138,8 +147,15 @@ class Node {
   Result<comm::Frame> CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
                                     Duration timeout);
   // The same without waiting: any thread; done runs on the loop thread.
+  // BARRIER, KV_REQUEST and FINISH calls that find no registered scheduler link, or lose it
+  // (or time out while the scheduler answered nothing), are re-issued once the node has
+  // registered again; they fail only after options_.recovery_timeout without a scheduler.
   void CallSchedulerAsync(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
                           std::function<void(Result<comm::Frame>)> done);
+  // The same, telling done whether the answer is to a re-issued call (an idempotence check
+  // may need it: a SET that must not overwrite finds its own value).
+  void CallSchedulerReissuable(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
+                               std::function<void(Result<comm::Frame>, bool reissued)> done);
   // Loop thread: the address of server `rank` in the current metadata ("" if none), and
   // whether an address still belongs to a member.
   std::string ServerAddress(int rank) const;
@@ -178,6 +194,23 @@ class Node {
   void WatchScheduler();
   void PublishSnapshot();
   void SendScaleDone(pb::NodeCommand cmd, uint64_t epoch);
+  // Control calls that survive a lost scheduler (loop thread): see CallSchedulerAsync.
+  struct ControlCall {
+    pb::NodeCommand cmd;
+    BufferPtr payload;
+    Duration timeout{};
+    std::function<void(Result<comm::Frame>, bool reissued)> done;
+    bool reissuable = false;
+    bool reissued = false;
+    std::optional<TimePoint> lost_since;  // set while parked
+  };
+  void SendControlCall(std::shared_ptr<ControlCall> call);
+  // A failed call: parks it for re-issue (true) when the failure is a lost scheduler.
+  bool ParkControlCall(const std::shared_ptr<ControlCall>& call, const Status& why, TimePoint sent,
+                       comm::ConnId conn);
+  void ReissueParked();
+  // Fails parked calls lost for recovery_timeout (all: `all`), with why appended.
+  void FailParked(bool all, const std::string& why);
   void MaybeFinishScaleOut(const pb::SendMetadataMessage& md);
 
   std::unique_ptr<comm::EventLoop> owned_loop_;
@@ -226,6 +259,13 @@ class Node {
   };
   std::map<std::string, Dial> dialing_;
   uint64_t dial_serial_ = 0;
+
+  std::map<uint64_t, std::shared_ptr<ControlCall>> parked_calls_;  // loop thread, by serial
+  uint64_t parked_serial_ = 0;
+  // Barrier round counters by id (any thread).
+  uint64_t NextBarrierRound(const std::string& id);
+  mutable std::mutex rounds_mu_;
+  std::map<std::string, uint64_t> barrier_rounds_;  // guarded by rounds_mu_
 
   // Snapshot for other threads.
   mutable std::mutex mu_;

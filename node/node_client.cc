@@ -8,20 +8,109 @@ namespace pscore::node {
 using comm::ConnId;
 using comm::Frame;
 
+namespace {
+
+// Control calls a member re-issues after it lost the scheduler: each is idempotent when
+// sent again (barriers name their round, KV SET/DELETE end in the same state, FINISH is
+// counted once per node).
+bool Reissuable(pb::NodeCommand cmd) {
+  return cmd == pb::BARRIER || cmd == pb::KV_REQUEST || cmd == pb::FINISH;
+}
+
+}  // namespace
+
 void Node::CallSchedulerAsync(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
                               std::function<void(Result<Frame>)> done) {
-  BufferPtr payload = ToBuffer(msg);
-  auto answer = std::make_shared<std::function<void(Result<Frame>)>>(std::move(done));
-  bool queued = loop_->Run([this, cmd, payload = std::move(payload), timeout, answer]() mutable {
-    if (closed()) return (*answer)(Stopped());  // a shared loop runs on after Stop
-    if (scheduler_ == nullptr || !scheduler_->connected()) {
-      (*answer)(Status(Code::kUnavailable, "not connected to the scheduler"));
-      return;
+  CallSchedulerReissuable(cmd, msg, timeout, [done = std::move(done)](Result<Frame> r, bool) { done(std::move(r)); });
+}
+
+void Node::CallSchedulerReissuable(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
+                                   std::function<void(Result<Frame>, bool reissued)> done) {
+  auto call = std::make_shared<ControlCall>();
+  call->cmd = cmd;
+  call->payload = ToBuffer(msg);
+  call->timeout = timeout;
+  call->done = std::move(done);
+  call->reissuable = Reissuable(cmd);
+  bool queued = loop_->Run([this, call] { SendControlCall(call); });
+  if (!queued) call->done(Stopped(), false);
+}
+
+// Loop thread.
+void Node::SendControlCall(std::shared_ptr<ControlCall> call) {
+  if (closed()) return call->done(Stopped(), call->reissued);  // a shared loop runs on after Stop
+  const bool linked = scheduler_ != nullptr && scheduler_->connected();
+  if (!linked || (call->reissuable && !registered_)) {
+    Status why(Code::kUnavailable, "not connected to the scheduler");
+    if (ParkControlCall(call, why, clock_.Now(), 0)) return;
+    return call->done(why, call->reissued);
+  }
+  const ConnId conn = scheduler_->conn();
+  const TimePoint sent = clock_.Now();
+  messenger_->Call(conn, MakeMeta(call->cmd, options_.role, rank_), call->payload, call->timeout,
+                   [this, call, sent, conn](Result<Frame> r) {
+                     if (!r.ok() && !closed() && ParkControlCall(call, r.status(), sent, conn)) return;
+                     call->done(std::move(r), call->reissued);
+                   });
+}
+
+// Loop thread. A call is parked when the scheduler link it used is lost (kUnavailable), or
+// its deadline passed while the scheduler answered nothing at all since it was sent (a
+// stopped scheduler). It is sent again at the next registration.
+bool Node::ParkControlCall(const std::shared_ptr<ControlCall>& call, const Status& why, TimePoint sent,
+                           ConnId conn) {
+  if (!call->reissuable || scheduler_ == nullptr) return false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (terminated_) return false;
+  }
+  const bool lost = why.code() == Code::kUnavailable;
+  const bool silent = why.code() == Code::kTimeout && watch_.since_answer() >= clock_.Now() - sent;
+  if (!lost && !silent) return false;
+  if (!call->lost_since) call->lost_since = clock_.Now();
+  call->reissued = true;
+  VLOG(1) << options_.node_id << ": " << pb::NodeCommand_Name(call->cmd) << " to the scheduler lost (" << why
+          << "); re-issued once registered again";
+  if (registered_ && scheduler_->connected() && scheduler_->conn() != conn) {
+    // Registered again already (on a new link): send it now.
+    loop_->Run([this, call] { SendControlCall(call); });
+    return true;
+  }
+  parked_calls_.emplace(++parked_serial_, call);
+  return true;
+}
+
+// Loop thread, after a registration: every parked call goes out again.
+void Node::ReissueParked() {
+  if (parked_calls_.empty()) return;
+  LOG(INFO) << RoleLabel(options_.role) << " " << options_.node_id << ": re-issuing " << parked_calls_.size()
+            << " control call(s) to the scheduler at " << scheduler_->target();
+  auto calls = std::move(parked_calls_);
+  parked_calls_.clear();
+  for (auto& [serial, call] : calls) SendControlCall(call);
+}
+
+// Loop thread.
+void Node::FailParked(bool all, const std::string& why) {
+  const TimePoint now = clock_.Now();
+  const std::string target = scheduler_ != nullptr ? scheduler_->target()
+                                                   : options_.scheduler_host + ":" +
+                                                         std::to_string(options_.scheduler_port);
+  for (auto it = parked_calls_.begin(); it != parked_calls_.end();) {
+    std::shared_ptr<ControlCall> call = it->second;
+    const Duration waited = now - *call->lost_since;
+    if (!all && waited < options_.recovery_timeout) {
+      ++it;
+      continue;
     }
-    messenger_->Call(scheduler_->conn(), MakeMeta(cmd, options_.role, rank_), std::move(payload), timeout,
-                     std::move(*answer));
-  });
-  if (!queued) (*answer)(Stopped());
+    it = parked_calls_.erase(it);
+    call->done(Status(Code::kUnavailable, pb::NodeCommand_Name(call->cmd) + " to the scheduler at " + target +
+                                              " failed: no scheduler for " + std::to_string(ToMillis(waited)) +
+                                              " ms (recovery timeout " +
+                                              std::to_string(ToMillis(options_.recovery_timeout)) + " ms)" +
+                                              (why.empty() ? "" : "; " + why)),
+               call->reissued);
+  }
 }
 
 Result<Frame> Node::CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
@@ -30,6 +119,9 @@ Result<Frame> Node::CallScheduler(pb::NodeCommand cmd, const google::protobuf::M
   auto promise = std::make_shared<std::promise<Result<Frame>>>();
   auto fut = promise->get_future();
   CallSchedulerAsync(cmd, msg, timeout, [promise](Result<Frame> r) { promise->set_value(std::move(r)); });
+  // A re-issued call is always answered: by the scheduler, at the recovery timeout, or when
+  // the node terminates or stops.
+  if (Reissuable(cmd)) return fut.get();
   // The messenger enforces the deadline; the margin only guards against a stopped loop.
   if (fut.wait_for(timeout + std::chrono::seconds(5)) != std::future_status::ready) {
     return Status(Code::kTimeout, pb::NodeCommand_Name(cmd) + " to the scheduler: no answer");
@@ -97,10 +189,11 @@ Result<std::string> KvValue(Result<Frame> r) {
 }  // namespace
 
 Status Node::KvSet(const std::string& key, const std::string& value, bool overwrite) {
-  pb::KvRequest req = KvRequestFor(pb::KvRequest::SET, key);
-  req.set_value(value);
-  req.set_overwrite(overwrite);
-  return CallScheduler(pb::KV_REQUEST, req, options_.request_timeout).status();
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto fut = promise->get_future();
+  CHECK(!loop_->OnRunningLoop()) << "blocking pscore call on the loop thread";
+  KvSetAsync(key, value, overwrite, [promise](Status st) { promise->set_value(std::move(st)); });
+  return fut.get();  // answered by the messenger's deadline, a re-issue's end or Stop
 }
 
 Result<std::string> Node::KvGet(const std::string& key, Duration timeout) {
@@ -118,8 +211,17 @@ void Node::KvSetAsync(const std::string& key, const std::string& value, bool ove
   pb::KvRequest req = KvRequestFor(pb::KvRequest::SET, key);
   req.set_value(value);
   req.set_overwrite(overwrite);
-  CallSchedulerAsync(pb::KV_REQUEST, req, options_.request_timeout,
-                     [done = std::move(done)](Result<Frame> r) { done(r.status()); });
+  CallSchedulerReissuable(
+      pb::KV_REQUEST, req, options_.request_timeout,
+      [this, key, value, overwrite, done = std::move(done)](Result<Frame> r, bool reissued) {
+        if (overwrite || !reissued || r.status().code() != Code::kAlreadyExists) return done(r.status());
+        // A re-issued SET that must not overwrite may find the value its first send stored:
+        // that is its own success, not a conflict.
+        Status conflict = r.status();
+        KvTryGetAsync(key, [value, conflict, done](Result<std::string> got) {
+          done(got.ok() && *got == value ? Status::Ok() : conflict);
+        });
+      });
 }
 
 void Node::KvGetAsync(const std::string& key, Duration timeout, std::function<void(Result<std::string>)> done) {
@@ -157,8 +259,9 @@ Status Node::KvDelete(const std::string& key) {
 namespace {
 
 pb::BarrierRequest BarrierRequestFor(const std::string& id, Duration timeout, const std::string& node_id,
-                                     const std::vector<std::string>& participants) {
+                                     const std::vector<std::string>& participants, uint64_t round) {
   pb::BarrierRequest req;
+  req.set_round(round);
   req.set_id(id);
   req.set_timeout_ms(ToMillis(timeout));
   req.set_node_id(node_id);
@@ -168,14 +271,39 @@ pb::BarrierRequest BarrierRequestFor(const std::string& id, Duration timeout, co
 
 }  // namespace
 
+uint64_t Node::NextBarrierRound(const std::string& id) {
+  std::lock_guard<std::mutex> lock(rounds_mu_);
+  return ++barrier_rounds_[id];
+}
+
+uint64_t Node::BarrierRound(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(rounds_mu_);
+  auto it = barrier_rounds_.find(id);
+  return it == barrier_rounds_.end() ? 0 : it->second;
+}
+
+Result<uint64_t> Node::ResumeBarrierRound(const std::string& id) {
+  pb::BarrierRequest req;
+  req.set_id(id);
+  req.set_node_id(options_.node_id);
+  req.set_query_round(true);
+  Result<Frame> r = CallScheduler(pb::BARRIER, req, options_.request_timeout);
+  if (!r.ok()) return r.status();
+  pb::BarrierResponse resp;
+  PSCORE_RETURN_IF_ERROR(ParsePayload(*r, &resp));
+  std::lock_guard<std::mutex> lock(rounds_mu_);
+  barrier_rounds_[id] = resp.generation();
+  return static_cast<uint64_t>(resp.generation());
+}
+
 Status Node::Barrier(const std::string& id, Duration timeout, std::vector<std::string> participants) {
-  pb::BarrierRequest req = BarrierRequestFor(id, timeout, options_.node_id, participants);
+  pb::BarrierRequest req = BarrierRequestFor(id, timeout, options_.node_id, participants, NextBarrierRound(id));
   return CallScheduler(pb::BARRIER, req, timeout + std::chrono::seconds(2)).status();
 }
 
 void Node::BarrierAsync(const std::string& id, Duration timeout, std::vector<std::string> participants,
                         std::function<void(Status)> done) {
-  pb::BarrierRequest req = BarrierRequestFor(id, timeout, options_.node_id, participants);
+  pb::BarrierRequest req = BarrierRequestFor(id, timeout, options_.node_id, participants, NextBarrierRound(id));
   CallSchedulerAsync(pb::BARRIER, req, timeout + std::chrono::seconds(2),
                      [done = std::move(done)](Result<Frame> r) { done(r.status()); });
 }

@@ -111,6 +111,12 @@ class SchedulerNode {
   Status OpenState();
   void MarkStateDirty(bool urgent);
   void PersistState();
+  // Runs answer once the state as it is now is on disk (at once without --state_dir): a
+  // barrier round's end and a KV change are answered only when a restart would keep them.
+  void AnswerWhenDurable(std::function<void()> answer);
+  // Loop thread: runs the answers whose snapshot is written (all: `all`).
+  void RunDurableAnswers(bool all);
+  std::vector<std::pair<uint64_t, std::function<void()>>> durable_answers_;  // loop thread
   std::unique_ptr<StateWriter> state_writer_;
   bool state_dirty_ = false;   // changed since the last snapshot
   bool state_urgent_ = false;  // membership/state changed: write now, not when the writer is idle

@@ -308,6 +308,10 @@ void SchedulerNode::HandleKv(ConnId conn, const Frame& frame) {
   }
   if (st.ok() && (req.op() == pb::KvRequest::SET || req.op() == pb::KvRequest::DELETE)) {
     MarkStateDirty(/*urgent=*/false);
+    // Answered once on disk: a member never learns of a change a restart would lose.
+    BufferPtr body = ToBuffer(resp);
+    pb::MessageMeta meta = frame.meta;
+    return AnswerWhenDurable([this, conn, meta, body] { Reply(conn, meta, Status::Ok(), body); });
   }
   Reply(conn, frame.meta, st, ToBuffer(resp));
 }
@@ -318,15 +322,26 @@ void SchedulerNode::HandleBarrier(ConnId conn, const Frame& frame) {
   if (!st.ok()) return Reply(conn, frame.meta, st);
   if (req.cancel()) return Reply(conn, frame.meta, barriers_.Cancel(req.id()));
   std::string node_id = req.node_id().empty() ? NodeOf(conn) : req.node_id();
+  if (req.query_round()) {
+    pb::BarrierResponse resp;
+    resp.set_id(req.id());
+    resp.set_generation(barriers_.LastRoundOf(req.id(), node_id));
+    return Reply(conn, frame.meta, Status::Ok(), ToBuffer(resp));
+  }
   pb::MessageMeta meta = frame.meta;
   barriers_.Arrive(req.id(), node_id, WireMillis(req.timeout_ms()),
                    {req.participants().begin(), req.participants().end()},
-                   [this, conn, meta, id = req.id()](Status s) {
+                   [this, conn, meta, id = req.id(), round = req.round()](Status s) {
                      pb::BarrierResponse resp;
                      resp.set_id(id);
-                     Reply(conn, meta, s, ToBuffer(resp));
+                     resp.set_generation(round);
+                     // The round's result goes into the state file first (a restarted
+                     // scheduler answers a re-issued call with it).
+                     MarkStateDirty(/*urgent=*/true);
+                     BufferPtr body = ToBuffer(resp);
+                     AnswerWhenDurable([this, conn, meta, s, body] { Reply(conn, meta, s, body); });
                    },
-                   /*generation=*/0, /*owner=*/conn);
+                   /*generation=*/req.round(), /*owner=*/conn);
 }
 
 }  // namespace pscore::node

@@ -1,6 +1,6 @@
 // SchedulerNode, restart recovery (--state_dir): loads the persisted state at Start, before
 // the port is open, and writes a snapshot whenever membership, cluster state, epoch, the
-// finish barrier or the KV store change. Snapshots are built and serialized on the loop
+// finish barrier, the KV store or a barrier round's end change. Snapshots are built and serialized on the loop
 // thread and written by a StateWriter thread; the loop never waits on the disk.
 #include <chrono>
 #include <cstdio>
@@ -52,6 +52,7 @@ Status SchedulerNode::OpenState() {
   Result<std::optional<pb::PersistedState>> loaded = LoadStateFile(options_, path);
   if (!loaded.ok()) return loaded.status();
   state_writer_ = std::make_unique<StateWriter>(path);
+  state_writer_->SetOnWritten([this] { loop_->Run([this] { RunDurableAnswers(/*all=*/false); }); });
   PSCORE_RETURN_IF_ERROR(state_writer_->Start());
   std::promise<Status> done;
   bool queued = loop_->Run([this, &loaded, &path, &done] {
@@ -62,6 +63,9 @@ Status SchedulerNode::OpenState() {
       core::KvStore::Entries entries;
       for (const pb::KvEntry& e : state->kv()) entries.emplace_back(e.key(), e.value());
       kv_.Restore(entries);
+      for (const pb::PersistedBarrier& b : state->barriers()) {
+        barriers_.RestoreEndedRound(b.id(), b.round(), Status(static_cast<Code>(b.code()), b.message()));
+      }
       state_sequence_ = state->sequence();
       LOG(INFO) << "scheduler: restored from " << path << " (" << cluster_.Nodes().size() << " nodes, "
                 << entries.size() << " KV entries, state " << core::ClusterStateName(cluster_.state())
@@ -78,6 +82,7 @@ Status SchedulerNode::OpenState() {
       loop_->AddStopHook([this] {
         MarkStateDirty(/*urgent=*/true);
         PersistState();
+        RunDurableAnswers(/*all=*/true);
       });
     }
     MarkStateDirty(/*urgent=*/true);  // the first snapshot replaces an ended or damaged file
@@ -111,9 +116,42 @@ void SchedulerNode::PersistState() {
     e->set_key(key);
     e->set_value(value);
   }
+  for (const core::BarrierManager::EndedRound& r : barriers_.NewestEndedRounds()) {
+    if (r.id.size() > core::kMaxStateBarrierIdBytes) continue;  // not kept over a restart
+    pb::PersistedBarrier* b = st.add_barriers();
+    b->set_id(r.id);
+    b->set_round(r.round);
+    b->set_code(static_cast<int>(r.result.code()));
+    b->set_message(r.result.message().substr(0, core::kMaxStateBarrierMessageBytes));
+  }
   state_writer_->Submit(core::SerializeState(st));
   state_dirty_ = false;
   state_urgent_ = false;
+}
+
+void SchedulerNode::AnswerWhenDurable(std::function<void()> answer) {
+  if (!state_writer_) return answer();
+  PersistState();
+  // Not submitted yet (a KV change waits for an idle writer or the next tick): the next one.
+  const uint64_t needed = state_writer_->submitted() + (state_dirty_ ? 1 : 0);
+  if (state_writer_->written_through() >= needed) return answer();
+  durable_answers_.emplace_back(needed, std::move(answer));
+}
+
+void SchedulerNode::RunDurableAnswers(bool all) {
+  if (durable_answers_.empty() || !state_writer_) return;
+  const uint64_t written = state_writer_->written_through();
+  std::vector<std::function<void()>> ready;
+  std::vector<std::pair<uint64_t, std::function<void()>>> kept;
+  for (auto& [needed, answer] : durable_answers_) {
+    if (all || needed <= written) {
+      ready.push_back(std::move(answer));
+    } else {
+      kept.emplace_back(needed, std::move(answer));
+    }
+  }
+  durable_answers_ = std::move(kept);
+  for (auto& answer : ready) answer();
 }
 
 }  // namespace pscore::node

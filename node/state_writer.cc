@@ -79,13 +79,17 @@ Status StateWriter::Start() {
   return Status::Ok();
 }
 
-void StateWriter::Submit(std::string bytes) {
+uint64_t StateWriter::Submit(std::string bytes) {
+  uint64_t number = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_ = std::move(bytes);  // An older pending snapshot is dropped: this one supersedes it.
+    number = submitted_.fetch_add(1) + 1;
+    pending_number_ = number;
     busy_.store(true);
   }
   cv_.notify_all();
+  return number;
 }
 
 Status StateWriter::Flush(Duration timeout) {
@@ -104,6 +108,7 @@ void StateWriter::Run() {
     cv_.wait(lock, [this] { return stop_ || pending_.has_value(); });
     if (!pending_) return;  // stop_ and nothing left
     std::string bytes = std::move(*pending_);
+    const uint64_t number = pending_number_;
     pending_.reset();
     writing_ = true;
     lock.unlock();
@@ -114,6 +119,8 @@ void StateWriter::Run() {
       failures_.fetch_add(1);
       LOG(ERROR) << "scheduler state not persisted: " << st;
     }
+    written_through_.store(number);
+    if (on_written_) on_written_();
     lock.lock();
     writing_ = false;
     if (!pending_) busy_.store(false);

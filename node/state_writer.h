@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -34,10 +35,18 @@ class StateWriter {
   StateWriter(const StateWriter&) = delete;
   StateWriter& operator=(const StateWriter&) = delete;
 
+  // Called on the writer thread after each write (done or failed), e.g. to wake the loop
+  // for answers that wait until their change is on disk. Set before Start.
+  void SetOnWritten(std::function<void()> cb) { on_written_ = std::move(cb); }
   // Creates the directory and starts the thread.
   Status Start();
-  // Replaces the pending snapshot (if any) with bytes. Never blocks on disk.
-  void Submit(std::string bytes);
+  // Replaces the pending snapshot (if any) with bytes. Never blocks on disk. Returns the
+  // snapshot's number (1, 2, ...).
+  uint64_t Submit(std::string bytes);
+  // Number of the newest snapshot submitted, and of the newest one whose write ended (every
+  // earlier one was written then too, or superseded by it).
+  uint64_t submitted() const { return submitted_.load(); }
+  uint64_t written_through() const { return written_through_.load(); }
   // True when nothing is pending or being written.
   bool idle() const { return !busy_.load(); }
   // Waits until every submitted snapshot is written (or failed); kTimeout otherwise.
@@ -58,6 +67,10 @@ class StateWriter {
   bool stop_ = false;                   // guarded by mu_
   std::atomic<bool> busy_{false};
   std::atomic<uint64_t> writes_{0};
+  std::atomic<uint64_t> submitted_{0};
+  std::atomic<uint64_t> written_through_{0};
+  uint64_t pending_number_ = 0;  // guarded by mu_
+  std::function<void()> on_written_;
   std::atomic<uint64_t> failures_{0};
   std::thread thread_;
 };

@@ -6,15 +6,21 @@
 // after that step's barrier (the operator, e.g. scripts/demo.sh, starts the process); the
 // next Push/Pull of every worker holds until the cluster is READY again, so synchronous
 // SGD ends with the same weights as without the scale-out.
-// Exit codes: 0 converged; 1 runtime error or no convergence; 2 bad flags.
+// A worker restarted with its node id resumes the step its predecessor was in (the barrier
+// rounds it joined, from the scheduler; the push ids of a step are the same in every
+// process, so a redone push is applied once): docs/reliability.md, "Redoing a step".
+// Exit codes (node/exit_codes.h): 0 converged; 1 runtime error or no convergence; 2 bad
+// flags; 3 the job failed; 4 the scheduler was lost.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <random>
 
 #include <gflags/gflags.h>
 
 #include "node/admin_client.h"
+#include "node/exit_codes.h"
 #include "node/flags.h"
 #include "node/worker_node.h"
 
@@ -103,15 +109,77 @@ Status RequestOneMoreServer(const node::NodeOptions& opts, int workers, int serv
   return Status::Ok();
 }
 
+// The pushes of step `step` carry seqs from here on (init: 0): a restarted worker redoing
+// a step sends the ids its predecessor sent. Room for kSeqsPerStep server parts per push.
+constexpr uint64_t kSeqsPerStep = 4096;
+
+// The push incarnation of one worker id: the same for every process that runs as it.
+uint64_t StableIncarnation(const std::string& node_id) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : "pscore-train/" + node_id) h = (h ^ c) * 1099511628211ull;
+  return h | 1;
+}
+
+// The weights a worker pulled for a step, kept in the scheduler's KV store before the step's
+// "pulled" barrier: a restarted worker that had passed that barrier recomputes its gradient
+// from them. | step u64 | floats |, host byte order (the same binary reads it back).
+std::string EncodePulled(uint64_t step, const std::vector<float>& w) {
+  std::string out(sizeof(step) + w.size() * sizeof(float), '\0');
+  std::memcpy(out.data(), &step, sizeof(step));
+  if (!w.empty()) std::memcpy(out.data() + sizeof(step), w.data(), w.size() * sizeof(float));
+  return out;
+}
+
+Result<std::vector<float>> DecodePulled(const std::string& bytes, uint64_t step, int dim) {
+  uint64_t got = 0;
+  if (bytes.size() != sizeof(got) + static_cast<size_t>(dim) * sizeof(float)) {
+    return Status(Code::kInternal, "stored weights of " + std::to_string(bytes.size()) + " bytes");
+  }
+  std::memcpy(&got, bytes.data(), sizeof(got));
+  if (got != step) {
+    return Status(Code::kInternal, "stored weights are of step " + std::to_string(got) + ", not " +
+                                       std::to_string(step));
+  }
+  std::vector<float> w(dim);
+  std::memcpy(w.data(), bytes.data() + sizeof(got), w.size() * sizeof(float));
+  return w;
+}
+
+// Where a worker process starts: 0 rounds for a fresh one; a restarted one (same node id)
+// the rounds of its barriers its predecessor joined (docs/reliability.md, "Redoing a step").
+struct Resume {
+  uint64_t init = 0;    // train/init rounds joined (1: the job had started)
+  uint64_t pulled = 0;  // steps whose "pulled" barrier was joined
+  uint64_t step = 0;    // steps completed (their "step" barrier joined)
+};
+
+Result<Resume> FindResume(node::WorkerNode* worker) {
+  Resume r;
+  for (auto [id, out] : {std::pair<const char*, uint64_t*>{"train/init", &r.init},
+                         {"train/pulled", &r.pulled},
+                         {"train/step", &r.step}}) {
+    Result<uint64_t> round = worker->ResumeBarrierRound(id);
+    if (!round.ok()) return round.status();
+    *out = *round;
+  }
+  if (r.pulled < r.step || r.pulled > r.step + 1) {
+    return Status(Code::kInternal, "inconsistent barrier rounds: pulled " + std::to_string(r.pulled) + ", step " +
+                                       std::to_string(r.step));
+  }
+  return r;
+}
+
 int Train(const node::CommandLine& cl) {
   const node::TrainOptions& t = cl.train;
   node::NodeOptions opts = cl.node;
   node::WorkerNode worker(opts);
   Status st = worker.Start();
   if (st.ok()) st = worker.WaitForReady(opts.connect_timeout);
-  if (!st.ok()) {
-    std::cerr << "pscore-train: " << st << std::endl;
-    return 1;
+  Result<Resume> resume = st.ok() ? FindResume(&worker) : Result<Resume>(st);
+  if (!resume.ok()) {
+    std::cerr << "pscore-train: " << resume.status() << std::endl;
+    return node::MemberExitCode(resume.status()) == node::kExitFinished ? node::kExitError
+                                                                          : node::MemberExitCode(resume.status());
   }
   const int rank = worker.rank();
   const int workers = worker.metadata().worker_num();
@@ -121,21 +189,49 @@ int Train(const node::CommandLine& cl) {
   std::vector<uint32_t> lens(t.keys, t.dim / t.keys);
   lens.back() += t.dim % t.keys;
   size_t shard = (data.size() + workers - 1 - rank) / workers;
-
-  // Step 0: every worker pushes a zero gradient so the keys exist (initial w = 0).
-  std::vector<float> zeros(t.dim, 0.0f);
-  st = worker.Push(keys, zeros, lens).get();
+  const uint64_t incarnation = StableIncarnation(worker.node_id());
+  const std::string pulled_key = "train/w/" + worker.node_id();
   const std::vector<std::string> peers = worker.NodeIds(pb::WORKER);
-  if (st.ok()) st = worker.Barrier("train/init", 60s, peers);
+
+  if (resume->init == 0) {
+    // Step 0: every worker pushes a zero gradient so the keys exist (initial w = 0).
+    std::vector<float> zeros(t.dim, 0.0f);
+    worker.SetPushIds(incarnation, 1);
+    st = worker.Push(keys, zeros, lens).get();
+    if (st.ok()) st = worker.Barrier("train/init", 60s, peers);
+  } else {
+    std::printf("worker %d restarted: resumes after step %llu%s\n", rank,
+                static_cast<unsigned long long>(resume->step),
+                resume->pulled > resume->step ? " (redoing the push of the next step)" : "");
+    std::fflush(stdout);
+  }
   std::vector<float> w(t.dim, 0.0f);
-  for (int step = 1; st.ok() && step <= t.steps; ++step) {
+  const int first = static_cast<int>(resume->step) + 1;
+  for (int step = first; st.ok() && step <= t.steps; ++step) {
     auto started = std::chrono::steady_clock::now();
-    Result<node::PullResult> pulled = worker.Pull(keys).get();
-    if (!pulled.ok()) {
-      st = pulled.status();
-      break;
+    // The predecessor passed this step's "pulled" barrier: every worker pulled the step's
+    // weights, and the servers may hold some pushes of it already; the weights it pulled
+    // are in the KV store.
+    const bool redo = step == first && resume->pulled == static_cast<uint64_t>(step);
+    if (redo) {
+      Result<std::string> stored = worker.KvTryGet(pulled_key);
+      Result<std::vector<float>> prev =
+          stored.ok() ? DecodePulled(*stored, step, t.dim) : Result<std::vector<float>>(stored.status());
+      if (!prev.ok()) {
+        st = Status(prev.status().code(), "resuming step " + std::to_string(step) + ": " + prev.status().message());
+        break;
+      }
+      w = std::move(*prev);
+    } else {
+      Result<node::PullResult> pulled = worker.Pull(keys).get();
+      if (!pulled.ok()) {
+        st = pulled.status();
+        break;
+      }
+      w = pulled->values;
+      st = worker.KvSet(pulled_key, EncodePulled(step, w));
+      if (!st.ok()) break;
     }
-    w = pulled->values;
     std::vector<double> grad(t.dim, 0.0);
     Eval e = Evaluate(data, w, rank, workers, &grad);
     // Each worker's share of the full-batch mean gradient; the servers sum the pushes.
@@ -143,7 +239,9 @@ int Train(const node::CommandLine& cl) {
     for (int j = 0; j < t.dim; ++j) g[j] = static_cast<float>(grad[j] / data.size());
     // Synchronous: no worker pushes step `step` before every worker pulled for it (a fast
     // worker's push would otherwise leak into a slow worker's pull of the same step).
-    st = worker.Barrier("train/pulled", 60s, peers);
+    if (!redo) st = worker.Barrier("train/pulled", 60s, peers);
+    // The same push ids in every process that pushes this step as this worker.
+    worker.SetPushIds(incarnation, static_cast<uint64_t>(step) * kSeqsPerStep + 1);
     if (st.ok()) st = worker.Push(keys, g, lens).get();
     if (st.ok()) st = worker.Barrier("train/step", 60s, peers);
     // Every push of this step is acknowledged: the scale-out moves finished parameters.
@@ -162,7 +260,19 @@ int Train(const node::CommandLine& cl) {
   }
   if (!st.ok()) {
     std::cerr << "pscore-train: worker " << rank << ": " << st << std::endl;
-    return 1;
+    // Honest outcome: this worker's part is not done. Reported as an error and followed by
+    // Finish, the job ends failed naming it (or the peer whose loss stopped it) instead of
+    // waiting for a worker that will never finish; 3 once the scheduler says so.
+    Status end = worker.WaitForTermination(0s);
+    if (end.code() != Code::kAborted && end.code() != Code::kUnavailable) {
+      worker.ReportError(static_cast<int>(st.code()), st.message()).IgnoreError();
+      end = worker.Finish(60s);
+      if (!end.ok()) std::cerr << "pscore-train: finish: " << end << std::endl;
+    }
+    worker.Stop();
+    if (end.code() == Code::kAborted) return node::kExitJobFailed;
+    const int code = node::MemberExitCode(st);
+    return code == node::kExitFinished || code == node::kExitJobFailed ? node::kExitError : code;
   }
   Eval final_eval = Evaluate(data, w, 0, 1, nullptr);
   Eval optimum = Evaluate(data, data.w_star, 0, 1, nullptr);
@@ -176,11 +286,15 @@ int Train(const node::CommandLine& cl) {
   st = worker.Finish(120s);
   if (!st.ok()) std::cerr << "pscore-train: finish: " << st << std::endl;
   worker.Stop();
+  if (!st.ok()) {
+    const int code = node::MemberExitCode(st);
+    return code == node::kExitFinished ? node::kExitError : code;
+  }
   // Converged: within 0.01 of the loss of the generating weights (the MLE on the
   // training set can only be lower).
   bool converged = final_eval.loss <= optimum.loss + 0.01;
   if (!converged) std::cerr << "pscore-train: did not converge" << std::endl;
-  return converged && st.ok() ? 0 : 1;
+  return converged ? node::kExitFinished : node::kExitError;
 }
 
 }  // namespace

@@ -47,6 +47,14 @@ WorkerNode::WorkerNode(NodeOptions options, comm::EventLoop* loop)
 
 WorkerNode::~WorkerNode() { Stop(); }
 
+void WorkerNode::SetPushIds(uint64_t incarnation, uint64_t next_seq) {
+  CHECK(incarnation != 0 && next_seq != 0) << "push ids start at incarnation 1, seq 1";
+  loop()->Run([this, incarnation, next_seq] {
+    push_incarnation_ = incarnation;
+    push_seq_ = next_seq - 1;
+  });
+}
+
 void WorkerNode::Issue(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
                        comm::ResponseCallback cb) {
   if (loop()->OnRunningLoop()) return IssueOnLoop(rank, std::move(meta), std::move(payload), sink, std::move(cb));

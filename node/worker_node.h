@@ -79,6 +79,12 @@ class WorkerNode : public Node {
   std::future<Status> ZPush(const std::vector<uint64_t>& keys, const float* values, size_t num_values,
                             std::shared_ptr<const void> owner, const std::vector<uint32_t>& lens = {});
   std::future<Result<PullResult>> Pull(const std::vector<uint64_t>& keys);
+  // Push ids chosen by the caller (docs/reliability.md, "Redoing a step"): pushes issued
+  // after this call carry incarnation `incarnation` (non-zero) and, per server part in
+  // server rank order, seqs next_seq, next_seq + 1, ... A restarted process that redoes a
+  // push with the ids its predecessor used has every part a server applied already
+  // acknowledged without applying it again. Any thread; ordered with the pushes it issues.
+  void SetPushIds(uint64_t incarnation, uint64_t next_seq);
   // Pull without copying the values on the worker: the result points into the answers as
   // they were read from the sockets (a runtime can copy them once, straight to where they
   // are used, e.g. a device). Same errors as Pull; a pull issued after a push sees it.
@@ -188,7 +194,7 @@ class WorkerNode : public Node {
   comm::TimerId retry_timer_ = 0;
   // Push ids (docs/reliability.md): this process's number, fresh per start, and the
   // sequence of push requests (loop thread); a part sent again keeps its id.
-  const uint64_t push_incarnation_;
+  uint64_t push_incarnation_;
   uint64_t push_seq_ = 0;
 };
 

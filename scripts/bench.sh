@@ -9,7 +9,7 @@ BUILD="${PSCORE_BENCH_BUILD:-$ROOT/build-bench}"
 JOBS="${PSCORE_BENCH_JOBS:-1}"
 
 usage() {
-  echo "usage: $0 {transport|control|dataplane|coord|ranktable|scale|sparse|python|smoke} [args...]" >&2
+  echo "usage: $0 {transport|control|dataplane|coord|ranktable|scale|sparse|restart|python|smoke} [args...]" >&2
   exit 1
 }
 
@@ -31,7 +31,8 @@ not_yet() {
 # Every benchmark binary once at tiny sizes: each must exit 0 and print its figures (CI runs
 # this so no benchmark rots). PSCORE_BENCH_BUILD picks the build directory (CI: build-ci).
 smoke() {
-  local benches=(transport_bench control_bench dataplane_bench coord_bench ranktable_bench scale_bench sparse_bench soak_driver_bench)
+  local benches=(transport_bench control_bench dataplane_bench coord_bench ranktable_bench scale_bench sparse_bench
+    soak_driver_bench sched_restart_bench)
   build "${benches[*]} pscore-node"
   local failed=0 t0
   run_one() {  # name, then the command; its stdout must hold at least one figure line
@@ -56,6 +57,7 @@ smoke() {
   run_one ranktable "$BUILD/ranktable_bench" smoke
   run_one scale "$BUILD/scale_bench" smoke
   run_one sparse "$BUILD/sparse_bench" smoke
+  run_one restart "$BUILD/sched_restart_bench" --runs=1
   run_one soak_driver soak_smoke
   build _pscore
   PYTHONPATH="$BUILD/python" run_one python /usr/bin/python3 "$ROOT/python/bench/bench_python.py" --smoke
@@ -146,6 +148,10 @@ case "$name" in
   python)  # the Python binding vs the C++ API: push/pull MB/s, 64 B pull p50, MLP samples/s (docs/python.md)
     build _pscore
     PYTHONPATH="$BUILD/python" exec /usr/bin/python3 "$ROOT/python/bench/bench_python.py" "$@"
+    ;;
+  restart)  # scheduler SIGKILL (restarted from --state_dir) to the first completed barrier: median
+    build "sched_restart_bench pscore-node"
+    exec "$BUILD/sched_restart_bench" "$@"
     ;;
   smoke)
     smoke

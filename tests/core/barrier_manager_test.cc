@@ -486,4 +486,84 @@ TEST_CASE("barrier ids kept after their rounds ended are bounded - the longest i
   CHECK(info[1].id == "s3");
 }
 
+TEST_CASE("barrier round counter: a caller ahead of the service fails INTERNAL-class, a repeat gets the stored result",
+          "[core][barrier][round]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  const Names two = {"w0", "w1"};
+  bm.Arrive("b", "w0", Millis(100), two, a.For("w0-1"), 1);
+  bm.Arrive("b", "w1", Millis(100), two, a.For("w1-1"), 1);
+  REQUIRE(a.calls("w0-1") == 1);
+  CHECK(a.last("w0-1").ok());
+  // Round 3 while the service has passed round 1 only: refused, nothing opened.
+  bm.Arrive("b", "w0", Millis(100), two, a.For("w0-3"), 3);
+  REQUIRE(a.calls("w0-3") == 1);
+  CHECK(a.last("w0-3").code() == Code::kInternal);
+  CHECK(a.last("w0-3").message().find("round 3") != std::string::npos);
+  CHECK(bm.List().size() == 1);
+  // Round 2 is the next one; a repeat of round 1 is answered at once with its result.
+  bm.Arrive("b", "w0", Millis(100), two, a.For("w0-2"), 2);
+  CHECK(a.calls("w0-2") == 0);
+  bm.Arrive("b", "w1", Millis(100), two, a.For("w1-1again"), 1);
+  REQUIRE(a.calls("w1-1again") == 1);
+  CHECK(a.last("w1-1again").ok());
+  bm.Arrive("b", "w1", Millis(100), two, a.For("w1-2"), 2);
+  CHECK(a.last("w0-2").ok());
+  CHECK(a.last("w1-2").ok());
+  CHECK(bm.LastRoundOf("b", "w1") == 2);
+  CHECK(bm.LastRoundOf("b", "w9") == 0);
+  CHECK(bm.LastRoundOf("nope", "w1") == 0);
+  // An id the manager does not know starts at the caller's round.
+  bm.Arrive("fresh", "w0", Millis(100), two, a.For("f0"), 7);
+  bm.Arrive("fresh", "w1", Millis(100), two, a.For("f1"), 7);
+  CHECK(a.last("f0").ok());
+  CHECK(a.last("f1").ok());
+}
+
+TEST_CASE("barrier round counter: newest ended rounds restore into a new manager with their results",
+          "[core][barrier][round]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  const Names two = {"w0", "w1"};
+  for (uint64_t r = 1; r <= 3; ++r) {
+    bm.Arrive("step", "w0", Millis(100), two, a.For("s0"), r);
+    bm.Arrive("step", "w1", Millis(100), two, a.For("s1"), r);
+  }
+  bm.Arrive("late", "w0", Millis(100), two, a.For("late"), 1);
+  clock.Advance(Millis(100));
+  bm.Tick();
+  REQUIRE(a.calls("late") == 1);
+  bm.Arrive("open", "w0", Millis(100), two, a.For("open"), 1);  // still waiting: not listed
+  std::vector<BarrierManager::EndedRound> ended = bm.NewestEndedRounds();
+  REQUIRE(ended.size() == 2);
+  CHECK(ended[0].id == "late");
+  CHECK(ended[0].round == 1);
+  CHECK(ended[0].result.code() == Code::kTimeout);
+  CHECK(ended[1].id == "step");
+  CHECK(ended[1].round == 3);
+  CHECK(ended[1].result.ok());
+
+  BarrierManager restarted(&clock);
+  for (const auto& e : ended) restarted.RestoreEndedRound(e.id, e.round, e.result);
+  Answers b;
+  // A call of the restored round is re-issued: its stored answer at once.
+  restarted.Arrive("step", "w1", Millis(100), two, b.For("again"), 3);
+  REQUIRE(b.calls("again") == 1);
+  CHECK(b.last("again").ok());
+  restarted.Arrive("late", "w1", Millis(100), two, b.For("late"), 1);
+  REQUIRE(b.calls("late") == 1);
+  CHECK(b.last("late") == ended[0].result);
+  // Round 5 is ahead of the service; round 4 opens fresh and passes.
+  restarted.Arrive("step", "w0", Millis(100), two, b.For("ahead"), 5);
+  REQUIRE(b.calls("ahead") == 1);
+  CHECK(b.last("ahead").code() == Code::kInternal);
+  restarted.Arrive("step", "w0", Millis(100), two, b.For("w0-4"), 4);
+  CHECK(b.calls("w0-4") == 0);
+  restarted.Arrive("step", "w1", Millis(100), two, b.For("w1-4"), 4);
+  CHECK(b.last("w0-4").ok());
+  CHECK(b.last("w1-4").ok());
+}
+
 }  // namespace pscore::core

@@ -135,6 +135,32 @@ TEST_CASE("a lost worker restarted before the barrier passes does not fail the j
   CHECK(job.cm->outcome().result == JobOutcome::Result::kFinished);
 }
 
+TEST_CASE("every node timed out once the finish barrier started ends the job failed, naming the lost ones",
+          "[core][outcome]") {
+  Job job;
+  REQUIRE(job.cm->Finish("w0").ok());
+  job.Silence({});  // nobody beats: w0 finished (then went), s0 and w1 died
+  REQUIRE(job.cm->state() == pb::CLUSTER_EXIT);
+  CHECK(job.cm->outcome().result == JobOutcome::Result::kFailed);
+  CHECK(job.cm->outcome().failure ==
+        "server s0 lost (no heartbeat for 31000 ms); worker w1 lost (no heartbeat for 31000 ms)");
+  CHECK(job.cm->outcome().failed_nodes == std::vector<std::string>{"s0", "w1"});
+  const std::vector<Event> events = job.cm->TakeEvents();
+  const Event* exit = Find(events, Kind::kStateChanged);
+  REQUIRE(exit != nullptr);
+  CHECK(exit->error_code == static_cast<int>(Code::kAborted));
+}
+
+TEST_CASE("a node still in error when the finish barrier passes fails the job, naming its error", "[core][outcome]") {
+  Job job;
+  REQUIRE(job.cm->ReportError("w1", 3, "disk full").ok());
+  for (const char* id : {"s0", "w0", "w1"}) REQUIRE(job.cm->Finish(id).ok());
+  REQUIRE(job.cm->state() == pb::CLUSTER_EXIT);
+  CHECK(job.cm->outcome().result == JobOutcome::Result::kFailed);
+  CHECK(job.cm->outcome().failure == "worker w1 in error (3: disk full)");
+  CHECK(job.cm->outcome().failed_nodes == std::vector<std::string>{"w1"});
+}
+
 TEST_CASE("a worker scaled in left cleanly and does not fail the job", "[core][outcome]") {
   Job job;
   REQUIRE(job.cm->ScaleInByIds({"w1"}).ok());

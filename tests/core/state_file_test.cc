@@ -159,6 +159,40 @@ TEST_CASE("state file: an impossible registry is refused even with a good checks
   st = good;
   st.mutable_kv(0)->set_key("");
   refused(st, "empty key");
+  st = good;
+  pb::PersistedBarrier* b = st.add_barriers();
+  b->set_id("step");
+  b->set_round(0);
+  refused(st, "barrier round 0");
+  b->set_round(3);
+  *st.add_barriers() = *b;
+  refused(st, "barrier listed twice");
+  st = good;
+  b = st.add_barriers();
+  b->set_id("step");
+  b->set_round(3);
+  b->set_code(999);
+  refused(st, "barrier with an unknown code");
+  b->set_code(0);
+  b->set_id(std::string(5000, 'b'));
+  refused(st, "long barrier id");
+}
+
+TEST_CASE("state file keeps barriers' newest ended rounds", "[core][state]") {
+  FakeClock clock;
+  pb::PersistedState st = ReadyState(&clock);
+  pb::PersistedBarrier* b = st.add_barriers();
+  b->set_id("train/step");
+  b->set_round(17);
+  b->set_code(static_cast<int>(Code::kTimeout));
+  b->set_message("timed out");
+  Result<pb::PersistedState> back = ParseState(SerializeState(st));
+  REQUIRE(back.ok());
+  REQUIRE(back->barriers_size() == 1);
+  CHECK(back->barriers(0).id() == "train/step");
+  CHECK(back->barriers(0).round() == 17);
+  CHECK(back->barriers(0).code() == static_cast<int>(Code::kTimeout));
+  CHECK(back->barriers(0).message() == "timed out");
 }
 
 TEST_CASE("restored cluster keeps ranks - a retry from the same incarnation changes nothing",
