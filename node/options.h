@@ -48,6 +48,8 @@ struct SchedulerOptions {
   bool state_reset_on_corrupt = false;  // a damaged state file: start fresh, not exit 1
   std::string cluster_token;  // empty: no authentication
   AcceptLimits accept;
+  // Roles whose members restart without being recorded in error (core::ClusterConfig).
+  std::vector<pb::NodeRole> recoverable_roles;
 };
 
 struct NodeOptions {

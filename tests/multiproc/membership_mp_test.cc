@@ -46,7 +46,7 @@ class Job {
 
   // Starts the scheduler and returns its port (read from --port_file).
   int StartScheduler(int workers, int servers) {
-    std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--scheduler_port=0",
+    std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--recoverable_roles=worker,server", "--scheduler_port=0",
                                      "--worker_num=" + std::to_string(workers),
                                      "--server_num=" + std::to_string(servers),
                                      "--port_file=" + dir_.File("scheduler.port")};

@@ -156,6 +156,7 @@ class RawClient : public testing::RawLink {
     msg.set_node_id(node_id);
     msg.set_role(pb::WORKER);
     msg.set_incarnation(incarnation);
+    msg.set_protocol_version(node::kProtocolVersion);
     msg.set_requested_rank(-1);
     Result<comm::Frame> r = Call(pb::REGISTER, msg);
     pb::RegisterRespMessage resp;
@@ -240,8 +241,8 @@ TEST_CASE("WaitForReady times out naming how many are missing - a late arrival i
   CHECK(late.node->WaitForReady(20s).ok());
 }
 
-TEST_CASE("incarnation: same one is a retry, a new one a restart the others hear of - in error needs reset",
-          "[node][net][coord]") {
+TEST_CASE("incarnation: same one is a retry; a new one is an error the others hear of, naming it - reset lets it in",
+          "[node][net][coord][incarnation]") {
   TestCluster c(SchedOpts(3, 0, 100ms, 60s));  // the raw client never beats
   c.Add(pb::WORKER, "w0");
   c.Add(pb::WORKER, "w1");
@@ -253,35 +254,73 @@ TEST_CASE("incarnation: same one is a retry, a new one a restart the others hear
 
   // The same incarnation again: a harmless retry (same rank, nobody is told).
   Result<int> again = x.Register("x", 100);
-  CHECK((again.ok() && *again == *rank));  // (no NODE_RESTARTED: counted below)
-  // A new incarnation: a restart, and every other node hears of it exactly once (the
-  // retry before it, on the same ordered link, produced nothing).
+  CHECK((again.ok() && *again == *rank));
+  // A new incarnation: the old process's state is gone. Refused ABORTED, recorded in
+  // error, and every other node hears NODE_ERROR naming x exactly once.
   Result<int> restarted = x.Register("x", 101);
-  CHECK((restarted.ok() && *restarted == *rank));
+  CHECK(restarted.status().code() == Code::kAborted);
+  CHECK_THAT(restarted.status().message(), Catch::Contains("worker x restarted") && Catch::Contains("reset"));
+  for (size_t i = 0; i < 2; ++i) {
+    REQUIRE(c.member(i).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_ERROR, "x"), 5s));
+    CHECK(c.member(i).events.Count(Kind(pb::ClusterEventMessage::NODE_ERROR, "x")) == 1);
+    CHECK(c.member(i).events.Count(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x")) == 0);
+  }
+  // In error: refused whatever the incarnation until a reset.
+  Result<int> refused = x.Register("x", 101);
+  CHECK(refused.status().code() == Code::kFailedPrecondition);
+  CHECK_THAT(refused.status().message(), Catch::Contains("in error") && Catch::Contains("state of its old process is lost"));
+  CHECK(x.Register("x", 100).status().code() == Code::kFailedPrecondition);
+  CHECK(x.Admin("reset", {"nobody"}).status().code() == Code::kNotFound);
+  REQUIRE(x.Admin("reset", {"x"}).ok());
+  Result<int> back = x.Register("x", 101);
+  REQUIRE(back.ok());
+  CHECK(*back == *rank);
   for (size_t i = 0; i < 2; ++i) {
     REQUIRE(c.member(i).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x"), 5s));
-    CHECK(c.member(i).events.Count(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x")) == 1);
   }
 
-  // In error: the same incarnation is refused until an explicit reset...
+  // A reported error: the same incarnation is refused until reset.
   pb::ErrorReport err;
   err.set_node_id("x");
   err.set_error_code(9);
   err.set_message("device lost");
   REQUIRE(x.Call(pb::REPORT_ERROR, err).ok());
-  Result<int> refused = x.Register("x", 101);
-  CHECK(refused.status().code() == Code::kFailedPrecondition);
-  CHECK_THAT(refused.status().message(), Catch::Contains("in error") && Catch::Contains("device lost"));
-  CHECK(x.Admin("reset", {"nobody"}).status().code() == Code::kNotFound);
+  Result<int> in_error = x.Register("x", 101);
+  CHECK(in_error.status().code() == Code::kFailedPrecondition);
+  CHECK_THAT(in_error.status().message(), Catch::Contains("device lost"));
   REQUIRE(x.Admin("reset", {"x"}).ok());
   CHECK(x.Register("x", 101).ok());
-  // ...or a restart (new incarnation), which clears the error.
-  REQUIRE(x.Call(pb::REPORT_ERROR, err).ok());
-  CHECK(x.Register("x", 102).ok());
   Result<pb::AdminResponse> nodes = x.Admin("nodes");
   REQUIRE(nodes.ok());
   for (const pb::ServersMeta& m : nodes->nodes()) {
     if (m.node_id() == "x") CHECK(m.state() != pb::NODE_IN_ERROR);
+  }
+}
+
+TEST_CASE("recoverable roles: a restart is admitted and heard as NODE_RESTARTED, errors stay with the member",
+          "[node][net][coord][incarnation]") {
+  SchedulerOptions so = SchedOpts(3, 0, 100ms, 60s);
+  so.recoverable_roles = {pb::WORKER};
+  TestCluster c(so);
+  c.Add(pb::WORKER, "w0");
+  c.Add(pb::WORKER, "w1");
+  for (size_t i = 0; i < 2; ++i) REQUIRE(c.node(i).Start().ok());
+  RawClient x(c.sched().port());
+  REQUIRE(x.Register("x", 100).ok());
+  for (size_t i = 0; i < 2; ++i) REQUIRE(c.node(i).WaitForReady(20s).ok());
+  pb::ErrorReport err;
+  err.set_node_id("x");
+  err.set_error_code(9);
+  err.set_message("device lost");
+  REQUIRE(x.Call(pb::REPORT_ERROR, err).ok());
+  // The others' barriers keep working meanwhile.
+  std::future<Status> b0 = std::async(std::launch::async, [&] { return c.node(0).Barrier("pair", 20s, {"w0", "w1"}); });
+  CHECK(c.node(1).Barrier("pair", 20s, {"w0", "w1"}).ok());
+  CHECK(b0.get().ok());
+  REQUIRE(x.Register("x", 101).ok());  // restarted: admitted at once
+  for (size_t i = 0; i < 2; ++i) {
+    REQUIRE(c.member(i).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x"), 5s));
+    CHECK(c.member(i).events.Count(Kind(pb::ClusterEventMessage::NODE_ERROR, "x")) == 0);
   }
 }
 
@@ -431,7 +470,7 @@ TEST_CASE("barriers through nodes: pass, timeout names the missing, mismatch fai
     CHECK(last.state() == "passed");
     // Cancelling a passed barrier or an unknown one is an error.
     CHECK(c.node(0).CancelBarrier("epoch").code() == Code::kFailedPrecondition);
-    CHECK(c.node(0).CancelBarrier("unknown").code() == Code::kNotFound);
+    CHECK(c.node(0).CancelBarrier("unknown").code() == Code::kFailedPrecondition);
   }
   SECTION("timeout: every waiter gets the same error naming the missing") {
     auto f0 = BarrierAsync(c.node(0), "b", 300ms);
@@ -500,7 +539,9 @@ TEST_CASE("barriers asynchronous: all pass together, a timeout names the missing
 }
 
 TEST_CASE("a barrier participant that dies fails the barrier for all", "[node][net][coord]") {
-  TestCluster c(SchedOpts(3, 0, 100ms, 600ms));
+  SchedulerOptions so = SchedOpts(3, 0, 100ms, 600ms);
+  so.recoverable_roles = {pb::WORKER};  // w0 comes back as a new process below
+  TestCluster c(so);
   c.StartWorkers(3);
   RawClient admin(c.sched().port());
   auto f0 = BarrierAsync(c.node(0), "b", 30s);
@@ -560,8 +601,10 @@ TEST_CASE("finish: a timeout names the stragglers, who are told - a second Finis
   CHECK(s1.code() == Code::kTimeout);
   pb::ClusterEventMessage told;
   REQUIRE(c.member(2).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_ERROR, "w2"), 5s, &told));
-  CHECK_THAT(told.message(), Catch::Contains("finish barrier timed out"));
+  CHECK_THAT(told.message(), Catch::Contains("finish barrier timed out") && Catch::Contains("w2"));
   CHECK(told.error_code() == static_cast<int>(Code::kTimeout));
+  // The straggler is in error: everyone hears of it, naming it.
+  REQUIRE(c.member(0).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_ERROR, "w2"), 5s));
   // The straggler arrives: w0 and w1 already joined, so the barrier passes and the job ends.
   CHECK(c.node(2).Finish(10s).ok());
   CHECK(c.sched().WaitForExit(10s).ok());
@@ -891,6 +934,7 @@ TEST_CASE("a REGISTER with a port out of range or too many devices is refused - 
     msg.set_node_id("w0");
     msg.set_role(pb::WORKER);
     msg.set_incarnation(1);
+    msg.set_protocol_version(node::kProtocolVersion);
     msg.set_requested_rank(-1);
     for (int i = 0; i < devices; ++i) msg.add_devices()->set_local_id(i);
     return x.Call(pb::REGISTER, msg);
