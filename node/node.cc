@@ -318,14 +318,14 @@ void Node::InjectForTest(ConnId conn, Frame&& frame, bool from_scheduler) {
 }
 
 void Node::OnPeerRequest(ConnId conn, Frame&& frame) {
-  const std::string what = CommandLabel(frame.meta.cmd());
+  const std::string what = UnservedCommandName(frame.meta.cmd());
   LOG_FIRST_N(WARNING, 10) << options_.node_id << ": conn " << conn << " sent " << what << ", which a "
                            << RoleLabel(options_.role) << " does not serve";
   messenger_->Reply(conn, frame.meta, Status(Code::kInvalidArgument, "a " + RoleLabel(options_.role) +
                                                                         " does not serve " + what))
       .IgnoreError();
   if (++unserved_[conn] >= kMaxUnservedCommands) {
-    messenger_->transport().Close(conn, Status(Code::kProtocol, std::to_string(kMaxUnservedCommands) + " commands a " +
+    messenger_->transport().CloseAfterFlush(conn, Status(Code::kProtocol, std::to_string(kMaxUnservedCommands) + " commands a " +
                                                                     RoleLabel(options_.role) + " does not serve"));
   }
 }

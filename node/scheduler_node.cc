@@ -207,12 +207,12 @@ void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
         extra->second(conn, std::move(frame));
         break;
       }
-      const std::string what = CommandLabel(frame.meta.cmd());
+      const std::string what = UnservedCommandName(frame.meta.cmd());
       LOG_EVERY_N(WARNING, 100) << "scheduler: conn " << conn << " " << messenger_->transport().PeerAddress(conn)
                                 << " sent " << what << ", which the scheduler does not serve";
       Reply(conn, frame.meta, Status(Code::kInvalidArgument, "the scheduler does not serve " + what));
       if (++unserved_[conn] >= kMaxUnservedCommands) {
-        messenger_->transport().Close(conn, Status(Code::kProtocol, std::to_string(kMaxUnservedCommands) +
+        messenger_->transport().CloseAfterFlush(conn, Status(Code::kProtocol, std::to_string(kMaxUnservedCommands) +
                                                                         " commands the scheduler does not serve"));
       }
     }

@@ -66,7 +66,7 @@ inline constexpr uint32_t kProtocolVersion = 2;
 
 // A command a native port does not serve, named with its number ("SCALE_OUT (command 7)",
 // "command 999"): a peer of another version may send numbers this build has no name for.
-inline std::string CommandLabel(int cmd) {
+inline std::string UnservedCommandName(int cmd) {
   const std::string name = pb::NodeCommand_IsValid(cmd) ? pb::NodeCommand_Name(static_cast<pb::NodeCommand>(cmd)) : "";
   return name.empty() ? "command " + std::to_string(cmd) : name + " (command " + std::to_string(cmd) + ")";
 }

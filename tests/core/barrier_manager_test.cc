@@ -299,7 +299,7 @@ TEST_CASE("barrier over a participant that failed before fails at once - recover
   CHECK(a.last("w1-2").ok());
 }
 
-TEST_CASE("barrier timeout names k/n, the first arrival and at most three stragglers", "[core][barrier][parity]") {
+TEST_CASE("barrier timeout names k/n and the first arrival and at most three stragglers", "[core][barrier][parity]") {
   FakeClock clock;
   BarrierManager bm(&clock);
   Answers a;

@@ -224,7 +224,7 @@ TEST_CASE("the same incarnation re-registering is a retry - nothing is told", "[
   CHECK_FALSE(f.cm->Find("w0")->in_error);
 }
 
-TEST_CASE("heartbeats carry the incarnation - stale or foreign refused ABORTED, in error refused",
+TEST_CASE("heartbeats carry the incarnation - stale or foreign refused ABORTED - in error refused",
           "[core][cluster][incarnation]") {
   Fixture f;
   f.StartAll();
@@ -250,7 +250,7 @@ TEST_CASE("heartbeats carry the incarnation - stale or foreign refused ABORTED, 
   CHECK_FALSE(f.cm->Find("w1")->timed_out);
 }
 
-TEST_CASE("recoverable roles: errors not propagated, a restart is admitted, heartbeats in error accepted",
+TEST_CASE("recoverable roles: errors not propagated - a restart is admitted - heartbeats in error accepted",
           "[core][cluster][incarnation]") {
   Fixture f;
   f.config.recoverable_roles = {pb::WORKER};

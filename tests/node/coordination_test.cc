@@ -241,7 +241,7 @@ TEST_CASE("WaitForReady times out naming how many are missing - a late arrival i
   CHECK(late.node->WaitForReady(20s).ok());
 }
 
-TEST_CASE("incarnation: same one is a retry; a new one is an error the others hear of, naming it - reset lets it in",
+TEST_CASE("incarnation: same one is a retry - a new one is an error the others hear of naming it - reset lets it in",
           "[node][net][coord][incarnation]") {
   TestCluster c(SchedOpts(3, 0, 100ms, 60s));  // the raw client never beats
   c.Add(pb::WORKER, "w0");
@@ -322,6 +322,70 @@ TEST_CASE("recoverable roles: a restart is admitted and heard as NODE_RESTARTED,
     REQUIRE(c.member(i).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x"), 5s));
     CHECK(c.member(i).events.Count(Kind(pb::ClusterEventMessage::NODE_ERROR, "x")) == 0);
   }
+}
+
+TEST_CASE("connect: protocol version mismatch refused naming both - heartbeats of a foreign incarnation or another link refused",
+          "[node][net][coord][incarnation]") {
+  TestCluster c(SchedOpts(2, 0, 100ms, 60s));  // the raw clients never beat on their own
+  RawClient x(c.sched().port());
+  pb::RegisterMessage reg;
+  reg.set_ip("127.0.0.1");
+  reg.set_port(1);
+  reg.set_node_id("x");
+  reg.set_role(pb::WORKER);
+  reg.set_incarnation(7);
+  reg.set_protocol_version(1);
+  Result<comm::Frame> old = x.Call(pb::REGISTER, reg);
+  REQUIRE_FALSE(old.ok());
+  CHECK(old.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(old.status().message(), Catch::Contains("protocol version 1") &&
+                                         Catch::Contains("version " + std::to_string(node::kProtocolVersion)));
+  REQUIRE(x.Register("x", 7).ok());  // the same connection is still open
+
+  pb::HeartbeatMessage hb;
+  hb.set_node_id("x");
+  hb.set_incarnation(7);
+  CHECK(x.Call(pb::HEARTBEAT, hb).ok());
+  hb.set_incarnation(8);
+  Result<comm::Frame> foreign = x.Call(pb::HEARTBEAT, hb);
+  REQUIRE_FALSE(foreign.ok());
+  CHECK(foreign.status().code() == Code::kAborted);
+  CHECK_THAT(foreign.status().message(), Catch::Contains("incarnation 8"));
+  // Another connection does not take over x's live link, even with the right incarnation.
+  RawClient y(c.sched().port());
+  hb.set_incarnation(7);
+  Result<comm::Frame> other = y.Call(pb::HEARTBEAT, hb);
+  REQUIRE_FALSE(other.ok());
+  CHECK(other.status().code() == Code::kFailedPrecondition);
+  CHECK_THAT(other.status().message(), Catch::Contains("another connection"));
+  CHECK(x.Call(pb::HEARTBEAT, hb).ok());
+}
+
+TEST_CASE("an unserved command number is named in the error - a peer that keeps sending them is disconnected",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(1, 0));
+  RawClient x(c.sched().port());
+  auto unknown = [&x] {
+    std::future<Result<comm::Frame>> f =
+        x.CallAsync(MakeMeta(static_cast<pb::NodeCommand>(999), pb::WORKER, -1), nullptr, 5s);
+    if (f.wait_for(10s) != std::future_status::ready) return Result<comm::Frame>(Status(Code::kTimeout, "no answer"));
+    return f.get();
+  };
+  Result<comm::Frame> first = unknown();
+  REQUIRE_FALSE(first.ok());
+  CHECK(first.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(first.status().message(), Catch::Contains("command 999"));
+  for (int i = 1; i < node::kMaxUnservedCommands; ++i) {
+    Result<comm::Frame> again = unknown();
+    CHECK(again.status().code() == Code::kInvalidArgument);
+  }
+  // The connection is closed now: the next call fails on the link, not with an answer.
+  Result<comm::Frame> after = unknown();
+  REQUIRE_FALSE(after.ok());
+  CHECK(after.status().code() != Code::kInvalidArgument);
+  pb::AdminRequest status;
+  status.set_op("status");
+  CHECK_FALSE(x.Call(pb::ADMIN, status).ok());
 }
 
 TEST_CASE("KV through nodes: set, overwrite, blocking get, timeout, try-get, sorted list, delete",
