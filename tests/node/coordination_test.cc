@@ -623,6 +623,21 @@ TEST_CASE("a barrier participant that dies fails the barrier for all", "[node][n
   CHECK(again.events.WaitFor(Kind(pb::ClusterEventMessage::NODE_TIMED_OUT, "w2"), 5s));
 }
 
+TEST_CASE("a barrier participant that shuts down fails the pending round at once for the others naming it",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(2, 0));
+  c.StartWorkers(2);
+  RawClient admin(c.sched().port());
+  auto f0 = BarrierAsync(c.node(0), "b", 60s, {"w0", "w1"});
+  REQUIRE(admin.WaitArrived("b", 1));
+  auto fin1 = std::async(std::launch::async, [&c] { return c.node(1).Finish(30s); });
+  Status s0 = Soon(f0);  // long before its 60 s deadline
+  CHECK(s0.code() == Code::kAborted);
+  CHECK_THAT(s0.message(), Catch::Contains("participant w1") && Catch::Contains("shut down"));
+  CHECK(c.node(0).Finish(30s).ok());
+  CHECK(fin1.get().ok());
+}
+
 TEST_CASE("errors reach every other node within a heartbeat interval - a late joiner hears at once",
           "[node][net][coord]") {
   const Duration interval = 2s;  // long: the notices must be pushed, not ride on heartbeats
