@@ -188,6 +188,13 @@ Status BarrierManager::CheckCaller(const std::string& id, uint64_t gen,
   // as the current node list against a round that named its participants.
   const std::vector<std::string>& given =
       participants.empty() ? (round.all_nodes ? round.participants : all_nodes_) : participants;
+  if (is_member_) {
+    for (const std::string& p : given) {
+      if (!is_member_(p)) {
+        return Status(Code::kInvalidArgument, Name(id, gen) + ": participant " + p + " is not in the cluster");
+      }
+    }
+  }
   if (given != round.participants) {
     return Status(Code::kFailedPrecondition,
                   Name(id, gen) + ": participant set mismatch: " + node_id + " gave [" +
@@ -202,6 +209,46 @@ Status BarrierManager::CheckCaller(const std::string& id, uint64_t gen,
   return Status::Ok();
 }
 
+Status BarrierManager::CheckParticipants(const std::string& id, uint64_t gen,
+                                         const std::vector<std::string>& participants) const {
+  for (const std::string& p : participants) {
+    if (is_member_ && !is_member_(p)) {
+      return Status(Code::kInvalidArgument, Name(id, gen) + ": participant " + p + " is not in the cluster");
+    }
+    auto failed = failed_.find(p);
+    if (failed != failed_.end()) {
+      return Status(Code::kAborted, Name(id, gen) + " failed: participant " + p + " failed: " + failed->second);
+    }
+  }
+  return Status::Ok();
+}
+
+void BarrierManager::SupersedeEarlierCall(const std::string& id, uint64_t gen, const std::string& node_id,
+                                          Round* round, Answers* answers) {
+  std::vector<Round::Waiter> kept;
+  for (Round::Waiter& w : round->waiting) {
+    if (w.node_id != node_id) {
+      kept.push_back(std::move(w));
+      continue;
+    }
+    Decrement(&waiting_of_, w.owner);
+    answers->emplace_back(std::move(w.cb), Status(Code::kCancelled, Name(id, gen) + ": " + node_id +
+                                                                        " called again; this call is superseded"));
+  }
+  round->waiting = std::move(kept);
+}
+
+Status BarrierManager::TimeoutStatus(const std::string& id, uint64_t gen, const Round& round) {
+  constexpr size_t kStragglersNamed = 3;
+  std::vector<std::string> missing = Missing(round.participants, round.arrived);
+  std::string names;
+  for (size_t i = 0; i < missing.size() && i < kStragglersNamed; ++i) names += (i > 0 ? ", " : "") + missing[i];
+  if (missing.size() > kStragglersNamed) names += " and " + std::to_string(missing.size() - kStragglersNamed) + " more";
+  return Status(Code::kTimeout, Name(id, gen) + " timed out: " + std::to_string(round.arrived.size()) + "/" +
+                                    std::to_string(round.participants.size()) + " arrived (first: " +
+                                    (round.first.empty() ? "none" : round.first) + "), missing: " + names);
+}
+
 void BarrierManager::JoinRound(const std::string& id, uint64_t gen, const std::string& node_id,
                                const std::vector<std::string>& participants, Callback cb,
                                uint64_t owner, Round* round, Answers* answers) {
@@ -212,13 +259,18 @@ void BarrierManager::JoinRound(const std::string& id, uint64_t gen, const std::s
     answers->emplace_back(std::move(cb), check.ok() ? round->result : check);
     return;
   }
+  // A waiting round cannot pass with a participant outside the cluster or failed: it ends
+  // now for all rather than at its deadline.
+  if (check.ok()) check = CheckParticipants(id, gen, round->participants);
+  if (round->arrived.count(node_id) != 0) SupersedeEarlierCall(id, gen, node_id, round, answers);
+  if (round->first.empty()) round->first = node_id;
   round->waiting.push_back(Round::Waiter{std::move(cb), owner, node_id});
   if (owner != 0) ++waiting_of_[owner];
   if (!check.ok()) {
     Finish(id, gen, BarrierState::kFailed, check, round, answers);
     return;
   }
-  round->arrived.insert(node_id);  // A repeat while waiting just adds a second callback.
+  round->arrived.insert(node_id);
   if (round->arrived.size() == round->participants.size()) {
     Finish(id, gen, BarrierState::kPassed, Status::Ok(), round, answers);
   }
@@ -336,7 +388,7 @@ void BarrierManager::Prune(Series* series) {
 Status BarrierManager::Cancel(const std::string& id) {
   auto found = series_.find(id);
   if (found == series_.end() || found->second.rounds.empty()) {
-    return Status(Code::kNotFound, "barrier " + id + " is unknown");
+    return Status(Code::kFailedPrecondition, "barrier " + id + " is unknown; nothing to cancel");
   }
   Series& series = found->second;
   Answers answers;
@@ -377,7 +429,10 @@ void BarrierManager::CancelAll(const Status& why) {
   Deliver(&answers);
 }
 
+void BarrierManager::NodeRecovered(const std::string& node_id) { failed_.erase(node_id); }
+
 void BarrierManager::NodeFailed(const std::string& node_id, const std::string& reason) {
+  failed_[node_id] = reason;
   Answers answers;
   for (auto& [id, series] : series_) {
     bool ended = false;
@@ -411,12 +466,7 @@ void BarrierManager::Tick() {
     auto [deadline, id, gen] = *deadlines_.begin();
     Series& series = series_.at(id);
     Round& round = series.rounds.at(gen);
-    std::vector<std::string> missing = Missing(round.participants, round.arrived);
-    Status timeout(Code::kTimeout, Name(id, gen) + " timed out: " +
-                                       std::to_string(round.arrived.size()) + "/" +
-                                       std::to_string(round.participants.size()) +
-                                       " arrived, missing: " + JoinNames(missing));
-    Finish(id, gen, BarrierState::kFailed, std::move(timeout), &round, &answers);
+    Finish(id, gen, BarrierState::kFailed, TimeoutStatus(id, gen, round), &round, &answers);
     Prune(&series);
     Touch(id, &series);
   }

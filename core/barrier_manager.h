@@ -93,16 +93,23 @@ class BarrierManager {
   // Arrivals of owner waiting now.
   size_t waiting_of(uint64_t owner) const;
 
-  // Waiting rounds of id end with kCancelled. kNotFound for an unknown id;
-  // kFailedPrecondition if no round of id is waiting (it passed, failed or was cancelled).
+  // Waiting rounds of id end with kCancelled. kFailedPrecondition for an unknown id and if
+  // no round of id is waiting (it passed, failed or was cancelled).
   [[nodiscard]] Status Cancel(const std::string& id);
 
   // Ends every waiting round of every id with `why` (which must not be OK), e.g. on shutdown.
   void CancelAll(const Status& why);
 
-  // A node died or reported an error: every waiting round it takes part in fails for all with
-  // kAborted naming it and reason. The node's next Arrive on each id joins a fresh round.
+  // A node died, reported an error, left or shut down: every waiting round it takes part in
+  // fails for all with kAborted naming it and reason, and so does every round that names it
+  // later, at its first arrival, until NodeRecovered. The node's next Arrive on each id
+  // joins a fresh round.
   void NodeFailed(const std::string& node_id, const std::string& reason);
+  // The node is back (restarted, recovered, reset): rounds naming it may wait for it again.
+  void NodeRecovered(const std::string& node_id);
+  // Who is in the cluster: a round naming anyone else fails for all with kInvalidArgument.
+  // Unset: every name is accepted.
+  void SetMembership(std::function<bool(const std::string&)> is_member) { is_member_ = std::move(is_member); }
 
   // The "all nodes" set used by rounds whose first arrival gives no participants. Changing it
   // does not alter rounds already open.
@@ -151,6 +158,7 @@ class BarrierManager {
     std::vector<Waiter> waiting;
     uint64_t opener = 0;  // owner whose arrival opened the round (while it waits)
     bool restored = false;  // RestoreEndedRound: only its result is known
+    std::string first;    // the first node to arrive (named when the round times out)
   };
   struct Series {
     std::map<std::string, uint64_t> last_generation;  // Highest generation each node joined.
@@ -176,6 +184,13 @@ class BarrierManager {
   // Why node_id with this participant list may not join round, or OK.
   Status CheckCaller(const std::string& id, uint64_t gen, const std::string& node_id,
                      const std::vector<std::string>& participants, const Round& round) const;
+  // Why a round with these participants cannot pass: one not in the cluster, or failed.
+  Status CheckParticipants(const std::string& id, uint64_t gen, const std::vector<std::string>& participants) const;
+  // node_id calls again while its earlier call at the round waits: the earlier is answered
+  // kCancelled and withdrawn, the new one is kept.
+  void SupersedeEarlierCall(const std::string& id, uint64_t gen, const std::string& node_id, Round* round,
+                            Answers* answers);
+  static Status TimeoutStatus(const std::string& id, uint64_t gen, const Round& round);
   void Finish(const std::string& id, uint64_t gen, BarrierState state, Status result,
               Round* round, Answers* answers);
   // Drops completed rounds every participant has arrived for, keeping the newest one.
@@ -197,6 +212,8 @@ class BarrierManager {
   std::unordered_map<uint64_t, size_t> waiting_of_;  // owner -> its waiting arrivals
   std::unordered_map<uint64_t, size_t> opened_by_;   // owner -> waiting rounds it opened
   std::vector<std::string> all_nodes_;  // Sorted, unique.
+  std::map<std::string, std::string> failed_;  // node -> why, between NodeFailed and NodeRecovered
+  std::function<bool(const std::string&)> is_member_;
   std::map<std::string, Series> series_;
   std::set<std::tuple<TimePoint, std::string, uint64_t>> deadlines_;  // Waiting rounds only.
   std::set<std::pair<TimePoint, std::string>> idle_;  // (idle_since, id) of ids with no round waiting

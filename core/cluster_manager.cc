@@ -86,10 +86,12 @@ Result<RegisterOutcome> ClusterManager::Register(const RegisterRequest& req) {
   return AdmitNew(req);
 }
 
-// A known node_id comes back. Same incarnation: a harmless retry. New incarnation: a fresh
-// process, so it clears a stored error and the finish flag. The same incarnation of a node
-// in error is refused until ResetNode, since nothing about it has changed. Either way a
-// timed-out node recovers.
+// A known node_id comes back. Same incarnation: a harmless retry (a timed-out node
+// recovers). New incarnation: the old process and its state are gone. For a role declared
+// recoverable, or a member reset since it last registered, it is admitted as a restart (the
+// error and finish flags cleared, NODE_RESTARTED). Otherwise the member is recorded in error
+// (kAborted, told to every other member, its barriers failed) and refused until it is reset.
+// A member in error is refused whatever its incarnation until it is reset.
 Status ClusterManager::CheckReregister(const NodeRecord& rec,
                                        const RegisterRequest& req) const {
   if (req.role != rec.role) {
@@ -105,22 +107,53 @@ Status ClusterManager::CheckReregister(const NodeRecord& rec,
     return Err(Code::kInvalidArgument, "node ", rec.node_id, " holds ", RoleName(rec.role),
                " rank ", rec.rank, ", cannot re-register as rank ", req.requested_rank);
   }
-  if (req.incarnation == rec.incarnation && rec.in_error) {
+  const bool restart_ok = rec.reset_pending || Recoverable(rec.role);
+  if (rec.in_error && !(restart_ok && req.incarnation != rec.incarnation)) {
     return Err(Code::kFailedPrecondition, "node ", rec.node_id, " is in error (code ",
-               rec.error_code, ": ", rec.error_message, "); reset it or restart it");
+               rec.error_code, ": ", rec.error_message, "); reset it before it registers again");
   }
   return Status::Ok();
+}
+
+bool ClusterManager::Recoverable(pb::NodeRole role) const {
+  return std::find(config_.recoverable_roles.begin(), config_.recoverable_roles.end(), role) !=
+         config_.recoverable_roles.end();
+}
+
+void ClusterManager::RecordError(NodeRecord* rec, int code, const std::string& message, bool reported) {
+  SetInError(rec, true);
+  rec->error_code = code;
+  rec->error_message = message;
+  RefreshNodeState(rec);
+  Event& e = Emit(Event::Kind::kNodeError, rec);
+  e.error_code = code;
+  e.message = message;
+  e.propagate = !Recoverable(rec->role);
+  e.reported = reported;
+}
+
+// A new process under the node id of a member whose role is not recoverable: whatever the
+// old one held is lost, which the others must hear of; it may join once reset.
+Status ClusterManager::RefuseNewIncarnation(NodeRecord* rec, const RegisterRequest& req) {
+  const std::string why = Cat(RoleName(rec->role), " ", rec->node_id, " restarted (incarnation ",
+                              rec->incarnation, " -> ", req.incarnation, "): the state of its old process is lost");
+  LOG(WARNING) << Label(*rec) << ": " << why << "; recorded in error";
+  RecordError(rec, static_cast<int>(Code::kAborted), why, /*reported=*/false);
+  return Err(Code::kAborted, why, "; it is recorded in error: reset it (pscore-admin reset ", rec->node_id,
+             ") before it registers again, or declare its role in --recoverable_roles");
 }
 
 Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const RegisterRequest& req) {
   PSCORE_RETURN_IF_ERROR(CheckReregister(*rec, req));
   const bool restarted = req.incarnation != rec->incarnation;
+  if (restarted && !rec->reset_pending && !Recoverable(rec->role)) return RefuseNewIncarnation(rec, req);
   RegisterOutcome out;
   out.rank = rec->rank;
   rec->last_heartbeat = clock_->Now();
   next_timeout_scan_ = TimePoint::min();
   const bool recovered = rec->timed_out;
   const bool moved = rec->ip != req.ip || rec->port != req.port;
+  rec->reset_pending = false;
   if (!restarted && !recovered && !moved) {
     out.retry = true;
     out.epoch = epoch_;
@@ -161,8 +194,8 @@ Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
   const int total = Total(req.role);
   const int have = registered(req.role);
   if (have >= total) {
-    return Err(Code::kResourceExhausted, RoleName(req.role), " quota full (", have, "/", total,
-               "); node ", req.node_id, " refused");
+    return Err(Code::kInvalidArgument, "node ", req.node_id, " is not in the cluster: ", RoleName(req.role),
+               " quota full (", have, "/", total, ")");
   }
   Result<int> rank = PickRank(req.role, req.requested_rank);
   if (!rank.ok()) return rank.status();
@@ -186,9 +219,12 @@ Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
 
 Result<int> ClusterManager::PickRank(pb::NodeRole role, int requested) const {
   const int total = Total(role);
-  if (requested < -1 || requested >= total) {
-    return Err(Code::kInvalidArgument, "requested ", RoleName(role), " rank ", requested,
-               " out of range [0, ", total, ")");
+  if (requested < -1) {
+    return Err(Code::kInvalidArgument, "requested ", RoleName(role), " rank ", requested, " is negative");
+  }
+  if (requested >= total) {
+    return Err(Code::kFailedPrecondition, "requested ", RoleName(role), " rank ", requested,
+               " out of range [0, ", total, "): the job is configured for ", total, " ", RoleName(role), "s");
   }
   const std::vector<char>& taken = RanksTaken(role);
   if (requested >= 0) {
@@ -241,7 +277,7 @@ void ClusterManager::AfterAdmit() {
   }
 }
 
-Status ClusterManager::Heartbeat(const std::string& node_id, NodeHint* hint) {
+Status ClusterManager::Beat(const std::string& node_id, const uint64_t* incarnation, NodeHint* hint) {
   NodeRecord* rec = nullptr;
   if (hint != nullptr && hint->generation == generation_ && hint->rec != nullptr && hint->node_id == node_id) {
     rec = hint->rec;  // the hint's copy of the id is warm; the record is touched once below
@@ -256,7 +292,18 @@ Status ClusterManager::Heartbeat(const std::string& node_id, NodeHint* hint) {
   if (rec->timed_out) {
     return Err(Code::kNotFound, "node ", node_id, " timed out; register again");
   }
+  if (rec->reset_pending) {
+    return Err(Code::kNotFound, "node ", node_id, " was reset; register again");
+  }
+  if (incarnation != nullptr && *incarnation != rec->incarnation) {
+    return Err(Code::kAborted, "heartbeat of node ", node_id, " carries incarnation ", *incarnation,
+               ", but the member registered is incarnation ", rec->incarnation);
+  }
   rec->last_heartbeat = clock_->Now();
+  if (rec->in_error && !Recoverable(rec->role)) {
+    return Err(Code::kAborted, "node ", node_id, " is in error (code ", rec->error_code, ": ", rec->error_message,
+               "); reset it before it registers again");
+  }
   return Status::Ok();
 }
 
@@ -324,23 +371,19 @@ Status ClusterManager::ReportError(const std::string& node_id, int code,
                                    const std::string& message) {
   NodeRecord* rec = Mutable(node_id);
   if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
-  SetInError(rec, true);
-  rec->error_code = code;
-  rec->error_message = message;
-  RefreshNodeState(rec);
   LOG(WARNING) << Label(*rec) << " reported error " << code << ": " << message;
-  Event& e = Emit(Event::Kind::kNodeError, rec);
-  e.error_code = code;
-  e.message = message;
+  RecordError(rec, code, message, /*reported=*/true);
   return Status::Ok();
 }
 
+// Clears the error; the member (the same process, or a new one) registers again next.
 Status ClusterManager::ResetNode(const std::string& node_id) {
   NodeRecord* rec = Mutable(node_id);
   if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
   SetInError(rec, false);
   rec->error_code = 0;
   rec->error_message.clear();
+  rec->reset_pending = true;
   RefreshNodeState(rec);
   return Status::Ok();
 }
@@ -363,6 +406,15 @@ std::vector<std::string> ClusterManager::FinishMissing() const {
     if (!rec->timed_out && !rec->finished) missing.push_back(rec->node_id);
   }
   return missing;
+}
+
+void ClusterManager::FinishTimedOut(const std::vector<std::string>& late) {
+  for (const std::string& node_id : late) {
+    NodeRecord* rec = Mutable(node_id);
+    if (rec == nullptr || rec->in_error || rec->finished) continue;
+    RecordError(rec, static_cast<int>(Code::kTimeout),
+                Cat("finish barrier timed out waiting for ", RoleName(rec->role), " ", node_id), /*reported=*/false);
+  }
 }
 
 // The finish barrier covers live nodes: timed-out nodes do not hold it up, and nodes that

@@ -52,6 +52,12 @@ struct ClusterConfig {
   // heartbeat timeout publishes new metadata (a new epoch) marking it down, so every
   // member routes its ranges to their next live replica.
   int replicas = 1;
+  // Roles whose members may fail and come back (a restart with a new incarnation) without
+  // the others being told of an error: their errors are not propagated and a restart
+  // re-admits them at once. Other roles follow the coordination service's rule: a new
+  // incarnation records the member in error, and a member in error must be reset before it
+  // registers again (docs/coordination.md).
+  std::vector<pb::NodeRole> recoverable_roles;
 };
 
 struct RegisterRequest {
@@ -68,7 +74,7 @@ struct RegisterRequest {
 struct RegisterOutcome {
   int rank = -1;
   uint64_t epoch = 0;
-  bool restarted = false;  // a known node_id came back with a new incarnation
+  bool restarted = false;  // a known node_id came back with a new incarnation (recoverable or reset)
   bool retry = false;      // same node_id and incarnation: nothing changed
 };
 
@@ -98,6 +104,9 @@ struct NodeRecord {
   // again after its timeout): it missed pushes, so the metadata marks it down (not a
   // replica anyone reads or writes) for the rest of the job.
   bool resyncing = false;
+  // Reset (ResetNode) since its last registration: the next REGISTER is admitted whatever
+  // its incarnation, and heartbeats are answered "register again" until then.
+  bool reset_pending = false;
 };
 
 // How the job ended. A job fails when the finish barrier passes while a node is timed out
@@ -139,6 +148,10 @@ struct Event {
   int rank = -1;
   int error_code = 0;
   std::string message;
+  // kNodeError: false for a member of a recoverable role (logged, not told to the others,
+  // its barriers not failed).
+  bool propagate = true;
+  bool reported = true;  // kNodeError: the member reported it (false: the scheduler found it)
   uint64_t epoch = 0;
   int worker_num = 0;
   int server_num = 0;
@@ -159,8 +172,16 @@ class ClusterManager {
     uint64_t generation = 0;
     std::string node_id;
   };
-  // kNotFound for an unknown or timed-out node: it must register again.
-  Status Heartbeat(const std::string& node_id, NodeHint* hint = nullptr);
+  // kNotFound for an unknown, timed-out or reset node: it must register again. kAborted for
+  // an incarnation other than the registered one (a stale or foreign process), and for a
+  // member in error whose role is not recoverable (its liveness still counts: the process
+  // is there, only its state is not trusted).
+  Status Heartbeat(const std::string& node_id, uint64_t incarnation, NodeHint* hint = nullptr) {
+    return Beat(node_id, &incarnation, hint);
+  }
+  // The same without the incarnation check, for a caller that vouches for the sender.
+  Status Heartbeat(const std::string& node_id, NodeHint* hint = nullptr) { return Beat(node_id, nullptr, hint); }
+  bool Recoverable(pb::NodeRole role) const;
   // Applies timeouts: silent nodes, the scale-operation deadline, then the finish barrier.
   void Tick();
   // The scheduler itself did not run for `stalled` (stopped, swapped out): that time does
@@ -171,6 +192,9 @@ class ClusterManager {
   Status ResetNode(const std::string& node_id);  // clears the error state
   Status Finish(const std::string& node_id);     // joins the finish barrier
   std::vector<std::string> FinishMissing() const;  // live nodes that have not called Finish
+  // A caller's shutdown barrier timed out: `late` (FinishMissing then) are recorded in error
+  // (kTimeout), so they cannot register again without a reset.
+  void FinishTimedOut(const std::vector<std::string>& late);
 
   Status ScaleOut(int worker_num, int server_num);  // new totals (each >= current)
   Status ScaleInByIds(const std::vector<std::string>& node_ids);
@@ -222,6 +246,9 @@ class ClusterManager {
   };
 
   Status CheckReregister(const NodeRecord& rec, const RegisterRequest& req) const;
+  Status Beat(const std::string& node_id, const uint64_t* incarnation, NodeHint* hint);
+  Status RefuseNewIncarnation(NodeRecord* rec, const RegisterRequest& req);
+  void RecordError(NodeRecord* rec, int code, const std::string& message, bool reported);
   Result<RegisterOutcome> Reregister(NodeRecord* rec, const RegisterRequest& req);
   Result<RegisterOutcome> AdmitNew(const RegisterRequest& req);
   Result<int> PickRank(pb::NodeRole role, int requested) const;

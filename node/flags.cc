@@ -38,6 +38,9 @@ DEFINE_int64(scheduler_timeout_ms, 0, "Worker/server: no answer from the schedul
 DEFINE_int64(recovery_timeout_ms, 15000, "Worker/server: how long a push or pull whose server was lost is retried, and "
              "how long the scheduler may stay silent (at least --scheduler_timeout_ms) before the node exits with code 4.");
 DEFINE_int32(scale_timeout_ms, 60000, "Rollback deadline of a scale operation (scheduler).");
+DEFINE_string(recoverable_roles, "",
+              "Scheduler: roles (worker, server; comma-separated) whose members may restart with a new "
+              "incarnation without being recorded in error and told to the others (empty: none).");
 DEFINE_string(devices, "", "Local devices: comma-separated ordinals, each optionally id@device_ip (e.g. 0@10.0.0.1,1@10.0.0.2).");
 DEFINE_string(super_pod_id, "", "Super-pod of this node's devices (rank table 1.2).");
 DEFINE_uint64(max_message_bytes, 256ull << 20, "Largest frame payload accepted or sent.");
@@ -373,6 +376,23 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program progr
   s.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_interval_ms);
   s.heartbeat_timeout = std::chrono::milliseconds(FLAGS_heartbeat_timeout_ms);
   s.scale_timeout = std::chrono::milliseconds(FLAGS_scale_timeout_ms);
+  {
+    std::string list = FLAGS_recoverable_roles;
+    size_t start = 0;
+    while (start <= list.size() && !list.empty()) {
+      size_t comma = list.find(',', start);
+      if (comma == std::string::npos) comma = list.size();
+      const std::string role = list.substr(start, comma - start);
+      if (role == "worker") {
+        s.recoverable_roles.push_back(pb::WORKER);
+      } else if (role == "server") {
+        s.recoverable_roles.push_back(pb::SERVER);
+      } else {
+        Die(prog, "--recoverable_roles: unknown role '" + role + "' (worker, server)");
+      }
+      start = comma + 1;
+    }
+  }
   s.max_message_bytes = FLAGS_max_message_bytes;
   s.max_kv_value_bytes = static_cast<size_t>(FLAGS_max_kv_value_bytes);
   s.max_kv_total_bytes = FLAGS_max_kv_total_mb << 20;

@@ -42,7 +42,10 @@ Node::Node(NodeOptions options, comm::EventLoop* loop)
   }
   comm::Messenger::Handlers h;
   h.on_request = [this](ConnId c, Frame&& f) { OnFrame(c, std::move(f)); };
-  h.on_close = [this](ConnId c, const Status& why) { OnPeerClosed(c, why); };
+  h.on_close = [this](ConnId c, const Status& why) {
+    unserved_.erase(c);
+    OnPeerClosed(c, why);
+  };
   h.stream = [this](ConnId c, const pb::MessageMeta& meta, uint64_t tail) { return OnRequestStream(c, meta, tail); };
   messenger_ = std::make_unique<comm::Messenger>(
       loop_, MakeTransportOptions(options_.max_message_bytes, options_.cluster_token, options_.accept), std::move(h));
@@ -134,6 +137,7 @@ void Node::Register() {
   msg.set_node_id(options_.node_id);
   msg.set_role(options_.role);
   msg.set_incarnation(incarnation_);
+  msg.set_protocol_version(kProtocolVersion);
   msg.set_requested_rank(rank_ >= 0 ? rank_ : options_.rank);
   msg.set_host_name(options_.host_name);
   for (auto& d : options_.devices) *msg.add_devices() = d;
@@ -198,12 +202,21 @@ void Node::Heartbeat() {
   pb::HeartbeatMessage msg;
   msg.set_node_id(options_.node_id);
   msg.set_known_epoch(epoch_);
+  msg.set_incarnation(incarnation_);
   msg.set_node_state(state_ == pb::CLUSTER_READY ? pb::NODE_READY : pb::NODE_STARTING);
   messenger_->Call(scheduler_->conn(), MakeMeta(pb::HEARTBEAT, options_.role, rank_), ToBuffer(msg),
                    options_.heartbeat_interval * 3, [this](Result<Frame> r) {
-    if (r.ok() || r.status().code() == Code::kNotFound) SchedulerAnswered();
+    const Code code = r.ok() ? Code::kOk : r.status().code();
+    if (code == Code::kOk || code == Code::kNotFound || code == Code::kAborted || code == Code::kFailedPrecondition) {
+      SchedulerAnswered();
+    }
     if (!r.ok()) {
-      if (r.status().code() == Code::kNotFound) {
+      // kAborted: this process is in error at the scheduler, or another incarnation holds
+      // its node id; it stays so until reset (the beat still counts as alive).
+      if (code == Code::kAborted) {
+        LOG_EVERY_N(ERROR, 20) << options_.node_id << ": heartbeat refused: " << r.status();
+      }
+      if (code == Code::kNotFound || code == Code::kFailedPrecondition) {
         LOG(WARNING) << options_.node_id << ": the scheduler does not know us (" << r.status()
                      << "); registering again";
         registered_ = false;
@@ -310,13 +323,16 @@ void Node::InjectForTest(ConnId conn, Frame&& frame, bool from_scheduler) {
 }
 
 void Node::OnPeerRequest(ConnId conn, Frame&& frame) {
-  LOG_FIRST_N(WARNING, 10) << options_.node_id << ": conn " << conn << " sent "
-                           << pb::NodeCommand_Name(frame.meta.cmd()) << ", which a "
+  const std::string what = UnservedCommandName(frame.meta.cmd());
+  LOG_FIRST_N(WARNING, 10) << options_.node_id << ": conn " << conn << " sent " << what << ", which a "
                            << RoleLabel(options_.role) << " does not serve";
   messenger_->Reply(conn, frame.meta, Status(Code::kInvalidArgument, "a " + RoleLabel(options_.role) +
-                                                                        " does not serve " +
-                                                                        pb::NodeCommand_Name(frame.meta.cmd())))
+                                                                        " does not serve " + what))
       .IgnoreError();
+  if (++unserved_[conn] >= kMaxUnservedCommands) {
+    messenger_->transport().CloseAfterFlush(conn, Status(Code::kProtocol, std::to_string(kMaxUnservedCommands) + " commands a " +
+                                                                    RoleLabel(options_.role) + " does not serve"));
+  }
 }
 
 void Node::HandleSchedulerPush(ConnId conn, Frame&& frame) {

@@ -129,6 +129,7 @@ class Node {
   // Scale-in started (msg names the leaving nodes). Hand over, then call done().
   virtual void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) { done(); }
   virtual void OnPeerClosed(comm::ConnId conn, const Status& why) {}
+  std::unordered_map<comm::ConnId, int> unserved_;  // commands not served, per connection (loop thread)
   // A request whose tail could be taken as it arrives (comm::TailStream): a stream for
   // it, or null (the default) to receive it whole. Its frame then reaches
   // OnPeerRequest with the head and the stream.

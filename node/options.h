@@ -51,6 +51,8 @@ struct SchedulerOptions {
   // Copies of each server's key range, at most server_num (docs/reliability.md). Members
   // learn it from the metadata.
   int replicas = 1;
+  // Roles whose members restart without being recorded in error (core::ClusterConfig).
+  std::vector<pb::NodeRole> recoverable_roles;
 };
 
 struct NodeOptions {

@@ -20,6 +20,7 @@ core::ClusterConfig MakeClusterConfig(const SchedulerOptions& o) {
   c.heartbeat_timeout = o.heartbeat_timeout;
   c.scale_timeout = o.scale_timeout;
   c.replicas = o.replicas;
+  c.recoverable_roles = o.recoverable_roles;
   return c;
 }
 
@@ -32,6 +33,10 @@ SchedulerNode::SchedulerNode(SchedulerOptions options, comm::EventLoop* loop)
       cluster_(MakeClusterConfig(options_), &clock_),
       kv_(&clock_, options_.max_kv_value_bytes, options_.max_kv_total_bytes),
       barriers_(&clock_) {
+  // Barriers may name registered members only (any name while the cluster is starting).
+  barriers_.SetMembership([this](const std::string& node_id) {
+    return cluster_.state() == pb::ClUSTER_STARTING || cluster_.Find(node_id) != nullptr;
+  });
   comm::Messenger::Handlers h;
   h.on_request = [this](ConnId c, Frame&& f) { OnRequest(c, std::move(f)); };
   h.on_close = [this](ConnId c, const Status& why) { OnClose(c, why); };
@@ -203,10 +208,14 @@ void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
         extra->second(conn, std::move(frame));
         break;
       }
-      LOG(WARNING) << "scheduler: conn " << conn << " " << messenger_->transport().PeerAddress(conn)
-                   << " sent " << pb::NodeCommand_Name(frame.meta.cmd()) << ", which the scheduler does not serve";
-      Reply(conn, frame.meta, Status(Code::kInvalidArgument, "the scheduler does not serve " +
-                                                                 pb::NodeCommand_Name(frame.meta.cmd())));
+      const std::string what = UnservedCommandName(frame.meta.cmd());
+      LOG_EVERY_N(WARNING, 100) << "scheduler: conn " << conn << " " << messenger_->transport().PeerAddress(conn)
+                                << " sent " << what << ", which the scheduler does not serve";
+      Reply(conn, frame.meta, Status(Code::kInvalidArgument, "the scheduler does not serve " + what));
+      if (++unserved_[conn] >= kMaxUnservedCommands) {
+        messenger_->transport().CloseAfterFlush(conn, Status(Code::kProtocol, std::to_string(kMaxUnservedCommands) +
+                                                                        " commands the scheduler does not serve"));
+      }
     }
   }
   DrainEvents();
@@ -217,6 +226,7 @@ void SchedulerNode::InjectForTest(ConnId conn, Frame&& frame) {
 }
 
 void SchedulerNode::OnClose(ConnId conn, const Status& why) {
+  unserved_.erase(conn);
   CancelGets(conn);
   barriers_.Withdraw(conn);  // a departed caller no longer counts as arrived
   finish_waiters_.erase(conn);  // its FINISH stays recorded; only the wait ends
@@ -233,6 +243,12 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   pb::RegisterMessage msg;
   Status st = ParsePayload(frame, &msg);
   if (!st.ok()) return Reply(conn, frame.meta, st);
+  if (msg.protocol_version() != kProtocolVersion) {
+    return Reply(conn, frame.meta, Status(Code::kInvalidArgument, "node " + msg.node_id() + " speaks protocol version " +
+                                                                      std::to_string(msg.protocol_version()) +
+                                                                      "; this scheduler speaks version " +
+                                                                      std::to_string(kProtocolVersion)));
+  }
   core::RegisterRequest req;
   req.node_id = msg.node_id();
   req.role = msg.role();
@@ -310,7 +326,16 @@ void SchedulerNode::HandleHeartbeat(ConnId conn, const Frame& frame) {
   ++heartbeats_;
   auto link = node_of_.find(conn);
   core::ClusterManager::NodeHint* hint = link == node_of_.end() ? nullptr : &link->second.hint;
-  st = cluster_.Heartbeat(msg.node_id(), hint);
+  if (link == node_of_.end()) {
+    // Another connection may not take over the link of a member whose link is up; the
+    // member re-registers on it (REGISTER moves the link).
+    auto live = conn_of_.find(msg.node_id());
+    if (live != conn_of_.end() && live->second != conn) {
+      return Reply(conn, frame.meta, Status(Code::kFailedPrecondition, "node " + msg.node_id() +
+                                                                           " is linked on another connection; register again"));
+    }
+  }
+  st = cluster_.Heartbeat(msg.node_id(), msg.incarnation(), hint);
   if (!st.ok()) return Reply(conn, frame.meta, st);
   if (link == node_of_.end()) {
     // The node reconnected: this link now carries its pushes.
@@ -337,6 +362,7 @@ void SchedulerNode::HandleFinish(ConnId conn, const Frame& frame) {
   }
   st = cluster_.Finish(msg.node_id());
   if (!st.ok()) return Reply(conn, frame.meta, st);
+  barriers_.NodeFailed(msg.node_id(), "it shut down (called Finish)");
   MarkStateDirty(/*urgent=*/true);
   finish_waiters_[conn] = FinishWaiter{frame.meta,
                                        clock_.Now() + WireMillis(msg.timeout_ms(), std::chrono::seconds(60)),
@@ -379,17 +405,9 @@ void SchedulerNode::ExpireFinishWaiters() {
                                      " node(s) missing: " + names));
   }
   if (!expired) return;
-  // Tell the stragglers that the others gave up waiting for them.
-  for (const std::string& node_id : missing) {
-    auto c = conn_of_.find(node_id);
-    if (c == conn_of_.end()) continue;
-    pb::ClusterEventMessage ev;
-    ev.set_kind(pb::ClusterEventMessage::NODE_ERROR);
-    ev.set_node_id(node_id);
-    ev.set_error_code(static_cast<int>(Code::kTimeout));
-    ev.set_message("finish barrier timed out waiting for you");
-    messenger_->Notify(c->second, MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(ev)).IgnoreError();
-  }
+  // The others gave up waiting for the stragglers: they are in error (everyone hears of it)
+  // and must be reset before they register again.
+  cluster_.FinishTimedOut(missing);
 }
 
 void SchedulerNode::HandleEvent(ConnId conn, const Frame& frame) {
@@ -433,7 +451,6 @@ void SchedulerNode::HandleReportError(ConnId conn, const Frame& frame) {
   pb::ErrorReport msg;
   Status st = ParsePayload(frame, &msg);
   if (st.ok()) st = cluster_.ReportError(msg.node_id(), msg.error_code(), msg.message());
-  if (st.ok()) barriers_.NodeFailed(msg.node_id(), "reported error: " + msg.message());
   Reply(conn, frame.meta, st);
 }
 
@@ -481,7 +498,7 @@ uint64_t SchedulerNode::QueuedOutputBytes() const {
   return total;
 }
 
-void SchedulerNode::SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind) {
+void SchedulerNode::SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind, bool only_to_it) {
   pb::ClusterEventMessage ev;
   ev.set_kind(kind);
   // A state change names the state it changed to: several may be drained at once (NODE_TIMEOUT,
@@ -493,6 +510,13 @@ void SchedulerNode::SendClusterEvent(const core::Event& e, pb::ClusterEventMessa
   ev.set_error_code(e.error_code);
   ev.set_message(e.message);
   ev.set_epoch(e.epoch ? e.epoch : cluster_.epoch());
+  if (only_to_it) {
+    auto c = conn_of_.find(e.node_id);
+    if (c != conn_of_.end()) {
+      messenger_->Notify(c->second, MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(ev)).IgnoreError();
+    }
+    return;
+  }
   Broadcast(MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(ev));
 }
 

@@ -99,7 +99,8 @@ class SchedulerNode {
   void DrainEvents();
   void Broadcast(const pb::MessageMeta& meta, const BufferPtr& payload);
   void SendMetadataTo(const std::string& node_id);
-  void SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind);
+  // To every linked node, or (only_to_it) to the node the event is about.
+  void SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind, bool only_to_it = false);
   void AnswerFinishWaiters(const Status& st);
   void ExpireFinishWaiters();
   void MarkExited();
@@ -160,6 +161,7 @@ class SchedulerNode {
   MetadataCache metadata_;
   std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;
   uint64_t heartbeats_ = 0;
+  std::unordered_map<comm::ConnId, int> unserved_;  // commands not served, per connection (loop thread)
   pb::HeartbeatMessage heartbeat_in_;     // HandleHeartbeat scratch (loop thread)
   pb::HeartbeatRespMessage heartbeat_out_;
   // What the snapshot below last got (loop thread), so DrainEvents locks only on a change.

@@ -64,14 +64,20 @@ void SchedulerNode::DrainEvents() {
         case Kind::kNodeRestarted:
           LOG(INFO) << "scheduler: " << e.node_id << " restarted (new incarnation)";
           SendClusterEvent(e, pb::ClusterEventMessage::NODE_RESTARTED);
+          barriers_.NodeRecovered(e.node_id);
           break;
         case Kind::kNodeRecovered:
           LOG(INFO) << "scheduler: " << e.node_id << " is back";
           SendClusterEvent(e, pb::ClusterEventMessage::NODE_RECOVERED);
+          barriers_.NodeRecovered(e.node_id);
           break;
         case Kind::kNodeError:
           LOG(WARNING) << "scheduler: " << e.node_id << " reported error " << e.error_code << ": " << e.message;
-          SendClusterEvent(e, pb::ClusterEventMessage::NODE_ERROR);
+          // A recoverable role: only the member hears of it; it resets and rejoins.
+          SendClusterEvent(e, pb::ClusterEventMessage::NODE_ERROR, /*only_to_it=*/!e.propagate);
+          if (!e.propagate) break;
+          barriers_.NodeFailed(e.node_id, (e.reported ? "reported error: " : "") +
+                                              e.message);
           break;
         case Kind::kFinishPassed:
           if (e.error_code != 0) {
@@ -121,6 +127,7 @@ void SchedulerNode::DrainEvents() {
           SendClusterEvent(e, pb::ClusterEventMessage::ROLLBACK);
           break;
         case Kind::kNodeLeft: {
+          barriers_.NodeFailed(e.node_id, "it left the cluster (scale-in)");
           auto c = conn_of_.find(e.node_id);
           if (c != conn_of_.end()) {
             messenger_->Notify(c->second, MakeMeta(pb::TERMINATE, pb::SCHEDULER, 0), nullptr).IgnoreError();
@@ -195,6 +202,7 @@ void SchedulerNode::Admin(const pb::AdminRequest& req,
     if (req.node_ids_size() == 0) st = Status(Code::kInvalidArgument, "reset needs node ids");
     for (const std::string& id : req.node_ids()) {
       if (st.ok()) st = cluster_.ResetNode(id);
+      if (st.ok()) barriers_.NodeRecovered(id);
     }
     if (st.ok()) MarkStateDirty(/*urgent=*/true);  // the error state is persisted
   } else if (op == "stop") {

@@ -60,4 +60,19 @@ inline std::string RoleLabel(pb::NodeRole role) {
   }
 }
 
+// The control protocol's version a member sends in REGISTER; the scheduler refuses another
+// (kInvalidArgument naming both) rather than misreading it.
+inline constexpr uint32_t kProtocolVersion = 2;
+
+// A command a native port does not serve, named with its number ("SCALE_OUT (command 7)",
+// "command 999"): a peer of another version may send numbers this build has no name for.
+inline std::string UnservedCommandName(int cmd) {
+  const std::string name = pb::NodeCommand_IsValid(cmd) ? pb::NodeCommand_Name(static_cast<pb::NodeCommand>(cmd)) : "";
+  return name.empty() ? "command " + std::to_string(cmd) : name + " (command " + std::to_string(cmd) + ")";
+}
+
+// A peer that sends this many commands a port does not serve is disconnected: it is not
+// speaking this protocol, and answering it forever costs the port.
+inline constexpr int kMaxUnservedCommands = 16;
+
 }  // namespace pscore::node

@@ -31,7 +31,7 @@ case $cmd in
   start)
     mkdir -p "$dir"
     rm -f "$dir/pids" "$dir/scheduler.port"
-    start_proc scheduler "$build/pscore-node" --role=scheduler --worker_num="$workers" --server_num="$servers" \
+    start_proc scheduler "$build/pscore-node" --role=scheduler --recoverable_roles=worker,server --worker_num="$workers" --server_num="$servers" \
       --scheduler_port="$port" --http_port="$http_port" --port_file="$dir/scheduler.port" "${common[@]}"
     wait_file "$dir/scheduler.port" 10
     p=$(cat "$dir/scheduler.port")

@@ -93,7 +93,7 @@ if [ $cpp -eq 0 ]; then
 fi
 common=(--heartbeat_interval_ms=200 --heartbeat_timeout_ms=3000)
 echo "== C++ job: 1 scheduler, $servers servers, $workers workers (logs in $JOB_DIR)"
-start_proc scheduler "$build/pscore-node" --role=scheduler --worker_num="$workers" --server_num="$servers" \
+start_proc scheduler "$build/pscore-node" --role=scheduler --recoverable_roles=worker,server --worker_num="$workers" --server_num="$servers" \
   --scheduler_port=0 --port_file="$JOB_DIR/scheduler.port" "${common[@]}"
 wait_file "$JOB_DIR/scheduler.port" 10
 port=$(cat "$JOB_DIR/scheduler.port")

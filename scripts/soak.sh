@@ -50,7 +50,7 @@ wait_file() {
 }
 start_scheduler() {
   rm -f "$dir/sched.port"
-  "$node" --role=scheduler --scheduler_port="${port:-0}" --worker_num=2 --server_num=2 --state_dir="$dir/state" \
+  "$node" --role=scheduler --recoverable_roles=worker,server --scheduler_port="${port:-0}" --worker_num=2 --server_num=2 --state_dir="$dir/state" \
     --scale_timeout_ms=30000 --port_file="$dir/sched.port" "${timing[@]}" >>"$dir/scheduler.log" 2>&1 &
   pid[scheduler]=$!
   wait_file "$dir/sched.port" 15 || { log "scheduler did not start"; exit 1; }

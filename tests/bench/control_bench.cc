@@ -220,6 +220,7 @@ class SimNodes {
     const bool server = static_cast<int>(i) < servers_;
     msg.set_role(server ? pb::SERVER : pb::WORKER);
     msg.set_incarnation(i + 1);
+    msg.set_protocol_version(node::kProtocolVersion);
     msg.set_requested_rank(-1);
     pb::Device* d = msg.add_devices();
     d->set_local_id(0);

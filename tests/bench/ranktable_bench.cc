@@ -198,6 +198,7 @@ Figures RunCase(int native, int http) {
     msg.set_node_id("bench-w" + std::to_string(c));
     msg.set_role(pb::WORKER);
     msg.set_incarnation(1);
+    msg.set_protocol_version(node::kProtocolVersion);
     msg.set_requested_rank(-1);
     msg.set_host_name("host-" + std::to_string(c));
     pb::Device* d = msg.add_devices();

@@ -68,7 +68,7 @@ TEST_CASE("barrier timeout names arrived, expected and missing", "[core][barrier
   CHECK(a.calls("w0") == 0);
   clock.Advance(Millis(1));
   bm.Tick();
-  Status expected(Code::kTimeout, "barrier b1 timed out: 2/3 arrived, missing: w2");
+  Status expected(Code::kTimeout, "barrier b1 timed out: 2/3 arrived (first: w0), missing: w2");
   CHECK(a.last("w0") == expected);
   CHECK(a.last("w1") == expected);
   CHECK(bm.List()[0].state == BarrierState::kFailed);
@@ -153,7 +153,7 @@ TEST_CASE("barrier rounds: the k-th arrival of a node is generation k", "[core][
   bm.Arrive("b", "w0", Millis(100), {"w0", "w1"}, a.For("w0-3"));
   clock.Advance(Millis(100));
   bm.Tick();
-  CHECK(a.last("w0-3").message() == "barrier b (generation 3) timed out: 1/2 arrived, "
+  CHECK(a.last("w0-3").message() == "barrier b (generation 3) timed out: 1/2 arrived (first: w0), "
                                     "missing: w1");
   bm.Arrive("b", "w1", Millis(100), {"w0", "w1"}, a.For("w1-3"));
   CHECK(a.last("w1-3") == a.last("w0-3"));
@@ -170,8 +170,13 @@ TEST_CASE("barrier retry with an explicit generation gets the same result",
   Answers a;
   bm.Arrive("b", "w0", Millis(100), {"w0", "w1"}, a.For("w0"));
   bm.Arrive("b", "w0", Millis(100), {"w0", "w1"}, a.For("w0-dup"), 1);  // Retry, waiting.
+  // The second call from w0 while its round waits supersedes the first.
+  REQUIRE(a.calls("w0") == 1);
+  CHECK(a.last("w0").code() == Code::kCancelled);
+  CHECK_THAT(a.last("w0").message(), Catch::Contains("w0 called again"));
+  CHECK(bm.List()[0].arrived == 1);
   bm.Arrive("b", "w1", Millis(100), {"w0", "w1"}, a.For("w1"));
-  CHECK(a.last("w0").ok());
+  CHECK(a.calls("w0") == 1);
   CHECK(a.last("w0-dup").ok());
   bm.Arrive("b", "w1", Millis(100), {"w0", "w1"}, a.For("w1-retry"), 1);  // Passed already.
   REQUIRE(a.calls("w1-retry") == 1);
@@ -186,7 +191,9 @@ TEST_CASE("barrier cancel answers waiters - passed or unknown is an error", "[co
   FakeClock clock;
   BarrierManager bm(&clock);
   Answers a;
-  CHECK(bm.Cancel("nope").code() == Code::kNotFound);
+  Status unknown = bm.Cancel("nope");
+  CHECK(unknown.code() == Code::kFailedPrecondition);
+  CHECK_THAT(unknown.message(), Catch::Contains("barrier nope is unknown"));
   bm.Arrive("b1", "w0", Millis(100), kThree, a.For("w0"));
   bm.Arrive("b1", "w1", Millis(100), kThree, a.For("w1"));
   REQUIRE(bm.Cancel("b1").ok());
@@ -236,7 +243,13 @@ TEST_CASE("barrier fails for all when a participant fails", "[core][barrier]") {
   bm.Arrive("b2", "w1", Millis(100), {"w0", "w1"}, a.For("b2-w1"));
   CHECK(a.last("b2-w0").ok());
 
+  // Until w2 is back, a round naming it fails at its first arrival.
+  bm.Arrive("b3", "w0", Millis(100), kThree, a.For("b3-w0"));
+  REQUIRE(a.calls("b3-w0") == 1);
+  CHECK(a.last("b3-w0") ==
+        Status(Code::kAborted, "barrier b3 failed: participant w2 failed: heartbeat lost"));
   // After restarting, w2 joins the next fresh round of b1 rather than the failed one.
+  bm.NodeRecovered("w2");
   bm.Arrive("b1", "w2", Millis(100), kThree, a.For("b1-w2"));
   CHECK(a.calls("b1-w2") == 0);
   bm.Arrive("b1", "w0", Millis(100), kThree, a.For("b1-w0"));
@@ -245,6 +258,79 @@ TEST_CASE("barrier fails for all when a participant fails", "[core][barrier]") {
   bm.Arrive("b1", "w1", Millis(100), kThree, a.For("b1-w1"));
   CHECK(a.last("b1-w2").ok());
   CHECK(a.last("b1-w1").ok());
+}
+
+TEST_CASE("barrier naming a member not in the cluster fails INVALID_ARGUMENT for all at once",
+          "[core][barrier][parity]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  bm.SetMembership([](const std::string& n) { return n == "w0" || n == "w1"; });
+  Answers a;
+  bm.Arrive("b", "w0", Millis(100000), {"w0", "w1"}, a.For("w0"));
+  CHECK(a.calls("w0") == 0);
+  bm.Arrive("b", "w1", Millis(100000), {"w0", "w1", "ghost"}, a.For("w1"));
+  REQUIRE(a.calls("w0") == 1);
+  REQUIRE(a.calls("w1") == 1);
+  CHECK(a.last("w0").code() == Code::kInvalidArgument);
+  CHECK_THAT(a.last("w0").message(), Catch::Contains("participant ghost is not in the cluster"));
+  CHECK(a.last("w1") == a.last("w0"));
+  bm.Arrive("c", "w0", Millis(100000), {"w0", "ghost"}, a.For("c-w0"));
+  REQUIRE(a.calls("c-w0") == 1);
+  CHECK(a.last("c-w0").code() == Code::kInvalidArgument);
+  CHECK_THAT(a.last("c-w0").message(), Catch::Contains("participant ghost is not in the cluster"));
+  CHECK_FALSE(bm.NextDeadline().has_value());
+}
+
+TEST_CASE("barrier over a participant that failed before fails at once - recovered, it waits again",
+          "[core][barrier][parity]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.NodeFailed("w1", "it shut down (called Finish)");
+  bm.Arrive("b", "w0", Millis(100000), {"w0", "w1"}, a.For("w0"));
+  REQUIRE(a.calls("w0") == 1);
+  CHECK(a.last("w0").code() == Code::kAborted);
+  CHECK_THAT(a.last("w0").message(), Catch::Contains("participant w1 failed: it shut down"));
+  bm.NodeRecovered("w1");
+  bm.Arrive("b2", "w0", Millis(100000), {"w0", "w1"}, a.For("w0-2"));
+  CHECK(a.calls("w0-2") == 0);
+  bm.Arrive("b2", "w1", Millis(100000), {"w0", "w1"}, a.For("w1-2"));
+  CHECK(a.last("w0-2").ok());
+  CHECK(a.last("w1-2").ok());
+}
+
+TEST_CASE("barrier timeout names k/n and the first arrival and at most three stragglers", "[core][barrier][parity]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  const Names six = {"w0", "w1", "w2", "w3", "w4", "w5"};
+  bm.Arrive("b", "w4", Millis(10), six, a.For("w4"));
+  bm.Arrive("b", "w1", Millis(10), six, a.For("w1"));
+  clock.Advance(Millis(11));
+  bm.Tick();
+  REQUIRE(a.calls("w4") == 1);
+  CHECK(a.last("w4") ==
+        Status(Code::kTimeout, "barrier b timed out: 2/6 arrived (first: w4), missing: w0, w2, w3 and 1 more"));
+}
+
+TEST_CASE("a second barrier call while the first waits cancels the first - the round still passes once",
+          "[core][barrier][parity]") {
+  FakeClock clock;
+  BarrierManager bm(&clock);
+  Answers a;
+  bm.Arrive("b", "w0", Millis(1000), {"w0", "w1"}, a.For("first"), 1, /*owner=*/7);
+  CHECK(bm.waiting_of(7) == 1);
+  bm.Arrive("b", "w0", Millis(1000), {"w0", "w1"}, a.For("second"), 1, /*owner=*/8);
+  REQUIRE(a.calls("first") == 1);
+  CHECK(a.last("first").code() == Code::kCancelled);
+  CHECK(bm.waiting_of(7) == 0);
+  CHECK(bm.waiting_of(8) == 1);
+  bm.Withdraw(7);  // the superseded call's connection closing changes nothing
+  CHECK(bm.List()[0].arrived == 1);
+  bm.Arrive("b", "w1", Millis(1000), {"w0", "w1"}, a.For("w1"), 1);
+  CHECK(a.last("second").ok());
+  CHECK(a.calls("first") == 1);
+  CHECK(a.last("w1").ok());
 }
 
 TEST_CASE("barrier callbacks may re-enter the manager", "[core][barrier]") {

@@ -59,6 +59,11 @@ struct Fixture {
     REQUIRE(cm->state() == pb::CLUSTER_READY);
     cm->TakeEvents();
   }
+  // Members of these roles restart without being recorded in error (call before StartAll).
+  void Recoverable(std::vector<pb::NodeRole> roles) {
+    config.recoverable_roles = std::move(roles);
+    cm = std::make_unique<ClusterManager>(config, &clock);
+  }
   void BeatAll() {
     for (const NodeRecord* rec : cm->Nodes()) {
       if (!rec->timed_out) REQUIRE(cm->Heartbeat(rec->node_id).ok());
@@ -87,14 +92,17 @@ TEST_CASE("register validates role, ranks and quota with named values", "[core][
   CHECK(taken.status().code() == Code::kAlreadyExists);
   CHECK_THAT(taken.status().message(), Catch::Contains("worker rank 2 already taken by node wa"));
   Result<RegisterOutcome> range = f.cm->Register(Req("wc", pb::WORKER, kInc, /*rank=*/5));
-  CHECK(range.status().code() == Code::kInvalidArgument);
+  CHECK(range.status().code() == Code::kFailedPrecondition);  // beyond the configured count
   CHECK_THAT(range.status().message(), Catch::Contains("rank 5 out of range [0, 3)"));
+  CHECK(f.cm->Register(Req("wc", pb::WORKER, kInc, /*rank=*/-2)).status().code() == Code::kInvalidArgument);
 
   CHECK(f.cm->Register(Req("wc", pb::WORKER))->rank == 1);
   CHECK(f.cm->Register(Req("s1", pb::SERVER))->rank == 1);
   Result<RegisterOutcome> full = f.cm->Register(Req("s2", pb::SERVER));
-  CHECK(full.status().code() == Code::kResourceExhausted);
-  CHECK_THAT(full.status().message(), Catch::Contains("server quota full (2/2)"));
+  CHECK(full.status().code() == Code::kInvalidArgument);  // not in the cluster, whatever the quota
+  CHECK_THAT(full.status().message(), Catch::Contains("node s2 is not in the cluster: server quota full (2/2)"));
+  // Also with a requested rank the node id is what is refused.
+  CHECK(f.cm->Register(Req("s3", pb::SERVER, kInc, /*rank=*/1)).status().code() == Code::kInvalidArgument);
   CHECK(f.cm->registered(pb::SERVER) == 2);
   CHECK(f.cm->registered(pb::WORKER) == 3);
   CHECK(f.cm->Find("s2") == nullptr);
@@ -102,6 +110,8 @@ TEST_CASE("register validates role, ranks and quota with named values", "[core][
 
 TEST_CASE("re-register keeps the rank - retry, restart, device and role changes", "[core][cluster]") {
   Fixture f(/*workers=*/2, /*servers=*/1);
+  f.config.recoverable_roles = {pb::WORKER};  // a restart is admitted at once
+  f.cm = std::make_unique<ClusterManager>(f.config, &f.clock);
   REQUIRE(f.cm->Register(Req("w0", pb::WORKER, kInc, -1, 2)).ok());
   f.cm->TakeEvents();
 
@@ -130,8 +140,7 @@ TEST_CASE("re-register keeps the rank - retry, restart, device and role changes"
   CHECK(f.cm->Find("w0")->role == pb::WORKER);
 }
 
-TEST_CASE("a node in error is refused on retry until reset - a restart clears it",
-          "[core][cluster]") {
+TEST_CASE("a node in error is refused on retry and on restart until reset", "[core][cluster]") {
   Fixture f;
   f.StartAll();
   REQUIRE(f.cm->ReportError("w1", 42, "disk full").ok());
@@ -140,22 +149,129 @@ TEST_CASE("a node in error is refused on retry until reset - a restart clears it
   CHECK(events[0].node_id == "w1");
   CHECK(events[0].error_code == 42);
   CHECK(events[0].message == "disk full");
+  CHECK(events[0].propagate);
   CHECK(f.cm->Find("w1")->state == pb::NODE_IN_ERROR);
   CHECK(f.cm->ReportError("nope", 1, "x").code() == Code::kNotFound);
 
   Result<RegisterOutcome> refused = f.cm->Register(Req("w1", pb::WORKER));
   CHECK(refused.status().code() == Code::kFailedPrecondition);
   CHECK_THAT(refused.status().message(), Catch::Contains("code 42: disk full"));
+  CHECK_THAT(refused.status().message(), Catch::Contains("reset it"));
+  Result<RegisterOutcome> restart = f.cm->Register(Req("w1", pb::WORKER, kInc + 9));
+  CHECK(restart.status().code() == Code::kFailedPrecondition);
+  CHECK(f.cm->Find("w1")->in_error);
   REQUIRE(f.cm->ResetNode("w1").ok());
   CHECK_FALSE(f.cm->Find("w1")->in_error);
-  CHECK(f.cm->Register(Req("w1", pb::WORKER))->retry);
+  CHECK(f.cm->Register(Req("w1", pb::WORKER))->retry);  // the same process, reset
 
+  // Reset, then a new process: admitted as a restart.
   REQUIRE(f.cm->ReportError("w1", 7, "oom").ok());
+  REQUIRE(f.cm->ResetNode("w1").ok());
+  f.cm->TakeEvents();
   Result<RegisterOutcome> fresh = f.cm->Register(Req("w1", pb::WORKER, kInc + 9));
   REQUIRE(fresh.ok());
   CHECK(fresh->restarted);
+  CHECK(Kinds(f.cm->TakeEvents()) == std::vector<Kind>{Kind::kNodeRestarted});
   CHECK_FALSE(f.cm->Find("w1")->in_error);
   CHECK(f.cm->Find("w1")->state == pb::NODE_READY);
+}
+
+TEST_CASE("a new incarnation of a member is recorded in error ABORTED naming it - reset lets it in",
+          "[core][cluster][incarnation]") {
+  Fixture f;
+  f.StartAll();
+  Result<RegisterOutcome> restarted = f.cm->Register(Req("s0", pb::SERVER, kInc + 1));
+  CHECK(restarted.status().code() == Code::kAborted);
+  CHECK_THAT(restarted.status().message(), Catch::Contains("server s0 restarted"));
+  CHECK_THAT(restarted.status().message(), Catch::Contains("reset"));
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeError});
+  CHECK(events[0].node_id == "s0");
+  CHECK(events[0].error_code == static_cast<int>(Code::kAborted));
+  CHECK(events[0].propagate);
+  CHECK_FALSE(events[0].reported);
+  CHECK_THAT(events[0].message, Catch::Contains("state of its old process is lost"));
+  const NodeRecord* s0 = f.cm->Find("s0");
+  CHECK(s0->state == pb::NODE_IN_ERROR);
+  CHECK(s0->incarnation == kInc);  // the old one stays registered until the reset
+
+  // Refused again, whatever the incarnation, and nothing more is told.
+  CHECK(f.cm->Register(Req("s0", pb::SERVER, kInc + 2)).status().code() == Code::kFailedPrecondition);
+  CHECK(f.cm->Register(Req("s0", pb::SERVER, kInc)).status().code() == Code::kFailedPrecondition);
+  CHECK(f.cm->TakeEvents().empty());
+
+  REQUIRE(f.cm->ResetNode("s0").ok());
+  // The old process's beats now say "register again".
+  CHECK(f.cm->Heartbeat("s0", kInc).code() == Code::kNotFound);
+  Result<RegisterOutcome> back = f.cm->Register(Req("s0", pb::SERVER, kInc + 2));
+  REQUIRE(back.ok());
+  CHECK(back->restarted);
+  CHECK(back->rank == 0);
+  CHECK(f.cm->Find("s0")->incarnation == kInc + 2);
+  CHECK(f.cm->Heartbeat("s0", kInc + 2).ok());
+}
+
+TEST_CASE("the same incarnation re-registering is a retry - nothing is told", "[core][cluster][incarnation]") {
+  Fixture f;
+  f.StartAll();
+  for (int i = 0; i < 3; ++i) {
+    Result<RegisterOutcome> again = f.cm->Register(Req("w0", pb::WORKER));
+    REQUIRE(again.ok());
+    CHECK(again->retry);
+    CHECK_FALSE(again->restarted);
+  }
+  CHECK(f.cm->TakeEvents().empty());
+  CHECK_FALSE(f.cm->Find("w0")->in_error);
+}
+
+TEST_CASE("heartbeats carry the incarnation - stale or foreign refused ABORTED - in error refused",
+          "[core][cluster][incarnation]") {
+  Fixture f;
+  f.StartAll();
+  CHECK(f.cm->Heartbeat("w0", kInc).ok());
+  Status foreign = f.cm->Heartbeat("w0", kInc + 5);
+  CHECK(foreign.code() == Code::kAborted);
+  CHECK_THAT(foreign.message(), Catch::Contains("incarnation " + std::to_string(kInc + 5)));
+  CHECK_THAT(foreign.message(), Catch::Contains("w0"));
+  CHECK(f.cm->Heartbeat("w0", uint64_t{0}).code() == Code::kAborted);
+
+  REQUIRE(f.cm->ReportError("w1", 3, "device lost").ok());
+  Status in_error = f.cm->Heartbeat("w1", kInc);
+  CHECK(in_error.code() == Code::kAborted);
+  CHECK_THAT(in_error.message(), Catch::Contains("w1 is in error"));
+  CHECK_THAT(in_error.message(), Catch::Contains("device lost"));
+  // The process is alive: a refused beat still counts, so it is not timed out as well.
+  f.clock.Advance(std::chrono::seconds(20));
+  CHECK(f.cm->Heartbeat("w1", kInc).code() == Code::kAborted);
+  CHECK(f.cm->Heartbeat("w0", kInc).ok());
+  CHECK(f.cm->Heartbeat("s0", kInc).ok());
+  f.clock.Advance(std::chrono::seconds(20));
+  f.cm->Tick();
+  CHECK_FALSE(f.cm->Find("w1")->timed_out);
+}
+
+TEST_CASE("recoverable roles: errors not propagated - a restart is admitted - heartbeats in error accepted",
+          "[core][cluster][incarnation]") {
+  Fixture f;
+  f.config.recoverable_roles = {pb::WORKER};
+  f.cm = std::make_unique<ClusterManager>(f.config, &f.clock);
+  f.StartAll();
+  REQUIRE(f.cm->ReportError("w0", 5, "nan loss").ok());
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeError});
+  CHECK_FALSE(events[0].propagate);
+  CHECK(f.cm->Heartbeat("w0", kInc).ok());
+  // Its restart is admitted at once and clears the error.
+  Result<RegisterOutcome> back = f.cm->Register(Req("w0", pb::WORKER, kInc + 1));
+  REQUIRE(back.ok());
+  CHECK(back->restarted);
+  CHECK_FALSE(f.cm->Find("w0")->in_error);
+  CHECK(Kinds(f.cm->TakeEvents()) == std::vector<Kind>{Kind::kNodeRestarted});
+  // A server is not recoverable here: its restart is an error told to all.
+  CHECK(f.cm->Register(Req("s0", pb::SERVER, kInc + 1)).status().code() == Code::kAborted);
+  events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeError});
+  CHECK(events[0].propagate);
 }
 
 TEST_CASE("all registered: topology ids, metadata, then READY", "[core][cluster]") {
@@ -530,6 +646,7 @@ TEST_CASE("admin states: new instance, sticky disable, enable, exit", "[core][cl
 
 TEST_CASE("epoch only grows across membership changes", "[core][cluster]") {
   Fixture f(/*workers=*/2, /*servers=*/1);
+  f.Recoverable({pb::WORKER});
   f.StartAll();
   std::vector<uint64_t> seen{f.cm->epoch()};
   REQUIRE(f.cm->ScaleOut(3, 1).ok());
@@ -553,6 +670,7 @@ TEST_CASE("epoch only grows across membership changes", "[core][cluster]") {
 TEST_CASE("a restart on a new address during scale-out restarts the done round",
           "[core][cluster]") {
   Fixture f(/*workers=*/1, /*servers=*/1);
+  f.Recoverable({pb::WORKER});
   f.StartAll();
   REQUIRE(f.cm->ScaleOut(2, 1).ok());
   REQUIRE(f.cm->Register(Req("w1", pb::WORKER)).ok());

@@ -43,13 +43,14 @@ TEST_CASE("flagged counts the nodes timed out or in error and drops as they reco
   CHECK(cm.flagged() == 1);
   clock.Advance(std::chrono::seconds(20));
   REQUIRE(cm.Heartbeat("s0").ok());
-  REQUIRE(cm.Heartbeat("w0").ok());
+  REQUIRE(cm.Heartbeat("w0").code() == Code::kAborted);  // in error: refused, yet counted as alive
   clock.Advance(std::chrono::seconds(11));  // w1 silent for 31 s
   cm.Tick();
   CHECK(cm.flagged() == 2);
   REQUIRE(cm.Register(Member("w1", pb::WORKER)).ok());  // recovers
   CHECK(cm.flagged() == 1);
-  REQUIRE(cm.Register(Member("w0", pb::WORKER, /*inc=*/2)).ok());  // a restart clears the error
+  REQUIRE(cm.ResetNode("w0").ok());  // a reset clears the error, then the restart registers
+  REQUIRE(cm.Register(Member("w0", pb::WORKER, /*inc=*/2)).ok());
   CHECK(cm.flagged() == 0);
   REQUIRE(cm.ReportError("s0", 1, "x").ok());
   REQUIRE(cm.ResetNode("s0").ok());

@@ -33,6 +33,7 @@ struct Job {
     c.worker_num = 2;
     c.server_num = 1;
     c.heartbeat_timeout = seconds(30);
+    c.recoverable_roles = {pb::WORKER};  // a lost worker may come back as a new process
     cm = std::make_unique<ClusterManager>(c, &clock);
     for (auto [id, role] : {std::pair{"s0", pb::SERVER}, {"w0", pb::WORKER}, {"w1", pb::WORKER}}) {
       REQUIRE(cm->Register(Req(id, role)).ok());

@@ -154,6 +154,7 @@ std::string RegisterRec(uint8_t conn, const std::string& id, pb::NodeRole role, 
   r.set_node_id(id);
   r.set_role(role);
   r.set_incarnation(11 + rid);
+  r.set_protocol_version(pscore::node::kProtocolVersion);
   r.set_requested_rank(-1);
   return EncodeRecord(conn, Req(pb::REGISTER, role, -1, rid), Ser(r));
 }

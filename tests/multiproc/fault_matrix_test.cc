@@ -105,7 +105,7 @@ class Job {
   }
 
   void StartScheduler() {
-    std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--scheduler_port=0", "--worker_num=2",
+    std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--recoverable_roles=worker,server", "--scheduler_port=0", "--worker_num=2",
                                      "--server_num=2", "--scale_timeout_ms=" + std::to_string(kScaleTimeoutMs),
                                      "--port_file=" + dir_.File("sched.port")};
     for (auto& f : Timing()) argv.push_back(f);

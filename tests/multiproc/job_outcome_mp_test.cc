@@ -49,7 +49,7 @@ class Job {
   }
 
   int StartScheduler(int workers, int servers) {
-    std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--scheduler_port=0",
+    std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--recoverable_roles=worker,server", "--scheduler_port=0",
                                      "--worker_num=" + std::to_string(workers),
                                      "--server_num=" + std::to_string(servers), "--state_dir=" + dir_.File("state"),
                                      "--port_file=" + dir_.File("scheduler.port")};

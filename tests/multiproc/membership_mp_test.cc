@@ -46,7 +46,7 @@ class Job {
 
   // Starts the scheduler and returns its port (read from --port_file).
   int StartScheduler(int workers, int servers) {
-    std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--scheduler_port=0",
+    std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--recoverable_roles=worker,server", "--scheduler_port=0",
                                      "--worker_num=" + std::to_string(workers),
                                      "--server_num=" + std::to_string(servers),
                                      "--port_file=" + dir_.File("scheduler.port")};
@@ -144,6 +144,7 @@ TEST_CASE("pscore-node refuses bad flags with one line and exit code 2 - help ex
        "--max_kv_value_bytes must be in [1, --max_message_bytes]"},
       {{"--role=scheduler", "--max_kv_total_mb=2000000000"}, "--max_kv_total_mb must be <= 1073741824"},
       {{"--role=scheduler", "--scale_timeout_ms=0"}, "--scale_timeout_ms must be > 0"},
+      {{"--role=scheduler", "--recoverable_roles=worker,chief"}, "--recoverable_roles: unknown role 'chief' (worker, server)"},
       {{"--role=server", "--handler_threads=100000"}, "--handler_threads must be in [0, 1024]"},
       // A negative value after a space is the flag's value, not a flag (before: "unknown flag -5").
       {{"--role=worker", "--rank", "-5"}, "--rank must be >= -1"},

@@ -40,7 +40,7 @@ std::vector<std::string> Timing(int timeout_ms = kTimeoutMs) {
 
 std::vector<std::string> SchedulerArgs(int port, const std::string& state_dir, const std::string& port_file,
                                        int timeout_ms = kTimeoutMs) {
-  std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--scheduler_port=" + std::to_string(port),
+  std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--recoverable_roles=worker,server", "--scheduler_port=" + std::to_string(port),
                                    "--worker_num=2", "--server_num=2", "--state_dir=" + state_dir,
                                    "--port_file=" + port_file};
   for (auto& f : Timing(timeout_ms)) argv.push_back(f);

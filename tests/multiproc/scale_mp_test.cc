@@ -43,7 +43,7 @@ class ScaleJob {
  public:
   ScaleJob(int workers, int servers, int scale_timeout_ms = 30000) {
     REQUIRE(dir_.ok());
-    REQUIRE(scheduler_.Start({testing::NodeBinary(), "--role=scheduler", "--worker_num=" + std::to_string(workers),
+    REQUIRE(scheduler_.Start({testing::NodeBinary(), "--role=scheduler", "--recoverable_roles=worker,server", "--worker_num=" + std::to_string(workers),
                               "--server_num=" + std::to_string(servers), "--scale_timeout_ms=" + std::to_string(scale_timeout_ms),
                               "--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=1000",
                               "--port_file=" + dir_.File("sched.port")},

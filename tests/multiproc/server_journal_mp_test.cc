@@ -63,7 +63,7 @@ void RunKillRestart(bool journal, int floats = 1, const std::vector<std::string>
   TempDir dir;
   REQUIRE(dir.ok());
   Process scheduler;
-  std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--scheduler_port=0", "--worker_num=1",
+  std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--recoverable_roles=worker,server", "--scheduler_port=0", "--worker_num=1",
                                    "--server_num=2", "--port_file=" + dir.File("sched.port")};
   for (auto& f : Timing()) argv.push_back(f);
   REQUIRE(scheduler.Start(argv, dir.File("scheduler.log")));

@@ -52,7 +52,7 @@ TEST_CASE("a worker SIGKILLed in the middle of large ZPushes leaves no half push
   TempDir dir;
   REQUIRE(dir.ok());
   Process scheduler;
-  std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--scheduler_port=0", "--worker_num=2",
+  std::vector<std::string> argv = {NodeBinary(), "--role=scheduler", "--recoverable_roles=worker,server", "--scheduler_port=0", "--worker_num=2",
                                    "--server_num=2", "--port_file=" + dir.File("sched.port")};
   for (auto& f : Timing()) argv.push_back(f);
   REQUIRE(scheduler.Start(argv, dir.File("scheduler.log")));

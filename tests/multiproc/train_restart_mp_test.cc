@@ -58,7 +58,7 @@ struct Job {
   }
   void Start() {
     REQUIRE(dir.ok());
-    REQUIRE(scheduler.Start(With({NodeBinary(), "--role=scheduler", "--worker_num=2", "--server_num=2",
+    REQUIRE(scheduler.Start(With({NodeBinary(), "--role=scheduler", "--recoverable_roles=worker,server", "--worker_num=2", "--server_num=2",
                                   "--scheduler_port=0", "--port_file=" + dir.File("sched.port")}),
                             dir.File("scheduler.log")));
     port = ReadPortFile(dir.File("sched.port"), 10s);

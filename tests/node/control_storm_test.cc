@@ -128,6 +128,7 @@ class Swarm {
     msg.set_node_id(m.node_id);
     msg.set_role(static_cast<int>(i) < servers_ ? pb::SERVER : pb::WORKER);
     msg.set_incarnation(m.incarnation);
+    msg.set_protocol_version(node::kProtocolVersion);
     msg.set_requested_rank(-1);
     messenger_->Call(m.conn, MakeMeta(pb::REGISTER, msg.role(), -1), ToBuffer(msg), 30s,
                      [this, i](Result<comm::Frame> r) {
@@ -162,6 +163,7 @@ class Swarm {
     pb::HeartbeatMessage msg;
     msg.set_node_id(m.node_id);
     msg.set_known_epoch(m.epoch);
+    msg.set_incarnation(m.incarnation);
     messenger_->Call(m.conn, MakeMeta(pb::HEARTBEAT, pb::WORKER, -1), ToBuffer(msg), 5s,
                      [this, i](Result<comm::Frame> r) {
                        Member& m = members_[i];
@@ -280,6 +282,7 @@ StormResult RunStorm(int members, int waves) {
   o.worker_num = members - o.server_num;
   o.heartbeat_interval = kSanitized ? 500ms : 200ms;
   o.heartbeat_timeout = kSanitized ? 5s : 2s;
+  o.recoverable_roles = {pb::WORKER, pb::SERVER};  // members come back as fresh processes
   SchedulerNode sched(o);
   REQUIRE(sched.Start().ok());
   StormResult out;

@@ -156,6 +156,7 @@ class RawClient : public testing::RawLink {
     msg.set_node_id(node_id);
     msg.set_role(pb::WORKER);
     msg.set_incarnation(incarnation);
+    msg.set_protocol_version(node::kProtocolVersion);
     msg.set_requested_rank(-1);
     Result<comm::Frame> r = Call(pb::REGISTER, msg);
     pb::RegisterRespMessage resp;
@@ -240,8 +241,8 @@ TEST_CASE("WaitForReady times out naming how many are missing - a late arrival i
   CHECK(late.node->WaitForReady(20s).ok());
 }
 
-TEST_CASE("incarnation: same one is a retry, a new one a restart the others hear of - in error needs reset",
-          "[node][net][coord]") {
+TEST_CASE("incarnation: same one is a retry - a new one is an error the others hear of naming it - reset lets it in",
+          "[node][net][coord][incarnation]") {
   TestCluster c(SchedOpts(3, 0, 100ms, 60s));  // the raw client never beats
   c.Add(pb::WORKER, "w0");
   c.Add(pb::WORKER, "w1");
@@ -253,36 +254,138 @@ TEST_CASE("incarnation: same one is a retry, a new one a restart the others hear
 
   // The same incarnation again: a harmless retry (same rank, nobody is told).
   Result<int> again = x.Register("x", 100);
-  CHECK((again.ok() && *again == *rank));  // (no NODE_RESTARTED: counted below)
-  // A new incarnation: a restart, and every other node hears of it exactly once (the
-  // retry before it, on the same ordered link, produced nothing).
+  CHECK((again.ok() && *again == *rank));
+  // A new incarnation: the old process's state is gone. Refused ABORTED, recorded in
+  // error, and every other node hears NODE_ERROR naming x exactly once.
   Result<int> restarted = x.Register("x", 101);
-  CHECK((restarted.ok() && *restarted == *rank));
+  CHECK(restarted.status().code() == Code::kAborted);
+  CHECK_THAT(restarted.status().message(), Catch::Contains("worker x restarted") && Catch::Contains("reset"));
+  for (size_t i = 0; i < 2; ++i) {
+    REQUIRE(c.member(i).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_ERROR, "x"), 5s));
+    CHECK(c.member(i).events.Count(Kind(pb::ClusterEventMessage::NODE_ERROR, "x")) == 1);
+    CHECK(c.member(i).events.Count(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x")) == 0);
+  }
+  // In error: refused whatever the incarnation until a reset.
+  Result<int> refused = x.Register("x", 101);
+  CHECK(refused.status().code() == Code::kFailedPrecondition);
+  CHECK_THAT(refused.status().message(), Catch::Contains("in error") && Catch::Contains("state of its old process is lost"));
+  CHECK(x.Register("x", 100).status().code() == Code::kFailedPrecondition);
+  CHECK(x.Admin("reset", {"nobody"}).status().code() == Code::kNotFound);
+  REQUIRE(x.Admin("reset", {"x"}).ok());
+  Result<int> back = x.Register("x", 101);
+  REQUIRE(back.ok());
+  CHECK(*back == *rank);
   for (size_t i = 0; i < 2; ++i) {
     REQUIRE(c.member(i).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x"), 5s));
-    CHECK(c.member(i).events.Count(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x")) == 1);
   }
 
-  // In error: the same incarnation is refused until an explicit reset...
+  // A reported error: the same incarnation is refused until reset.
   pb::ErrorReport err;
   err.set_node_id("x");
   err.set_error_code(9);
   err.set_message("device lost");
   REQUIRE(x.Call(pb::REPORT_ERROR, err).ok());
-  Result<int> refused = x.Register("x", 101);
-  CHECK(refused.status().code() == Code::kFailedPrecondition);
-  CHECK_THAT(refused.status().message(), Catch::Contains("in error") && Catch::Contains("device lost"));
-  CHECK(x.Admin("reset", {"nobody"}).status().code() == Code::kNotFound);
+  Result<int> in_error = x.Register("x", 101);
+  CHECK(in_error.status().code() == Code::kFailedPrecondition);
+  CHECK_THAT(in_error.status().message(), Catch::Contains("device lost"));
   REQUIRE(x.Admin("reset", {"x"}).ok());
   CHECK(x.Register("x", 101).ok());
-  // ...or a restart (new incarnation), which clears the error.
-  REQUIRE(x.Call(pb::REPORT_ERROR, err).ok());
-  CHECK(x.Register("x", 102).ok());
   Result<pb::AdminResponse> nodes = x.Admin("nodes");
   REQUIRE(nodes.ok());
   for (const pb::ServersMeta& m : nodes->nodes()) {
     if (m.node_id() == "x") CHECK(m.state() != pb::NODE_IN_ERROR);
   }
+}
+
+TEST_CASE("recoverable roles: a restart is admitted and heard as NODE_RESTARTED, errors stay with the member",
+          "[node][net][coord][incarnation]") {
+  SchedulerOptions so = SchedOpts(3, 0, 100ms, 60s);
+  so.recoverable_roles = {pb::WORKER};
+  TestCluster c(so);
+  c.Add(pb::WORKER, "w0");
+  c.Add(pb::WORKER, "w1");
+  for (size_t i = 0; i < 2; ++i) REQUIRE(c.node(i).Start().ok());
+  RawClient x(c.sched().port());
+  REQUIRE(x.Register("x", 100).ok());
+  for (size_t i = 0; i < 2; ++i) REQUIRE(c.node(i).WaitForReady(20s).ok());
+  pb::ErrorReport err;
+  err.set_node_id("x");
+  err.set_error_code(9);
+  err.set_message("device lost");
+  REQUIRE(x.Call(pb::REPORT_ERROR, err).ok());
+  // The others' barriers keep working meanwhile.
+  std::future<Status> b0 = std::async(std::launch::async, [&] { return c.node(0).Barrier("pair", 20s, {"w0", "w1"}); });
+  CHECK(c.node(1).Barrier("pair", 20s, {"w0", "w1"}).ok());
+  CHECK(b0.get().ok());
+  REQUIRE(x.Register("x", 101).ok());  // restarted: admitted at once
+  for (size_t i = 0; i < 2; ++i) {
+    REQUIRE(c.member(i).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_RESTARTED, "x"), 5s));
+    CHECK(c.member(i).events.Count(Kind(pb::ClusterEventMessage::NODE_ERROR, "x")) == 0);
+  }
+}
+
+TEST_CASE("connect: protocol version mismatch refused naming both - heartbeats of a foreign incarnation or another link refused",
+          "[node][net][coord][incarnation]") {
+  TestCluster c(SchedOpts(2, 0, 100ms, 60s));  // the raw clients never beat on their own
+  RawClient x(c.sched().port());
+  pb::RegisterMessage reg;
+  reg.set_ip("127.0.0.1");
+  reg.set_port(1);
+  reg.set_node_id("x");
+  reg.set_role(pb::WORKER);
+  reg.set_incarnation(7);
+  reg.set_protocol_version(1);
+  Result<comm::Frame> old = x.Call(pb::REGISTER, reg);
+  REQUIRE_FALSE(old.ok());
+  CHECK(old.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(old.status().message(), Catch::Contains("protocol version 1") &&
+                                         Catch::Contains("version " + std::to_string(node::kProtocolVersion)));
+  REQUIRE(x.Register("x", 7).ok());  // the same connection is still open
+
+  pb::HeartbeatMessage hb;
+  hb.set_node_id("x");
+  hb.set_incarnation(7);
+  CHECK(x.Call(pb::HEARTBEAT, hb).ok());
+  hb.set_incarnation(8);
+  Result<comm::Frame> foreign = x.Call(pb::HEARTBEAT, hb);
+  REQUIRE_FALSE(foreign.ok());
+  CHECK(foreign.status().code() == Code::kAborted);
+  CHECK_THAT(foreign.status().message(), Catch::Contains("incarnation 8"));
+  // Another connection does not take over x's live link, even with the right incarnation.
+  RawClient y(c.sched().port());
+  hb.set_incarnation(7);
+  Result<comm::Frame> other = y.Call(pb::HEARTBEAT, hb);
+  REQUIRE_FALSE(other.ok());
+  CHECK(other.status().code() == Code::kFailedPrecondition);
+  CHECK_THAT(other.status().message(), Catch::Contains("another connection"));
+  CHECK(x.Call(pb::HEARTBEAT, hb).ok());
+}
+
+TEST_CASE("an unserved command number is named in the error - a peer that keeps sending them is disconnected",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(1, 0));
+  RawClient x(c.sched().port());
+  auto unknown = [&x] {
+    std::future<Result<comm::Frame>> f =
+        x.CallAsync(MakeMeta(static_cast<pb::NodeCommand>(999), pb::WORKER, -1), nullptr, 5s);
+    if (f.wait_for(10s) != std::future_status::ready) return Result<comm::Frame>(Status(Code::kTimeout, "no answer"));
+    return f.get();
+  };
+  Result<comm::Frame> first = unknown();
+  REQUIRE_FALSE(first.ok());
+  CHECK(first.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(first.status().message(), Catch::Contains("command 999"));
+  for (int i = 1; i < node::kMaxUnservedCommands; ++i) {
+    Result<comm::Frame> again = unknown();
+    CHECK(again.status().code() == Code::kInvalidArgument);
+  }
+  // The connection is closed now: the next call fails on the link, not with an answer.
+  Result<comm::Frame> after = unknown();
+  REQUIRE_FALSE(after.ok());
+  CHECK(after.status().code() != Code::kInvalidArgument);
+  pb::AdminRequest status;
+  status.set_op("status");
+  CHECK_FALSE(x.Call(pb::ADMIN, status).ok());
 }
 
 TEST_CASE("KV through nodes: set, overwrite, blocking get, timeout, try-get, sorted list, delete",
@@ -431,7 +534,7 @@ TEST_CASE("barriers through nodes: pass, timeout names the missing, mismatch fai
     CHECK(last.state() == "passed");
     // Cancelling a passed barrier or an unknown one is an error.
     CHECK(c.node(0).CancelBarrier("epoch").code() == Code::kFailedPrecondition);
-    CHECK(c.node(0).CancelBarrier("unknown").code() == Code::kNotFound);
+    CHECK(c.node(0).CancelBarrier("unknown").code() == Code::kFailedPrecondition);
   }
   SECTION("timeout: every waiter gets the same error naming the missing") {
     auto f0 = BarrierAsync(c.node(0), "b", 300ms);
@@ -500,7 +603,9 @@ TEST_CASE("barriers asynchronous: all pass together, a timeout names the missing
 }
 
 TEST_CASE("a barrier participant that dies fails the barrier for all", "[node][net][coord]") {
-  TestCluster c(SchedOpts(3, 0, 100ms, 600ms));
+  SchedulerOptions so = SchedOpts(3, 0, 100ms, 600ms);
+  so.recoverable_roles = {pb::WORKER};  // w0 comes back as a new process below
+  TestCluster c(so);
   c.StartWorkers(3);
   RawClient admin(c.sched().port());
   auto f0 = BarrierAsync(c.node(0), "b", 30s);
@@ -516,6 +621,21 @@ TEST_CASE("a barrier participant that dies fails the barrier for all", "[node][n
   Member& again = c.Add(pb::WORKER, "w0");
   REQUIRE(again.node->Start().ok());
   CHECK(again.events.WaitFor(Kind(pb::ClusterEventMessage::NODE_TIMED_OUT, "w2"), 5s));
+}
+
+TEST_CASE("a barrier participant that shuts down fails the pending round at once for the others naming it",
+          "[node][net][coord]") {
+  TestCluster c(SchedOpts(2, 0));
+  c.StartWorkers(2);
+  RawClient admin(c.sched().port());
+  auto f0 = BarrierAsync(c.node(0), "b", 60s, {"w0", "w1"});
+  REQUIRE(admin.WaitArrived("b", 1));
+  auto fin1 = std::async(std::launch::async, [&c] { return c.node(1).Finish(30s); });
+  Status s0 = Soon(f0);  // long before its 60 s deadline
+  CHECK(s0.code() == Code::kAborted);
+  CHECK_THAT(s0.message(), Catch::Contains("participant w1") && Catch::Contains("shut down"));
+  CHECK(c.node(0).Finish(30s).ok());
+  CHECK(fin1.get().ok());
 }
 
 TEST_CASE("errors reach every other node within a heartbeat interval - a late joiner hears at once",
@@ -560,8 +680,10 @@ TEST_CASE("finish: a timeout names the stragglers, who are told - a second Finis
   CHECK(s1.code() == Code::kTimeout);
   pb::ClusterEventMessage told;
   REQUIRE(c.member(2).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_ERROR, "w2"), 5s, &told));
-  CHECK_THAT(told.message(), Catch::Contains("finish barrier timed out"));
+  CHECK_THAT(told.message(), Catch::Contains("finish barrier timed out") && Catch::Contains("w2"));
   CHECK(told.error_code() == static_cast<int>(Code::kTimeout));
+  // The straggler is in error: everyone hears of it, naming it.
+  REQUIRE(c.member(0).events.WaitFor(Kind(pb::ClusterEventMessage::NODE_ERROR, "w2"), 5s));
   // The straggler arrives: w0 and w1 already joined, so the barrier passes and the job ends.
   CHECK(c.node(2).Finish(10s).ok());
   CHECK(c.sched().WaitForExit(10s).ok());
@@ -891,6 +1013,7 @@ TEST_CASE("a REGISTER with a port out of range or too many devices is refused - 
     msg.set_node_id("w0");
     msg.set_role(pb::WORKER);
     msg.set_incarnation(1);
+    msg.set_protocol_version(node::kProtocolVersion);
     msg.set_requested_rank(-1);
     for (int i = 0; i < devices; ++i) msg.add_devices()->set_local_id(i);
     return x.Call(pb::REGISTER, msg);

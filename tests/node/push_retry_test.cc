@@ -85,6 +85,7 @@ class Cluster {
  public:
   Cluster() {
     SchedulerOptions so;
+    so.recoverable_roles = {pb::SERVER, pb::WORKER};  // servers restart with their node id here
     so.heartbeat_interval = 50ms;
     so.heartbeat_timeout = 3s;
     sched_ = std::make_unique<SchedulerNode>(so);

@@ -81,6 +81,7 @@ class Registrar {
     msg.set_node_id(node_id);
     msg.set_role(role);
     msg.set_incarnation(incarnation);
+    msg.set_protocol_version(node::kProtocolVersion);
     msg.set_requested_rank(-1);
     msg.set_host_name("host-" + node_id);
     for (int d = 0; d < devices; ++d) {

@@ -86,6 +86,7 @@ TEST_CASE("subscribing to an unknown job is refused with a clear error", "[node]
 TEST_CASE("a timed-out node leaves the table and comes back when it re-registers", "[node][net]") {
   SchedulerOptions o = SchedOpts(2, 0);
   o.heartbeat_timeout = 300ms;
+  o.recoverable_roles = {pb::WORKER};  // w1 comes back as a new incarnation
   SchedulerNode sched(o);
   REQUIRE(sched.Start().ok());
   RankTableHub hub(&sched);
