@@ -54,7 +54,9 @@ struct Job {
   int port = 0;
 
   std::vector<std::string> SchedulerArgv(int p) {
+    // Restarted workers rejoin: their role is declared recoverable (docs/coordination.md).
     return With({NodeBinary(), "--role=scheduler", "--worker_num=2", "--server_num=2",
+                 "--recoverable_roles=worker,server",
                  "--scheduler_port=" + std::to_string(p), "--port_file=" + dir.File("sched.port"),
                  "--state_dir=" + dir.File("state")});
   }
