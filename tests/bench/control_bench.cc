@@ -128,7 +128,12 @@ class SimNodes {
     for (int i = 0; i < count; ++i) sims_[i].node_id = "sim-" + std::to_string(i);
     comm::Messenger::Handlers h;
     h.on_request = [this](ConnId c, comm::Frame&& f) { OnPush(c, std::move(f)); };
-    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), std::move(h));
+    // One process stands for `count` machines, each of which would have a budget of its
+    // own for frames received in part: the membership (about 60 bytes per member) arrives
+    // on every link at once.
+    comm::TransportOptions topt;
+    topt.max_incomplete_frame_bytes = static_cast<uint64_t>(count) << 20;
+    messenger_ = std::make_unique<comm::Messenger>(&loop_, topt, std::move(h));
     if (!loop_.Start().ok()) std::abort();
   }
   ~SimNodes() {
