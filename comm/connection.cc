@@ -21,6 +21,8 @@ struct WriteBatch {
   std::vector<std::pair<size_t, size_t>> head_spans;  // (offset, len) per frame, back to back
   std::vector<Payload> payloads;       // per frame; empty when inline or none
   uint64_t bytes = 0;
+  uint64_t shared_bytes = 0;           // of bytes: shared payloads
+  size_t shared_payloads = 0;          // frames with a shared payload
 };
 
 struct ConnectionCallbacks {
@@ -55,7 +57,7 @@ struct ConnectionCallbacks {
   static void OnWriteDone(uv_write_t* req, int status) {
     std::unique_ptr<WriteBatch> batch(static_cast<WriteBatch*>(req->data));
     Connection* self = batch->conn;
-    self->DropQueued(batch->bytes);
+    self->DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
     if (status < 0 && status != UV_ECANCELED) self->Close(UvStatus(status, "write"));
   }
 
@@ -205,7 +207,13 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
     return nullptr;
   }
   uint64_t frame_bytes = kHeaderBytes + meta_len + data_len;
-  Status over = CheckQueueCaps(frame_bytes);
+  // A shared payload (only a referenced head; an inline one is copied) is counted in the
+  // transport's total by the transport, once whatever the number of connections.
+  const Buffer* shared = payload.shared && payload.head && inline_bytes == 0 ? payload.head.get() : nullptr;
+  const uint64_t shared_bytes = shared != nullptr ? shared->size() : 0;
+  uint64_t total_bytes = frame_bytes;
+  if (shared != nullptr && transport_ != nullptr && transport_->HoldsShared(shared)) total_bytes -= shared_bytes;
+  Status over = CheckQueueCaps(frame_bytes, total_bytes);
   if (!over.ok()) {
     LOG(WARNING) << "conn " << id_ << ": " << over;
     Close(over);
@@ -227,7 +235,13 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
   out_offset_ += frame_bytes;
   b.payloads.push_back(std::move(payload));
   b.bytes += frame_bytes;
-  AddQueued(frame_bytes);
+  if (shared != nullptr) {
+    b.shared_bytes += shared_bytes;
+    ++b.shared_payloads;
+    shared_held_.push_back(shared);
+    if (transport_ != nullptr) transport_->HoldShared(shared);
+  }
+  AddQueued(frame_bytes, shared_bytes);
   if (transport_ != nullptr) transport_->CountOut(frame_bytes, meta.cmd());
   if (!flush_scheduled_ && transport_ != nullptr) {
     flush_scheduled_ = true;
@@ -239,7 +253,7 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
 // The per-connection cap, then the transport's total: past the total, only a connection
 // holding more than a fair share (total cap / open connections) is closed, so one slow
 // peer cannot get others closed, and closing never cascades to peers under their share.
-Status Connection::CheckQueueCaps(uint64_t frame_bytes) {
+Status Connection::CheckQueueCaps(uint64_t frame_bytes, uint64_t total_bytes) {
   if (queued_bytes_ + frame_bytes > options_.max_queued_write_bytes) {
     if (transport_ != nullptr) transport_->CountQueuedCapClosed(/*total=*/false);
     return Status(Code::kResourceExhausted, "peer " + peer_ + " is not reading: " + std::to_string(queued_bytes_) +
@@ -248,7 +262,7 @@ Status Connection::CheckQueueCaps(uint64_t frame_bytes) {
   const uint64_t cap = options_.max_total_queued_write_bytes;
   if (cap == 0 || transport_ == nullptr) return Status::Ok();
   const uint64_t total = transport_->queued_write_bytes();
-  if (total + frame_bytes <= cap) return Status::Ok();
+  if (total + total_bytes <= cap) return Status::Ok();
   const uint64_t fair = cap / std::max<size_t>(1, transport_->num_connections());
   if (queued_bytes_ + frame_bytes <= fair) return Status::Ok();
   transport_->CountQueuedCapClosed(/*total=*/true);
@@ -258,14 +272,29 @@ Status Connection::CheckQueueCaps(uint64_t frame_bytes) {
                     std::to_string(cap));
 }
 
-void Connection::AddQueued(uint64_t n) {
+void Connection::AddQueued(uint64_t n, uint64_t shared) {
   queued_bytes_ += n;
-  if (transport_ != nullptr) transport_->AddQueuedTotal(n);
+  shared_queued_bytes_ += shared;
+  if (transport_ != nullptr) transport_->AddQueuedTotal(n - shared);
 }
 
-void Connection::DropQueued(uint64_t n) {
+void Connection::DropQueued(uint64_t n, uint64_t shared, size_t shared_payloads) {
   queued_bytes_ -= n;
-  if (transport_ != nullptr) transport_->DropQueuedTotal(n);
+  shared_queued_bytes_ -= shared;
+  for (size_t i = 0; i < shared_payloads && !shared_held_.empty(); ++i) {
+    if (transport_ != nullptr) transport_->ReleaseShared(shared_held_.front());
+    shared_held_.pop_front();
+  }
+  if (transport_ != nullptr) transport_->DropQueuedTotal(n - shared);
+}
+
+void Connection::Detach() {
+  if (transport_ == nullptr) return;
+  transport_->DropQueuedTotal(queued_bytes_ - shared_queued_bytes_);
+  for (const Buffer* b : shared_held_) transport_->ReleaseShared(b);
+  // The batches still in flight pop their holds when they complete; the transport no
+  // longer counts them.
+  transport_ = nullptr;
 }
 
 void Connection::Flush() {
@@ -295,7 +324,7 @@ void Connection::Flush() {
   auto* stream = reinterpret_cast<uv_stream_t*>(tcp_);
   int n = uv_try_write(stream, bufs.data(), static_cast<unsigned>(bufs.size()));
   if (n < 0 && n != UV_EAGAIN) {
-    DropQueued(batch->bytes);
+    DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
     Close(UvStatus(n, "write"));
     return;
   }
@@ -309,11 +338,14 @@ void Connection::Flush() {
   }
   while (first < bufs.size() && bufs[first].len == 0) ++first;
   if (first == bufs.size()) {
-    DropQueued(batch->bytes);  // All written: drop the payload references, keep the storage.
+    // All written: drop the payload references, keep the storage.
+    DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
     batch->head.clear();
     batch->head_spans.clear();
     batch->payloads.clear();
     batch->bytes = 0;
+    batch->shared_bytes = 0;
+    batch->shared_payloads = 0;
     if (batch->head.capacity() <= (1u << 20)) spare_ = std::move(batch);  // Don't hoard big ones.
     return;
   }
@@ -321,7 +353,7 @@ void Connection::Flush() {
   int rc = uv_write(&batch->req, stream, bufs.data() + first,
                     static_cast<unsigned>(bufs.size() - first), &ConnectionCallbacks::OnWriteDone);
   if (rc < 0) {
-    DropQueued(batch->bytes);
+    DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
     Close(UvStatus(rc, "uv_write"));
     return;
   }

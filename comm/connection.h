@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,10 +59,15 @@ class Connection {
   TimePoint opened() const { return opened_; }
   bool heard() const { return heard_; }  // at least one whole frame decoded
   uint64_t queued_bytes() const { return queued_bytes_; }
+  // Of queued_bytes(): the bytes of shared payloads (Payload::shared), which the
+  // transport's total counts once per payload, not per connection.
+  uint64_t shared_queued_bytes() const { return shared_queued_bytes_; }
   void DropSink(uint64_t request_id) { decoder_.DropSink(request_id); }
   void LimitPayload(uint64_t bytes) { decoder_.set_max_message_bytes(bytes); }
-  // Called by Transport when it goes away first: the close callback must not touch it.
-  void Detach() { transport_ = nullptr; }
+  // Called by Transport when it lets go of *this (closed, or the transport goes away
+  // first): what is still queued leaves the transport's total, shared payloads included,
+  // and the close callback must not touch the transport.
+  void Detach();
   // Writes the frames queued since the last flush (Transport calls it before the loop polls).
   void Flush();
 
@@ -71,10 +77,14 @@ class Connection {
   // Checks the limits and appends a frame's header and meta plus `inline_bytes` of room to
   // the pending batch (`payload` is referenced after them when not empty). Returns the room,
   // or null with *st set.
-  Status CheckQueueCaps(uint64_t frame_bytes);
-  // queued_bytes_ and the transport's total move together (until Release detaches us).
-  void AddQueued(uint64_t n);
-  void DropQueued(uint64_t n);
+  // `total_bytes`: what the frame adds to the transport's total (less than frame_bytes
+  // when its shared payload is already queued on another connection).
+  Status CheckQueueCaps(uint64_t frame_bytes, uint64_t total_bytes);
+  // queued_bytes_ and the transport's total move together (until Release detaches us);
+  // `shared` of the `n` bytes are shared payloads, counted in the total by Transport.
+  void AddQueued(uint64_t n, uint64_t shared);
+  // A batch's bytes leave the queue, and its `shared_payloads` oldest shared holds.
+  void DropQueued(uint64_t n, uint64_t shared, size_t shared_payloads);
   char* Append(const pb::MessageMeta& meta, uint64_t data_len, size_t inline_bytes, Payload payload,
                Status* st);
 
@@ -91,6 +101,10 @@ class Connection {
   std::unique_ptr<WriteBatch> spare_;    // a written batch kept for reuse (no allocation per flush)
   std::vector<uv_buf_t> iov_;             // scratch scatter/gather list of Flush
   uint64_t queued_bytes_ = 0;            // queued or in flight
+  uint64_t shared_queued_bytes_ = 0;     // of which shared payloads
+  // The shared payloads queued or in flight, in queue order (batches complete in order):
+  // each is one hold on the transport's count of that payload.
+  std::deque<const Buffer*> shared_held_;
   uint64_t out_offset_ = 0;              // bytes of frames queued since the connection opened
   bool flush_scheduled_ = false;
   bool closing_ = false;

@@ -73,6 +73,8 @@ void Messenger::Call(ConnId conn, pb::MessageMeta meta, Payload payload, Duratio
   Status st = transport_->Send(conn, meta, std::move(payload));
   if (!st.ok()) {
     tracker_.Complete(id, st);
+    // A closed connection's index is dropped when it closes; this call made a new one.
+    if (!transport_->IsOpen(conn)) tracker_.FailConnection(conn, st);
     return;
   }
   if (expiry_timer_ == 0) {

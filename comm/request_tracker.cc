@@ -15,6 +15,14 @@ uint64_t RequestTracker::Add(ConnId conn, TimePoint deadline, int cmd, ResponseC
   uint64_t id = next_id_++;
   entries_.emplace(id, Entry{conn, deadline, cmd, std::move(cb), sink});
   PushDeadline(deadline, id);
+  ConnIndex& ix = by_conn_[conn];
+  if (ix.ids.size() > 64 && ix.ids.size() > 2 * ix.live) {
+    // Mostly completed requests: keep the live ones (ids are unique to one connection).
+    ix.ids.erase(std::remove_if(ix.ids.begin(), ix.ids.end(), [this](uint64_t i) { return entries_.count(i) == 0; }),
+                 ix.ids.end());
+  }
+  ix.ids.push_back(id);
+  ++ix.live;
   return id;
 }
 
@@ -44,6 +52,10 @@ RequestTracker::Entry RequestTracker::Take(std::unordered_map<uint64_t, Entry>::
   const uint64_t id = it->first;
   Entry e = std::move(it->second);
   entries_.erase(it);
+  if (e.indexed) {
+    auto ix = by_conn_.find(e.conn);
+    if (ix != by_conn_.end() && --ix->second.live == 0) ix->second.ids.clear();  // capacity kept
+  }
   if (e.sink_taken && on_sink_release_) on_sink_release_(e.conn, id);
   return e;
 }
@@ -63,20 +75,25 @@ bool RequestTracker::CompleteFrom(ConnId conn, uint64_t id, Result<Frame> result
 }
 
 size_t RequestTracker::FailConnection(ConnId conn, const Status& why) {
-  // Rare (a lost peer), so a scan beats keeping a per-connection index on every request.
-  std::vector<uint64_t> ids;
-  for (auto& [id, e] : entries_) {
-    if (e.conn == conn) ids.push_back(id);
-  }
-  // Fail in issue order so callers see a deterministic sequence.
-  std::sort(ids.begin(), ids.end());
+  auto ix = by_conn_.find(conn);
+  if (ix == by_conn_.end()) return 0;
+  // Taken out first: a callback may issue requests (on this connection too; those are
+  // not failed here, as they were not pending when it closed).
+  std::vector<uint64_t> ids = std::move(ix->second.ids);
+  by_conn_.erase(ix);
   for (uint64_t id : ids) {
     auto it = entries_.find(id);
-    if (it == entries_.end()) continue;  // A callback completed it meanwhile.
+    if (it != entries_.end()) it->second.indexed = false;  // its index is gone
+  }
+  size_t n = 0;
+  for (uint64_t id : ids) {  // issue order, so callers see a deterministic sequence
+    auto it = entries_.find(id);
+    if (it == entries_.end()) continue;  // Completed already, or by a callback meanwhile.
     Entry e = Take(it);
+    ++n;
     e.cb(Status(why.code(), What(e) + ": " + why.message()));
   }
-  return ids.size();
+  return n;
 }
 
 size_t RequestTracker::Expire(TimePoint now) {
@@ -96,6 +113,7 @@ size_t RequestTracker::Expire(TimePoint now) {
 
 void RequestTracker::FailAll(const Status& why) {
   deadlines_.clear();
+  by_conn_.clear();
   while (!entries_.empty()) {
     Entry e = Take(entries_.begin());
     e.cb(Status(why.code(), What(e) + ": " + why.message()));

@@ -48,13 +48,17 @@ class RequestTracker {
   // The same for an answer that arrived on `conn`: false, and the request left pending,
   // if `id` went out on another connection (a peer may not answer another's request).
   bool CompleteFrom(ConnId conn, uint64_t id, Result<Frame> result);
-  // Fails every request pending on `conn` with `why`; returns how many.
+  // Fails every request pending on `conn` with `why`, in issue order; returns how many.
+  // Costs O(requests of that connection), whatever else is pending, so closing N
+  // connections at once costs O(total requests), not O(N x total). Also forgets `conn`.
   size_t FailConnection(ConnId conn, const Status& why);
   // Fails every request whose deadline is at or before `now`.
   size_t Expire(TimePoint now);
   // Fails everything (shutdown).
   void FailAll(const Status& why);
   size_t pending() const { return entries_.size(); }
+  // Connections with an index (tests: FailConnection forgets them).
+  size_t connections_indexed() const { return by_conn_.size(); }
 
  private:
   struct Entry {
@@ -64,6 +68,7 @@ class RequestTracker {
     ResponseCallback cb;
     AnswerSink sink;
     bool sink_taken = false;
+    bool indexed = true;  // counted in by_conn_[conn].live
   };
   // Deadlines in a min-heap with lazy deletion: a completed request's slot stays until
   // it reaches the top (or the heap is rebuilt), so adding and completing a request
@@ -71,6 +76,15 @@ class RequestTracker {
   using Deadline = std::pair<TimePoint, uint64_t>;
   std::unordered_map<uint64_t, Entry> entries_;
   std::vector<Deadline> deadlines_;
+  // The ids issued on each connection, in issue order, with lazy deletion as for the
+  // heap: a completed id stays until the list is compacted (when over half of it is
+  // stale) or emptied (when its last live request ends). The list of a connection is
+  // kept while it is open (no allocation per request), dropped by FailConnection.
+  struct ConnIndex {
+    std::vector<uint64_t> ids;
+    size_t live = 0;
+  };
+  std::unordered_map<ConnId, ConnIndex> by_conn_;
   void PushDeadline(TimePoint t, uint64_t id);
   uint64_t next_id_ = 1;
   Describer describe_;

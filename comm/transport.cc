@@ -409,8 +409,7 @@ void Transport::Release(ConnId id, const Status& why) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   if (it->second->accepted()) --num_accepted_;
-  stats_.queued_write_bytes -= it->second->queued_bytes();  // its writes no longer count
-  it->second->Detach();
+  it->second->Detach();  // its writes no longer count
   it->second.release();  // The connection frees itself in its close callback.
   conns_.erase(it);
   if (cached_id_ == id) cached_conn_ = nullptr;
@@ -504,6 +503,19 @@ void Transport::CloseAfterFlush(ConnId id, const Status& why) {
 std::string Transport::PeerAddress(ConnId id) const {
   Connection* c = Lookup(id);
   return c == nullptr ? std::string() : c->peer();
+}
+
+void Transport::HoldShared(const Buffer* payload) {
+  SharedHold& h = shared_[payload];
+  if (h.holders++ == 0) stats_.queued_write_bytes += payload->size();
+}
+
+void Transport::ReleaseShared(const Buffer* payload) {
+  auto it = shared_.find(payload);
+  if (it == shared_.end()) return;
+  if (--it->second.holders > 0) return;
+  stats_.queued_write_bytes -= payload->size();
+  shared_.erase(it);
 }
 
 uint64_t Transport::QueuedBytes(ConnId id) const {

@@ -127,8 +127,17 @@ class Transport {
   void CountQueuedCapClosed(bool total) { ++(total ? stats_.total_queued_cap_closed : stats_.queued_cap_closed); }
   void AddQueuedTotal(uint64_t n) { stats_.queued_write_bytes += n; }
   void DropQueuedTotal(uint64_t n) { stats_.queued_write_bytes -= n; }
-  // Queued-but-unwritten bytes of all open connections.
+  // Queued-but-unwritten bytes of all open connections, a shared payload (Payload::shared)
+  // once however many connections hold it.
   uint64_t queued_write_bytes() const { return stats_.queued_write_bytes; }
+  // A shared payload's count in the total: HoldShared per connection that queues it (the
+  // first adds its size), ReleaseShared when that frame is written or dropped (the last
+  // removes it). The payload is alive while held: every holder's frame references it.
+  bool HoldsShared(const Buffer* payload) const { return shared_.count(payload) != 0; }
+  void HoldShared(const Buffer* payload);
+  void ReleaseShared(const Buffer* payload);
+  // Distinct shared payloads queued now (tests).
+  size_t shared_payloads_queued() const { return shared_.size(); }
   // Payload bytes held now for frames received in part, on every transport sharing the budget.
   uint64_t incomplete_frame_bytes() const { return options_.incomplete_frame_budget->held(); }
   void CountCopied(uint64_t bytes) { copied_.fetch_add(bytes, std::memory_order_relaxed); }
@@ -163,6 +172,10 @@ class Transport {
   TransportOptions options_;
   Handlers handlers_;
   std::unordered_map<ConnId, std::unique_ptr<Connection>> conns_;
+  struct SharedHold {
+    uint64_t holders = 0;  // queued frames referencing the payload, all connections
+  };
+  std::unordered_map<const Buffer*, SharedHold> shared_;
   mutable ConnId cached_id_ = 0;               // Lookup's one-entry cache (loop thread)
   mutable Connection* cached_conn_ = nullptr;  // reset when cached_id_ is released
   std::unordered_multimap<ConnId, std::function<void(const Status&)>> close_watchers_;

@@ -128,10 +128,19 @@ struct Slice {
 struct Payload {
   BufferPtr head;
   std::vector<Slice> tail;
+  // The same immutable head is queued on many connections at once (a fan-out): a
+  // transport counts its bytes once toward its total of queued output, and once per
+  // connection toward that connection's own cap. Made with Payload::Shared.
+  bool shared = false;
 
   Payload() = default;
   Payload(std::nullptr_t) {}                          // NOLINT: implicit on purpose
   Payload(BufferPtr b) : head(std::move(b)) {}        // NOLINT: implicit on purpose
+  static Payload Shared(BufferPtr b) {
+    Payload p(std::move(b));
+    p.shared = true;
+    return p;
+  }
   size_t size() const {
     size_t n = head ? head->size() : 0;
     for (const Slice& s : tail) n += s.size;

@@ -254,7 +254,7 @@ void Node::FetchMetadata(uint64_t epoch) {
       return;
     }
     const uint64_t before = epoch_;
-    ApplyMetadata(md);
+    ApplyMetadata(std::move(md));
     if (epoch_ > before && epoch_ < metadata_wanted_) FetchMetadata(metadata_wanted_);
   });
 }
@@ -339,21 +339,20 @@ void Node::HandleSchedulerPush(ConnId conn, Frame&& frame) {
   switch (frame.meta.cmd()) {
     case pb::SEND_METADATA: {
       pb::SendMetadataMessage md;
-      if (ParsePayload(frame, &md).ok()) ApplyMetadata(md);
+      if (ParsePayload(frame, &md).ok()) ApplyMetadata(std::move(md));
       break;
     }
     case pb::CLUSTER_EVENT: {
       pb::ClusterEventMessage ev;
       if (!ParsePayload(frame, &ev).ok()) break;
-      if (ev.kind() == pb::ClusterEventMessage::STATE_CHANGED) {
-        if (ev.cluster_state() == pb::CLUSTER_EXIT) TerminateAsTold(ev);
-        if (ev.cluster_state() == pb::CLUSTER_NEW_INSTANCE && callbacks_.on_new_instance) {
-          callbacks_.on_new_instance();
-        }
-        ApplyState(ev.cluster_state());
+      // Notices coalesced by the scheduler: each handled in order as if sent alone.
+      google::protobuf::RepeatedPtrField<pb::ClusterEventMessage> more;
+      more.Swap(ev.mutable_more());
+      HandleClusterEvent(ev);
+      for (pb::ClusterEventMessage& m : more) {
+        m.clear_more();  // one level only
+        HandleClusterEvent(m);
       }
-      OnClusterEvent(ev);
-      if (callbacks_.on_cluster_event) callbacks_.on_cluster_event(ev);
       break;
     }
     case pb::SEND_EVENT: {
@@ -412,7 +411,19 @@ void Node::HandleSchedulerPush(ConnId conn, Frame&& frame) {
   }
 }
 
-void Node::ApplyMetadata(const pb::SendMetadataMessage& md) {
+void Node::HandleClusterEvent(const pb::ClusterEventMessage& ev) {
+  if (ev.kind() == pb::ClusterEventMessage::STATE_CHANGED) {
+    if (ev.cluster_state() == pb::CLUSTER_EXIT) TerminateAsTold(ev);
+    if (ev.cluster_state() == pb::CLUSTER_NEW_INSTANCE && callbacks_.on_new_instance) {
+      callbacks_.on_new_instance();
+    }
+    ApplyState(ev.cluster_state());
+  }
+  OnClusterEvent(ev);
+  if (callbacks_.on_cluster_event) callbacks_.on_cluster_event(ev);
+}
+
+void Node::ApplyMetadata(pb::SendMetadataMessage md) {
   if (md.epoch() < epoch_) {
     LOG(WARNING) << options_.node_id << ": ignored stale metadata of epoch " << md.epoch() << " < " << epoch_;
     return;
@@ -424,6 +435,14 @@ void Node::ApplyMetadata(const pb::SendMetadataMessage& md) {
     LOG(WARNING) << options_.node_id << ": ignored metadata of epoch " << md.epoch() << " with impossible totals: "
                  << md.worker_num() << " workers, " << md.server_num() << " servers";
     return;
+  }
+  // Every member gets the same bytes: our rank is that of our own entry, found by node id
+  // (the message's rank_id is what a scheduler that sets it per member said).
+  const auto& own = options_.role == pb::SERVER ? md.servers_meta() : md.workers_meta();
+  for (const pb::ServersMeta& m : own) {
+    if (m.node_id() != options_.node_id) continue;
+    md.set_rank_id(m.rank_id());
+    break;
   }
   epoch_ = md.epoch();
   metadata_ = md;

@@ -185,10 +185,13 @@ class Node {
   void Register();
   void RetryRegister(const Status& why);
   void Heartbeat();
-  void ApplyMetadata(const pb::SendMetadataMessage& md);
+  // By value: the node's own rank is filled in (found by node id) before it is applied.
+  void ApplyMetadata(pb::SendMetadataMessage md);
   void FetchMetadata(uint64_t epoch);
   void ApplyState(pb::ClusterState state);
   void HandleSchedulerPush(comm::ConnId conn, comm::Frame&& frame);
+  // One CLUSTER_EVENT notice (a frame's own, or one of its `more`).
+  void HandleClusterEvent(const pb::ClusterEventMessage& ev);
   bool Terminate(const Status& why);  // false: terminated already (the first reason stays)
   void TerminateAsTold(const pb::ClusterEventMessage& end);
   void SchedulerAnswered();

@@ -167,15 +167,14 @@ std::string SchedulerNode::NodeOf(ConnId conn) const {
   return it == node_of_.end() ? std::string() : it->second.node_id;
 }
 
-void SchedulerNode::Reply(ConnId conn, const pb::MessageMeta& req, const Status& st, BufferPtr payload) {
+void SchedulerNode::Reply(ConnId conn, const pb::MessageMeta& req, const Status& st, Payload payload) {
   // The transport refuses to send a payload over max_message_bytes: answer with why instead,
   // so the caller fails at once rather than at its deadline.
-  if (payload != nullptr && payload->size() > options_.max_message_bytes) {
+  if (payload.size() > options_.max_message_bytes) {
     Status too_big(Code::kResourceExhausted, "the answer to " + pb::NodeCommand_Name(req.cmd()) + " is " +
-                                                 std::to_string(payload->size()) + " bytes, over max_message_bytes " +
+                                                 std::to_string(payload.size()) + " bytes, over max_message_bytes " +
                                                  std::to_string(options_.max_message_bytes));
     LOG_EVERY_N(WARNING, 100) << "scheduler: conn " << conn << ": " << too_big;
-    payload = nullptr;
     return Reply(conn, req, too_big);
   }
   Status sent = messenger_->Reply(conn, req, st, std::move(payload));
@@ -188,9 +187,9 @@ void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
     case pb::HEARTBEAT: HandleHeartbeat(conn, frame); break;
     case pb::FETCH_METADATA: {
       // What a member asks for once it sees a newer epoch in a heartbeat answer: the
-      // cached bytes, so a wave of fetches after one change builds them once.
-      const core::NodeRecord* rec = cluster_.Find(NodeOf(conn));
-      Reply(conn, frame.meta, Status::Ok(), metadata_.For(cluster_, rec == nullptr ? 0 : rec->rank));
+      // cached buffer, so a wave of fetches after one change builds it once and every
+      // answer queued meanwhile shares it.
+      Reply(conn, frame.meta, Status::Ok(), Payload::Shared(metadata_.Shared(cluster_)));
       break;
     }
     case pb::FINISH: HandleFinish(conn, frame); break;
@@ -271,6 +270,7 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
                                                                       " devices: at most " +
                                                                       std::to_string(core::kMaxStateDevicesPerNode) + " per node"));
   }
+  const uint64_t epoch_before = cluster_.epoch();
   Result<core::RegisterOutcome> out = cluster_.Register(req);
   if (!out.ok()) {
     LOG(WARNING) << "scheduler: refused " << RoleLabel(req.role) << " " << req.node_id << " from "
@@ -297,8 +297,9 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
     metadata_.Invalidate();
     for (auto& fn : register_listeners_) fn();
   }
-  // A node that (re)joins an already published membership needs the metadata now.
-  if (cluster_.state() != pb::ClUSTER_STARTING) SendMetadataTo(req.node_id);
+  // A node that (re)joins an already published membership needs the metadata now; one
+  // whose admission published a new membership gets it with everyone (DrainEvents).
+  if (cluster_.state() != pb::ClUSTER_STARTING && cluster_.epoch() == epoch_before) SendMetadataTo(req.node_id);
   // It also learns at once of every stored error and heartbeat loss it may have missed
   // (a late joiner, or a node whose link was down when the notice went out). Skipped when
   // no node is flagged: a scan per REGISTER would make a registration storm O(N^2).
@@ -474,8 +475,23 @@ void SchedulerNode::Tick() {
   DrainEvents();
 }
 
+// One buffer for every link, counted once in the transport's queued total.
 void SchedulerNode::Broadcast(const pb::MessageMeta& meta, const BufferPtr& payload) {
-  for (auto& [node_id, c] : Links()) messenger_->Notify(c, meta, payload).IgnoreError();
+  for (auto& [node_id, c] : Links()) messenger_->Notify(c, meta, Payload::Shared(payload)).IgnoreError();
+}
+
+bool SchedulerNode::IsNodeNotice(core::Event::Kind kind) {
+  using Kind = core::Event::Kind;
+  return kind == Kind::kNodeTimedOut || kind == Kind::kNodeRestarted || kind == Kind::kNodeRecovered ||
+         kind == Kind::kNodeError;
+}
+
+void SchedulerNode::FlushNotices() {
+  if (!has_notices_) return;
+  has_notices_ = false;
+  BufferPtr payload = ToBuffer(notices_);
+  notices_.Clear();
+  Broadcast(MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), payload);
 }
 
 // A copy of the node links to send over: a send may close its connection at once (a
@@ -486,9 +502,8 @@ std::vector<std::pair<std::string, ConnId>> SchedulerNode::Links() const {
 
 void SchedulerNode::SendMetadataTo(const std::string& node_id) {
   auto c = conn_of_.find(node_id);
-  const core::NodeRecord* rec = cluster_.Find(node_id);
-  if (c == conn_of_.end() || rec == nullptr) return;
-  messenger_->Notify(c->second, MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0), metadata_.For(cluster_, rec->rank))
+  if (c == conn_of_.end() || cluster_.Find(node_id) == nullptr) return;
+  messenger_->Notify(c->second, MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0), Payload::Shared(metadata_.Shared(cluster_)))
       .IgnoreError();
 }
 
@@ -511,9 +526,21 @@ void SchedulerNode::SendClusterEvent(const core::Event& e, pb::ClusterEventMessa
   ev.set_message(e.message);
   ev.set_epoch(e.epoch ? e.epoch : cluster_.epoch());
   if (only_to_it) {
+    FlushNotices();  // notices drained before it reach the node first
     auto c = conn_of_.find(e.node_id);
     if (c != conn_of_.end()) {
       messenger_->Notify(c->second, MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(ev)).IgnoreError();
+    }
+    return;
+  }
+  if (IsNodeNotice(e.kind)) {
+    // Held until the drain's next other event or its end (FlushNotices): K notices in a
+    // row cost each member one frame, the first notice with the others in `more`.
+    if (has_notices_) {
+      *notices_.add_more() = std::move(ev);
+    } else {
+      notices_ = std::move(ev);
+      has_notices_ = true;
     }
     return;
   }

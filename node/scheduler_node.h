@@ -101,12 +101,16 @@ class SchedulerNode {
   void SendMetadataTo(const std::string& node_id);
   // To every linked node, or (only_to_it) to the node the event is about.
   void SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind, bool only_to_it = false);
+  // Per-node notices (timed out, restarted, recovered, error) of one drain are coalesced
+  // into one CLUSTER_EVENT frame (the first, the rest in `more`), broadcast once.
+  static bool IsNodeNotice(core::Event::Kind kind);
+  void FlushNotices();
   void AnswerFinishWaiters(const Status& st);
   void ExpireFinishWaiters();
   void MarkExited();
   std::string NodeOf(comm::ConnId conn) const;
   pb::AdminResponse StatusResponse(bool with_nodes) const;
-  void Reply(comm::ConnId conn, const pb::MessageMeta& req, const Status& st, BufferPtr payload = nullptr);
+  void Reply(comm::ConnId conn, const pb::MessageMeta& req, const Status& st, Payload payload = nullptr);
 
   // --state_dir persistence (scheduler_state.cc).
   Status OpenState();
@@ -159,6 +163,8 @@ class SchedulerNode {
   std::vector<std::function<void(const core::Event&)>> listeners_;
   std::vector<std::function<void()>> register_listeners_;
   MetadataCache metadata_;
+  pb::ClusterEventMessage notices_;  // per-node notices not yet broadcast (FlushNotices)
+  bool has_notices_ = false;
   std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;
   uint64_t heartbeats_ = 0;
   std::unordered_map<comm::ConnId, int> unserved_;  // commands not served, per connection (loop thread)

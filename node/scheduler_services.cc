@@ -19,6 +19,8 @@ void SchedulerNode::DrainEvents() {
     if (events.empty()) break;
     metadata_.Invalidate();
     for (const core::Event& e : events) {
+      // Per-node notices in a row go out as one frame; anything else is sent after them.
+      if (!IsNodeNotice(e.kind)) FlushNotices();
       for (auto& fn : listeners_) fn(e);
       switch (e.kind) {
         case Kind::kStateChanged:
@@ -41,15 +43,15 @@ void SchedulerNode::DrainEvents() {
           }
           break;
         case Kind::kMetadataChanged: {
-          // Built and serialised once (the cache); each copy only gets the recipient's
-          // rank appended (building it per node made READY with N nodes cost O(N^2) work).
+          // Built and serialised once (the cache) into one buffer that every member's
+          // frame references: no copy per member, and the transport counts it once toward
+          // its total of queued output (each member finds its own rank by node id).
           const pb::MessageMeta meta = MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0);
+          const BufferPtr shared = metadata_.Shared(cluster_);
           std::vector<std::string> live;
           for (const core::NodeRecord* rec : cluster_.Nodes()) {
             auto c = conn_of_.find(rec->node_id);
-            if (c != conn_of_.end()) {
-              messenger_->Notify(c->second, meta, metadata_.For(cluster_, rec->rank)).IgnoreError();
-            }
+            if (c != conn_of_.end()) messenger_->Notify(c->second, meta, Payload::Shared(shared)).IgnoreError();
             if (!rec->leaving) live.push_back(rec->node_id);
           }
           barriers_.SetAllNodes(std::move(live));
@@ -137,6 +139,7 @@ void SchedulerNode::DrainEvents() {
       }
     }
   }
+  FlushNotices();
   PersistState();  // --state_dir: a snapshot if anything changed
   // This runs after every request: take the lock only when there is news for readers.
   if (cluster_.state() == published_state_ && cluster_.epoch() == published_epoch_) return;

@@ -12,13 +12,24 @@
 //      loop thread's own CPU time (CLOCK_THREAD_CPUTIME_ID, read on that thread through
 //      Post) over a window, divided by the heartbeats it served in that window;
 //   5. time from a member's death (it stops beating) to the last survivor hearing of it;
-//   6. peak RSS of the whole process (getrusage ru_maxrss; scheduler and clients).
+//   6. peak RSS (getrusage ru_maxrss): of the whole process when the members run on a
+//      thread of it (peak_rss), else of the scheduler's process (scheduler_peak_rss) and
+//      of the members' (members_peak_rss).
+// The members run in a second process (fork, before any thread starts) with
+// --processes=2, or by default when one process's hard open-file limit cannot hold both
+// ends of every member's connection (2 fds per member: 10,000 members need a limit over
+// 20,064). The burner then spins in the scheduler's process.
 // Prints `name value unit` lines.
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
@@ -117,7 +128,12 @@ class SimNodes {
     for (int i = 0; i < count; ++i) sims_[i].node_id = "sim-" + std::to_string(i);
     comm::Messenger::Handlers h;
     h.on_request = [this](ConnId c, comm::Frame&& f) { OnPush(c, std::move(f)); };
-    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), std::move(h));
+    // One process stands for `count` machines, each of which would have a budget of its
+    // own for frames received in part: the membership (about 60 bytes per member) arrives
+    // on every link at once.
+    comm::TransportOptions topt;
+    topt.max_incomplete_frame_bytes = static_cast<uint64_t>(count) << 20;
+    messenger_ = std::make_unique<comm::Messenger>(&loop_, topt, std::move(h));
     if (!loop_.Start().ok()) std::abort();
   }
   ~SimNodes() {
@@ -253,9 +269,15 @@ class SimNodes {
       pb::ClusterEventMessage ev;
       if (!node::ParsePayload(f, &ev).ok()) return;
       ready = ev.kind() == pb::ClusterEventMessage::STATE_CHANGED && ev.cluster_state() == pb::CLUSTER_READY;
-      if (ev.kind() == pb::ClusterEventMessage::NODE_TIMED_OUT && victim_ < sims_.size() &&
-          ev.node_id() == sims_[victim_].node_id && it->second != victim_ &&
-          s.heard_death == Clock::time_point{}) {
+      // Per-node notices may come coalesced: the first, then the others in `more`.
+      bool victim = false;
+      auto names_victim = [this](const pb::ClusterEventMessage& n) {
+        return n.kind() == pb::ClusterEventMessage::NODE_TIMED_OUT && victim_ < sims_.size() &&
+               n.node_id() == sims_[victim_].node_id;
+      };
+      victim = names_victim(ev);
+      for (const pb::ClusterEventMessage& n : ev.more()) victim = victim || names_victim(n);
+      if (victim && it->second != victim_ && s.heard_death == Clock::time_point{}) {
         s.heard_death = Clock::now();
         if (++heard_ == sims_.size() - 1) all_heard_.set_value();
       }
@@ -382,29 +404,122 @@ double PeakRssMb() {
   return ru.ru_maxrss / 1024.0;  // KiB on Linux
 }
 
-int Run(int members, int window_s, bool burner) {
-  RaiseFdLimit(2 * static_cast<size_t>(members) + 64);
-  Burner burn(burner);
-  const int servers = std::max(1, members / 8);
-  // 2 s: the heartbeat timeout nodes are given by default is far longer; a storm of
-  // registrations must not time out members that beat every 100 ms.
-  node::SchedulerNode sched(SchedOpts(members, servers, 2s));
-  if (!sched.Start().ok()) return 1;
-  SimNodes sims(members, servers, sched.port());
+// The members' side and the scheduler's side of one run, each in its own process when
+// `split` (the fds of 10,000 members and of their 10,000 accepted links do not fit one
+// process's hard open-file limit), or on two threads of one process. The two sides meet
+// at the scheduler's port and at two points: the members report READY (the scheduler
+// side then measures its CPU per heartbeat over the window), and the scheduler side
+// lets the members go on to the death test.
+// One direction between the two sides: a pipe when they are processes, else a queue.
+class Channel {
+ public:
+  explicit Channel(bool split) : split_(split) {
+    if (split_ && pipe(fds_) != 0) std::abort();
+  }
+  // After fork: the reading side closes the write end, the writing side the read end.
+  void KeepReadEnd() { CloseEnd(1); }
+  void KeepWriteEnd() { CloseEnd(0); }
+  void Put(int64_t v) {
+    if (!split_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      values_.push_back(v);
+      cv_.notify_all();
+      return;
+    }
+    if (write(fds_[1], &v, sizeof(v)) != sizeof(v)) std::perror("control_bench: pipe write");
+  }
+  // One value, waited for up to `timeout`.
+  bool Get(Duration timeout, int64_t* v) {
+    if (!split_) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, timeout, [this] { return !values_.empty(); })) return false;
+      *v = values_.front();
+      values_.erase(values_.begin());
+      return true;
+    }
+    pollfd p{fds_[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(ToMillis(timeout))) != 1) return false;
+    return read(fds_[0], v, sizeof(*v)) == sizeof(*v);
+  }
+
+ private:
+  void CloseEnd(int i) {
+    if (split_ && fds_[i] >= 0) close(fds_[i]);
+    fds_[i] = -1;
+  }
+  bool split_;
+  int fds_[2] = {-1, -1};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int64_t> values_;
+};
+
+struct Steps {
+  explicit Steps(bool split) : split(split), to_sims(split), to_sched(split) {}
+  bool split;
+  Channel to_sims;   // the scheduler's port, then "go on"
+  Channel to_sched;  // READY (or failed), then done (or failed)
+};
+
+constexpr int64_t kFailed = -1;
+
+// The members: connect, register, READY, heartbeat answers, the death test.
+int RunSims(int members, int servers, Steps* steps) {
+  int64_t port = 0;
+  if (!steps->to_sims.Get(120s, &port) || port <= 0) return 1;
+  SimNodes sims(members, servers, static_cast<int>(port));
   sims.StartBeating(100ms);
   double connect_ms = 0, register_ms = 0, ready_ms = 0;
   const bool ready = sims.RegisterAll(60s, &connect_ms, &register_ms, &ready_ms);
-  std::printf("# %d members (%d servers), each on its own connection, burner %s\n", members, servers,
-              burner ? "on" : "off");
   Print("register_failures", static_cast<double>(sims.answers().register_failures), "count");
   if (!ready) {
     std::fprintf(stderr, "control_bench: %d members did not all reach READY\n", members);
-    Print("peak_rss", PeakRssMb(), "MiB");
+    std::fflush(stdout);
+    steps->to_sched.Put(kFailed);
     return 1;
   }
   Print("register_connect_all", connect_ms, "ms");
   Print("register_all_registered", register_ms, "ms");
   Print("register_all_ready", ready_ms, "ms");
+  std::fflush(stdout);
+  steps->to_sched.Put(1);  // the scheduler side measures its CPU per heartbeat now
+  int64_t go = 0;
+  if (!steps->to_sims.Get(120s, &go) || go != 1) return 1;
+  const SimNodes::Answers a = sims.answers();
+  Print("heartbeat_answer_bytes_mean", a.count ? static_cast<double>(a.bytes) / a.count : 0.0, "bytes");
+  Print("heartbeat_answer_bytes_max", static_cast<double>(a.max_bytes), "bytes");
+  Print("metadata_fetches", static_cast<double>(a.fetches), "count");
+  Print("heartbeats_failed", static_cast<double>(sims.beats_failed()), "count");
+  double first_ms = 0, last_ms = 0;
+  const bool heard = sims.Kill(static_cast<size_t>(members - 1), 10s, &first_ms, &last_ms);
+  if (heard) {
+    Print("death_to_first_survivor", first_ms, "ms");
+    Print("death_to_last_survivor", last_ms, "ms");
+  } else {
+    std::fprintf(stderr, "control_bench: the survivors did not all hear of the death\n");
+  }
+  if (steps->split) Print("members_peak_rss", PeakRssMb(), "MiB");
+  std::fflush(stdout);
+  steps->to_sched.Put(heard ? 1 : kFailed);
+  return heard ? 0 : 1;
+}
+
+// The scheduler: serves until the members are done; its CPU per heartbeat over the window.
+int RunScheduler(int members, int servers, int window_s, Steps* steps) {
+  // 2 s: the heartbeat timeout nodes are given by default is far longer; a storm of
+  // registrations must not time out members that beat every 100 ms.
+  node::SchedulerNode sched(SchedOpts(members, servers, 2s));
+  if (!sched.Start().ok()) {
+    steps->to_sims.Put(kFailed);
+    return 1;
+  }
+  steps->to_sims.Put(sched.port());
+  int64_t ready = 0;
+  if (!steps->to_sched.Get(180s, &ready) || ready != 1) {
+    Print(steps->split ? "scheduler_peak_rss" : "peak_rss", PeakRssMb(), "MiB");
+    sched.Stop();
+    return 1;
+  }
   std::this_thread::sleep_for(1s);  // warm-up: every member has beaten a few times
   auto sample = [&sched] {
     return OnLoop<std::pair<double, uint64_t>>(sched.loop(), [&sched] {
@@ -417,28 +532,57 @@ int Run(int members, int window_s, bool burner) {
   auto [cpu1, hb1] = sample();
   const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const double beats = static_cast<double>(hb1 - hb0);
-  const double us_per_beat = (cpu1 - cpu0) / beats;
-  const SimNodes::Answers a = sims.answers();
   Print("heartbeats_per_s", beats / wall_s, "1/s");
   Print("scheduler_cpu_percent", (cpu1 - cpu0) / (wall_s * 1e4), "%");
-  Print("scheduler_cpu_per_heartbeat", us_per_beat, "us");
-  Print("heartbeat_answer_bytes_mean", a.count ? static_cast<double>(a.bytes) / a.count : 0.0, "bytes");
-  Print("heartbeat_answer_bytes_max", static_cast<double>(a.max_bytes), "bytes");
-  Print("metadata_fetches", static_cast<double>(a.fetches), "count");
-  Print("heartbeats_failed", static_cast<double>(sims.beats_failed()), "count");
+  Print("scheduler_cpu_per_heartbeat", (cpu1 - cpu0) / beats, "us");
   uint64_t builds = OnLoop<uint64_t>(sched.loop(), [&sched] { return sched.metadata_builds(); });
   Print("metadata_builds", static_cast<double>(builds), "count");
-
-  double first_ms = 0, last_ms = 0;
-  if (!sims.Kill(static_cast<size_t>(members - 1), 10s, &first_ms, &last_ms)) {
-    std::fprintf(stderr, "control_bench: the survivors did not all hear of the death\n");
-    return 1;
-  }
-  Print("death_to_first_survivor", first_ms, "ms");
-  Print("death_to_last_survivor", last_ms, "ms");
-  Print("peak_rss", PeakRssMb(), "MiB");
+  std::fflush(stdout);
+  steps->to_sims.Put(1);
+  int64_t done = 0;
+  const bool ok = steps->to_sched.Get(60s, &done) && done == 1;
+  Print(steps->split ? "scheduler_peak_rss" : "peak_rss", PeakRssMb(), "MiB");
+  std::fflush(stdout);
   sched.Stop();
-  return 0;
+  return ok ? 0 : 1;
+}
+
+// Members in a child process when `split`, else on a thread of this one.
+int Run(int members, int window_s, bool burner, bool split) {
+  RaiseFdLimit((split ? 1 : 2) * static_cast<size_t>(members) + 64);
+  const int servers = std::max(1, members / 8);
+  std::printf("# %d members (%d servers), each on its own connection, burner %s, %s\n", members, servers,
+              burner ? "on" : "off", split ? "members in a second process" : "one process");
+  std::fflush(stdout);
+  Steps steps(split);
+  if (split) {
+    const pid_t child = fork();  // before any thread starts
+    if (child < 0) return 1;
+    if (child == 0) {
+      steps.to_sims.KeepReadEnd();
+      steps.to_sched.KeepWriteEnd();
+      const int sims_rc = RunSims(members, servers, &steps);
+      std::fflush(stdout);
+      std::_Exit(sims_rc);
+    }
+    steps.to_sims.KeepWriteEnd();
+    steps.to_sched.KeepReadEnd();
+    int rc = 0;
+    {
+      Burner burn(burner);  // beside the scheduler
+      rc = RunScheduler(members, servers, window_s, &steps);
+    }
+    int status = 0;
+    // The child ends on its own once done or failed (each of its waits has a deadline).
+    if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
+    return rc;
+  }
+  Burner burn(burner);
+  int sims_rc = 0;
+  std::thread sims([&] { sims_rc = RunSims(members, servers, &steps); });
+  const int rc = RunScheduler(members, servers, window_s, &steps);
+  sims.join();
+  return rc != 0 || sims_rc != 0 ? 1 : 0;
 }
 
 }  // namespace
@@ -446,6 +590,7 @@ int Run(int members, int window_s, bool burner) {
 
 int main(int argc, char** argv) {
   int members = 2000, window_s = 5;
+  int processes = 0;  // 0: two when one process cannot hold the fds of both ends
   bool burner = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -456,8 +601,10 @@ int main(int argc, char** argv) {
       window_s = val();
     } else if (a == "--burner") {
       burner = true;
+    } else if (a.rfind("--processes=", 0) == 0) {
+      processes = val();
     } else {
-      std::fprintf(stderr, "usage: control_bench [--members=2000] [--seconds=5] [--burner]\n");
+      std::fprintf(stderr, "usage: control_bench [--members=2000] [--seconds=5] [--burner] [--processes=1|2]\n");
       return 2;
     }
   }
@@ -468,5 +615,14 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = false;
   FLAGS_stderrthreshold = 2;  // ERROR: the scheduler's INFO lines go to glog's log file, as in production
-  return pscore::bench::Run(members, window_s, burner);
+  if (processes == 0) {
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    processes = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 2 * static_cast<rlim_t>(members) + 64 ? 2 : 1;
+  }
+  if (processes != 1 && processes != 2) {
+    std::fprintf(stderr, "control_bench: --processes must be 1 or 2\n");
+    return 2;
+  }
+  return pscore::bench::Run(members, window_s, burner, processes == 2);
 }

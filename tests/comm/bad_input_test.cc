@@ -2,8 +2,10 @@
 // reason while a well-behaved connection, opened before, keeps being served.
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace pscore::comm {
@@ -313,6 +315,114 @@ TEST_CASE("slow readers: past the total queue cap only a peer above its fair sha
   CHECK(seen.total_after == seen.b_queued);  // only b's frames are still queued
   CHECK(seen.b_queued > (3u << 19));
   CHECK_FALSE(server.IsClosed(b_id));
+  REQUIRE(server.Stop().ok());
+}
+
+}  // namespace pscore::comm
+
+namespace pscore::comm {
+
+TEST_CASE("fan-out: a shared payload queued on many connections counts once toward the total, once per connection toward each cap",
+          "[comm][net][bad_input][queue]") {
+  TransportOptions o = SmallLimits();
+  o.max_queued_write_bytes = (5u << 20) / 2;  // 2.5 MiB: two 1 MiB payloads fit, a third does not
+  o.max_total_queued_write_bytes = 4u << 20;  // eight copies of 1 MiB would be far over it
+  EchoServer server(o);
+  int port = server.Start();
+  constexpr size_t kPeers = 8;
+  std::vector<RawSocket> peers(kPeers);  // none reads
+  std::vector<ConnId> ids;
+  for (size_t i = 0; i < kPeers; ++i) {
+    REQUIRE(peers[i].Connect(port));
+    ids.push_back(server.WaitOpened(i + 1));
+  }
+  auto mib = [](char fill) {
+    BufferPtr b = Buffer::Allocate(1u << 20);
+    std::memset(b->data(), fill, b->size());
+    return b;
+  };
+  BufferPtr first = mib('a'), second = mib('b'), third = mib('c');
+  struct Seen {
+    std::vector<Status> st;
+    uint64_t total_one = 0, total_two = 0, sum_queued = 0, total_after = 0;
+    size_t shared_one = 0, shared_two = 0, shared_after = 0;
+    TransportStats stats;
+  };
+  // All in one loop turn: nothing is flushed in between, so the queues hold every frame.
+  Seen seen = testing::OnLoop(server.loop(), [&] {
+    Transport& t = server.messenger().transport();
+    Seen s;
+    for (ConnId id : ids) s.st.push_back(t.Send(id, TestMeta(1), Payload::Shared(first)));
+    s.total_one = t.queued_write_bytes();
+    s.shared_one = t.shared_payloads_queued();
+    for (ConnId id : ids) s.st.push_back(t.Send(id, TestMeta(2), Payload::Shared(second)));
+    s.total_two = t.queued_write_bytes();
+    s.shared_two = t.shared_payloads_queued();
+    for (ConnId id : ids) s.sum_queued += t.QueuedBytes(id);
+    // A reader that never reads may not pin more: the third payload is over each one's cap.
+    for (ConnId id : ids) s.st.push_back(t.Send(id, TestMeta(3), Payload::Shared(third)));
+    s.total_after = t.queued_write_bytes();
+    s.shared_after = t.shared_payloads_queued();
+    s.stats = t.stats();
+    return s;
+  });
+  const uint64_t frame_overhead = 1024;  // header and meta of one frame, generously
+  for (size_t i = 0; i < 2 * kPeers; ++i) CHECK(seen.st[i].ok());
+  CHECK(seen.shared_one == 1);
+  CHECK(seen.total_one >= (1u << 20));
+  CHECK(seen.total_one <= (1u << 20) + kPeers * frame_overhead);
+  CHECK(seen.shared_two == 2);
+  CHECK(seen.total_two >= (2u << 20));
+  CHECK(seen.total_two <= (2u << 20) + 2 * kPeers * frame_overhead);
+  CHECK(seen.sum_queued >= kPeers * (2u << 20));  // each connection's own queue holds both
+  for (size_t i = 2 * kPeers; i < 3 * kPeers; ++i) CHECK(seen.st[i].code() == Code::kResourceExhausted);
+  CHECK(seen.stats.queued_cap_closed == kPeers);
+  CHECK(seen.stats.total_queued_cap_closed == 0);
+  CHECK(seen.total_after == 0);  // every connection closed: nothing is counted any more
+  CHECK(seen.shared_after == 0);
+  for (ConnId id : ids) CHECK(server.WaitClosed(id).code() == Code::kResourceExhausted);
+  REQUIRE(server.Stop().ok());
+}
+
+TEST_CASE("fan-out: a shared payload written to some peers and dropped by others leaves the total at zero",
+          "[comm][net][bad_input][queue]") {
+  EchoServer server(SmallLimits());
+  int port = server.Start();
+  RawSocket reader, quitter;
+  REQUIRE(reader.Connect(port));
+  ConnId reader_id = server.WaitOpened(1);
+  REQUIRE(quitter.Connect(port));
+  ConnId quitter_id = server.WaitOpened(2);
+  BufferPtr payload = Buffer::Allocate(1000u << 10);  // under SmallLimits' max_message_bytes
+  std::memset(payload->data(), 's', payload->size());
+  auto [total, shared] = testing::OnLoop(server.loop(), [&] {
+    Transport& t = server.messenger().transport();
+    t.Send(reader_id, TestMeta(1), Payload::Shared(payload)).IgnoreError();
+    t.Send(quitter_id, TestMeta(1), Payload::Shared(payload)).IgnoreError();
+    return std::make_pair(t.queued_write_bytes(), t.shared_payloads_queued());
+  });
+  CHECK(total >= payload->size());
+  CHECK(total < 2 * payload->size());  // two connections, one payload
+  CHECK(shared == 1);
+  quitter.Close();
+  CHECK(server.WaitClosed(quitter_id).code() != Code::kOk);
+  // The reader takes the whole frame: its write completes and the last hold goes.
+  pb::MessageMeta meta;
+  std::string got;
+  REQUIRE(reader.RecvFrame(&meta, &got));
+  CHECK(got == payload->view());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::pair<uint64_t, size_t> now{1, 1};
+  while (std::chrono::steady_clock::now() < deadline) {
+    now = testing::OnLoop(server.loop(), [&] {
+      Transport& t = server.messenger().transport();
+      return std::make_pair(t.queued_write_bytes(), t.shared_payloads_queued());
+    });
+    if (now.first == 0 && now.second == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(now.first == 0);
+  CHECK(now.second == 0);
   REQUIRE(server.Stop().ok());
 }
 

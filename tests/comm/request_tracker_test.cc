@@ -130,3 +130,62 @@ TEST_CASE("tracker: an answer is taken only from the connection its request went
 }
 
 }  // namespace pscore::comm
+
+namespace pscore::comm {
+
+TEST_CASE("tracker: closing many connections fails exactly each one's pending requests, in issue order, and forgets them",
+          "[comm][tracker]") {
+  FakeClock clock;
+  RequestTracker t;
+  constexpr ConnId kConns = 300;
+  std::vector<std::vector<uint64_t>> pending(kConns + 1), failed(kConns + 1);
+  // Per connection: 200 requests, of which every third stays pending (the others are
+  // answered, so the per-connection lists are compacted on the way).
+  for (ConnId c = 1; c <= kConns; ++c) {
+    for (int i = 0; i < 200; ++i) {
+      uint64_t id = t.Add(c, clock.Now() + std::chrono::seconds(60), 1, [&failed, c](Result<Frame> r) {
+        if (!r.ok()) failed[c].push_back(0);
+      });
+      if (i % 3 == 0) {
+        pending[c].push_back(id);
+      } else {
+        CHECK(t.Complete(id, Frame{}));
+      }
+    }
+  }
+  CHECK(t.connections_indexed() == kConns);
+  CHECK(t.pending() == kConns * 67);
+  for (ConnId c = 1; c <= kConns; ++c) {
+    CHECK(t.FailConnection(c, Status(Code::kUnavailable, "lost")) == pending[c].size());
+    CHECK(failed[c].size() == pending[c].size());
+  }
+  CHECK(t.pending() == 0);
+  CHECK(t.connections_indexed() == 0);
+}
+
+TEST_CASE("tracker: a request issued by a failure callback on the closed connection is not failed with it",
+          "[comm][tracker]") {
+  FakeClock clock;
+  RequestTracker t;
+  std::vector<std::string> log;
+  uint64_t again = 0;
+  t.Add(4, clock.Now() + std::chrono::seconds(5), 1, [&](Result<Frame> r) {
+    log.push_back("first:" + std::to_string(static_cast<int>(r.status().code())));
+    again = t.Add(4, clock.Now() + std::chrono::seconds(5), 2, [&log](Result<Frame> r2) {
+      log.push_back("again:" + std::to_string(static_cast<int>(r2.status().code())));
+    });
+  });
+  t.Add(4, clock.Now() + std::chrono::seconds(5), 3, [&log](Result<Frame>) { log.push_back("second"); });
+  CHECK(t.FailConnection(4, Status(Code::kUnavailable, "lost")) == 2);
+  REQUIRE(log.size() == 2);
+  CHECK(log[0].rfind("first:", 0) == 0);
+  CHECK(log[1] == "second");
+  CHECK(t.pending() == 1);  // `again` waits for its own end
+  CHECK(t.FailConnection(4, Status(Code::kUnavailable, "lost")) == 1);
+  REQUIRE(log.size() == 3);
+  CHECK(log[2].rfind("again:", 0) == 0);
+  CHECK(again != 0);
+  CHECK(t.connections_indexed() == 0);
+}
+
+}  // namespace pscore::comm
