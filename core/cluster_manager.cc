@@ -168,6 +168,7 @@ Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const Regist
     SetInError(rec, false);
     rec->error_code = 0;
     rec->error_message.clear();
+    rec->late_to_finish = false;
     rec->finished = false;
   }
   RefreshNodeState(rec);
@@ -383,6 +384,7 @@ Status ClusterManager::ResetNode(const std::string& node_id) {
   SetInError(rec, false);
   rec->error_code = 0;
   rec->error_message.clear();
+  rec->late_to_finish = false;
   rec->reset_pending = true;
   RefreshNodeState(rec);
   return Status::Ok();
@@ -414,6 +416,7 @@ void ClusterManager::FinishTimedOut(const std::vector<std::string>& late) {
     if (rec == nullptr || rec->in_error || rec->finished) continue;
     RecordError(rec, static_cast<int>(Code::kTimeout),
                 Cat("finish barrier timed out waiting for ", RoleName(rec->role), " ", node_id), /*reported=*/false);
+    rec->late_to_finish = true;
   }
 }
 
@@ -459,8 +462,9 @@ void ClusterManager::SetOutcomeAtFinish() {
         continue;
       }
       what = Cat("lost (", rec->lost_cause.empty() ? "timed out" : rec->lost_cause, ")");
-    } else if (rec->in_error) {
-      // Reported an error and was neither reset nor restarted: its part is not done.
+    } else if (rec->in_error && !(rec->late_to_finish && rec->finished)) {
+      // Reported an error and was neither reset nor restarted: its part is not done. (A
+      // node late to a timed-out finish barrier that finished after all did its part.)
       what = Cat("in error (", rec->error_code, ": ", rec->error_message, ")");
     } else {
       continue;

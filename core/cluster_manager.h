@@ -95,6 +95,9 @@ struct NodeRecord {
   bool in_error = false;
   int error_code = 0;
   std::string error_message;
+  // Its error is being late to a finish barrier that timed out (FinishTimedOut): once it
+  // finishes after all, its part of the job is done.
+  bool late_to_finish = false;
   bool finished = false;
   bool leaving = false;
   // Additions: the facts `state` is derived from (with timed_out above).

@@ -25,13 +25,15 @@ RegisterRequest Req(const std::string& id, pb::NodeRole role, uint64_t inc = 100
   return req;
 }
 
-// s0, s1, s2 + w0, READY, heartbeat timeout 30 s, `replicas` copies of each range.
+// s0, s1, s2 + w0, READY, heartbeat timeout 30 s, `replicas` copies of each range; servers
+// and workers recoverable (a restarted server is admitted, not recorded in error).
 struct Job {
   explicit Job(int replicas) {
     ClusterConfig c;
     c.worker_num = 1;
     c.server_num = 3;
     c.replicas = replicas;
+    c.recoverable_roles = {pb::SERVER, pb::WORKER};
     c.heartbeat_timeout = seconds(30);
     cm = std::make_unique<ClusterManager>(c, &clock);
     for (auto [id, role] : {std::pair{"s0", pb::SERVER}, {"s1", pb::SERVER}, {"s2", pb::SERVER}, {"w0", pb::WORKER}}) {

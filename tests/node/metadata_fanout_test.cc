@@ -235,6 +235,7 @@ TEST_CASE("nodes that time out in one scheduler pass reach a member as one CLUST
         reg.set_port(1);
         reg.set_incarnation(1);
         reg.set_requested_rank(-1);
+        reg.set_protocol_version(kProtocolVersion);
         comm::Frame f;
         f.meta = MakeMeta(pb::REGISTER, pb::WORKER, -1);
         f.meta.set_request_id(1);
