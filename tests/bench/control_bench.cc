@@ -306,6 +306,7 @@ class SimNodes {
     msg.set_node_state(pb::NODE_READY);
     msg.set_known_epoch(s.epoch);
     const size_t i = static_cast<size_t>(&s - sims_.data());
+    msg.set_incarnation(i + 1);  // as registered (Register)
     messenger_->Call(s.conn, node::MakeMeta(pb::HEARTBEAT, pb::WORKER, -1), node::ToBuffer(msg), 2s,
                      [this, i](Result<comm::Frame> r) {
                        if (!r.ok()) {
