@@ -52,7 +52,8 @@ Status SchedulerNode::OpenState() {
   Result<std::optional<pb::PersistedState>> loaded = LoadStateFile(options_, path);
   if (!loaded.ok()) return loaded.status();
   state_writer_ = std::make_unique<StateWriter>(path);
-  state_writer_->SetOnWritten([this] { loop_->Run([this] { RunDurableAnswers(/*all=*/false); }); });
+  // On the writer thread, never the loop's: Post, which reads no loop-thread state.
+  state_writer_->SetOnWritten([this] { loop_->Post([this] { RunDurableAnswers(/*all=*/false); }); });
   PSCORE_RETURN_IF_ERROR(state_writer_->Start());
   std::promise<Status> done;
   bool queued = loop_->Run([this, &loaded, &path, &done] {
