@@ -14,6 +14,7 @@
 
 #include "core/cluster_manager.h"
 #include "node/admin_client.h"
+#include "node/admin_ops.h"
 #include "node/flags.h"
 #include "node/ranktable_subscriber.h"
 #include "node/wire.h"
@@ -37,6 +38,7 @@ constexpr const char* kUsageText =
     "  scale-out --workers=N --servers=M   grow to these totals (--wait: until READY)\n"
     "  scale-in --node_ids=a,b | --workers=N --servers=M   remove nodes (highest ranks)\n"
     "  new-instance | disable | enable | stop\n"
+    "  reset ID... | --node_ids=a,b    clear members' error state so they may register again\n"
     "  kv get KEY | kv set KEY VALUE | kv ls DIR | kv rm KEY\n"
     "  barriers                        barrier rounds kept by the scheduler\n"
     "  watch-ranktable [--job_id=ID] [--reconnect_ms=MS]   print every rank table the scheduler publishes\n"
@@ -172,7 +174,7 @@ int Scale(node::AdminClient& client, const node::AdminFlags& f, bool out) {
   Result<pb::AdminResponse> before = client.Admin("status");
   if (!before.ok()) return FailStatus(before.status());
   pb::AdminRequest req;
-  req.set_op(out ? "scale_out" : "scale_in");
+  req.set_op(node::Info(out ? node::AdminOp::kScaleOut : node::AdminOp::kScaleIn).wire);
   if (by_ids) {
     for (const std::string& id : f.node_ids) req.add_node_ids(id);
   } else {
@@ -320,21 +322,38 @@ int WatchRankTable(const node::CommandLine& cl) {
   return kOk;
 }
 
+// reset: clears the error state of the named members (docs/coordination.md, Incarnations).
+// The ids come as arguments (`reset w0 w1`) or as --node_ids=w0,w1.
+int Reset(node::AdminClient& client, const node::AdminFlags& f, const std::vector<std::string>& args) {
+  pb::AdminRequest req;
+  req.set_op(node::Info(node::AdminOp::kReset).wire);
+  for (const std::string& id : f.node_ids) req.add_node_ids(id);
+  for (size_t i = 1; i < args.size(); ++i) req.add_node_ids(args[i]);
+  Result<pb::AdminResponse> r = client.Admin(req);
+  if (!r.ok()) return FailStatus(r.status());
+  std::cout << r->message() << ": " << Summary(*r) << std::endl;
+  return kOk;
+}
+
 int Run(const node::CommandLine& cl, const std::vector<std::string>& args) {
   const std::string& cmd = args[0];
-  static const std::set<std::string> kKnown = {"status",  "nodes",   "scale-out", "scale-in",  "new-instance",
-                                               "disable", "enable",  "stop",      "kv",        "barriers",
-                                               "watch-ranktable"};
-  if (kKnown.count(cmd) == 0) return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
-  if (cmd != "kv" && args.size() > 1) return Fail(kUsage, cmd + ": unexpected argument '" + args[1] + "'");
+  const node::AdminOpInfo* op = node::FindAdminCommand(cmd);
+  if (op == nullptr && cmd != "kv" && cmd != "watch-ranktable") {
+    return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
+  }
+  if (cmd != "kv" && cmd != "reset" && args.size() > 1) {
+    return Fail(kUsage, cmd + ": unexpected argument '" + args[1] + "'");
+  }
+  if (cmd == "reset" && args.size() == 1 && cl.admin.node_ids.empty()) {
+    return Fail(kUsage, "reset needs node ids: reset ID... or --node_ids=a,b");
+  }
   // A flag that the command would ignore is refused by name, so a typo'd command never
   // runs with an operator believing it took the totals or ids.
-  const bool scale = cmd == "scale-out" || cmd == "scale-in";
-  if (!scale && cl.admin.workers != -1) return Fail(kUsage, cmd + ": --workers does not apply (scale-out, scale-in)");
-  if (!scale && cl.admin.servers != -1) return Fail(kUsage, cmd + ": --servers does not apply (scale-out, scale-in)");
-  if (cmd != "scale-in" && !cl.admin.node_ids.empty()) {
-    return Fail(kUsage, cmd + ": --node_ids does not apply (scale-in only)");
-  }
+  const bool totals = op != nullptr && op->takes_totals;
+  const bool ids = op != nullptr && op->takes_ids;
+  if (!totals && cl.admin.workers != -1) return Fail(kUsage, cmd + ": --workers does not apply (scale-out, scale-in)");
+  if (!totals && cl.admin.servers != -1) return Fail(kUsage, cmd + ": --servers does not apply (scale-out, scale-in)");
+  if (!ids && !cl.admin.node_ids.empty()) return Fail(kUsage, cmd + ": --node_ids does not apply (scale-in, reset)");
   if (cmd == "watch-ranktable") return WatchRankTable(cl);
 
   node::AdminClientOptions o;
@@ -347,21 +366,32 @@ int Run(const node::CommandLine& cl, const std::vector<std::string>& args) {
   Status st = client.Connect();
   if (!st.ok()) return st.code() == Code::kInvalidArgument ? Fail(kUsage, st.message()) : FailStatus(st);
 
-  if (cmd == "status" || cmd == "nodes") {
-    Result<pb::AdminResponse> r = client.Admin(cmd);
-    if (!r.ok()) return FailStatus(r.status());
-    return cmd == "status" ? PrintStatus(*r, cl.admin.json) : PrintNodes(*r, cl.admin.json);
+  if (op == nullptr) return Kv(client, args, cl.admin.json);
+  switch (op->op) {
+    case node::AdminOp::kStatus:
+    case node::AdminOp::kNodes: {
+      Result<pb::AdminResponse> r = client.Admin(op->wire);
+      if (!r.ok()) return FailStatus(r.status());
+      return op->op == node::AdminOp::kStatus ? PrintStatus(*r, cl.admin.json) : PrintNodes(*r, cl.admin.json);
+    }
+    case node::AdminOp::kScaleOut:
+      return Scale(client, cl.admin, true);
+    case node::AdminOp::kScaleIn:
+      return Scale(client, cl.admin, false);
+    case node::AdminOp::kReset:
+      return Reset(client, cl.admin, args);
+    case node::AdminOp::kBarriers: {
+      auto list = client.Barriers();
+      if (!list.ok()) return FailStatus(list.status());
+      return PrintBarriers(*list, cl.admin.json);
+    }
+    case node::AdminOp::kNewInstance:
+    case node::AdminOp::kEnable:
+    case node::AdminOp::kDisable:
+    case node::AdminOp::kStop:
+      break;
   }
-  if (cmd == "scale-out") return Scale(client, cl.admin, true);
-  if (cmd == "scale-in") return Scale(client, cl.admin, false);
-  if (cmd == "new-instance") return StateOp(client, "new_instance");
-  if (cmd == "kv") return Kv(client, args, cl.admin.json);
-  if (cmd == "barriers") {
-    auto list = client.Barriers();
-    if (!list.ok()) return FailStatus(list.status());
-    return PrintBarriers(*list, cl.admin.json);
-  }
-  return StateOp(client, cmd);  // disable, enable, stop
+  return StateOp(client, op->wire);
 }
 
 }  // namespace

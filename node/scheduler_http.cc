@@ -16,7 +16,11 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kJson = "application/json";
-const std::set<std::string> kAdminOps = {"scale_out", "scale_in", "new_instance", "enable", "disable", "stop"};
+// The admin operation POST /v1/<op> names, or null.
+const AdminOpInfo* HttpAdminOp(const std::string& op) {
+  const AdminOpInfo* info = FindAdminOp(op);
+  return info != nullptr && info->http_post ? info : nullptr;
+}
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -37,25 +41,18 @@ json AdminJson(const pb::AdminResponse& resp) {
   return j;
 }
 
-// The body fields each admin operation takes; any other field is refused by name.
-const std::map<std::string, std::set<std::string>> kAdminFields = {
-    {"scale_out", {"worker_num", "server_num"}},
-    {"scale_in", {"worker_num", "server_num", "node_ids"}},
-    {"new_instance", {}},
-    {"enable", {}},
-    {"disable", {}},
-    {"stop", {}},
-};
-
 // Reads the admin body: {"worker_num":int,"server_num":int,"node_ids":[string]}, each field
-// only where kAdminFields lets the operation take it; all optional.
-Status ParseAdminBody(const std::string& body, const std::string& op, pb::AdminRequest* req) {
+// only where the operation takes it (AdminOpInfo); all optional.
+Status ParseAdminBody(const std::string& body, const AdminOpInfo& info, pb::AdminRequest* req) {
+  const std::string op = info.wire;
   req->set_op(op);
   if (body.find_first_not_of(" \t\r\n") == std::string::npos) return Status::Ok();
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded()) return Status(Code::kInvalidArgument, "request body is not valid JSON");
   if (!j.is_object()) return Status(Code::kInvalidArgument, "request body must be a JSON object");
-  const std::set<std::string>& allowed = kAdminFields.at(op);
+  std::set<std::string> allowed;
+  if (info.takes_totals) allowed = {"worker_num", "server_num"};
+  if (info.takes_ids) allowed.insert("node_ids");
   for (auto& [key, value] : j.items()) {
     const bool known = key == "worker_num" || key == "server_num" || key == "node_ids";
     if (!known) return Status(Code::kInvalidArgument, "unknown field '" + key + "'");
@@ -181,7 +178,7 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
     areq.set_op(p == "/v1/nodes" ? "nodes" : "status");
     return sched_->Admin(areq, [this, id](Status st, pb::AdminResponse resp) { Reply(id, st, AdminJson(resp)); });
   }
-  if (p.rfind("/v1/", 0) == 0 && kAdminOps.count(p.substr(4)) != 0) {
+  if (p.rfind("/v1/", 0) == 0 && HttpAdminOp(p.substr(4)) != nullptr) {
     if (!post) return wrong_method("POST");
     if (!Authorized(req)) {
       ++responses_[401];
@@ -190,7 +187,7 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
                    {"data", nullptr}};
       return server_->Respond(id, 401, kJson, Dump(body)).IgnoreError();
     }
-    return ServeAdmin(id, p.substr(4), req);
+    return ServeAdmin(id, *HttpAdminOp(p.substr(4)), req);
   }
   Reply(id, Status(Code::kNotFound, "no such endpoint: " + p), nullptr);
 }
@@ -233,9 +230,10 @@ void SchedulerHttp::CountScale(const std::string& op, const Status& st) {
   ++scale_ops_[{op, st.ok() ? "accepted" : "refused"}];
 }
 
-void SchedulerHttp::ServeAdmin(comm::HttpConnId id, const std::string& op, const comm::HttpRequest& req) {
+void SchedulerHttp::ServeAdmin(comm::HttpConnId id, const AdminOpInfo& info, const comm::HttpRequest& req) {
+  const std::string op = info.wire;
   pb::AdminRequest areq;
-  Status st = ParseAdminBody(req.body, op, &areq);
+  Status st = ParseAdminBody(req.body, info, &areq);
   if (!st.ok()) {
     CountScale(op, st);
     return Reply(id, st, nullptr);
@@ -324,7 +322,9 @@ void SchedulerHttp::ServeMetrics(comm::HttpConnId id) {
   family("pscore_ranktable_dropped_total", "counter", "Subscribers dropped for not reading.");
   sample("pscore_ranktable_dropped_total", "", rs.dropped);
   family("pscore_scale_operations_total", "counter", "Admin operations over HTTP by operation and outcome.");
-  for (const std::string& op : kAdminOps) {
+  for (const AdminOpInfo& info : AdminOps()) {
+    if (!info.http_post) continue;
+    const std::string op = info.wire;
     for (const char* outcome : {"accepted", "refused"}) {
       auto it = scale_ops_.find({op, outcome});
       sample("pscore_scale_operations_total", "op=\"" + op + "\",outcome=\"" + outcome + "\"",

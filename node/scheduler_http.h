@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/http_server.h"
+#include "node/admin_ops.h"
 #include "node/ranktable_hub.h"
 #include "node/scheduler_node.h"
 
@@ -34,7 +35,7 @@ class SchedulerHttp {
   void OnRequest(comm::HttpConnId id, comm::HttpRequest&& req);
   void ServeRankTable(comm::HttpConnId id, const comm::HttpRequest& req);
   void ServeStream(comm::HttpConnId id, const comm::HttpRequest& req);
-  void ServeAdmin(comm::HttpConnId id, const std::string& op, const comm::HttpRequest& req);
+  void ServeAdmin(comm::HttpConnId id, const AdminOpInfo& info, const comm::HttpRequest& req);
   void ServeMetrics(comm::HttpConnId id);
   void Reply(comm::HttpConnId id, const Status& st, nlohmann::json data);
   void CountScale(const std::string& op, const Status& st);

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "node/admin_fields.h"
+#include "node/admin_ops.h"
 #include "node/wire.h"
 
 namespace pscore::node {
@@ -183,51 +183,61 @@ pb::AdminResponse SchedulerNode::StatusResponse(bool with_nodes) const {
 
 void SchedulerNode::Admin(const pb::AdminRequest& req,
                           std::function<void(Status, pb::AdminResponse)> cb) {
-  const std::string& op = req.op();
+  const AdminOpInfo* info = FindAdminOp(req.op());
+  if (info == nullptr) {
+    return cb(Status(Code::kInvalidArgument, "unknown admin operation '" + req.op() + "'"), StatusResponse(false));
+  }
   Status st = CheckAdminFields(req);
   if (!st.ok()) return cb(st, StatusResponse(false));
-  if (op == "status") {
-  } else if (op == "nodes") {
-    return cb(Status::Ok(), StatusResponse(true));
-  } else if (op == "scale_out") {
-    st = cluster_.ScaleOut(req.worker_num(), req.server_num());
-  } else if (op == "scale_in") {
-    st = req.node_ids_size() > 0
-             ? cluster_.ScaleInByIds({req.node_ids().begin(), req.node_ids().end()})
-             : cluster_.ScaleInByCounts(req.worker_num(), req.server_num());
-  } else if (op == "new_instance") {
-    st = cluster_.SetState(pb::CLUSTER_NEW_INSTANCE);
-  } else if (op == "enable") {
-    st = cluster_.SetState(pb::CLUSTER_ENABLE_FLS);
-  } else if (op == "disable") {
-    st = cluster_.SetState(pb::CLUSTER_DISABLE_FLS);
-  } else if (op == "reset") {  // clears the error state of node_ids (ClusterManager::ResetNode)
-    if (req.node_ids_size() == 0) st = Status(Code::kInvalidArgument, "reset needs node ids");
-    for (const std::string& id : req.node_ids()) {
-      if (st.ok()) st = cluster_.ResetNode(id);
-      if (st.ok()) barriers_.NodeRecovered(id);
+  switch (info->op) {
+    case AdminOp::kStatus:
+      break;
+    case AdminOp::kNodes:
+      return cb(Status::Ok(), StatusResponse(true));
+    case AdminOp::kScaleOut:
+      st = cluster_.ScaleOut(req.worker_num(), req.server_num());
+      break;
+    case AdminOp::kScaleIn:
+      st = req.node_ids_size() > 0 ? cluster_.ScaleInByIds({req.node_ids().begin(), req.node_ids().end()})
+                                   : cluster_.ScaleInByCounts(req.worker_num(), req.server_num());
+      break;
+    case AdminOp::kNewInstance:
+      st = cluster_.SetState(pb::CLUSTER_NEW_INSTANCE);
+      break;
+    case AdminOp::kEnable:
+      st = cluster_.SetState(pb::CLUSTER_ENABLE_FLS);
+      break;
+    case AdminOp::kDisable:
+      st = cluster_.SetState(pb::CLUSTER_DISABLE_FLS);
+      break;
+    case AdminOp::kReset:  // clears the error state of node_ids (ClusterManager::ResetNode)
+      if (req.node_ids_size() == 0) st = Status(Code::kInvalidArgument, "reset needs node ids");
+      for (const std::string& id : req.node_ids()) {
+        if (st.ok()) st = cluster_.ResetNode(id);
+        if (st.ok()) barriers_.NodeRecovered(id);
+      }
+      if (st.ok()) MarkStateDirty(/*urgent=*/true);  // the error state is persisted
+      break;
+    case AdminOp::kStop:
+      st = cluster_.SetState(pb::CLUSTER_EXIT);
+      break;
+    case AdminOp::kBarriers: {
+      pb::AdminResponse resp = StatusResponse(false);
+      for (const core::BarrierInfo& b : barriers_.List()) {
+        pb::BarrierInfo* out = resp.add_barriers();
+        out->set_id(b.id);
+        out->set_generation(b.generation);
+        out->set_state(core::BarrierStateName(b.state));
+        out->set_arrived(static_cast<int32_t>(b.arrived));
+        out->set_expected(static_cast<int32_t>(b.expected));
+        for (const std::string& m : b.missing) out->add_missing(m);
+        if (!b.result.ok()) out->set_result(b.result.ToString());
+      }
+      return cb(Status::Ok(), resp);
     }
-    if (st.ok()) MarkStateDirty(/*urgent=*/true);  // the error state is persisted
-  } else if (op == "stop") {
-    st = cluster_.SetState(pb::CLUSTER_EXIT);
-  } else if (op == "barriers") {
-    pb::AdminResponse resp = StatusResponse(false);
-    for (const core::BarrierInfo& b : barriers_.List()) {
-      pb::BarrierInfo* out = resp.add_barriers();
-      out->set_id(b.id);
-      out->set_generation(b.generation);
-      out->set_state(core::BarrierStateName(b.state));
-      out->set_arrived(static_cast<int32_t>(b.arrived));
-      out->set_expected(static_cast<int32_t>(b.expected));
-      for (const std::string& m : b.missing) out->add_missing(m);
-      if (!b.result.ok()) out->set_result(b.result.ToString());
-    }
-    return cb(Status::Ok(), resp);
-  } else {
-    st = Status(Code::kInvalidArgument, "unknown admin operation '" + op + "'");
   }
   pb::AdminResponse resp = StatusResponse(false);
-  if (st.ok() && op != "status") resp.set_message(op + " accepted");
+  if (st.ok() && info->op != AdminOp::kStatus) resp.set_message(req.op() + " accepted");
   cb(st, resp);
   DrainEvents();
 }

@@ -277,6 +277,39 @@ TEST_CASE("pscore-admin refuses bad commands with a reason and exit code", "[mul
   job.StopAndCheckExits();
 }
 
+TEST_CASE("pscore-admin reset lets a restarted member that is in error register again", "[multiproc][net]") {
+  Job job;  // no --recoverable_roles: a worker's new incarnation is an error
+  CHECK(job.Admin({"reset"}).code == 2);  // no ids
+  AdminRun totals = job.Admin({"reset", "--node_ids=w0", "--workers=1"});
+  CHECK(totals.code == 2);
+  CHECK(Has(totals, "--workers does not apply"));
+  AdminRun ids = job.Admin({"status", "--node_ids=w0"});
+  CHECK(ids.code == 2);
+  CHECK(Has(ids, "--node_ids does not apply (scale-in, reset)"));
+  AdminRun unknown = job.Admin({"reset", "--node_ids=nobody"});
+  CHECK(unknown.code == 1);
+  CHECK(Has(unknown, "nobody"));
+
+  job.node("w0").Kill();
+  REQUIRE(job.node("w0").Wait(15s).has_value());
+  Process& refused = job.StartNode("worker", "w0");  // a new process: a new incarnation
+  std::optional<int> code = refused.Wait(30s);
+  INFO(refused.Log());
+  REQUIRE(code.has_value());
+  CHECK(*code != 0);
+  CHECK(refused.Log().find("pscore-admin reset w0") != std::string::npos);
+
+  AdminRun reset = job.Admin({"reset", "w0"});  // as the refusal's message says
+  CHECK(reset.code == 0);
+  CHECK(Has(reset, "reset accepted"));
+  job.StartNode("worker", "w0");
+  CHECK(job.WaitForState(pb::CLUSTER_READY));
+  AdminRun nodes = job.Admin({"nodes"});
+  CHECK(nodes.code == 0);
+  CHECK(Has(nodes, "w0"));
+  job.StopAndCheckExits();
+}
+
 TEST_CASE("pscore-admin waiting for a scale ends at SIGTERM or SIGINT - not at its wait timeout", "[multiproc][net]") {
   Job job(1, 1, /*scale_timeout_ms=*/3000);  // the new server never comes: rolled back after 3 s
   for (int sig : {SIGTERM, SIGINT}) {

@@ -351,6 +351,15 @@ TEST_CASE("http: an admin body field that does not apply is refused by name and 
   // At the bound the body is read; the scheduler then refuses to scale while STARTING (409).
   CHECK(Request(st.port, "POST", "/v1/scale_out", "{\"server_num\": 65536}").status == 409);
   CHECK(st.sched.cluster_state() == pb::ClUSTER_STARTING);
+  // reset takes node ids only; an unknown id is a 404 naming it.
+  a = Request(st.port, "POST", "/v1/reset", "{\"worker_num\": 1}");
+  CHECK(a.status == 400);
+  CHECK_THAT(message(a), Catch::Contains("'worker_num'") && Catch::Contains("reset"));
+  a = Request(st.port, "POST", "/v1/reset", "{\"node_ids\": [\"nobody\"]}");
+  CHECK(a.status == 404);
+  CHECK_THAT(message(a), Catch::Contains("nobody"));
+  CHECK(Request(st.port, "POST", "/v1/reset", "").status == 400);  // no ids
+  CHECK(Request(st.port, "GET", "/v1/status", "").status == 404);  // reads are /v1/cluster and /v1/nodes
 }
 
 TEST_CASE("http: bad input gets the right 4xx or a closed connection", "[node][net]") {

@@ -3,7 +3,7 @@
 #include <future>
 #include <memory>
 
-#include "node/admin_fields.h"
+#include "node/admin_ops.h"
 #include "node/scheduler_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
