@@ -521,19 +521,27 @@ std::vector<BarrierManager::EndedRound> BarrierManager::NewestEndedRounds() cons
   for (const auto& [id, series] : series_) {
     for (auto r = series.rounds.rbegin(); r != series.rounds.rend(); ++r) {
       if (r->second.state == BarrierState::kWaiting) continue;
-      out.push_back(EndedRound{id, r->first, r->second.result});
+      EndedRound ended{id, r->first, r->second.result, {}};
+      for (const auto& [node_id, gen] : series.last_generation) {
+        if (gen > 0) ended.joined.emplace_back(node_id, std::min(gen, r->first));
+      }
+      out.push_back(std::move(ended));
       break;
     }
   }
   return out;
 }
 
-void BarrierManager::RestoreEndedRound(const std::string& id, uint64_t round, Status result) {
+void BarrierManager::RestoreEndedRound(const std::string& id, uint64_t round, Status result,
+                                       const std::vector<std::pair<std::string, uint64_t>>& joined) {
   if (round == 0) return;
   auto [found, created] = series_.try_emplace(id);
   if (!created) return;
   Series& series = found->second;
   series.pruned_through = round - 1;
+  for (const auto& [node_id, gen] : joined) {
+    if (gen > 0) series.last_generation[node_id] = std::min(gen, round);
+  }
   Round& r = series.rounds[round];
   r.restored = true;
   r.state = result.ok() ? BarrierState::kPassed : BarrierState::kFailed;

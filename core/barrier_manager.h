@@ -132,13 +132,19 @@ class BarrierManager {
     std::string id;
     uint64_t round = 0;
     Status result;
+    // The highest round of id each node joined, up to `round` (a round still waiting is not
+    // kept over a restart): a restarted process resumes its count from it
+    // (node::Node::ResumeBarrierRound). Sorted by node id.
+    std::vector<std::pair<std::string, uint64_t>> joined;
   };
   // Per kept id, its newest ended round (for the scheduler's state file), sorted by id.
   std::vector<EndedRound> NewestEndedRounds() const;
   // A restarted scheduler: id's round `round` ended with result; a caller repeating it gets
   // that result, the next round opens fresh, a caller further ahead fails (kInternal).
-  // Ignored when id is already known.
-  void RestoreEndedRound(const std::string& id, uint64_t round, Status result);
+  // `joined`: each node's highest round of id (EndedRound::joined; rounds above `round`
+  // count as `round`). Ignored when id is already known.
+  void RestoreEndedRound(const std::string& id, uint64_t round, Status result,
+                         const std::vector<std::pair<std::string, uint64_t>>& joined = {});
   // The highest round of id node_id has joined and not withdrawn from (0: none kept).
   uint64_t LastRoundOf(const std::string& id, const std::string& node_id) const;
 

@@ -98,12 +98,14 @@ Result<pb::PersistedState> ParseState(std::string_view bytes) {
   return state;
 }
 
-// Barrier rounds: bounded count and sizes, each id once, a round number, a known code.
+// Barrier rounds: bounded count and sizes, each id once, a round number, a known code;
+// per node, its round once and at most the barrier's.
 static Status ValidateBarriers(const pb::PersistedState& state) {
   if (state.barriers_size() > kMaxStateBarriers) {
     return Err(Code::kInvalidArgument, state.barriers_size(), " barriers (max ", kMaxStateBarriers, ")");
   }
   std::set<std::string> ids;
+  int joins = 0;
   for (const pb::PersistedBarrier& b : state.barriers()) {
     if (b.id().empty() || b.id().size() > kMaxStateBarrierIdBytes) {
       return Err(Code::kInvalidArgument, "barrier id of ", b.id().size(), " bytes");
@@ -115,6 +117,23 @@ static Status ValidateBarriers(const pb::PersistedState& state) {
     }
     if (b.message().size() > kMaxStateBarrierMessageBytes) {
       return Err(Code::kInvalidArgument, "barrier ", b.id(), " message of ", b.message().size(), " bytes");
+    }
+    joins += b.joined_size();
+    if (joins > kMaxStateBarrierJoins) {
+      return Err(Code::kInvalidArgument, "over ", kMaxStateBarrierJoins, " barrier rounds of nodes");
+    }
+    std::set<std::string> nodes;
+    for (const pb::PersistedBarrierJoin& j : b.joined()) {
+      if (j.node_id().empty() || j.node_id().size() > kMaxStateNodeIdBytes) {
+        return Err(Code::kInvalidArgument, "barrier ", b.id(), ": node id of ", j.node_id().size(), " bytes");
+      }
+      if (!nodes.insert(j.node_id()).second) {
+        return Err(Code::kInvalidArgument, "barrier ", b.id(), ": node ", j.node_id(), " listed twice");
+      }
+      if (j.round() == 0 || j.round() > b.round()) {
+        return Err(Code::kInvalidArgument, "barrier ", b.id(), ": node ", j.node_id(), " at round ", j.round(),
+                   " (the barrier's is ", b.round(), ")");
+      }
     }
   }
   return Status::Ok();

@@ -49,6 +49,9 @@ inline constexpr size_t kMaxStateNodeIdBytes = 256;
 inline constexpr int kMaxStateBarriers = 65536;
 inline constexpr size_t kMaxStateBarrierIdBytes = 4096;
 inline constexpr size_t kMaxStateBarrierMessageBytes = 4096;
+// Per-node rounds kept over all barrier ids (PersistedBarrier.joined); a writer past it
+// leaves the rest out (those nodes resume their count from 0).
+inline constexpr int kMaxStateBarrierJoins = 1 << 20;
 
 // CRC-32 (IEEE 802.3, reflected: zlib's crc32, which computes it) of data; given the CRC
 // of the bytes before data as `crc`, the CRC of both (so a record need not be contiguous).

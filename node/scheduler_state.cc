@@ -65,7 +65,9 @@ Status SchedulerNode::OpenState() {
       for (const pb::KvEntry& e : state->kv()) entries.emplace_back(e.key(), e.value());
       kv_.Restore(entries);
       for (const pb::PersistedBarrier& b : state->barriers()) {
-        barriers_.RestoreEndedRound(b.id(), b.round(), Status(static_cast<Code>(b.code()), b.message()));
+        std::vector<std::pair<std::string, uint64_t>> joined;
+        for (const pb::PersistedBarrierJoin& j : b.joined()) joined.emplace_back(j.node_id(), j.round());
+        barriers_.RestoreEndedRound(b.id(), b.round(), Status(static_cast<Code>(b.code()), b.message()), joined);
       }
       state_sequence_ = state->sequence();
       LOG(INFO) << "scheduler: restored from " << path << " (" << cluster_.Nodes().size() << " nodes, "
@@ -117,6 +119,7 @@ void SchedulerNode::PersistState() {
     e->set_key(key);
     e->set_value(value);
   }
+  int joins = 0;
   for (const core::BarrierManager::EndedRound& r : barriers_.NewestEndedRounds()) {
     if (r.id.size() > core::kMaxStateBarrierIdBytes) continue;  // not kept over a restart
     pb::PersistedBarrier* b = st.add_barriers();
@@ -124,6 +127,14 @@ void SchedulerNode::PersistState() {
     b->set_round(r.round);
     b->set_code(static_cast<int>(r.result.code()));
     b->set_message(r.result.message().substr(0, core::kMaxStateBarrierMessageBytes));
+    for (const auto& [node_id, round] : r.joined) {
+      if (joins == core::kMaxStateBarrierJoins) break;  // those nodes resume from round 0
+      if (node_id.size() > core::kMaxStateNodeIdBytes) continue;
+      pb::PersistedBarrierJoin* j = b->add_joined();
+      j->set_node_id(node_id);
+      j->set_round(round);
+      ++joins;
+    }
   }
   state_writer_->Submit(core::SerializeState(st));
   state_dirty_ = false;

@@ -607,7 +607,7 @@ TEST_CASE("barrier round counter: a caller ahead of the service fails INTERNAL-c
   CHECK(a.last("f1").ok());
 }
 
-TEST_CASE("barrier round counter: newest ended rounds restore into a new manager with their results",
+TEST_CASE("barrier round counter: newest ended rounds restore into a new manager with their results and each node's round",
           "[core][barrier][round]") {
   FakeClock clock;
   BarrierManager bm(&clock);
@@ -631,8 +631,16 @@ TEST_CASE("barrier round counter: newest ended rounds restore into a new manager
   CHECK(ended[1].round == 3);
   CHECK(ended[1].result.ok());
 
+  using Joined = std::vector<std::pair<std::string, uint64_t>>;
+  CHECK(ended[0].joined == Joined{{"w0", 1}});
+  CHECK(ended[1].joined == Joined{{"w0", 3}, {"w1", 3}});
+
   BarrierManager restarted(&clock);
-  for (const auto& e : ended) restarted.RestoreEndedRound(e.id, e.round, e.result);
+  for (const auto& e : ended) restarted.RestoreEndedRound(e.id, e.round, e.result, e.joined);
+  // A process restarted with its node id resumes its count where its predecessor was.
+  CHECK(restarted.LastRoundOf("step", "w1") == 3);
+  CHECK(restarted.LastRoundOf("late", "w0") == 1);
+  CHECK(restarted.LastRoundOf("late", "w1") == 0);
   Answers b;
   // A call of the restored round is re-issued: its stored answer at once.
   restarted.Arrive("step", "w1", Millis(100), two, b.For("again"), 3);

@@ -176,9 +176,22 @@ TEST_CASE("state file: an impossible registry is refused even with a good checks
   b->set_code(0);
   b->set_id(std::string(5000, 'b'));
   refused(st, "long barrier id");
+  b->set_id("step");
+  pb::PersistedBarrierJoin* j = b->add_joined();
+  j->set_node_id("w0");
+  j->set_round(4);
+  refused(st, "a node's round past the barrier's");
+  j->set_round(0);
+  refused(st, "a node at round 0");
+  j->set_round(3);
+  *b->add_joined() = *j;
+  refused(st, "a node listed twice");
+  b->mutable_joined()->RemoveLast();
+  j->set_node_id("");
+  refused(st, "an empty node id");
 }
 
-TEST_CASE("state file keeps barriers' newest ended rounds", "[core][state]") {
+TEST_CASE("state file keeps barriers' newest ended rounds and each node's round", "[core][state]") {
   FakeClock clock;
   pb::PersistedState st = ReadyState(&clock);
   pb::PersistedBarrier* b = st.add_barriers();
@@ -186,6 +199,9 @@ TEST_CASE("state file keeps barriers' newest ended rounds", "[core][state]") {
   b->set_round(17);
   b->set_code(static_cast<int>(Code::kTimeout));
   b->set_message("timed out");
+  pb::PersistedBarrierJoin* j = b->add_joined();
+  j->set_node_id("w1");
+  j->set_round(16);
   Result<pb::PersistedState> back = ParseState(SerializeState(st));
   REQUIRE(back.ok());
   REQUIRE(back->barriers_size() == 1);
@@ -193,6 +209,9 @@ TEST_CASE("state file keeps barriers' newest ended rounds", "[core][state]") {
   CHECK(back->barriers(0).round() == 17);
   CHECK(back->barriers(0).code() == static_cast<int>(Code::kTimeout));
   CHECK(back->barriers(0).message() == "timed out");
+  REQUIRE(back->barriers(0).joined_size() == 1);
+  CHECK(back->barriers(0).joined(0).node_id() == "w1");
+  CHECK(back->barriers(0).joined(0).round() == 16);
 }
 
 TEST_CASE("restored cluster keeps ranks - a retry from the same incarnation changes nothing",
