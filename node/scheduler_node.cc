@@ -112,6 +112,9 @@ void SchedulerNode::Stop() {
     // or given to a new scheduler at once.
     Status st = state_writer_->Flush(std::chrono::seconds(30));
     if (!st.ok()) LOG(WARNING) << "scheduler: " << st;
+    // Wake-ups the flush posted to a shared loop run before the token goes (in posting
+    // order) or find it gone; inline when the loop is not running.
+    loop_->RunAndWait([this] { writer_token_.reset(); });
   }
   MarkExited();
 }
