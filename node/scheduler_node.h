@@ -165,7 +165,7 @@ class SchedulerNode {
   std::unordered_map<comm::ConnId, std::unordered_set<uint64_t>> kv_gets_;
   std::vector<std::function<void(const core::Event&)>> listeners_;
   std::vector<std::function<void()>> register_listeners_;
-  MetadataCache metadata_;
+  MetadataCache metadata_{options_.worker_metadata_view_over};
   pb::ClusterEventMessage notices_;  // per-node notices not yet broadcast (FlushNotices)
   bool has_notices_ = false;
   std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;
