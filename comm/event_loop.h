@@ -4,6 +4,7 @@
 // libuv finish the close callbacks and joins the thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -78,8 +79,9 @@ class EventLoop {
   std::unique_ptr<uv_loop_s> loop_;
   std::unique_ptr<Impl> impl_;
   std::thread thread_;
-  std::thread::id loop_thread_id_;
-  bool running_ = false;
+  // Read by any thread (Run, InLoopThread, running) while Start or Stop writes them.
+  std::atomic<std::thread::id> loop_thread_id_{};
+  std::atomic<bool> running_{false};
   bool stopped_ = false;
   Status close_status_;
 

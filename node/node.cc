@@ -227,6 +227,14 @@ void Node::Heartbeat() {
     pb::HeartbeatRespMessage resp;
     if (!ParsePayload(*r, &resp).ok()) return;
     if (resp.has_metadata()) ApplyMetadata(resp.metadata());  // a scheduler that still inlines it
+    // A worker whose metadata omits the workers learns a new rank (ranks made dense) here.
+    if (options_.role == pb::WORKER && metadata_.omitted_workers() > 0 && resp.rank_id() != rank_ &&
+        resp.rank_id() >= 0 && resp.rank_id() < core::kMaxRoleTotal) {
+      LOG(INFO) << options_.node_id << ": rank " << rank_ << " -> " << resp.rank_id();
+      rank_ = resp.rank_id();
+      metadata_.set_rank_id(rank_);
+      PublishSnapshot();
+    }
     if (resp.epoch() > epoch_ && resp.cluster_state() != pb::ClUSTER_STARTING) {
       // We missed a membership change: fetch it. Its state comes with the metadata, so
       // nothing here acts on a state whose membership we do not have yet.
@@ -431,14 +439,18 @@ void Node::ApplyMetadata(pb::SendMetadataMessage md) {
   // The totals size per-server work on this node (a worker groups every push by server):
   // a count no scheduler would send is refused here, not trusted.
   if (md.worker_num() < 0 || md.worker_num() > core::kMaxRoleTotal || md.server_num() < 0 ||
-      md.server_num() > core::kMaxRoleTotal) {
+      md.server_num() > core::kMaxRoleTotal || md.omitted_workers() < 0 ||
+      md.omitted_workers() > core::kMaxRoleTotal) {
     LOG(WARNING) << options_.node_id << ": ignored metadata of epoch " << md.epoch() << " with impossible totals: "
                  << md.worker_num() << " workers, " << md.server_num() << " servers";
     return;
   }
   // Every member gets the same bytes: our rank is that of our own entry, found by node id
-  // (the message's rank_id is what a scheduler that sets it per member said).
+  // (the message's rank_id is what a scheduler that sets it per member said). A worker's
+  // view of a large membership has no worker entries: it keeps the rank it was told (at
+  // registration, then in each heartbeat answer).
   const auto& own = options_.role == pb::SERVER ? md.servers_meta() : md.workers_meta();
+  if (options_.role == pb::WORKER && md.omitted_workers() > 0) md.set_rank_id(rank_);
   for (const pb::ServersMeta& m : own) {
     if (m.node_id() != options_.node_id) continue;
     md.set_rank_id(m.rank_id());
@@ -486,7 +498,10 @@ void Node::ApplyMetadata(pb::SendMetadataMessage md) {
 // answers SCALE_OUT_DONE with that metadata's epoch (once per epoch).
 void Node::MaybeFinishScaleOut(const pb::SendMetadataMessage& md) {
   if (md.cluster_state() != pb::CLUSTER_SCALE_OUT || md.epoch() <= scale_out_acked_epoch_) return;
-  if (md.servers_meta_size() != md.server_num() || md.workers_meta_size() != md.worker_num()) return;
+  if (md.servers_meta_size() != md.server_num() ||
+      md.workers_meta_size() + md.omitted_workers() != md.worker_num()) {
+    return;
+  }
   scale_out_acked_epoch_ = md.epoch();
   uint64_t epoch = md.epoch();
   OnScaleOutReady(md, [this, epoch] {

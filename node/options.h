@@ -53,6 +53,9 @@ struct SchedulerOptions {
   int replicas = 1;
   // Roles whose members restart without being recorded in error (core::ClusterConfig).
   std::vector<pb::NodeRole> recoverable_roles;
+  // Metadata encoded larger than this reaches workers as their view: servers and totals,
+  // no worker entries (node/metadata_cache.h, docs/protocol.md).
+  size_t worker_metadata_view_over = 64 * 1024;
 };
 
 struct NodeOptions {

@@ -112,6 +112,9 @@ void SchedulerNode::Stop() {
     // or given to a new scheduler at once.
     Status st = state_writer_->Flush(std::chrono::seconds(30));
     if (!st.ok()) LOG(WARNING) << "scheduler: " << st;
+    // Wake-ups the flush posted to a shared loop run before the token goes (in posting
+    // order) or find it gone; inline when the loop is not running.
+    loop_->RunAndWait([this] { writer_token_.reset(); });
   }
   MarkExited();
 }
@@ -187,9 +190,12 @@ void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
     case pb::HEARTBEAT: HandleHeartbeat(conn, frame); break;
     case pb::FETCH_METADATA: {
       // What a member asks for once it sees a newer epoch in a heartbeat answer: the
-      // cached buffer, so a wave of fetches after one change builds it once and every
-      // answer queued meanwhile shares it.
-      Reply(conn, frame.meta, Status::Ok(), Payload::Shared(metadata_.Shared(cluster_)));
+      // cached buffer of its view, so a wave of fetches after one change builds it once
+      // and every answer queued meanwhile shares it. The role is the registered one (the
+      // frame's for a connection that carries no member).
+      const core::NodeRecord* rec = cluster_.Find(NodeOf(conn));
+      const pb::NodeRole role = rec != nullptr ? rec->role : frame.meta.role();
+      Reply(conn, frame.meta, Status::Ok(), Payload::Shared(metadata_.For(cluster_, role)));
       break;
     }
     case pb::FINISH: HandleFinish(conn, frame); break;
@@ -349,6 +355,7 @@ void SchedulerNode::HandleHeartbeat(ConnId conn, const Frame& frame) {
   resp.Clear();
   resp.set_cluster_state(cluster_.state());
   resp.set_epoch(cluster_.epoch());
+  if (const core::NodeRecord* rec = cluster_.Find(msg.node_id())) resp.set_rank_id(rec->rank);
   Status sent = messenger_->Reply(conn, frame.meta, resp);
   if (!sent.ok()) VLOG(1) << "heartbeat answer to conn " << conn << " not sent: " << sent;
 }
@@ -502,8 +509,10 @@ std::vector<std::pair<std::string, ConnId>> SchedulerNode::Links() const {
 
 void SchedulerNode::SendMetadataTo(const std::string& node_id) {
   auto c = conn_of_.find(node_id);
-  if (c == conn_of_.end() || cluster_.Find(node_id) == nullptr) return;
-  messenger_->Notify(c->second, MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0), Payload::Shared(metadata_.Shared(cluster_)))
+  const core::NodeRecord* rec = cluster_.Find(node_id);
+  if (c == conn_of_.end() || rec == nullptr) return;
+  messenger_->Notify(c->second, MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0),
+                     Payload::Shared(metadata_.For(cluster_, rec->role)))
       .IgnoreError();
 }
 

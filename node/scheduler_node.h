@@ -123,6 +123,9 @@ class SchedulerNode {
   void RunDurableAnswers(bool all);
   std::vector<std::pair<uint64_t, std::function<void()>>> durable_answers_;  // loop thread
   std::unique_ptr<StateWriter> state_writer_;
+  // The writer thread's posted wake-ups hold it weakly; Stop drops it on the loop thread, so
+  // one still queued on a shared loop after this node is gone does nothing.
+  std::shared_ptr<const bool> writer_token_ = std::make_shared<const bool>(true);
   bool state_dirty_ = false;   // changed since the last snapshot
   bool state_urgent_ = false;  // membership/state changed: write now, not when the writer is idle
   uint64_t state_sequence_ = 0;
@@ -162,7 +165,7 @@ class SchedulerNode {
   std::unordered_map<comm::ConnId, std::unordered_set<uint64_t>> kv_gets_;
   std::vector<std::function<void(const core::Event&)>> listeners_;
   std::vector<std::function<void()>> register_listeners_;
-  MetadataCache metadata_;
+  MetadataCache metadata_{options_.worker_metadata_view_over};
   pb::ClusterEventMessage notices_;  // per-node notices not yet broadcast (FlushNotices)
   bool has_notices_ = false;
   std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;

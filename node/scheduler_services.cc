@@ -43,15 +43,17 @@ void SchedulerNode::DrainEvents() {
           }
           break;
         case Kind::kMetadataChanged: {
-          // Built and serialised once (the cache) into one buffer that every member's
-          // frame references: no copy per member, and the transport counts it once toward
-          // its total of queued output (each member finds its own rank by node id).
+          // Built and serialised once (the cache) into one buffer per view that every
+          // member's frame references: no copy per member, and the transport counts each
+          // once toward its total of queued output (each member finds its own rank by node
+          // id). Servers get the whole membership, workers of a large one their view.
           const pb::MessageMeta meta = MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0);
-          const BufferPtr shared = metadata_.Shared(cluster_);
           std::vector<std::string> live;
           for (const core::NodeRecord* rec : cluster_.Nodes()) {
             auto c = conn_of_.find(rec->node_id);
-            if (c != conn_of_.end()) messenger_->Notify(c->second, meta, Payload::Shared(shared)).IgnoreError();
+            if (c != conn_of_.end()) {
+              messenger_->Notify(c->second, meta, Payload::Shared(metadata_.For(cluster_, rec->role))).IgnoreError();
+            }
             if (!rec->leaving) live.push_back(rec->node_id);
           }
           barriers_.SetAllNodes(std::move(live));

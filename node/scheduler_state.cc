@@ -52,8 +52,13 @@ Status SchedulerNode::OpenState() {
   Result<std::optional<pb::PersistedState>> loaded = LoadStateFile(options_, path);
   if (!loaded.ok()) return loaded.status();
   state_writer_ = std::make_unique<StateWriter>(path);
-  // On the writer thread, never the loop's: Post, which reads no loop-thread state.
-  state_writer_->SetOnWritten([this] { loop_->Post([this] { RunDurableAnswers(/*all=*/false); }); });
+  // On the writer thread, never the loop's: Post, which reads no loop-thread state. On a
+  // shared loop the closure may run after this node is gone: the token says so.
+  state_writer_->SetOnWritten([this, token = std::weak_ptr<const bool>(writer_token_)] {
+    loop_->Post([this, token] {
+      if (!token.expired()) RunDurableAnswers(/*all=*/false);
+    });
+  });
   PSCORE_RETURN_IF_ERROR(state_writer_->Start());
   std::promise<Status> done;
   bool queued = loop_->Run([this, &loaded, &path, &done] {

@@ -191,4 +191,40 @@ TEST_CASE("loop: RunBeforePoll runs queued work once in the same iteration", "[c
   REQUIRE(loop.Stop().ok());
 }
 
+TEST_CASE("loop: Run, InLoopThread and running from other threads while Stop runs", "[comm][loop]") {
+  // Each call either runs its closure on the loop before the stop, or is refused: never
+  // run after Stop returned, never run off the loop while it runs (TSan checks the reads).
+  for (int round = 0; round < 20; ++round) {
+    EventLoop loop("run-vs-stop");
+    REQUIRE(loop.Start().ok());
+    std::atomic<bool> stop_done{false};
+    std::atomic<int> ran{0}, refused{0}, ran_off_loop{0}, ran_late{0};
+    std::vector<std::thread> callers;
+    for (int t = 0; t < 3; ++t) {
+      callers.emplace_back([&] {
+        for (int i = 0; i < 200; ++i) {
+          const bool in_loop = loop.InLoopThread();  // false here while the loop runs
+          const bool running = loop.running();
+          if (running && in_loop) ++ran_off_loop;
+          const bool accepted = loop.Run([&] {
+            if (stop_done.load()) ++ran_late;
+            if (loop.running() && !loop.InLoopThread()) ++ran_off_loop;
+            ++ran;
+          });
+          if (!accepted) ++refused;
+          if (i % 16 == 0) std::this_thread::yield();
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200 * (round % 5)));
+    REQUIRE(loop.Stop().ok());
+    stop_done = true;
+    for (auto& c : callers) c.join();
+    CHECK(ran_off_loop.load() == 0);
+    CHECK(ran_late.load() == 0);
+    CHECK(ran.load() + refused.load() == 600);
+    CHECK_FALSE(loop.running());
+  }
+}
+
 }  // namespace pscore::comm

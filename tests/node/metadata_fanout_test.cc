@@ -123,6 +123,89 @@ TEST_CASE("a membership change sends all members one shared buffer, counted once
   CHECK(loop.Stop().ok());
 }
 
+TEST_CASE("a large membership reaches workers as their view (servers and totals) and servers whole - ranks, pushes and pulls work",
+          "[node][net][metadata]") {
+  constexpr int kWorkers = 30, kServers = 3;
+  comm::EventLoop loop("view");
+  REQUIRE(loop.Start().ok());
+  {
+    SchedulerOptions so;
+    so.worker_num = kWorkers;
+    so.server_num = kServers;
+    so.heartbeat_interval = 100ms;
+    so.heartbeat_timeout = 20s;
+    so.worker_metadata_view_over = 512;  // 33 entries encode to more: workers get their view
+    SchedulerNode sched(so, &loop);
+    std::mutex mu;
+    bool seen = false;
+    size_t shared_payloads = 0;
+    uint64_t full_bytes = 0, members_queued = 0;
+    sched.AddEventListener([&](const core::Event& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (seen || e.kind != core::Event::Kind::kStateChanged || e.state != pb::CLUSTER_READY) return;
+      seen = true;
+      shared_payloads = sched.messenger().transport().shared_payloads_queued();
+      members_queued = sched.QueuedOutputBytes();
+      full_bytes = sched.cluster().BuildMetadata().ByteSizeLong();
+    });
+    REQUIRE(sched.Start().ok());
+    std::vector<std::unique_ptr<Node>> nodes;
+    for (int i = 0; i < kServers; ++i) {
+      NodeOptions o = MemberOpts(pb::SERVER, sched.port(), "server-" + std::to_string(i));
+      nodes.push_back(std::make_unique<ServerNode>(o, core::ParamStore::Options(), &loop));
+    }
+    for (int i = 0; i < kWorkers; ++i) {
+      nodes.push_back(std::make_unique<WorkerNode>(MemberOpts(pb::WORKER, sched.port(), "worker-" + std::to_string(i)), &loop));
+    }
+    for (auto& n : nodes) REQUIRE(n->Start().ok());
+    for (auto& n : nodes) REQUIRE(n->WaitForReady(60s).ok());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      REQUIRE(seen);
+      REQUIRE(full_bytes > 512);
+      // The whole membership, held once for the servers; the view of 3 servers is under the
+      // 512 bytes a write batch copies (comm::kInlinePayloadBytes), so it is not held.
+      CHECK(shared_payloads == 1);
+      // The workers' frames hold far less than the whole membership each.
+      CHECK(members_queued < kServers * (full_bytes + 1024) + kWorkers * (full_bytes / 2));
+    }
+    std::vector<int> want;
+    loop.RunAndWait([&] {
+      for (auto& n : nodes) {
+        const core::NodeRecord* rec = sched.cluster().Find(n->node_id());
+        want.push_back(rec == nullptr ? -2 : rec->rank);
+      }
+    });
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      INFO(nodes[i]->node_id());
+      const pb::SendMetadataMessage md = nodes[i]->metadata();
+      CHECK(nodes[i]->rank() == want[i]);
+      CHECK(md.rank_id() == want[i]);
+      CHECK(md.servers_meta_size() == kServers);
+      CHECK(md.worker_num() == kWorkers);
+      if (i < static_cast<size_t>(kServers)) {
+        CHECK(md.workers_meta_size() == kWorkers);
+        CHECK(md.omitted_workers() == 0);
+      } else {
+        CHECK(md.workers_meta_size() == 0);
+        CHECK(md.omitted_workers() == kWorkers);
+      }
+    }
+    // The data plane runs on the view: servers know every worker, workers every server.
+    auto* w0 = static_cast<WorkerNode*>(nodes[kServers].get());
+    auto* w1 = static_cast<WorkerNode*>(nodes[kServers + 1].get());
+    const std::vector<uint64_t> keys = {1, 1ull << 40, ~0ull - 7};
+    REQUIRE(w0->Push(keys, std::vector<float>{1, 2, 3}).get().ok());
+    REQUIRE(w1->Push(keys, std::vector<float>{10, 20, 30}).get().ok());
+    Result<PullResult> pulled = w1->Pull(keys).get();
+    REQUIRE(pulled.ok());
+    CHECK(pulled->values == std::vector<float>{11, 22, 33});
+    for (auto& n : nodes) n->Stop();
+    sched.Stop();
+  }
+  CHECK(loop.Stop().ok());
+}
+
 TEST_CASE("a member finds its rank in metadata that names no recipient, and handles coalesced notices one by one in order",
           "[node][metadata]") {
   comm::EventLoop loop("member");
@@ -168,6 +251,28 @@ TEST_CASE("a member finds its rank in metadata that names no recipient, and hand
     CHECK(w.rank() == 2);
     CHECK(w.metadata().rank_id() == 2);
     CHECK(w.epoch() == 1);
+    // A worker's view of a large membership has no worker entries: the rank stays as told.
+    pb::SendMetadataMessage view = md;
+    view.clear_workers_meta();
+    view.set_omitted_workers(3);
+    view.set_epoch(2);
+    push(pb::SEND_METADATA, view);
+    CHECK(w.epoch() == 2);
+    CHECK(w.rank() == 2);
+    CHECK(w.metadata().rank_id() == 2);
+    CHECK(w.metadata().omitted_workers() == 3);
+    CHECK(w.NodeIds(pb::SERVER) == std::vector<std::string>{"worker-b"});
+    // An impossible count is refused, not trusted.
+    view.set_omitted_workers(-1);
+    view.set_epoch(3);
+    push(pb::SEND_METADATA, view);
+    CHECK(w.epoch() == 2);
+    // The whole membership again: the rank is read from it.
+    md.set_epoch(4);
+    push(pb::SEND_METADATA, md);
+    CHECK(w.epoch() == 4);
+    CHECK(w.metadata().omitted_workers() == 0);
+    CHECK(w.rank() == 2);
 
     // Three per-node notices coalesced into one frame: the first, the others in `more`.
     pb::ClusterEventMessage ev;

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <map>
 #include <thread>
@@ -371,6 +372,76 @@ TEST_CASE("a worker on a shared loop destroyed after a scale-in leaves no timer 
   loop.RunAndWait([&alive] { alive = true; });
   CHECK(alive);
   REQUIRE(loop.Stop().ok());
+}
+
+TEST_CASE("workers holding the worker's view learn their compacted ranks after a worker scale-in - and a scale-out completes",
+          "[node][net][scale]") {
+  SchedulerOptions so = Sched(3, 1);
+  so.worker_metadata_view_over = 1;  // every worker gets the view: servers and totals only
+  SchedulerNode sched(so);
+  REQUIRE(sched.Start().ok());
+  ServerNode s0(Opts(pb::SERVER, sched.port(), "s0"));
+  REQUIRE(s0.Start().ok());
+  std::vector<std::unique_ptr<WorkerNode>> w;
+  for (int i = 0; i < 3; ++i) {
+    NodeOptions o = Opts(pb::WORKER, sched.port(), "w" + std::to_string(i));
+    o.rank = i;
+    w.push_back(std::make_unique<WorkerNode>(o));
+  }
+  for (auto& n : w) REQUIRE(n->Start().ok());
+  for (auto& n : w) REQUIRE(n->WaitForReady(10s).ok());
+  for (int i = 0; i < 3; ++i) {
+    CHECK(w[i]->rank() == i);
+    CHECK(w[i]->metadata().omitted_workers() == 3);
+    CHECK(w[i]->metadata().workers_meta_size() == 0);
+  }
+  CHECK(s0.metadata().workers_meta_size() == 3);
+  pb::AdminRequest req;
+  req.set_op("scale_in");
+  req.add_node_ids("w0");
+  REQUIRE(AdminOp(sched, req).ok());  // answered when accepted
+  // Done when the survivors hold the metadata of 2 workers and the cluster is READY again.
+  auto until = std::chrono::steady_clock::now() + 20s;
+  while (!(w[1]->metadata().worker_num() == 2 && w[2]->metadata().worker_num() == 2 &&
+           sched.cluster_state() == pb::CLUSTER_READY) &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(sched.cluster_state() == pb::CLUSTER_READY);
+  REQUIRE(w[1]->metadata().worker_num() == 2);
+  std::map<std::string, int> want;
+  sched.loop()->RunAndWait([&] {
+    for (const char* id : {"w1", "w2"}) {
+      const core::NodeRecord* rec = sched.cluster().Find(id);
+      want[id] = rec == nullptr ? -2 : rec->rank;
+    }
+  });
+  CHECK(want["w1"] != 1);  // the ranks were compacted
+  // A heartbeat answer (every 50 ms) carries the new rank.
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while ((w[1]->rank() != want["w1"] || w[2]->rank() != want["w2"]) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(w[1]->rank() == want["w1"]);
+  CHECK(w[2]->rank() == want["w2"]);
+  CHECK(w[1]->metadata().rank_id() == want["w1"]);
+  CHECK(w[2]->metadata().omitted_workers() == 2);
+  // A scale-out back to 3 workers completes on the view's counts (workers_meta + omitted).
+  pb::AdminRequest out;
+  out.set_op("scale_out");
+  out.set_worker_num(3);
+  out.set_server_num(1);
+  std::future<Status> scaled = std::async(std::launch::async, [&] { return AdminOp(sched, out); });
+  REQUIRE(WaitState(sched, pb::CLUSTER_SCALE_OUT, 15s));
+  WorkerNode w3(Opts(pb::WORKER, sched.port(), "w3"));
+  REQUIRE(w3.Start().ok());
+  CHECK(scaled.get().ok());  // AdminOp gives up after 60 s
+  CHECK(WaitState(sched, pb::CLUSTER_READY, 15s));
+  CHECK(w3.WaitForReady(10s).ok());
+  w3.Stop();
+  for (auto& n : w) n->Stop();
+  s0.Stop();
+  sched.Stop();
 }
 
 TEST_CASE("a scale-out whose new server never comes rolls back to the old membership", "[node][net][scale]") {

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "comm/event_loop.h"
 #include "core/state_file.h"
@@ -205,6 +207,52 @@ TEST_CASE("a scheduler on a shared loop writes its last KV sets when stopped - b
   REQUIRE(st.ok());
   CHECK(st->kv_size() == kSets);
   loop.Stop().IgnoreError();
+}
+
+TEST_CASE("a scheduler on a shared loop stopped and destroyed with a write's wake-up queued - the loop runs on",
+          "[node][state][net]") {
+  // The writer thread posts a wake-up to the loop after each write; Stop writes once more.
+  // Here the loop is held busy until the scheduler is destroyed (or 3 s pass), so that
+  // wake-up is still queued then: it must not touch the destroyed scheduler (ASan).
+  ScratchDir dir;
+  REQUIRE_FALSE(dir.path().empty());
+  comm::EventLoop loop("shared");
+  REQUIRE(loop.Start().ok());
+  SchedulerOptions so;
+  so.worker_num = 1;
+  so.server_num = 0;
+  so.heartbeat_interval = 1s;
+  so.heartbeat_timeout = 10s;
+  so.state_dir = dir.path();
+  auto sched = std::make_unique<SchedulerNode>(so, &loop);
+  REQUIRE(sched->Start().ok());
+  std::atomic<bool> go{false}, destroyed{false};
+  std::promise<void> held;
+  auto hold = [&] {
+    // Queued behind Stop's own closure: keeps the writer's wake-up waiting behind it.
+    const auto deadline = std::chrono::steady_clock::now() + 3s;
+    while (!destroyed.load() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    held.set_value();
+  };
+  loop.Post([&] {
+    while (!go.load()) std::this_thread::yield();
+    loop.Post(hold);
+  });
+  std::thread stopper([&] { sched->Stop(); });
+  // Lets Stop queue its closure before the loop is released (the test holds without it).
+  std::this_thread::sleep_for(100ms);
+  go = true;
+  stopper.join();
+  sched.reset();
+  destroyed = true;
+  held.get_future().wait();
+  // The loop runs what is still queued, then stops cleanly.
+  std::promise<void> after;
+  REQUIRE(loop.Post([&] { after.set_value(); }));
+  CHECK(after.get_future().wait_for(10s) == std::future_status::ready);
+  CHECK(loop.Stop().ok());
+  Result<pb::PersistedState> st = core::ParseState(Slurp(StateFilePath(dir.path())));
+  CHECK(st.ok());
 }
 
 }  // namespace pscore::node
