@@ -949,6 +949,22 @@ void WorkerNode::OnScaleInStart(const pb::ScaleInMessage&, std::function<void()>
   done();
 }
 
+void WorkerNode::OnClusterEvent(const pb::ClusterEventMessage& ev) {
+  // A silent server (stopped, cut off) never closes its link, so parts in flight on it
+  // would wait out request_timeout. Closed now, they fail kUnavailable and go through
+  // RetryLost: to the range's new primary once the metadata marks the server down
+  // (replicas >= 2, Node::ApplyMetadata closes the link then too), else to the same
+  // server, whose answer is waited for until recovery_timeout from the first send.
+  if (ev.kind() != pb::ClusterEventMessage::NODE_TIMED_OUT || ev.role() != pb::SERVER) return;
+  const pb::SendMetadataMessage md = metadata();
+  for (const pb::ServersMeta& s : md.servers_meta()) {
+    if (s.rank_id() != ev.rank_id() || s.node_id() != ev.node_id()) continue;
+    const std::string addr = s.ip() + ":" + std::to_string(s.port());
+    CloseServerLink(addr, Status(Code::kUnavailable, "server " + s.node_id() + " (" + addr +
+                                                         ") timed out at the scheduler (no heartbeat)"));
+  }
+}
+
 // ---- PullSync: the direct way ----
 
 void WorkerNode::StopRole() {
