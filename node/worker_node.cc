@@ -955,14 +955,12 @@ void WorkerNode::OnClusterEvent(const pb::ClusterEventMessage& ev) {
   // RetryLost: to the range's new primary once the metadata marks the server down
   // (replicas >= 2, Node::ApplyMetadata closes the link then too), else to the same
   // server, whose answer is waited for until recovery_timeout from the first send.
+  // By rank, without copying the metadata (a wave of timeouts brings one notice each).
   if (ev.kind() != pb::ClusterEventMessage::NODE_TIMED_OUT || ev.role() != pb::SERVER) return;
-  const pb::SendMetadataMessage md = metadata();
-  for (const pb::ServersMeta& s : md.servers_meta()) {
-    if (s.rank_id() != ev.rank_id() || s.node_id() != ev.node_id()) continue;
-    const std::string addr = s.ip() + ":" + std::to_string(s.port());
-    CloseServerLink(addr, Status(Code::kUnavailable, "server " + s.node_id() + " (" + addr +
-                                                         ") timed out at the scheduler (no heartbeat)"));
-  }
+  const std::string addr = ServerAddress(ev.rank_id());
+  if (addr.empty()) return;
+  CloseServerLink(addr, Status(Code::kUnavailable, "server " + ev.node_id() + " (" + addr +
+                                                       ") timed out at the scheduler (no heartbeat)"));
 }
 
 // ---- PullSync: the direct way ----
