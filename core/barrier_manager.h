@@ -139,7 +139,8 @@ class BarrierManager {
   // that result, the next round opens fresh, a caller further ahead fails (kInternal).
   // Ignored when id is already known.
   void RestoreEndedRound(const std::string& id, uint64_t round, Status result);
-  // The highest round of id node_id has joined and not withdrawn from (0: none kept).
+  // The highest round of id node_id has joined and not withdrawn from (0: none kept); for a
+  // node with no round since the id was restored (RestoreEndedRound), that restored round.
   uint64_t LastRoundOf(const std::string& id, const std::string& node_id) const;
 
  private:

@@ -149,14 +149,10 @@ TEST_CASE("the demo job with a worker SIGKILLed right after its pulled barrier, 
   CHECK_THAT(job.trainers[1]->Log(), Catch::Contains("(redoing the push of the next step)"));
 }
 
-// Known to fail (docs/reliability.md, "Fault matrix"): the restarted scheduler's state file
-// keeps each barrier's newest ended round but not the rounds each node joined
-// (BarrierManager's per-node last generation), so the restarted worker's
-// ResumeBarrierRound answers do not say where its predecessor stopped; its barrier call is
-// refused ("barrier train/pulled ended long ago; its result is no longer kept") and the
-// job ends failed (exit 3, naming it). [!mayfail]: run and shown, not failing the suite.
+// The restarted scheduler keeps each barrier's newest ended round, not the rounds each node
+// joined: the restarted worker is told the restored rounds and resumes from them.
 TEST_CASE("the demo job with a worker and the scheduler SIGKILLed together, both restarted, ends as undisturbed",
-          "[multiproc][net][demo][control][!mayfail]") {
+          "[multiproc][net][demo][control]") {
   const TrainJobOptions o = BaseJob();
   const std::vector<TrainFinal> plain = UndisturbedFinals(o);
   TrainJob job(o);
