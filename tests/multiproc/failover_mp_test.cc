@@ -45,12 +45,13 @@ TEST_CASE("replicas=2: the demo job with a server SIGSTOPped during pushes and n
     TrainJob job(o);
     job.Start();
     INFO("server" << victim << " stopped; logs in " << job.dir.path());
-    REQUIRE(job.WaitStep(o.steps / 3, Clock::now() + 120s));
+    // Late in the job: what is left after the failover is short even under sanitizers.
+    REQUIRE(job.WaitStep(2 * o.steps / 3, Clock::now() + 120s));
     REQUIRE(job.servers[victim]->running());
     job.servers[victim]->Signal(SIGSTOP);
     const auto stopped_at = Clock::now();
     // From the stop: the heartbeat timeout, one metadata fetch, the failover and the rest
-    // of the job (2/3 of its steps). Below the request timeout, generous for sanitizers.
+    // of the job (1/3 of its steps). Below the request timeout, generous for sanitizers.
     const auto deadline = stopped_at + kRequestTimeout - 5s;
     TrainJob::Outcome out = job.WaitTrainers(deadline);
     const double took = std::chrono::duration<double>(Clock::now() - stopped_at).count();
