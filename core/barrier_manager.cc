@@ -554,7 +554,15 @@ uint64_t BarrierManager::LastRoundOf(const std::string& id, const std::string& n
   auto s = series_.find(id);
   if (s == series_.end()) return 0;
   auto last = s->second.last_generation.find(node_id);
-  return last == s->second.last_generation.end() ? 0 : last->second;
+  if (last != s->second.last_generation.end()) return last->second;
+  // Restored after a restart, an id keeps its newest ended round (its result, not who
+  // joined it). A node with no round of its own since is answered that round: a member of
+  // the job before the restart had joined it (a restarted worker resumes from it), and any
+  // node's next call joins the round after it, as a restarted node's does.
+  for (auto r = s->second.rounds.rbegin(); r != s->second.rounds.rend(); ++r) {
+    if (r->second.restored) return r->first;
+  }
+  return 0;
 }
 
 void BarrierManager::Deliver(Answers* answers) {

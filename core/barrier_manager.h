@@ -145,7 +145,8 @@ class BarrierManager {
   // count as `round`). Ignored when id is already known.
   void RestoreEndedRound(const std::string& id, uint64_t round, Status result,
                          const std::vector<std::pair<std::string, uint64_t>>& joined = {});
-  // The highest round of id node_id has joined and not withdrawn from (0: none kept).
+  // The highest round of id node_id has joined and not withdrawn from (0: none kept); for a
+  // node with no round kept since the id was restored (RestoreEndedRound), that restored round.
   uint64_t LastRoundOf(const std::string& id, const std::string& node_id) const;
 
  private:

@@ -466,11 +466,26 @@ void Node::ApplyMetadata(pb::SendMetadataMessage md) {
   // Links to servers no longer in the membership are closed once their requests had
   // time to finish (a leaving server usually exits first and closes them itself).
   std::set<std::string> current;
+  std::map<std::string, std::string> down;  // address -> node id of a server marked down
   for (const pb::ServersMeta& s : md.servers_meta()) {
     // Replicated ranges (docs/reliability.md): a server marked down is read and written no
     // more, so a dial to it ends at once and its ranges' next replica is used.
-    if (md.replicas() >= 2 && !s.is_alive()) continue;
-    current.insert(s.ip() + ":" + std::to_string(s.port()));
+    const std::string addr = s.ip() + ":" + std::to_string(s.port());
+    if (md.replicas() >= 2 && !s.is_alive()) {
+      down[addr] = s.node_id();
+      continue;
+    }
+    current.insert(addr);
+  }
+  // Its link is closed at once, too: a silent server (stopped, cut off) never closes it
+  // itself, and requests in flight on it would wait out request_timeout. They fail
+  // kUnavailable now and their callers send them to the range's new primary (a push keeps
+  // its id: a late apply on the old primary is deduplicated wherever it is forwarded).
+  for (const auto& [addr, id] : down) {
+    if (server_conn_.count(addr) == 0) continue;
+    CloseServerLink(addr, Status(Code::kUnavailable, "server " + id + " (" + addr +
+                                                         ") marked down by the scheduler (epoch " +
+                                                         std::to_string(md.epoch()) + ")"));
   }
   for (auto& [addr, conn] : server_conn_) {
     if (current.count(addr) || leave_timers_.count(conn)) continue;

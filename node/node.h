@@ -167,6 +167,9 @@ class Node {
   // callers retry at the address the membership names now instead of dialing a dead one
   // until connect_timeout.
   void FailDialsNotIn(const std::set<std::string>& current);
+  // Loop thread: closes the open link to server address `addr` now; the requests pending on
+  // it fail with `why` (kUnavailable: their callers retry). A later request dials anew.
+  void CloseServerLink(const std::string& addr, const Status& why);
   comm::Messenger& messenger() { return *messenger_; }
   void CountCopied(uint64_t bytes) { copied_->fetch_add(bytes, std::memory_order_relaxed); }
   // The role's count, shared with work that may finish after a call returns.

@@ -393,6 +393,21 @@ void Node::WithServerConn(int rank, std::function<void(Result<ConnId>)> cb) {
   });
 }
 
+void Node::CloseServerLink(const std::string& addr, const Status& why) {
+  DCHECK(loop_->InLoopThread());
+  auto it = server_conn_.find(addr);
+  if (it == server_conn_.end()) return;
+  const ConnId conn = it->second;
+  server_conn_.erase(it);
+  auto timer = leave_timers_.find(conn);
+  if (timer != leave_timers_.end()) {
+    loop_->CancelTimer(timer->second);
+    leave_timers_.erase(timer);
+  }
+  LOG(WARNING) << options_.node_id << ": closing the link to " << addr << ": " << why;
+  messenger_->transport().Close(conn, why);
+}
+
 void Node::FailDialsNotIn(const std::set<std::string>& current) {
   DCHECK(loop_->InLoopThread());
   for (auto d = dialing_.begin(); d != dialing_.end();) {

@@ -949,6 +949,20 @@ void WorkerNode::OnScaleInStart(const pb::ScaleInMessage&, std::function<void()>
   done();
 }
 
+void WorkerNode::OnClusterEvent(const pb::ClusterEventMessage& ev) {
+  // A silent server (stopped, cut off) never closes its link, so parts in flight on it
+  // would wait out request_timeout. Closed now, they fail kUnavailable and go through
+  // RetryLost: to the range's new primary once the metadata marks the server down
+  // (replicas >= 2, Node::ApplyMetadata closes the link then too), else to the same
+  // server, whose answer is waited for until recovery_timeout from the first send.
+  // By rank, without copying the metadata (a wave of timeouts brings one notice each).
+  if (ev.kind() != pb::ClusterEventMessage::NODE_TIMED_OUT || ev.role() != pb::SERVER) return;
+  const std::string addr = ServerAddress(ev.rank_id());
+  if (addr.empty()) return;
+  CloseServerLink(addr, Status(Code::kUnavailable, "server " + ev.node_id() + " (" + addr +
+                                                       ") timed out at the scheduler (no heartbeat)"));
+}
+
 // ---- PullSync: the direct way ----
 
 void WorkerNode::StopRole() {

@@ -122,6 +122,9 @@ class WorkerNode : public Node {
   void OnStateApplied(pb::ClusterState state) override;
   void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) override;
   void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) override;
+  // A server timed out by the scheduler: its link is closed (requests in flight on it are
+  // retried under recovery_timeout instead of waiting out request_timeout).
+  void OnClusterEvent(const pb::ClusterEventMessage& ev) override;
   void StopRole() override;  // closes PullSync's direct links
 
  private:

@@ -9,7 +9,7 @@ BUILD="${PSCORE_BENCH_BUILD:-$ROOT/build-bench}"
 JOBS="${PSCORE_BENCH_JOBS:-1}"
 
 usage() {
-  echo "usage: $0 {transport|control|dataplane|coord|ranktable|scale|sparse|restart|python|smoke} [args...]" >&2
+  echo "usage: $0 {transport|control|dataplane|coord|ranktable|scale|sparse|restart|failover|python|smoke} [args...]" >&2
   exit 1
 }
 
@@ -32,7 +32,7 @@ not_yet() {
 # this so no benchmark rots). PSCORE_BENCH_BUILD picks the build directory (CI: build-ci).
 smoke() {
   local benches=(transport_bench control_bench dataplane_bench coord_bench ranktable_bench scale_bench sparse_bench
-    soak_driver_bench sched_restart_bench)
+    soak_driver_bench sched_restart_bench failover_bench)
   build "${benches[*]} pscore-node"
   local failed=0 t0
   run_one() {  # name, then the command; its stdout must hold at least one figure line
@@ -58,6 +58,7 @@ smoke() {
   run_one scale "$BUILD/scale_bench" smoke
   run_one sparse "$BUILD/sparse_bench" smoke
   run_one restart "$BUILD/sched_restart_bench" --runs=1
+  run_one failover "$BUILD/failover_bench" --runs=1
   run_one soak_driver soak_smoke
   build _pscore
   PYTHONPATH="$BUILD/python" run_one python /usr/bin/python3 "$ROOT/python/bench/bench_python.py" --smoke
@@ -152,6 +153,10 @@ case "$name" in
   restart)  # scheduler SIGKILL (restarted from --state_dir) to the first completed barrier: median
     build "sched_restart_bench pscore-node"
     exec "$BUILD/sched_restart_bench" "$@"
+    ;;
+  failover)  # replicas=2: primary SIGKILL / SIGSTOP (real processes) to the promoted replica's first ack: median
+    build "failover_bench pscore-node"
+    exec "$BUILD/failover_bench" "$@"
     ;;
   smoke)
     smoke

@@ -660,4 +660,21 @@ TEST_CASE("barrier round counter: newest ended rounds restore into a new manager
   CHECK(b.last("w1-4").ok());
 }
 
+TEST_CASE("after a restart a node with no round of its own is told the restored round of an id", "[barrier]") {
+  FakeClock clock;
+  BarrierManager restarted(&clock);
+  restarted.RestoreEndedRound("step", 7, Status::Ok());
+  // The rounds each node joined were not kept: a worker restarted with the scheduler
+  // resumes from the newest ended round, and its next call is round 8.
+  CHECK(restarted.LastRoundOf("step", "w1") == 7);
+  CHECK(restarted.LastRoundOf("other", "w1") == 0);
+  const std::vector<std::string> two = {"w0", "w1"};
+  Answers a;
+  restarted.Arrive("step", "w0", Millis(100), two, a.For("w0-8"), 8);
+  restarted.Arrive("step", "w1", Millis(100), two, a.For("w1-8"), 8);
+  CHECK(a.last("w0-8").ok());
+  CHECK(a.last("w1-8").ok());
+  CHECK(restarted.LastRoundOf("step", "w1") == 8);
+}
+
 }  // namespace pscore::core

@@ -13,16 +13,12 @@
 #include <signal.h>
 
 #include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "multiproc/process.h"
-#include "multiproc/train_log.h"
+#include "multiproc/train_job.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
@@ -30,96 +26,40 @@ namespace pscore::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
+using Clock = TrainJob::Clock;
 
-constexpr int kSteps = 30;
 constexpr int kHeartbeatTimeoutMs = 3000;
-constexpr int kRecoveryMs = 40000;
-const std::vector<std::string> kTiming = {"--heartbeat_interval_ms=200",
-                                          "--heartbeat_timeout_ms=" + std::to_string(kHeartbeatTimeoutMs),
-                                          "--connect_timeout_ms=20000"};
 
-std::vector<std::string> With(std::vector<std::string> args) {
-  args.insert(args.end(), kTiming.begin(), kTiming.end());
-  return args;
+// Restarted workers rejoin: the scheduler declares their role recoverable
+// (docs/coordination.md); it persists its state in --state_dir.
+TrainJobOptions ControlJob() {
+  TrainJobOptions o;
+  o.steps = 30;
+  o.heartbeat_timeout_ms = kHeartbeatTimeoutMs;
+  o.connect_timeout_ms = 20000;
+  o.recovery_timeout_ms = 40000;
+  o.state_dir = true;
+  return o;
 }
 
-enum class Fault { kNone, kSchedulerKillPushing, kSchedulerKillBarrier, kSchedulerStop, kServerStop, kWorkerKill };
+enum class Fault { kSchedulerKillPushing, kSchedulerKillBarrier, kSchedulerStop, kServerStop, kWorkerKill };
 
-struct Job {
-  TempDir dir;
-  Process scheduler;
-  std::vector<std::unique_ptr<Process>> servers;
-  std::vector<std::unique_ptr<Process>> trainers;
-  int port = 0;
-
-  std::vector<std::string> SchedulerArgv(int p) {
-    // Restarted workers rejoin: their role is declared recoverable (docs/coordination.md).
-    return With({NodeBinary(), "--role=scheduler", "--worker_num=2", "--server_num=2",
-                 "--recoverable_roles=worker,server",
-                 "--scheduler_port=" + std::to_string(p), "--port_file=" + dir.File("sched.port"),
-                 "--state_dir=" + dir.File("state")});
-  }
-  std::vector<std::string> TrainerArgv(int i) {
-    return With({std::string(PSCORE_BIN_DIR) + "/pscore-train", "--node_id=worker" + std::to_string(i),
-                 "--scheduler_port=" + std::to_string(port), "--steps=" + std::to_string(kSteps),
-                 "--recovery_timeout_ms=" + std::to_string(kRecoveryMs)});
-  }
-  void Start() {
-    REQUIRE(dir.ok());
-    REQUIRE(scheduler.Start(SchedulerArgv(0), dir.File("scheduler.log")));
-    port = ReadPortFile(dir.File("sched.port"), 20s);
-    REQUIRE(port > 0);
-    for (int i = 0; i < 2; ++i) {
-      const std::string id = "server" + std::to_string(i);
-      servers.push_back(std::make_unique<Process>());
-      REQUIRE(servers.back()->Start(
-          With({NodeBinary(), "--role=server", "--node_id=" + id, "--scheduler_port=" + std::to_string(port),
-                "--update_rule=sgd", "--learning_rate=2", "--recovery_timeout_ms=" + std::to_string(kRecoveryMs)}),
-          dir.File(id + ".log")));
-    }
-    for (int i = 0; i < 2; ++i) {
-      trainers.push_back(std::make_unique<Process>());
-      REQUIRE(trainers.back()->Start(TrainerArgv(i), dir.File("worker" + std::to_string(i) + ".log")));
-    }
-  }
-  // Waits until trainer 0 printed step `step` (false at the deadline or if it exited).
-  bool WaitStep(int step, Clock::time_point deadline) {
-    char want[32];
-    std::snprintf(want, sizeof want, "step %3d ", step);
-    while (Clock::now() < deadline && trainers[0]->running()) {
-      if (trainers[0]->Log().find(want) != std::string::npos) return true;
-      std::this_thread::sleep_for(5ms);
-    }
-    return false;
-  }
-  void RestartScheduler() {
-    scheduler.Signal(SIGKILL);
-    REQUIRE(scheduler.Wait(20s).has_value());
-    REQUIRE(scheduler.Start(SchedulerArgv(port), dir.File("scheduler.restarted.log")));
-  }
-};
-
-struct Outcome {
-  std::vector<TrainFinal> finals;
-};
-
-Outcome RunJob(Fault fault) {
-  Job job;
+std::vector<TrainFinal> RunJob(Fault fault) {
+  TrainJob job(ControlJob());
   job.Start();
   INFO("logs in " << job.dir.path());
   const auto deadline = Clock::now() + 240s;
-  if (fault != Fault::kNone) REQUIRE(job.WaitStep(kSteps / 3, deadline));
+  REQUIRE(job.WaitStep(job.options().steps / 3, deadline));
   switch (fault) {
-    case Fault::kNone:
-      break;
     case Fault::kSchedulerKillPushing:
+      job.KillScheduler();
       job.RestartScheduler();
       break;
     case Fault::kSchedulerKillBarrier:
       // Worker 1 held: worker 0 reaches a barrier of this step and waits in it.
       job.trainers[1]->Signal(SIGSTOP);
       std::this_thread::sleep_for(300ms);
+      job.KillScheduler();
       job.RestartScheduler();
       std::this_thread::sleep_for(300ms);
       job.trainers[1]->Signal(SIGCONT);
@@ -135,56 +75,30 @@ Outcome RunJob(Fault fault) {
       job.servers[1]->Signal(SIGCONT);
       break;
     case Fault::kWorkerKill:
-      job.trainers[1]->Signal(SIGKILL);
-      REQUIRE(job.trainers[1]->Wait(20s).has_value());
-      job.trainers[1] = std::make_unique<Process>();
-      REQUIRE(job.trainers[1]->Start(job.TrainerArgv(1), job.dir.File("worker1.restarted.log")));
+      job.KillTrainer(1);
+      job.RestartTrainer(1);
       break;
   }
-  Outcome out;
-  for (auto& t : job.trainers) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    std::optional<int> code = t->Wait(left);
-    const std::string log = t->Log();
-    INFO(log);
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
-    out.finals.push_back(ParseTrainFinal(log));
-    REQUIRE(out.finals.back().found);
-  }
-  for (auto& s : job.servers) {
-    INFO(s->Log());
-    CHECK(s->Wait(60s) == std::optional<int>(0));
-  }
-  INFO(job.scheduler.Log());
-  CHECK(job.scheduler.Wait(60s) == std::optional<int>(0));
+  std::vector<TrainFinal> finals = job.RequireFinished(deadline);
   if (fault == Fault::kWorkerKill) {
     CHECK_THAT(job.trainers[1]->Log(), Catch::Contains("restarted: resumes after step"));
   }
-  return out;
+  return finals;
 }
 
 void CompareWithUndisturbed(Fault fault) {
-  Outcome plain = RunJob(Fault::kNone);
-  REQUIRE(plain.finals.size() == 2);
-  Outcome faulted = RunJob(fault);
-  REQUIRE(faulted.finals.size() == 2);
-  for (size_t i = 0; i < 2; ++i) {
-    INFO("trainer " << i << ": loss " << plain.finals[i].loss << " vs " << faulted.finals[i].loss << ", checksum "
-                    << plain.finals[i].checksum << " vs " << faulted.finals[i].checksum);
-    CHECK(std::fabs(plain.finals[i].loss - faulted.finals[i].loss) <= 1e-6);
-    CHECK(std::fabs(plain.finals[i].checksum - faulted.finals[i].checksum) <= 1e-6);
-  }
+  const std::vector<TrainFinal> plain = UndisturbedFinals(ControlJob());
+  CheckSameFinals(plain, RunJob(fault));
 }
 
 }  // namespace
 
 TEST_CASE("the demo job with a worker SIGKILLed for good fails: the other trainer exits 3 naming it, within a bound",
           "[multiproc][net][demo][control]") {
-  Job job;
+  TrainJob job(ControlJob());
   job.Start();
   INFO("logs in " << job.dir.path());
-  REQUIRE(job.WaitStep(kSteps / 3, Clock::now() + 120s));
+  REQUIRE(job.WaitStep(job.options().steps / 3, Clock::now() + 120s));
   job.trainers[1]->Signal(SIGKILL);
   REQUIRE(job.trainers[1]->Wait(20s).has_value());
   // Bound: its heartbeat timeout, then the failed barrier, the error report and the finish

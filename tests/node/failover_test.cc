@@ -1,0 +1,240 @@
+// Failover of requests in flight to a silent server (docs/reliability.md, "Requests in
+// flight to a silent server"), in one process: a server whose loop is frozen (no
+// heartbeats, no answers, its sockets open: what SIGSTOP or a cut link look like to its
+// peers) is timed out by the scheduler. With replicas=2 the pushes in flight to it go to
+// its ranges' new primary at once and are applied there exactly once, also after the
+// frozen server resumes and reads them; with replicas=1 they wait for it up to
+// recovery_timeout and then fail naming it, or succeed once if it resumes in time.
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/key_range.h"
+#include "node/scheduler_node.h"
+#include "node/server_node.h"
+#include "node/worker_node.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::node {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr auto kDeadline = std::chrono::seconds(60);
+// Far beyond every bound a test here expects, and far below it: a request waiting out
+// request_timeout would show as a wait this long.
+constexpr auto kRequestTimeout = std::chrono::seconds(120);
+
+template <typename T>
+T Await(std::future<T>&& f, Duration timeout = kDeadline) {
+  if (f.wait_for(timeout) != std::future_status::ready) FAIL("no answer within the deadline");
+  return f.get();
+}
+
+std::vector<float> Stored(ServerNode& server, uint64_t key) {
+  std::vector<uint32_t> lens;
+  std::vector<float> values;
+  if (!server.store().Pull(&key, 1, &lens, &values).ok()) return {};
+  return values;
+}
+
+// Holds a node's loop thread (bounded) until released: the node neither reads nor beats.
+class Freeze {
+ public:
+  explicit Freeze(Node& node) {
+    std::shared_future<void> go = release_.get_future().share();
+    auto frozen = std::make_shared<std::promise<void>>();
+    std::future<void> is_frozen = frozen->get_future();
+    node.loop()->Post([go, frozen] {
+      frozen->set_value();
+      go.wait_for(std::chrono::seconds(90));
+    });
+    is_frozen.wait_for(std::chrono::seconds(30));
+  }
+  ~Freeze() { Release(); }
+  void Release() {
+    if (released_) return;
+    released_ = true;
+    release_.set_value();
+  }
+
+ private:
+  std::promise<void> release_;
+  bool released_ = false;
+};
+
+class Cluster {
+ public:
+  Cluster(int servers, int replicas, Duration recovery_timeout) : recovery_timeout_(recovery_timeout) {
+    SchedulerOptions so;
+    so.server_num = servers;
+    so.worker_num = 1;
+    so.replicas = replicas;
+    so.heartbeat_interval = 100ms;
+    so.heartbeat_timeout = 1500ms;
+    so.recoverable_roles = {pb::SERVER, pb::WORKER};
+    sched = std::make_unique<SchedulerNode>(so);
+    REQUIRE(sched->Start().ok());
+    core::ParamStore::Options sum;
+    sum.rule = core::UpdateRule::kSum;
+    for (int i = 0; i < servers; ++i) {
+      NodeOptions o = Opts("s" + std::to_string(i));
+      o.rank = i;
+      this->servers.push_back(std::make_unique<ServerNode>(o, sum));
+    }
+    worker = std::make_unique<WorkerNode>(Opts("w0"));
+    for (auto& s : this->servers) REQUIRE(s->Start().ok());
+    REQUIRE(worker->Start().ok());
+    REQUIRE(worker->WaitForReady(kDeadline).ok());
+    for (auto& s : this->servers) REQUIRE(s->WaitForReady(kDeadline).ok());
+  }
+  ~Cluster() {
+    worker->Stop();
+    for (auto& s : servers) s->Stop();
+    sched->Stop();
+  }
+  NodeOptions Opts(const std::string& id) const {
+    NodeOptions o;
+    o.scheduler_port = sched->port();
+    o.node_id = id;
+    o.heartbeat_interval = 100ms;
+    o.heartbeat_timeout = 1500ms;
+    o.connect_timeout = 5s;
+    o.request_timeout = kRequestTimeout;
+    o.recovery_timeout = recovery_timeout_;
+    o.handler_threads = 1;
+    return o;
+  }
+  ServerNode& ByRank(int rank) {
+    for (auto& s : servers) {
+      if (s->rank() == rank) return *s;
+    }
+    FAIL("no server of rank " << rank);
+    return *servers[0];
+  }
+
+  Duration recovery_timeout_;
+  std::unique_ptr<SchedulerNode> sched;
+  std::vector<std::unique_ptr<ServerNode>> servers;
+  std::unique_ptr<WorkerNode> worker;
+};
+
+std::vector<uint64_t> Keys(size_t n) {
+  std::vector<uint64_t> keys(n);
+  for (size_t i = 0; i < n; ++i) keys[i] = i;  // spread over every range (core/key_range.h)
+  return keys;
+}
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+}  // namespace
+
+TEST_CASE("with replicas=2 pushes in flight to a silent primary go to the promoted backup and are applied once",
+          "[replication][failover][net]") {
+  Cluster c(/*servers=*/2, /*replicas=*/2, /*recovery_timeout=*/30s);
+  const std::vector<uint64_t> keys = Keys(16);
+  const size_t len = GENERATE(size_t{8}, size_t{8192});  // applied on the loop, on the handler thread
+  const std::vector<float> ones(keys.size() * len, 1.0f);
+  for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  // Rank 0 falls silent with its sockets open; both ranges have parts in flight to it
+  // (it is the primary of range 0 and the backup rank 1 forwards range 1's pushes to).
+  ServerNode& silent = c.ByRank(0);
+  ServerNode& survivor = c.ByRank(1);
+  const uint64_t epoch = c.worker->epoch();
+  const auto t0 = std::chrono::steady_clock::now();
+  double took = 0;
+  {
+    Freeze freeze(silent);
+    std::vector<std::future<Status>> pushes;
+    for (int i = 0; i < 3; ++i) pushes.push_back(c.worker->Push(keys, ones));
+    for (auto& p : pushes) {
+      Status st = Await(std::move(p));
+      INFO(st.ToString());
+      REQUIRE(st.ok());
+    }
+    took = Seconds(t0);
+    CHECK(c.worker->epoch() > epoch);
+    // Answered by the survivor once the scheduler marked rank 0 down, not after the
+    // request timeout.
+    CHECK(took < std::chrono::duration<double>(kRequestTimeout).count() / 2);
+    Result<PullResult> pulled = Await(c.worker->Pull(keys));
+    REQUIRE(pulled.ok());
+    CHECK(pulled->values == std::vector<float>(keys.size() * len, 6.0f));
+    freeze.Release();
+  }
+  // The resumed server reads the pushes that waited in its socket, applies them and
+  // forwards them with their ids: the survivor has them already and does not apply them
+  // again. It hears that it is down and is kept out of its ranges.
+  const auto settle = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < settle && silent.epoch() < c.worker->epoch()) {
+    std::this_thread::sleep_for(20ms);
+  }
+  std::this_thread::sleep_for(500ms);
+  for (uint64_t k : keys) {
+    INFO("key " << k);
+    CHECK(Stored(survivor, k) == std::vector<float>(len, 6.0f));
+  }
+  Result<PullResult> again = Await(c.worker->Pull(keys));
+  REQUIRE(again.ok());
+  CHECK(again->values == std::vector<float>(keys.size() * len, 6.0f));
+  REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  Result<PullResult> last = Await(c.worker->Pull(keys));
+  REQUIRE(last.ok());
+  CHECK(last->values == std::vector<float>(keys.size() * len, 7.0f));
+  WARN("pushes in flight to the silent primary acknowledged after " << took << " s");
+}
+
+TEST_CASE("with replicas=1 a push in flight to a silent server fails after recovery_timeout naming it",
+          "[failover][net]") {
+  Cluster c(/*servers=*/2, /*replicas=*/1, /*recovery_timeout=*/4s);
+  const std::vector<uint64_t> keys = Keys(16);
+  const std::vector<float> ones(keys.size() * 8, 1.0f);
+  REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  Freeze freeze(c.ByRank(1));
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = Await(c.worker->Push(keys, ones));
+  const double took = Seconds(t0);
+  freeze.Release();
+  INFO(st.ToString());
+  CHECK(st.code() == Code::kUnavailable);
+  CHECK(st.message().find("server s1") != std::string::npos);
+  CHECK(st.message().find("recovery_timeout 4000 ms") != std::string::npos);
+  // recovery_timeout from the send, not request_timeout.
+  CHECK(took >= 3.5);
+  CHECK(took < std::chrono::duration<double>(kRequestTimeout).count() / 2);
+}
+
+TEST_CASE("with replicas=1 a push in flight to a server silent past its heartbeat timeout is applied once when it resumes",
+          "[failover][net]") {
+  Cluster c(/*servers=*/2, /*replicas=*/1, /*recovery_timeout=*/30s);
+  const std::vector<uint64_t> keys = Keys(16);
+  const std::vector<float> ones(keys.size() * 8, 1.0f);
+  REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  std::future<Status> push;
+  {
+    Freeze freeze(c.ByRank(1));
+    push = c.worker->Push(keys, ones);
+    // Past the heartbeat timeout: the scheduler times it out and the worker closes its link
+    // (the push waits in the closed socket and is sent again on a new one).
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (std::chrono::steady_clock::now() < until && c.worker->cluster_state() != pb::NODE_TIMEOUT) {
+      std::this_thread::sleep_for(20ms);
+    }
+    CHECK(c.worker->cluster_state() == pb::NODE_TIMEOUT);
+    std::this_thread::sleep_for(300ms);
+  }
+  Status st = Await(std::move(push));
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  REQUIRE(c.worker->WaitForReady(kDeadline).ok());
+  Result<PullResult> pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(keys.size() * 8, 2.0f));
+}
+
+}  // namespace pscore::node
