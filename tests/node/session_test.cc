@@ -100,9 +100,14 @@ TEST_CASE("sessions: a scheduler restarted without its state opens a new one - t
                                            Catch::Contains("register again"));
   // The members register again (the old state is gone) and carry on in the new session.
   REQUIRE(w0.KvSet("after", "2").ok());
-  std::thread other([&] { CHECK(w0.Barrier("b", 20s).ok()); });
-  CHECK(w1.Barrier("b", 20s).ok());
+  // Named participants: the round waits for both whichever re-registers first.
+  Status w0_passed;
+  std::thread other([&] { w0_passed = w0.Barrier("b", 20s, {"w0", "w1"}); });
+  Status w1_passed = w1.Barrier("b", 20s, {"w0", "w1"});
   other.join();
+  INFO(w0_passed.ToString() << " / " << w1_passed.ToString());
+  CHECK(w0_passed.ok());
+  CHECK(w1_passed.ok());
   CHECK(w0.KvTryGet("before").status().code() == Code::kNotFound);
   Result<std::string> after = w1.KvTryGet("after");
   REQUIRE(after.ok());
