@@ -161,6 +161,11 @@ struct Event {
   std::vector<std::string> leaving_node_ids;
 };
 
+// The refusal of a request made under another session begins with this (kFailedPrecondition):
+// the member registers again (node::Node does it by itself).
+inline constexpr char kStaleSessionPrefix[] = "stale session";
+bool IsStaleSession(const Status& st);
+
 class ClusterManager {
  public:
   ClusterManager(ClusterConfig config, const Clock* clock);
@@ -206,6 +211,16 @@ class ClusterManager {
   Status ScaleInDone(const std::string& node_id, uint64_t epoch);
   // Admin: CLUSTER_NEW_INSTANCE, CLUSTER_ENABLE_FLS, CLUSTER_DISABLE_FLS, CLUSTER_EXIT.
   Status SetState(pb::ClusterState state);
+
+  // The scheduler's session (docs/coordination.md, Sessions): a number the scheduler draws
+  // when it starts, hands out at REGISTER, and members carry on their requests. Restore
+  // keeps the persisted one, since the state it names comes back with it.
+  uint64_t session_id() const { return session_id_; }
+  void set_session_id(uint64_t id) { session_id_ = id; }
+  // OK for 0 (a caller that never registered: admin clients, subscribers) and for the
+  // current session; kFailedPrecondition naming both otherwise (the state its registration
+  // was made in is gone: it registers again).
+  Status CheckSession(uint64_t carried) const;
 
   std::vector<Event> TakeEvents();
   pb::ClusterState state() const { return state_; }
@@ -284,6 +299,7 @@ class ClusterManager {
   int worker_num_;
   int server_num_;
   bool finish_passed_ = false;
+  uint64_t session_id_ = 0;
   JobOutcome outcome_;
   bool scaling_ = false;
   ScaleOp op_;

@@ -17,6 +17,7 @@ pb::PersistedState ClusterManager::Snapshot() const {
   out.set_worker_num(worker_num_);
   out.set_server_num(server_num_);
   out.set_finish_passed(finish_passed_);
+  out.set_session_id(session_id_);
   if (outcome_.result != JobOutcome::Result::kRunning) {
     out.set_job_result(JobResultName(outcome_.result));
     out.set_job_failure(outcome_.failure);
@@ -48,6 +49,16 @@ pb::PersistedState ClusterManager::Snapshot() const {
     for (const std::string& id : op_.added) s->add_added(id);
   }
   return out;
+}
+
+bool IsStaleSession(const Status& st) {
+  return st.code() == Code::kFailedPrecondition && st.message().rfind(kStaleSessionPrefix, 0) == 0;
+}
+
+Status ClusterManager::CheckSession(uint64_t carried) const {
+  if (carried == 0 || carried == session_id_) return Status::Ok();
+  return internal::Err(Code::kFailedPrecondition, kStaleSessionPrefix, " ", carried, ": this scheduler's session is ",
+                       session_id_, " (the state that session named is gone); register again");
 }
 
 // What a restart changes:
@@ -90,6 +101,7 @@ Status ClusterManager::Restore(const pb::PersistedState& state) {
   epoch_ = state.epoch();
   state_ = state.cluster_state();
   finish_passed_ = false;
+  if (state.session_id() != 0) session_id_ = state.session_id();  // a file of an older build has none
   InvalidateRanks();
   for (NodeRecord* rec : MutableNodes()) RefreshNodeState(rec);
   LOG(INFO) << "restored " << nodes_.size() << " nodes, state " << ClusterStateName(state_) << ", epoch "

@@ -85,19 +85,22 @@ std::vector<pb::Device> DevicesOf(const Host& host) {
   return out;
 }
 
-json DeviceJson(const pb::Device& d, bool v12) {
+// logical: the device's position on its server (host); rank: its position in the table.
+json DeviceJson(const pb::Device& d, bool v12, int logical, int rank) {
   json j = json::object();
   j["device_id"] = std::to_string(d.local_id());
   j["device_ip"] = d.device_ip();
-  j["device_logical_id"] = std::to_string(d.global_id());
-  j["rank_id"] = std::to_string(d.global_id());
+  j["device_logical_id"] = std::to_string(logical);
+  j["rank_id"] = std::to_string(rank);
   if (v12) j["super_device_id"] = d.super_device_id();
   return j;
 }
 
-json ServerJson(const Host& host, bool v12) {
+// next_rank: the rank of the host's first device; moved past its last.
+json ServerJson(const Host& host, bool v12, int* next_rank) {
   json devices = json::array();
-  for (const pb::Device& d : DevicesOf(host)) devices.push_back(DeviceJson(d, v12));
+  int logical = 0;
+  for (const pb::Device& d : DevicesOf(host)) devices.push_back(DeviceJson(d, v12, logical++, (*next_rank)++));
   json j = json::object();
   j["server_id"] = host.server_id;
   j["server_ip"] = host.server_ip;
@@ -154,10 +157,13 @@ json BuildRankTableJson(const std::vector<RankTableNode>& nodes, bool completed)
   const bool v12 = AnySuperPod(nodes);
   std::vector<std::vector<Host>> groups;
   json group_list = json::array();
+  // Ranks count the devices in table order, so they are 0..R-1 with the workers' first:
+  // scaling the servers never moves a worker device's rank.
+  int next_rank = 0;
   for (const GroupSpec& spec : kGroups) {
     groups.push_back(HostsOfRole(nodes, spec.role));
     json servers = json::array();
-    for (const Host& h : groups.back()) servers.push_back(ServerJson(h, v12));
+    for (const Host& h : groups.back()) servers.push_back(ServerJson(h, v12, &next_rank));
     json g = json::object();
     g["group_id"] = spec.group_id;
     g["deploy_server"] = spec.deploy_server;
@@ -176,6 +182,52 @@ json BuildRankTableJson(const std::vector<RankTableNode>& nodes, bool completed)
 std::string BuildRankTable(const std::vector<RankTableNode>& nodes, bool completed) {
   return BuildRankTableJson(nodes, completed)
       .dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+}
+
+Status CheckCompleteRankTable(const json& table) {
+  auto bad = [](const std::string& why) { return Status(Code::kInvalidArgument, "rank table: " + why); };
+  if (!table.is_object() || !table.contains("status") || table["status"] != "completed") {
+    return bad("status is not \"completed\"");
+  }
+  if (!table.contains("server_group_list") || !table["server_group_list"].is_array()) {
+    return bad("no server_group_list");
+  }
+  std::vector<bool> seen;
+  std::vector<std::string> ranks;
+  for (const json& group : table["server_group_list"]) {
+    if (!group.contains("server_list") || !group["server_list"].is_array()) return bad("a group has no server_list");
+    for (const json& server : group["server_list"]) {
+      const std::string where = "server " + server.value("server_id", std::string("?"));
+      if (!server.contains("device") || !server["device"].is_array()) return bad(where + " has no device list");
+      int logical = 0;
+      for (const json& d : server["device"]) {
+        if (d.value("device_logical_id", std::string()) != std::to_string(logical)) {
+          return bad(where + ": device_logical_id " + d.value("device_logical_id", std::string("?")) +
+                     " where " + std::to_string(logical) + " belongs");
+        }
+        ++logical;
+        ranks.push_back(d.value("rank_id", std::string()));
+      }
+    }
+  }
+  seen.assign(ranks.size(), false);
+  for (const std::string& r : ranks) {
+    const bool digits = !r.empty() && r.size() < 10 &&
+                        std::all_of(r.begin(), r.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const size_t v = digits ? std::stoul(r) : ranks.size();
+    if (v >= ranks.size()) {
+      return bad("rank_id " + r + " is not in 0.." + std::to_string(static_cast<int64_t>(ranks.size()) - 1));
+    }
+    if (seen[v]) return bad("rank_id " + r + " appears twice");
+    seen[v] = true;
+  }
+  return Status::Ok();
+}
+
+uint64_t RankTableVersions::Offer(bool complete, const std::string& table) {
+  if (!complete || (version_ != 0 && table == last_)) return 0;
+  last_ = table;
+  return ++version_;
 }
 
 }  // namespace core

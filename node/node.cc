@@ -160,6 +160,11 @@ void Node::Register() {
     registered_ = true;
     register_backoff_ = Duration::zero();
     SchedulerAnswered();
+    if (session_id_ != 0 && resp.session_id() != session_id_) {
+      LOG(WARNING) << RoleLabel(options_.role) << " " << options_.node_id << ": the scheduler opened a new session ("
+                   << session_id_ << " -> " << resp.session_id() << "): the state of the old one is gone";
+    }
+    session_id_ = resp.session_id();
     rank_ = resp.rank_id();
     LOG(INFO) << RoleLabel(options_.role) << " " << options_.node_id << " registered as rank " << rank_;
     PublishSnapshot();
@@ -197,6 +202,19 @@ void Node::RetryRegister(const Status& why) {
   });
 }
 
+pb::MessageMeta Node::SchedulerMeta(pb::NodeCommand cmd) const {
+  pb::MessageMeta meta = MakeMeta(cmd, options_.role, rank_);
+  meta.set_session_id(session_id_);
+  return meta;
+}
+
+void Node::OnStaleSession(uint64_t carried, const Status& why) {
+  if (closed_ || carried != session_id_) return;
+  LOG(WARNING) << RoleLabel(options_.role) << " " << options_.node_id << ": " << why << "; registering again";
+  registered_ = false;
+  Register();
+}
+
 void Node::Heartbeat() {
   if (!registered_ || scheduler_ == nullptr || !scheduler_->connected()) return;
   pb::HeartbeatMessage msg;
@@ -204,8 +222,8 @@ void Node::Heartbeat() {
   msg.set_known_epoch(epoch_);
   msg.set_incarnation(incarnation_);
   msg.set_node_state(state_ == pb::CLUSTER_READY ? pb::NODE_READY : pb::NODE_STARTING);
-  messenger_->Call(scheduler_->conn(), MakeMeta(pb::HEARTBEAT, options_.role, rank_), ToBuffer(msg),
-                   options_.heartbeat_interval * 3, [this](Result<Frame> r) {
+  messenger_->Call(scheduler_->conn(), SchedulerMeta(pb::HEARTBEAT), ToBuffer(msg),
+                   options_.heartbeat_interval * 3, [this, session = session_id_](Result<Frame> r) {
     const Code code = r.ok() ? Code::kOk : r.status().code();
     if (code == Code::kOk || code == Code::kNotFound || code == Code::kAborted || code == Code::kFailedPrecondition) {
       SchedulerAnswered();
@@ -216,6 +234,7 @@ void Node::Heartbeat() {
       if (code == Code::kAborted) {
         LOG_EVERY_N(ERROR, 20) << options_.node_id << ": heartbeat refused: " << r.status();
       }
+      if (core::IsStaleSession(r.status())) return OnStaleSession(session, r.status());
       if (code == Code::kNotFound || code == Code::kFailedPrecondition) {
         LOG(WARNING) << options_.node_id << ": the scheduler does not know us (" << r.status()
                      << "); registering again";
@@ -252,10 +271,11 @@ void Node::FetchMetadata(uint64_t epoch) {
   metadata_wanted_ = std::max(metadata_wanted_, epoch);
   if (metadata_fetching_ || closed_ || scheduler_ == nullptr || !scheduler_->connected()) return;
   metadata_fetching_ = true;
-  messenger_->Call(scheduler_->conn(), MakeMeta(pb::FETCH_METADATA, options_.role, rank_), nullptr,
-                   options_.heartbeat_interval * 3, [this](Result<Frame> r) {
+  messenger_->Call(scheduler_->conn(), SchedulerMeta(pb::FETCH_METADATA), nullptr,
+                   options_.heartbeat_interval * 3, [this, session = session_id_](Result<Frame> r) {
     metadata_fetching_ = false;
     if (closed_) return;
+    if (core::IsStaleSession(r.status())) return OnStaleSession(session, r.status());
     pb::SendMetadataMessage md;
     if (!r.ok() || !ParsePayload(*r, &md).ok()) {
       VLOG(1) << options_.node_id << ": metadata fetch failed: " << r.status();
@@ -541,7 +561,7 @@ void Node::SendScaleDone(pb::NodeCommand cmd, uint64_t epoch) {
     payload = ToBuffer(msg);
   }
   VLOG(1) << options_.node_id << ": " << pb::NodeCommand_Name(cmd) << " epoch " << epoch;
-  messenger_->Call(scheduler_->conn(), MakeMeta(cmd, options_.role, rank_), payload, options_.request_timeout,
+  messenger_->Call(scheduler_->conn(), SchedulerMeta(cmd), payload, options_.request_timeout,
                    [this, cmd, epoch](Result<Frame> r) {
                      if (!r.ok()) {
                        LOG(WARNING) << options_.node_id << ": " << pb::NodeCommand_Name(cmd) << " of epoch "

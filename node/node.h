@@ -201,6 +201,11 @@ class Node {
   void WatchScheduler();
   void PublishSnapshot();
   void SendScaleDone(pb::NodeCommand cmd, uint64_t epoch);
+  // The meta of a request to the scheduler: carries the session of our registration.
+  pb::MessageMeta SchedulerMeta(pb::NodeCommand cmd) const;
+  // A request sent under session `carried` was refused as stale: registers again, unless a
+  // registration since gave a new session already.
+  void OnStaleSession(uint64_t carried, const Status& why);
   // Control calls that survive a lost scheduler (loop thread): see CallSchedulerAsync.
   struct ControlCall {
     pb::NodeCommand cmd;
@@ -236,6 +241,7 @@ class Node {
   bool closed_ = false;  // loop thread: CloseOnLoop ran
   bool registered_ = false;
   bool registering_ = false;
+  uint64_t session_id_ = 0;  // the scheduler's session, from the last registration (0: none yet)
   // A REGISTER that timed out on a live link is sent again after this backoff (loop thread).
   comm::TimerId register_retry_timer_ = 0;
   Duration register_backoff_{};

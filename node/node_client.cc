@@ -1,5 +1,6 @@
 // Node, second half: blocking client calls to the scheduler (ready, finish,
 // coordination services) and links to servers by rank.
+#include "core/cluster_manager.h"
 #include "node/node.h"
 #include "node/wire.h"
 
@@ -47,16 +48,18 @@ void Node::SendControlCall(std::shared_ptr<ControlCall> call) {
   }
   const ConnId conn = scheduler_->conn();
   const TimePoint sent = clock_.Now();
-  messenger_->Call(conn, MakeMeta(call->cmd, options_.role, rank_), call->payload, call->timeout,
-                   [this, call, sent, conn](Result<Frame> r) {
+  messenger_->Call(conn, SchedulerMeta(call->cmd), call->payload, call->timeout,
+                   [this, call, sent, conn, session = session_id_](Result<Frame> r) {
+                     if (core::IsStaleSession(r.status())) OnStaleSession(session, r.status());
                      if (!r.ok() && !closed() && ParkControlCall(call, r.status(), sent, conn)) return;
                      call->done(std::move(r), call->reissued);
                    });
 }
 
-// Loop thread. A call is parked when the scheduler link it used is lost (kUnavailable), or
-// its deadline passed while the scheduler answered nothing at all since it was sent (a
-// stopped scheduler). It is sent again at the next registration.
+// Loop thread. A call is parked when the scheduler link it used is lost (kUnavailable), its
+// deadline passed while the scheduler answered nothing at all since it was sent (a stopped
+// scheduler), or it was refused as made under a stale session (nothing was done; the node
+// registers again). It is sent again at the next registration.
 bool Node::ParkControlCall(const std::shared_ptr<ControlCall>& call, const Status& why, TimePoint sent,
                            ConnId conn) {
   if (!call->reissuable || scheduler_ == nullptr) return false;
@@ -66,13 +69,14 @@ bool Node::ParkControlCall(const std::shared_ptr<ControlCall>& call, const Statu
   }
   const bool lost = why.code() == Code::kUnavailable;
   const bool silent = why.code() == Code::kTimeout && watch_.since_answer() >= clock_.Now() - sent;
-  if (!lost && !silent) return false;
+  const bool stale = core::IsStaleSession(why);
+  if (!lost && !silent && !stale) return false;
   if (!call->lost_since) call->lost_since = clock_.Now();
   call->reissued = true;
   VLOG(1) << options_.node_id << ": " << pb::NodeCommand_Name(call->cmd) << " to the scheduler lost (" << why
           << "); re-issued once registered again";
-  if (registered_ && scheduler_->connected() && scheduler_->conn() != conn) {
-    // Registered again already (on a new link): send it now.
+  if (registered_ && scheduler_->connected() && (scheduler_->conn() != conn || stale)) {
+    // Registered again already (on a new link, or in a new session): send it now.
     loop_->Run([this, call] { SendControlCall(call); });
     return true;
   }

@@ -91,20 +91,27 @@ Status RankTableHub::CheckJob(const std::string& job_id) const {
                                      this->job_id() + "'");
 }
 
-// Builds the table; publishes a new version only when the text changed.
+// Publishes complete tables only (the cluster READY: every member registered with its
+// devices), each change once (core::RankTableVersions). While the membership is incomplete
+// (starting, scaling, a member timed out) subscribers hear nothing and keep the last table.
 void RankTableHub::Rebuild() {
   const core::ClusterManager& cluster = sched_->cluster();
-  std::string table = core::BuildRankTable(TableNodes(cluster), cluster.state() == pb::CLUSTER_READY);
-  if (current_ && current_->table == table) return;
+  const bool complete = cluster.state() == pb::CLUSTER_READY;
+  if (!complete) return;
+  std::string table = core::BuildRankTable(TableNodes(cluster), complete);
+  const uint64_t version = versions_.Offer(complete, table);
+  if (version == 0) return;
   auto snap = std::make_shared<RankTableSnapshot>();
-  snap->version = ++stats_.versions;
+  snap->version = version;
+  stats_.versions = version;
   snap->job_id = job_id();
   snap->table = std::move(table);
   pb::RankTableStream msg;
   msg.set_jobid(snap->job_id);
   msg.set_ranktable(snap->table);
+  msg.set_version(snap->version);
   snap->native = ToBuffer(msg);
-  nlohmann::json line = {{"jobId", snap->job_id}, {"rankTable", snap->table}};
+  nlohmann::json line = {{"jobId", snap->job_id}, {"rankTable", snap->table}, {"version", snap->version}};
   snap->line = std::make_shared<const std::string>(
       line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   current_ = snap;

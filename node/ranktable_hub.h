@@ -1,6 +1,6 @@
 // RankTableHub: the scheduler's live rank table and its subscribers.
 // Rebuilds the `global-ranktable` JSON (core::BuildRankTable) on every cluster event and
-// registration, and pushes each new version to every subscriber: native ones
+// registration, and pushes each new complete version to every subscriber: native ones
 // (SUBSCRIBE_RANKTABLE / RANKTABLE_STREAM) and any other Sink (the HTTP stream).
 // A subscriber whose connection holds more than coalesce_bytes unsent keeps only the newest
 // table; one stuck above that bound for stall_timeout is dropped with a log line.
@@ -15,13 +15,14 @@
 #include <set>
 #include <string>
 
+#include "core/rank_table.h"
 #include "node/scheduler_node.h"
 
 namespace pscore::node {
 
 // One published version of the table, shared by every subscriber that sends it.
 struct RankTableSnapshot {
-  uint64_t version = 0;  // 1, 2, ... per change
+  uint64_t version = 0;  // 1, 2, ... per published (complete) table
   std::string job_id;
   std::string table;                        // the global-ranktable JSON text
   BufferPtr native;                         // serialized pb::RankTableStream
@@ -102,6 +103,7 @@ class RankTableHub {
   bool started_ = false;
   bool stopped_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards listener callbacks
+  core::RankTableVersions versions_;
   RankTableHubStats stats_;
 };
 

@@ -197,7 +197,11 @@ void SchedulerHttp::ServeRankTable(comm::HttpConnId id, const comm::HttpRequest&
   Status st = hub_->CheckJob(job == req.query.end() ? "" : job->second);
   if (!st.ok()) return Reply(id, st, nullptr);
   std::shared_ptr<const RankTableSnapshot> snap = hub_->current();
-  if (!snap) return Reply(id, Status(Code::kUnavailable, "rank table not built yet"), nullptr);
+  if (!snap) {
+    return Reply(id, Status(Code::kUnavailable, "no complete rank table yet: job '" + hub_->job_id() +
+                                                    "' is not ready (every member registered with its devices)"),
+                 nullptr);
+  }
   Reply(id, Status::Ok(), json{{"jobId", snap->job_id}, {"version", snap->version},
                                {"rankTable", json::parse(snap->table, nullptr, false)}});
 }

@@ -1,6 +1,7 @@
 #include "node/scheduler_node.h"
 
 #include <future>
+#include <random>
 
 #include "core/state_file.h"
 #include "node/state_writer.h"
@@ -24,6 +25,15 @@ core::ClusterConfig MakeClusterConfig(const SchedulerOptions& o) {
   return c;
 }
 
+// A scheduler started with no state opens a new session: members registered with an
+// earlier scheduler process are told to register again.
+uint64_t FreshSessionId() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+               static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return v == 0 ? 1 : v;
+}
+
 }  // namespace
 
 SchedulerNode::SchedulerNode(SchedulerOptions options, comm::EventLoop* loop)
@@ -33,6 +43,7 @@ SchedulerNode::SchedulerNode(SchedulerOptions options, comm::EventLoop* loop)
       cluster_(MakeClusterConfig(options_), &clock_),
       kv_(&clock_, options_.max_kv_value_bytes, options_.max_kv_total_bytes),
       barriers_(&clock_) {
+  cluster_.set_session_id(FreshSessionId());  // OpenState keeps a persisted one instead
   // Barriers may name registered members only (any name while the cluster is starting).
   barriers_.SetMembership([this](const std::string& node_id) {
     return cluster_.state() == pb::ClUSTER_STARTING || cluster_.Find(node_id) != nullptr;
@@ -185,6 +196,16 @@ void SchedulerNode::Reply(ConnId conn, const pb::MessageMeta& req, const Status&
 }
 
 void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
+  // A request made under another session (a scheduler process whose state is gone) is not
+  // acted on: the member registers again and gets this session.
+  if (frame.meta.session_id() != 0 && frame.meta.cmd() != pb::REGISTER) {
+    Status session = cluster_.CheckSession(frame.meta.session_id());
+    if (!session.ok()) {
+      LOG_EVERY_N(WARNING, 100) << "scheduler: conn " << conn << " " << NodeOf(conn) << ": "
+                                << pb::NodeCommand_Name(frame.meta.cmd()) << " refused: " << session;
+      return Reply(conn, frame.meta, session);
+    }
+  }
   switch (frame.meta.cmd()) {
     case pb::REGISTER: HandleRegister(conn, frame); break;
     case pb::HEARTBEAT: HandleHeartbeat(conn, frame); break;
@@ -298,6 +319,7 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   resp.set_epoch(cluster_.epoch());
   resp.set_worker_num(cluster_.worker_num());
   resp.set_server_num(cluster_.server_num());
+  resp.set_session_id(cluster_.session_id());
   Reply(conn, frame.meta, Status::Ok(), ToBuffer(resp));
   if (!out->retry) {
     metadata_.Invalidate();

@@ -1,8 +1,9 @@
 // Rank-table fan-out benchmark (scripts/bench.sh ranktable). A real SchedulerNode with its
 // RankTableHub and HTTP endpoint runs on its own loop thread. Subscribers on real sockets:
 // native RankTableSubscribers on one client loop thread, HTTP stream readers on one epoll
-// thread. A registrar registers one new node per change (each changes the table). For each
-// of 50 changes: time from just before the REGISTER is sent to the moment the last
+// thread. The job is one worker; once it registered (READY, the first table), the registrar
+// registers it again at a new address per change (each changes the table: only complete
+// tables are published). For each of 50 changes: time from just before the REGISTER is sent to the moment the last
 // subscriber has received the new table (changes are sequential: the next starts once the
 // last subscriber got the previous one). Prints the median and p90, and the scheduler loop
 // thread's CPU time per change (CLOCK_THREAD_CPUTIME_ID, read on that thread).
@@ -139,10 +140,27 @@ struct Figures {
   int subscribers = 0;
 };
 
+// bench-w's REGISTER; change c >= 0 gives it address 10.9.0.c (a retry that moves it), -1
+// the first address.
+BufferPtr Registration(int c) {
+  pb::RegisterMessage msg;
+  msg.set_ip(c < 0 ? "127.0.0.1" : "10.9." + std::to_string(c / 256) + "." + std::to_string(c % 256));
+  msg.set_port(2000);
+  msg.set_node_id("bench-w");
+  msg.set_role(pb::WORKER);
+  msg.set_incarnation(1);
+  msg.set_protocol_version(node::kProtocolVersion);
+  msg.set_requested_rank(-1);
+  pb::Device* d = msg.add_devices();
+  d->set_local_id(0);
+  d->set_device_ip("10.0.0.1");
+  return ToBuffer(msg);
+}
+
 Figures RunCase(int native, int http) {
   SchedulerOptions so;
-  so.worker_num = core::kMaxRoleTotal;  // never READY: every registration changes the table
-  so.server_num = 1;
+  so.worker_num = 1;  // READY once bench-w registers; each change moves it to a new address
+  so.server_num = 0;
   so.heartbeat_interval = 1s;
   so.heartbeat_timeout = 600s;
   SchedulerNode sched(so);
@@ -165,15 +183,6 @@ Figures RunCase(int native, int http) {
     if (!subs.back()->Start().ok()) std::abort();
   }
   HttpReaders readers(*http_port, http, &tally);
-  const uint64_t total = static_cast<uint64_t>(native) + readers.size();
-  // Wait until everybody holds the initial table.
-  for (int i = 0; i < 2000 && tally.received.load() < total; ++i) std::this_thread::sleep_for(5ms);
-  if (tally.received.load() != total) {
-    std::fprintf(stderr, "only %lu of %lu subscribers got the initial table\n",
-                 static_cast<unsigned long>(tally.received.load()), static_cast<unsigned long>(total));
-    std::abort();
-  }
-
   comm::EventLoop reg_loop("registrar");
   if (!reg_loop.Start().ok()) std::abort();
   comm::Messenger reg(&reg_loop, comm::TransportOptions(), comm::Messenger::Handlers());
@@ -184,6 +193,20 @@ Figures RunCase(int native, int http) {
   });
   comm::ConnId conn = connected.get_future().get();
 
+  const uint64_t total = static_cast<uint64_t>(native) + readers.size();
+  // The job's one worker registers: READY, the initial table. Wait until everybody holds it.
+  tally.target.store(total);
+  tally.done_ns.store(0);
+  reg_loop.Post([&, payload = Registration(-1)] {
+    reg.Call(conn, MakeMeta(pb::REGISTER, pb::WORKER, 0), payload, 10s, [](pscore::Result<comm::Frame>) {});
+  });
+  for (int i = 0; i < 2000 && tally.received.load() < total; ++i) std::this_thread::sleep_for(5ms);
+  if (tally.received.load() != total) {
+    std::fprintf(stderr, "only %lu of %lu subscribers got the initial table\n",
+                 static_cast<unsigned long>(tally.received.load()), static_cast<unsigned long>(total));
+    std::abort();
+  }
+
   auto cpu = [&] {
     std::promise<int64_t> p;
     sched.loop()->Post([&] { p.set_value(ThreadCpuNs()); });
@@ -192,19 +215,7 @@ Figures RunCase(int native, int http) {
   std::vector<double> lat;
   int64_t cpu0 = cpu();
   for (int c = 0; c < kChanges; ++c) {
-    pb::RegisterMessage msg;
-    msg.set_ip("127.0.0.1");
-    msg.set_port(2000 + c);
-    msg.set_node_id("bench-w" + std::to_string(c));
-    msg.set_role(pb::WORKER);
-    msg.set_incarnation(1);
-    msg.set_protocol_version(node::kProtocolVersion);
-    msg.set_requested_rank(-1);
-    msg.set_host_name("host-" + std::to_string(c));
-    pb::Device* d = msg.add_devices();
-    d->set_local_id(0);
-    d->set_device_ip("10.0.0." + std::to_string(c));
-    BufferPtr payload = ToBuffer(msg);
+    BufferPtr payload = Registration(c);
     tally.target.store(total * (c + 2));
     tally.done_ns.store(0);
     int64_t t0 = NowNs();

@@ -84,5 +84,41 @@ TEST_CASE("ranks stay dense and unique across registrations and removals and req
   CHECK(w4->rank == 3);
 }
 
+TEST_CASE("sessions: 0 and the current one pass - another is refused failed_precondition naming both - a restore keeps it",
+          "[core][cluster][session]") {
+  FakeClock clock;
+  ClusterManager cm(Config(1, 1), &clock);
+  cm.set_session_id(41);
+  CHECK(cm.session_id() == 41);
+  CHECK(cm.CheckSession(0).ok());   // never registered: admin clients, subscribers
+  CHECK(cm.CheckSession(41).ok());
+  Status stale = cm.CheckSession(17);
+  CHECK(stale.code() == Code::kFailedPrecondition);
+  CHECK_THAT(stale.message(), Catch::StartsWith(kStaleSessionPrefix) && Catch::Contains("17") &&
+                                  Catch::Contains("41") && Catch::Contains("register again"));
+  CHECK(IsStaleSession(stale));
+  // Another failed_precondition is not a stale session, nor is a stale message of another class.
+  CHECK_FALSE(IsStaleSession(Status(Code::kFailedPrecondition, "node w0 already left")));
+  CHECK_FALSE(IsStaleSession(Status(Code::kAborted, stale.message())));
+
+  // With its state (--state_dir) a restarted scheduler keeps the session: the registrations
+  // made in it are restored with it, so requests made under it stay valid.
+  REQUIRE(cm.Register(Member("s0", pb::SERVER)).ok());
+  pb::PersistedState state = cm.Snapshot();
+  CHECK(state.session_id() == 41);
+  ClusterManager restored(Config(1, 1), &clock);
+  restored.set_session_id(99);  // what a fresh start drew
+  REQUIRE(restored.Restore(state).ok());
+  CHECK(restored.session_id() == 41);
+  CHECK(restored.CheckSession(41).ok());
+  // A state file with no session (written before sessions existed) keeps the drawn one.
+  state.clear_session_id();
+  ClusterManager older(Config(1, 1), &clock);
+  older.set_session_id(99);
+  REQUIRE(older.Restore(state).ok());
+  CHECK(older.session_id() == 99);
+  CHECK(older.CheckSession(41).code() == Code::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace pscore::core

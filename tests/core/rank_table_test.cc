@@ -167,6 +167,90 @@ TEST_CASE("empty cluster and hostile strings still give a valid table", "[core][
   CHECK(parsed["server_group_list"][0]["server_list"][0]["server_id"] == "bad\xEF\xBF\xBD\"host");
 }
 
+// The rank ids of the worker group's devices, in table order.
+std::vector<std::string> WorkerRanks(const json& table) {
+  std::vector<std::string> out;
+  for (const json& s : table["server_group_list"][0]["server_list"]) {
+    for (const json& d : s["device"]) out.push_back(d["rank_id"].get<std::string>());
+  }
+  return out;
+}
+
+TEST_CASE("rank table rules: rank_id dense 0..R-1, device_logical_id per server, worker ranks fixed when servers scale",
+          "[core][ranktable]") {
+  // Sparse and server-first global ids (as the topology numbers them) do not leak into ranks.
+  std::vector<RankTableNode> nodes = {
+      Node("s0", pb::SERVER, 0, "10.0.1.1", "hs0", {Dev(0, 0, "172.16.9.1"), Dev(1, 1, "172.16.9.2")}),
+      Node("w0", pb::WORKER, 0, "10.0.0.1", "h0", {Dev(0, 7, "172.16.0.1"), Dev(1, 8, "172.16.0.2")}),
+      Node("w1", pb::WORKER, 1, "10.0.0.2", "h1", {Dev(0, 12, "172.16.1.1"), Dev(3, 40, "172.16.1.2")}),
+  };
+  const json before = BuildRankTableJson(nodes, true);
+  REQUIRE(CheckCompleteRankTable(before).ok());
+  CHECK((WorkerRanks(before) == std::vector<std::string>{"0", "1", "2", "3"}));
+  const json& h1 = before["server_group_list"][0]["server_list"][1]["device"];
+  CHECK(h1[0]["device_logical_id"] == "0");
+  CHECK(h1[1]["device_logical_id"] == "1");
+  CHECK(h1[1]["device_id"] == "3");  // the host's own ordinal stays in device_id
+  CHECK(before["server_group_list"][1]["server_list"][0]["device"][0]["rank_id"] == "4");
+
+  // A server joins (and the topology's global ids all move): worker ranks stay.
+  nodes.push_back(Node("s1", pb::SERVER, 1, "10.0.1.2", "hs1", {Dev(0, 2, "172.16.9.3")}));
+  for (RankTableNode& n : nodes) {
+    for (pb::Device& d : n.devices) d.set_global_id(d.global_id() + 100);
+  }
+  const json scaled = BuildRankTableJson(nodes, true);
+  REQUIRE(CheckCompleteRankTable(scaled).ok());
+  CHECK(WorkerRanks(scaled) == WorkerRanks(before));
+  CHECK(scaled["server_group_list"][1]["server_list"][1]["device"][0]["rank_id"] == "6");
+  CHECK(scaled["server_group_list"][1]["server_list"][1]["device"][0]["device_logical_id"] == "0");
+}
+
+TEST_CASE("rank table rules: only a complete table passes the check - each broken rule is named",
+          "[core][ranktable]") {
+  std::vector<RankTableNode> nodes = NodesV10();
+  CHECK(CheckCompleteRankTable(BuildRankTableJson(nodes, true)).ok());
+  CHECK(CheckCompleteRankTable(LoadGolden("ranktable_v1_0.json")).ok());
+
+  Status initializing = CheckCompleteRankTable(BuildRankTableJson(nodes, false));
+  CHECK(initializing.code() == Code::kInvalidArgument);
+  CHECK_THAT(initializing.message(), Catch::Contains("completed"));
+
+  json dup = BuildRankTableJson(nodes, true);
+  dup["server_group_list"][0]["server_list"][1]["device"][0]["rank_id"] = "0";
+  Status twice = CheckCompleteRankTable(dup);
+  CHECK(twice.code() == Code::kInvalidArgument);
+  CHECK_THAT(twice.message(), Catch::Contains("rank_id 0 appears twice"));
+
+  json gap = BuildRankTableJson(nodes, true);
+  gap["server_group_list"][0]["server_list"][2]["device"][0]["rank_id"] = "9";
+  Status sparse = CheckCompleteRankTable(gap);
+  CHECK(sparse.code() == Code::kInvalidArgument);
+  CHECK_THAT(sparse.message(), Catch::Contains("rank_id 9 is not in 0..4"));
+
+  json logical = BuildRankTableJson(nodes, true);
+  logical["server_group_list"][0]["server_list"][1]["device"][0]["device_logical_id"] = "3";
+  Status per_server = CheckCompleteRankTable(logical);
+  CHECK(per_server.code() == Code::kInvalidArgument);
+  CHECK_THAT(per_server.message(), Catch::Contains("server hostB") && Catch::Contains("device_logical_id 3"));
+}
+
+TEST_CASE("rank table versions: nothing while incomplete - one version per change - none for the same table",
+          "[core][ranktable]") {
+  RankTableVersions v;
+  const std::string partial = BuildRankTable({NodesV10()[0]}, false);
+  const std::string full = BuildRankTable(NodesV10(), true);
+  CHECK(v.Offer(false, partial) == 0);  // members still registering: the stream sends nothing
+  CHECK(v.version() == 0);
+  CHECK(v.Offer(true, full) == 1);      // the first complete table
+  CHECK(v.Offer(true, full) == 0);      // a retry, a recovered member: the same table
+  CHECK(v.Offer(false, partial) == 0);  // scaling or a member timed out: nothing
+  std::vector<RankTableNode> more = NodesV10();
+  more.push_back(Node("w11", pb::WORKER, 11, "10.0.0.4", "", {Dev(0, 11, "192.168.0.40")}));
+  CHECK(v.Offer(true, BuildRankTable(more, true)) == 2);  // one change, one version, +1
+  CHECK(v.Offer(true, full) == 3);      // back to the old membership is a change too
+  CHECK(v.version() == 3);
+}
+
 }  // namespace
 // Builds the table on a thread of its own and waits up to `deadline`: a quadratic builder
 // would take hours on these inputs, and the test must fail, not hang. The thread owns its

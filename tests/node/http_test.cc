@@ -99,8 +99,8 @@ std::string Drain(int fd, int ms) {
   return out;
 }
 
-std::string StreamLine(const std::string& job, const std::string& table) {
-  return nlohmann::json{{"jobId", job}, {"rankTable", table}}.dump() + "\n";
+std::string StreamLine(const std::string& job, const std::string& table, uint64_t version) {
+  return nlohmann::json{{"jobId", job}, {"rankTable", table}, {"version", version}}.dump() + "\n";
 }
 
 // A child process killed (SIGKILL) and reaped at scope exit, even when the test fails.
@@ -286,13 +286,13 @@ TEST_CASE("http: Start on a stopped scheduler is refused - not a hang", "[node][
 
 TEST_CASE("http: endpoints answer with one JSON shape and proper status codes", "[node][net]") {
   Stack st(SchedOpts(1, 1));
+  // No member yet: there is no complete table to hand out.
   HttpAnswer a = Request(st.port, "GET", "/v1/ranktable?jobId=job-7");
-  CHECK(a.status == 200);
+  CHECK(a.status == 503);
   REQUIRE(Shaped(a.body));
   nlohmann::json j = nlohmann::json::parse(a.body);
-  CHECK(j["code"] == 0);
-  CHECK(j["data"]["jobId"] == "job-7");
-  CHECK(j["data"]["rankTable"]["status"] == "initializing");
+  CHECK(j["code"] == static_cast<int>(Code::kUnavailable));
+  CHECK_THAT(j["message"].get<std::string>(), Catch::Contains("job-7") && Catch::Contains("not ready"));
 
   a = Request(st.port, "GET", "/v1/ranktable?jobId=nope");
   CHECK(a.status == 404);
@@ -464,8 +464,15 @@ TEST_CASE("http stream: a stalled reader does not delay another - 220 readers ge
   Registrar reg(st.sched.port());
   for (int i = 0; i < 100; ++i) REQUIRE(reg.Register("w" + std::to_string(i), pb::WORKER, 8).ok());
   REQUIRE(reg.Register("s0", pb::SERVER).ok());
-  const std::string last = StreamLine("job-7", CurrentTable(st.sched, st.hub));
+  // READY: the first table. Each worker then moves to another address: 100 more versions.
+  for (int i = 0; i < 100; ++i) {
+    REQUIRE(reg.Register("w" + std::to_string(i), pb::WORKER, 8, 1, "10.1.0." + std::to_string(i)).ok());
+  }
+  const uint64_t version = OnLoop(*st.sched.loop(), [&] { return st.hub.stats().versions; });
+  CHECK(version == 101);
+  const std::string last = StreamLine("job-7", CurrentTable(st.sched, st.hub), version);
   CHECK(TableStatus(CurrentTable(st.sched, st.hub)) == "completed");
+  CHECK(MovedHosts(CurrentTable(st.sched, st.hub)) == 100);
   // Each reader keeps only the bytes that could still hold the start of `last` (a reader
   // gets up to ~100 tables of ~80 KB). The search is Boyer-Moore-Horspool, not
   // std::string::find: find memcmp()s the whole 80 KB needle at every '{', and TSan's
@@ -500,7 +507,7 @@ TEST_CASE("http stream: a stalled reader does not delay another - 220 readers ge
   CHECK(OnLoop(*st.sched.loop(), [&] { return st.hub.stats().coalesced; }) > 0u);
 }
 
-TEST_CASE("curl follows the stream while nodes join and leave, and calls every endpoint", "[node][net][multiproc]") {
+TEST_CASE("curl follows the stream: the complete table once nodes joined, none when one leaves, and calls every endpoint", "[node][net][multiproc]") {
   if (std::system("command -v curl >/dev/null 2>&1") != 0) {
     WARN("curl not installed (scripts/setup.sh installs it); skipped");
     return;
@@ -512,7 +519,13 @@ TEST_CASE("curl follows the stream while nodes join and leave, and calls every e
   const std::string out = "/tmp/pscore_curl_stream_" + std::to_string(::getpid()) + ".txt";
   Child curl({"curl", "-sN", "-m", "60", base + "/v1/ranktable/stream?jobId=job-7&role=worker"}, out);
   REQUIRE(curl.started());
-  REQUIRE(WaitLastLine(out, [](const std::string& t) { return WorkerHosts(t) == 0; }));
+  // Subscribed once the hub counts it; the stream sends nothing before the job is ready.
+  size_t subscribed = 0;
+  for (int i = 0; i < 400 && subscribed != 1; ++i) {
+    subscribed = OnLoop(*st.sched.loop(), [&] { return st.hub.num_subscribers(); });
+    if (subscribed != 1) std::this_thread::sleep_for(25ms);
+  }
+  REQUIRE(subscribed == 1);
 
   auto opts = [&](pb::NodeRole role, const std::string& id) {
     NodeOptions n;
@@ -531,8 +544,15 @@ TEST_CASE("curl follows the stream while nodes join and leave, and calls every e
   REQUIRE(w0->Start().ok());
   REQUIRE(w1->Start().ok());
   CHECK(WaitLastLine(out, [](const std::string& t) { return TableStatus(t) == "completed" && WorkerHosts(t) == 2; }));
-  w1->Stop();  // leaves: times out, and the table drops it
-  CHECK(WaitLastLine(out, [](const std::string& t) { return WorkerHosts(t) == 1; }));
+  w1->Stop();  // leaves: times out; the membership is incomplete, so no partial table follows
+  auto timed_out = [&] {
+    return OnLoop(*st.sched.loop(), [&] { return st.sched.cluster().state() == pb::NODE_TIMEOUT; });
+  };
+  for (auto deadline = std::chrono::steady_clock::now() + 20s; !timed_out() && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(timed_out());
+  CHECK(WaitLastLine(out, [](const std::string& t) { return TableStatus(t) == "completed" && WorkerHosts(t) == 2; }));
 
   auto call = [&](const std::string& method, const std::string& path, const std::string& body = "") {
     std::vector<std::string> argv = {"curl", "-s", "-m", "10", "-w", "\n%{http_code}", "-X", method};
@@ -718,6 +738,9 @@ TEST_CASE("http: a 401 and a 405 carry their reason phrase and a 405 names the a
 TEST_CASE("http: HEAD answers with the headers of a GET and no body - the stream adds no subscriber",
           "[node][net]") {
   Stack st(SchedOpts(1, 1));
+  Registrar reg(st.sched.port());  // a ready job has a rank table
+  REQUIRE(reg.Register("w0", pb::WORKER).ok());
+  REQUIRE(reg.Register("s0", pb::SERVER).ok());
   for (const char* path : {"/v1/cluster", "/v1/nodes", "/v1/ranktable?jobId=job-7", "/metrics"}) {
     INFO(path);
     HttpAnswer get = Request(st.port, "GET", path);
@@ -811,34 +834,33 @@ TEST_CASE("http: a client that pipelines requests and never reads its answers is
   CHECK(Request(st.port, "GET", "/v1/cluster").status == 200);
 }
 
-TEST_CASE("http stream: the initial table then every change in order", "[node][net]") {
+TEST_CASE("http stream: nothing while members register - the first line is the complete table, with its version",
+          "[node][net][ranktable]") {
   Stack st(SchedOpts(3, 1));
   StreamReader reader(st.port);
-  REQUIRE(reader.got().WaitFor([](const std::string& t) { return WorkerHosts(t) == 0; }));
-  CHECK(reader.status() == 200);
-  CHECK(TableStatus(reader.got().tables()[0]) == "initializing");
-
   Registrar reg(st.sched.port());
   REQUIRE(reg.Register("w0", pb::WORKER).ok());
   REQUIRE(reg.Register("w1", pb::WORKER).ok());
   REQUIRE(reg.Register("w2", pb::WORKER).ok());
+  CHECK(OnLoop(*st.sched.loop(), [&] { return st.hub.stats().versions; }) == 0u);
   REQUIRE(reg.Register("s0", pb::SERVER).ok());
   REQUIRE(reader.got().WaitFor([](const std::string& t) { return TableStatus(t) == "completed"; }));
+  CHECK(reader.status() == 200);
   std::vector<std::string> tables = reader.got().tables();
-  // One line per change, in order: 0..3 worker hosts while initializing, then the admission
-  // of s0, which makes the cluster READY in the same step.
-  std::vector<int> hosts;
-  for (auto& t : tables) hosts.push_back(WorkerHosts(t));
-  REQUIRE((hosts == std::vector<int>{0, 1, 2, 3, 3}));
-  for (int i = 0; i < 4; ++i) CHECK(TableStatus(tables[i]) == "initializing");
-  CHECK(TableStatus(tables[4]) == "completed");
-  CHECK(ServerHosts(tables[3]) == 0);
-  CHECK(ServerHosts(tables[4]) == 1);
+  REQUIRE(tables.size() == 1);
+  CHECK(WorkerHosts(tables[0]) == 3);
+  CHECK(ServerHosts(tables[0]) == 1);
+  CHECK(core::CheckCompleteRankTable(nlohmann::json::parse(tables[0])).ok());
   CHECK(tables.back() == CurrentTable(st.sched, st.hub));
+  HttpAnswer a = Request(st.port, "GET", "/v1/ranktable?jobId=job-7");
+  REQUIRE(a.status == 200);
+  nlohmann::json j = nlohmann::json::parse(a.body);
+  CHECK(j["data"]["version"] == 1);
+  CHECK(j["data"]["rankTable"]["status"] == "completed");
   // A harmless retry changes nothing and sends nothing.
   REQUIRE(reg.Register("w0", pb::WORKER).ok());
-  std::this_thread::sleep_for(100ms);
-  CHECK(reader.got().size() == tables.size());
+  CHECK(OnLoop(*st.sched.loop(), [&] { return st.hub.stats().versions; }) == 1u);
+  CHECK(reader.got().size() == 1);
   CHECK_FALSE(reader.malformed());
   CHECK_FALSE(reader.closed());
 }
@@ -849,7 +871,7 @@ TEST_CASE("http stream: a reader stalled past the bound is dropped with a warnin
   RankTableHubOptions hub_opts;
   hub_opts.coalesce_bytes = 4096;
   hub_opts.stall_timeout = 1500ms;
-  Stack st(SchedOpts(400, 1), {}, hub_opts);
+  Stack st(SchedOpts(150, 0), {}, hub_opts);
   // The stalled reader: a tiny receive buffer, and it never reads.
   RawSocket stalled;
   REQUIRE(stalled.Connect(st.port, 4096));
@@ -864,12 +886,17 @@ TEST_CASE("http stream: a reader stalled past the bound is dropped with a warnin
 
   Registrar reg(st.sched.port());
   for (int i = 0; i < 150; ++i) REQUIRE(reg.Register("w" + std::to_string(i), pb::WORKER, 8).ok());
+  // READY: the first table. Each worker then moves to another address: a new version each.
+  for (int i = 0; i < 150; ++i) {
+    REQUIRE(reg.Register("w" + std::to_string(i), pb::WORKER, 8, 1, "10.1.0." + std::to_string(i)).ok());
+  }
   const std::string last = CurrentTable(st.sched, st.hub);
   CHECK(WorkerHosts(last) == 150);
+  CHECK(MovedHosts(last) == 150);
   REQUIRE(live.got().WaitForTable(last));
   // It may have skipped versions only if it fell behind itself; never out of order.
   std::vector<std::string> seen = live.got().tables();
-  for (size_t i = 1; i < seen.size(); ++i) CHECK(WorkerHosts(seen[i - 1]) < WorkerHosts(seen[i]));
+  for (size_t i = 1; i < seen.size(); ++i) CHECK(MovedHosts(seen[i - 1]) < MovedHosts(seen[i]));
   // Past the stall bound the stalled reader is dropped, with a WARNING, and its connection closed.
   bool dropped = false;
   for (int i = 0; i < 200 && !dropped; ++i) {
@@ -883,8 +910,8 @@ TEST_CASE("http stream: a reader stalled past the bound is dropped with a warnin
   REQUIRE(logged.size() == 1);
   CHECK(logged[0].find("http conn") != std::string::npos);
   // The live reader still gets the next change, and /metrics agrees.
-  REQUIRE(reg.Register("late", pb::WORKER).ok());
-  REQUIRE(live.got().WaitFor([](const std::string& t) { return WorkerHosts(t) == 151; }));
+  REQUIRE(reg.Register("w0", pb::WORKER, 8, 1, "10.2.0.0").ok());
+  REQUIRE(live.got().WaitFor([](const std::string& t) { return t.find("\"10.2.0.0\"") != std::string::npos; }));
   CHECK_FALSE(live.closed());
   CHECK_FALSE(live.malformed());
   HttpAnswer m = Request(st.port, "GET", "/metrics");

@@ -74,9 +74,11 @@ class Registrar {
     messenger_.reset();
   }
   // devices: how many devices the node reports (each with a long device_ip, to grow the table).
-  Status Register(const std::string& node_id, pb::NodeRole role, int devices = 1, uint64_t incarnation = 1) {
+  // ip: the node's address (a retry with another one republishes the membership).
+  Status Register(const std::string& node_id, pb::NodeRole role, int devices = 1, uint64_t incarnation = 1,
+                  const std::string& ip = "127.0.0.1") {
     pb::RegisterMessage msg;
-    msg.set_ip("127.0.0.1");
+    msg.set_ip(ip);
     msg.set_port(1000);
     msg.set_node_id(node_id);
     msg.set_role(role);
@@ -154,6 +156,17 @@ inline int WorkerHosts(const std::string& table) {
   nlohmann::json j = nlohmann::json::parse(table, nullptr, false);
   if (j.is_discarded()) return -1;
   return static_cast<int>(j["server_group_list"][0]["server_list"].size());
+}
+
+// Number of hosts (both groups) whose server_ip is not 127.0.0.1 (-1 if unparsable).
+inline int MovedHosts(const std::string& table) {
+  nlohmann::json j = nlohmann::json::parse(table, nullptr, false);
+  if (j.is_discarded()) return -1;
+  int n = 0;
+  for (const nlohmann::json& g : j["server_group_list"]) {
+    for (const nlohmann::json& s : g["server_list"]) n += s["server_ip"] != "127.0.0.1";
+  }
+  return n;
 }
 
 inline std::string TableStatus(const std::string& table) {

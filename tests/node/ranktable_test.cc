@@ -2,9 +2,14 @@
 // coalescing and dropping of a stalled subscriber, many subscribers, reconnecting after a
 // scheduler restart and giving up.
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
 #include <filesystem>
 #include <future>
 
+#include "core/rank_table.h"
 #include "node/ranktable_hub.h"
 #include "node/ranktable_subscriber.h"
 #include "node/scheduler_node.h"
@@ -26,7 +31,8 @@ RankTableSubscriberOptions SubOpts(int port, std::string job = "job-7") {
 
 }  // namespace
 
-TEST_CASE("native subscriber sees the initial table, then every change in order", "[node][net]") {
+TEST_CASE("native subscriber: nothing while members register - the first table is complete, then one version per change",
+          "[node][net][ranktable]") {
   SchedulerNode sched(SchedOpts(3, 1));
   REQUIRE(sched.Start().ok());
   RankTableHub hub(&sched);
@@ -36,34 +42,47 @@ TEST_CASE("native subscriber sees the initial table, then every change in order"
   // The callback runs on the subscriber's loop thread: no Catch assertion there (Catch is
   // not thread-safe; ThreadSanitizer reported it). Checked on this thread at the end.
   std::atomic<int> wrong_job{0};
+  std::mutex versions_mu;
+  std::vector<uint64_t> versions;
   RankTableSubscriber sub(SubOpts(sched.port()), [&](const pb::RankTableStream& s) {
     if (s.jobid() != "job-7") ++wrong_job;
+    {
+      std::lock_guard<std::mutex> lock(versions_mu);
+      versions.push_back(s.version());
+    }
     got.Add(s.ranktable());
   });
   REQUIRE(sub.Start().ok());
-  REQUIRE(got.WaitFor([](const std::string& t) { return WorkerHosts(t) == 0; }));
-  CHECK(TableStatus(got.tables()[0]) == "initializing");
 
   Registrar reg(sched.port());
   REQUIRE(reg.Register("w0", pb::WORKER).ok());
   REQUIRE(reg.Register("w1", pb::WORKER).ok());
   REQUIRE(reg.Register("w2", pb::WORKER).ok());
+  // Three of four members are in: no table exists, none was sent (checked on the loop after
+  // the registrations' rebuilds ran).
+  CHECK(OnLoop(*sched.loop(), [&] { return hub.stats().versions; }) == 0u);
+  CHECK(CurrentTable(sched, hub).empty());
+  const auto last_in = std::chrono::steady_clock::now();
   REQUIRE(reg.Register("s0", pb::SERVER).ok());
   REQUIRE(got.WaitFor([](const std::string& t) { return TableStatus(t) == "completed"; }));
+  INFO("first complete table " << std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      std::chrono::steady_clock::now() - last_in).count()
+                               << " ms after the last member registered");
   std::vector<std::string> tables = got.tables();
-  // One table per change, in order: 0..3 worker hosts while initializing, then the
-  // admission of s0, which makes the cluster READY in the same step.
-  std::vector<int> hosts;
-  for (auto& t : tables) hosts.push_back(WorkerHosts(t));
-  REQUIRE((hosts == std::vector<int>{0, 1, 2, 3, 3}));
-  for (int i = 0; i < 4; ++i) CHECK(TableStatus(tables[i]) == "initializing");
-  CHECK(TableStatus(tables[4]) == "completed");
+  REQUIRE(tables.size() == 1);  // the first table the stream sent is the complete one
+  CHECK(WorkerHosts(tables[0]) == 3);
+  CHECK(nlohmann::json::parse(tables[0])["server_group_list"][1]["server_list"].size() == 1u);
+  CHECK(core::CheckCompleteRankTable(nlohmann::json::parse(tables[0])).ok());
   CHECK(tables.back() == CurrentTable(sched, hub));
   // A harmless retry changes nothing and sends nothing.
   REQUIRE(reg.Register("w0", pb::WORKER).ok());
-  std::this_thread::sleep_for(100ms);
-  CHECK(got.size() == tables.size());
+  CHECK(OnLoop(*sched.loop(), [&] { return hub.stats().versions; }) == 1u);
   sub.Stop();
+  CHECK(got.size() == 1);
+  {
+    std::lock_guard<std::mutex> lock(versions_mu);
+    CHECK(versions == std::vector<uint64_t>{1});
+  }
   CHECK(wrong_job == 0);
   hub.Stop();
   sched.Stop();
@@ -83,7 +102,8 @@ TEST_CASE("subscribing to an unknown job is refused with a clear error", "[node]
   sched.Stop();
 }
 
-TEST_CASE("a timed-out node leaves the table and comes back when it re-registers", "[node][net]") {
+TEST_CASE("a timed-out member sends no partial table - its return with the same table is no new version",
+          "[node][net][ranktable]") {
   SchedulerOptions o = SchedOpts(2, 0);
   o.heartbeat_timeout = 300ms;
   o.recoverable_roles = {pb::WORKER};  // w1 comes back as a new incarnation
@@ -97,18 +117,29 @@ TEST_CASE("a timed-out node leaves the table and comes back when it re-registers
   Registrar reg(sched.port());
   REQUIRE(reg.Register("w0", pb::WORKER).ok());
   REQUIRE(reg.Register("w1", pb::WORKER).ok());
-  // Nobody heartbeats: both time out and leave the table.
-  REQUIRE(got.WaitFor([](const std::string& t) { return WorkerHosts(t) == 0; }));
-  const size_t before = got.size();
+  REQUIRE(got.WaitFor([](const std::string& t) { return WorkerHosts(t) == 2; }));
+  // Nobody heartbeats: both time out, the membership is incomplete, nothing is published.
+  auto timed_out = [&] {
+    return OnLoop(*sched.loop(), [&] { return sched.cluster().state() == pb::NODE_TIMEOUT; });
+  };
+  for (auto deadline = std::chrono::steady_clock::now() + 20s; !timed_out() && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(timed_out());
+  CHECK(OnLoop(*sched.loop(), [&] { return hub.stats().versions; }) == 1u);
+  CHECK(got.size() == 1);
+  // Both come back as they were: READY again with the same table, so no new version.
+  REQUIRE(reg.Register("w0", pb::WORKER).ok());
   REQUIRE(reg.Register("w1", pb::WORKER, 1, 2).ok());
-  // w1 is back in a table; it does not beat either, so 300 ms later it times out again and a
-  // slow test thread may only look after that: any table since the re-register counts.
-  REQUIRE(got.WaitForAnySince(before, [](const std::string& t) { return WorkerHosts(t) == 1; }));
+  CHECK(OnLoop(*sched.loop(), [&] { return hub.stats().versions; }) == 1u);
+  sub.Stop();
+  CHECK(got.size() == 1);
+  CHECK(core::CheckCompleteRankTable(nlohmann::json::parse(got.tables()[0])).ok());
   sched.Stop();
 }
 
 TEST_CASE("a stalled subscriber is coalesced, does not delay another, and is dropped", "[node][net]") {
-  SchedulerNode sched(SchedOpts(400, 1));
+  SchedulerNode sched(SchedOpts(150, 0));
   REQUIRE(sched.Start().ok());
   RankTableHubOptions ho;
   ho.coalesce_bytes = 4096;
@@ -132,11 +163,16 @@ TEST_CASE("a stalled subscriber is coalesced, does not delay another, and is dro
   REQUIRE(sub.Start().ok());
   Registrar reg(sched.port());
   for (int i = 0; i < 150; ++i) REQUIRE(reg.Register("w" + std::to_string(i), pb::WORKER, 8).ok());
+  // READY: the first table. Each worker then moves to another address: a version each.
+  for (int i = 0; i < 150; ++i) {
+    REQUIRE(reg.Register("w" + std::to_string(i), pb::WORKER, 8, 1, "10.1.0." + std::to_string(i)).ok());
+  }
   // The reader has every version up to the last, while the stalled one holds a backlog.
   std::string last = CurrentTable(sched, hub);
   REQUIRE(got.WaitForTable(last));
   CHECK(WorkerHosts(last) == 150);
-  CHECK(got.size() == 151);  // the initial table plus one per registration, none skipped
+  CHECK(MovedHosts(last) == 150);
+  CHECK(got.size() == 151);  // the first complete table plus one per move, none skipped
   RankTableHubStats stats = OnLoop(*sched.loop(), [&] { return hub.stats(); });
   CHECK(stats.coalesced > 0);
   // Past the stall bound the stalled subscriber is dropped and its connection closed.
@@ -149,8 +185,8 @@ TEST_CASE("a stalled subscriber is coalesced, does not delay another, and is dro
   CHECK(warnings.Matching("rank table: dropping subscriber").size() == 1);
   CHECK(OnLoop(*sched.loop(), [&] { return hub.num_subscribers(); }) == 1u);
   // One more change still reaches the live subscriber.
-  REQUIRE(reg.Register("late", pb::WORKER).ok());
-  REQUIRE(got.WaitFor([](const std::string& t) { return WorkerHosts(t) == 151; }));
+  REQUIRE(reg.Register("w0", pb::WORKER, 8, 1, "10.2.0.0").ok());
+  REQUIRE(got.WaitFor([](const std::string& t) { return t.find("\"10.2.0.0\"") != std::string::npos; }));
   sched.Stop();
 }
 
@@ -242,7 +278,9 @@ TEST_CASE("a subscriber with reconnect_for follows a scheduler restart on the sa
   {
     Registrar reg(port);
     REQUIRE(reg.Register("w0", pb::WORKER).ok());
-    REQUIRE(got.WaitFor([](const std::string& t) { return WorkerHosts(t) == 1; }));
+    REQUIRE(reg.Register("w1", pb::WORKER).ok());
+    REQUIRE(reg.Register("s0", pb::SERVER).ok());
+    REQUIRE(got.WaitFor([](const std::string& t) { return WorkerHosts(t) == 2; }));
   }
   // The scheduler goes away and a new one takes its port and its state.
   hub.reset();
@@ -254,12 +292,14 @@ TEST_CASE("a subscriber with reconnect_for follows a scheduler restart on the sa
   REQUIRE(sched->Start().ok());
   hub = std::make_unique<RankTableHub>(sched.get());
   REQUIRE(hub->Start().ok());
-  // Its current table (it remembers w0) arrives first, then its changes.
-  REQUIRE(got.WaitForAnySince(before, [](const std::string& t) { return WorkerHosts(t) == 1; }));
+  // Its current table (it remembers the members, READY) arrives first, then its changes.
+  REQUIRE(got.WaitForAnySince(before, [](const std::string& t) {
+    return WorkerHosts(t) == 2 && TableStatus(t) == "completed";
+  }));
   CHECK(sub.resubscribed() == 1);
   Registrar reg(port);
-  REQUIRE(reg.Register("w1", pb::WORKER).ok());
-  REQUIRE(got.WaitFor([](const std::string& t) { return WorkerHosts(t) == 2; }));
+  REQUIRE(reg.Register("w1", pb::WORKER, 1, 1, "10.3.0.1").ok());  // w1 moves: a new table
+  REQUIRE(got.WaitFor([](const std::string& t) { return t.find("\"10.3.0.1\"") != std::string::npos; }));
   CHECK(closes.load() == 0);
   sub.Stop();
   hub.reset();
