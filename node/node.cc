@@ -456,8 +456,9 @@ void Node::ApplyMetadata(pb::SendMetadataMessage md) {
   std::set<std::string> current;
   for (const pb::ServersMeta& s : md.servers_meta()) {
     // Replicated ranges (docs/reliability.md): a server marked down is read and written no
-    // more, so a dial to it ends at once and its ranges' next replica is used.
-    if (md.replicas() >= 2 && !s.is_alive()) continue;
+    // more, so a dial to it ends at once and its ranges' next replica is used. A resyncing
+    // one is still dialled: its ranges' primaries forward pushes to it.
+    if (md.replicas() >= 2 && !s.is_alive() && !s.resyncing()) continue;
     current.insert(s.ip() + ":" + std::to_string(s.port()));
   }
   for (auto& [addr, conn] : server_conn_) {

@@ -55,7 +55,10 @@ Status ServerNode::CheckOwned(const uint64_t* keys, size_t n, bool as_primary, s
     }
     if (backups == nullptr) continue;
     for (int rank : core::ReplicaChain(range, view_n_, view_replicas_)) {
-      const bool live = static_cast<size_t>(rank) >= view_live_.size() || view_live_[static_cast<size_t>(rank)];
+      // A resyncing replica gets the range's pushes too: its copy is being rebuilt.
+      const size_t at = static_cast<size_t>(rank);
+      const bool live = at >= view_live_.size() || view_live_[at] ||
+                        (at < view_resyncing_.size() && view_resyncing_[at]);
       if (rank != view_rank_ && live && std::find(backups->begin(), backups->end(), rank) == backups->end()) {
         backups->push_back(rank);
       }
@@ -69,15 +72,7 @@ void ServerNode::HandleMigrate(const DataRequest& req, Responder r) {
   size_t size = req.payload ? req.payload->size() : 0;
   Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
   if (!view.ok()) return r.Fail(view.status());
-  Status st = Journaled(core::JournalOp::kInsert, std::string_view(data, size), [&] {
-    const float* p = view->values;
-    for (size_t i = 0; i < view->num_keys; ++i) {
-      store_.Insert(view->keys[i], std::vector<float>(p, p + view->lens[i]));
-      p += view->lens[i];
-      if (journal_) restored_unconfirmed_.erase(view->keys[i]);  // journal_mu_ is held
-    }
-    return Status::Ok();
-  });
+  Status st = InsertEntries(std::string_view(data, size), *view);
   if (!st.ok()) return r.Fail(st);
   r.Reply(nullptr);
 }
@@ -98,18 +93,27 @@ void ServerNode::RefreshView() {
   const int replicas = std::max(1, md.replicas());
   // Which servers hold their ranges' copies: not those timed out or back after a loss.
   std::vector<char> live(static_cast<size_t>(std::max(n, 0)), 1);
+  std::vector<char> resyncing(static_cast<size_t>(std::max(n, 0)), 0);
+  bool self_resyncing = false;
   for (const pb::ServersMeta& s : md.servers_meta()) {
-    if (s.role() == pb::SERVER && s.rank_id() >= 0 && s.rank_id() < n) live[s.rank_id()] = s.is_alive() ? 1 : 0;
+    if (s.role() != pb::SERVER || s.rank_id() < 0 || s.rank_id() >= n) continue;
+    live[s.rank_id()] = s.is_alive() ? 1 : 0;
+    resyncing[s.rank_id()] = replicas >= 2 && s.resyncing() ? 1 : 0;
+    if (s.node_id() == options_.node_id) self_resyncing = resyncing[s.rank_id()] != 0;
   }
   bool changed;
+  std::vector<std::pair<int, int>> fetches;
   {
     std::unique_lock<std::shared_mutex> lock(view_mu_);
-    changed = view_rank_ != rank || view_n_ != n || view_live_ != live;
+    changed = view_rank_ != rank || view_n_ != n || view_live_ != live || view_resyncing_ != resyncing;
     view_rank_ = rank;
     view_n_ = n;
     view_replicas_ = replicas;
     view_live_ = std::move(live);
+    view_resyncing_ = std::move(resyncing);
+    fetches = UpdateResyncLocked(self_resyncing);
   }
+  if (!fetches.empty()) StartFetches(std::move(fetches));
   if (n != mailbox_servers_) {
     // Ranks are numbered anew: a timed-out rank may be a live server now, and a receive
     // from a rank the cluster no longer has would wait for nothing.
