@@ -2,7 +2,7 @@
 // clock, no sockets): a server's timeout publishes a new epoch marking it down, a lost
 // server whose ranges all keep a live copy does not fail the job (one whose ranges lost
 // every copy does), a server that comes back is resyncing (not alive) until it reports
-// its ranges copied, and the server count cannot be scaled.
+// its ranges copied, and the server count is scaled only while every server is live.
 #include <string>
 #include <vector>
 
@@ -188,14 +188,26 @@ TEST_CASE("replicas=2: a resyncing server is in the scheduler's state snapshot",
   CHECK_FALSE(alive);
 }
 
-TEST_CASE("replicas=2: a scale that changes the server count is refused but workers may scale", "[core][replication]") {
+TEST_CASE("replicas=2: the server count may change while every server is a live replica, else it is refused",
+          "[core][replication][scale]") {
   Job job(2);
-  Status out = job.cm->ScaleOut(1, 4);
+  CHECK(job.cm->ScaleOut(1, 4).ok());
+  CHECK(job.cm->state() == pb::CLUSTER_SCALE_OUT);
+  // A server resyncing (back after a loss) or lost holds no complete copy: refused.
+  Job resyncing(2);
+  REQUIRE(resyncing.cm->Register(Req("s1", pb::SERVER, /*inc=*/101, /*port=*/7001)).ok());
+  Status out = resyncing.cm->ScaleOut(1, 4);
   CHECK(out.code() == Code::kFailedPrecondition);
-  CHECK(out.message().find("replicas=2") != std::string::npos);
-  CHECK(job.cm->ScaleInByIds({"s2"}).code() == Code::kFailedPrecondition);
-  CHECK(job.cm->state() == pb::CLUSTER_READY);
-  CHECK(job.cm->ScaleOut(2, 3).ok());
+  CHECK(out.message().find("s1 (rank 1) is resyncing") != std::string::npos);
+  CHECK(resyncing.cm->ScaleInByIds({"s2"}).code() == Code::kFailedPrecondition);
+  CHECK(resyncing.cm->ScaleOut(2, 3).ok());  // workers scale as usual
+  Job lost(2);
+  lost.Silence({"s0", "s2", "w0"});
+  CHECK(lost.cm->ScaleOut(1, 4).code() == Code::kFailedPrecondition);
+  // Fewer servers than copies: refused.
+  Job small(3);
+  CHECK(small.cm->ScaleInByIds({"s2"}).code() == Code::kFailedPrecondition);
+  CHECK(small.cm->state() == pb::CLUSTER_READY);
 }
 
 }  // namespace pscore::core

@@ -3,7 +3,9 @@
 // a server's loss marks it down in a new epoch, the next replica of each of its ranges
 // serves them, and every acknowledged push is still there; a push forwarded twice (a
 // retry after a lost answer) is applied once on the primary and the backup; a server back
-// empty is rebuilt from its ranges' primaries while pushes go on, and its copy is complete.
+// empty is rebuilt from its ranges' primaries while pushes go on, and its copy is complete;
+// a scale-out or scale-in fills each range's new chain, so a server lost after it loses
+// nothing.
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -304,6 +306,84 @@ TEST_CASE("with replicas=2 a server back empty is rebuilt while pushes go on, an
   Result<PullResult> pulled = Await(c.worker->Pull(keys));
   REQUIRE(pulled.ok());
   CHECK(pulled->values == std::vector<float>(keys.size() * 8, static_cast<float>(acked)));
+}
+
+namespace {
+
+Status Admin(SchedulerNode& s, pb::AdminRequest req) {
+  auto p = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = p->get_future();
+  s.loop()->Post([&s, req, p] { s.Admin(req, [p](Status st, pb::AdminResponse) { p->set_value(st); }); });
+  if (f.wait_for(kDeadline) != std::future_status::ready) return Status(Code::kTimeout, "admin not answered");
+  return f.get();
+}
+
+bool WaitReady(SchedulerNode& s, WorkerNode& w, int servers) {
+  const auto until = std::chrono::steady_clock::now() + kDeadline;
+  while (std::chrono::steady_clock::now() < until) {
+    if (s.cluster_state() == pb::CLUSTER_READY && w.server_count() == servers) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+// Every key is on each member of its range's chain under `n` servers with `sum`.
+void CheckChains(ReplicatedCluster& c, const std::vector<uint64_t>& keys, int n, float sum, size_t len) {
+  for (uint64_t k : keys) {
+    for (int rank : core::ReplicaChain(core::ServerForKey(k, n), n, 2)) {
+      INFO("key " << k << " on rank " << rank << " of " << n);
+      CHECK(Stored(c.ByRank(rank), k) == std::vector<float>(len, sum));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("with replicas=2 a scale-out fills each range's new chain, and a server lost after it loses nothing",
+          "[replication][scale][net]") {
+  ReplicatedCluster c(/*servers=*/2, /*replicas=*/2);
+  const std::vector<uint64_t> keys = Keys(48);
+  const std::vector<float> ones(keys.size() * 4, 1.0f);
+  for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(1);
+  req.set_server_num(3);
+  REQUIRE(Admin(*c.sched_, req).ok());
+  NodeOptions o = c.Opts("s2");
+  c.servers.push_back(std::make_unique<ServerNode>(o, SumStore()));
+  REQUIRE(c.servers.back()->Start().ok());
+  REQUIRE(WaitReady(*c.sched_, *c.worker, 3));
+  for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  CheckChains(c, keys, 3, 6.0f, 4);
+  // Any one server lost now: every range keeps a full copy.
+  c.ByRank(1).Stop();
+  Result<PullResult> pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(keys.size() * 4, 6.0f));
+}
+
+TEST_CASE("with replicas=2 a scale-in fills each range's new chain, and a server lost after it loses nothing",
+          "[replication][scale][net]") {
+  ReplicatedCluster c(/*servers=*/3, /*replicas=*/2);
+  const std::vector<uint64_t> keys = Keys(48);
+  const std::vector<float> ones(keys.size() * 4, 1.0f);
+  for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  pb::AdminRequest req;
+  req.set_op("scale_in");
+  req.add_node_ids("s2");
+  REQUIRE(Admin(*c.sched_, req).ok());
+  REQUIRE(WaitReady(*c.sched_, *c.worker, 2));
+  for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  for (uint64_t k : keys) {
+    INFO("key " << k);
+    CHECK(Stored(c.ByRank(0), k) == std::vector<float>(4, 6.0f));
+    CHECK(Stored(c.ByRank(1), k) == std::vector<float>(4, 6.0f));
+  }
+  c.ByRank(0).Stop();
+  Result<PullResult> pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(keys.size() * 4, 6.0f));
 }
 
 }  // namespace pscore::node
