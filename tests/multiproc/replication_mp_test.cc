@@ -6,8 +6,9 @@
 // checksum within 1e-6: the servers' float additions may only differ in their order), so
 // no acknowledged push was lost. The same when the lost server is restarted empty and
 // rebuilt from its ranges' primaries while the job runs (it resyncs), and then the other
-// server is SIGKILLed: the rebuilt copy alone carries the job to the same weights. Every
-// child is SIGKILLed by pid when a test ends.
+// server is SIGKILLed: the rebuilt copy alone carries the job to the same weights; and when
+// the job scales out to 3 servers first (every new range's chain filled) and then loses a
+// server. Every child is SIGKILLed by pid when a test ends.
 #include <signal.h>
 
 #include <chrono>
@@ -52,7 +53,7 @@ struct Job {
     return With({NodeBinary(), "--role=server", "--node_id=" + id, "--scheduler_port=" + std::to_string(port),
                  "--update_rule=sgd", "--learning_rate=2", "--data_dir=" + dir.File(id + ".data")});
   }
-  void Start() {
+  void Start(const std::vector<std::string>& trainer_extra = {}) {
     REQUIRE(dir.ok());
     REQUIRE(scheduler.Start(With({NodeBinary(), "--role=scheduler", "--worker_num=2", "--server_num=2",
                                   "--replicas=2", "--recoverable_roles=server", "--scheduler_port=0",
@@ -68,11 +69,11 @@ struct Job {
       trainers.push_back(std::make_unique<Process>());
       // The recovery timeout spans the scheduler's heartbeat timeout with room to spare:
       // a push meets the lost server until the new epoch marks it down.
-      REQUIRE(trainers.back()->Start(
-          With({std::string(PSCORE_BIN_DIR) + "/pscore-train", "--node_id=worker" + std::to_string(i),
-                "--scheduler_port=" + std::to_string(port), "--steps=" + std::to_string(kSteps),
-                "--recovery_timeout_ms=30000"}),
-          dir.File("worker" + std::to_string(i) + ".log")));
+      std::vector<std::string> argv = {std::string(PSCORE_BIN_DIR) + "/pscore-train", "--node_id=worker" + std::to_string(i),
+                                       "--scheduler_port=" + std::to_string(port), "--steps=" + std::to_string(kSteps),
+                                       "--recovery_timeout_ms=30000"};
+      argv.insert(argv.end(), trainer_extra.begin(), trainer_extra.end());
+      REQUIRE(trainers.back()->Start(With(argv), dir.File("worker" + std::to_string(i) + ".log")));
     }
   }
   // Waits until trainer 0 printed step `step` (false at the deadline or if it exited).
@@ -91,7 +92,17 @@ enum class Fault {
   kNone,
   kLost,     // `victim` SIGKILLed at step kSteps/2, its data directory deleted
   kRebuilt,  // the same, restarted empty and rebuilt; then the other server SIGKILLed
+  kScaled,   // a scale-out to 3 servers at step kSteps/4, then `victim` lost as in kLost
 };
+
+// Waits until the scheduler's log holds `line` (false at the deadline).
+bool WaitSchedulerLog(Job& job, const std::string& line, Clock::time_point deadline) {
+  while (Clock::now() < deadline) {
+    if (job.scheduler.Log().find(line) != std::string::npos) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
 
 void KillServer(Job& job, int i) {
   REQUIRE(job.servers[i]->running());
@@ -128,10 +139,22 @@ void RebuildThenLoseOther(Job& job, int victim, Clock::time_point deadline) {
 // Runs the job with `fault` on server `victim`.
 std::vector<TrainFinal> RunJob(Fault fault, int victim) {
   Job job;
-  job.Start();
+  if (fault == Fault::kScaled) {
+    job.Start({"--scale_out_at=" + std::to_string(kSteps / 4)});
+  } else {
+    job.Start();
+  }
   INFO("logs in " << job.dir.path());
   const auto deadline = Clock::now() + 240s;
   const bool kill = fault != Fault::kNone;
+  if (fault == Fault::kScaled) {
+    // Trainer 0 asks for a third server; it joins, and every new range's chain is filled
+    // before the scale ends. Then a server is lost as in kLost.
+    REQUIRE(WaitSchedulerLog(job, "scale-out started: workers 2 -> 2, servers 2 -> 3", deadline));
+    job.servers.push_back(std::make_unique<Process>());
+    REQUIRE(job.servers.back()->Start(job.ServerArgv(2), job.dir.File("server2.log")));
+    REQUIRE(WaitSchedulerLog(job, "scale operation done: 2 workers, 3 servers", deadline));
+  }
   if (kill) {
     REQUIRE(job.WaitStep(kSteps / 2, deadline));
     KillServer(job, victim);
@@ -191,6 +214,12 @@ TEST_CASE("replicas=2: the demo job with a server SIGKILLed for good - its data 
     INFO("server" << victim << " killed");
     Compare(plain, RunJob(Fault::kLost, victim));
   }
+}
+
+TEST_CASE("replicas=2: the demo job scaled out to 3 servers, then a server SIGKILLed with its data, ends as undisturbed",
+          "[multiproc][net][demo][replication][scale]") {
+  std::vector<TrainFinal> plain = RunJob(Fault::kNone, 0);
+  Compare(plain, RunJob(Fault::kScaled, 1));
 }
 
 TEST_CASE("replicas=2: a server SIGKILLed, its data deleted, restarted empty and rebuilt, then the other one "
