@@ -174,12 +174,13 @@ Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const Regist
   RefreshNodeState(rec);
   if (restarted) Emit(Event::Kind::kNodeRestarted, rec);
   if (recovered) Emit(Event::Kind::kNodeRecovered, rec);
-  // A replica that missed pushes must not be read or written again: marked down.
-  const bool resync = config_.replicas >= 2 && rec->role == pb::SERVER && rec->in_metadata && !rec->resyncing;
-  if (resync) {
+  // A replica that missed pushes is not read until it is rebuilt from its ranges'
+  // primaries (ResyncDone): marked resyncing, which is not alive.
+  const bool resync = config_.replicas >= 2 && rec->role == pb::SERVER && rec->in_metadata;
+  if (resync && !rec->resyncing) {
     rec->resyncing = true;
     LOG(WARNING) << Label(*rec) << " came back with replicas=" << config_.replicas
-                 << ": kept out of its key ranges' replica set (it missed pushes)";
+                 << ": resyncing (it missed pushes; rebuilt from its key ranges' primaries)";
   }
   if ((moved || resync) && rec->in_metadata) PublishMetadata();  // peers need the new address
   RefreshTimeoutState();
@@ -366,6 +367,21 @@ void ClusterManager::Tick() {
   }
   RefreshTimeoutState();
   CheckFinish();
+}
+
+Status ClusterManager::ResyncDone(const std::string& node_id, uint64_t incarnation) {
+  NodeRecord* rec = Mutable(node_id);
+  if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
+  if (rec->incarnation != incarnation) {
+    return Err(Code::kAborted, Label(*rec), ": resync done from incarnation ", incarnation, ", registered ",
+               rec->incarnation);
+  }
+  if (!rec->resyncing) return Status::Ok();  // a repeat: the epoch that marked it live is out
+  if (rec->timed_out) return Err(Code::kFailedPrecondition, Label(*rec), " is timed out: register again");
+  rec->resyncing = false;
+  LOG(INFO) << Label(*rec) << " resynced: a replica of its key ranges again";
+  if (!scaling_) PublishMetadata();
+  return Status::Ok();
 }
 
 Status ClusterManager::ReportError(const std::string& node_id, int code,
@@ -628,6 +644,7 @@ pb::SendMetadataMessage ClusterManager::BuildMetadata() const {
     meta->set_ip(rec->ip);
     meta->set_port(rec->port);
     meta->set_is_alive(!rec->timed_out && !rec->resyncing);
+    meta->set_resyncing(rec->resyncing && !rec->timed_out);
     meta->set_role(rec->role);
     meta->set_node_id(rec->node_id);
     for (const pb::Device& d : rec->devices) *meta->add_devices() = d;

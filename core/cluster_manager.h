@@ -104,8 +104,9 @@ struct NodeRecord {
   bool in_metadata = false;  // part of a published topology
   std::string lost_cause;    // while timed_out: why, e.g. "no heartbeat for 3000 ms"
   // A server of a replicated job (replicas >= 2) that came back (restarted, or heard from
-  // again after its timeout): it missed pushes, so the metadata marks it down (not a
-  // replica anyone reads or writes) for the rest of the job.
+  // again after its timeout): it missed pushes, so the metadata marks it resyncing (not
+  // alive: not read, not a primary; its ranges' primaries forward pushes to it and send it
+  // snapshots) until it reports ResyncDone.
   bool resyncing = false;
   // Reset (ResetNode) since its last registration: the next REGISTER is admitted whatever
   // its incarnation, and heartbeats are answered "register again" until then.
@@ -197,6 +198,9 @@ class ClusterManager {
   // were waiting in our sockets. Call before Tick.
   void Pause(Duration stalled);
   Status ReportError(const std::string& node_id, int code, const std::string& message);
+  // A resyncing server (of that incarnation) holds a copy of each of its ranges again: a new
+  // epoch marks it alive, and it is primary again of the ranges it is first live in.
+  Status ResyncDone(const std::string& node_id, uint64_t incarnation);
   Status ResetNode(const std::string& node_id);  // clears the error state
   Status Finish(const std::string& node_id);     // joins the finish barrier
   std::vector<std::string> FinishMissing() const;  // live nodes that have not called Finish

@@ -101,11 +101,18 @@ Status ClusterManager::ScaleInByCounts(int worker_num, int server_num) {
 }
 
 Status ClusterManager::CheckReplicatedServerScale(int server_num, const std::string& totals) const {
-  // Scaling moves each range's entries to its new primary only: the new backups would
-  // stay empty (docs/reliability.md, Server replication).
-  if (config_.replicas >= 2 && server_num != server_num_) {
-    return Err(Code::kFailedPrecondition, "the server count cannot change with replicas=", config_.replicas,
-               " (the new ranges' backups would not be filled): ", totals);
+  if (config_.replicas < 2 || server_num == server_num_) return Status::Ok();
+  // Each range's primary under the old membership sends its entries to every member of
+  // the new ranges' chains (docs/reliability.md, Scaling with replicas): it must hold
+  // them all, so every server is a live replica when the scale starts.
+  if (server_num < config_.replicas) {
+    return Err(Code::kFailedPrecondition, "replicas=", config_.replicas, " needs at least as many servers: ", totals);
+  }
+  for (const NodeRecord* rec : Nodes()) {
+    if (rec->role != pb::SERVER || (!rec->timed_out && !rec->resyncing)) continue;
+    return Err(Code::kFailedPrecondition, "the server count cannot change with replicas=", config_.replicas, " while ",
+               "server ", rec->node_id, " (rank ", rec->rank, ") is ", rec->timed_out ? "lost" : "resyncing", ": ",
+               totals);
   }
   return Status::Ok();
 }

@@ -40,6 +40,7 @@ pb::PersistedState ClusterManager::Snapshot() const {
     n->set_leaving(rec->leaving);
     n->set_timed_out(rec->timed_out);
     n->set_in_metadata(rec->in_metadata);
+    n->set_resyncing(rec->resyncing);
   }
   if (scaling_) {
     pb::PersistedScale* s = out.mutable_scale();
@@ -95,6 +96,7 @@ Status ClusterManager::Restore(const pb::PersistedState& state) {
     rec.leaving = n.leaving();
     SetTimedOut(&rec, n.timed_out());
     rec.in_metadata = n.in_metadata();
+    rec.resyncing = n.resyncing();
   }
   worker_num_ = state.worker_num();
   server_num_ = state.server_num();

@@ -91,5 +91,15 @@ int PrimaryOf(int range, int num_servers, int replicas, const std::vector<char>&
   return -1;
 }
 
+std::vector<std::pair<int, int>> ResyncSources(int rank, int num_servers, int replicas,
+                                               const std::vector<char>& live) {
+  std::vector<std::pair<int, int>> out;
+  if (std::clamp(replicas, 1, std::max(num_servers, 1)) <= 1) return out;
+  for (int range = 0; range < num_servers; ++range) {
+    if (HoldsRange(rank, range, num_servers, replicas)) out.emplace_back(range, PrimaryOf(range, num_servers, replicas, live));
+  }
+  return out;
+}
+
 }  // namespace core
 }  // namespace pscore

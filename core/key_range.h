@@ -81,5 +81,10 @@ bool HoldsRange(int rank, int range, int num_servers, int replicas);
 // != 0; ranks past live.size() count as live). -1 when every replica is down.
 int PrimaryOf(int range, int num_servers, int replicas, const std::vector<char>& live);
 
+// What a resyncing server `rank` copies: each range whose chain holds it, in range order,
+// with the range's primary under `live` (-1 when no copy is live). Empty with one replica.
+std::vector<std::pair<int, int>> ResyncSources(int rank, int num_servers, int replicas,
+                                               const std::vector<char>& live);
+
 }  // namespace core
 }  // namespace pscore

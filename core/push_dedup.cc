@@ -1,5 +1,7 @@
 #include "core/push_dedup.h"
 
+#include <algorithm>
+
 #include "core/endian.h"
 
 namespace pscore::core {
@@ -78,7 +80,7 @@ std::string PushDedup::Encode() const {
   return out;
 }
 
-Status PushDedup::Decode(std::string_view bytes) {
+Status PushDedup::DecodeInto(std::string_view bytes, Windows* windows) {
   auto bad = [](const std::string& what) { return Status(Code::kInvalidArgument, "push window: " + what); };
   size_t at = 0;
   auto need = [&](size_t n) { return bytes.size() - at >= n; };
@@ -86,7 +88,7 @@ Status PushDedup::Decode(std::string_view bytes) {
   const uint64_t count = GetLe(bytes.data(), 4);
   at = 4;
   if (count > kMaxWriters) return bad(std::to_string(count) + " writers, over " + std::to_string(kMaxWriters));
-  std::map<std::string, Writer, std::less<>> out;
+  Windows& out = *windows;
   for (uint64_t i = 0; i < count; ++i) {
     if (!need(2)) return bad("writer " + std::to_string(i) + " cut short");
     const size_t len = GetLe(bytes.data() + at, 2);
@@ -108,8 +110,43 @@ Status PushDedup::Decode(std::string_view bytes) {
     out[std::move(name)] = std::move(w);
   }
   if (at != bytes.size()) return bad(std::to_string(bytes.size() - at) + " bytes after the last writer");
+  return Status::Ok();
+}
+
+Status PushDedup::Decode(std::string_view bytes) {
+  Windows out;
+  Status st = DecodeInto(bytes, &out);
+  if (!st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);
   writers_ = std::move(out);
+  return Status::Ok();
+}
+
+Status PushDedup::Merge(std::string_view bytes) {
+  Windows in;
+  Status st = DecodeInto(bytes, &in);
+  if (!st.ok()) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [name, w] : in) {
+    auto it = writers_.find(name);
+    if (it == writers_.end()) {
+      if (writers_.size() >= kMaxWriters) continue;  // as Begin: such a writer's pushes are refused
+      writers_.emplace(name, std::move(w));
+      continue;
+    }
+    Writer& have = it->second;
+    if (w.incarnation != have.incarnation) {
+      if (w.incarnation > have.incarnation) have = std::move(w);
+      continue;
+    }
+    have.floor = std::max(have.floor, w.floor);
+    have.applied.insert(w.applied.begin(), w.applied.end());
+    while (!have.applied.empty() && *have.applied.begin() <= have.floor) have.applied.erase(have.applied.begin());
+    while (have.applied.size() > kWindow) {
+      have.floor = *have.applied.begin();
+      have.applied.erase(have.applied.begin());
+    }
+  }
   return Status::Ok();
 }
 

@@ -61,6 +61,12 @@ class PushDedup {
   std::string Encode() const;
   // Replaces the window by a snapshot; kInvalidArgument names what does not decode.
   Status Decode(std::string_view bytes);
+  // Adds a snapshot's applied ids to the window (a resyncing server installs the window
+  // of each range's primary: docs/reliability.md). Per writer: a writer new here, or seen
+  // here with a smaller incarnation, takes the snapshot's window; the same incarnation
+  // gets the union (floor the larger of the two, then the newest kWindow seqs kept); a
+  // snapshot with a smaller incarnation adds nothing. Nothing changes on a decode error.
+  Status Merge(std::string_view bytes);
 
   size_t writers() const;
   // Whether `id` is in the window as applied (tests).
@@ -77,9 +83,11 @@ class PushDedup {
   // the writer is new and kMaxWriters are tracked.
   Writer* WindowFor(const PushId& id);
   static void Insert(Writer* w, uint64_t seq);
+  using Windows = std::map<std::string, Writer, std::less<>>;
+  static Status DecodeInto(std::string_view bytes, Windows* out);
 
   mutable std::mutex mu_;
-  std::map<std::string, Writer, std::less<>> writers_;
+  Windows writers_;
 };
 
 }  // namespace pscore::core

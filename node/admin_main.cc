@@ -105,6 +105,7 @@ int PrintNodes(const pb::AdminResponse& r, bool json) {
                                   {"address", n.ip() + ":" + std::to_string(n.port())},
                                   {"state", pb::NodeState_Name(n.state())},
                                   {"alive", n.is_alive()},
+                                  {"resyncing", n.resyncing()},
                                   {"incarnation", n.incarnation()},
                                   {"last_heartbeat_age_ms", n.last_heartbeat_age_ms()}});
     }

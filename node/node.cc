@@ -489,9 +489,10 @@ void Node::ApplyMetadata(pb::SendMetadataMessage md) {
   std::map<std::string, std::string> down;  // address -> node id of a server marked down
   for (const pb::ServersMeta& s : md.servers_meta()) {
     // Replicated ranges (docs/reliability.md): a server marked down is read and written no
-    // more, so a dial to it ends at once and its ranges' next replica is used.
+    // more, so a dial to it ends at once and its ranges' next replica is used. A resyncing
+    // one is still dialled: its ranges' primaries forward pushes to it.
     const std::string addr = s.ip() + ":" + std::to_string(s.port());
-    if (md.replicas() >= 2 && !s.is_alive()) {
+    if (md.replicas() >= 2 && !s.is_alive() && !s.resyncing()) {
       down[addr] = s.node_id();
       continue;
     }

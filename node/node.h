@@ -111,6 +111,7 @@ class Node {
                     std::function<void(Status)> done);
 
  protected:
+  uint64_t incarnation() const { return incarnation_; }  // this process's, as registered
   // What a call made after Stop is answered (kCancelled, naming this node).
   Status Stopped() const;
   // Loop thread: Stop has closed this node (its loop may be shared and run on).

@@ -227,6 +227,7 @@ void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
     case pb::SCALE_OUT_DONE:
     case pb::SCALE_IN_DONE: HandleScaleDone(conn, frame); break;
     case pb::REPORT_ERROR: HandleReportError(conn, frame); break;
+    case pb::RESYNC_DONE: HandleResyncDone(conn, frame); break;
     case pb::PING: Reply(conn, frame.meta, Status::Ok()); break;
     default: {
       auto extra = extra_handlers_.find(frame.meta.cmd());
@@ -481,6 +482,13 @@ void SchedulerNode::HandleReportError(ConnId conn, const Frame& frame) {
   pb::ErrorReport msg;
   Status st = ParsePayload(frame, &msg);
   if (st.ok()) st = cluster_.ReportError(msg.node_id(), msg.error_code(), msg.message());
+  Reply(conn, frame.meta, st);
+}
+
+void SchedulerNode::HandleResyncDone(ConnId conn, const Frame& frame) {
+  pb::ResyncDoneMessage msg;
+  Status st = ParsePayload(frame, &msg);
+  if (st.ok()) st = cluster_.ResyncDone(msg.node_id(), msg.incarnation());
   Reply(conn, frame.meta, st);
 }
 

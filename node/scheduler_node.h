@@ -95,6 +95,7 @@ class SchedulerNode {
   void HandleEvent(comm::ConnId conn, const comm::Frame& frame);
   void HandleScaleDone(comm::ConnId conn, const comm::Frame& frame);
   void HandleReportError(comm::ConnId conn, const comm::Frame& frame);
+  void HandleResyncDone(comm::ConnId conn, const comm::Frame& frame);
   void Tick();
   void DrainEvents();
   void Broadcast(const pb::MessageMeta& meta, const BufferPtr& payload);

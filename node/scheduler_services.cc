@@ -175,6 +175,7 @@ pb::AdminResponse SchedulerNode::StatusResponse(bool with_nodes) const {
     m->set_ip(rec->ip);
     m->set_port(rec->port);
     m->set_is_alive(!rec->timed_out);
+    m->set_resyncing(rec->resyncing && !rec->timed_out);
     m->set_state(rec->state);
     m->set_incarnation(rec->incarnation);
     m->set_last_heartbeat_age_ms(ToMillis(now - rec->last_heartbeat));

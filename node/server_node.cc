@@ -51,6 +51,7 @@ ServerNode::ServerNode(NodeOptions options, core::ParamStore::Options store, com
   RegisterHandler(kReplicateHandler, [this](const DataRequest& req, Responder r) { HandlePush(req, r, true); });
   RegisterHandler(kPullHandler, [this](const DataRequest& req, Responder r) { HandlePull(req, r); });
   RegisterHandler(kMigrateHandler, [this](const DataRequest& req, Responder r) { HandleMigrate(req, r); });
+  RegisterHandler(kResyncHandler, [this](const DataRequest& req, Responder r) { HandleResyncFetch(req, r); });
 }
 
 ServerNode::~ServerNode() {

@@ -9,6 +9,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <memory>
 #include <optional>
@@ -16,6 +17,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/kv_codec.h"
 #include "core/param_journal.h"
 #include "core/param_store.h"
 #include "core/push_dedup.h"
@@ -57,6 +59,8 @@ inline constexpr char kPullHandler[] = "pscore.pull";
 inline constexpr char kMigrateHandler[] = "pscore.migrate";  // server to server, during scaling
 // A push forwarded by its range's primary to a backup (same payload and push id).
 inline constexpr char kReplicateHandler[] = "pscore.replicate";
+// A resyncing server fetches a chunk of a range's snapshot from the range's primary.
+inline constexpr char kResyncHandler[] = "pscore.resync";
 
 class ServerNode : public Node {
  public:
@@ -158,6 +162,31 @@ class ServerNode : public Node {
   // A push with an id: nullopt when it is new (claimed: apply it, then end the claim),
   // otherwise the answer to give without applying it (ok: it was applied already).
   std::optional<Status> ClaimPush(const core::PushId& id);
+  // ---- resync (server_resync.cc; docs/reliability.md) ----
+  // Source: a chunk of a range's snapshot for the resyncing server rank req.from_rank.
+  void HandleResyncFetch(const DataRequest& req, Responder r);
+  // The range's entries and the push-id window, copied under view_mu_ held exclusively;
+  // kUnavailable unless this server is the range's primary forwarding to `from_rank`.
+  Result<BufferPtr> EncodeRangeSnapshot(int range, int from_rank);
+  // Target, view_mu_ held exclusively with the new view in place: starts, redirects or ends
+  // this server's resync; returns the (range, source) fetches to start.
+  std::vector<std::pair<int, int>> UpdateResyncLocked(bool self_resyncing);
+  void StartFetches(std::vector<std::pair<int, int>> fetches);  // loop thread
+  bool ResyncCurrent(uint64_t generation);
+  void FetchSnapshot(int range, int source, uint64_t generation, uint64_t offset, uint64_t token,
+                     std::shared_ptr<std::string> got);  // loop thread
+  void OnChunk(int range, int source, uint64_t generation, uint64_t offset, uint64_t token,
+               std::shared_ptr<std::string> got, Result<comm::Frame> res);
+  void RetryFetch(int range, uint64_t generation, const Status& why);  // loop thread
+  void InstallSnapshot(int range, uint64_t generation, std::shared_ptr<std::string> bytes);
+  void ReportResynced(uint64_t generation);  // loop thread
+  // A forwarded push with a key of a range still being copied: held (its answer Ok here
+  // means held, answered once applied); nullopt when it is to be applied now; else refused.
+  std::optional<Status> HoldForResync(const DataRequest& req, const Responder& r);
+  bool HeldRangesPending(const DataRequest& req) const;  // resync_mu_ held
+  // Stores the entries of a migration or a snapshot (journaled as kInsert).
+  Status InsertEntries(std::string_view body, const core::KvView& view);
+
   // A server joining a scale-out as a new member: drops the restored entries no
   // migration has overwritten (they belong to an earlier membership); returns how many.
   size_t DropUnconfirmedRestored();
@@ -204,6 +233,27 @@ class ServerNode : public Node {
   int view_n_ = 0;
   int view_replicas_ = 1;        // copies of each range (the metadata's replicas)
   std::vector<char> view_live_;  // by server rank: a live replica (the metadata's is_alive)
+  std::vector<char> view_resyncing_;  // by server rank: being rebuilt (forwarded to, not read)
+
+  // Resync state, both roles (resync_mu_; taken after view_mu_, before journal_mu_).
+  std::mutex resync_mu_;
+  struct Snapshot {
+    uint64_t token = 0;
+    BufferPtr bytes;
+  };
+  // Source: encoded snapshots being fetched, by (asking rank, range); one each.
+  std::map<std::pair<int, int>, Snapshot> snapshots_;
+  uint64_t next_snapshot_token_ = 1;
+  struct Resync {
+    bool active = false;
+    uint64_t generation = 0;  // bumped when fetches restart (sources changed)
+    int n = 0;                // server count of the view the ranges are of
+    std::set<int> pending;    // ranges not installed yet
+    std::map<int, int> sources;  // range -> the primary it is fetched from
+    std::vector<std::pair<DataRequest, Responder>> held;  // forwarded pushes of pending ranges
+    uint64_t held_bytes = 0;
+  };
+  Resync resync_;  // target
 };
 
 }  // namespace pscore::node

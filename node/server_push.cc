@@ -124,6 +124,12 @@ void ServerNode::HandlePush(const DataRequest& req, Responder r, bool replica) {
   if (Status owned = CheckOwned(view->keys, view->num_keys, !replica, replica ? nullptr : &backups); !owned.ok()) {
     return r.Fail(owned);
   }
+  if (replica) {
+    // A range still being copied here (resync): held until its snapshot is installed.
+    std::optional<Status> held = HoldForResync(req, r);
+    if (held && !held->ok()) return r.Fail(*held);
+    if (held) return;
+  }
   std::function<void(const Status&)> replicated;  // reports this server's own apply
   auto forward = [&] {
     if (!backups.empty()) replicated = Replicate(req, std::move(backups), r);

@@ -24,7 +24,27 @@ using comm::Frame;
 
 namespace {
 constexpr size_t kMigrateChunkBytes = 32u << 20;
+
+// Copies of the entries whose range `rank` is the primary of under (n, replicas, live).
+std::vector<std::pair<uint64_t, std::vector<float>>> EntriesPrimaryOf(const core::ParamStore& store, int rank, int n,
+                                                                      int replicas, const std::vector<char>& live) {
+  std::vector<uint64_t> keys;
+  for (uint64_t key : store.Keys()) {
+    if (core::PrimaryOf(core::ServerForKey(key, n), n, replicas, live) == rank) keys.push_back(key);
+  }
+  std::sort(keys.begin(), keys.end());
+  std::vector<std::pair<uint64_t, std::vector<float>>> out;
+  out.reserve(keys.size());
+  for (uint64_t key : keys) {
+    uint32_t len = 0;
+    if (!store.Lens(&key, 1, &len).ok()) continue;
+    std::vector<float> values(len);
+    if (!store.CopyValues(&key, 1, &len, values.data()).ok()) continue;
+    out.emplace_back(key, std::move(values));
+  }
+  return out;
 }
+}  // namespace
 
 Status ServerNode::CheckOwned(const uint64_t* keys, size_t n, bool as_primary, std::vector<int>* backups) const {
   if (view_n_ <= 0) return Status(Code::kAborted, "server " + options_.node_id + " owns no keys yet");
@@ -55,7 +75,10 @@ Status ServerNode::CheckOwned(const uint64_t* keys, size_t n, bool as_primary, s
     }
     if (backups == nullptr) continue;
     for (int rank : core::ReplicaChain(range, view_n_, view_replicas_)) {
-      const bool live = static_cast<size_t>(rank) >= view_live_.size() || view_live_[static_cast<size_t>(rank)];
+      // A resyncing replica gets the range's pushes too: its copy is being rebuilt.
+      const size_t at = static_cast<size_t>(rank);
+      const bool live = at >= view_live_.size() || view_live_[at] ||
+                        (at < view_resyncing_.size() && view_resyncing_[at]);
       if (rank != view_rank_ && live && std::find(backups->begin(), backups->end(), rank) == backups->end()) {
         backups->push_back(rank);
       }
@@ -69,15 +92,7 @@ void ServerNode::HandleMigrate(const DataRequest& req, Responder r) {
   size_t size = req.payload ? req.payload->size() : 0;
   Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
   if (!view.ok()) return r.Fail(view.status());
-  Status st = Journaled(core::JournalOp::kInsert, std::string_view(data, size), [&] {
-    const float* p = view->values;
-    for (size_t i = 0; i < view->num_keys; ++i) {
-      store_.Insert(view->keys[i], std::vector<float>(p, p + view->lens[i]));
-      p += view->lens[i];
-      if (journal_) restored_unconfirmed_.erase(view->keys[i]);  // journal_mu_ is held
-    }
-    return Status::Ok();
-  });
+  Status st = InsertEntries(std::string_view(data, size), *view);
   if (!st.ok()) return r.Fail(st);
   r.Reply(nullptr);
 }
@@ -98,18 +113,27 @@ void ServerNode::RefreshView() {
   const int replicas = std::max(1, md.replicas());
   // Which servers hold their ranges' copies: not those timed out or back after a loss.
   std::vector<char> live(static_cast<size_t>(std::max(n, 0)), 1);
+  std::vector<char> resyncing(static_cast<size_t>(std::max(n, 0)), 0);
+  bool self_resyncing = false;
   for (const pb::ServersMeta& s : md.servers_meta()) {
-    if (s.role() == pb::SERVER && s.rank_id() >= 0 && s.rank_id() < n) live[s.rank_id()] = s.is_alive() ? 1 : 0;
+    if (s.role() != pb::SERVER || s.rank_id() < 0 || s.rank_id() >= n) continue;
+    live[s.rank_id()] = s.is_alive() ? 1 : 0;
+    resyncing[s.rank_id()] = replicas >= 2 && s.resyncing() ? 1 : 0;
+    if (s.node_id() == options_.node_id) self_resyncing = resyncing[s.rank_id()] != 0;
   }
   bool changed;
+  std::vector<std::pair<int, int>> fetches;
   {
     std::unique_lock<std::shared_mutex> lock(view_mu_);
-    changed = view_rank_ != rank || view_n_ != n || view_live_ != live;
+    changed = view_rank_ != rank || view_n_ != n || view_live_ != live || view_resyncing_ != resyncing;
     view_rank_ = rank;
     view_n_ = n;
     view_replicas_ = replicas;
     view_live_ = std::move(live);
+    view_resyncing_ = std::move(resyncing);
+    fetches = UpdateResyncLocked(self_resyncing);
   }
+  if (!fetches.empty()) StartFetches(std::move(fetches));
   if (n != mailbox_servers_) {
     // Ranks are numbered anew: a timed-out rank may be a live server now, and a receive
     // from a rank the cluster no longer has would wait for nothing.
@@ -126,13 +150,26 @@ void ServerNode::RefreshView() {
   // Stable under this view: entries moved away (or copied here by a rolled-back
   // operation) are no longer needed here.
   size_t dropped = 0;
-  // (With replicas, this server also holds the ranges it backs up.)
   if (replicas <= 1 && store_.HasNotOwned(rank, n)) {
     Status st = Journaled(core::JournalOp::kDrop, core::EncodeJournalDrop(rank, n), [&] {
       dropped = store_.ExtractNotOwned(rank, n, /*erase=*/true).size();
       return Status::Ok();
     });
     if (!st.ok()) LOG(ERROR) << "server " << options_.node_id << ": entries owned elsewhere kept: " << st;
+  } else if (replicas > 1 && changed && rank >= 0) {
+    // With replicas this server holds the ranges of its chains; after a scale some of its
+    // entries may be of ranges it no longer holds.
+    std::vector<uint64_t> gone;
+    for (uint64_t key : store_.Keys()) {
+      if (!core::HoldsRange(rank, core::ServerForKey(key, n), n, replicas)) gone.push_back(key);
+    }
+    if (!gone.empty()) {
+      Status st = Journaled(core::JournalOp::kDropKeys, core::EncodeJournalDropKeys(gone), [&] {
+        dropped = store_.Erase(gone.data(), gone.size());
+        return Status::Ok();
+      });
+      if (!st.ok()) LOG(ERROR) << "server " << options_.node_id << ": entries held elsewhere kept: " << st;
+    }
   }
   if (changed || dropped > 0) {
     LOG(INFO) << "server " << options_.node_id << " serves key range " << rank << "/" << n
@@ -203,23 +240,64 @@ void ServerNode::OnScaleInStart(const pb::ScaleInMessage& msg, std::function<voi
 
 void ServerNode::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, std::function<void()> done) {
   auto work = [this, rank, n, dest_rank, done]() mutable {
+    int old_rank;
+    int old_n;
+    int replicas;
+    std::vector<char> old_live;
     {
       // Once the view is switched no push or pull of a key this server gives up can be
       // applied: each checks ownership and applies under the view lock (shared). So the
       // lock covers only the switch; the copy below, which may take long, runs under the
       // store's own stripe locks while the loop thread goes on serving.
       std::unique_lock<std::shared_mutex> lock(view_mu_);
+      old_rank = view_rank_;
+      old_n = view_n_;
+      replicas = view_replicas_;
+      old_live = view_live_;
       view_rank_ = rank;
       view_n_ = n;
+      if (replicas > 1) {
+        // A replicated scale starts with every server live (the scheduler checks it);
+        // the metadata of the READY cluster sets liveness again.
+        view_live_.assign(static_cast<size_t>(std::max(n, 0)), 1);
+        view_resyncing_.assign(static_cast<size_t>(std::max(n, 0)), 0);
+      }
     }
-    std::vector<std::pair<uint64_t, std::vector<float>>> entries =
-        store_.ExtractNotOwned(rank, n, /*erase=*/false);
-    LOG(INFO) << "server " << options_.node_id << " now rank " << rank << " of " << n << "; moving "
-              << entries.size() << " keys";
+    // Per position in a range's chain (one pass with one replica): which entries go to the
+    // new chain's member at that position, dest_rank((range + position) % n).
+    std::vector<std::vector<std::pair<uint64_t, std::vector<float>>>> passes;
+    if (replicas <= 1) {
+      passes.push_back(store_.ExtractNotOwned(rank, n, /*erase=*/false));
+    } else {
+      // Every copy of a range is complete, so its old primary alone sends it, to each
+      // member of the key's new chain that is not this server.
+      std::vector<std::pair<uint64_t, std::vector<float>>> mine =
+          EntriesPrimaryOf(store_, old_rank, old_n, replicas, old_live);
+      const int copies = std::clamp(replicas, 1, std::max(n, 1));
+      for (int position = 0; position < copies; ++position) {
+        passes.emplace_back();
+        for (const auto& entry : mine) {
+          if ((core::ServerForKey(entry.first, n) + position) % n != rank) passes.back().push_back(entry);
+        }
+      }
+    }
+    size_t moving = 0;
+    for (const auto& pass : passes) moving += pass.size();
+    LOG(INFO) << "server " << options_.node_id << " now rank " << rank << " of " << n << "; moving " << moving
+              << (replicas > 1 ? " copies of keys to their new replicas" : " keys");
     std::weak_ptr<ServerNode*> weak = alive_;
-    loop()->Run([this, weak, entries = std::move(entries), dest_rank, n, done]() mutable {
+    loop()->Run([this, weak, passes = std::move(passes), dest_rank, n, done]() mutable {
       if (!weak.lock()) return;
-      SendEntries(std::move(entries), dest_rank, n, std::move(done));
+      // done() once every pass has stored its entries.
+      auto left = std::make_shared<std::atomic<size_t>>(passes.size());
+      auto one_done = [left, done] {
+        if (--*left == 0) done();
+      };
+      for (size_t position = 0; position < passes.size(); ++position) {
+        const int p = static_cast<int>(position);
+        auto dest = [dest_rank, p, n](int range) { return dest_rank((range + p) % n); };
+        SendEntries(std::move(passes[position]), dest, n, one_done);
+      }
     });
   };
   // Copying the entries may take a while: keep it off the loop thread when possible.

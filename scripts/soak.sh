@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # Bounded soak of a local job: scripts/soak.sh [minutes] (default 5).
-# A scheduler (--state_dir), 2 servers and 2 soak_driver workers pushing +1 to 64 keys and
-# counting acknowledged pushes. Until the time is up, one fault at a time, at random:
+# A scheduler (--state_dir, --replicas=SOAK_REPLICAS, default 1), 2 servers and 2
+# soak_driver workers pushing +1 to 64 keys and counting acknowledged pushes. Until the
+# time is up, one fault at a time, at random:
 #   - SIGKILL a worker and restart it with the same --node_id;
 #   - SIGKILL a server and restart it with the same --node_id and --data_dir (its
 #     parameter journal: every acknowledged push must survive; --journal_compact_mb=1, so
 #     background compactions run all the time and the kills land amid them);
+#   - with replicas >= 2, lose a server's host: SIGKILL it, delete its --data_dir and
+#     restart it empty (it is rebuilt from the other replica: docs/reliability.md, Resync);
 #   - a scale-out to 3 servers (pscore-admin, a new server s2) and back (scale-in: s2
 #     hands its keys over and leaves);
 #   - once, SIGKILL the scheduler and restart it on the same port with its --state_dir.
 # Two faults happen in every run, whatever the seed and length: the first fault is a server
-# SIGKILL, and the scheduler restart comes at the first fault round after half time (or,
-# if no round started in the second half, right after the time is up).
+# SIGKILL (with replicas >= 2 a host loss), and the scheduler restart comes at the first
+# fault round after half time (or, if no round started in the second half, right after the
+# time is up). After each fault the soak waits until the cluster is READY, no node is timed
+# out and no server resyncing, so a range always has a complete copy when the next comes.
 # At the end the drivers stop, worker w0
 # pulls every key and checks acknowledged <= value <= sent; the job is stopped.
 # Exit 0 only if no acknowledged update was lost (nor duplicated), the job recovered from
-# every fault, and both the server SIGKILL and the scheduler restart happened.
+# every fault, and both the server SIGKILL (a host loss with replicas >= 2) and the
+# scheduler restart happened.
 # BUILD_DIR (default build) selects the build tree; SOAK_SEED the RNG.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,9 +36,10 @@ fi
 node=$build/pscore-node admin=$build/pscore-admin driver=$build/soak_driver_bench
 dir=$(mktemp -d "${TMPDIR:-/tmp}/pscore-soak-XXXXXX")
 RANDOM=${SOAK_SEED:-$$}
+replicas=${SOAK_REPLICAS:-1}
 timing=(--heartbeat_interval_ms=200 --heartbeat_timeout_ms=3000 --connect_timeout_ms=30000)
 declare -A pid=()
-faults=0 recoveries=0 scale_ops=0 failures=0 worker_kills=0 server_kills=0 scheduler_restarts=0
+faults=0 recoveries=0 scale_ops=0 failures=0 worker_kills=0 server_kills=0 host_losses=0 scheduler_restarts=0
 
 log() { echo "soak [$(date +%T)] $*"; }
 cleanup() {
@@ -50,7 +57,8 @@ wait_file() {
 }
 start_scheduler() {
   rm -f "$dir/sched.port"
-  "$node" --role=scheduler --recoverable_roles=worker,server --scheduler_port="${port:-0}" --worker_num=2 --server_num=2 --state_dir="$dir/state" \
+  "$node" --role=scheduler --recoverable_roles=worker,server --scheduler_port="${port:-0}" --worker_num=2 --server_num=2 \
+    --replicas="$replicas" --state_dir="$dir/state" \
     --scale_timeout_ms=30000 --port_file="$dir/sched.port" "${timing[@]}" >>"$dir/scheduler.log" 2>&1 &
   pid[scheduler]=$!
   wait_file "$dir/sched.port" 15 || { log "scheduler did not start"; exit 1; }
@@ -74,7 +82,8 @@ wait_ready() {
   local deadline=$((SECONDS + ${1:-60}))
   while [ $SECONDS -lt $deadline ]; do
     if adm status 2>/dev/null | grep -q "cluster CLUSTER_READY" &&
-      ! adm nodes 2>/dev/null | grep -q "TIMED_OUT"; then
+      ! adm nodes 2>/dev/null | grep -q "TIMED_OUT" &&
+      ! adm nodes --json 2>/dev/null | grep -q '"resyncing":true'; then
       return 0
     fi
     sleep 0.2
@@ -96,12 +105,14 @@ log "READY on port $port"
 end=$((SECONDS + minutes * 60))
 sched_at=$((SECONDS + minutes * 30))  # the scheduler restart happens half way
 
-# SIGKILL member $1, restart it with start_$2 after up to a second, wait for READY.
+# SIGKILL member $1, restart it with start_$2 after up to a second, wait for READY; with
+# a third argument "host", its data directory is deleted first (the host is lost).
 kill_member() {
-  local m=$1 role=$2
-  log "fault: SIGKILL $m (pushes acked so far: $(acked))"
+  local m=$1 role=$2 host=${3:-}
+  log "fault: SIGKILL $m${host:+ and delete its data} (pushes acked so far: $(acked))"
   kill -KILL "${pid[$m]}"
   wait "${pid[$m]}" 2>/dev/null || true
+  [ -z "$host" ] || rm -rf "$dir/$m.data"
   sleep 0.$((RANDOM % 10))
   "start_$role" "$m"
   faults=$((faults + 1))
@@ -111,7 +122,12 @@ kill_member() {
   fi
 }
 kill_server() {
-  kill_member "s$((RANDOM % 2))" server
+  if [ "$replicas" -ge 2 ] && { [ $server_kills -eq 0 ] || [ $((RANDOM % 2)) -eq 0 ]; }; then
+    kill_member "s$((RANDOM % 2))" server host
+    host_losses=$((host_losses + 1))
+  else
+    kill_member "s$((RANDOM % 2))" server
+  fi
   server_kills=$((server_kills + 1))
 }
 restart_scheduler() {
@@ -185,12 +201,12 @@ done
 lost=$(sed -n 's/.*lost updates \([0-9]*\).*/\1/p' <<<"$check")
 echo "== soak summary ($minutes min, dir $dir)"
 echo "operations: $(acked) pushes acknowledged ($(cat "$dir"/w*.sent | wc -c) sent), $scale_ops scale operations"
-echo "faults injected: $faults ($worker_kills worker SIGKILLs, $server_kills server SIGKILLs, $scheduler_restarts scheduler SIGKILL+restart)"
+echo "faults injected: $faults ($worker_kills worker SIGKILLs, $server_kills server SIGKILLs of which $host_losses host losses, $scheduler_restarts scheduler SIGKILL+restart; replicas $replicas)"
 echo "recoveries: $recoveries of $faults; other failures: $failures"
 echo "${check:-soak check: no result (w0 exit $code)}"
 echo "lost updates = ${lost:-unknown}"
-if [ "$server_kills" -lt 1 ] || [ "$scheduler_restarts" -ne 1 ]; then
-  echo "missing fault: $server_kills server SIGKILLs (need >= 1), $scheduler_restarts scheduler restarts (need 1)"
+if [ "$server_kills" -lt 1 ] || [ "$scheduler_restarts" -ne 1 ] || { [ "$replicas" -ge 2 ] && [ "$host_losses" -lt 1 ]; }; then
+  echo "missing fault: $server_kills server SIGKILLs (need >= 1), $host_losses host losses (need >= 1 with replicas >= 2), $scheduler_restarts scheduler restarts (need 1)"
   failures=$((failures + 1))
 fi
 if [ "$code" -ne 0 ] || [ "${lost:-x}" != 0 ] || [ "$recoveries" -ne "$faults" ] || [ "$failures" -ne 0 ]; then

@@ -129,6 +129,16 @@ TEST_CASE("SliceByServer gives contiguous per-server index ranges", "[core][keyr
   for (const auto& s : empty) CHECK((s.first == 0 && s.second == 0));
 }
 
+TEST_CASE("a resyncing server copies each range its chain holds from the range's live primary",
+          "[core][keyrange][resync]") {
+  // 3 servers, 2 copies: rank 1 holds range 1 (chain 1, 2) and range 0 (chain 0, 1).
+  CHECK(ResyncSources(1, 3, 2, {1, 0, 1}) == std::vector<std::pair<int, int>>{{0, 0}, {1, 2}});
+  // Rank 0 holds ranges 0 and 2 (chain 2, 0); with rank 2 down too range 2 has no live copy.
+  CHECK(ResyncSources(0, 3, 2, {0, 1, 0}) == std::vector<std::pair<int, int>>{{0, 1}, {2, -1}});
+  CHECK(ResyncSources(0, 3, 3, {0, 1, 1}) == std::vector<std::pair<int, int>>{{0, 1}, {1, 1}, {2, 2}});
+  CHECK(ResyncSources(0, 3, 1, {0, 1, 1}).empty());  // one copy: nothing to copy from
+}
+
 }  // namespace
 }  // namespace core
 }  // namespace pscore

@@ -75,6 +75,40 @@ TEST_CASE("a push window snapshot decodes to the same window - damaged snapshots
   CHECK_FALSE(e.Decode(snap + "x").ok());
 }
 
+TEST_CASE("a merged push window snapshot adds its ids - same incarnation unites, a newer one replaces",
+          "[core][dedup][resync]") {
+  PushDedup source;
+  for (uint64_t s : {1, 2, 3}) source.MarkApplied(Id(s));
+  source.MarkApplied(Id(4, 9, "worker-b"));
+  source.MarkApplied(Id(2, 5, "worker-c"));
+  PushDedup d;
+  d.MarkApplied(Id(10));                    // same incarnation: kept with the snapshot's
+  d.MarkApplied(Id(1, 8, "worker-b"));      // older incarnation: the snapshot's replaces it
+  d.MarkApplied(Id(7, 6, "worker-c"));      // newer incarnation: the snapshot's adds nothing
+  REQUIRE(d.Merge(source.Encode()).ok());
+  for (uint64_t s : {1, 2, 3, 10}) CHECK(d.Applied(Id(s)));
+  CHECK(d.Applied(Id(4, 9, "worker-b")));
+  CHECK_FALSE(d.Applied(Id(1, 8, "worker-b")));
+  CHECK(d.Applied(Id(7, 6, "worker-c")));
+  CHECK_FALSE(d.Applied(Id(2, 5, "worker-c")));
+  CHECK(d.Begin(Id(4)) == Verdict::kApply);
+  // Still bounded: a union past kWindow keeps the newest seqs and raises the floor.
+  PushDedup big;
+  PushDedup other;
+  for (uint64_t s = 1; s <= PushDedup::kWindow; ++s) big.MarkApplied(Id(2 * s));
+  for (uint64_t s = 1; s <= PushDedup::kWindow; ++s) other.MarkApplied(Id(2 * s - 1));
+  REQUIRE(big.Merge(other.Encode()).ok());
+  CHECK(big.Applied(Id(2 * PushDedup::kWindow)));
+  CHECK(big.Begin(Id(1)) == Verdict::kTooOld);
+  // A damaged snapshot changes nothing.
+  const std::string snap = source.Encode();
+  PushDedup e;
+  e.MarkApplied(Id(10));
+  CHECK_FALSE(e.Merge(snap.substr(0, snap.size() - 1)).ok());
+  CHECK_FALSE(e.Applied(Id(1)));
+  CHECK(e.Applied(Id(10)));
+}
+
 std::string KvBody(const std::vector<uint64_t>& keys, const std::vector<float>& values) {
   std::vector<uint32_t> lens(keys.size(), static_cast<uint32_t>(values.size() / keys.size()));
   BufferPtr b = EncodeKvPairs(keys.data(), keys.size(), lens.data(), values.data(), values.size());

@@ -4,7 +4,11 @@
 // restarted - and still ends as an undisturbed run: every trainer, the surviving server and
 // the scheduler exit 0, and synchronous SGD ends with the same weights (loss and weights
 // checksum within 1e-6: the servers' float additions may only differ in their order), so
-// no acknowledged push was lost. Every child is SIGKILLed by pid when a test ends.
+// no acknowledged push was lost. The same when the lost server is restarted empty and
+// rebuilt from its ranges' primaries while the job runs (it resyncs), and then the other
+// server is SIGKILLed: the rebuilt copy alone carries the job to the same weights; and when
+// the job scales out to 3 servers first (every new range's chain filled) and then loses a
+// server. Every child is SIGKILLed by pid when a test ends.
 #include <signal.h>
 
 #include <chrono>
@@ -49,10 +53,11 @@ struct Job {
     return With({NodeBinary(), "--role=server", "--node_id=" + id, "--scheduler_port=" + std::to_string(port),
                  "--update_rule=sgd", "--learning_rate=2", "--data_dir=" + dir.File(id + ".data")});
   }
-  void Start() {
+  void Start(const std::vector<std::string>& trainer_extra = {}) {
     REQUIRE(dir.ok());
     REQUIRE(scheduler.Start(With({NodeBinary(), "--role=scheduler", "--worker_num=2", "--server_num=2",
-                                  "--replicas=2", "--scheduler_port=0", "--port_file=" + dir.File("sched.port")}),
+                                  "--replicas=2", "--recoverable_roles=server", "--scheduler_port=0",
+                                  "--port_file=" + dir.File("sched.port")}),
                             dir.File("scheduler.log")));
     port = ReadPortFile(dir.File("sched.port"), 10s);
     REQUIRE(port > 0);
@@ -64,11 +69,11 @@ struct Job {
       trainers.push_back(std::make_unique<Process>());
       // The recovery timeout spans the scheduler's heartbeat timeout with room to spare:
       // a push meets the lost server until the new epoch marks it down.
-      REQUIRE(trainers.back()->Start(
-          With({std::string(PSCORE_BIN_DIR) + "/pscore-train", "--node_id=worker" + std::to_string(i),
-                "--scheduler_port=" + std::to_string(port), "--steps=" + std::to_string(kSteps),
-                "--recovery_timeout_ms=30000"}),
-          dir.File("worker" + std::to_string(i) + ".log")));
+      std::vector<std::string> argv = {std::string(PSCORE_BIN_DIR) + "/pscore-train", "--node_id=worker" + std::to_string(i),
+                                       "--scheduler_port=" + std::to_string(port), "--steps=" + std::to_string(kSteps),
+                                       "--recovery_timeout_ms=30000"};
+      argv.insert(argv.end(), trainer_extra.begin(), trainer_extra.end());
+      REQUIRE(trainers.back()->Start(With(argv), dir.File("worker" + std::to_string(i) + ".log")));
     }
   }
   // Waits until trainer 0 printed step `step` (false at the deadline or if it exited).
@@ -83,20 +88,79 @@ struct Job {
   }
 };
 
-// Runs the job; with `kill`, server `victim` is SIGKILLed at step kSteps/2 and its data
-// directory deleted.
-std::vector<TrainFinal> RunJob(bool kill, int victim) {
+enum class Fault {
+  kNone,
+  kLost,     // `victim` SIGKILLed at step kSteps/2, its data directory deleted
+  kRebuilt,  // the same, restarted empty and rebuilt; then the other server SIGKILLed
+  kScaled,   // a scale-out to 3 servers at step kSteps/4, then `victim` lost as in kLost
+};
+
+// Waits until the scheduler's log holds `line` (false at the deadline).
+bool WaitSchedulerLog(Job& job, const std::string& line, Clock::time_point deadline) {
+  while (Clock::now() < deadline) {
+    if (job.scheduler.Log().find(line) != std::string::npos) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+void KillServer(Job& job, int i) {
+  REQUIRE(job.servers[i]->running());
+  job.servers[i]->Signal(SIGKILL);
+  REQUIRE(job.servers[i]->Wait(10s).has_value());
+  std::filesystem::remove_all(job.dir.File("server" + std::to_string(i) + ".data"));
+}
+
+// Restarts server `victim` empty while the trainers push, waits until the scheduler has
+// it as a replica again (its ranges copied), then loses the other server. Trainer 1 is
+// held (SIGSTOP, well under the heartbeat timeout) from a few steps after the restart to
+// the second kill, so that the job is still running when it comes.
+void RebuildThenLoseOther(Job& job, int victim, Clock::time_point deadline) {
+  REQUIRE(job.servers[victim]->Start(job.ServerArgv(victim), job.dir.File("server" + std::to_string(victim) + ".log")));
+  REQUIRE(job.WaitStep(kSteps / 2 + 3, deadline));
+  job.trainers[1]->Signal(SIGSTOP);
+  const std::string done = "server" + std::to_string(victim) + " (rank ";
+  bool resynced = false;
+  const auto until = std::min(deadline, Clock::now() + 20s);
+  while (!resynced && Clock::now() < until) {
+    const std::string log = job.scheduler.Log();
+    for (size_t at = log.find(done); at != std::string::npos && !resynced; at = log.find(done, at + 1)) {
+      const size_t eol = log.find('\n', at);
+      resynced = log.substr(at, eol - at).find("resynced: a replica of its key ranges again") != std::string::npos;
+    }
+    if (!resynced) std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(resynced);
+  REQUIRE(job.trainers[0]->running());
+  KillServer(job, 1 - victim);
+  job.trainers[1]->Signal(SIGCONT);
+}
+
+// Runs the job with `fault` on server `victim`.
+std::vector<TrainFinal> RunJob(Fault fault, int victim) {
   Job job;
-  job.Start();
+  if (fault == Fault::kScaled) {
+    job.Start({"--scale_out_at=" + std::to_string(kSteps / 4)});
+  } else {
+    job.Start();
+  }
   INFO("logs in " << job.dir.path());
   const auto deadline = Clock::now() + 240s;
+  const bool kill = fault != Fault::kNone;
+  if (fault == Fault::kScaled) {
+    // Trainer 0 asks for a third server; it joins, and every new range's chain is filled
+    // before the scale ends. Then a server is lost as in kLost.
+    REQUIRE(WaitSchedulerLog(job, "scale-out started: workers 2 -> 2, servers 2 -> 3", deadline));
+    job.servers.push_back(std::make_unique<Process>());
+    REQUIRE(job.servers.back()->Start(job.ServerArgv(2), job.dir.File("server2.log")));
+    REQUIRE(WaitSchedulerLog(job, "scale operation done: 2 workers, 3 servers", deadline));
+  }
   if (kill) {
     REQUIRE(job.WaitStep(kSteps / 2, deadline));
-    REQUIRE(job.servers[victim]->running());
-    job.servers[victim]->Signal(SIGKILL);
-    REQUIRE(job.servers[victim]->Wait(10s).has_value());
-    std::filesystem::remove_all(job.dir.File("server" + std::to_string(victim) + ".data"));
+    KillServer(job, victim);
   }
+  if (fault == Fault::kRebuilt) RebuildThenLoseOther(job, victim, deadline);
+  const int gone = fault == Fault::kRebuilt ? 1 - victim : victim;
   std::vector<TrainFinal> finals;
   for (auto& t : job.trainers) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -109,7 +173,7 @@ std::vector<TrainFinal> RunJob(bool kill, int victim) {
     REQUIRE(finals.back().found);
   }
   for (size_t i = 0; i < job.servers.size(); ++i) {
-    if (kill && static_cast<int>(i) == victim) continue;
+    if (kill && static_cast<int>(i) == gone) continue;
     INFO(job.servers[i]->Log());
     CHECK(job.servers[i]->Wait(60s) == std::optional<int>(0));
   }
@@ -119,7 +183,7 @@ std::vector<TrainFinal> RunJob(bool kill, int victim) {
     // The kill landed while the job ran: the scheduler timed the server out before every
     // node had finished.
     const std::string log = job.scheduler.Log();
-    const size_t lost = log.find("scheduler: server server" + std::to_string(victim) + " (rank ");
+    const size_t lost = log.find("scheduler: server server" + std::to_string(gone) + " (rank ");
     const size_t ended = log.find("every node finished");
     CHECK(lost != std::string::npos);
     CHECK(ended != std::string::npos);
@@ -143,12 +207,28 @@ void Compare(const std::vector<TrainFinal>& plain, const std::vector<TrainFinal>
 
 TEST_CASE("replicas=2: the demo job with a server SIGKILLed for good - its data deleted - ends as undisturbed",
           "[multiproc][net][demo][replication]") {
-  std::vector<TrainFinal> plain = RunJob(false, 0);
+  std::vector<TrainFinal> plain = RunJob(Fault::kNone, 0);
   // Either server: rank order of arrival is free, so both the primary of range 0 and of
   // range 1 are lost in one of the two runs.
   for (int victim : {0, 1}) {
     INFO("server" << victim << " killed");
-    Compare(plain, RunJob(true, victim));
+    Compare(plain, RunJob(Fault::kLost, victim));
+  }
+}
+
+TEST_CASE("replicas=2: the demo job scaled out to 3 servers, then a server SIGKILLed with its data, ends as undisturbed",
+          "[multiproc][net][demo][replication][scale]") {
+  std::vector<TrainFinal> plain = RunJob(Fault::kNone, 0);
+  Compare(plain, RunJob(Fault::kScaled, 1));
+}
+
+TEST_CASE("replicas=2: a server SIGKILLed, its data deleted, restarted empty and rebuilt, then the other one "
+          "SIGKILLed - the demo job ends as undisturbed",
+          "[multiproc][net][demo][replication][resync]") {
+  std::vector<TrainFinal> plain = RunJob(Fault::kNone, 0);
+  for (int victim : {0, 1}) {
+    INFO("server" << victim << " rebuilt, then server" << 1 - victim << " killed");
+    Compare(plain, RunJob(Fault::kRebuilt, victim));
   }
 }
 

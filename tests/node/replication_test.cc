@@ -2,7 +2,10 @@
 // applied by every live replica of its keys' range before the worker's future is ready;
 // a server's loss marks it down in a new epoch, the next replica of each of its ranges
 // serves them, and every acknowledged push is still there; a push forwarded twice (a
-// retry after a lost answer) is applied once on the primary and the backup.
+// retry after a lost answer) is applied once on the primary and the backup; a server back
+// empty is rebuilt from its ranges' primaries while pushes go on, and its copy is complete;
+// a scale-out or scale-in fills each range's new chain, so a server lost after it loses
+// nothing.
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -80,6 +83,7 @@ class ReplicatedCluster {
     so.replicas = replicas;
     so.heartbeat_interval = 100ms;
     so.heartbeat_timeout = 1500ms;
+    so.recoverable_roles = {pb::SERVER};
     sched_ = std::make_unique<SchedulerNode>(so);
     REQUIRE(sched_->Start().ok());
     std::vector<std::future<Status>> started;
@@ -221,6 +225,165 @@ TEST_CASE("a push whose answer was lost is sent again and applied once on the pr
   Result<PullResult> pulled = Await(c.worker->Pull({key}));
   REQUIRE(pulled.ok());
   CHECK(pulled->values == std::vector<float>(len, 1.0f));
+}
+
+namespace {
+
+// Whether the worker's metadata marks server `node_id` alive.
+bool AliveFor(WorkerNode& worker, const std::string& node_id) {
+  const pb::SendMetadataMessage md = worker.metadata();
+  for (const pb::ServersMeta& s : md.servers_meta()) {
+    if (s.node_id() == node_id) return s.is_alive();
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("with replicas=2 a server back empty is rebuilt while pushes go on, and its copy is complete",
+          "[replication][resync][net]") {
+  ReplicatedCluster c(/*servers=*/3, /*replicas=*/2);
+  const std::vector<uint64_t> keys = Keys(48);
+  const std::vector<float> ones(keys.size() * 8, 1.0f);
+  int acked = 0;
+  for (int i = 0; i < 3; ++i, ++acked) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  // Rank 1 is lost (it holds range 1, chain 1 2, and backs up range 0, chain 0 1); pushes
+  // go on to the promoted primaries.
+  ServerNode& lost = c.ByRank(1);
+  lost.Stop();
+  for (int i = 0; i < 3; ++i, ++acked) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  // It comes back empty (a new process with its node id): resyncing, while a thread
+  // keeps pushing.
+  NodeOptions o = c.Opts("s1");
+  o.rank = 1;
+  ServerNode* replaced = nullptr;
+  for (auto& s : c.servers) {
+    if (s.get() != &lost) continue;
+    s = std::make_unique<ServerNode>(o, SumStore());
+    replaced = s.get();
+  }
+  REQUIRE(replaced != nullptr);
+  ServerNode& back = *replaced;
+  std::atomic<bool> stop{false};
+  std::atomic<int> pushed{0};
+  std::atomic<bool> failed{false};
+  std::thread pusher([&] {
+    while (!stop) {
+      // No Catch2 assertion off the test's thread: a failure is recorded and checked there.
+      std::future<Status> f = c.worker->Push(keys, ones);
+      if (f.wait_for(kDeadline) != std::future_status::ready || !f.get().ok()) {
+        failed = true;
+        return;
+      }
+      ++pushed;
+    }
+  });
+  REQUIRE(back.Start().ok());
+  const auto until = std::chrono::steady_clock::now() + kDeadline;
+  while (!AliveFor(*c.worker, "s1") && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  const bool alive = AliveFor(*c.worker, "s1");
+  // A few pushes more once it is a live replica again (it is the primary of range 1).
+  const int at_alive = pushed.load();
+  while (alive && !failed && pushed < at_alive + 3 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(10ms);
+  }
+  stop = true;
+  pusher.join();
+  REQUIRE(alive);
+  REQUIRE_FALSE(failed);
+  acked += pushed.load();
+  CHECK(pushed > 0);
+  // Its copy is complete: every key of the ranges it holds has every acknowledged push.
+  const std::vector<float> want(8, static_cast<float>(acked));
+  for (uint64_t k : keys) {
+    if (!core::HoldsRange(1, core::ServerForKey(k, 3), 3, 2)) continue;
+    INFO("key " << k);
+    CHECK(Stored(back, k) == want);
+  }
+  // The other replica of its range is lost now: the rebuilt copy serves range 1 and
+  // range 0's backup is gone too (range 0 lives on on rank 0), every sum still there.
+  c.ByRank(2).Stop();
+  Result<PullResult> pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(keys.size() * 8, static_cast<float>(acked)));
+}
+
+namespace {
+
+Status Admin(SchedulerNode& s, pb::AdminRequest req) {
+  auto p = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = p->get_future();
+  s.loop()->Post([&s, req, p] { s.Admin(req, [p](Status st, pb::AdminResponse) { p->set_value(st); }); });
+  if (f.wait_for(kDeadline) != std::future_status::ready) return Status(Code::kTimeout, "admin not answered");
+  return f.get();
+}
+
+bool WaitReady(SchedulerNode& s, WorkerNode& w, int servers) {
+  const auto until = std::chrono::steady_clock::now() + kDeadline;
+  while (std::chrono::steady_clock::now() < until) {
+    if (s.cluster_state() == pb::CLUSTER_READY && w.server_count() == servers) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+// Every key is on each member of its range's chain under `n` servers with `sum`.
+void CheckChains(ReplicatedCluster& c, const std::vector<uint64_t>& keys, int n, float sum, size_t len) {
+  for (uint64_t k : keys) {
+    for (int rank : core::ReplicaChain(core::ServerForKey(k, n), n, 2)) {
+      INFO("key " << k << " on rank " << rank << " of " << n);
+      CHECK(Stored(c.ByRank(rank), k) == std::vector<float>(len, sum));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("with replicas=2 a scale-out fills each range's new chain, and a server lost after it loses nothing",
+          "[replication][scale][net]") {
+  ReplicatedCluster c(/*servers=*/2, /*replicas=*/2);
+  const std::vector<uint64_t> keys = Keys(48);
+  const std::vector<float> ones(keys.size() * 4, 1.0f);
+  for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(1);
+  req.set_server_num(3);
+  REQUIRE(Admin(*c.sched_, req).ok());
+  NodeOptions o = c.Opts("s2");
+  c.servers.push_back(std::make_unique<ServerNode>(o, SumStore()));
+  REQUIRE(c.servers.back()->Start().ok());
+  REQUIRE(WaitReady(*c.sched_, *c.worker, 3));
+  for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  CheckChains(c, keys, 3, 6.0f, 4);
+  // Any one server lost now: every range keeps a full copy.
+  c.ByRank(1).Stop();
+  Result<PullResult> pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(keys.size() * 4, 6.0f));
+}
+
+TEST_CASE("with replicas=2 a scale-in fills each range's new chain, and a server lost after it loses nothing",
+          "[replication][scale][net]") {
+  ReplicatedCluster c(/*servers=*/3, /*replicas=*/2);
+  const std::vector<uint64_t> keys = Keys(48);
+  const std::vector<float> ones(keys.size() * 4, 1.0f);
+  for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  pb::AdminRequest req;
+  req.set_op("scale_in");
+  req.add_node_ids("s2");
+  REQUIRE(Admin(*c.sched_, req).ok());
+  REQUIRE(WaitReady(*c.sched_, *c.worker, 2));
+  for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  for (uint64_t k : keys) {
+    INFO("key " << k);
+    CHECK(Stored(c.ByRank(0), k) == std::vector<float>(4, 6.0f));
+    CHECK(Stored(c.ByRank(1), k) == std::vector<float>(4, 6.0f));
+  }
+  c.ByRank(0).Stop();
+  Result<PullResult> pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(keys.size() * 4, 6.0f));
 }
 
 }  // namespace pscore::node
