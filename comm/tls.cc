@@ -60,15 +60,23 @@ bool LooksLikeTls(const char* data, size_t n) {
   return n >= 2 && (data[0] == 0x16 || data[0] == 0x15) && data[1] == 0x03;
 }
 
-Result<std::shared_ptr<TlsContext>> TlsContext::Load(const TlsFiles& files) {
+struct TlsContext::Loaded {
+  SSL_CTX* ctx = nullptr;
+  std::string identity;
+  int64_t not_after_unix = 0;
+};
+
+Result<TlsContext::Loaded> TlsContext::Read(const TlsFiles& files) {
   if (files.cert.empty() || files.key.empty() || files.ca.empty()) {
     return Status(Code::kInvalidArgument, "TLS needs all of --tls_cert, --tls_key and --tls_ca");
   }
-  std::shared_ptr<TlsContext> c(new TlsContext());
   ERR_clear_error();
-  c->ctx_ = SSL_CTX_new(TLS_method());
-  if (c->ctx_ == nullptr) return Status(Code::kInternal, "SSL_CTX_new: " + TakeSslError());
-  SSL_CTX* ctx = c->ctx_;
+  SSL_CTX* ctx = SSL_CTX_new(TLS_method());
+  if (ctx == nullptr) return Status(Code::kInternal, "SSL_CTX_new: " + TakeSslError());
+  auto fail = [ctx](Status st) {
+    SSL_CTX_free(ctx);
+    return st;
+  };
   SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
   SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION);
   // No resumption: every connection proves its certificate afresh (and no tickets cross
@@ -76,51 +84,97 @@ Result<std::shared_ptr<TlsContext>> TlsContext::Load(const TlsFiles& files) {
   SSL_CTX_set_num_tickets(ctx, 0);
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
   if (SSL_CTX_use_certificate_chain_file(ctx, files.cert.c_str()) != 1) {
-    return Status(Code::kInvalidArgument, "TLS certificate " + files.cert + ": " + TakeSslError());
+    return fail(Status(Code::kInvalidArgument, "TLS certificate " + files.cert + ": " + TakeSslError()));
   }
   if (SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM) != 1) {
     const std::string why = TakeSslError();
     if (why.find("mismatch") != std::string::npos) {
-      return Status(Code::kInvalidArgument, "TLS key " + files.key + " does not match certificate " + files.cert);
+      return fail(Status(Code::kInvalidArgument, "TLS key " + files.key + " does not match certificate " + files.cert));
     }
-    return Status(Code::kInvalidArgument, "TLS key " + files.key + ": " + why);
+    return fail(Status(Code::kInvalidArgument, "TLS key " + files.key + ": " + why));
   }
   if (SSL_CTX_check_private_key(ctx) != 1) {
-    return Status(Code::kInvalidArgument, "TLS key " + files.key + " does not match certificate " + files.cert);
+    return fail(Status(Code::kInvalidArgument, "TLS key " + files.key + " does not match certificate " + files.cert));
   }
   if (SSL_CTX_load_verify_locations(ctx, files.ca.c_str(), nullptr) != 1) {
-    return Status(Code::kInvalidArgument, "TLS CA " + files.ca + ": " + TakeSslError());
+    return fail(Status(Code::kInvalidArgument, "TLS CA " + files.ca + ": " + TakeSslError()));
   }
   // The CA list a server sends in its certificate request: the cluster CA.
   STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(files.ca.c_str());
   if (names != nullptr) SSL_CTX_set_client_CA_list(ctx, names);
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, &OnVerify);
+  Loaded out;
   X509* own = SSL_CTX_get0_certificate(ctx);
-  c->identity_ = CommonName(own);
+  out.identity = CommonName(own);
   struct tm tm {};
-  if (own != nullptr && ASN1_TIME_to_tm(X509_get0_notAfter(own), &tm) == 1) c->not_after_unix_ = timegm(&tm);
-  if (c->identity_.empty()) {
-    return Status(Code::kInvalidArgument, "TLS certificate " + files.cert + " has no subject CN (the identity)");
+  if (own != nullptr && ASN1_TIME_to_tm(X509_get0_notAfter(own), &tm) == 1) out.not_after_unix = timegm(&tm);
+  if (out.identity.empty()) {
+    return fail(Status(Code::kInvalidArgument, "TLS certificate " + files.cert + " has no subject CN (the identity)"));
   }
-  const int64_t left = c->SecondsToExpiry();
+  const int64_t left = out.not_after_unix - static_cast<int64_t>(std::time(nullptr));
   if (left < 0) {
-    LOG(ERROR) << "TLS certificate " << files.cert << " (CN=" << c->identity_ << ") expired " << -left
+    LOG(ERROR) << "TLS certificate " << files.cert << " (CN=" << out.identity << ") expired " << -left
                << " s ago: peers will refuse it";
   } else if (left < 7 * 24 * 3600) {
-    LOG(WARNING) << "TLS certificate " << files.cert << " (CN=" << c->identity_ << ") expires in " << left << " s";
+    LOG(WARNING) << "TLS certificate " << files.cert << " (CN=" << out.identity << ") expires in " << left << " s";
   }
+  out.ctx = ctx;
+  return out;
+}
+
+Result<std::shared_ptr<TlsContext>> TlsContext::Load(const TlsFiles& files) {
+  Result<Loaded> loaded = Read(files);
+  if (!loaded.ok()) return loaded.status();
+  std::shared_ptr<TlsContext> c(new TlsContext());
+  c->files_ = files;
+  c->ctx_ = loaded->ctx;
+  c->identity_ = loaded->identity;
+  c->not_after_unix_ = loaded->not_after_unix;
   return c;
+}
+
+Status TlsContext::Reload() {
+  Result<Loaded> loaded = Read(files_);
+  if (!loaded.ok()) return loaded.status();
+  SSL_CTX* old = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    old = ctx_;
+    ctx_ = loaded->ctx;
+    identity_ = loaded->identity;
+    not_after_unix_ = loaded->not_after_unix;
+  }
+  SSL_CTX_free(old);  // sessions made from it hold their own references
+  LOG(INFO) << "TLS certificate " << files_.cert << " (CN=" << loaded->identity << ") loaded again; it expires in "
+            << SecondsToExpiry() << " s";
+  return Status::Ok();
 }
 
 TlsContext::~TlsContext() {
   if (ctx_ != nullptr) SSL_CTX_free(ctx_);
 }
 
-int64_t TlsContext::SecondsToExpiry() const { return not_after_unix_ - static_cast<int64_t>(std::time(nullptr)); }
+SSL_CTX* TlsContext::AcquireCtx() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SSL_CTX_up_ref(ctx_);
+  return ctx_;
+}
+
+std::string TlsContext::identity() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return identity_;
+}
+
+int64_t TlsContext::SecondsToExpiry() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return not_after_unix_ - static_cast<int64_t>(std::time(nullptr));
+}
 
 TlsSession::TlsSession(std::shared_ptr<TlsContext> context, bool server)
     : context_(std::move(context)), server_(server) {
-  ssl_ = SSL_new(context_->ctx());
+  SSL_CTX* ctx = context_->AcquireCtx();
+  ssl_ = SSL_new(ctx);  // takes its own reference
+  SSL_CTX_free(ctx);
   CHECK(ssl_ != nullptr) << "SSL_new: " << TakeSslError();
   rbio_ = BIO_new(BIO_s_mem());
   wbio_ = BIO_new(BIO_s_mem());

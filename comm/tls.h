@@ -1,6 +1,7 @@
 // TLS 1.3 with mutual authentication, driven through memory BIOs on the event loop.
 // TlsContext is a process's settings (one SSL_CTX: its certificate and key, the cluster
-// CA); it is shared by every transport and HTTP server of the process, any thread.
+// CA); it is shared by every transport and HTTP server of the process, any thread
+// (Reload swaps the SSL_CTX under a lock; sessions hold a reference to theirs).
 // TlsSession is one connection's state; owned by that connection, loop thread only: the
 // owner feeds it the ciphertext it reads, takes plaintext out, hands it plaintext to
 // encrypt and writes the ciphertext it produces. It never touches a socket, so no call
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/status.h"
@@ -36,17 +38,25 @@ class TlsContext {
   TlsContext(const TlsContext&) = delete;
   TlsContext& operator=(const TlsContext&) = delete;
 
-  ssl_ctx_st* ctx() const { return ctx_; }
+  // Reads the files again: connections made from now on use them, established ones keep
+  // theirs. On an error the old settings stay.
+  Status Reload();
+  // The current SSL_CTX with a reference taken for the caller (SSL_CTX_free it).
+  ssl_ctx_st* AcquireCtx() const;
   // The identity our certificate names (its subject CN).
-  const std::string& identity() const { return identity_; }
+  std::string identity() const;
   // Seconds from now until our certificate's notAfter (negative: expired).
   int64_t SecondsToExpiry() const;
 
  private:
+  struct Loaded;
+  static Result<Loaded> Read(const TlsFiles& files);
   TlsContext() = default;
-  ssl_ctx_st* ctx_ = nullptr;
-  std::string identity_;
-  int64_t not_after_unix_ = 0;
+  TlsFiles files_;
+  mutable std::mutex mu_;
+  ssl_ctx_st* ctx_ = nullptr;  // guarded by mu_
+  std::string identity_;       // guarded by mu_
+  int64_t not_after_unix_ = 0;  // guarded by mu_
 };
 
 class TlsSession {
