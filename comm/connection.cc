@@ -12,12 +12,11 @@
 
 namespace pscore::comm {
 
-// TLS: ciphertext is read into a buffer of this size, then decrypted straight into the
-// frame decoder's region (a large payload's own buffer).
+// TLS: ciphertext is read into this buffer, one per loop thread (OnCipher hands each read
+// to the session at once), then decrypted straight into the frame decoder's region (a
+// large payload's own buffer).
 constexpr size_t kCipherReadBytes = 64 << 10;
-// TLS: a batch's ciphertext is taken out of the session after about this many plaintext
-// bytes, so the session's output buffer stays small.
-constexpr size_t kEncryptStep = 1 << 20;
+thread_local char g_cipher_in[kCipherReadBytes];
 
 // All frames queued in one loop iteration go out in one uv_write (writev): header+meta
 // bytes (and payloads of at most kInlinePayloadBytes) are owned here, larger payloads are
@@ -38,7 +37,7 @@ struct ConnectionCallbacks {
   static void OnAlloc(uv_handle_t* handle, size_t /*suggested*/, uv_buf_t* buf) {
     auto* self = static_cast<Connection*>(handle->data);
     if (self->tls_) {
-      *buf = uv_buf_init(self->cipher_in_.get(), static_cast<unsigned>(kCipherReadBytes));
+      *buf = uv_buf_init(g_cipher_in, static_cast<unsigned>(kCipherReadBytes));
       return;
     }
     size_t size = 0;
@@ -139,7 +138,6 @@ Connection::~Connection() { delete tcp_; }
 void Connection::StartTls() {
   DCHECK(loop_->InLoopThread());
   tls_ = std::make_unique<TlsSession>(options_.tls, accepted_);
-  cipher_in_ = std::make_unique<char[]>(kCipherReadBytes);
   if (accepted_) return;  // The dialler speaks first.
   Status st = tls_->Handshake();  // ClientHello
   SendCipher();
@@ -207,20 +205,20 @@ void Connection::SendCipher() {
   Write(std::move(batch), bufs);
 }
 
+// The batch's plaintext iovecs (payload buffers referenced, not copied) go to SSL_write
+// one by one; the ciphertext lands in one string, which becomes the batch's to write.
 bool Connection::Encrypt(WriteBatch& batch, std::vector<uv_buf_t>& bufs) {
+  size_t total = 0;
+  for (const uv_buf_t& b : bufs) total += b.len;
   batch.cipher.clear();
-  size_t since_take = 0;
+  tls_->TakeCipher(&batch.cipher);  // anything pending (none after the handshake) goes first
+  tls_->Reserve(total);
   for (const uv_buf_t& b : bufs) {
     Status st = tls_->Write(b.base, b.len);
     if (!st.ok()) {
       LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << st.message();
       Close(st);
       return false;
-    }
-    since_take += b.len;
-    if (since_take >= kEncryptStep) {
-      tls_->TakeCipher(&batch.cipher);
-      since_take = 0;
     }
   }
   tls_->TakeCipher(&batch.cipher);

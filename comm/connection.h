@@ -130,7 +130,6 @@ class Connection {
   bool heard_ = false;
   bool any_read_ = false;  // a byte has arrived
   std::unique_ptr<TlsSession> tls_;
-  std::unique_ptr<char[]> cipher_in_;  // TLS: the socket reads ciphertext here
 };
 
 }  // namespace pscore::comm

@@ -80,8 +80,11 @@ class TlsSession {
   Status Write(const char* data, size_t n);
   // Ciphertext produced and not yet taken.
   size_t pending_cipher() const;
-  // Appends the ciphertext produced so far to *out (in order).
+  // Appends the ciphertext produced so far to *out (in order); moved, not copied, when
+  // *out is empty.
   void TakeCipher(std::string* out);
+  // Makes room for the ciphertext of `plaintext` bytes about to be written.
+  void Reserve(size_t plaintext);
   // The peer certificate's subject CN (set once established; it passed CA verification).
   const std::string& peer_identity() const { return peer_identity_; }
 
@@ -91,7 +94,8 @@ class TlsSession {
   std::shared_ptr<TlsContext> context_;
   ssl_st* ssl_ = nullptr;
   bio_st* rbio_ = nullptr;  // ciphertext in (owned by ssl_)
-  bio_st* wbio_ = nullptr;  // ciphertext out (owned by ssl_)
+  bio_st* wbio_ = nullptr;  // ciphertext out (owned by ssl_): appends to out_
+  std::string out_;         // ciphertext produced, not yet taken
   bool server_;
   bool established_ = false;
   int first_byte_ = -1;  // the first byte the peer sent (a TLS record starts with 0x16)
