@@ -28,8 +28,8 @@ namespace {
 
 volatile std::sig_atomic_t g_signal = 0;
 void OnSignal(int sig) { g_signal = sig; }
-volatile std::sig_atomic_t g_reload = 0;
-void OnHangup(int) { g_reload = 1; }
+std::atomic<int> g_reload{0};  // lock-free: safe to set in a signal handler
+void OnHangup(int) { g_reload.store(1); }
 
 // With TLS: SIGHUP reads the certificate, key and CA files again (TlsContext::Reload) on a
 // thread of its own; connections made afterwards use them, established ones stay up.
@@ -41,8 +41,7 @@ class TlsReloader {
     thread_ = std::thread([this] {
       while (!stop_.load()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        if (g_reload == 0) continue;
-        g_reload = 0;
+        if (g_reload.exchange(0) == 0) continue;
         pscore::Status st = tls_->Reload();
         if (!st.ok()) LOG(ERROR) << "SIGHUP: TLS files not reloaded, the old ones stay in use: " << st;
       }

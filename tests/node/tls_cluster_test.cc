@@ -1,13 +1,17 @@
 // A job with TLS on every link, in process: members register under the node id their
 // certificate names; a member claiming another node id with a valid certificate is
-// refused at REGISTER (permission_denied) and the job finishes unaffected; HTTPS
-// /metrics reports the certificate's expiry.
+// refused at REGISTER (permission_denied), and so is a HELLO to a server naming another
+// member; the job finishes unaffected.
 #include <future>
 #include <set>
 
+#include "comm/event_loop.h"
+#include "comm/messenger.h"
 #include "comm/tls_pki.h"
 #include "node/node.h"
+#include "node/wire.h"
 #include "node/scheduler_node.h"
+#include "node/server_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
@@ -41,7 +45,7 @@ TEST_CASE("tls: members register under their certificate's name; an impostor is 
   SchedulerNode sched(so);
   REQUIRE(sched.Start().ok());
   auto server_tls = pki.Context("s0", "s0");
-  Node server(Opts(pb::SERVER, sched.port(), "s0", server_tls), nullptr);
+  ServerNode server(Opts(pb::SERVER, sched.port(), "s0", server_tls));
   Node worker(Opts(pb::WORKER, sched.port(), "w0", pki.Context("w0", "w0")), nullptr);
   REQUIRE(server.Start().ok());
   REQUIRE(worker.Start().ok());
@@ -54,6 +58,32 @@ TEST_CASE("tls: members register under their certificate's name; an impostor is 
   CHECK(st.code() == Code::kPermissionDenied);
   CHECK_THAT(st.message(), Catch::Contains("does not match the TLS certificate") && Catch::Contains("CN=s0"));
   impostor.Stop();
+
+  // w0's certificate, a HELLO to the server naming s0: refused.
+  {
+    comm::EventLoop loop("hello-client");
+    REQUIRE(loop.Start().ok());
+    comm::TransportOptions to;
+    to.tls = pki.Context("w0b", "w0");
+    comm::Messenger client(&loop, to, comm::Messenger::Handlers());
+    auto answer = std::make_shared<std::promise<Status>>();
+    loop.Post([&, answer] {
+      client.transport().Connect("127.0.0.1", server.listen_port(), comm::ConnectOptions(), [&, answer](Result<comm::ConnId> c) {
+        if (!c.ok()) return answer->set_value(c.status());
+        pb::HelloMessage hello;
+        hello.set_node_id("s0");
+        hello.set_role(pb::SERVER);
+        client.Call(*c, MakeMeta(pb::HELLO, pb::SERVER, 0), ToBuffer(hello), 5s,
+                    [answer](Result<comm::Frame> r) { answer->set_value(r.status()); });
+      });
+    });
+    auto f = answer->get_future();
+    REQUIRE(f.wait_for(20s) == std::future_status::ready);
+    Status hs = f.get();
+    CHECK(hs.code() == Code::kPermissionDenied);
+    CHECK_THAT(hs.message(), Catch::Contains("does not match the TLS certificate (CN=w0)"));
+    REQUIRE(loop.Stop().ok());
+  }
 
   // The members still talk through the scheduler: a KV round trip over TLS.
   REQUIRE(worker.KvSet("tls/key", std::string(100000, 'v')).ok());
