@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "comm/http_server.h"
 #include "comm/tls.h"
 #include "comm/tls_pki.h"
 #include "comm/transport.h"
@@ -348,6 +349,43 @@ TEST_CASE("tls: a handshake that stalls is closed at its deadline on either side
   CHECK_FALSE(c.ok());
   CHECK(Contains(c.status(), "TLS handshake not finished"));
   ::close(lfd);
+}
+
+}  // namespace pscore::comm
+
+namespace pscore::comm {
+
+TEST_CASE("tls: an HTTPS port closes a plaintext request and a handshake that stalls; stats count them",
+          "[comm][net][tls]") {
+  TestPki pki;
+  HttpServerOptions o;
+  o.tls = pki.Context("sched", "scheduler");
+  o.request_timeout = std::chrono::milliseconds(300);
+  EventLoop loop("https");
+  REQUIRE(loop.Start().ok());
+  std::unique_ptr<HttpServer> server;
+  Result<int> port = OnLoop(loop, [&] {
+    server = std::make_unique<HttpServer>(&loop, o, [&](HttpConnId id, HttpRequest&&) {
+      server->Respond(id, 200, "text/plain", "never reached").IgnoreError();
+    });
+    return server->Listen("127.0.0.1", 0);
+  });
+  REQUIRE(port.ok());
+  {
+    RawSocket plain;
+    REQUIRE(plain.Connect(*port));
+    REQUIRE(plain.SendAll("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
+    CHECK(plain.WaitClosed());
+  }
+  {
+    RawSocket silent;
+    REQUIRE(silent.Connect(*port));
+    CHECK(silent.WaitClosed());  // no ClientHello within the request timeout
+  }
+  CHECK(OnLoop(loop, [&] { return server->stats().requests; }) == 0u);
+  CHECK(OnLoop(loop, [&] { return server->stats().bad_requests; }) >= 1u);
+  OnLoop(loop, [&] { server.reset(); });
+  REQUIRE(loop.Stop().ok());
 }
 
 }  // namespace pscore::comm
