@@ -6,7 +6,8 @@
 // but claiming another node id is refused by the scheduler and exits non-zero; the
 // scheduler's HTTPS port answers curl with a client certificate (and refuses curl without
 // one); SIGHUP reloads the scheduler's certificate without the servers reconnecting, and
-// the trainers then connect with the new one. None of it disturbs the job.
+// the trainers then connect with the new one. With TLS, server1 is started without
+// --node_id and registers under its certificate's CN. None of it disturbs the job.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -66,10 +67,11 @@ Job RunJob(const TempDir& dir, const std::string& pki,
   for (int i = 0; i < 2; ++i) {
     const std::string name = "server" + std::to_string(i);
     servers.push_back(std::make_unique<Process>());
-    REQUIRE(servers.back()->Start(args({NodeBinary(), "--role=server", "--node_id=" + name,
-                                        "--scheduler_port=" + std::to_string(port), "--update_rule=sgd",
-                                        "--learning_rate=2"},
-                                       name),
+    // With TLS, server1 gives no --node_id: it takes its certificate's CN (server1).
+    std::vector<std::string> argv = {NodeBinary(), "--role=server", "--scheduler_port=" + std::to_string(port),
+                                     "--update_rule=sgd", "--learning_rate=2"};
+    if (!tls || i == 0) argv.push_back("--node_id=" + name);
+    REQUIRE(servers.back()->Start(args(argv, name),
                                   dir.File(tag + name + ".log")));
   }
   // Before the trainers join (the job cannot end meanwhile): the scheduler and servers are up.
@@ -89,6 +91,7 @@ Job RunJob(const TempDir& dir, const std::string& pki,
     job.finals.push_back(ParseTrainFinal(trainers[i]->Log()));
   }
   for (auto& s : servers) CHECK(s->Wait(60s).value_or(-1) == 0);
+  CHECK(servers[1]->Log().find("server1 registered as rank") != std::string::npos);
   job.scheduler_code = scheduler.Wait(60s).value_or(-1);
   INFO(tag << "scheduler log:\n" << scheduler.Log());
   CHECK(job.scheduler_code == 0);
