@@ -137,7 +137,7 @@ void ExpectServes(Peer& server, int port, std::shared_ptr<TlsContext> good) {
 
 }  // namespace
 
-TEST_CASE("tls: sessions in memory handshake, carry data both ways and name their peers", "[comm][tls]") {
+TEST_CASE("tls: sessions in memory handshake and carry data both ways and name their peers", "[comm][tls]") {
   TestPki pki;
   auto sched = pki.Context("sched", "scheduler");
   auto node = pki.Context("w0", "worker-0");
@@ -170,7 +170,7 @@ TEST_CASE("tls: sessions in memory handshake, carry data both ways and name thei
   CHECK(got == big);
 }
 
-TEST_CASE("tls: sessions in memory refuse a wrong CA, expired and not-yet-valid certificates and plaintext",
+TEST_CASE("tls: sessions in memory refuse a wrong CA and expired or not-yet-valid certificates and plaintext",
           "[comm][tls]") {
   TestPki pki;
   TestPki other("other-ca");
@@ -230,7 +230,7 @@ TEST_CASE("tls: sessions in memory refuse a wrong CA, expired and not-yet-valid 
   }
 }
 
-TEST_CASE("tls: frames, a 64 MiB payload and the token handshake run inside TLS; each side knows the other's name",
+TEST_CASE("tls: frames and a 64 MiB payload and the token handshake run inside TLS and each side knows the other's name",
           "[comm][net][tls]") {
   TestPki pki;
   TransportOptions so = WithTls(pki.Context("sched", "scheduler"));
@@ -265,7 +265,7 @@ TEST_CASE("tls: frames, a 64 MiB payload and the token handshake run inside TLS;
   CHECK(client.stats().tls_handshakes == 1);
 }
 
-TEST_CASE("tls: a plaintext peer on a TLS port, and a TLS peer on a plaintext port, are closed; the port serves on",
+TEST_CASE("tls: a plaintext peer on a TLS port and a TLS peer on a plaintext port are closed and the port serves on",
           "[comm][net][tls]") {
   TestPki pki;
   auto client_tls = pki.Context("w0", "worker-0");
@@ -289,7 +289,7 @@ TEST_CASE("tls: a plaintext peer on a TLS port, and a TLS peer on a plaintext po
   CHECK(plain_server.frame_count() == 0);
 }
 
-TEST_CASE("tls: a wrong CA, an expired and a not-yet-valid certificate are refused; the port serves on",
+TEST_CASE("tls: a wrong CA and expired or not-yet-valid certificates are refused and the port serves on",
           "[comm][net][tls]") {
   TestPki pki;
   TestPki other("other-ca");
@@ -355,7 +355,7 @@ TEST_CASE("tls: a handshake that stalls is closed at its deadline on either side
 
 namespace pscore::comm {
 
-TEST_CASE("tls: an HTTPS port closes a plaintext request and a handshake that stalls; stats count them",
+TEST_CASE("tls: an HTTPS port closes a plaintext request and a handshake that stalls",
           "[comm][net][tls]") {
   TestPki pki;
   HttpServerOptions o;

@@ -109,7 +109,7 @@ int RunToEnd(const std::vector<std::string>& argv, const std::string& log, std::
 
 }  // namespace
 
-TEST_CASE("the demo job with TLS on every link ends with the plaintext job's weights; impostors are refused",
+TEST_CASE("the demo job with TLS on every link ends with the plaintext job's weights and impostors are refused",
           "[multiproc][net][tls]") {
   TempDir dir;
   REQUIRE(dir.ok());

@@ -33,7 +33,7 @@ NodeOptions Opts(pb::NodeRole role, int sched_port, std::string id, std::shared_
 
 }  // namespace
 
-TEST_CASE("tls: members register under their certificate's name; an impostor is refused and the job finishes",
+TEST_CASE("tls: members register under their certificate's name and an impostor is refused while the job finishes",
           "[node][net][tls]") {
   comm::testing::TestPki pki;
   SchedulerOptions so;
