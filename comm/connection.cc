@@ -6,10 +6,17 @@
 #include <cstring>
 
 #include "comm/event_loop.h"
+#include "comm/tls.h"
 #include "comm/transport.h"
 #include "comm/uv_status.h"
 
 namespace pscore::comm {
+
+// TLS: ciphertext is read into this buffer, one per loop thread (OnCipher hands each read
+// to the session at once), then decrypted straight into the frame decoder's region (a
+// large payload's own buffer).
+constexpr size_t kCipherReadBytes = 64 << 10;
+thread_local char g_cipher_in[kCipherReadBytes];
 
 // All frames queued in one loop iteration go out in one uv_write (writev): header+meta
 // bytes (and payloads of at most kInlinePayloadBytes) are owned here, larger payloads are
@@ -20,6 +27,7 @@ struct WriteBatch {
   std::string head;                    // headers and metas back to back
   std::vector<std::pair<size_t, size_t>> head_spans;  // (offset, len) per frame, back to back
   std::vector<Payload> payloads;       // per frame; empty when inline or none
+  std::string cipher;                  // TLS: the batch encrypted (what is written)
   uint64_t bytes = 0;
   uint64_t shared_bytes = 0;           // of bytes: shared payloads
   size_t shared_payloads = 0;          // frames with a shared payload
@@ -28,26 +36,42 @@ struct WriteBatch {
 struct ConnectionCallbacks {
   static void OnAlloc(uv_handle_t* handle, size_t /*suggested*/, uv_buf_t* buf) {
     auto* self = static_cast<Connection*>(handle->data);
+    if (self->tls_) {
+      *buf = uv_buf_init(g_cipher_in, static_cast<unsigned>(kCipherReadBytes));
+      return;
+    }
     size_t size = 0;
     char* region = self->decoder_.ReadRegion(&size);
     // uv_buf_t.len is size_t on Unix; reads of over 1 GiB at once gain nothing.
     *buf = uv_buf_init(region, static_cast<unsigned>(std::min<size_t>(size, 1u << 30)));
   }
 
-  static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* /*buf*/) {
+  static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
     auto* self = static_cast<Connection*>(stream->data);
     if (nread > 0) {
+      if (self->tls_) return self->OnCipher(buf->base, static_cast<size_t>(nread));
+      if (!self->any_read_ && LooksLikeTls(buf->base, static_cast<size_t>(nread))) {
+        Status why(Code::kPermissionDenied, "the peer speaks TLS and this side has no TLS (--tls_cert, --tls_key, --tls_ca)");
+        LOG(ERROR) << "conn " << self->id_ << " " << self->peer_ << ": " << why.message();
+        self->decoder_.Commit(0, &self->decoded_).IgnoreError();
+        return self->Close(why);
+      }
+      self->any_read_ = true;
       self->OnBytes(static_cast<size_t>(nread));
       return;
     }
     if (nread == 0) {
+      if (self->tls_) return;
       // EAGAIN: tell the decoder nothing arrived so the handed-out region is released.
       self->decoder_.Commit(0, &self->decoded_).IgnoreError();
       return;
     }
     Status why = nread == UV_EOF ? Status(Code::kUnavailable, "peer closed the connection")
                                  : UvStatus(static_cast<int>(nread), "read");
-    if (self->decoder_.mid_frame()) {
+    if (self->tls_ && !self->tls_->established()) {
+      why = Status(why.code(), why.message() + " during the TLS handshake (the peer refused it, or it does not speak TLS)");
+      LOG(ERROR) << "conn " << self->id_ << " " << self->peer_ << ": " << why.message();
+    } else if (self->decoder_.mid_frame()) {
       why = Status(why.code(), why.message() + " in the middle of a frame");
       LOG(WARNING) << "conn " << self->id_ << " " << self->peer_ << ": " << why;
     }
@@ -110,6 +134,101 @@ Connection::Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_
 }
 
 Connection::~Connection() { delete tcp_; }
+
+void Connection::StartTls() {
+  DCHECK(loop_->InLoopThread());
+  tls_ = std::make_unique<TlsSession>(options_.tls, accepted_);
+  if (accepted_) return;  // The dialler speaks first.
+  Status st = tls_->Handshake();  // ClientHello
+  SendCipher();
+  if (!st.ok()) Close(st);
+}
+
+const std::string& Connection::peer_identity() const {
+  static const std::string kNone;
+  return tls_ ? tls_->peer_identity() : kNone;
+}
+
+void Connection::OnCipher(const char* data, size_t n) {
+  last_read_ = std::chrono::steady_clock::now();
+  any_read_ = true;
+  tls_->Feed(data, n);
+  if (!tls_->established()) {
+    Status st = tls_->Handshake();
+    SendCipher();  // our next handshake flight, or the alert that says why we refuse
+    if (!st.ok()) {
+      LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << st.message();
+      CloseAfterFlush(st);
+      return;
+    }
+    if (!tls_->established()) return;
+    VLOG(1) << "conn " << id_ << " " << peer_ << ": TLS established with " << tls_->peer_identity();
+    if (transport_ != nullptr) transport_->TlsEstablished(id_);
+    if (closing_) return;
+    Flush();  // frames queued while the handshake ran
+  }
+  Decrypt();
+}
+
+// Plaintext goes straight from the session into the decoder's region: a large payload's
+// bytes land in its own buffer with no copy beyond the decryption.
+void Connection::Decrypt() {
+  while (!closing_) {
+    size_t size = 0;
+    char* region = decoder_.ReadRegion(&size);
+    Result<size_t> got = tls_->Read(region, size);
+    if (!got.ok() || *got == 0) {
+      decoder_.Commit(0, &decoded_).IgnoreError();  // releases the region
+      if (!got.ok()) {
+        if (got.status().code() == Code::kUnavailable) {
+          VLOG(1) << "conn " << id_ << " " << peer_ << ": " << got.status();
+        } else {
+          LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << got.status().message();
+        }
+        SendCipher();
+        Close(got.status());
+      }
+      break;
+    }
+    OnBytes(*got);
+  }
+  SendCipher();  // post-handshake messages (key updates)
+}
+
+void Connection::SendCipher() {
+  if (closing_ || tls_->pending_cipher() == 0) return;
+  auto batch = spare_ ? std::move(spare_) : std::make_unique<WriteBatch>();
+  batch->conn = this;
+  batch->cipher.clear();
+  tls_->TakeCipher(&batch->cipher);
+  std::vector<uv_buf_t> bufs{uv_buf_init(batch->cipher.data(), static_cast<unsigned>(batch->cipher.size()))};
+  Write(std::move(batch), bufs);
+}
+
+// The batch's plaintext iovecs (payload buffers referenced, not copied) go to SSL_write
+// one by one; the ciphertext lands in one string, which becomes the batch's to write.
+bool Connection::Encrypt(WriteBatch& batch, std::vector<uv_buf_t>& bufs) {
+  size_t total = 0;
+  for (const uv_buf_t& b : bufs) total += b.len;
+  batch.cipher.clear();
+  tls_->TakeCipher(&batch.cipher);  // anything pending (none after the handshake) goes first
+  tls_->Reserve(total);
+  for (const uv_buf_t& b : bufs) {
+    Status st = tls_->Write(b.base, b.len);
+    if (!st.ok()) {
+      LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << st.message();
+      Close(st);
+      return false;
+    }
+  }
+  tls_->TakeCipher(&batch.cipher);
+  bufs.clear();
+  for (size_t at = 0; at < batch.cipher.size(); at += kMaxIovBytes) {
+    bufs.push_back(uv_buf_init(batch.cipher.data() + at,
+                               static_cast<unsigned>(std::min(batch.cipher.size() - at, kMaxIovBytes))));
+  }
+  return true;
+}
 
 Status Connection::StartReading() {
   DCHECK(loop_->InLoopThread());
@@ -300,6 +419,7 @@ void Connection::Detach() {
 void Connection::Flush() {
   flush_scheduled_ = false;
   if (!pending_ || closing_) return;
+  if (tls_ && !tls_->established()) return;  // OnCipher flushes once it is
   std::unique_ptr<WriteBatch> batch = std::move(pending_);
   std::vector<uv_buf_t>& bufs = iov_;  // reused: no allocation per flush
   bufs.clear();
@@ -319,6 +439,14 @@ void Connection::Flush() {
     if (p.head) add(p.head->data(), p.head->size());
     for (const Slice& s : p.tail) add(s.data, s.size);
   }
+  if (tls_ && !Encrypt(*batch, bufs)) {
+    DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
+    return;
+  }
+  Write(std::move(batch), bufs);
+}
+
+void Connection::Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>& bufs) {
   // Write what the socket takes at once; queue only the rest. On an idle socket this
   // saves the write request, its deferred callback and an epoll_ctl per flush.
   auto* stream = reinterpret_cast<uv_stream_t*>(tcp_);
@@ -343,10 +471,11 @@ void Connection::Flush() {
     batch->head.clear();
     batch->head_spans.clear();
     batch->payloads.clear();
+    batch->cipher.clear();
     batch->bytes = 0;
     batch->shared_bytes = 0;
     batch->shared_payloads = 0;
-    if (batch->head.capacity() <= (1u << 20)) spare_ = std::move(batch);  // Don't hoard big ones.
+    if (batch->head.capacity() <= (1u << 20) && batch->cipher.capacity() <= (1u << 20)) spare_ = std::move(batch);  // Don't hoard big ones.
     return;
   }
   batch->req.data = batch.get();

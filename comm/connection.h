@@ -23,6 +23,7 @@ struct uv_buf_t;
 namespace pscore::comm {
 
 class EventLoop;
+class TlsSession;
 class Transport;
 struct WriteBatch;
 
@@ -40,6 +41,11 @@ class Connection {
   ~Connection();
 
   Status StartReading();
+  // Puts TLS under the frames (TransportOptions::tls): the handshake starts now (the
+  // dialling side speaks first); frames flow once Transport::TlsEstablished is called.
+  void StartTls();
+  // The peer certificate's identity once TLS is established ("" without TLS).
+  const std::string& peer_identity() const;
   // Queues one frame. A payload of at most kInlinePayloadBytes is copied into the batch;
   // a larger one (head and tail slices) is referenced, not copied, until its write completes.
   Status Send(const pb::MessageMeta& meta, Payload payload);
@@ -74,6 +80,15 @@ class Connection {
  private:
   friend struct ConnectionCallbacks;  // libuv trampolines, defined in connection.cc
   void OnBytes(size_t n);
+  // Ciphertext read from the socket: on with the handshake, then plaintext into the decoder.
+  void OnCipher(const char* data, size_t n);
+  void Decrypt();
+  // Writes the ciphertext the TLS session has produced (handshake messages, alerts).
+  void SendCipher();
+  // Writes bufs[...] of `batch` (try first, then queue the rest); owns the batch till done.
+  void Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>& bufs);
+  // TLS: replaces the plaintext bufs by the batch's ciphertext.
+  bool Encrypt(WriteBatch& batch, std::vector<uv_buf_t>& bufs);
   // Checks the limits and appends a frame's header and meta plus `inline_bytes` of room to
   // the pending batch (`payload` is referenced after them when not empty). Returns the room,
   // or null with *st set.
@@ -113,6 +128,8 @@ class Connection {
   TimePoint opened_;
   bool accepted_;
   bool heard_ = false;
+  bool any_read_ = false;  // a byte has arrived
+  std::unique_ptr<TlsSession> tls_;
 };
 
 }  // namespace pscore::comm

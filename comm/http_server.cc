@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/tls.h"
 #include "comm/uv_status.h"
 
 namespace pscore::comm {
@@ -45,6 +46,7 @@ struct HttpServer::Conn {
   uint64_t queued = 0;  // bytes handed to uv_write and not yet written
   TimePoint write_progress;  // when queued last went up from 0 or an answer was written
   std::vector<std::function<void()>> watchers;
+  std::unique_ptr<TlsSession> tls;  // HTTPS
 };
 
 struct HttpServer::ListenerHandle {
@@ -59,6 +61,7 @@ struct WriteOp {
   std::string head;
   std::shared_ptr<const std::string> body;
   std::string tail;
+  std::string cipher;  // HTTPS: head, body and tail encrypted (what is written)
   size_t bytes = 0;
 };
 
@@ -67,6 +70,8 @@ constexpr Duration kLinger = std::chrono::seconds(2);
 
 // One read buffer for all connections: libuv fills it and OnRead consumes it at once.
 thread_local char g_read_buf[64 << 10];
+// HTTPS: requests are decrypted here, then parsed like plaintext.
+thread_local char g_plain_buf[64 << 10];
 
 HttpServer::Conn* ConnOf(http_parser* p) { return static_cast<HttpServer::Conn*>(p->data); }
 
@@ -295,6 +300,7 @@ void HttpServer::OnAccept() {
   http_parser_init(&c->parser, HTTP_REQUEST);
   c->parser.data = c;
   uv_tcp_nodelay(&c->tcp, 1);
+  if (options_.tls != nullptr) c->tls = std::make_unique<TlsSession>(options_.tls, /*server=*/true);
   conns_[c->id] = c;
   ++stats_.connections_accepted;
   uv_read_start(
@@ -304,8 +310,41 @@ void HttpServer::OnAccept() {
         auto* conn = static_cast<Conn*>(s->data);
         if (conn->server == nullptr || conn->closing) return;
         if (n < 0) return conn->server->CloseConn(conn);
+        if (n > 0 && conn->tls) return conn->server->OnCipher(conn, buf->base, static_cast<size_t>(n));
         if (n > 0) conn->server->OnRead(conn, buf->base, static_cast<size_t>(n));
       });
+}
+
+void HttpServer::OnCipher(Conn* c, const char* data, size_t n) {
+  c->tls->Feed(data, n);
+  if (!c->tls->established()) {
+    Status st = c->tls->Handshake();
+    SendCipher(c);  // the next handshake flight, or the alert saying why
+    if (!st.ok()) {
+      LOG(ERROR) << "https: conn " << c->id << ": " << st.message();
+      ++stats_.bad_requests;
+      return CloseConn(c);
+    }
+    if (!c->tls->established()) return;
+  }
+  const HttpConnId id = c->id;
+  for (;;) {
+    Result<size_t> got = c->tls->Read(g_plain_buf, sizeof(g_plain_buf));
+    if (!got.ok()) {
+      if (got.status().code() != Code::kUnavailable) LOG(ERROR) << "https: conn " << id << ": " << got.status().message();
+      SendCipher(c);
+      return CloseConn(c);
+    }
+    if (*got == 0) break;
+    OnRead(c, g_plain_buf, *got);
+    if (Find(id) != c || c->closing) return;
+  }
+  SendCipher(c);
+}
+
+void HttpServer::SendCipher(Conn* c) {
+  if (c->closing || c->tls->pending_cipher() == 0) return;
+  Write(c, "", nullptr, "").IgnoreError();  // closes on error
 }
 
 void HttpServer::OnRead(Conn* c, const char* data, size_t n) {
@@ -371,6 +410,21 @@ Status HttpServer::Write(Conn* c, std::string head, std::shared_ptr<const std::s
   }
   if (!op->tail.empty()) bufs[nbufs++] = uv_buf_init(op->tail.data(), op->tail.size());
   op->bytes = op->head.size() + (op->body ? op->body->size() : 0) + op->tail.size();
+  if (c->tls) {
+    for (int i = 0; i < nbufs; ++i) {
+      if (bufs[i].len == 0) continue;
+      Status st = c->tls->established() ? c->tls->Write(bufs[i].base, bufs[i].len)
+                                        : Status(Code::kFailedPrecondition, "https: answer before the TLS handshake");
+      if (!st.ok()) {
+        delete op;
+        CloseConn(c);
+        return st;
+      }
+    }
+    c->tls->TakeCipher(&op->cipher);
+    nbufs = 1;
+    bufs[0] = uv_buf_init(op->cipher.data(), op->cipher.size());
+  }
   op->req.data = c;
   int rc = uv_write(&op->req, reinterpret_cast<uv_stream_t*>(&c->tcp), bufs, nbufs, [](uv_write_t* req, int) {
     auto* w = reinterpret_cast<WriteOp*>(req);
@@ -554,6 +608,12 @@ void HttpServer::Sweep() {
   std::vector<Conn*> slow, idle, stalled;
   for (auto& [id, c] : conns_) {
     if (c->closing || c->streaming) continue;
+    if (c->tls && !c->tls->established() && now - c->awaiting_since > options_.request_timeout) {
+      LOG(ERROR) << "https: conn " << c->id << ": TLS handshake not finished within "
+                 << ToMillis(options_.request_timeout) << " ms";
+      idle.push_back(c);
+      continue;
+    }
     if (c->lingering) {
       if (now - c->linger_since > kLinger) idle.push_back(c);
       continue;
@@ -609,7 +669,12 @@ void HttpServer::Shutdown() {
       // Written now or never (the connection closes below); a reader that lags behind
       // (output still queued) is cut off.
       char last[] = "0\r\n\r\n";
+      std::string cipher;
       uv_buf_t buf = uv_buf_init(last, sizeof(last) - 1);
+      if (c->tls && c->tls->established() && c->tls->Write(last, sizeof(last) - 1).ok()) {
+        c->tls->TakeCipher(&cipher);
+        buf = uv_buf_init(cipher.data(), cipher.size());
+      }
       uv_try_write(reinterpret_cast<uv_stream_t*>(&c->tcp), &buf, 1);
     }
     CloseConn(c);

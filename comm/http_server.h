@@ -18,6 +18,8 @@
 
 namespace pscore::comm {
 
+class TlsContext;
+
 using HttpConnId = uint64_t;
 // Extra response header lines (name, value), in order.
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
@@ -41,6 +43,9 @@ struct HttpServerOptions {
   // accept or its last answer), whatever stray bytes it sends meanwhile.
   Duration idle_timeout = std::chrono::seconds(60);
   uint64_t max_queued_bytes = 64ull << 20;  // unsent output above this closes the peer
+  // HTTPS (comm/tls.h): TLS 1.3, the client must present a certificate the cluster CA
+  // signed. A handshake not done within request_timeout closes the connection. Null: HTTP.
+  std::shared_ptr<TlsContext> tls;
 };
 
 struct HttpServerStats {
@@ -91,12 +96,16 @@ class HttpServer {
   struct Conn;
   void OnAccept();
   void OnRead(Conn* c, const char* data, size_t n);
+  // HTTPS: ciphertext read from the socket (handshake, then requests).
+  void OnCipher(Conn* c, const char* data, size_t n);
   void OnConnClosed(Conn* c);
   void OnWritten(Conn* c, size_t bytes);
   void OnMessage(Conn* c);
 
  private:
   Status Write(Conn* c, std::string head, std::shared_ptr<const std::string> body, std::string tail);
+  // HTTPS: writes what the connection's TLS session has produced (handshake, alerts).
+  void SendCipher(Conn* c);
   void Feed(Conn* c);
   // Refuses the connection's request: the answer `status`, then the connection closes
   // (after a linger, see Linger); a late answer to the request is dropped.

@@ -307,12 +307,53 @@ ConnId Transport::Adopt(uv_tcp_t* tcp, bool accepted, std::function<void(Result<
   if (sweep_timer_ == 0 && SweepPeriod().count() > 0) {
     sweep_timer_ = loop_->AddTimer(SweepPeriod(), SweepPeriod(), [this] { SweepStalled(); });
   }
+  if (options_.tls != nullptr) {
+    StartTls(id, accepted, std::move(ready));
+  } else {
+    AfterTls(id, accepted, std::move(ready));
+  }
+  return id;
+}
+
+void Transport::AfterTls(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready) {
   if (!options_.auth_token.empty()) {
     StartAuth(id, accepted, std::move(ready));
   } else {
     Opened(id, accepted, std::move(ready));
   }
-  return id;
+}
+
+void Transport::StartTls(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready) {
+  Connection* c = Lookup(id);
+  // Until the peer's certificate is verified nothing is decrypted, so no frame arrives.
+  PendingAuth& p = pending_tls_[id];
+  p.accepted = accepted;
+  p.ready = std::move(ready);
+  p.timer = loop_->AddTimer(options_.tls_handshake_timeout, Duration::zero(), [this, id] {
+    auto it = pending_tls_.find(id);
+    if (it == pending_tls_.end()) return;
+    it->second.timer = 0;
+    Status why(Code::kPermissionDenied, "TLS handshake not finished within " +
+                                            std::to_string(ToMillis(options_.tls_handshake_timeout)) + " ms");
+    LOG(ERROR) << "conn " << id << " " << PeerAddress(id) << ": " << why.message();
+    Close(id, why);
+  });
+  c->StartTls();
+}
+
+void Transport::TlsEstablished(ConnId id) {
+  auto it = pending_tls_.find(id);
+  if (it == pending_tls_.end()) return;
+  PendingAuth p = std::move(it->second);
+  pending_tls_.erase(it);
+  if (p.timer != 0) loop_->CancelTimer(p.timer);
+  ++stats_.tls_handshakes;
+  AfterTls(id, p.accepted, std::move(p.ready));
+}
+
+std::string Transport::PeerIdentity(ConnId id) const {
+  Connection* c = Lookup(id);
+  return c == nullptr ? std::string() : c->peer_identity();
 }
 
 void Transport::Opened(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready) {
@@ -416,6 +457,15 @@ void Transport::Release(ConnId id, const Status& why) {
   ++stats_.connections_closed;
   recent_close_reasons_[id] = why.ToString();
   if (recent_close_reasons_.size() > 64) recent_close_reasons_.erase(recent_close_reasons_.begin());
+  auto tls = pending_tls_.find(id);
+  if (tls != pending_tls_.end()) {
+    PendingAuth p = std::move(tls->second);
+    pending_tls_.erase(tls);
+    ++stats_.tls_failures;
+    if (p.timer != 0) loop_->CancelTimer(p.timer);
+    if (p.ready) p.ready(Status(why.code(), "connection closed during the TLS handshake: " + why.message()));
+    return;  // Never opened: nobody else knows this connection.
+  }
   auto auth = pending_auth_.find(id);
   if (auth != pending_auth_.end()) {
     PendingAuth p = std::move(auth->second);

@@ -78,6 +78,9 @@ class Transport {
 
   bool IsOpen(ConnId id) const { return conns_.count(id) != 0; }
   std::string PeerAddress(ConnId id) const;
+  // The identity (certificate CN) the peer of `id` proved in its TLS handshake: "" without
+  // TLS or for a closed connection. The certificate was verified against the cluster CA.
+  std::string PeerIdentity(ConnId id) const;
   uint64_t QueuedBytes(ConnId id) const;
   size_t num_connections() const { return conns_.size(); }
   const TransportStats& stats() const { return stats_; }
@@ -144,6 +147,8 @@ class Transport {
   // Connection `id` has frames queued: flush it before the loop next polls.
   void QueueFlush(ConnId id);
   void DialerDone(Dialer* d);
+  // Connection `id` finished its TLS handshake: on to the token handshake, or open.
+  void TlsEstablished(ConnId id);
 
  private:
   // Token handshake state of a connection that may not carry frames yet.
@@ -165,6 +170,10 @@ class Transport {
   void AuthDone(ConnId id, const Status& st);
   void Opened(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready);
   std::unordered_map<ConnId, PendingAuth> pending_auth_;
+  // Connections in their TLS handshake (same fields; nonce unused).
+  std::unordered_map<ConnId, PendingAuth> pending_tls_;
+  void StartTls(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready);
+  void AfterTls(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready);
   // Why recently closed connections closed, so a late Send can say why (bounded).
   std::map<ConnId, std::string> recent_close_reasons_;
 

@@ -13,6 +13,8 @@
 
 namespace pscore::comm {
 
+class TlsContext;
+
 // Identifies a connection for its whole life; never reused (64-bit counter).
 using ConnId = uint64_t;
 inline constexpr ConnId kNoConn = 0;
@@ -46,6 +48,12 @@ struct TransportOptions {
   // until the proof is checked. Empty: no authentication.
   std::string auth_token;
   Duration auth_timeout = std::chrono::seconds(10);
+  // TLS 1.3 with mutual authentication under every connection (comm/tls.h): nothing but
+  // the handshake flows until both certificates are verified against the CA, then the
+  // token handshake (if any) and frames run inside it. Null: plaintext.
+  std::shared_ptr<TlsContext> tls;
+  // A TLS handshake not finished this long after the connection opened closes it.
+  Duration tls_handshake_timeout = std::chrono::seconds(10);
 };
 
 // Frames and bytes (whole frames: header, meta, payload) of one command number.
@@ -77,6 +85,8 @@ struct TransportStats {
   uint64_t queued_cap_closed = 0;        // over max_queued_write_bytes
   uint64_t total_queued_cap_closed = 0;  // over a fair share when the total queued was at its cap
   uint64_t queued_write_bytes = 0;       // now: queued or in flight, all connections
+  uint64_t tls_handshakes = 0;           // TLS handshakes completed
+  uint64_t tls_failures = 0;             // connections closed before their TLS handshake completed
 };
 
 }  // namespace pscore::comm

@@ -26,6 +26,7 @@ AdminClient::AdminClient(AdminClientOptions options) : options_(std::move(option
   t.limits.max_message_bytes = options_.max_message_bytes;
   t.max_incomplete_frame_bytes = std::max<uint64_t>(t.max_incomplete_frame_bytes, 2 * options_.max_message_bytes);
   t.auth_token = options_.cluster_token;
+  t.tls = options_.tls;
   comm::Messenger::Handlers h;
   // The scheduler sends an admin client nothing but answers; ignore anything else.
   h.on_request = [](comm::ConnId, comm::Frame&&) {};

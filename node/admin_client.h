@@ -26,6 +26,9 @@ struct AdminClientOptions {
   Duration timeout = std::chrono::seconds(10);
   uint64_t max_message_bytes = 256ull << 20;
   std::string cluster_token;  // the job's token, when it has one
+  // TLS to the scheduler (comm::TlsContext::Load); the certificate names the operator
+  // (docs/security.md). Null: plaintext.
+  std::shared_ptr<comm::TlsContext> tls;
 };
 
 class AdminClient {

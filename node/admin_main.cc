@@ -274,6 +274,7 @@ int WatchRankTable(const node::CommandLine& cl) {
   o.job_id = cl.scheduler.job_id;
   o.role = "admin";
   o.cluster_token = cl.cluster_token;
+  o.tls = cl.node.tls;
   o.timeout = std::chrono::milliseconds(cl.admin.timeout_ms);
   o.reconnect_for = std::chrono::milliseconds(cl.admin.reconnect_ms);
   if (o.port <= 0) return Fail(kUsage, "no scheduler port given (--scheduler_port or PSCORE_SCHEDULER_PORT)");
@@ -363,6 +364,7 @@ int Run(const node::CommandLine& cl, const std::vector<std::string>& args) {
   o.timeout = std::chrono::milliseconds(cl.admin.timeout_ms);
   o.max_message_bytes = cl.node.max_message_bytes;
   o.cluster_token = cl.cluster_token;
+  o.tls = cl.node.tls;
   node::AdminClient client(o);
   Status st = client.Connect();
   if (!st.ok()) return st.code() == Code::kInvalidArgument ? Fail(kUsage, st.message()) : FailStatus(st);

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "comm/tls.h"
 #include "core/buffer.h"
 #include "core/cluster_manager.h"
 #include "node/launcher.h"
@@ -66,6 +67,11 @@ DEFINE_string(state_dir, "", "Scheduler: persist membership, cluster state and t
               "reload them on restart, so nodes re-register and the job carries on (empty: off).");
 DEFINE_bool(state_reset_on_corrupt, false, "Scheduler: a damaged state file is set aside (.corrupt) and the job "
             "starts fresh, instead of exiting 1.");
+DEFINE_string(tls_cert, "", "PEM certificate of this process, signed by --tls_ca. With --tls_key and --tls_ca it turns "
+              "on TLS 1.3 with mutual authentication on every link and on the HTTP port (HTTPS). Its subject CN "
+              "names the process: a member's --node_id, 'scheduler' for the scheduler, 'admin' for operators.");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert.");
+DEFINE_string(tls_ca, "", "PEM certificate of the cluster CA: every peer must present a certificate it signed.");
 DEFINE_string(cluster_token_file, "", "File holding the cluster token (trailing whitespace ignored). Every process of the job "
               "must use the same token; connections and admin commands then prove it with an HMAC.");
 DEFINE_int32(max_connections, 10000, "Scheduler and server: accepted connections beyond this many open at once are "
@@ -114,7 +120,7 @@ const std::set<std::string> kAdminOnly = {"workers", "servers",         "node_id
                                           "timeout_ms", "wait", "wait_timeout_ms", "reconnect_ms"};
 // --launcher belongs to pscore-node and pscore-train (kNode, kTrain): not in kAdminShared.
 const std::set<std::string> kAdminShared = {"scheduler_host", "scheduler_port", "cluster_token_file", "job_id",
-                                            "max_message_bytes"};
+                                            "max_message_bytes", "tls_cert", "tls_key", "tls_ca"};
 const std::set<std::string> kTrainOnly = {"steps", "samples", "dim", "keys", "seed", "scale_out_at"};
 
 bool DefinedHere(const gflags::CommandLineFlagInfo& info) {
@@ -368,6 +374,13 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program progr
   cl.cluster_token = token;
   cl.scheduler.cluster_token = token;
   cl.node.cluster_token = token;
+  const comm::TlsFiles tls_files{FLAGS_tls_cert, FLAGS_tls_key, FLAGS_tls_ca};
+  if (tls_files.enabled()) {
+    Result<std::shared_ptr<comm::TlsContext>> tls = comm::TlsContext::Load(tls_files);
+    if (!tls.ok()) Die(prog, tls.status().message());
+    cl.scheduler.tls = *tls;
+    cl.node.tls = *tls;
+  }
   SchedulerOptions& s = cl.scheduler;
   s.host = FLAGS_host;
   s.port = FLAGS_scheduler_port;
@@ -405,6 +418,8 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program progr
   s.replicas = FLAGS_replicas;
   NodeOptions& n = cl.node;
   n.node_id = FLAGS_node_id;
+  // With TLS the certificate names the node: no --node_id means that name.
+  if (n.tls != nullptr && n.node_id.empty()) n.node_id = n.tls->identity();
   n.scheduler_host = FLAGS_scheduler_host;
   n.scheduler_port = FLAGS_scheduler_port;
   n.host = FLAGS_host;

@@ -22,7 +22,9 @@ std::string EscapeLabel(const std::string& v) {
 
 }  // namespace
 
-MemberHttp::MemberHttp(Node* node, comm::HttpServerOptions options) : node_(node), options_(options) {}
+MemberHttp::MemberHttp(Node* node, comm::HttpServerOptions options) : node_(node), options_(options) {
+  if (options_.tls == nullptr) options_.tls = node_->options().tls;  // HTTPS when the node uses TLS
+}
 
 MemberHttp::~MemberHttp() { Stop(); }
 

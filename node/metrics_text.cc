@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "comm/tls.h"
 #include "proto/comm.pb.h"
 
 namespace pscore::node {
@@ -50,6 +51,21 @@ void AppendTransportMetrics(const comm::Transport& t, MetricsText* m) {
   m->Sample("pscore_incomplete_frame_bytes", "", t.incomplete_frame_bytes());
   m->Family("pscore_queued_write_bytes", "gauge", "Native output queued and not yet written, all connections.");
   m->Sample("pscore_queued_write_bytes", "", s.queued_write_bytes);
+  if (const std::shared_ptr<comm::TlsContext>& tls = t.options().tls) {
+    m->Family("pscore_tls_handshakes_total", "counter", "Native TLS handshakes, completed or failed (closed before done).");
+    m->Sample("pscore_tls_handshakes_total", "result=\"ok\"", s.tls_handshakes);
+    m->Sample("pscore_tls_handshakes_total", "result=\"failed\"", s.tls_failures);
+    const int64_t left = tls->SecondsToExpiry();
+    m->Family("pscore_tls_cert_expiry_seconds", "gauge", "Seconds until this process's TLS certificate expires (0: expired).");
+    // The CN is a certificate's subject: quotes and backslashes are escaped for the label.
+    std::string cn;
+    for (char ch : tls->identity()) {
+      if (ch == '"' || ch == '\\') cn += '\\';
+      if (ch == '\n') { cn += "\\n"; continue; }
+      cn += ch;
+    }
+    m->Sample("pscore_tls_cert_expiry_seconds", "cn=\"" + cn + "\"", left > 0 ? static_cast<uint64_t>(left) : 0);
+  }
 }
 
 }  // namespace pscore::node

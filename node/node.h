@@ -57,6 +57,7 @@ class Node {
   void Stop();
 
   const std::string& node_id() const { return options_.node_id; }
+  const NodeOptions& options() const { return options_; }
   pb::NodeRole role() const { return options_.role; }
   int rank() const;
   pb::ClusterState cluster_state() const;

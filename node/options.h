@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ struct SchedulerOptions {
   std::string state_dir;
   bool state_reset_on_corrupt = false;  // a damaged state file: start fresh, not exit 1
   std::string cluster_token;  // empty: no authentication
+  // TLS on the scheduler port and the HTTP port (comm::TlsContext::Load); null: plaintext.
+  // A member's REGISTER must then claim the node id its certificate names (docs/security.md).
+  std::shared_ptr<comm::TlsContext> tls;
   AcceptLimits accept;
   // Copies of each server's key range, at most server_num (docs/reliability.md). Members
   // learn it from the metadata.
@@ -93,18 +97,23 @@ struct NodeOptions {
   // it passes max(this, 4x the last compacted file) (node/server_journal.h).
   uint64_t journal_compact_bytes = 64ull << 20;
   std::string cluster_token;  // empty: no authentication
+  // TLS on every link of the node (comm::TlsContext::Load); null: plaintext. The
+  // certificate's CN must be node_id (the scheduler refuses a REGISTER that differs).
+  std::shared_ptr<comm::TlsContext> tls;
   AcceptLimits accept;  // a server's accepted (peer) connections
 };
 
 // The transport options every role's messenger starts from.
 inline comm::TransportOptions MakeTransportOptions(uint64_t max_message_bytes, const std::string& cluster_token,
-                                                   const AcceptLimits& accept) {
+                                                   const AcceptLimits& accept,
+                                                   std::shared_ptr<comm::TlsContext> tls = nullptr) {
   comm::TransportOptions t;
   t.limits.max_message_bytes = max_message_bytes;
   // Frames received in part may hold 1 GiB in all, and always two of the largest frame the
   // node accepts: a raised --max_message_bytes is not refused by the budget.
   t.max_incomplete_frame_bytes = std::max<uint64_t>(t.max_incomplete_frame_bytes, 2 * max_message_bytes);
   t.auth_token = cluster_token;
+  t.tls = std::move(tls);
   t.max_accepted_connections = accept.max_connections;
   t.first_frame_timeout = accept.first_frame_timeout;
   t.partial_frame_timeout = accept.partial_frame_timeout;

@@ -22,6 +22,7 @@ RankTableSubscriber::RankTableSubscriber(RankTableSubscriberOptions options, Tab
   };
   comm::TransportOptions t;
   t.auth_token = options_.cluster_token;
+  t.tls = options_.tls;
   messenger_ = std::make_unique<comm::Messenger>(loop_, t, std::move(h));
 }
 

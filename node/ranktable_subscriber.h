@@ -27,6 +27,7 @@ struct RankTableSubscriberOptions {
   Duration timeout = std::chrono::seconds(10);  // connect and subscribe
   Duration reconnect_for = Duration::zero();    // after a lost stream (0: end with it)
   std::string cluster_token;  // the job's token, when it has one
+  std::shared_ptr<comm::TlsContext> tls;  // TLS to the scheduler; null: plaintext
 };
 
 class RankTableSubscriber {

@@ -102,7 +102,9 @@ int HttpStatusOf(Code code) {
 }
 
 SchedulerHttp::SchedulerHttp(SchedulerNode* sched, RankTableHub* hub, comm::HttpServerOptions options)
-    : sched_(sched), hub_(hub), options_(options) {}
+    : sched_(sched), hub_(hub), options_(options) {
+  if (options_.tls == nullptr) options_.tls = sched_->options().tls;  // HTTPS when the scheduler uses TLS
+}
 
 SchedulerHttp::~SchedulerHttp() { Stop(); }
 

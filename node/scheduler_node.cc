@@ -51,7 +51,7 @@ SchedulerNode::SchedulerNode(SchedulerOptions options, comm::EventLoop* loop)
   comm::Messenger::Handlers h;
   h.on_request = [this](ConnId c, Frame&& f) { OnRequest(c, std::move(f)); };
   h.on_close = [this](ConnId c, const Status& why) { OnClose(c, why); };
-  comm::TransportOptions t = MakeTransportOptions(options_.max_message_bytes, options_.cluster_token, options_.accept);
+  comm::TransportOptions t = MakeTransportOptions(options_.max_message_bytes, options_.cluster_token, options_.accept, options_.tls);
   t.max_queued_write_bytes = options_.max_queued_write_bytes;
   messenger_ = std::make_unique<comm::Messenger>(loop_, t, std::move(h));
 }
@@ -287,6 +287,19 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   req.host_name = msg.host_name();
   if (req.node_id.empty() || req.node_id.size() > 256) {
     return Reply(conn, frame.meta, Status(Code::kInvalidArgument, "node_id must be 1..256 bytes"));
+  }
+  if (options_.tls != nullptr) {
+    // With TLS the node id is not a claim: the member's certificate (verified against the
+    // cluster CA) names it, so one member cannot register as another.
+    const std::string proven = messenger_->transport().PeerIdentity(conn);
+    if (proven != req.node_id) {
+      Status why(Code::kPermissionDenied, "node id '" + req.node_id + "' does not match the TLS certificate of " +
+                                              messenger_->transport().PeerAddress(conn) + " (CN=" + proven + ")");
+      LOG(ERROR) << "scheduler: refused REGISTER: " << why.message();
+      Reply(conn, frame.meta, why);
+      messenger_->transport().CloseAfterFlush(conn, why);
+      return;
+    }
   }
   // What the state file may hold (core/state_file.h): a scheduler must be able to load the
   // state it writes, or its restart fails on a member's bad REGISTER.

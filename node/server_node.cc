@@ -151,6 +151,14 @@ void ServerNode::OnPeerRequest(ConnId conn, Frame&& frame) {
 void ServerNode::HandleHello(ConnId conn, const Frame& frame) {
   pb::HelloMessage hello;
   Status st = ParsePayload(frame, &hello);
+  if (st.ok() && options_.tls != nullptr) {
+    // With TLS the node id a peer names must be the one its certificate proves.
+    const std::string proven = messenger().transport().PeerIdentity(conn);
+    if (proven != hello.node_id()) {
+      st = Status(Code::kPermissionDenied,
+                  "node '" + hello.node_id() + "' does not match the TLS certificate (CN=" + proven + ")");
+    }
+  }
   if (st.ok() && !IsMemberId(hello.node_id())) {
     if (!hello.node_id().empty() && !held_.count(conn)) return HoldHello(conn, frame.meta, hello.node_id());
     st = Status(Code::kPermissionDenied, "node '" + hello.node_id() + "' is not a member of this job");

@@ -94,6 +94,7 @@ Status RequestOneMoreServer(const node::NodeOptions& opts, int workers, int serv
   ao.scheduler_host = opts.scheduler_host;
   ao.scheduler_port = opts.scheduler_port;
   ao.cluster_token = opts.cluster_token;
+  ao.tls = opts.tls;
   ao.timeout = 10s;
   node::AdminClient admin(ao);
   PSCORE_RETURN_IF_ERROR(admin.Connect());

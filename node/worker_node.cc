@@ -1043,6 +1043,9 @@ void WorkerNode::KeepIdle(const std::string& addr, std::unique_ptr<comm::Blockin
 std::optional<Result<PullResult>> WorkerNode::TryDirectPull(const std::vector<uint64_t>& keys) {
   constexpr size_t kMaxDirectKeys = 2048;  // a request of at most 16 KiB of keys
   if (keys.empty() || keys.size() > kMaxDirectKeys) return std::nullopt;
+  // The direct links are plaintext blocking sockets: with TLS every pull goes over the
+  // loop's (encrypted) links.
+  if (options_.tls != nullptr) return std::nullopt;
   // Ordering: an earlier Push of this worker still in flight on its loop link could be
   // overtaken on another connection, so the direct way is only for a quiet worker.
   if (kv_in_flight_->load(std::memory_order_acquire) != 0) return std::nullopt;

@@ -50,6 +50,7 @@ smoke() {
   }
   tmp=$(mktemp -d "${TMPDIR:-/tmp}/pscore-bench-smoke-XXXXXX")
   run_one transport "$BUILD/transport_bench" smoke
+  run_one transport-tls "$BUILD/transport_bench" tls-smoke
   run_one control "$BUILD/control_bench" --members=50 --seconds=1
   PSCORE_BENCH_ROUNDS=1 run_one dataplane "$BUILD/dataplane_bench" smoke
   run_one coord "$BUILD/coord_bench" all --clients=2 --client_loops=1 --duration_s=0.3 --rounds=5 \

@@ -14,13 +14,16 @@
 # scripts/demo.sh --cpp: the C++ job (pscore-train): logistic regression with synchronous
 # SGD over Push/Pull, a progress line per step and the final loss/accuracy against the
 # generating weights. Exit 0 when it converged.
-# Usage: scripts/demo.sh --cpp [--steps=N] [--workers=N] [--servers=N] [--scale-out-at=STEP]
+# Usage: scripts/demo.sh --cpp [--steps=N] [--workers=N] [--servers=N] [--scale-out-at=STEP] [--tls]
+# --tls (C++ job only): every process gets a certificate naming it (scripts/tls_certs.sh)
+# and every link, the HTTP port included, runs TLS 1.3 with mutual authentication.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-steps=60 workers=2 servers=2 scale_out_at=-1 cpp=0 epochs=""
+steps=60 workers=2 servers=2 scale_out_at=-1 cpp=0 epochs="" tls=0
 for arg in "$@"; do
   case $arg in
     --cpp) cpp=1 ;;
+    --tls) tls=1 ;;
     --steps=*) steps=${arg#*=} ;;
     --epochs=*) epochs=${arg#*=} ;;
     --workers=*) workers=${arg#*=} ;;
@@ -29,6 +32,10 @@ for arg in "$@"; do
     *) echo "demo.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
+if [ $tls -eq 1 ] && [ $cpp -eq 0 ]; then
+  echo "demo.sh: --tls is for the C++ job (--cpp); the Python package takes no TLS options" >&2
+  exit 2
+fi
 build=${BUILD_DIR:-$root/build}
 if [ -z "${SKIP_BUILD:-}" ]; then
   echo "== building (first run installs packages and takes a few minutes)"
@@ -92,18 +99,27 @@ if [ $cpp -eq 0 ]; then
   exit $rc
 fi
 common=(--heartbeat_interval_ms=200 --heartbeat_timeout_ms=3000)
-echo "== C++ job: 1 scheduler, $servers servers, $workers workers (logs in $JOB_DIR)"
-start_proc scheduler "$build/pscore-node" --role=scheduler --recoverable_roles=worker,server --worker_num="$workers" --server_num="$servers" \
+# The TLS flags of process NAME (none without --tls); its certificate is made on first use.
+tls_flags() {
+  [ $tls -eq 1 ] || return 0
+  "$root/scripts/tls_certs.sh" "$JOB_DIR/pki" "$1" >/dev/null
+  echo "--tls_cert=$JOB_DIR/pki/$1.crt --tls_key=$JOB_DIR/pki/$1.key --tls_ca=$JOB_DIR/pki/ca.crt"
+}
+echo "== C++ job: 1 scheduler, $servers servers, $workers workers$([ $tls -eq 1 ] && echo ", TLS") (logs in $JOB_DIR)"
+# shellcheck disable=SC2046  # tls_flags prints separate flags
+start_proc scheduler "$build/pscore-node" $(tls_flags scheduler) --role=scheduler --recoverable_roles=worker,server --worker_num="$workers" --server_num="$servers" \
   --scheduler_port=0 --port_file="$JOB_DIR/scheduler.port" "${common[@]}"
 wait_file "$JOB_DIR/scheduler.port" 10
 port=$(cat "$JOB_DIR/scheduler.port")
 for i in $(seq 0 $((servers - 1))); do
-  start_proc "server$i" "$build/pscore-node" --role=server --node_id="server$i" --scheduler_port="$port" \
+  # shellcheck disable=SC2046
+  start_proc "server$i" "$build/pscore-node" $(tls_flags "server$i") --role=server --node_id="server$i" --scheduler_port="$port" \
     --update_rule=sgd --learning_rate=2 "${common[@]}"
 done
 worker_pids=()
 for i in $(seq 0 $((workers - 1))); do
-  start_proc "worker$i" "$build/pscore-train" --node_id="worker$i" --scheduler_port="$port" --steps="$steps" \
+  # shellcheck disable=SC2046
+  start_proc "worker$i" "$build/pscore-train" $(tls_flags "worker$i") --node_id="worker$i" --scheduler_port="$port" --steps="$steps" \
     --scale_out_at="$scale_out_at" "${common[@]}"
   worker_pids+=("$(tail -n 1 "$JOB_DIR/pids" | cut -d' ' -f1)")
 done
@@ -113,10 +129,12 @@ done
 if [ "$scale_out_at" -ge 0 ]; then
   (
     while kill -0 "${worker_pids[0]}" 2>/dev/null; do
-      if "$build/pscore-admin" --scheduler_port="$port" --timeout_ms=2000 status 2>/dev/null |
+      # shellcheck disable=SC2046
+      if "$build/pscore-admin" $(tls_flags admin) --scheduler_port="$port" --timeout_ms=2000 status 2>/dev/null |
         grep -q CLUSTER_SCALE_OUT; then
         echo "== scale-out started: adding server$servers"
-        start_proc "server$servers" "$build/pscore-node" --role=server --node_id="server$servers" \
+        # shellcheck disable=SC2046
+        start_proc "server$servers" "$build/pscore-node" $(tls_flags "server$servers") --role=server --node_id="server$servers" \
           --scheduler_port="$port" --update_rule=sgd --learning_rate=2 "${common[@]}"
         break
       fi

@@ -24,6 +24,7 @@ max_len() {
   case "$1" in
     frame_decoder_fuzz) echo 70000 ;;  # reaches the direct payload read (>= 16 KiB)
     blocking_link_fuzz) echo 70000 ;;  # the same, on PullSync's direct link
+    tls_frame_fuzz) echo 70000 ;;      # frames through TLS, up to the direct payload read
     http_request_fuzz) echo 8192 ;;    # over the fuzz server's 2 KiB header limit
     *) echo 4096 ;;
   esac

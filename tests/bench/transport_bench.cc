@@ -2,6 +2,9 @@
 // response rates through pscore's Transport/Messenger, each beside a plain blocking-socket
 // baseline measured in the same run. Prints one line per figure: `name value unit`.
 // Run through scripts/bench.sh transport (Release build).
+// `transport_bench tls` (scripts/bench.sh transport --tls): the same pscore figures with
+// TLS 1.3 (test certificates made at start) against plaintext in the same run, and the
+// rate of TLS handshakes on one listener when 1,000 connections are dialled at once.
 
 #include <glog/logging.h>
 
@@ -17,6 +20,8 @@
 
 #include "comm/event_loop.h"
 #include "comm/messenger.h"
+#include "comm/tls.h"
+#include "comm/tls_pki.h"
 #include "comm/transport.h"
 #include "bench/blocking_baseline.h"
 #include "bench/bench_util.h"
@@ -60,7 +65,17 @@ auto OnLoop(EventLoop& loop, F fn) -> decltype(fn()) {
 
 // Receiver: counts payload bytes and acknowledges every quarter window so the sender
 // keeps at most `window` bytes in flight.
-double PscoreThroughput(size_t size) {
+// TLS contexts of the receiver/server and the sender/client (null: plaintext).
+struct Tls {
+  std::shared_ptr<TlsContext> server, client;
+};
+TransportOptions Options(const std::shared_ptr<TlsContext>& tls) {
+  TransportOptions o;
+  o.tls = tls;
+  return o;
+}
+
+double PscoreThroughput(size_t size, const Tls& tls = {}) {
   const uint64_t count = MessageCount(size);
   const uint64_t window = std::max<uint64_t>(2ull << 20, 4 * size);
   EventLoop rloop("recv"), sloop("send");
@@ -79,7 +94,7 @@ double PscoreThroughput(size_t size) {
     }
     if (got_msgs == count) finished.set_value(Clock::now());
   };
-  receiver = std::make_unique<Transport>(&rloop, TransportOptions(), std::move(rh));
+  receiver = std::make_unique<Transport>(&rloop, Options(tls.server), std::move(rh));
 
   // Sender state, sender loop only.
   std::unique_ptr<Transport> sender;
@@ -102,7 +117,7 @@ double PscoreThroughput(size_t size) {
     peer_acked = f.meta.request_id();
     pump();
   };
-  sender = std::make_unique<Transport>(&sloop, TransportOptions(), std::move(sh));
+  sender = std::make_unique<Transport>(&sloop, Options(tls.client), std::move(sh));
   CHECK(rloop.Start().ok());
   CHECK(sloop.Start().ok());
   int port = *OnLoop(rloop, [&] { return receiver->Listen("127.0.0.1", 0); });
@@ -144,15 +159,15 @@ double BaselineThroughput(size_t size) {
 // ---- request/response ----
 
 // Rate of 64 B echo round trips through Messenger with `depth` requests in flight.
-double PscoreRoundTrips(uint64_t total, int depth) {
+double PscoreRoundTrips(uint64_t total, int depth, const Tls& tls = {}) {
   EventLoop sloop("echo-server"), cloop("echo-client");
   std::unique_ptr<Messenger> server;
   Messenger::Handlers sh;
   sh.on_request = [&](ConnId c, Frame&& f) {
     server->Reply(c, f.meta, Status::Ok(), std::move(f.payload)).IgnoreError();
   };
-  server = std::make_unique<Messenger>(&sloop, TransportOptions(), std::move(sh));
-  auto client = std::make_unique<Messenger>(&cloop, TransportOptions(), Messenger::Handlers());
+  server = std::make_unique<Messenger>(&sloop, Options(tls.server), std::move(sh));
+  auto client = std::make_unique<Messenger>(&cloop, Options(tls.client), Messenger::Handlers());
   CHECK(sloop.Start().ok());
   CHECK(cloop.Start().ok());
   int port = *OnLoop(sloop, [&] { return server->transport().Listen("127.0.0.1", 0); });
@@ -212,6 +227,77 @@ double BaselineRoundTrips(uint64_t total) {
   return static_cast<double>(total) / Seconds(end - start);
 }
 
+// Completed TLS handshakes per second on one listener when `n` connections are dialled at
+// once from another loop (both loops on this machine: the figure counts both sides' work).
+double TlsHandshakes(const Tls& tls, int n) {
+  EventLoop sloop("tls-server"), cloop("tls-client");
+  TransportOptions so = Options(tls.server);
+  so.tls_handshake_timeout = std::chrono::seconds(60);
+  so.first_frame_timeout = Duration::zero();
+  auto server = std::make_unique<Transport>(&sloop, so, Transport::Handlers());
+  TransportOptions co = Options(tls.client);
+  co.tls_handshake_timeout = std::chrono::seconds(60);
+  auto client = std::make_unique<Transport>(&cloop, co, Transport::Handlers());
+  CHECK(sloop.Start().ok());
+  CHECK(cloop.Start().ok());
+  int port = *OnLoop(sloop, [&] { return server->Listen("127.0.0.1", 0); });
+  std::promise<Clock::time_point> finished;
+  int done = 0, failed = 0;  // client loop only
+  Clock::time_point start = Clock::now();
+  cloop.Post([&] {
+    ConnectOptions opts;
+    opts.timeout = std::chrono::seconds(60);
+    for (int i = 0; i < n; ++i) {
+      client->Connect("127.0.0.1", port, opts, [&](Result<ConnId> r) {
+        if (!r.ok()) ++failed;
+        if (++done == n) finished.set_value(Clock::now());
+      });
+    }
+  });
+  auto ff = finished.get_future();
+  Clock::time_point end = Wait(ff);
+  CHECK_EQ(failed, 0);
+  CHECK(cloop.Stop().ok());
+  CHECK(sloop.Stop().ok());
+  client.reset();
+  server.reset();
+  return n / Seconds(end - start);
+}
+
+// TLS against plaintext, pscore both times, interleaved (best of reps).
+int MainTls(bool smoke) {
+  testing::TestPki pki;
+  Tls tls{pki.Context("server", "scheduler"), pki.Context("client", "worker-0")};
+  std::vector<size_t> sizes = {64 << 10, 1 << 20, 16 << 20};
+  if (smoke) sizes = {64 << 10};
+  const int reps = smoke ? 1 : 3;  // kReps, defined below
+  std::printf("# pscore transport with TLS 1.3 against plaintext (loopback; MB = 1e6 bytes; best of %d)\n", reps);
+  for (size_t size : sizes) {
+    std::string n = SizeName(size);
+    double plain = 0, with_tls = 0;
+    for (int i = 0; i < reps; ++i) {
+      plain = std::max(plain, PscoreThroughput(size));
+      with_tls = std::max(with_tls, PscoreThroughput(size, tls));
+    }
+    Print("oneway_" + n + "_plain", plain, "MB/s");
+    Print("oneway_" + n + "_tls", with_tls, "MB/s");
+    Print("oneway_" + n + "_tls_ratio", with_tls / plain, "x");
+  }
+  const uint64_t trips = smoke ? 2000 : 50000;
+  double plain_rtt = 0, tls_rtt = 0;
+  for (int i = 0; i < reps; ++i) {
+    plain_rtt = std::max(plain_rtt, PscoreRoundTrips(trips, 1));
+    tls_rtt = std::max(tls_rtt, PscoreRoundTrips(trips, 1, tls));
+  }
+  Print("rtt_64B_depth1_plain", plain_rtt, "req/s");
+  Print("rtt_64B_depth1_tls", tls_rtt, "req/s");
+  // Round trips per second at depth 1: the mean round trip of TLS over plaintext's.
+  Print("rtt_64B_depth1_tls_time_ratio", plain_rtt / tls_rtt, "x");
+  const int conns = smoke ? 50 : 1000;
+  Print("tls_handshakes_" + std::to_string(conns) + "_at_once", TlsHandshakes(tls, conns), "handshakes/s");
+  return 0;
+}
+
 // Best of kReps runs, pscore and baseline interleaved, so a burst of load from other
 // processes on the machine does not decide a ratio.
 constexpr int kReps = 3;
@@ -219,6 +305,8 @@ constexpr int kReps = 3;
 // only: "" runs everything, "oneway" or "rtt" one group (handy under a profiler), "smoke"
 // every figure at the two smallest sizes with one rep and few round trips (CI: it runs).
 int Main(std::string only) {
+  if (only == "tls" || only == "--tls") return MainTls(false);
+  if (only == "tls-smoke") return MainTls(true);
   const bool smoke = only == "smoke";
   if (smoke) only.clear();
   std::vector<size_t> sizes = {64, 4 << 10, 64 << 10, 1 << 20, 16 << 20};
