@@ -70,11 +70,9 @@ void ServerNode::HandleMigrate(const DataRequest& req, Responder r) {
   Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
   if (!view.ok()) return r.Fail(view.status());
   Status st = Journaled(core::JournalOp::kInsert, std::string_view(data, size), [&] {
-    const float* p = view->values;
-    for (size_t i = 0; i < view->num_keys; ++i) {
-      store_.Insert(view->keys[i], std::vector<float>(p, p + view->lens[i]));
-      p += view->lens[i];
-      if (journal_) restored_unconfirmed_.erase(view->keys[i]);  // journal_mu_ is held
+    store_.Insert(view->keys, view->lens, view->values, view->num_keys);
+    if (journal_) {
+      for (size_t i = 0; i < view->num_keys; ++i) restored_unconfirmed_.erase(view->keys[i]);  // journal_mu_ is held
     }
     return Status::Ok();
   });
