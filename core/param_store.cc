@@ -359,7 +359,9 @@ bool ParamStore::FindInRuns(const Stripe& stripe, uint64_t key, Cursor* c) {
   size_t i = c->pos;
   if (i > ks.size() || (i > 0 && ks[i - 1] >= key)) i = 0;  // the batch went back
   for (int step = 0; step < 4 && i < ks.size() && ks[i] < key; ++step) ++i;
-  if (i < ks.size() && ks[i] < key) i = static_cast<size_t>(std::lower_bound(ks.begin() + i, ks.end(), key) - ks.begin());
+  if (i < ks.size() && ks[i] < key) {
+    i = static_cast<size_t>(std::lower_bound(ks.begin() + i, ks.end(), key) - ks.begin());
+  }
   c->pos = i;
   return i < ks.size() && ks[i] == key;
 }
@@ -595,8 +597,8 @@ Status ParamStore::Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, 
       for (uint32_t i : missing) fresh.emplace_back(keys[i], lens[i]);
       auto by_key = [](const auto& a, const auto& b) { return a.first < b.first; };
       if (!std::is_sorted(fresh.begin(), fresh.end(), by_key)) std::stable_sort(fresh.begin(), fresh.end(), by_key);
-      fresh.erase(std::unique(fresh.begin(), fresh.end(), [](const auto& a, const auto& b) { return a.first == b.first; }),
-                  fresh.end());
+      auto same_key = [](const auto& a, const auto& b) { return a.first == b.first; };
+      fresh.erase(std::unique(fresh.begin(), fresh.end(), same_key), fresh.end());
       fresh.erase(std::remove_if(fresh.begin(), fresh.end(), [](const auto& k) { return k.second > kRunFloats; }),
                   fresh.end());
       // A key created meanwhile (while a wait for a stream let go of the lock) stays as it is.
@@ -646,6 +648,9 @@ template <typename Fn>
 Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn) const {
   if (num_keys == 0) return Status::Ok();
   if (keys == nullptr) return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " null keys");
+  if (num_keys > UINT32_MAX) {
+    return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " keys: over 2^32");
+  }
   Groups g;
   std::array<Cursor, kStripes> cursors{};  // hints only: FindInRuns checks them
   size_t missing = SIZE_MAX;  // the first missing key, in batch order
