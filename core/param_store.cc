@@ -382,9 +382,14 @@ void ParamStore::AddToRuns(Stripe& stripe, const std::vector<std::pair<uint64_t,
     cur = Run{};
     uniform = true;
   };
+  size_t left = 0;  // keys still to add in the current range: a new run reserves room for them
   auto add = [&](uint64_t key, uint32_t len, const float* src) {
     if (!cur.keys.empty() && (cur.keys.size() >= kRunMaxKeys || cur.values.size() + len > kRunMaxFloats)) close();
     if (cur.keys.empty()) {
+      const size_t keys = std::min(left, kRunMaxKeys);
+      cur.keys.reserve(keys);
+      cur.offs.reserve(keys + 1);
+      cur.values.reserve(std::min<size_t>(uint64_t{keys} * len, kRunMaxFloats));
       cur.offs.assign(1, 0);
     } else if (len != cur.offs[1] - cur.offs[0]) {
       uniform = false;
@@ -396,6 +401,7 @@ void ParamStore::AddToRuns(Stripe& stripe, const std::vector<std::pair<uint64_t,
       cur.values.resize(cur.values.size() + len);
     }
     cur.offs.push_back(cur.values.size());
+    if (left > 0) --left;
   };
   std::vector<Run>& runs = stripe.runs;
   size_t f = 0;
@@ -414,6 +420,7 @@ void ParamStore::AddToRuns(Stripe& stripe, const std::vector<std::pair<uint64_t,
       continue;
     }
     const Run& old = runs[r];
+    left = old.keys.size() + (f_end - f);
     size_t i = 0;
     while (i < old.keys.size() || f < f_end) {
       if (f == f_end || (i < old.keys.size() && old.keys[i] < fresh[f].first)) {
@@ -426,6 +433,7 @@ void ParamStore::AddToRuns(Stripe& stripe, const std::vector<std::pair<uint64_t,
     }
     close();
   }
+  left = fresh.size() - f;
   for (; f < fresh.size(); ++f) add(fresh[f].first, fresh[f].second, nullptr);  // no runs before
   close();
   runs = std::move(out);
