@@ -4,14 +4,14 @@
 // that key. Keys are spread over kStripes independently locked shards, so
 // handlers on different executor threads rarely contend.
 //
-// Two layouts per shard (docs/embedding.md, "The built-in store's layout"). Keys of up to kRunFloats floats
-// live in runs: sorted arrays of keys with their values back to back (one length per
-// run when all are equal), the runs ordered by first key. A batch is grouped by shard,
-// each shard locked once, and each key found by walking forward from the previous one
-// (a sorted batch costs a step or two per key, no hash and no allocation); the keys a
-// push creates are merged into the runs in bulk. Larger keys, and keys a slice or a
-// stream holds (ShareValues, BeginStream move a key out of its run), are blocks of their
-// own in a hash map, shared with the slices that read them.
+// Two layouts per shard (docs/embedding.md, "The built-in store's layout"). Keys of up
+// to kRunFloats floats live in runs: sorted arrays of keys with their values back to back
+// (one length per run when all are equal), the runs ordered by first key. A batch is taken
+// in windows, each grouped by shard, each shard locked once per window, and each key found
+// by walking forward from the previous one (a sorted batch costs a step or two per key, no
+// hash and no allocation); the keys a push creates are merged into the runs in bulk.
+// Larger keys, and keys a slice or a stream holds (ShareValues, BeginStream move a key out
+// of its run), are blocks of their own in a hash map, shared with the slices that read them.
 #pragma once
 
 #include <algorithm>
