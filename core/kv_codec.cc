@@ -153,6 +153,10 @@ BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* l
   return *Assemble(fbb, std::move(holes));
 }
 
+// Average value bytes per key from which a gather lists each key's values as a piece of its
+// own (copied with non-temporal stores when the values are large, kStreamingCopyBytes).
+constexpr size_t kGatherPieceBytes = 4096;
+
 BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
                               const uint64_t* value_offsets, const size_t* indices,
                               size_t num_indices, uint8_t op) {
@@ -160,12 +164,37 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
   std::vector<uint32_t> l(num_indices);
   Hole value_hole;
   size_t num_values = 0;
+  bool consecutive = true;  // indices i0, i0 + 1, ...: the values are one stretch
   for (size_t j = 0; j < num_indices; ++j) {
     size_t i = indices[j];
     k[j] = keys[i];
     l[j] = lens[i];
-    value_hole.segments.push_back(Segment{values + value_offsets[i], lens[i] * sizeof(float)});
     num_values += lens[i];
+    consecutive = consecutive && i == indices[0] + j;
+  }
+  if (num_indices > 0 && consecutive) {
+    value_hole.segments.push_back(Segment{values + value_offsets[indices[0]], num_values * sizeof(float)});
+  } else if (num_values * sizeof(float) >= kGatherPieceBytes * num_indices) {
+    for (size_t j = 0; j < num_indices; ++j) {
+      const size_t i = indices[j];
+      value_hole.segments.push_back(Segment{values + value_offsets[i], lens[i] * sizeof(float)});
+    }
+  } else {
+    // Small values: gathered key by key straight into the buffer (no list of pieces).
+    value_hole.fill = [=](char* dst) {
+      float* out = reinterpret_cast<float*>(dst);
+      for (size_t j = 0; j < num_indices; ++j) {
+        const size_t i = indices[j];
+        const float* from = values + value_offsets[i];
+        if (lens[i] == 1) {
+          *out = *from;
+        } else if (lens[i] > 0) {
+          std::memcpy(out, from, lens[i] * sizeof(float));
+        }
+        out += lens[i];
+      }
+      return Status::Ok();
+    };
   }
   const size_t estimate = 128 + num_indices * (sizeof(uint64_t) + sizeof(uint32_t)) + num_values * sizeof(float);
   flatbuffers::FlatBufferBuilder fbb(estimate);

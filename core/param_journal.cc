@@ -193,11 +193,7 @@ Status ReplayJournal(const std::vector<JournalRecord>& records, ParamStore* stor
       store->Push(view->keys, view->lens, view->values, view->num_keys).IgnoreError();  // as when served
       continue;
     }
-    const float* p = view->values;
-    for (size_t k = 0; k < view->num_keys; ++k) {
-      store->Insert(view->keys[k], std::vector<float>(p, p + view->lens[k]));
-      p += view->lens[k];
-    }
+    store->Insert(view->keys, view->lens, view->values, view->num_keys);
   }
   return Status::Ok();
 }

@@ -28,20 +28,6 @@ const ParamStore::Stripe& ParamStore::StripeFor(uint64_t key) const {
   return stripes_[KeyPosition(key) >> (64 - kStripeBits)];
 }
 
-void ParamStore::ApplyBuiltIn(float* stored, const float* incoming, size_t n) const {
-  switch (opts_.rule) {
-    case UpdateRule::kAssign:
-      std::copy(incoming, incoming + n, stored);
-      break;
-    case UpdateRule::kSum:
-      for (size_t i = 0; i < n; ++i) stored[i] += incoming[i];
-      break;
-    case UpdateRule::kSgd:
-      for (size_t i = 0; i < n; ++i) stored[i] -= opts_.learning_rate * incoming[i];
-      break;
-  }
-}
-
 namespace {
 
 // Fresh memory for n values, zero-filled, or a copy of `from`: advised into huge pages
@@ -116,30 +102,6 @@ ParamStore::Entries::iterator ParamStore::FindUnheld(std::unique_lock<std::mutex
   return it;
 }
 
-Status ParamStore::PushOne(const Updater* updater, uint64_t key, const float* incoming, uint32_t len,
-                           bool* wants_spare) {
-  Stripe& stripe = StripeFor(key);
-  std::unique_lock<std::mutex> lock(stripe.mu);
-  ++stripe.waiters;  // no new stream starts in this stripe meanwhile
-  auto it = FindUnheld(lock, stripe, key, len);
-  --stripe.waiters;
-  if (it == stripe.entries.end()) {
-    it = stripe.entries.emplace(key, std::make_shared<Block>(FreshValues(len))).first;
-  } else if (it->second->values.size() != len) {
-    return Status(Code::kInvalidArgument, "push of key " + std::to_string(key) + ": length " +
-                                              std::to_string(len) + " != stored length " +
-                                              std::to_string(it->second->values.size()));
-  }
-  *wants_spare = std::exchange(it->second->wants_spare, false) && !it->second->spare.block();
-  float* stored = Writable(it->second).data();
-  if (updater != nullptr) {
-    (*updater)(key, stored, incoming, len);
-  } else {
-    ApplyBuiltIn(stored, incoming, len);
-  }
-  return Status::Ok();
-}
-
 // ---- streamed pushes ----
 
 ParamStore::StreamHold ParamStore::HoldStreamsOff(const uint64_t* keys, const uint32_t* lens, size_t num_keys) {
@@ -198,9 +160,12 @@ std::unique_ptr<ParamStore::PushStream> ParamStore::BeginStream(const uint64_t* 
     std::lock_guard<std::mutex> lock(stripe.mu);
     if (stripe.waiters > 0) return nullptr;  // pushes waiting for a stream go first
     auto it = stripe.entries.find(keys[i]);
-    if (it == stripe.entries.end() || it->second->values.size() != lens[i] || it->second->writer != nullptr) {
-      return nullptr;
+    if (it == stripe.entries.end()) {
+      Cursor c;
+      if (!FindInRuns(stripe, keys[i], &c) || stripe.runs[c.run].LenAt(c.pos) != lens[i]) return nullptr;
+      it = MoveToBlock(stripe, c);  // a stream writes a block of its own
     }
+    if (it->second->values.size() != lens[i] || it->second->writer != nullptr) return nullptr;
     Block& b = *it->second;
     // Acquire: pairs with the release of the spare's last slice (as in Writable).
     if (b.spare.block() && b.spare.block()->readers.load(std::memory_order_acquire) != 0) {
@@ -346,36 +311,389 @@ void ParamStore::PushStream::Release() {
 
 ParamStore::PushStream::~PushStream() { Release(); }
 
-Status ParamStore::Push(const uint64_t* keys, const uint32_t* lens, const float* values,
-                        size_t num_keys) {
-  if (num_keys == 0) return Status::Ok();
-  if (keys == nullptr || lens == nullptr) {
-    return Status(Code::kInvalidArgument, "push of " + std::to_string(num_keys) +
-                                              " keys without keys or lens");
+// ---- runs ----
+
+namespace {
+
+size_t StripeIndex(uint64_t key, int bits) { return KeyPosition(key) >> (64 - bits); }
+
+Status LengthRefused(const char* what, uint64_t key, uint32_t len, size_t stored) {
+  return Status(Code::kInvalidArgument, std::string(what) + " of key " + std::to_string(key) + ": length " +
+                                            std::to_string(len) + " != stored length " + std::to_string(stored));
+}
+
+}  // namespace
+
+void ParamStore::GroupByStripe(const uint64_t* keys, size_t begin, size_t end, Groups* g) {
+  g->order.resize(end - begin);
+  g->starts.fill(0);
+  for (size_t i = begin; i < end; ++i) ++g->starts[StripeIndex(keys[i], kStripeBits) + 1];
+  for (size_t s = 0; s < kStripes; ++s) g->starts[s + 1] += g->starts[s];
+  std::array<size_t, kStripes> fill;
+  std::copy(g->starts.begin(), g->starts.begin() + kStripes, fill.begin());
+  for (size_t i = begin; i < end; ++i) g->order[fill[StripeIndex(keys[i], kStripeBits)]++] = static_cast<uint32_t>(i);
+}
+
+bool ParamStore::FindInRuns(const Stripe& stripe, uint64_t key, Cursor* c) {
+  const std::vector<Run>& runs = stripe.runs;
+  if (runs.empty() || key < runs.front().keys.front()) {
+    *c = Cursor{};
+    return false;
   }
-  uint64_t total = 0;
-  for (size_t i = 0; i < num_keys; ++i) total += lens[i];  // <= 2^32 * size_t: cannot wrap.
-  if (total > 0 && values == nullptr) {
-    return Status(Code::kInvalidArgument,
-                  "push of " + std::to_string(total) + " floats without values");
+  // The run whose range [first key, next run's first key) holds the key: the cursor's, the
+  // one after it (a sorted batch walking on), or found by binary search.
+  auto holds = [&](size_t r) {
+    return r < runs.size() && key >= runs[r].keys.front() && (r + 1 == runs.size() || key < runs[r + 1].keys.front());
+  };
+  if (!holds(c->run)) {
+    if (holds(c->run + 1)) {
+      ++c->run;
+    } else {
+      auto it = std::upper_bound(runs.begin(), runs.end(), key,
+                                 [](uint64_t k, const Run& run) { return k < run.keys.front(); });
+      c->run = static_cast<size_t>(it - runs.begin()) - 1;
+    }
+    c->pos = 0;
   }
-  // One snapshot of the user rule for the whole batch; keeps it alive meanwhile.
-  const std::shared_ptr<const Updater> updater = std::atomic_load(&updater_);
-  Status first_error;
-  size_t refused = 0;
-  size_t offset = 0;
-  for (size_t i = 0; i < num_keys; ++i) {
-    bool wants_spare = false;
-    Status st = PushOne(updater.get(), keys[i], values + offset, lens[i], &wants_spare);
-    if (wants_spare) PrepareSpare(keys[i], lens[i]);
-    offset += lens[i];
-    if (!st.ok()) {
-      if (refused++ == 0) first_error = std::move(st);
+  const std::vector<uint64_t>& ks = runs[c->run].keys;
+  size_t i = c->pos;
+  if (i > ks.size() || (i > 0 && ks[i - 1] >= key)) i = 0;  // the batch went back
+  for (int step = 0; step < 4 && i < ks.size() && ks[i] < key; ++step) ++i;
+  if (i < ks.size() && ks[i] < key) {
+    i = static_cast<size_t>(std::lower_bound(ks.begin() + i, ks.end(), key) - ks.begin());
+  }
+  c->pos = i;
+  return i < ks.size() && ks[i] == key;
+}
+
+void ParamStore::AddToRuns(Stripe& stripe, const std::vector<std::pair<uint64_t, uint32_t>>& fresh) {
+  if (fresh.empty()) return;
+  std::vector<Run> out;
+  out.reserve(stripe.runs.size() + fresh.size() / kRunMaxKeys + 2);
+  Run cur;
+  bool uniform = true;
+  auto close = [&] {
+    if (cur.keys.empty()) return;
+    if (uniform) {
+      cur.len = cur.LenAt(0);
+      std::vector<uint64_t>().swap(cur.offs);
+    }
+    out.push_back(std::move(cur));
+    cur = Run{};
+    uniform = true;
+  };
+  size_t left = 0;  // keys still to add in the current range: a new run reserves room for them
+  auto add = [&](uint64_t key, uint32_t len, const float* src) {
+    if (!cur.keys.empty() && (cur.keys.size() >= kRunMaxKeys || cur.values.size() + len > kRunMaxFloats)) close();
+    if (cur.keys.empty()) {
+      const size_t keys = std::min(left, kRunMaxKeys);
+      cur.keys.reserve(keys);
+      cur.offs.reserve(keys + 1);
+      cur.values.reserve(std::min<size_t>(uint64_t{keys} * len, kRunMaxFloats));
+      cur.offs.assign(1, 0);
+    } else if (len != cur.offs[1] - cur.offs[0]) {
+      uniform = false;
+    }
+    cur.keys.push_back(key);
+    if (src != nullptr) {
+      cur.values.insert(cur.values.end(), src, src + len);
+    } else {
+      cur.values.resize(cur.values.size() + len);
+    }
+    cur.offs.push_back(cur.values.size());
+    if (left > 0) --left;
+  };
+  std::vector<Run>& runs = stripe.runs;
+  size_t f = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    // Fresh keys below the next run's first key go into this run (into the first one also
+    // those below its own first key, into the last one all that are left).
+    size_t f_end = f;
+    if (r + 1 == runs.size()) {
+      f_end = fresh.size();
+    } else {
+      while (f_end < fresh.size() && fresh[f_end].first < runs[r + 1].keys.front()) ++f_end;
+    }
+    if (f_end == f) {
+      close();
+      out.push_back(std::move(runs[r]));
+      continue;
+    }
+    const Run& old = runs[r];
+    left = old.keys.size() + (f_end - f);
+    size_t i = 0;
+    while (i < old.keys.size() || f < f_end) {
+      if (f == f_end || (i < old.keys.size() && old.keys[i] < fresh[f].first)) {
+        add(old.keys[i], old.LenAt(i), old.At(i));
+        ++i;
+      } else {
+        add(fresh[f].first, fresh[f].second, nullptr);
+        ++f;
+      }
+    }
+    close();
+  }
+  left = fresh.size() - f;
+  for (; f < fresh.size(); ++f) add(fresh[f].first, fresh[f].second, nullptr);  // no runs before
+  close();
+  runs = std::move(out);
+  stripe.run_keys += fresh.size();
+  for (const auto& k : fresh) stripe.run_floats += k.second;
+}
+
+void ParamStore::RemoveFromRun(Stripe& stripe, const Cursor& c) {
+  Run& run = stripe.runs[c.run];
+  const uint32_t len = run.LenAt(c.pos);
+  const uint64_t off = run.Off(c.pos);
+  run.values.erase(run.values.begin() + off, run.values.begin() + off + len);
+  run.keys.erase(run.keys.begin() + c.pos);
+  if (!run.offs.empty()) {
+    run.offs.erase(run.offs.begin() + c.pos + 1);
+    for (size_t j = c.pos + 1; j < run.offs.size(); ++j) run.offs[j] -= len;
+  }
+  if (run.keys.empty()) stripe.runs.erase(stripe.runs.begin() + c.run);
+  --stripe.run_keys;
+  stripe.run_floats -= len;
+}
+
+ParamStore::Entries::iterator ParamStore::MoveToBlock(Stripe& stripe, const Cursor& c) {
+  const Run& run = stripe.runs[c.run];
+  const uint64_t key = run.keys[c.pos];
+  std::vector<float> values = FreshValues(run.LenAt(c.pos));
+  std::copy(run.At(c.pos), run.At(c.pos) + values.size(), values.begin());
+  RemoveFromRun(stripe, c);
+  return stripe.entries.emplace(key, std::make_shared<Block>(std::move(values))).first;
+}
+
+bool ParamStore::ApplyKey(std::unique_lock<std::mutex>& lock, Stripe& stripe, Mode mode, const Updater* updater,
+                          uint64_t key, const float* incoming, uint32_t len, bool create, Cursor* c,
+                          Status* refused, bool* wants_spare) {
+  const bool push = mode == Mode::kPush;
+  auto apply = [&](float* stored) {
+    if (!push) {
+      std::copy(incoming, incoming + len, stored);
+    } else if (updater != nullptr) {
+      (*updater)(key, stored, incoming, len);
+    } else {
+      ApplyBuiltIn(stored, incoming, len);
+    }
+  };
+  if (FindInRuns(stripe, key, c)) {
+    Run& run = stripe.runs[c->run];
+    const uint32_t stored = run.LenAt(c->pos);
+    if (stored == len) {
+      apply(run.At(c->pos));
+      return true;
+    }
+    if (push) {
+      *refused = LengthRefused("push", key, len, stored);
+      return true;
+    }
+    RemoveFromRun(stripe, *c);  // inserted anew with its new length
+    *c = Cursor{};
+  } else if (!stripe.entries.empty()) {
+    Entries::iterator it;
+    if (push) {
+      ++stripe.waiters;  // no new stream starts in this stripe meanwhile
+      it = FindUnheld(lock, stripe, key, len);
+      --stripe.waiters;
+      *c = Cursor{};  // the lock may have been let go: the walk starts over
+    } else {
+      it = stripe.entries.find(key);
+    }
+    if (it != stripe.entries.end()) {
+      if (!push) {
+        if (len > kRunFloats) {
+          it->second = std::make_shared<Block>(std::vector<float>(incoming, incoming + len));
+          return true;
+        }
+        stripe.entries.erase(it);  // back into a run
+        return false;
+      }
+      if (it->second->values.size() != len) {
+        *refused = LengthRefused("push", key, len, it->second->values.size());
+        return true;
+      }
+      *wants_spare = std::exchange(it->second->wants_spare, false) && !it->second->spare.block();
+      apply(Writable(it->second).data());
+      return true;
     }
   }
+  if (!create || len <= kRunFloats) return false;  // created by the caller (small keys in bulk)
+  if (push) {
+    auto it = stripe.entries.emplace(key, std::make_shared<Block>(FreshValues(len))).first;
+    apply(it->second->values.data());
+  } else {
+    stripe.entries.emplace(key, std::make_shared<Block>(std::vector<float>(incoming, incoming + len)));
+  }
+  return true;
+}
+
+Status ParamStore::Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, const float* values,
+                         size_t num_keys) {
+  if (num_keys == 0) return Status::Ok();
+  const char* what = mode == Mode::kPush ? "push" : "insert";
+  if (keys == nullptr || lens == nullptr) {
+    return Status(Code::kInvalidArgument,
+                  std::string(what) + " of " + std::to_string(num_keys) + " keys without keys or lens");
+  }
+  if (num_keys > UINT32_MAX) {
+    return Status(Code::kInvalidArgument, std::string(what) + " of " + std::to_string(num_keys) + " keys: over 2^32");
+  }
+  // Where each key's values start: i * len when all have one length.
+  bool uniform = true;
+  uint64_t total = 0;
+  for (size_t i = 0; i < num_keys; ++i) {
+    total += lens[i];  // <= 2^32 * 2^32: cannot wrap.
+    uniform = uniform && lens[i] == lens[0];
+  }
+  if (total > 0 && values == nullptr) {
+    return Status(Code::kInvalidArgument,
+                  std::string(what) + " of " + std::to_string(total) + " floats without values");
+  }
+  std::vector<uint64_t> offs;
+  if (!uniform) {
+    offs.resize(num_keys);
+    uint64_t off = 0;
+    for (size_t i = 0; i < num_keys; ++i) {
+      offs[i] = off;
+      off += lens[i];
+    }
+  }
+  auto at = [&](size_t i) { return values + (uniform ? uint64_t{i} * lens[0] : offs[i]); };
+  // One snapshot of the user rule for the whole batch; keeps it alive meanwhile.
+  const std::shared_ptr<const Updater> updater = mode == Mode::kPush ? std::atomic_load(&updater_) : nullptr;
+  Groups g;
+  std::array<Cursor, kStripes> cursors{};  // hints only: FindInRuns checks them
+  Status first_error;
+  size_t first_refused = SIZE_MAX;
+  size_t refused = 0;
+  std::vector<std::pair<uint64_t, uint32_t>> spares;  // keys that asked for a spare block
+  std::vector<uint32_t> missing;
+  std::vector<std::pair<uint64_t, uint32_t>> fresh;
+  for (size_t begin = 0; begin < num_keys; begin += kWindowKeys) {
+    GroupByStripe(keys, begin, std::min(num_keys, begin + kWindowKeys), &g);
+    for (size_t s = 0; s < kStripes; ++s) {
+      if (g.starts[s] == g.starts[s + 1]) continue;
+      Stripe& stripe = stripes_[s];
+      std::unique_lock<std::mutex> lock(stripe.mu);
+      Cursor& c = cursors[s];
+      auto one = [&](uint32_t i, bool create) {
+        Status why;
+        bool wants_spare = false;
+        const bool done =
+            ApplyKey(lock, stripe, mode, updater.get(), keys[i], at(i), lens[i], create, &c, &why, &wants_spare);
+        if (wants_spare) spares.emplace_back(keys[i], lens[i]);
+        if (!why.ok()) {
+          ++refused;
+          if (i < first_refused) {
+            first_refused = i;
+            first_error = std::move(why);
+          }
+        }
+        return done;
+      };
+      missing.clear();
+      for (size_t j = g.starts[s]; j < g.starts[s + 1]; ++j) {
+        if (!one(g.order[j], false)) missing.push_back(g.order[j]);
+      }
+      if (missing.empty()) continue;
+      // The keys new to the store, created with the length of their first push in the batch
+      // (the small ones in bulk, into runs; the large ones at their turn), then pushed in
+      // batch order.
+      fresh.clear();
+      for (uint32_t i : missing) fresh.emplace_back(keys[i], lens[i]);
+      auto by_key = [](const auto& a, const auto& b) { return a.first < b.first; };
+      if (!std::is_sorted(fresh.begin(), fresh.end(), by_key)) std::stable_sort(fresh.begin(), fresh.end(), by_key);
+      auto same_key = [](const auto& a, const auto& b) { return a.first == b.first; };
+      fresh.erase(std::unique(fresh.begin(), fresh.end(), same_key), fresh.end());
+      fresh.erase(std::remove_if(fresh.begin(), fresh.end(), [](const auto& k) { return k.second > kRunFloats; }),
+                  fresh.end());
+      // A key created meanwhile (while a wait for a stream let go of the lock) stays as it is.
+      c = Cursor{};
+      fresh.erase(std::remove_if(fresh.begin(), fresh.end(),
+                                 [&](const auto& k) {
+                                   return FindInRuns(stripe, k.first, &c) || stripe.entries.count(k.first) != 0;
+                                 }),
+                  fresh.end());
+      AddToRuns(stripe, fresh);
+      c = Cursor{};
+      for (uint32_t i : missing) {
+        if (one(i, true)) continue;
+        AddToRuns(stripe, {{keys[i], lens[i]}});  // erased meanwhile, or re-inserted with another length
+        c = Cursor{};
+        one(i, true);
+      }
+    }
+  }
+  for (const auto& k : spares) PrepareSpare(k.first, k.second);
   if (refused == 0) return Status::Ok();
-  return Status(first_error.code(), first_error.message() + " (" + std::to_string(refused) +
-                                        " of " + std::to_string(num_keys) + " keys refused)");
+  return Status(first_error.code(), first_error.message() + " (" + std::to_string(refused) + " of " +
+                                        std::to_string(num_keys) + " keys refused)");
+}
+
+Status ParamStore::Push(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys) {
+  return Apply(Mode::kPush, keys, lens, values, num_keys);
+}
+
+void ParamStore::Insert(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys) {
+  Apply(Mode::kInsert, keys, lens, values, num_keys).IgnoreError();
+}
+
+void ParamStore::Insert(uint64_t key, std::vector<float> value) {
+  if (value.size() <= kRunFloats) {
+    const uint32_t len = static_cast<uint32_t>(value.size());
+    return Insert(&key, &len, value.data(), 1);
+  }
+  Stripe& stripe = StripeFor(key);
+  std::lock_guard<std::mutex> lock(stripe.mu);
+  Cursor c;
+  if (FindInRuns(stripe, key, &c)) RemoveFromRun(stripe, c);
+  stripe.entries[key] = std::make_shared<Block>(std::move(value));
+}
+
+template <typename Fn>
+Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn) const {
+  if (num_keys == 0) return Status::Ok();
+  if (keys == nullptr) return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " null keys");
+  if (num_keys > UINT32_MAX) {
+    return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " keys: over 2^32");
+  }
+  Groups g;
+  std::array<Cursor, kStripes> cursors{};  // hints only: FindInRuns checks them
+  size_t missing = SIZE_MAX;  // the first missing key, in batch order
+  for (size_t begin = 0; begin < num_keys; begin += kWindowKeys) {
+    GroupByStripe(keys, begin, std::min(num_keys, begin + kWindowKeys), &g);
+    for (size_t s = 0; s < kStripes; ++s) {
+      if (g.starts[s] == g.starts[s + 1]) continue;
+      Stripe& stripe = stripes_[s];
+      std::lock_guard<std::mutex> lock(stripe.mu);
+      Cursor& c = cursors[s];
+      for (size_t j = g.starts[s]; j < g.starts[s + 1]; ++j) {
+        const uint32_t i = g.order[j];
+        if (FindInRuns(stripe, keys[i], &c)) {
+          if (missing != SIZE_MAX) continue;
+          if (!share) {
+            const Run& run = stripe.runs[c.run];
+            fn(i, run.At(c.pos), run.LenAt(c.pos), nullptr);
+            continue;
+          }
+          auto it = MoveToBlock(stripe, c);
+          c = Cursor{};
+          fn(i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
+          continue;
+        }
+        auto it = stripe.entries.find(keys[i]);
+        if (it == stripe.entries.end()) {
+          missing = std::min<size_t>(missing, i);
+        } else if (missing == SIZE_MAX) {
+          fn(i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
+        }
+      }
+    }
+  }
+  if (missing == SIZE_MAX) return Status::Ok();
+  return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[missing]));
 }
 
 Status ParamStore::Pull(const uint64_t* keys, size_t num_keys, std::vector<uint32_t>* lens,
@@ -385,67 +703,100 @@ Status ParamStore::Pull(const uint64_t* keys, size_t num_keys, std::vector<uint3
   if (num_keys > 0 && keys == nullptr) {
     return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " null keys");
   }
-  lens->reserve(num_keys);
-  for (size_t i = 0; i < num_keys; ++i) {
-    const Stripe& stripe = StripeFor(keys[i]);
-    std::lock_guard<std::mutex> lock(stripe.mu);
-    auto it = stripe.entries.find(keys[i]);
-    if (it == stripe.entries.end()) {
+  lens->resize(num_keys);
+  for (;;) {
+    Status st = Lens(keys, num_keys, lens->data());
+    if (st.ok()) {
+      uint64_t total = 0;
+      for (uint32_t l : *lens) total += l;
+      values->resize(total);
+      st = CopyValues(keys, num_keys, lens->data(), values->data());
+      if (st.ok()) return st;
+    }
+    if (st.code() != Code::kAborted) {  // kAborted: a key replaced between the steps, read again
       lens->clear();
       values->clear();
-      return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
+      return st;
     }
-    const std::vector<float>& v = it->second->values;
-    lens->push_back(static_cast<uint32_t>(v.size()));
-    values->insert(values->end(), v.begin(), v.end());
   }
-  return Status::Ok();
-}
-
-template <typename Fn>
-Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, Fn fn) const {
-  for (size_t i = 0; i < num_keys; ++i) {
-    const Stripe& stripe = StripeFor(keys[i]);
-    std::lock_guard<std::mutex> lock(stripe.mu);
-    auto it = stripe.entries.find(keys[i]);
-    if (it == stripe.entries.end()) return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
-    fn(i, it->second);
-  }
-  return Status::Ok();
 }
 
 Status ParamStore::Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const {
-  return ForEachStored(keys, num_keys, [&](size_t i, const BlockPtr& b) {
-    lens[i] = static_cast<uint32_t>(b->values.size());
-  });
+  return ForEachStored(keys, num_keys, false,
+                       [&](size_t i, const float*, uint32_t len, const BlockPtr*) { lens[i] = len; });
 }
 
 Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, const uint32_t* lens, float* out) const {
+  bool uniform = true;
+  for (size_t i = 0; i < num_keys && uniform; ++i) uniform = lens[i] == lens[0];
+  std::vector<uint64_t> offs;
+  if (!uniform) {
+    offs.resize(num_keys);
+    uint64_t off = 0;
+    for (size_t i = 0; i < num_keys; ++i) {
+      offs[i] = off;
+      off += lens[i];
+    }
+  }
   Status changed = Status::Ok();
-  Status st = ForEachStored(keys, num_keys, [&](size_t i, const BlockPtr& b) {
-    if (!changed.ok()) return;
-    if (b->values.size() != lens[i]) {  // replaced by Insert since Lens: out has no room for it
-      changed = Status(Code::kAborted, "key " + std::to_string(keys[i]) + " changed from " + std::to_string(lens[i]) +
-                                           " to " + std::to_string(b->values.size()) + " floats while being read");
+  size_t changed_at = SIZE_MAX;
+  Status st = ForEachStored(keys, num_keys, false, [&](size_t i, const float* v, uint32_t len, const BlockPtr*) {
+    if (len != lens[i]) {  // replaced by Insert since Lens: out has no room for it
+      if (i < changed_at) {
+        changed_at = i;
+        changed = Status(Code::kAborted, "key " + std::to_string(keys[i]) + " changed from " +
+                                             std::to_string(lens[i]) + " to " + std::to_string(len) +
+                                             " floats while being read");
+      }
       return;
     }
-    if (b->values.empty()) return;  // memcpy from an empty vector's null data is undefined
-    std::memcpy(out, b->values.data(), b->values.size() * sizeof(float));
-    out += b->values.size();
+    if (len == 0) return;  // memcpy from an empty vector's null data is undefined
+    std::memcpy(out + (uniform ? uint64_t{i} * lens[0] : offs[i]), v, len * sizeof(float));
   });
   return st.ok() ? changed : st;
 }
 
-Status ParamStore::ShareValues(const uint64_t* keys, size_t num_keys, Slice* out) const {
-  return ForEachStored(keys, num_keys, [&](size_t i, const BlockPtr& b) {
-    b->readers.fetch_add(1, std::memory_order_relaxed);  // under the stripe lock: no writer can miss it
-    const std::vector<float>& v = b->values;
-    out[i].data = reinterpret_cast<const char*>(v.data());
-    out[i].size = v.size() * sizeof(float);
-    out[i].owner = std::shared_ptr<const void>(v.data(), [block = b](const void*) {
-      block->readers.fetch_sub(1, std::memory_order_release);
-    });
+namespace {
+// A slice reading a block's values, pinning the block (readers) until let go.
+template <typename BlockPtrT>
+Slice PinnedSlice(const BlockPtrT& b) {
+  b->readers.fetch_add(1, std::memory_order_relaxed);  // under the stripe lock: no writer can miss it
+  Slice s;
+  s.data = reinterpret_cast<const char*>(b->values.data());
+  s.size = b->values.size() * sizeof(float);
+  s.owner = std::shared_ptr<const void>(b->values.data(), [block = b](const void*) {
+    block->readers.fetch_sub(1, std::memory_order_release);
   });
+  return s;
+}
+}  // namespace
+
+Status ParamStore::ShareValues(const uint64_t* keys, size_t num_keys, Slice* out) const {
+  return ForEachStored(keys, num_keys, true,
+                       [&](size_t i, const float*, uint32_t, const BlockPtr* b) { out[i] = PinnedSlice(*b); });
+}
+
+Status ParamStore::ShareOrCopyValues(const uint64_t* keys, size_t num_keys, Slice* out) const {
+  auto copies = std::make_shared<std::vector<float>>();
+  std::vector<uint64_t> copied_at;  // per key: its place in copies, or UINT64_MAX
+  Status st = ForEachStored(keys, num_keys, false, [&](size_t i, const float* v, uint32_t len, const BlockPtr* b) {
+    if (b != nullptr) {
+      out[i] = PinnedSlice(*b);
+      return;
+    }
+    if (copied_at.empty()) copied_at.assign(num_keys, UINT64_MAX);
+    copied_at[i] = copies->size();
+    copies->insert(copies->end(), v, v + len);
+    out[i].size = uint64_t{len} * sizeof(float);
+  });
+  if (!st.ok() || copied_at.empty()) return st;
+  std::shared_ptr<const void> owner(copies, copies->data());
+  for (size_t i = 0; i < num_keys; ++i) {
+    if (copied_at[i] == UINT64_MAX) continue;
+    out[i].data = reinterpret_cast<const char*>(copies->data() + copied_at[i]);
+    out[i].owner = owner;
+  }
+  return st;
 }
 
 std::vector<std::pair<uint64_t, std::vector<float>>> ParamStore::ExtractNotOwned(
@@ -471,6 +822,35 @@ std::vector<std::pair<uint64_t, std::vector<float>>> ParamStore::ExtractNotOwned
         ++it;
       }
     }
+    std::vector<Run> kept;
+    for (Run& run : stripe.runs) {
+      Run left;
+      left.len = run.len;
+      if (!run.offs.empty()) left.offs.assign(1, 0);
+      bool moved = false;
+      for (size_t i = 0; i < run.keys.size(); ++i) {
+        const uint32_t len = run.LenAt(i);
+        if (ServerForKey(run.keys[i], num_servers) != rank) {
+          out.emplace_back(run.keys[i], std::vector<float>(run.At(i), run.At(i) + len));
+          moved = true;
+          if (erase) {
+            --stripe.run_keys;
+            stripe.run_floats -= len;
+            continue;
+          }
+        }
+        if (!erase) continue;
+        left.keys.push_back(run.keys[i]);
+        left.values.insert(left.values.end(), run.At(i), run.At(i) + len);
+        if (!left.offs.empty()) left.offs.push_back(left.values.size());
+      }
+      if (!erase || !moved) {
+        kept.push_back(std::move(run));
+      } else if (!left.keys.empty()) {
+        kept.push_back(std::move(left));
+      }
+    }
+    stripe.runs = std::move(kept);
   }
   std::sort(out.begin(), out.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -484,6 +864,11 @@ bool ParamStore::HasNotOwned(int rank, int num_servers) const {
     for (const auto& entry : stripe.entries) {
       if (ServerForKey(entry.first, num_servers) != rank) return true;
     }
+    for (const Run& run : stripe.runs) {
+      for (uint64_t key : run.keys) {
+        if (ServerForKey(key, num_servers) != rank) return true;
+      }
+    }
   }
   return false;
 }
@@ -493,21 +878,24 @@ size_t ParamStore::Erase(const uint64_t* keys, size_t num_keys) {
   for (size_t i = 0; i < num_keys; ++i) {
     Stripe& stripe = StripeFor(keys[i]);
     std::lock_guard<std::mutex> lock(stripe.mu);
-    erased += stripe.entries.erase(keys[i]);
+    Cursor c;
+    if (FindInRuns(stripe, keys[i], &c)) {
+      RemoveFromRun(stripe, c);
+      ++erased;
+    } else {
+      erased += stripe.entries.erase(keys[i]);
+    }
   }
   return erased;
-}
-
-void ParamStore::Insert(uint64_t key, std::vector<float> value) {
-  Stripe& stripe = StripeFor(key);
-  std::lock_guard<std::mutex> lock(stripe.mu);
-  stripe.entries[key] = std::make_shared<Block>(std::move(value));
 }
 
 void ParamStore::Clear() {
   for (Stripe& stripe : stripes_) {
     std::lock_guard<std::mutex> lock(stripe.mu);
     stripe.entries.clear();
+    stripe.runs.clear();
+    stripe.run_keys = 0;
+    stripe.run_floats = 0;
   }
 }
 
@@ -516,6 +904,7 @@ std::vector<uint64_t> ParamStore::Keys() const {
   for (const Stripe& stripe : stripes_) {
     std::lock_guard<std::mutex> lock(stripe.mu);
     for (const auto& entry : stripe.entries) out.push_back(entry.first);
+    for (const Run& run : stripe.runs) out.insert(out.end(), run.keys.begin(), run.keys.end());
   }
   return out;
 }
@@ -524,7 +913,7 @@ size_t ParamStore::num_keys() const {
   size_t n = 0;
   for (const Stripe& stripe : stripes_) {
     std::lock_guard<std::mutex> lock(stripe.mu);
-    n += stripe.entries.size();
+    n += stripe.entries.size() + stripe.run_keys;
   }
   return n;
 }
@@ -533,6 +922,7 @@ size_t ParamStore::num_floats() const {
   size_t n = 0;
   for (const Stripe& stripe : stripes_) {
     std::lock_guard<std::mutex> lock(stripe.mu);
+    n += stripe.run_floats;
     for (const auto& entry : stripe.entries) n += entry.second->values.size();
   }
   return n;

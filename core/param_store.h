@@ -3,8 +3,18 @@
 // to one key are applied atomically with respect to each other and to pulls of
 // that key. Keys are spread over kStripes independently locked shards, so
 // handlers on different executor threads rarely contend.
+//
+// Two layouts per shard (docs/embedding.md, "The built-in store's layout"). Keys of up
+// to kRunFloats floats live in runs: sorted arrays of keys with their values back to back
+// (one length per run when all are equal), the runs ordered by first key. A batch is taken
+// in windows, each grouped by shard, each shard locked once per window, and each key found
+// by walking forward from the previous one (a sorted batch costs a step or two per key, no
+// hash and no allocation); the keys a push creates are merged into the runs in bulk.
+// Larger keys, and keys a slice or a stream holds (ShareValues, BeginStream move a key out
+// of its run), are blocks of their own in a hash map, shared with the slices that read them.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -115,14 +125,16 @@ class ParamStore {
   // each key's length (kNotFound names a missing key); CopyValues, given those lens,
   // copies the floats back to back into out, which must hold their sum. A push never
   // changes a key's length, but Insert may replace a key in between (a migration, the
-  // embedding program): CopyValues then answers kAborted and writes nothing past that
-  // key's place; a key removed in between is kNotFound.
+  // embedding program): CopyValues then answers kAborted (naming the first such key in
+  // batch order) and writes only the places of the keys whose length still matches; a key
+  // removed in between is kNotFound.
   Status Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const;
   Status CopyValues(const uint64_t* keys, size_t num_keys, const uint32_t* lens, float* out) const;
   // Pull without a copy: out[i] is the stored memory of keys[i] (its length times 4 bytes),
   // pinned while the slice's owner is held. A push to a pinned key writes a fresh copy and
   // leaves the pinned memory alone, so a slice keeps the values of the moment it was taken
-  // (a pull still sees every push applied before it). kNotFound names a missing key.
+  // (a pull still sees every push applied before it). kNotFound names a missing key. A key
+  // held in a run is moved to a block of its own first (and stays one).
   Status ShareValues(const uint64_t* keys, size_t num_keys, Slice* out) const;
 
   // For scaling and migration: every entry whose ServerForKey(key, num_servers)
@@ -135,8 +147,15 @@ class ParamStore {
   // True when some entry's ServerForKey(key, num_servers) differs from `rank`.
   bool HasNotOwned(int rank, int num_servers) const;
 
+  // As ShareValues for keys that are blocks of their own; the values of keys held in runs
+  // are copied, all into one buffer the slices share (a snapshot of the whole store that
+  // keeps its layout: the journal's compaction).
+  Status ShareOrCopyValues(const uint64_t* keys, size_t num_keys, Slice* out) const;
+
   // Stores `value` under `key`, replacing any previous value.
   void Insert(uint64_t key, std::vector<float> value);
+  // Insert of many keys at once: keys[i] gets lens[i] floats taken back to back from values.
+  void Insert(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
   // Removes the given keys (missing ones are fine); returns how many were present.
   size_t Erase(const uint64_t* keys, size_t num_keys);
   void Clear();
@@ -146,9 +165,15 @@ class ParamStore {
   size_t num_keys() const;
   size_t num_floats() const;
 
+  // Keys of at most this many floats are held in runs.
+  static constexpr uint32_t kRunFloats = 1024;
+
  private:
   static constexpr int kStripeBits = 6;
   static constexpr size_t kStripes = size_t{1} << kStripeBits;
+  // A run is closed at this many keys or floats (an insert into it moves at most that much).
+  static constexpr size_t kRunMaxKeys = 1024;
+  static constexpr size_t kRunMaxFloats = 16 * 1024;
 
   struct Block;
   using BlockPtr = std::shared_ptr<Block>;
@@ -179,12 +204,63 @@ class ParamStore {
     bool wants_spare = false;      // a kSparesOnly stream was declined for lack of one (stripe lock)
   };
   using Entries = std::unordered_map<uint64_t, BlockPtr>;
+  // Sorted keys and their values back to back: keys[i] has `len` floats at values[i * len],
+  // or, when offs is not empty (lengths differ), offs[i+1] - offs[i] floats at offs[i].
+  struct Run {
+    std::vector<uint64_t> keys;
+    std::vector<uint64_t> offs;
+    uint32_t len = 0;
+    std::vector<float> values;
+    uint64_t Off(size_t i) const { return offs.empty() ? uint64_t{i} * len : offs[i]; }
+    uint32_t LenAt(size_t i) const { return offs.empty() ? len : static_cast<uint32_t>(offs[i + 1] - offs[i]); }
+    float* At(size_t i) { return values.data() + Off(i); }
+    const float* At(size_t i) const { return values.data() + Off(i); }
+  };
+  // Where the walk through a stripe's runs stands: run, index in it.
+  struct Cursor {
+    size_t run = 0;
+    size_t pos = 0;
+  };
   struct Stripe {
     mutable std::mutex mu;
     std::condition_variable released;  // a stream let go of a key of this stripe
     int waiters = 0;                   // pushes waiting for a stream to let go
-    Entries entries;
+    Entries entries;                   // keys held as blocks
+    std::vector<Run> runs;             // keys held in runs, ordered by first key
+    size_t run_keys = 0;
+    size_t run_floats = 0;
   };
+  // A batch is taken in windows of this many keys (its keys and values stay in cache while
+  // the window's keys are applied stripe by stripe).
+  static constexpr size_t kWindowKeys = 16 * 1024;
+  // Keys [begin, end) of a batch grouped by stripe: order[starts[s] .. starts[s+1]) are the
+  // indices of the keys of stripe s, in batch order.
+  struct Groups {
+    std::vector<uint32_t> order;
+    std::array<size_t, kStripes + 1> starts{};
+  };
+  static void GroupByStripe(const uint64_t* keys, size_t begin, size_t end, Groups* g);
+  // Finds `key` in the runs (stripe lock held), walking on from *c; *c is left at the key or
+  // where it would go.
+  static bool FindInRuns(const Stripe& stripe, uint64_t key, Cursor* c);
+  // Adds keys (sorted, distinct, in neither layout) to the runs, zero-filled (stripe lock held).
+  static void AddToRuns(Stripe& stripe, const std::vector<std::pair<uint64_t, uint32_t>>& fresh);
+  // Removes the key at *c from its run (stripe lock held).
+  static void RemoveFromRun(Stripe& stripe, const Cursor& c);
+  // Moves the key at *c out of its run into a block of its own; returns the entry.
+  static Entries::iterator MoveToBlock(Stripe& stripe, const Cursor& c);
+  // Applies (or inserts) one key of a batch (stripe lock held). Returns false when the key
+  // is in neither layout (then nothing was done) unless it is larger than a run holds and
+  // `create`: then it is created as a block.
+  enum class Mode { kPush, kInsert };
+  bool ApplyKey(std::unique_lock<std::mutex>& lock, Stripe& stripe, Mode mode, const Updater* updater, uint64_t key,
+                const float* incoming, uint32_t len, bool create, Cursor* c, Status* refused, bool* wants_spare);
+  // Push and Insert of a batch.
+  Status Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
+  // fn(i, values, len, block or null) for each key under its stripe's lock; kNotFound names
+  // the first missing key. With `share`, a key in a run is moved to a block first.
+  template <typename Fn>
+  Status ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn) const;
   // Waits (stripe lock held) until no stream holds `block`; revokes a stalled one.
   void WaitForWriter(std::unique_lock<std::mutex>& lock, Stripe& stripe, const BlockPtr& block);
   // The entry of `key` once no stream holds it (stripe lock held; the caller counts itself
@@ -192,28 +268,33 @@ class ParamStore {
   Entries::iterator FindUnheld(std::unique_lock<std::mutex>& lock, Stripe& stripe, uint64_t key, uint32_t len);
   // The key's values to write (stripe lock held): a fresh copy if slices are out.
   static std::vector<float>& Writable(BlockPtr& block);
-  // fn(i, block) for each key under its stripe's lock; kNotFound names the first missing.
-  template <typename Fn>
-  Status ForEachStored(const uint64_t* keys, size_t num_keys, Fn fn) const;
-
   Stripe& StripeFor(uint64_t key);
   const Stripe& StripeFor(uint64_t key) const;
-  // Applies one key's update; kInvalidArgument on a length mismatch. *wants_spare: the
-  // key asked for a spare block (Block::wants_spare), to be made by PrepareSpare.
-  Status PushOne(const Updater* updater, uint64_t key, const float* incoming, uint32_t len, bool* wants_spare);
   // A zero-filled spare block for `key`, made outside the locks (within the budget).
   void PrepareSpare(uint64_t key, uint32_t len);
   // Keeps `target` (a block of stored's length that no entry holds: a stream's unused
   // target, or the block its commit replaced) as stored's spare, when stored has none and
   // the budget allows (stripe lock held).
   void KeepAsSpare(Block& stored, BlockPtr& target);
-  void ApplyBuiltIn(float* stored, const float* incoming, size_t n) const;
+  void ApplyBuiltIn(float* stored, const float* incoming, size_t n) const {
+    switch (opts_.rule) {
+      case UpdateRule::kAssign:
+        std::copy(incoming, incoming + n, stored);
+        break;
+      case UpdateRule::kSum:
+        for (size_t i = 0; i < n; ++i) stored[i] += incoming[i];
+        break;
+      case UpdateRule::kSgd:
+        for (size_t i = 0; i < n; ++i) stored[i] -= opts_.learning_rate * incoming[i];
+        break;
+    }
+  }
 
   const Options opts_;
   std::atomic<uint64_t> spare_bytes_{0};
   std::atomic<uint64_t> held_keys_{0};  // blocks with a writer
   std::shared_ptr<const Updater> updater_;  // Accessed with std::atomic_load/store.
-  std::array<Stripe, kStripes> stripes_;
+  mutable std::array<Stripe, kStripes> stripes_;  // mutable: ShareValues moves keys out of runs
 };
 
 // See ParamStore::BeginStream. Owned by one thread at a time (the one reading the push).

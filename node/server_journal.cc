@@ -167,7 +167,8 @@ Status ServerJournal::PinStore(std::string* window, std::vector<uint64_t>* keys,
   *keys = store_->Keys();
   std::sort(keys->begin(), keys->end());
   values->assign(keys->size(), Slice{});
-  return store_->ShareValues(keys->data(), keys->size(), values->data());
+  // Keys in runs are copied (cheap, and they stay in their runs); blocks are pinned.
+  return store_->ShareOrCopyValues(keys->data(), keys->size(), values->data());
 }
 
 Status ServerJournal::StartSegment(uint64_t n) {

@@ -377,11 +377,9 @@ void ServerNode::ReportResynced(uint64_t generation) {
 
 Status ServerNode::InsertEntries(std::string_view body, const core::KvView& view) {
   return Journaled(core::JournalOp::kInsert, body, [&] {
-    const float* p = view.values;
-    for (size_t i = 0; i < view.num_keys; ++i) {
-      store_.Insert(view.keys[i], std::vector<float>(p, p + view.lens[i]));
-      p += view.lens[i];
-      if (journal_) restored_unconfirmed_.erase(view.keys[i]);  // journal_mu_ is held
+    store_.Insert(view.keys, view.lens, view.values, view.num_keys);
+    if (journal_) {
+      for (size_t i = 0; i < view.num_keys; ++i) restored_unconfirmed_.erase(view.keys[i]);  // journal_mu_ is held
     }
     return Status::Ok();
   });

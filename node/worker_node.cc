@@ -320,7 +320,13 @@ struct WorkerNode::KvOp {
     PullResult out;
     out.lens = src_lens;
     ReserveResult(out.values, std::accumulate(src_lens.begin(), src_lens.end(), size_t{0}));
-    for (size_t i = 0; i < src.size(); ++i) out.values.insert(out.values.end(), src[i], src[i] + src_lens[i]);
+    // Keys whose values lie back to back in one answer are copied as one stretch.
+    for (size_t i = 0; i < src.size();) {
+      const float* from = src[i];
+      const float* to = src[i] + src_lens[i];
+      for (++i; i < src.size() && src[i] == to; ++i) to += src_lens[i];
+      out.values.insert(out.values.end(), from, to);
+    }
     CountCopied(out.values.size() * sizeof(float));
     answers.clear();
     return out;

@@ -168,6 +168,38 @@ TEST_CASE("gather encoding of a subset equals encoding the gathered arrays", "[c
   CHECK(v->op == 2);
 }
 
+TEST_CASE("gather encoding of many small keys, consecutive or not, equals encoding the gathered arrays",
+          "[core][kvcodec]") {
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> lens;
+  std::vector<uint64_t> offsets;
+  std::vector<float> values;
+  for (uint64_t i = 0; i < 5000; ++i) {
+    keys.push_back(i * 7919);
+    lens.push_back(static_cast<uint32_t>(i % 3 == 0 ? 1 : i % 5));
+    offsets.push_back(values.size());
+    for (uint32_t j = 0; j < lens.back(); ++j) values.push_back(static_cast<float>(values.size()));
+  }
+  std::vector<size_t> consecutive, every_third;
+  for (size_t i = 100; i < 4100; ++i) consecutive.push_back(i);
+  for (size_t i = 2; i < keys.size(); i += 3) every_third.push_back(i);
+  for (const std::vector<size_t>* pick : {&consecutive, &every_third}) {
+    BufferPtr got = EncodeKvPairsGather(keys.data(), lens.data(), values.data(), offsets.data(), pick->data(),
+                                        pick->size(), 0);
+    Result<KvView> v = DecodeKvPairs(got->data(), got->size(), true);
+    REQUIRE(v.ok());
+    REQUIRE(v->num_keys == pick->size());
+    std::vector<float> want;
+    for (size_t j = 0; j < pick->size(); ++j) {
+      const size_t i = (*pick)[j];
+      CHECK(v->keys[j] == keys[i]);
+      CHECK(v->lens[j] == lens[i]);
+      for (uint32_t f = 0; f < lens[i]; ++f) want.push_back(values[offsets[i] + f]);
+    }
+    CHECK(std::vector<float>(v->values, v->values + v->num_values) == want);
+  }
+}
+
 TEST_CASE("gather encoding of large values copies every float exactly - whatever the lengths and offsets",
           "[core][kvcodec]") {
   // Over kStreamingCopyBytes (256 KiB) of values: filled with non-temporal stores, in 64-byte

@@ -1,0 +1,345 @@
+// ParamStore's two layouts (runs of small keys, blocks of large or shared ones) against a
+// reference model, a std::map of key to values, on random batches: dense and sparse key
+// sets, mixed lengths, large values, length refusals, inserts, erases, shared slices,
+// moves of key ranges between servers (scale-out and back), and journal replay.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/key_range.h"
+#include "core/kv_codec.h"
+#include "core/param_journal.h"
+#include "core/param_store.h"
+
+// Catch2 last: glog (via core/status.h) also defines CHECK, and the last
+// definition wins. We want Catch's.
+#include <catch2/catch.hpp>
+
+#include "core/param_store_util.h"
+
+namespace pscore::core {
+namespace {
+
+using testing::Rule;
+using Model = std::map<uint64_t, std::vector<float>>;
+
+struct Batch {
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> lens;
+  std::vector<float> values;
+};
+
+// The store's documented behaviour, one key at a time.
+struct Reference {
+  UpdateRule rule;
+  float lr;
+  Model m;
+
+  size_t Push(const Batch& b) {
+    size_t refused = 0;
+    size_t off = 0;
+    for (size_t i = 0; i < b.keys.size(); ++i) {
+      auto it = m.find(b.keys[i]);
+      if (it == m.end()) it = m.emplace(b.keys[i], std::vector<float>(b.lens[i], 0.0f)).first;
+      if (it->second.size() != b.lens[i]) {
+        ++refused;
+      } else {
+        for (uint32_t j = 0; j < b.lens[i]; ++j) {
+          const float in = b.values[off + j];
+          float& v = it->second[j];
+          v = rule == UpdateRule::kAssign ? in : rule == UpdateRule::kSum ? v + in : v - lr * in;
+        }
+      }
+      off += b.lens[i];
+    }
+    return refused;
+  }
+  void Insert(const Batch& b) {
+    size_t off = 0;
+    for (size_t i = 0; i < b.keys.size(); ++i) {
+      m[b.keys[i]].assign(b.values.begin() + off, b.values.begin() + off + b.lens[i]);
+      off += b.lens[i];
+    }
+  }
+};
+
+// Every key, length and value of the store equals the model's.
+void RequireEqual(const ParamStore& store, const Model& m) {
+  std::vector<uint64_t> keys = store.Keys();
+  std::sort(keys.begin(), keys.end());
+  std::vector<uint64_t> want;
+  size_t floats = 0;
+  for (const auto& e : m) {
+    want.push_back(e.first);
+    floats += e.second.size();
+  }
+  REQUIRE(keys == want);
+  REQUIRE(store.num_keys() == m.size());
+  REQUIRE(store.num_floats() == floats);
+  std::vector<uint32_t> lens;
+  std::vector<float> values;
+  REQUIRE(store.Pull(want.data(), want.size(), &lens, &values).ok());
+  size_t off = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::vector<float>& v = m.at(want[i]);
+    REQUIRE(lens[i] == v.size());
+    REQUIRE(std::equal(v.begin(), v.end(), values.begin() + off));
+    off += lens[i];
+  }
+}
+
+class Gen {
+ public:
+  explicit Gen(uint64_t seed) : rng_(seed) {}
+  uint64_t Key() {
+    switch (Pick(4)) {
+      case 0:
+      case 1: return Pick(4000);                    // dense
+      case 2: return rng_() | (uint64_t{1} << 40);  // sparse over the id space
+      default: return sparse_[Pick(sparse_.size())];
+    }
+  }
+  // A key's length: fixed per key mostly (so most pushes apply), now and then another
+  // one (refused), and some keys larger than a run holds.
+  uint32_t Len(uint64_t key) {
+    if (Pick(50) == 0) return 1 + static_cast<uint32_t>(Pick(8));
+    switch (key % 7) {
+      case 0: return 4;
+      case 1: return static_cast<uint32_t>(1 + key % 13);
+      case 2: return key % 3 == 0 ? ParamStore::kRunFloats + 16 : 8;
+      case 3: return ParamStore::kRunFloats;
+      default: return 1;
+    }
+  }
+  Batch Make(size_t n, bool sorted) {
+    Batch b;
+    for (size_t i = 0; i < n; ++i) b.keys.push_back(Key());
+    if (sorted) std::sort(b.keys.begin(), b.keys.end());
+    for (uint64_t k : b.keys) {
+      b.lens.push_back(Len(k));
+      for (uint32_t j = 0; j < b.lens.back(); ++j) b.values.push_back(static_cast<float>(Pick(17)) - 8.0f);
+    }
+    return b;
+  }
+  size_t Pick(size_t n) { return static_cast<size_t>(rng_() % n); }
+  std::mt19937_64& rng() { return rng_; }
+
+ private:
+  std::mt19937_64 rng_;
+  std::vector<uint64_t> sparse_ = {7ull << 50, (7ull << 50) + 1, (7ull << 50) + 2, ~0ull, ~0ull - 1, 1ull << 63};
+};
+
+void RandomRounds(UpdateRule rule, uint64_t seed) {
+  ParamStore store(Rule(rule, 0.5f));
+  Reference ref{rule, 0.5f, {}};
+  Gen gen(seed);
+  std::vector<Slice> held;  // slices kept across pushes (keys moved to blocks)
+  for (int round = 0; round < 120; ++round) {
+    const size_t n = gen.Pick(4) == 0 ? 1 + gen.Pick(4) : 50 + gen.Pick(1500);
+    Batch b = gen.Make(n, gen.Pick(3) != 0);
+    switch (gen.Pick(10)) {
+      case 0: {
+        store.Insert(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size());
+        ref.Insert(b);
+        break;
+      }
+      case 1: {
+        std::vector<uint64_t> gone(b.keys.begin(), b.keys.begin() + std::min<size_t>(b.keys.size(), 40));
+        size_t want = 0;
+        for (uint64_t k : gone) want += ref.m.erase(k);
+        CHECK(store.Erase(gone.data(), gone.size()) == want);
+        break;
+      }
+      case 2: {
+        // Some stored keys are shared (moved out of their runs) and held for a while.
+        std::vector<uint64_t> keys;
+        for (const auto& e : ref.m) {
+          if (gen.Pick(20) == 0) keys.push_back(e.first);
+        }
+        std::vector<Slice> s(keys.size());
+        REQUIRE(store.ShareValues(keys.data(), keys.size(), s.data()).ok());
+        for (size_t i = 0; i < keys.size(); ++i) {
+          const std::vector<float>& v = ref.m.at(keys[i]);
+          REQUIRE(s[i].size == v.size() * sizeof(float));
+          if (!v.empty()) REQUIRE(std::equal(v.begin(), v.end(), reinterpret_cast<const float*>(s[i].data)));
+        }
+        held = std::move(s);
+        break;
+      }
+      default: {
+        const size_t refused = ref.Push(b);
+        Status st = store.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size());
+        CHECK(st.ok() == (refused == 0));
+        if (refused > 0) {
+          CHECK(st.code() == Code::kInvalidArgument);
+          CHECK(st.message().find("(" + std::to_string(refused) + " of ") != std::string::npos);
+        }
+      }
+    }
+    if (round % 10 == 9) RequireEqual(store, ref.m);
+  }
+  RequireEqual(store, ref.m);
+  // A pull of a batch with a missing key names the first one in batch order.
+  std::vector<uint64_t> ask;
+  for (const auto& e : ref.m) ask.push_back(e.first);
+  std::shuffle(ask.begin(), ask.end(), gen.rng());
+  ask.insert(ask.begin() + ask.size() / 2, {(3ull << 40) + 5, (3ull << 40) + 6});
+  std::vector<uint32_t> lens;
+  std::vector<float> values;
+  Status st = store.Pull(ask.data(), ask.size(), &lens, &values);
+  CHECK(st.code() == Code::kNotFound);
+  CHECK(st.message().find(std::to_string((3ull << 40) + 5)) != std::string::npos);
+  CHECK(lens.empty());
+}
+
+}  // namespace
+
+TEST_CASE("runs: random batches give the reference model's store under every rule", "[core][paramstore]") {
+  RandomRounds(UpdateRule::kSum, 1);
+  RandomRounds(UpdateRule::kAssign, 2);
+  RandomRounds(UpdateRule::kSgd, 3);
+}
+
+TEST_CASE("runs: a user rule sees each key's stored and incoming values, in batch order", "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  std::vector<uint64_t> seen;
+  store.SetUpdater([&](uint64_t key, float* stored, const float* in, size_t n) {
+    seen.push_back(key);
+    for (size_t i = 0; i < n; ++i) stored[i] = stored[i] * 2 + in[i];
+  });
+  // Unsorted, a key twice, new keys: created zero-filled, then folded in order.
+  std::vector<uint64_t> keys = {9, 3, 9, 1ull << 60};
+  std::vector<uint32_t> lens = {1, 2, 1, 1};
+  std::vector<float> values = {1, 2, 3, 4, 5};
+  REQUIRE(store.Push(keys.data(), lens.data(), values.data(), keys.size()).ok());
+  CHECK(testing::PullOne(store, 9) == std::vector<float>{2 * 1 + 4});
+  CHECK(testing::PullOne(store, 3) == std::vector<float>{2, 3});
+  CHECK(testing::PullOne(store, 1ull << 60) == std::vector<float>{5});
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == std::vector<uint64_t>{3, 9, 9, 1ull << 60});
+}
+
+TEST_CASE("runs: a dense key set in many pushes, then pulled whole and in slices", "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  constexpr uint64_t kKeys = 20000;
+  for (uint64_t start = 0; start < kKeys; start += 2500) {  // each push appends keys
+    std::vector<uint64_t> keys;
+    for (uint64_t k = start; k < start + 2500; ++k) keys.push_back(k);
+    std::vector<uint32_t> lens(keys.size(), 3);
+    std::vector<float> values(keys.size() * 3);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(start * 3 + i);
+    REQUIRE(store.Push(keys.data(), lens.data(), values.data(), keys.size()).ok());
+    REQUIRE(store.Push(keys.data(), lens.data(), values.data(), keys.size()).ok());  // present now
+  }
+  // Every other key again, from the top down (a batch walking backwards).
+  std::vector<uint64_t> keys;
+  for (uint64_t k = kKeys; k-- > 0;) {
+    if (k % 2 == 0) keys.push_back(k);
+  }
+  std::vector<uint32_t> lens;
+  std::vector<float> values;
+  REQUIRE(store.Pull(keys.data(), keys.size(), &lens, &values).ok());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    REQUIRE(lens[i] == 3);
+    for (uint32_t j = 0; j < 3; ++j) REQUIRE(values[i * 3 + j] == 2.0f * static_cast<float>(keys[i] * 3 + j));
+  }
+  CHECK(store.num_keys() == kKeys);
+  CHECK(store.num_floats() == kKeys * 3);
+}
+
+TEST_CASE("runs: key ranges move out and back (scale-out, scale-in) with equal values", "[core][paramstore]") {
+  Gen gen(7);
+  ParamStore a(Rule(UpdateRule::kSum));
+  Reference ref{UpdateRule::kSum, 0, {}};
+  for (int i = 0; i < 6; ++i) {
+    Batch b = gen.Make(2000, true);
+    ref.Push(b);
+    a.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size()).IgnoreError();
+  }
+  RequireEqual(a, ref.m);
+  // Scale-out to 3 servers: rank 0 keeps its share, the others get theirs.
+  ParamStore b(Rule(UpdateRule::kSum));
+  ParamStore c(Rule(UpdateRule::kSum));
+  CHECK(a.ExtractNotOwned(0, 3, /*erase=*/false).size() > 0);
+  RequireEqual(a, ref.m);  // a copy only
+  auto moved = a.ExtractNotOwned(0, 3, /*erase=*/true);
+  CHECK_FALSE(a.HasNotOwned(0, 3));
+  Model m0, m1, m2;
+  for (const auto& e : ref.m) {
+    const int owner = ServerForKey(e.first, 3);
+    (owner == 0 ? m0 : owner == 1 ? m1 : m2)[e.first] = e.second;
+  }
+  RequireEqual(a, m0);
+  REQUIRE(std::is_sorted(moved.begin(), moved.end(), [](const auto& x, const auto& y) { return x.first < y.first; }));
+  for (const auto& e : moved) {
+    Batch one{{e.first}, {static_cast<uint32_t>(e.second.size())}, e.second};
+    ParamStore& to = ServerForKey(e.first, 3) == 1 ? b : c;
+    to.Insert(one.keys.data(), one.lens.data(), one.values.data(), 1);
+  }
+  RequireEqual(b, m1);
+  RequireEqual(c, m2);
+  // Scale-in back to one server: b and c hand everything to a, as a batch each.
+  for (ParamStore* from : {&b, &c}) {
+    Batch all;
+    for (auto& e : from->ExtractNotOwned(-1, 1, /*erase=*/true)) {
+      all.keys.push_back(e.first);
+      all.lens.push_back(static_cast<uint32_t>(e.second.size()));
+      all.values.insert(all.values.end(), e.second.begin(), e.second.end());
+    }
+    a.Insert(all.keys.data(), all.lens.data(), all.values.data(), all.keys.size());
+    CHECK(from->num_keys() == 0);
+  }
+  RequireEqual(a, ref.m);
+  // And it keeps taking pushes.
+  Batch more = gen.Make(3000, true);
+  ref.Push(more);
+  a.Push(more.keys.data(), more.lens.data(), more.values.data(), more.keys.size()).IgnoreError();
+  RequireEqual(a, ref.m);
+}
+
+TEST_CASE("runs: journal replay of random pushes and inserts gives the reference model's store",
+          "[core][paramstore][journal]") {
+  Gen gen(11);
+  Reference ref{UpdateRule::kSum, 0, {}};
+  ParamStore live(Rule(UpdateRule::kSum));
+  std::string file = JournalFileHeader();
+  for (int i = 0; i < 30; ++i) {
+    Batch b = gen.Make(200 + gen.Pick(800), gen.Pick(2) == 0);
+    const bool insert = gen.Pick(5) == 0;
+    BufferPtr body = EncodeKvPairs(b.keys.data(), b.keys.size(), b.lens.data(), b.values.data(), b.values.size());
+    const std::string_view kv(body->data(), body->size());
+    file += JournalRecordHeader(insert ? JournalOp::kInsert : JournalOp::kPush, kv);
+    file += kv;
+    if (insert) {
+      ref.Insert(b);
+      live.Insert(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size());
+    } else {
+      ref.Push(b);
+      live.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size()).IgnoreError();
+    }
+  }
+  Result<ParsedJournal> parsed = ParseJournal(file);
+  REQUIRE(parsed.ok());
+  ParamStore replayed(Rule(UpdateRule::kSum));
+  REQUIRE(ReplayJournal(parsed->records, &replayed).ok());
+  RequireEqual(live, ref.m);
+  RequireEqual(replayed, ref.m);
+  // A compaction's snapshot: blocks pinned, keys in runs copied; all equal the model.
+  std::vector<uint64_t> keys = live.Keys();
+  std::vector<Slice> s(keys.size());
+  REQUIRE(live.ShareOrCopyValues(keys.data(), keys.size(), s.data()).ok());
+  Batch snap{keys, {}, {}};
+  for (size_t i = 0; i < keys.size(); ++i) {
+    snap.lens.push_back(static_cast<uint32_t>(s[i].size / sizeof(float)));
+    const float* f = reinterpret_cast<const float*>(s[i].data);
+    if (snap.lens.back() > 0) snap.values.insert(snap.values.end(), f, f + snap.lens.back());
+  }
+  ParamStore restored(Rule(UpdateRule::kSum));
+  restored.Insert(snap.keys.data(), snap.lens.data(), snap.values.data(), snap.keys.size());
+  RequireEqual(restored, ref.m);
+}
+
+}  // namespace pscore::core
