@@ -636,6 +636,7 @@ pb::SendMetadataMessage ClusterManager::BuildMetadata() const {
   msg.set_cluster_state(state_);
   msg.set_epoch(epoch_);
   msg.set_replicas(config_.replicas);
+  if (scaling_ && op_.kind == ScaleKind::kOut) msg.set_scale_out_old_server_num(op_.old_server_num);
   const TimePoint now = clock_->Now();
   for (const NodeRecord* rec : Nodes()) {
     pb::ServersMeta* meta =

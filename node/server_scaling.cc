@@ -184,6 +184,27 @@ void ServerNode::OnScaleOutReady(const pb::SendMetadataMessage& md, std::functio
     std::shared_lock<std::shared_mutex> lock(view_mu_);
     old_member = view_n_ > 0;
   }
+  const int old_n = md.scale_out_old_server_num();
+  if (!old_member && old_n > 0 && old_n < md.server_num() && md.rank_id() >= 0 && md.rank_id() < old_n &&
+      md.replicas() <= 1) {
+    // A member of the old membership restarted (from its --data_dir) while the scale-out
+    // ran: what it restored is its old range, and it moves what it no longer owns as the
+    // other old servers do (a copy they already received is overwritten with the same
+    // values: workers push nothing until READY).
+    {
+      std::unique_lock<std::shared_mutex> lock(view_mu_);
+      view_rank_ = md.rank_id();
+      view_n_ = old_n;
+      view_replicas_ = 1;
+    }
+    if (journal_) {
+      std::lock_guard<std::mutex> lock(journal_mu_);
+      restored_unconfirmed_.clear();
+    }
+    LOG(INFO) << "server " << options_.node_id << " restarted during a scale-out: serves its old key range "
+              << md.rank_id() << "/" << old_n << " and moves what it no longer owns";
+    old_member = true;
+  }
   if (!old_member) {
     // A new server: it receives entries (some may have arrived already); workers send
     // nothing until READY. Entries it restored from a journal of an earlier membership

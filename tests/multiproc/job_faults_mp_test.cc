@@ -240,13 +240,10 @@ TEST_CASE("during a scale-out: the scheduler SIGKILLed and restarted from --stat
   RunScaleFault(ScaleFault::kSchedulerKill);
 }
 
-// Known to fail (docs/reliability.md, "Fault matrix"): the restarted server registers
-// while the scale-out runs, takes itself for a server new to the job and drops the keys it
-// restored from its --data_dir; the keys it had not handed over yet are lost, a trainer's
-// pull fails ("pull of unknown key") and the job ends failed (exit 3). Reported, not
-// hidden: [!mayfail] runs it and shows the failure without failing the suite.
+// The restarted server registers while the scale-out runs; the metadata's old server count
+// tells it that it was a member before, so it moves its restored range as the others do.
 TEST_CASE("during a scale-out: a server SIGKILLed and restarted from --data_dir - the job ends as undisturbed",
-          "[multiproc][net][demo][scale][control][!mayfail]") {
+          "[multiproc][net][demo][scale][control]") {
   RunScaleFault(ScaleFault::kServerKill);
 }
 
