@@ -256,7 +256,7 @@ TEST_CASE("tls: frames and a 64 MiB payload and the token handshake run inside T
   CHECK(f2.payload == nullptr);
   REQUIRE(f3.payload != nullptr);
   CHECK(f3.payload->view() == big);
-  CHECK(OnLoop(server.loop, [&] { return server.transport->PeerIdentity(id1); }) == "worker-0");
+  CHECK(OnLoop(server.loop, [&, id = id1] { return server.transport->PeerIdentity(id); }) == "worker-0");
   // And back.
   OnLoop(server.loop, [&, id = id1] { REQUIRE(server.transport->Send(id, TestMeta(9), Buffer::FromString("pong")).ok()); });
   auto [cid, back] = client.WaitFrame(1);
