@@ -245,7 +245,7 @@ TEST_CASE("a scheduler on a shared loop stopped and destroyed with a write's wak
   stopper.join();
   sched.reset();
   destroyed = true;
-  held.get_future().wait();
+  REQUIRE(held.get_future().wait_for(10s) == std::future_status::ready);
   // The loop runs what is still queued, then stops cleanly.
   std::promise<void> after;
   REQUIRE(loop.Post([&] { after.set_value(); }));
