@@ -138,10 +138,12 @@ class ServerNode : public Node {
   void RefreshView();
   // Which keys this server serves: those whose range (ServerForKey(key, view_n_)) it is
   // the primary of (`as_primary`), or whose range's replica chain it is in (a forwarded
-  // push). With one replica both are ServerForKey(key, view_n_) == view_rank_. When
-  // `backups` is given, it gets the live replicas of the keys' ranges other than this one.
+  // push; also a range it held under the view before a scale's switch, until READY). With
+  // one replica both are ServerForKey(key, view_n_) == view_rank_. When `backups` is given,
+  // it gets the live replicas of the keys' ranges other than this one.
   Status CheckOwned(const uint64_t* keys, size_t n, bool as_primary = true,
                     std::vector<int>* backups = nullptr) const;  // view_mu_ held (shared)
+  bool HeldBeforeSwitch(uint64_t key) const;  // view_mu_ held (shared)
   // Switches the view to (rank, n) and ships the entries it no longer owns to
   // dest_rank(new owner) (a rank of the current metadata); done() once all are stored.
   void MoveKeys(int rank, int n, std::function<int(int)> dest_rank, std::function<void()> done);
@@ -234,6 +236,14 @@ class ServerNode : public Node {
   int view_replicas_ = 1;        // copies of each range (the metadata's replicas)
   std::vector<char> view_live_;  // by server rank: a live replica (the metadata's is_alive)
   std::vector<char> view_resyncing_;  // by server rank: being rebuilt (forwarded to, not read)
+  // With replicas: the view this server held before it switched for a scale, kept until
+  // the cluster is READY again (prev_view_n_ 0: none). A primary that has not switched yet
+  // applies a worker's push under that view and forwards it here: it is applied (the
+  // primary's migration sends its entries to the new chain after the forward, on the same
+  // link), so the push is acknowledged once, not refused and sent again under new ids.
+  int prev_view_rank_ = -1;
+  int prev_view_n_ = 0;
+  int prev_view_replicas_ = 1;
 
   // Resync state, both roles (resync_mu_; taken after view_mu_, before journal_mu_).
   std::mutex resync_mu_;

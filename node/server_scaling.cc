@@ -66,6 +66,10 @@ Status ServerNode::CheckOwned(const uint64_t* keys, size_t n, bool as_primary, s
     last_range = range;
     const int primary = core::PrimaryOf(range, view_n_, view_replicas_, view_live_);
     const bool ok = as_primary ? primary == view_rank_ : core::HoldsRange(view_rank_, range, view_n_, view_replicas_);
+    if (!ok && !as_primary && HeldBeforeSwitch(keys[i])) {
+      last_range = -1;  // the next key's range is another question under this view
+      continue;
+    }
     if (!ok) {
       // kAborted: nothing applied; the worker sends it again under newer metadata.
       return Status(Code::kAborted, "key " + std::to_string(keys[i]) + " is of range " + std::to_string(range) + "/" +
@@ -85,6 +89,11 @@ Status ServerNode::CheckOwned(const uint64_t* keys, size_t n, bool as_primary, s
     }
   }
   return Status::Ok();
+}
+
+bool ServerNode::HeldBeforeSwitch(uint64_t key) const {
+  if (prev_view_n_ <= 0 || prev_view_rank_ < 0 || prev_view_replicas_ <= 1) return false;
+  return core::HoldsRange(prev_view_rank_, core::ServerForKey(key, prev_view_n_), prev_view_n_, prev_view_replicas_);
 }
 
 void ServerNode::HandleMigrate(const DataRequest& req, Responder r) {
@@ -125,7 +134,10 @@ void ServerNode::RefreshView() {
   std::vector<std::pair<int, int>> fetches;
   {
     std::unique_lock<std::shared_mutex> lock(view_mu_);
-    changed = view_rank_ != rank || view_n_ != n || view_live_ != live || view_resyncing_ != resyncing;
+    // A scale's switch (prev_view_n_ set) counts: ranges held before it are dropped now.
+    changed = view_rank_ != rank || view_n_ != n || view_live_ != live || view_resyncing_ != resyncing ||
+              prev_view_n_ > 0;
+    prev_view_n_ = 0;  // READY under this view: no primary applies under an older one
     view_rank_ = rank;
     view_n_ = n;
     view_replicas_ = replicas;
@@ -275,6 +287,11 @@ void ServerNode::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, st
       old_n = view_n_;
       replicas = view_replicas_;
       old_live = view_live_;
+      if (replicas > 1 && old_n > 0) {
+        prev_view_rank_ = old_rank;
+        prev_view_n_ = old_n;
+        prev_view_replicas_ = replicas;
+      }
       view_rank_ = rank;
       view_n_ = n;
       if (replicas > 1) {

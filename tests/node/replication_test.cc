@@ -5,7 +5,8 @@
 // retry after a lost answer) is applied once on the primary and the backup; a server back
 // empty is rebuilt from its ranges' primaries while pushes go on, and its copy is complete;
 // a scale-out or scale-in fills each range's new chain, so a server lost after it loses
-// nothing.
+// nothing; a backup that switched views for a scale before its primary still applies the
+// primary's forwards, so each push is acknowledged and applied once.
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -70,6 +71,23 @@ class AnswerDroppingServer : public ServerNode {
     if (!push_window().Applied(id)) return;
     ++dropped;
     messenger().transport().Close(conn, Status(Code::kUnavailable, "test: answer dropped"));
+  }
+};
+
+// A server whose switch for a scale-in the test starts by itself, before the scheduler
+// announces any scale: it then holds the scale's view while its ranges' primaries still
+// serve the old one, as a server that learned of the scale first does.
+class EarlySwitchServer : public ServerNode {
+ public:
+  EarlySwitchServer(NodeOptions o, core::ParamStore::Options store) : ServerNode(std::move(o), store) {}
+  // Switches for a scale-in of `leaving`; false when the move did not end in the deadline.
+  bool SwitchForScaleIn(const std::vector<std::string>& leaving) {
+    pb::ScaleInMessage msg;
+    for (const std::string& id : leaving) msg.add_leaving_node_ids(id);
+    auto moved = std::make_shared<std::promise<void>>();
+    std::future<void> done = moved->get_future();
+    loop()->RunAndWait([this, &msg, moved] { OnScaleInStart(msg, [moved] { moved->set_value(); }); });
+    return done.wait_for(kDeadline) == std::future_status::ready;
   }
 };
 
@@ -225,6 +243,38 @@ TEST_CASE("a push whose answer was lost is sent again and applied once on the pr
   Result<PullResult> pulled = Await(c.worker->Pull({key}));
   REQUIRE(pulled.ok());
   CHECK(pulled->values == std::vector<float>(len, 1.0f));
+}
+
+TEST_CASE("a backup that switched for a scale before its primary applies the primary's forwards: each push once",
+          "[replication][scale][net]") {
+  // Range 1 of 3 is held by ranks 1 (primary) and 2 (backup). Rank 2, leaving in the
+  // scale-in, switches first; the primary, still on the old view, applies a worker's push
+  // and forwards it. Refused there, the push would be answered unavailable although the
+  // primary applied it, and the worker's re-send after the scale would apply it again.
+  ReplicatedCluster c(/*servers=*/3, /*replicas=*/2, [](NodeOptions o, int rank) -> std::unique_ptr<ServerNode> {
+    if (rank == 2) return std::make_unique<EarlySwitchServer>(std::move(o), SumStore());
+    return std::make_unique<ServerNode>(std::move(o), SumStore());
+  });
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; keys.size() < 8; ++k) {
+    if (core::ServerForKey(k, 3) == 1) keys.push_back(k);
+  }
+  auto& backup = static_cast<EarlySwitchServer&>(c.ByRank(2));
+  ServerNode& primary = c.ByRank(1);
+  const std::vector<float> ones(keys.size() * 4, 1.0f);
+  REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  REQUIRE(backup.SwitchForScaleIn({backup.options().node_id}));
+  // Before the worker's recovery_timeout (30 s): acknowledged, not retried until it gives up.
+  for (int i = 0; i < 2; ++i) REQUIRE(Await(c.worker->Push(keys, ones), 20s).ok());
+  for (uint64_t k : keys) {
+    INFO("key " << k);
+    CHECK(Stored(primary, k) == std::vector<float>(4, 3.0f));
+    CHECK(Stored(backup, k) == std::vector<float>(4, 3.0f));
+  }
+  CHECK(primary.repeated_pushes() == 0);
+  Result<PullResult> pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(keys.size() * 4, 3.0f));
 }
 
 namespace {
