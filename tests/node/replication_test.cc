@@ -7,6 +7,7 @@
 // a scale-out or scale-in fills each range's new chain, so a server lost after it loses
 // nothing; a backup that switched views for a scale before its primary still applies the
 // primary's forwards, so each push is acknowledged and applied once.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -385,6 +386,22 @@ void CheckChains(ReplicatedCluster& c, const std::vector<uint64_t>& keys, int n,
       CHECK(Stored(c.ByRank(rank), k) == std::vector<float>(len, sum));
     }
   }
+  // Once READY under the new view (each server applies it on its own loop), a server out of
+  // a key's chain drops its copy.
+  auto held_elsewhere = [&] {
+    for (uint64_t k : keys) {
+      const std::vector<int> chain = core::ReplicaChain(core::ServerForKey(k, n), n, 2);
+      for (int rank = 0; rank < n; ++rank) {
+        if (std::find(chain.begin(), chain.end(), rank) == chain.end() && !Stored(c.ByRank(rank), k).empty()) {
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  const auto until = std::chrono::steady_clock::now() + kDeadline;
+  while (held_elsewhere() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  CHECK_FALSE(held_elsewhere());
 }
 
 }  // namespace
