@@ -31,7 +31,8 @@ namespace pscore::core {
 struct PushId {
   std::string writer;
   uint64_t incarnation = 0;
-  uint64_t seq = 0;  // >= 1
+  uint64_t seq = 0;         // >= 1
+  uint64_t origin_seq = 0;  // the part it was split from (wire PushId.origin_seq); 0: none
 };
 
 // "writer/incarnation/seq", for messages.

@@ -51,6 +51,11 @@ ServerNode::ServerNode(NodeOptions options, core::ParamStore::Options store, com
   RegisterHandler(kReplicateHandler, [this](const DataRequest& req, Responder r) { HandlePush(req, r, true); });
   RegisterHandler(kPullHandler, [this](const DataRequest& req, Responder r) { HandlePull(req, r); });
   RegisterHandler(kMigrateHandler, [this](const DataRequest& req, Responder r) { HandleMigrate(req, r); });
+  RegisterHandler(kMigrateWindowHandler, [this](const DataRequest& req, Responder r) {
+    const std::string_view bytes = req.payload ? std::string_view(req.payload->data(), req.payload->size()) : "";
+    Status st = dedup_.Merge(bytes);
+    st.ok() ? r.Reply(nullptr) : r.Fail(st);
+  });
   RegisterHandler(kResyncHandler, [this](const DataRequest& req, Responder r) { HandleResyncFetch(req, r); });
 }
 
@@ -285,7 +290,8 @@ void ServerNode::Dispatch(ConnId conn, Frame&& frame) {
   }
   DataRequest req{meta.role(), meta.rank_id(), meta.user_cmd(), meta.handler(), std::move(frame.payload), {}};
   if (meta.has_push_id()) {
-    req.push_id = core::PushId{meta.push_id().writer(), meta.push_id().incarnation(), meta.push_id().seq()};
+    req.push_id = core::PushId{meta.push_id().writer(), meta.push_id().incarnation(), meta.push_id().seq(),
+                               meta.push_id().origin_seq()};
   }
   Responder r = MakeResponder(conn, meta);
   if (!executor_) return (*handler)(req, r);

@@ -57,6 +57,8 @@ using DataHandler = std::function<void(const DataRequest&, Responder)>;
 inline constexpr char kPushHandler[] = "pscore.push";
 inline constexpr char kPullHandler[] = "pscore.pull";
 inline constexpr char kMigrateHandler[] = "pscore.migrate";  // server to server, during scaling
+// During scaling, with the entries: the sender's push-id window, merged by the receiver.
+inline constexpr char kMigrateWindowHandler[] = "pscore.migrate_window";
 // A push forwarded by its range's primary to a backup (same payload and push id).
 inline constexpr char kReplicateHandler[] = "pscore.replicate";
 // A resyncing server fetches a chunk of a range's snapshot from the range's primary.
@@ -149,6 +151,9 @@ class ServerNode : public Node {
   void MoveKeys(int rank, int n, std::function<int(int)> dest_rank, std::function<void()> done);
   void SendEntries(std::vector<std::pair<uint64_t, std::vector<float>>> entries, std::function<int(int)> dest_rank,
                    int n, std::function<void()> done);
+  // Sends `window` (PushDedup::Encode) to each of `ranks` (kMigrateWindowHandler); done()
+  // once every one merged it. Loop thread.
+  void SendWindow(BufferPtr window, const std::set<int>& ranks, std::function<void()> done);
   Responder MakeResponder(comm::ConnId conn, const pb::MessageMeta& meta);
   // A built-in push of at most 16 KiB (not journaled), or a pull asking for at most 16 KiB
   // of values or for at most 16 keys answered without a copy (>= core::kZeroCopyBytes each

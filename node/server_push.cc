@@ -80,7 +80,8 @@ void ServerNode::CommitStreamedPush(ConnId conn, Frame&& frame) {
   std::unique_ptr<core::ParamStore::PushStream> stream = std::move(tail->stream());
   std::optional<core::PushId> id;
   if (frame.meta.has_push_id()) {
-    id = core::PushId{frame.meta.push_id().writer(), frame.meta.push_id().incarnation(), frame.meta.push_id().seq()};
+    id = core::PushId{frame.meta.push_id().writer(), frame.meta.push_id().incarnation(), frame.meta.push_id().seq(),
+                      frame.meta.push_id().origin_seq()};
   }
   Status st;
   {
@@ -206,6 +207,7 @@ std::function<void(const Status&)> ServerNode::Replicate(const DataRequest& req,
           id->set_writer(req.push_id->writer);
           id->set_incarnation(req.push_id->incarnation);
           id->set_seq(req.push_id->seq);
+          id->set_origin_seq(req.push_id->origin_seq);
         }
         messenger().Call(*c, meta, req.payload, options_.request_timeout,
                          [answered](Result<Frame> res) { answered(res.status()); });
@@ -221,9 +223,23 @@ std::optional<Status> ServerNode::ClaimPush(const core::PushId& id) {
     return Status(Code::kInvalidArgument, "push id '" + id.writer.substr(0, 64) + "' seq " + std::to_string(id.seq) +
                                               ": a writer of 1 to 256 bytes and a seq >= 1 are required");
   }
+  if (id.origin_seq >= id.seq) {
+    return Status(Code::kInvalidArgument, "push " + core::ToString(id) + ": origin seq " +
+                                              std::to_string(id.origin_seq) + " is not below the seq");
+  }
+  // Split from a part this server (or the one whose entries and window it received in a
+  // scale) applied: its values are in the store already. Marked applied under its own id
+  // too, so a part split from it later is recognised as well.
+  const bool origin_applied =
+      id.origin_seq != 0 && dedup_.Applied(core::PushId{id.writer, id.incarnation, id.origin_seq});
   switch (dedup_.Begin(id)) {
     case core::PushDedup::Verdict::kApply:
-      return std::nullopt;
+      if (!origin_applied) return std::nullopt;
+      dedup_.End(id, /*applied=*/true);
+      repeated_pushes_.fetch_add(1, std::memory_order_relaxed);
+      VLOG(1) << "server " << options_.node_id << ": push " << core::ToString(id) << " is part of push seq "
+              << id.origin_seq << ", applied before; acknowledged";
+      return Status::Ok();
     case core::PushDedup::Verdict::kApplied:
       repeated_pushes_.fetch_add(1, std::memory_order_relaxed);
       VLOG(1) << "server " << options_.node_id << ": push " << core::ToString(id) << " applied before; acknowledged";

@@ -319,18 +319,31 @@ void ServerNode::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, st
         }
       }
     }
+    // The push-id window as it is after the switch (every push applied under the old view
+    // is in it), for the new owners of the entries: a part split from a push whose answer
+    // was lost is then acknowledged there without being applied again.
+    const std::string window_bytes = dedup_.Encode();
+    BufferPtr window = Buffer::Allocate(window_bytes.size());
+    std::copy(window_bytes.begin(), window_bytes.end(), window->data());
+    std::set<int> window_to;
+    for (size_t position = 0; position < passes.size(); ++position) {
+      for (const auto& entry : passes[position]) {
+        window_to.insert(dest_rank((core::ServerForKey(entry.first, n) + static_cast<int>(position)) % n));
+      }
+    }
     size_t moving = 0;
     for (const auto& pass : passes) moving += pass.size();
     LOG(INFO) << "server " << options_.node_id << " now rank " << rank << " of " << n << "; moving " << moving
               << (replicas > 1 ? " copies of keys to their new replicas" : " keys");
     std::weak_ptr<ServerNode*> weak = alive_;
-    loop()->Run([this, weak, passes = std::move(passes), dest_rank, n, done]() mutable {
+    loop()->Run([this, weak, passes = std::move(passes), window, window_to, dest_rank, n, done]() mutable {
       if (!weak.lock()) return;
-      // done() once every pass has stored its entries.
-      auto left = std::make_shared<std::atomic<size_t>>(passes.size());
+      // done() once every pass has stored its entries and every new owner merged the window.
+      auto left = std::make_shared<std::atomic<size_t>>(passes.size() + 1);
       auto one_done = [left, done] {
         if (--*left == 0) done();
       };
+      SendWindow(window, window_to, one_done);
       for (size_t position = 0; position < passes.size(); ++position) {
         const int p = static_cast<int>(position);
         auto dest = [dest_rank, p, n](int range) { return dest_rank((range + p) % n); };
@@ -343,6 +356,31 @@ void ServerNode::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, st
     executor_->Submit(0, std::move(work));
   } else {
     work();
+  }
+}
+
+void ServerNode::SendWindow(BufferPtr window, const std::set<int>& ranks, std::function<void()> done) {
+  DCHECK(loop()->InLoopThread());
+  if (ranks.empty()) return done();
+  auto left = std::make_shared<std::atomic<size_t>>(ranks.size());
+  auto failed = std::make_shared<std::atomic<bool>>(false);
+  for (int dest : ranks) {
+    WithServerConn(dest, [this, window, left, failed, done, dest](Result<ConnId> c) {
+      auto finish = [left, failed, done, this, dest](const Status& st) {
+        if (!st.ok()) {
+          // As with the entries: the scale cannot complete; its timeout rolls it back.
+          LOG(ERROR) << "server " << options_.node_id << ": sending the push-id window to rank " << dest
+                     << " failed: " << st;
+          failed->store(true);
+        }
+        if (--*left == 0 && !failed->load()) done();
+      };
+      if (!c.ok()) return finish(c.status());
+      pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::SERVER, rank());
+      meta.set_handler(kMigrateWindowHandler);
+      messenger().Call(*c, meta, window, options_.request_timeout,
+                       [finish](Result<Frame> r) { finish(r.status()); });
+    });
   }
 }
 

@@ -361,6 +361,7 @@ struct WorkerNode::KvPart {
   std::string addr;             // the server it was sent to
   Status lost;                  // set when that server's link died before the answer
   uint64_t push_seq = 0;        // push: its id's seq once sent (kept when sent again)
+  uint64_t origin_seq = 0;      // push: the sent part it was split from (PushId.origin_seq)
   TimePoint sent_at{};          // its last send
   TimePoint lost_since{};       // the send that first met its server lost (retried until recovery_timeout)
   int attempts = 0;             // sends since then
@@ -370,6 +371,8 @@ struct WorkerNode::KvPart {
   // yet, but the same recovery clock (a loss is not forgotten by re-splitting).
   KvPart Successor() const {
     KvPart p;
+    // A part split again after a scale: if this one was sent, a server may have applied it.
+    p.origin_seq = push_seq != 0 ? push_seq : origin_seq;
     p.lost_since = lost_since;
     p.attempts = attempts;
     p.lost_server = lost_server;
@@ -723,6 +726,7 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
     id->set_writer(options_.node_id);
     id->set_incarnation(push_incarnation_);
     id->set_seq(part.push_seq);
+    if (part.origin_seq != 0) id->set_origin_seq(part.origin_seq);
   }
   // A part sent again while its server is lost ends at its recovery deadline even when
   // the send is still under way then (a dial alone may take connect_timeout), unless the

@@ -1,7 +1,9 @@
 // Workers ride through a lost server link: a push whose answer never came is sent again
 // with the same push id and applied once (by the same server, or by one restarted from its
 // data_dir, whose journal kept the id), and a part whose server stays away fails after
-// recovery_timeout with a status naming the server and the tries.
+// recovery_timeout with a status naming the server and the tries; a push whose answer was
+// lost while a scale-out began is split for the new server count and still applied once
+// (its parts name it as their origin; the new owner received its window with the entries).
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -10,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/key_range.h"
 #include "multiproc/process.h"  // TempDir
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
@@ -122,12 +125,74 @@ class Cluster {
     return r->values[0];
   }
 
+  SchedulerNode& sched() { return *sched_; }
+
   std::vector<std::unique_ptr<ServerNode>> servers;
   std::unique_ptr<WorkerNode> worker;
 
  private:
   std::unique_ptr<SchedulerNode> sched_;
 };
+
+// A server that keeps the first built-in push it gets unserved until Release: then (on its
+// loop) it serves it and closes the link once the push is applied, before its answer is
+// written. The test starts a scale in between, so the worker sends the push again only
+// after the scale, split for the new server count.
+class HeldPushServer : public ServerNode {
+ public:
+  HeldPushServer(NodeOptions o, core::ParamStore::Options store) : ServerNode(std::move(o), store) {}
+  std::atomic<bool> holding{false};
+  std::atomic<bool> dropped{false};
+
+  void Release() {
+    loop()->Run([this] {
+      const core::PushId id{held_.meta.push_id().writer(), held_.meta.push_id().incarnation(),
+                            held_.meta.push_id().seq()};
+      ServerNode::OnPeerRequest(held_conn_, std::move(held_));
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      while (!push_window().Applied(id) && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(1ms);
+      }
+      if (!push_window().Applied(id)) return;
+      messenger().transport().Close(held_conn_, Status(Code::kUnavailable, "test: answer dropped"));
+      dropped = true;
+    });
+  }
+
+ protected:
+  void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame) override {
+    const bool push = frame.meta.cmd() == pb::SEND_DATA && frame.meta.handler() == kPushHandler;
+    if (!push || taken_) return ServerNode::OnPeerRequest(conn, std::move(frame));
+    taken_ = true;
+    held_conn_ = conn;
+    held_ = std::move(frame);
+    holding = true;
+  }
+
+ private:
+  bool taken_ = false;  // loop thread
+  comm::ConnId held_conn_ = 0;
+  comm::Frame held_;
+};
+
+// Runs an admin operation on the scheduler's loop; its answer, or kTimeout after kDeadline.
+Status Admin(SchedulerNode& s, pb::AdminRequest req) {
+  auto p = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = p->get_future();
+  s.loop()->Post([&s, req, p] { s.Admin(req, [p](Status st, pb::AdminResponse) { p->set_value(st); }); });
+  if (f.wait_for(kDeadline) != std::future_status::ready) return Status(Code::kTimeout, "admin not answered");
+  return f.get();
+}
+
+template <typename Pred>
+bool WaitFor(Pred pred) {
+  const auto until = std::chrono::steady_clock::now() + kDeadline;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
 
 TEST_CASE("a push whose answer was lost with its link is sent again and applied once", "[node][net][retry]") {
   Cluster c;
@@ -222,6 +287,51 @@ TEST_CASE("a dial to a server's old address ends when it restarts elsewhere - th
   INFO("push: " << st);
   REQUIRE(st.ok());
   CHECK(c.Value(1) == 2.0f);  // the restart kept nothing (no data_dir); the push reached it
+}
+
+TEST_CASE("a push whose answer was lost as a scale-out began is split for the new server count and applied once",
+          "[node][net][retry][scale]") {
+  Cluster c;
+  auto* s0 = new HeldPushServer(c.Opts("s0"), SumStore());
+  c.servers.emplace_back(s0);
+  REQUIRE(s0->Start().ok());
+  c.StartWorker(/*recovery_timeout=*/20s);
+  // One key of each server's range once there are two.
+  std::vector<uint64_t> keys;
+  for (int want = 0; want < 2; ++want) {
+    uint64_t k = 1;
+    while (core::ServerForKey(k, 2) != want) k += uint64_t{1} << 58;
+    keys.push_back(k);
+  }
+  std::vector<float> ones(2 * kFloats, 1.0f);
+  std::future<Status> pushed = c.worker->Push(keys, ones);
+  REQUIRE(WaitFor([&] { return s0->holding.load(); }));
+  pb::AdminRequest out;
+  out.set_op("scale_out");
+  out.set_worker_num(1);
+  out.set_server_num(2);
+  REQUIRE(Admin(c.sched(), out).ok());
+  REQUIRE(WaitFor([&] { return c.worker->cluster_state() == pb::CLUSTER_SCALE_OUT; }));
+  // Applied under the one-server view, its answer lost: the worker holds it for the scale.
+  s0->Release();
+  REQUIRE(WaitFor([&] { return s0->dropped.load(); }));
+  c.servers.push_back(std::make_unique<ServerNode>(c.Opts("s1"), SumStore()));
+  REQUIRE(c.servers.back()->Start().ok());
+  Status st = Await(std::move(pushed));
+  INFO("push: " << st);
+  REQUIRE(st.ok());
+  REQUIRE(c.worker->server_count() == 2);
+  // Sent again as two parts, one per server, each naming the lost part as its origin: the
+  // old owner and the new one (which received the window with the moved entry) both
+  // acknowledge without applying.
+  Result<PullResult> pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(2 * kFloats, 1.0f));
+  CHECK(s0->repeated_pushes() + c.servers.back()->repeated_pushes() == 2);
+  REQUIRE(Await(c.worker->Push(keys, ones)).ok());  // a new push is applied as usual
+  pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(2 * kFloats, 2.0f));
 }
 
 }  // namespace
