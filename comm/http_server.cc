@@ -543,6 +543,18 @@ Status HttpServer::SendChunk(HttpConnId id, std::shared_ptr<const std::string> d
   return Write(c, size, std::move(data), "\r\n");
 }
 
+Status HttpServer::EndStream(HttpConnId id) {
+  DCHECK(loop_->InLoopThread());
+  Conn* c = Find(id);
+  if (c == nullptr) return Status(Code::kNotFound, "http connection " + std::to_string(id) + " is closed");
+  if (!c->streaming) return Status(Code::kFailedPrecondition, "connection is not streaming");
+  if (c->close_after_write) return Status::Ok();  // already ending
+  c->close_after_write = true;
+  PSCORE_RETURN_IF_ERROR(Write(c, "0\r\n\r\n", nullptr, ""));
+  if (c->queued == 0 && !c->closing) CloseConn(c);
+  return Status::Ok();
+}
+
 void HttpServer::Fail(Conn* c, int status, const std::string& why) {
   ++stats_.bad_requests;
   VLOG(1) << "http: conn " << c->id << " " << status << " " << why;

@@ -81,6 +81,9 @@ class HttpServer {
   Status StartStream(HttpConnId id, int status, const std::string& content_type);
   // One chunk; `data` is shared, not copied (many streams may send the same bytes).
   Status SendChunk(HttpConnId id, std::shared_ptr<const std::string> data);
+  // Ends a stream: its last (empty) chunk, then the connection closes once the queued
+  // output is written.
+  Status EndStream(HttpConnId id);
   void Close(HttpConnId id);
   // fn runs once when the connection closes (at once if it is already closed).
   void WatchClose(HttpConnId id, std::function<void()> fn);

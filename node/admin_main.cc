@@ -41,7 +41,8 @@ constexpr const char* kUsageText =
     "  reset ID... | --node_ids=a,b    clear members' error state so they may register again\n"
     "  kv get KEY | kv set KEY VALUE | kv ls DIR | kv rm KEY\n"
     "  barriers                        barrier rounds kept by the scheduler\n"
-    "  watch-ranktable [--job_id=ID] [--reconnect_ms=MS]   print every rank table the scheduler publishes\n"
+    "  watch-ranktable [--job_id=ID] [--reconnect_ms=MS] [--publisher]   print every rank table the scheduler\n"
+    "                                  publishes (--publisher: as the job's registered publisher)\n"
     "Scheduler: --scheduler_host/--scheduler_port (or PSCORE_SCHEDULER_HOST/PORT).\n"
     "Exit codes: 0 done, 1 refused or failed, 2 bad usage, 3 scheduler unreachable.";
 
@@ -299,11 +300,18 @@ int WatchRankTable(const node::CommandLine& cl) {
         why = st;
         cv.notify_all();
       });
-  Status st = sub.Start();
-  if (!st.ok()) {
+  auto refused = [](const Status& st) {
     bool unreachable = st.code() == Code::kUnavailable || st.code() == Code::kTimeout;
     return Fail(unreachable ? kUnreachable : kRefused, "watch-ranktable: " + st.ToString());
+  };
+  if (cl.admin.publisher) {
+    Result<uint64_t> reg = sub.Register();
+    if (!reg.ok()) return refused(reg.status());
+    std::cerr << "pscore-admin: registered as the publisher of job '" << o.job_id << "': registration " << *reg
+              << std::endl;
   }
+  Status st = sub.Start();
+  if (!st.ok()) return refused(st);
   std::unique_lock<std::mutex> lock(mu);
   uint64_t lost = 0, regained = 0;
   while (!closed && g_signal == 0) {
@@ -321,7 +329,9 @@ int WatchRankTable(const node::CommandLine& cl) {
   lock.unlock();
   sub.Stop();
   if (closed) std::cerr << "pscore-admin: rank table stream ended (" << why << ")" << std::endl;
-  return kOk;
+  // A later registration of the job superseded this publisher's, or a restart forgot it.
+  const bool ended = why.code() == Code::kAborted || why.code() == Code::kNotFound;
+  return cl.admin.publisher && closed && ended ? kRefused : kOk;
 }
 
 // reset: clears the error state of the named members (docs/coordination.md, Incarnations).
@@ -356,6 +366,7 @@ int Run(const node::CommandLine& cl, const std::vector<std::string>& args) {
   if (!totals && cl.admin.workers != -1) return Fail(kUsage, cmd + ": --workers does not apply (scale-out, scale-in)");
   if (!totals && cl.admin.servers != -1) return Fail(kUsage, cmd + ": --servers does not apply (scale-out, scale-in)");
   if (!ids && !cl.admin.node_ids.empty()) return Fail(kUsage, cmd + ": --node_ids does not apply (scale-in, reset)");
+  if (cmd != "watch-ranktable" && cl.admin.publisher) return Fail(kUsage, cmd + ": --publisher does not apply (watch-ranktable)");
   if (cmd == "watch-ranktable") return WatchRankTable(cl);
 
   node::AdminClientOptions o;

@@ -106,6 +106,9 @@ DEFINE_int64(wait_timeout_ms, 120000, "pscore-admin --wait: how long to wait for
 DEFINE_int64(reconnect_ms, 0,
              "pscore-admin watch-ranktable: after the stream breaks, subscribe again for up to this long "
              "(follows a scheduler restart; 0: end with the stream).");
+DEFINE_bool(publisher, false,
+            "pscore-admin watch-ranktable: register as the job's rank-table publisher first and follow the "
+            "table under that registration (the job's next registration ends it, exit 1).");
 
 DECLARE_bool(help);
 
@@ -117,7 +120,8 @@ namespace {
 // few that find and authenticate to the scheduler. --help lists only the program's flags
 // and any other flag of this file is refused as unknown.
 const std::set<std::string> kAdminOnly = {"workers", "servers",         "node_ids",    "json",
-                                          "timeout_ms", "wait", "wait_timeout_ms", "reconnect_ms"};
+                                          "timeout_ms", "wait", "wait_timeout_ms", "reconnect_ms",
+                                          "publisher"};
 // --launcher belongs to pscore-node and pscore-train (kNode, kTrain): not in kAdminShared.
 const std::set<std::string> kAdminShared = {"scheduler_host", "scheduler_port", "cluster_token_file", "job_id",
                                             "max_message_bytes", "tls_cert", "tls_key", "tls_ca"};
@@ -470,6 +474,7 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program progr
   cl.admin.wait = FLAGS_wait;
   cl.admin.wait_timeout_ms = FLAGS_wait_timeout_ms;
   cl.admin.reconnect_ms = FLAGS_reconnect_ms;
+  cl.admin.publisher = FLAGS_publisher;
   return cl;
 }
 

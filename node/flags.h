@@ -30,6 +30,7 @@ struct AdminFlags {
   bool wait = true;
   int64_t wait_timeout_ms = 120000;
   int64_t reconnect_ms = 0;  // watch-ranktable: how long to keep subscribing again
+  bool publisher = false;    // watch-ranktable: register as the job's publisher first
 };
 
 struct CommandLine {

@@ -47,6 +47,14 @@ void RankTableHub::InstallOnLoop() {
     }
     OnSubscribe(conn, std::move(frame));
   });
+  sched_->SetCommandHandler(pb::REGISTER_RANKTABLE, [this, alive, sched](comm::ConnId conn, comm::Frame&& frame) {
+    if (alive.expired()) {
+      sched->messenger().Reply(conn, frame.meta, Status(Code::kUnavailable, "rank-table service stopped"))
+          .IgnoreError();
+      return;
+    }
+    OnRegister(conn, std::move(frame));
+  });
   sched_->AddEventListener([this, alive](const core::Event&) {
     if (!alive.expired()) RebuildSoon();
   });
@@ -87,8 +95,67 @@ void RankTableHub::Stop() {
 
 Status RankTableHub::CheckJob(const std::string& job_id) const {
   if (job_id.empty() || job_id == this->job_id()) return Status::Ok();
+  if (job_id.size() > kMaxRankTableJobIdBytes) {
+    return Status(Code::kInvalidArgument, "jobId of " + std::to_string(job_id.size()) + " bytes (at most " +
+                                              std::to_string(kMaxRankTableJobIdBytes) + ")");
+  }
   return Status(Code::kNotFound, "unknown jobId '" + job_id + "': this scheduler serves job '" +
                                      this->job_id() + "'");
+}
+
+Result<pb::RankTableRegistration> RankTableHub::Register(const std::string& job_id, const std::string& role) {
+  DCHECK(sched_->loop()->InLoopThread());
+  if (job_id.empty()) return Status(Code::kInvalidArgument, "a rank-table registration needs a jobId");
+  PSCORE_RETURN_IF_ERROR(CheckJob(job_id));
+  if (role.size() > kMaxRankTableRoleBytes) {
+    return Status(Code::kInvalidArgument, "role of " + std::to_string(role.size()) + " bytes (at most " +
+                                              std::to_string(kMaxRankTableRoleBytes) + ")");
+  }
+  const uint64_t previous = registration_;
+  registration_ = next_registration_++;
+  const std::string previous_role = std::move(registration_role_);
+  registration_role_ = role;
+  ++stats_.registrations;
+  LOG(INFO) << "rank table: job '" << job_id << "' registered its publisher (role '" << role << "'): registration "
+            << registration_;
+  if (previous != 0) {
+    const Status why(Code::kAborted, "rank-table registration " + std::to_string(previous) + " of job '" + job_id +
+                                         "' (role '" + previous_role + "') was superseded by registration " +
+                                         std::to_string(registration_) + " (role '" + role + "')");
+    std::vector<uint64_t> ended;
+    for (auto& [id, sub] : subs_) {
+      if (sub.sink.registration != 0 && sub.sink.registration != registration_) ended.push_back(id);
+    }
+    for (uint64_t id : ended) {
+      Sink sink = std::move(subs_[id].sink);
+      RemoveSubscriber(id);
+      ++stats_.superseded;
+      LOG(INFO) << "rank table: ending subscriber " << id << " (" << sink.label << "): " << why.message();
+      if (sink.end) sink.end(why);
+      else sink.drop(why);
+    }
+  }
+  pb::RankTableRegistration out;
+  out.set_jobid(this->job_id());
+  out.set_role(role);
+  out.set_registration(registration_);
+  return out;
+}
+
+Status RankTableHub::CheckSubscription(const std::string& job_id, uint64_t registration) const {
+  PSCORE_RETURN_IF_ERROR(CheckJob(job_id));
+  if (registration == 0 || registration == registration_) return Status::Ok();
+  const std::string job = "job '" + this->job_id() + "'";
+  if (registration_ == 0) {
+    return Status(Code::kNotFound, job + " is not registered (no publisher registration since the scheduler "
+                                         "started), so it has no registration " + std::to_string(registration));
+  }
+  if (registration < registration_) {
+    return Status(Code::kAborted, "rank-table registration " + std::to_string(registration) + " of " + job +
+                                      " was superseded by registration " + std::to_string(registration_));
+  }
+  return Status(Code::kNotFound, job + " has no registration " + std::to_string(registration) +
+                                     " (its registration is " + std::to_string(registration_) + ")");
 }
 
 // Publishes complete tables only (the cluster READY: every member registered with its
@@ -193,23 +260,19 @@ void RankTableHub::CheckCongested() {
   }
 }
 
-namespace {
-constexpr size_t kMaxRoleLabelBytes = 256;
-}  // namespace
-
 void RankTableHub::OnSubscribe(comm::ConnId conn, comm::Frame&& frame) {
   comm::Messenger& m = sched_->messenger();
   pb::ClientInfo info;
   Status st = ParsePayload(frame, &info);
-  if (st.ok()) st = CheckJob(info.jobid());
+  if (st.ok()) st = CheckSubscription(info.jobid(), info.registration());
   // One stream per connection, and a role that is a label: each subscription keeps a sink
   // and gets every table, so one connection repeating SUBSCRIBE must not multiply them.
   if (st.ok() && native_conns_.count(conn) != 0) {
     st = Status(Code::kAlreadyExists, "this connection already subscribes to the rank table");
   }
-  if (st.ok() && info.role().size() > kMaxRoleLabelBytes) {
+  if (st.ok() && info.role().size() > kMaxRankTableRoleBytes) {
     st = Status(Code::kInvalidArgument, "role of " + std::to_string(info.role().size()) + " bytes (at most " +
-                                            std::to_string(kMaxRoleLabelBytes) + ")");
+                                            std::to_string(kMaxRankTableRoleBytes) + ")");
   }
   if (!st.ok()) {
     ++stats_.refused;
@@ -226,7 +289,16 @@ void RankTableHub::OnSubscribe(comm::ConnId conn, comm::Frame&& frame) {
   sink.send = [&m, conn](const RankTableSnapshot& snap) {
     return m.Notify(conn, MakeMeta(pb::RANKTABLE_STREAM, pb::SCHEDULER, 0), snap.native);
   };
+  sink.registration = info.registration();
   sink.drop = [t, conn](const Status& why) { t->Close(conn, why); };
+  // The final push carries the status (MessageMeta.status_code, error) and no table.
+  sink.end = [&m, t, conn](const Status& why) {
+    pb::MessageMeta meta = MakeMeta(pb::RANKTABLE_STREAM, pb::SCHEDULER, 0);
+    meta.set_status_code(static_cast<int32_t>(why.code()));
+    meta.set_error(why.message());
+    m.Notify(conn, std::move(meta), nullptr).IgnoreError();
+    t->CloseAfterFlush(conn, why);
+  };
   uint64_t id = AddSubscriber(std::move(sink));
   native_conns_.insert(conn);
   std::weak_ptr<bool> alive = alive_;
@@ -235,6 +307,25 @@ void RankTableHub::OnSubscribe(comm::ConnId conn, comm::Frame&& frame) {
     native_conns_.erase(conn);
     RemoveSubscriber(id);
   });
+}
+
+}  // namespace pscore::node
+
+namespace pscore::node {
+
+void RankTableHub::OnRegister(comm::ConnId conn, comm::Frame&& frame) {
+  comm::Messenger& m = sched_->messenger();
+  pb::ClientInfo info;
+  Status st = ParsePayload(frame, &info);
+  Result<pb::RankTableRegistration> reg = st.ok() ? Register(info.jobid(), info.role()) : Result<pb::RankTableRegistration>(st);
+  if (!reg.ok()) {
+    ++stats_.refused;
+    LOG(WARNING) << "rank table: refused registration from " << m.transport().PeerAddress(conn) << ": "
+                 << reg.status();
+    m.Reply(conn, frame.meta, reg.status()).IgnoreError();
+    return;
+  }
+  m.Reply(conn, frame.meta, *reg).IgnoreError();
 }
 
 }  // namespace pscore::node

@@ -45,6 +45,35 @@ Status RankTableSubscriber::Start() {
   return done.get();
 }
 
+Result<uint64_t> RankTableSubscriber::Register() {
+  if (owned_loop_ && !owned_loop_->running()) PSCORE_RETURN_IF_ERROR(owned_loop_->Start());
+  auto result = std::make_shared<std::promise<Result<uint64_t>>>();
+  std::future<Result<uint64_t>> done = result->get_future();
+  bool queued = loop_->Run([this, result] {
+    comm::ConnectOptions co;
+    co.timeout = options_.timeout;
+    messenger_->transport().Connect(options_.host, options_.port, co, [this, result](Result<comm::ConnId> c) {
+      if (!c.ok()) return result->set_value(c.status());
+      pb::ClientInfo info;
+      info.set_jobid(options_.job_id);
+      info.set_role(options_.role);
+      const comm::ConnId conn = *c;
+      messenger_->Call(conn, MakeMeta(pb::REGISTER_RANKTABLE, pb::ADMIN_CLIENT, 0), ToBuffer(info),
+                       options_.timeout, [this, conn, result](Result<comm::Frame> r) {
+                         messenger_->transport().Close(conn, Status::Ok());  // not conn_: no OnLost
+                         if (!r.ok()) return result->set_value(r.status());
+                         pb::RankTableRegistration reg;
+                         Status st = ParsePayload(*r, &reg);
+                         if (!st.ok()) return result->set_value(st);
+                         options_.registration = reg.registration();
+                         result->set_value(reg.registration());
+                       });
+    });
+  });
+  if (!queued) return Status(Code::kCancelled, "rank table subscriber stopped");
+  return done.get();
+}
+
 void RankTableSubscriber::Subscribe(std::function<void(Status)> done) {
   comm::ConnectOptions co;
   co.timeout = options_.timeout;
@@ -53,6 +82,7 @@ void RankTableSubscriber::Subscribe(std::function<void(Status)> done) {
     pb::ClientInfo info;
     info.set_jobid(options_.job_id);
     info.set_role(options_.role);
+    info.set_registration(options_.registration);
     const comm::ConnId conn = *c;
     messenger_->Call(conn, MakeMeta(pb::SUBSCRIBE_RANKTABLE, pb::ADMIN_CLIENT, 0), ToBuffer(info), options_.timeout,
                      [this, conn, done](Result<comm::Frame> r) {
@@ -97,7 +127,9 @@ void RankTableSubscriber::RetryLater(const Status& last) {
         LOG(INFO) << "rank-table subscriber: subscribed again";
         return;
       }
-      if (st.code() == Code::kNotFound) {  // a scheduler that does not run this job
+      // A scheduler that does not run this job (or no longer has the registration), or a
+      // registration superseded meanwhile: subscribing again cannot help.
+      if (st.code() == Code::kNotFound || st.code() == Code::kAborted) {
         if (on_close_) on_close_(st);
         return;
       }
@@ -120,6 +152,15 @@ void RankTableSubscriber::Stop() {
 void RankTableSubscriber::OnFrame(comm::ConnId conn, comm::Frame&& frame) {
   if (frame.meta.cmd() != pb::RANKTABLE_STREAM) {
     VLOG(1) << "rank-table subscriber: ignored " << pb::NodeCommand_Name(frame.meta.cmd());
+    return;
+  }
+  if (Status end = comm::StatusOf(frame.meta); !end.ok()) {
+    // The stream's final push: why the scheduler ended it (a later registration of the job).
+    if (conn != conn_) return;
+    LOG(WARNING) << "rank-table subscriber: stream ended: " << end;
+    conn_ = comm::kNoConn;  // so its close is not a loss to recover from
+    messenger_->transport().Close(conn, end);
+    if (!stopped_ && on_close_) on_close_(end);
     return;
   }
   pb::RankTableStream msg;

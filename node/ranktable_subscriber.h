@@ -6,6 +6,9 @@
 // restarted scheduler's current table comes first, and may equal the last one seen);
 // on_close runs only when it gives up, or at once for an unknown jobId. Callbacks run on
 // the loop thread. Start/Stop from any thread but the loop's; owned by its user.
+// Register() makes the job's publisher registration (REGISTER_RANKTABLE) and binds the
+// next Start() to it; a stream so bound ends, on_close getting the scheduler's kAborted,
+// when the job is registered again (never subscribed again after that).
 #pragma once
 
 #include <atomic>
@@ -26,6 +29,8 @@ struct RankTableSubscriberOptions {
   std::string role = "worker";
   Duration timeout = std::chrono::seconds(10);  // connect and subscribe
   Duration reconnect_for = Duration::zero();    // after a lost stream (0: end with it)
+  // The publisher registration to subscribe under (Register() sets it); 0: anonymous.
+  uint64_t registration = 0;
   std::string cluster_token;  // the job's token, when it has one
   std::shared_ptr<comm::TlsContext> tls;  // TLS to the scheduler; null: plaintext
 };
@@ -43,6 +48,10 @@ class RankTableSubscriber {
   // Returns once the scheduler accepted the subscription, or with its refusal
   // (kNotFound for an unknown jobId) or a connect/timeout error.
   Status Start();
+  // Before Start: registers options.job_id's publisher with options.role, returns the
+  // registration id and subscribes under it from then on. Refusals as CheckJob's
+  // (kNotFound for another job), or a connect/timeout error.
+  Result<uint64_t> Register();
   // Closes the link. Idempotent.
   void Stop();
   uint64_t received() const { return received_.load(); }

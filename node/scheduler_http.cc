@@ -80,6 +80,31 @@ Status ParseAdminBody(const std::string& body, const AdminOpInfo& info, pb::Admi
   return Status::Ok();
 }
 
+// Reads the registration body: {"job_id":string,"role":string}, job_id required.
+Status ParseRegisterBody(const std::string& body, std::string* job_id, std::string* role) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded()) return Status(Code::kInvalidArgument, "request body is not valid JSON");
+  if (!j.is_object()) return Status(Code::kInvalidArgument, "request body must be a JSON object");
+  for (auto& [key, value] : j.items()) {
+    if (key != "job_id" && key != "role") {
+      return Status(Code::kInvalidArgument, "unknown field '" + key + "' (it takes job_id, role)");
+    }
+    if (!value.is_string()) return Status(Code::kInvalidArgument, key + " must be a string");
+    *(key == "job_id" ? job_id : role) = value.get<std::string>();
+  }
+  if (job_id->empty()) return Status(Code::kInvalidArgument, "job_id is required");
+  return Status::Ok();
+}
+
+// A registration id from a query parameter: decimal digits, at most 19 of them.
+Status ParseRegistration(const std::string& text, uint64_t* out) {
+  if (text.empty() || text.size() > 19 || text.find_first_not_of("0123456789") != std::string::npos) {
+    return Status(Code::kInvalidArgument, "registration must be a decimal number below 10^19");
+  }
+  *out = std::stoull(text);
+  return Status::Ok();
+}
+
 }  // namespace
 
 int HttpStatusOf(Code code) {
@@ -159,6 +184,14 @@ bool SchedulerHttp::Authorized(const comm::HttpRequest& req) const {
   return given.size() == token.size() && CRYPTO_memcmp(given.data(), token.data(), token.size()) == 0;
 }
 
+void SchedulerHttp::Unauthorized(comm::HttpConnId id) {
+  ++responses_[401];
+  json body = {{"code", static_cast<int>(Code::kPermissionDenied)},
+               {"message", "this job has a cluster token: send Authorization: Bearer <token>"},
+               {"data", nullptr}};
+  server_->Respond(id, 401, kJson, Dump(body)).IgnoreError();
+}
+
 void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
   const std::string& p = req.path;
   const bool get = req.method == "GET" || req.method == "HEAD";  // HEAD: the server sends no body
@@ -173,6 +206,11 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
   };
   if (p == "/v1/ranktable") return get ? ServeRankTable(id, req) : wrong_method("GET, HEAD");
   if (p == "/v1/ranktable/stream") return get ? ServeStream(id, req) : wrong_method("GET, HEAD");
+  if (p == "/v1/ranktable/register") {
+    if (!post) return wrong_method("POST");
+    if (!Authorized(req)) return Unauthorized(id);
+    return ServeRegister(id, req);
+  }
   if (p == "/metrics") return get ? ServeMetrics(id) : wrong_method("GET, HEAD");
   if (p == "/v1/cluster" || p == "/v1/nodes") {
     if (!get) return wrong_method("GET, HEAD");
@@ -182,13 +220,7 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
   }
   if (p.rfind("/v1/", 0) == 0 && HttpAdminOp(p.substr(4)) != nullptr) {
     if (!post) return wrong_method("POST");
-    if (!Authorized(req)) {
-      ++responses_[401];
-      json body = {{"code", static_cast<int>(Code::kPermissionDenied)},
-                   {"message", "this job has a cluster token: send Authorization: Bearer <token>"},
-                   {"data", nullptr}};
-      return server_->Respond(id, 401, kJson, Dump(body)).IgnoreError();
-    }
+    if (!Authorized(req)) return Unauthorized(id);
     return ServeAdmin(id, *HttpAdminOp(p.substr(4)), req);
   }
   Reply(id, Status(Code::kNotFound, "no such endpoint: " + p), nullptr);
@@ -208,9 +240,21 @@ void SchedulerHttp::ServeRankTable(comm::HttpConnId id, const comm::HttpRequest&
                                {"rankTable", json::parse(snap->table, nullptr, false)}});
 }
 
+void SchedulerHttp::ServeRegister(comm::HttpConnId id, const comm::HttpRequest& req) {
+  std::string job_id, role;
+  Status st = ParseRegisterBody(req.body, &job_id, &role);
+  if (!st.ok()) return Reply(id, st, nullptr);
+  Result<pb::RankTableRegistration> reg = hub_->Register(job_id, role);
+  if (!reg.ok()) return Reply(id, reg.status(), nullptr);
+  Reply(id, Status::Ok(), json{{"job_id", reg->jobid()}, {"role", reg->role()}, {"registration", reg->registration()}});
+}
+
 void SchedulerHttp::ServeStream(comm::HttpConnId id, const comm::HttpRequest& req) {
   auto job = req.query.find("jobId");
-  Status st = hub_->CheckJob(job == req.query.end() ? "" : job->second);
+  uint64_t registration = 0;
+  auto reg = req.query.find("registration");
+  Status st = reg == req.query.end() ? Status::Ok() : ParseRegistration(reg->second, &registration);
+  if (st.ok()) st = hub_->CheckSubscription(job == req.query.end() ? "" : job->second, registration);
   if (!st.ok()) return Reply(id, st, nullptr);
   auto role = req.query.find("role");
   ++responses_[200];
@@ -221,7 +265,14 @@ void SchedulerHttp::ServeStream(comm::HttpConnId id, const comm::HttpRequest& re
   sink.role = role == req.query.end() ? "" : role->second;
   sink.queued_bytes = [server, id] { return server->QueuedBytes(id); };
   sink.send = [server, id](const RankTableSnapshot& snap) { return server->SendChunk(id, snap.line); };
+  sink.registration = registration;
   sink.drop = [server, id](const Status&) { server->Close(id); };
+  // The final line: {"jobId":J,"error":{"code":N,"message":M}}, then the stream's end.
+  sink.end = [server, id, job_id = hub_->job_id()](const Status& why) {
+    json line = {{"jobId", job_id}, {"error", {{"code", static_cast<int>(why.code())}, {"message", why.message()}}}};
+    server->SendChunk(id, std::make_shared<const std::string>(Dump(line) + "\n")).IgnoreError();
+    if (!server->EndStream(id).ok()) server->Close(id);
+  };
   uint64_t sub = hub_->AddSubscriber(std::move(sink));
   ++http_subscribers_;
   std::weak_ptr<bool> alive = alive_;

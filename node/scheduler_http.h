@@ -35,6 +35,8 @@ class SchedulerHttp {
   void OnRequest(comm::HttpConnId id, comm::HttpRequest&& req);
   void ServeRankTable(comm::HttpConnId id, const comm::HttpRequest& req);
   void ServeStream(comm::HttpConnId id, const comm::HttpRequest& req);
+  void ServeRegister(comm::HttpConnId id, const comm::HttpRequest& req);
+  void Unauthorized(comm::HttpConnId id);
   void ServeAdmin(comm::HttpConnId id, const AdminOpInfo& info, const comm::HttpRequest& req);
   void ServeMetrics(comm::HttpConnId id);
   void Reply(comm::HttpConnId id, const Status& st, nlohmann::json data);

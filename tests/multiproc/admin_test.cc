@@ -426,3 +426,38 @@ TEST_CASE("pscore-admin watch-ranktable prints the tables until the job ends", "
 }
 
 }  // namespace pscore
+
+namespace pscore {
+
+TEST_CASE("pscore-admin watch-ranktable --publisher: the job's next registration ends it with exit 1 naming why",
+          "[multiproc][net]") {
+  Job job;
+  // Waits until the process's output holds text (stdout and stderr together).
+  auto wait_for = [](Process& p, const std::string& text) {
+    for (int i = 0; i < 800; ++i) {
+      if (p.Log().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(25ms);
+    }
+    return false;
+  };
+  auto first = job.StartAdmin({"watch-ranktable", "--publisher", "--json"});
+  REQUIRE(wait_for(*first, "registration 1"));
+  REQUIRE(wait_for(*first, "\"rankTable\""));
+  auto second = job.StartAdmin({"watch-ranktable", "--publisher", "--json"});
+  AdminRun end = Job::Finish(*first);
+  INFO(end.out);
+  CHECK(end.code == 1);
+  CHECK(Has(end, "rank-table registration 1 of job 'default' (role 'admin') was superseded by registration 2"));
+  REQUIRE(wait_for(*second, "registration 2"));
+  REQUIRE(wait_for(*second, "\"rankTable\""));
+  AdminRun misuse = job.Admin({"status", "--publisher"});
+  CHECK(misuse.code == 2);
+  CHECK(Has(misuse, "--publisher does not apply"));
+  job.StopAndCheckExits();
+  AdminRun end2 = Job::Finish(*second);
+  INFO(end2.out);
+  CHECK(end2.code == 0);  // the job ended: not a superseded registration
+  CHECK(Has(end2, "rank table stream ended"));
+}
+
+}  // namespace pscore

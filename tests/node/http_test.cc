@@ -9,6 +9,7 @@
 #include <atomic>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -199,6 +200,19 @@ class StreamReader {
   int status() const { return status_.load(); }
   bool closed() const { return closed_.load(); }
   bool malformed() const { return malformed_.load(); }
+  // The final {"jobId","error":{"code","message"}} line, if the stream ended with one (else null).
+  nlohmann::json error() const {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    return error_;
+  }
+  // Waits until the server closed the stream; false after the deadline.
+  bool WaitClosed(std::chrono::milliseconds timeout = 20s) const {
+    for (auto deadline = std::chrono::steady_clock::now() + timeout; !closed_;) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(10ms);
+    }
+    return true;
+  }
 
  private:
   void Run() {
@@ -238,6 +252,11 @@ class StreamReader {
       for (size_t nl; (nl = body_.find('\n')) != std::string::npos;) {
         nlohmann::json j = nlohmann::json::parse(body_.substr(0, nl), nullptr, false);
         body_.erase(0, nl + 1);
+        if (!j.is_discarded() && j.contains("error") && j["jobId"] == "job-7") {  // the stream's final line
+          std::lock_guard<std::mutex> lock(error_mu_);
+          error_ = j["error"];
+          continue;
+        }
         if (j.is_discarded() || !j["rankTable"].is_string() || j["jobId"] != "job-7") {
           malformed_ = true;
           continue;
@@ -250,6 +269,8 @@ class StreamReader {
   RawSocket sock_;
   Collector got_;
   std::string body_;  // de-chunked bytes not yet ending in a newline (reader thread)
+  mutable std::mutex error_mu_;
+  nlohmann::json error_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> closed_{false};
   std::atomic<bool> malformed_{false};
@@ -987,6 +1008,107 @@ TEST_CASE("rank table: a scale-out then a scale-in reach a native subscriber and
   w0->Stop();
   s1->Stop();
   s0->Stop();
+}
+
+}  // namespace pscore::node
+
+namespace pscore::node {
+
+TEST_CASE("http: a publisher registration - the job's next registration ends its stream with a final error line, "
+          "anonymous streams go on",
+          "[node][net][ranktable]") {
+  Stack st(SchedOpts(1, 1));
+  // Subscribing under a registration before the job has one: 404 naming the job.
+  HttpAnswer a = Request(st.port, "GET", "/v1/ranktable/stream?jobId=job-7&registration=1");
+  CHECK(a.status == 404);
+  CHECK(a.body.find("job 'job-7' is not registered") != std::string::npos);
+
+  a = Request(st.port, "POST", "/v1/ranktable/register", R"({"job_id":"job-7","role":"publisher"})");
+  REQUIRE(a.status == 200);
+  nlohmann::json j = nlohmann::json::parse(a.body);
+  CHECK(j["data"]["registration"] == 1);
+  CHECK(j["data"]["job_id"] == "job-7");
+  CHECK(j["data"]["role"] == "publisher");
+
+  StreamReader bound(st.port, "jobId=job-7&role=worker&registration=1");
+  StreamReader anon(st.port);
+  for (auto deadline = std::chrono::steady_clock::now() + 20s;
+       OnLoop(*st.sched.loop(), [&] { return st.hub.num_subscribers(); }) < 2 &&
+       std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(OnLoop(*st.sched.loop(), [&] { return st.hub.num_subscribers(); }) == 2u);
+  Registrar reg(st.sched.port());
+  REQUIRE(reg.Register("w0", pb::WORKER).ok());
+  REQUIRE(reg.Register("s0", pb::SERVER).ok());
+  const std::string table1 = CurrentTable(st.sched, st.hub);
+  REQUIRE(bound.got().WaitForTable(table1));
+  REQUIRE(anon.got().WaitForTable(table1));
+
+  // The job registers again: the bound stream's last line names why, then it ends.
+  a = Request(st.port, "POST", "/v1/ranktable/register", R"({"job_id":"job-7","role":"publisher-2"})");
+  REQUIRE(a.status == 200);
+  CHECK(nlohmann::json::parse(a.body)["data"]["registration"] == 2);
+  REQUIRE(bound.WaitClosed());
+  nlohmann::json err = bound.error();
+  INFO(err.dump());
+  REQUIRE(err.is_object());
+  CHECK(err["code"] == static_cast<int>(Code::kAborted));
+  const std::string msg = err["message"].get<std::string>();
+  CHECK(msg.find("registration 1 of job 'job-7'") != std::string::npos);
+  CHECK(msg.find("superseded by registration 2") != std::string::npos);
+  CHECK_FALSE(bound.malformed());
+
+  // The new registration's stream works; the anonymous one never noticed.
+  StreamReader bound2(st.port, "jobId=job-7&role=worker&registration=2");
+  REQUIRE(bound2.got().WaitForTable(table1));
+  REQUIRE(reg.Register("w0", pb::WORKER, 1, 1, "10.5.0.1").ok());
+  const std::string table2 = CurrentTable(st.sched, st.hub);
+  REQUIRE(table2 != table1);
+  REQUIRE(bound2.got().WaitForTable(table2));
+  REQUIRE(anon.got().WaitForTable(table2));
+  CHECK_FALSE(anon.closed());
+  CHECK(anon.error().is_null());
+  CHECK(bound.got().size() == 1);
+
+  // Refusals: a superseded or unknown registration, another job, bad bodies and queries.
+  a = Request(st.port, "GET", "/v1/ranktable/stream?jobId=job-7&registration=1");
+  CHECK(a.status == 409);
+  CHECK(a.body.find("superseded by registration 2") != std::string::npos);
+  a = Request(st.port, "GET", "/v1/ranktable/stream?jobId=job-7&registration=7");
+  CHECK(a.status == 404);
+  a = Request(st.port, "GET", "/v1/ranktable/stream?jobId=job-7&registration=x1");
+  CHECK(a.status == 400);
+  a = Request(st.port, "GET", "/v1/ranktable/stream?jobId=job-7&registration=99999999999999999999");
+  CHECK(a.status == 400);
+  a = Request(st.port, "POST", "/v1/ranktable/register", R"({"job_id":"other-job","role":"p"})");
+  CHECK(a.status == 404);
+  CHECK(a.body.find("'other-job'") != std::string::npos);
+  a = Request(st.port, "POST", "/v1/ranktable/register", R"({"role":"p"})");
+  CHECK(a.status == 400);
+  CHECK(a.body.find("job_id is required") != std::string::npos);
+  a = Request(st.port, "POST", "/v1/ranktable/register", R"({"job_id":"job-7","extra":1})");
+  CHECK(a.status == 400);
+  CHECK(a.body.find("unknown field 'extra'") != std::string::npos);
+  a = Request(st.port, "POST", "/v1/ranktable/register", R"({"job_id":7})");
+  CHECK(a.status == 400);
+  a = Request(st.port, "POST", "/v1/ranktable/register", "not json");
+  CHECK(a.status == 400);
+  a = Request(st.port, "POST", "/v1/ranktable/register",
+              nlohmann::json{{"job_id", "job-7"}, {"role", std::string(kMaxRankTableRoleBytes + 1, 'r')}}.dump());
+  CHECK(a.status == 400);
+  a = Request(st.port, "GET", "/v1/ranktable/register");
+  CHECK(a.status == 405);
+  CHECK(OnLoop(*st.sched.loop(), [&] { return st.hub.registration(); }) == 2u);
+}
+
+TEST_CASE("http: registering a publisher needs the cluster token when the job has one", "[node][net]") {
+  SchedulerOptions o = SchedOpts(1, 1);
+  o.cluster_token = "correct horse";
+  Stack st(o);
+  HttpAnswer a = Request(st.port, "POST", "/v1/ranktable/register", R"({"job_id":"job-7"})");
+  CHECK(a.status == 401);
+  CHECK(OnLoop(*st.sched.loop(), [&] { return st.hub.registration(); }) == 0u);
 }
 
 }  // namespace pscore::node

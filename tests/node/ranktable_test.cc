@@ -2,6 +2,7 @@
 // coalescing and dropping of a stalled subscriber, many subscribers, reconnecting after a
 // scheduler restart and giving up.
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -330,6 +331,179 @@ TEST_CASE("a reconnecting subscriber gives up after reconnect_for and says why",
   INFO(why.ToString());
   CHECK_FALSE(why.ok());
   CHECK(sub.resubscribed() == 0);
+}
+
+}  // namespace pscore::node
+
+namespace pscore::node {
+namespace {
+
+// What a subscriber's on_close saw (loop thread writes, the test thread waits).
+class Closes {
+ public:
+  void Add(const Status& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    seen_.push_back(why);
+    cv_.notify_all();
+  }
+  bool WaitForOne(std::chrono::milliseconds timeout = 20s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return !seen_.empty(); });
+  }
+  std::vector<Status> seen() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Status> seen_;
+};
+
+}  // namespace
+
+TEST_CASE("publisher registration: a second Register of the job ends the first stream naming why - the new one and "
+          "anonymous streams go on",
+          "[node][net][ranktable]") {
+  SchedulerNode sched(SchedOpts(1, 1));
+  REQUIRE(sched.Start().ok());
+  RankTableHub hub(&sched);
+  REQUIRE(hub.Start().ok());
+
+  Collector anon_got;
+  RankTableSubscriber anon(SubOpts(sched.port()), [&](const pb::RankTableStream& s) { anon_got.Add(s.ranktable()); });
+  REQUIRE(anon.Start().ok());
+
+  // The first publisher registers, then subscribes under its registration. It would
+  // subscribe again after a lost stream; an ended one it must not.
+  Collector first_got;
+  Closes first_closed;
+  RankTableSubscriberOptions o1 = SubOpts(sched.port());
+  o1.role = "publisher";
+  o1.reconnect_for = 20s;
+  RankTableSubscriber first(o1, [&](const pb::RankTableStream& s) { first_got.Add(s.ranktable()); },
+                            [&](const Status& why) { first_closed.Add(why); });
+  Result<uint64_t> r1 = first.Register();
+  REQUIRE(r1.ok());
+  CHECK(*r1 == 1u);
+  REQUIRE(first.Start().ok());
+
+  Registrar reg(sched.port());
+  REQUIRE(reg.Register("w0", pb::WORKER).ok());
+  REQUIRE(reg.Register("s0", pb::SERVER).ok());
+  const std::string table1 = CurrentTable(sched, hub);
+  REQUIRE(TableStatus(table1) == "completed");
+  REQUIRE(first_got.WaitForTable(table1));
+  REQUIRE(anon_got.WaitForTable(table1));
+
+  // The job registers again: the first stream ends with kAborted naming both registrations.
+  Collector second_got;
+  RankTableSubscriberOptions o2 = SubOpts(sched.port());
+  o2.role = "publisher-2";
+  RankTableSubscriber second(o2, [&](const pb::RankTableStream& s) { second_got.Add(s.ranktable()); });
+  Result<uint64_t> r2 = second.Register();
+  REQUIRE(r2.ok());
+  CHECK(*r2 == 2u);
+  REQUIRE(first_closed.WaitForOne());
+  Status why = first_closed.seen()[0];
+  INFO(why.ToString());
+  CHECK(why.code() == Code::kAborted);
+  CHECK(why.message().find("registration 1 of job 'job-7'") != std::string::npos);
+  CHECK(why.message().find("superseded by registration 2") != std::string::npos);
+  CHECK(why.message().find("'publisher-2'") != std::string::npos);
+
+  // The new registration's stream gets the current table at once, then the changes.
+  REQUIRE(second.Start().ok());
+  REQUIRE(second_got.WaitForTable(table1));
+  REQUIRE(reg.Register("w0", pb::WORKER, 1, 1, "10.4.0.1").ok());  // w0 moves: a new table
+  const std::string table2 = CurrentTable(sched, hub);
+  REQUIRE(table2 != table1);
+  REQUIRE(second_got.WaitForTable(table2));
+  REQUIRE(anon_got.WaitForTable(table2));
+  CHECK(anon_got.size() == 2);  // the anonymous stream never noticed the registrations
+  CHECK(first_got.size() == 1);
+  CHECK(first.resubscribed() == 0);
+  CHECK(first.lost() == 0);
+  CHECK(first_closed.seen().size() == 1);
+  RankTableHubStats stats = OnLoop(*sched.loop(), [&] { return hub.stats(); });
+  CHECK(stats.registrations == 2u);
+  CHECK(stats.superseded == 1u);
+  CHECK(OnLoop(*sched.loop(), [&] { return hub.num_subscribers(); }) == 2u);
+
+  // Subscribing under the superseded registration, or one never issued, is refused.
+  RankTableSubscriberOptions stale = SubOpts(sched.port());
+  stale.registration = 1;
+  RankTableSubscriber stale_sub(stale, [](const pb::RankTableStream&) {});
+  Status st = stale_sub.Start();
+  CHECK(st.code() == Code::kAborted);
+  CHECK(st.message().find("superseded by registration 2") != std::string::npos);
+  RankTableSubscriberOptions future = SubOpts(sched.port());
+  future.registration = 9;
+  RankTableSubscriber future_sub(future, [](const pb::RankTableStream&) {});
+  st = future_sub.Start();
+  CHECK(st.code() == Code::kNotFound);
+  CHECK(st.message().find("job 'job-7' has no registration 9") != std::string::npos);
+  CHECK(OnLoop(*sched.loop(), [&] { return hub.num_subscribers(); }) == 2u);
+  second.Stop();
+  anon.Stop();
+  first.Stop();
+  hub.Stop();
+  sched.Stop();
+}
+
+TEST_CASE("publisher registration: an unregistered job, another job and oversized names are refused by name",
+          "[node][net][ranktable]") {
+  SchedulerNode sched(SchedOpts(1, 1));
+  REQUIRE(sched.Start().ok());
+  RankTableHub hub(&sched);
+  REQUIRE(hub.Start().ok());
+
+  // Subscribing under a registration while the job has none: kNotFound naming the job.
+  RankTableSubscriberOptions o = SubOpts(sched.port());
+  o.registration = 1;
+  RankTableSubscriber early(o, [](const pb::RankTableStream&) {});
+  Status st = early.Start();
+  CHECK(st.code() == Code::kNotFound);
+  CHECK(st.message().find("job 'job-7' is not registered") != std::string::npos);
+
+  // Registering another job: kNotFound naming it and the job served.
+  RankTableSubscriber other(SubOpts(sched.port(), "other-job"), [](const pb::RankTableStream&) {});
+  Result<uint64_t> r = other.Register();
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == Code::kNotFound);
+  CHECK(r.status().message().find("'other-job'") != std::string::npos);
+  CHECK(r.status().message().find("'job-7'") != std::string::npos);
+
+  // No job id, or names past their bounds: kInvalidArgument, and nothing registered.
+  RankTableSubscriber nameless(SubOpts(sched.port(), ""), [](const pb::RankTableStream&) {});
+  r = nameless.Register();
+  CHECK(r.status().code() == Code::kInvalidArgument);
+  RankTableSubscriber long_job(SubOpts(sched.port(), std::string(kMaxRankTableJobIdBytes + 1, 'j')),
+                               [](const pb::RankTableStream&) {});
+  r = long_job.Register();
+  CHECK(r.status().code() == Code::kInvalidArgument);
+  CHECK(r.status().message().find("jobId of 257 bytes") != std::string::npos);
+  st = long_job.Start();
+  CHECK(st.code() == Code::kInvalidArgument);
+  RankTableSubscriberOptions long_role = SubOpts(sched.port());
+  long_role.role = std::string(kMaxRankTableRoleBytes + 1, 'r');
+  RankTableSubscriber long_role_sub(long_role, [](const pb::RankTableStream&) {});
+  r = long_role_sub.Register();
+  CHECK(r.status().code() == Code::kInvalidArgument);
+  CHECK(OnLoop(*sched.loop(), [&] { return hub.registration(); }) == 0u);
+  CHECK(OnLoop(*sched.loop(), [&] { return hub.stats().registrations; }) == 0u);
+
+  // A registration made now lets the early subscriber in under it.
+  RankTableSubscriber publisher(SubOpts(sched.port()), [](const pb::RankTableStream&) {});
+  r = publisher.Register();
+  REQUIRE(r.ok());
+  CHECK(*r == 1u);
+  CHECK(early.Start().ok());
+  CHECK(OnLoop(*sched.loop(), [&] { return hub.num_subscribers(); }) == 1u);
+  early.Stop();
+  hub.Stop();
+  sched.Stop();
 }
 
 }  // namespace pscore::node
