@@ -309,10 +309,6 @@ void RankTableHub::OnSubscribe(comm::ConnId conn, comm::Frame&& frame) {
   });
 }
 
-}  // namespace pscore::node
-
-namespace pscore::node {
-
 void RankTableHub::OnRegister(comm::ConnId conn, comm::Frame&& frame) {
   comm::Messenger& m = sched_->messenger();
   pb::ClientInfo info;
