@@ -935,11 +935,14 @@ void WorkerNode::ReleaseHeld() {
 
 void WorkerNode::OnStateApplied(pb::ClusterState state) {
   bool scaling = state == pb::CLUSTER_SCALE_OUT || state == pb::CLUSTER_SCALE_IN;
-  if (scaling != holding_) {
-    holding_ = scaling;
-    if (!holding_) ReleaseHeld();
-  }
+  const bool release = scaling != holding_ && !scaling;
+  holding_ = scaling;
+  // The live replicas first: Node::ApplyMetadata applies the state before
+  // OnMetadataApplied, and parts released under the previous metadata's live set would go
+  // to a server it has just marked down (a rolled-back scale-out whose server timed out),
+  // over a fresh link that nothing closes again: they would wait out request_timeout.
   UpdateRoute();
+  if (release) ReleaseHeld();
 }
 
 void WorkerNode::OnMetadataApplied() {
