@@ -86,13 +86,22 @@ Result<std::unique_ptr<BlockingLink>> BlockingLink::Dial(const std::string& host
 }
 
 BlockingLink::~BlockingLink() {
+  std::lock_guard<std::mutex> lock(close_mu_);
   if (fd_ >= 0) ::close(fd_);
 }
 
 Status BlockingLink::Fail(Status st) {
+  std::lock_guard<std::mutex> lock(close_mu_);
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   return st;
+}
+
+void BlockingLink::Interrupt() {
+  // Under close_mu_ fd_ is still this link's socket: the number cannot have been closed
+  // and handed to another open meanwhile. A blocked recv then returns 0, a send EPIPE.
+  std::lock_guard<std::mutex> lock(close_mu_);
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }
 
 // The connecting side of Transport's handshake (comm/transport_auth.cc): the listener's

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,11 @@ class BlockingLink {
   // the link.
   Result<Frame> Call(pb::MessageMeta meta, const BufferPtr& payload, Duration timeout);
   bool broken() const { return fd_ < 0; }
+  // Any thread: makes a Notify or Call blocked on this link (or the next one) end now with
+  // kUnavailable, breaking the link, by shutting its socket down. For an owner that learns
+  // elsewhere that the peer is silent (stopped, cut off) and must not wait out the call's
+  // deadline. Safe against the owning thread closing the link meanwhile.
+  void Interrupt();
   // Payload bytes of answers copied out of the link's read buffer so far (a payload of at
   // least 16 KiB still missing is read straight into its frame; one that is all in the
   // buffer and 8-byte aligned there, as a padding peer's is, is handed out in place: a
@@ -62,7 +68,8 @@ class BlockingLink {
   Status SetTimeout(int option, int* current_ms, TimePoint deadline, const char* what);
   Status Fail(Status st);  // closes the link, returns st
 
-  int fd_;
+  int fd_;                // written (closed) under close_mu_ by the owning thread only
+  std::mutex close_mu_;   // Interrupt's shutdown against a close and the reuse of fd_'s number
   Limits limits_;
   uint64_t next_request_id_ = 1;
   int rcv_ms_ = 0, snd_ms_ = 0;  // the socket's timeouts now (0: none set)

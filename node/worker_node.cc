@@ -939,11 +939,14 @@ void WorkerNode::ReleaseHeld() {
 
 void WorkerNode::OnStateApplied(pb::ClusterState state) {
   bool scaling = state == pb::CLUSTER_SCALE_OUT || state == pb::CLUSTER_SCALE_IN;
-  if (scaling != holding_) {
-    holding_ = scaling;
-    if (!holding_) ReleaseHeld();
-  }
+  const bool release = scaling != holding_ && !scaling;
+  holding_ = scaling;
+  // The live replicas first: Node::ApplyMetadata applies the state before
+  // OnMetadataApplied, and parts released under the previous metadata's live set would go
+  // to a server it has just marked down (a rolled-back scale-out whose server timed out),
+  // over a fresh link that nothing closes again: they would wait out request_timeout.
   UpdateRoute();
+  if (release) ReleaseHeld();
 }
 
 void WorkerNode::OnMetadataApplied() {
@@ -971,6 +974,11 @@ void WorkerNode::OnClusterEvent(const pb::ClusterEventMessage& ev) {
   if (addr.empty()) return;
   CloseServerLink(addr, Status(Code::kUnavailable, "server " + ev.node_id() + " (" + addr +
                                                        ") timed out at the scheduler (no heartbeat)"));
+  // PullSync's direct calls to it as well; new ones take the loop's way until the next
+  // metadata or state sets the route again.
+  std::lock_guard<std::mutex> lock(direct_mu_);
+  route_.usable = false;
+  InterruptDirectLocked(addr, "timed out at the scheduler");
 }
 
 // ---- PullSync: the direct way ----
@@ -986,6 +994,7 @@ void WorkerNode::StopRole() {
   route_ = Route();
   route_.stopped = true;
   idle_links_.clear();  // a link out with a caller is dropped when it comes back
+  for (const auto& [addr, link] : busy_links_) link->Interrupt();  // its caller ends now
 }
 
 int WorkerNode::Primary(int range) const {
@@ -1020,12 +1029,26 @@ void WorkerNode::UpdateRoute() {
   }
   std::lock_guard<std::mutex> lock(direct_mu_);
   if (route_.stopped) return;
-  // Links to servers that left are closed; links to the others stay.
-  for (auto it = idle_links_.begin(); it != idle_links_.end();) {
-    bool member = std::find(r.addrs.begin(), r.addrs.end(), it->first) != r.addrs.end();
-    it = member ? std::next(it) : idle_links_.erase(it);
+  // Links to servers that left or serve no range now (marked down: their ranges' backups
+  // were promoted) are closed, calls in flight on them interrupted; the others stay.
+  std::vector<std::string> gone;
+  for (const auto& [addr, links] : idle_links_) gone.push_back(addr);
+  for (const auto& [addr, link] : busy_links_) gone.push_back(addr);
+  for (const std::string& addr : gone) {
+    if (std::find(r.addrs.begin(), r.addrs.end(), addr) == r.addrs.end()) {
+      InterruptDirectLocked(addr, "serves no key range now");
+    }
   }
   route_ = std::move(r);
+}
+
+void WorkerNode::InterruptDirectLocked(const std::string& addr, const char* why) {
+  idle_links_.erase(addr);
+  auto [begin, end] = busy_links_.equal_range(addr);
+  for (auto it = begin; it != end; ++it) {
+    VLOG(1) << options_.node_id << ": direct pull to " << addr << " interrupted: " << why;
+    it->second->Interrupt();
+  }
 }
 
 Result<PullResult> WorkerNode::PullSync(const std::vector<uint64_t>& keys) {
@@ -1098,11 +1121,31 @@ std::optional<Result<PullResult>> WorkerNode::TryDirectPull(const std::vector<ui
       return std::nullopt;
     }
   }
+  {
+    // Out with this thread from here: the loop interrupts it once the server is timed out
+    // or no longer the keys' primary. Checked again under the lock, so a route that
+    // changed while the link was taken or dialled is not missed.
+    std::lock_guard<std::mutex> lock(direct_mu_);
+    if (!route_.usable || std::find(route_.addrs.begin(), route_.addrs.end(), addr) == route_.addrs.end()) {
+      return std::nullopt;
+    }
+    busy_links_.emplace(addr, link.get());
+  }
   pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, rank());
   meta.set_handler(kPullHandler);
   const uint64_t copied_before = link->payload_bytes_copied();
   Result<comm::Frame> answer =
       link->Call(meta, core::EncodeKvPairs(keys.data(), keys.size(), nullptr, nullptr, 0), options_.request_timeout);
+  {
+    std::lock_guard<std::mutex> lock(direct_mu_);
+    auto [begin, end] = busy_links_.equal_range(addr);
+    for (auto it = begin; it != end; ++it) {
+      if (it->second == link.get()) {
+        busy_links_.erase(it);
+        break;
+      }
+    }
+  }
   CountCopied(link->payload_bytes_copied() - copied_before);
   if (!answer.ok()) {
     const Code code = answer.status().code();

@@ -182,6 +182,13 @@ class WorkerNode : public Node {
   Route route_;  // guarded by direct_mu_
   // Idle direct links by server address; a calling thread takes one for a call.
   std::unordered_map<std::string, std::vector<std::unique_ptr<comm::BlockingLink>>> idle_links_;  // direct_mu_
+  // Direct links out with a calling thread, by server address (direct_mu_). A server that
+  // falls silent never answers them: once it is timed out, or its ranges have another
+  // primary, they are interrupted and the calls go the loop's way (RetryLost, the new
+  // primary) instead of waiting out request_timeout.
+  std::unordered_multimap<std::string, comm::BlockingLink*> busy_links_;  // direct_mu_
+  // direct_mu_ held: interrupts the busy links to `addr` and drops its idle ones.
+  void InterruptDirectLocked(const std::string& addr, const char* why);
   std::vector<std::pair<std::shared_ptr<KvOp>, KvPart>> held_;
   // Issue order of pushes and pulls on the loop (loop thread): parts held for a re-send go
   // out again in it, and later ones wait behind them (a Pull after a Push sees it).

@@ -14,6 +14,12 @@
 // than the heartbeat timeout, then restored; the trainers' requests in flight to it go to
 // its ranges' other replica once the scheduler marks it down, and the job ends as an
 // undisturbed run (every trainer exits 0, loss and weights checksum within 1e-6).
+// A third job runs with --replicas=2 and a scale-out: once the scheduler is scaling, a
+// server's link is cut for good (never restored) before the new server's host is started;
+// the scheduler rolls the scale-out back and marks the server down, its ranges' backups
+// carry the job on, and it ends as an undisturbed run (trainers, the other server and the
+// scheduler exit 0; the server started for the scale-out, dropped by the rollback, exits
+// with the job).
 // Without the privilege to create namespaces the test WARNs the reason and returns.
 // Namespaces, veth pairs and the bridge are removed by RAII guards; every child is
 // SIGKILLed by pid, even on failure.
@@ -337,6 +343,109 @@ TEST_CASE("replicas=2: a demo job with every process on a host of its own rides 
   CHECK_THAT(scheduler.Log(), Catch::Contains("scheduler: server server1 (rank "));
   INFO(servers[0].Log());
   CHECK(servers[0].Wait(60s) == std::optional<int>(0));
+}
+
+TEST_CASE("replicas=2: a demo job with every process on a host of its own and a server's link cut for good during a "
+          "scale-out ends as undisturbed",
+          "[multiproc][net][netns][replication][failover][scale]") {
+  TempDir dir;
+  REQUIRE(dir.ok());
+  const std::string iplog = dir.File("ip.log");
+  Bridge bridge(iplog);
+  if (!bridge.ok()) {
+    WARN("netns job test skipped: cannot create a bridge (needs root / CAP_NET_ADMIN): " << ReadFile(iplog));
+    return;
+  }
+  std::vector<std::unique_ptr<Host>> hosts;
+  for (int i = 2; i <= 7; ++i) {
+    hosts.push_back(std::make_unique<Host>(bridge, i, iplog));
+    if (!hosts.back()->created()) {
+      WARN("netns job test skipped: `ip netns add` failed (needs root / CAP_SYS_ADMIN): " << ReadFile(iplog));
+      return;
+    }
+    INFO(ReadFile(iplog));
+    REQUIRE(hosts.back()->ok());
+  }
+  constexpr int kSteps = 30;
+  TrainJobOptions plain_job;
+  plain_job.steps = kSteps;
+  const std::vector<TrainFinal> plain = UndisturbedFinals(plain_job);
+
+  Host& sched_host = *hosts[0];
+  Host* server_hosts[3] = {hosts[1].get(), hosts[2].get(), hosts[5].get()};
+  Host* worker_hosts[2] = {hosts[3].get(), hosts[4].get()};
+  const std::vector<std::string> timing = {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=3000",
+                                           "--connect_timeout_ms=30000", "--recovery_timeout_ms=40000"};
+  auto with = [&](std::vector<std::string> v) {
+    v.insert(v.end(), timing.begin(), timing.end());
+    return v;
+  };
+  Process scheduler;
+  REQUIRE(scheduler.Start(sched_host.Exec(with({NodeBinary(), "--role=scheduler", "--host=" + sched_host.ip(),
+                                                 "--scheduler_port=0", "--worker_num=2", "--server_num=2",
+                                                 "--replicas=2", "--recoverable_roles=worker,server",
+                                                 "--port_file=" + dir.File("sched.port")})),
+                          dir.File("scheduler.log")));
+  const int port = ReadPortFile(dir.File("sched.port"), 10s);
+  INFO(scheduler.Log());
+  REQUIRE(port > 0);
+  const std::string sport = std::to_string(port);
+  auto server_argv = [&](int i) {
+    return server_hosts[i]->Exec(with({NodeBinary(), "--role=server", "--node_id=server" + std::to_string(i),
+                                       "--host=" + server_hosts[i]->ip(), "--scheduler_host=" + sched_host.ip(),
+                                       "--scheduler_port=" + sport, "--update_rule=sgd", "--learning_rate=2"}));
+  };
+  Process servers[3];
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(servers[i].Start(server_argv(i), dir.File("server" + std::to_string(i) + ".log")));
+  }
+  Process trainers[2];
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(trainers[i].Start(
+        worker_hosts[i]->Exec(with({std::string(PSCORE_BIN_DIR) + "/pscore-train",
+                                    "--node_id=worker" + std::to_string(i), "--host=" + worker_hosts[i]->ip(),
+                                    "--scheduler_host=" + sched_host.ip(), "--scheduler_port=" + sport,
+                                    "--steps=" + std::to_string(kSteps), "--scale_out_at=10"})),
+        dir.File("worker" + std::to_string(i) + ".log")));
+  }
+  node::AdminClientOptions ao;
+  ao.scheduler_host = sched_host.ip();
+  ao.scheduler_port = port;
+  ao.timeout = 5s;
+  node::AdminClient admin(ao);
+  REQUIRE(admin.Connect().ok());
+  const auto deadline = Clock::now() + 90s;
+  std::string st;
+  while (Clock::now() < deadline && trainers[0].running()) {
+    st = StateLine(admin);
+    if (st.rfind("CLUSTER_SCALE_OUT", 0) == 0) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  INFO(trainers[0].Log());
+  REQUIRE(st.rfind("CLUSTER_SCALE_OUT", 0) == 0);
+  // server1's host is cut off for good; then the new server's host comes up.
+  REQUIRE(server_hosts[1]->SetLink(false));
+  REQUIRE(servers[2].Start(server_argv(2), dir.File("server2.log")));
+  std::vector<TrainFinal> finals;
+  for (int i = 0; i < 2; ++i) {
+    std::optional<int> code = trainers[i].Wait(120s);
+    INFO("worker" << i << ":\n" << trainers[i].Log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    finals.push_back(ParseTrainFinal(trainers[i].Log()));
+    REQUIRE(finals.back().found);
+  }
+  CheckSameFinals(plain, finals);
+  INFO(scheduler.Log());
+  CHECK(scheduler.Wait(60s) == std::optional<int>(0));
+  CHECK_THAT(scheduler.Log(), Catch::Contains("scale operation rolled back: server server1 (rank "));
+  {
+    INFO(servers[0].Log());
+    CHECK(servers[0].Wait(60s) == std::optional<int>(0));
+  }
+  INFO(servers[2].Log());
+  CHECK(servers[2].Wait(60s).has_value());  // dropped by the rollback, it leaves with the job
+  servers[1].Kill();   // cut off, it hears nothing of the job's end
 }
 
 }  // namespace pscore::testing

@@ -4,7 +4,9 @@
 // peers) is timed out by the scheduler. With replicas=2 the pushes in flight to it go to
 // its ranges' new primary at once and are applied there exactly once, also after the
 // frozen server resumes and reads them; with replicas=1 they wait for it up to
-// recovery_timeout and then fail naming it, or succeed once if it resumes in time.
+// recovery_timeout and then fail naming it, or succeed once if it resumes in time. A
+// PullSync in flight on its direct link to the silent primary is interrupted once the
+// scheduler marks that server down and is answered by the promoted backup.
 #include <chrono>
 #include <future>
 #include <memory>
@@ -235,6 +237,56 @@ TEST_CASE("with replicas=1 a push in flight to a server silent past its heartbea
   Result<PullResult> pulled = Await(c.worker->Pull(keys));
   REQUIRE(pulled.ok());
   CHECK(pulled->values == std::vector<float>(keys.size() * 8, 2.0f));
+}
+
+// PullSync's direct way: the calling thread writes the request and blocks reading its own
+// socket to the range's primary. Frozen, that primary answers nothing and closes nothing;
+// the call is interrupted when the metadata marks the server down and goes to the
+// promoted backup, instead of waiting out the request timeout.
+TEST_CASE("with replicas=2 a PullSync in flight on its direct link to a silent primary is answered by the promoted "
+          "backup before the request timeout",
+          "[replication][failover][net]") {
+  Cluster c(/*servers=*/2, /*replicas=*/2, /*recovery_timeout=*/30s);
+  // Keys of range 0 only: PullSync takes the direct way for keys on one server.
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; keys.size() < 8 && k < 100000; ++k) {
+    if (core::ServerForKey(k, 2) == 0) keys.push_back(k);
+  }
+  REQUIRE(keys.size() == 8);
+  const std::vector<float> ones(keys.size() * 4, 1.0f);
+  for (int i = 0; i < 2; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
+  Result<PullResult> first = c.worker->PullSync(keys);  // opens the direct link to rank 0
+  REQUIRE(first.ok());
+  CHECK(first->values == std::vector<float>(ones.size(), 2.0f));
+  REQUIRE(c.worker->direct_pulls() == 1);
+  const uint64_t epoch = c.worker->epoch();
+  double took = 0;
+  {
+    Freeze freeze(c.ByRank(0));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::future<Result<PullResult>> pull =
+        std::async(std::launch::async, [&c, &keys] { return c.worker->PullSync(keys); });
+    // The deadline is half the request timeout: a call that waited it out would miss it.
+    if (pull.wait_for(kRequestTimeout / 2) != std::future_status::ready) {
+      freeze.Release();  // lets the call end, so the test thread can join it
+      pull.wait();
+      FAIL("PullSync to the silent primary had no answer within half the request timeout");
+    }
+    took = Seconds(t0);
+    Result<PullResult> pulled = pull.get();
+    INFO(pulled.status().ToString());
+    REQUIRE(pulled.ok());
+    CHECK(pulled->values == std::vector<float>(ones.size(), 2.0f));
+    CHECK(c.worker->epoch() > epoch);  // answered under the epoch that marked rank 0 down
+    // The interrupted call took the loop's way: the direct count did not grow.
+    CHECK(c.worker->direct_pulls() == 1);
+    freeze.Release();
+  }
+  // Later calls read the promoted backup, directly again.
+  Result<PullResult> again = c.worker->PullSync(keys);
+  REQUIRE(again.ok());
+  CHECK(again->values == std::vector<float>(ones.size(), 2.0f));
+  WARN("PullSync in flight to the silent primary answered after " << took << " s");
 }
 
 }  // namespace pscore::node
