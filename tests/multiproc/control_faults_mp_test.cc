@@ -121,7 +121,7 @@ TEST_CASE("the demo job with its scheduler SIGKILLed while workers push, restart
 
 TEST_CASE("the demo job with its scheduler SIGKILLed while a worker waits in a barrier, restarted from --state_dir, "
           "ends as undisturbed",
-          "[multiproc][net][demo][control]") {
+          "[multiproc][net][demo][control][tlspass]") {
   CompareWithUndisturbed(Fault::kSchedulerKillBarrier);
 }
 
