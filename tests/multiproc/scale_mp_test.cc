@@ -271,7 +271,7 @@ TEST_CASE("scale-out 2->4 servers and 2->3 workers while two workers push loses 
 }
 
 TEST_CASE("scale-in of server rank 0 of 3 while pushing loses no update and compacts ranks",
-          "[multiproc][net][scale]") {
+          "[multiproc][net][scale][tlspass]") {
   ScaleJob job(/*workers=*/2, /*servers=*/3);
   for (int i = 0; i < 3; ++i) job.Start("server", "s" + std::to_string(i), i);
   node::WorkerNode w0(job.WorkerOptions("w0"));
