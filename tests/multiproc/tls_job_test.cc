@@ -7,7 +7,8 @@
 // scheduler's HTTPS port answers curl with a client certificate (and refuses curl without
 // one); SIGHUP reloads the scheduler's certificate without the servers reconnecting, and
 // the trainers then connect with the new one; pscore-admin with a server's certificate is
-// refused "stop" (not an admin certificate); a trainer SIGHUPed while its certificate
+// refused "stop" (not an admin certificate), and on HTTPS GET /v1/nodes and POST /v1/stop
+// (403); a trainer SIGHUPed while its certificate
 // file is unreadable keeps training on the old one. With TLS, server1 is started without
 // --node_id and registers under its certificate's CN. None of it disturbs the job.
 #include <signal.h>
@@ -170,6 +171,14 @@ TEST_CASE("the demo job with TLS on every link ends with the plaintext job's wei
       // No client certificate: the handshake fails.
       CHECK(std::system(("/usr/bin/curl -sf --max-time 20 --cacert " + pki + "/ca.crt " + url + " >/dev/null 2>&1")
                             .c_str()) != 0);
+      // server0's certificate on HTTPS: no admin either (403 for GET /v1/nodes and POST /v1/stop).
+      const std::string member_curl = "/usr/bin/curl -s --max-time 20 -o /dev/null -w '%{http_code}' --cacert " + pki +
+                                      "/ca.crt --cert " + pki + "/server0.crt --key " + pki + "/server0.key ";
+      const std::string base = "https://127.0.0.1:" + std::to_string(http);
+      CHECK(std::system((member_curl + base + "/v1/nodes >" + dir.File("code1.txt")).c_str()) == 0);
+      CHECK(ReadFile(dir.File("code1.txt")) == "403");
+      CHECK(std::system((member_curl + "-X POST " + base + "/v1/stop >" + dir.File("code2.txt")).c_str()) == 0);
+      CHECK(ReadFile(dir.File("code2.txt")) == "403");
       // SIGHUP reloads the scheduler's certificate (a new one of two days, same CA): the
       // next HTTPS scrape reports it, and no member had to connect again meanwhile.
       auto scrape = [&] {
