@@ -391,6 +391,7 @@ void HttpServer::Feed(Conn* c) {
     }
     c->busy = true;
     ++stats_.requests;
+    if (c->tls) c->req.peer_identity = c->tls->peer_identity();
     handler_(id, std::move(c->req));
     if (Find(id) != c) return;  // closed inside the handler (c is still valid until its close callback)
   }

@@ -31,6 +31,7 @@ struct HttpRequest {
   std::map<std::string, std::string> headers;  // names lower-cased
   std::string body;
   bool keep_alive = true;
+  std::string peer_identity;  // HTTPS: the CN of the client's verified certificate; "" without TLS
 };
 
 struct HttpServerOptions {

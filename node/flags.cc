@@ -72,6 +72,8 @@ DEFINE_string(tls_cert, "", "PEM certificate of this process, signed by --tls_ca
               "names the process: a member's --node_id, 'scheduler' for the scheduler, 'admin' for operators.");
 DEFINE_string(tls_key, "", "PEM private key of --tls_cert.");
 DEFINE_string(tls_ca, "", "PEM certificate of the cluster CA: every peer must present a certificate it signed.");
+DEFINE_string(tls_admin_cns, "admin", "Scheduler with TLS: comma-separated certificate CNs allowed to use admin "
+              "commands (every other certificate gets only 'status').");
 DEFINE_string(cluster_token_file, "", "File holding the cluster token (trailing whitespace ignored). Every process of the job "
               "must use the same token; connections and admin commands then prove it with an HMAC.");
 DEFINE_int32(max_connections, 10000, "Scheduler and server: accepted connections beyond this many open at once are "
@@ -393,6 +395,13 @@ CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program progr
   s.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_interval_ms);
   s.heartbeat_timeout = std::chrono::milliseconds(FLAGS_heartbeat_timeout_ms);
   s.scale_timeout = std::chrono::milliseconds(FLAGS_scale_timeout_ms);
+  {
+    std::stringstream cns(FLAGS_tls_admin_cns);
+    s.tls_admin_cns.clear();
+    for (std::string cn; std::getline(cns, cn, ',');) {
+      if (!cn.empty()) s.tls_admin_cns.push_back(cn);
+    }
+  }
   {
     std::string list = FLAGS_recoverable_roles;
     size_t start = 0;

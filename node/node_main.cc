@@ -21,6 +21,7 @@
 #include "node/scheduler_http.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
+#include "node/tls_reloader.h"
 #include "node/wire.h"
 #include "node/worker_node.h"
 
@@ -28,35 +29,6 @@ namespace {
 
 volatile std::sig_atomic_t g_signal = 0;
 void OnSignal(int sig) { g_signal = sig; }
-std::atomic<int> g_reload{0};  // lock-free: safe to set in a signal handler
-void OnHangup(int) { g_reload.store(1); }
-
-// With TLS: SIGHUP reads the certificate, key and CA files again (TlsContext::Reload) on a
-// thread of its own; connections made afterwards use them, established ones stay up.
-class TlsReloader {
- public:
-  explicit TlsReloader(std::shared_ptr<pscore::comm::TlsContext> tls) : tls_(std::move(tls)) {
-    if (tls_ == nullptr) return;
-    std::signal(SIGHUP, OnHangup);
-    thread_ = std::thread([this] {
-      while (!stop_.load()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        if (g_reload.exchange(0) == 0) continue;
-        pscore::Status st = tls_->Reload();
-        if (!st.ok()) LOG(ERROR) << "SIGHUP: TLS files not reloaded, the old ones stay in use: " << st;
-      }
-    });
-  }
-  ~TlsReloader() {
-    stop_.store(true);
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  std::shared_ptr<pscore::comm::TlsContext> tls_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 void WritePortFile(const std::string& path, int port) {
   if (path.empty()) return;
@@ -232,7 +204,7 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGPIPE, SIG_IGN);
-  TlsReloader reloader(cl.node.tls);
+  node::TlsReloader reloader(cl.node.tls);
   if (cl.role == "scheduler") return RunScheduler(cl);
   if (cl.role == "server") return RunMember(cl, pb::SERVER);
   if (cl.role == "worker") return RunMember(cl, pb::WORKER);

@@ -51,6 +51,9 @@ struct SchedulerOptions {
   // TLS on the scheduler port and the HTTP port (comm::TlsContext::Load); null: plaintext.
   // A member's REGISTER must then claim the node id its certificate names (docs/security.md).
   std::shared_ptr<comm::TlsContext> tls;
+  // With TLS: the certificate CNs whose admin commands are carried out. Any other CA-signed
+  // certificate gets only "status" (members ask it while they wait for READY).
+  std::vector<std::string> tls_admin_cns = {"admin"};
   AcceptLimits accept;
   // Copies of each server's key range, at most server_num (docs/reliability.md). Members
   // learn it from the metadata.

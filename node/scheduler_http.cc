@@ -216,6 +216,8 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
     if (!get) return wrong_method("GET, HEAD");
     pb::AdminRequest areq;
     areq.set_op(p == "/v1/nodes" ? "nodes" : "status");
+    Status allowed = sched_->CheckAdminCertificate(areq.op(), req.peer_identity, "an HTTPS client");
+    if (!allowed.ok()) return Reply(id, allowed, nullptr);
     return sched_->Admin(areq, [this, id](Status st, pb::AdminResponse resp) { Reply(id, st, AdminJson(resp)); });
   }
   if (p.rfind("/v1/", 0) == 0 && HttpAdminOp(p.substr(4)) != nullptr) {
@@ -290,7 +292,12 @@ void SchedulerHttp::CountScale(const std::string& op, const Status& st) {
 void SchedulerHttp::ServeAdmin(comm::HttpConnId id, const AdminOpInfo& info, const comm::HttpRequest& req) {
   const std::string op = info.wire;
   pb::AdminRequest areq;
-  Status st = ParseAdminBody(req.body, info, &areq);
+  Status st = sched_->CheckAdminCertificate(op, req.peer_identity, "an HTTPS client");
+  if (!st.ok()) {
+    CountScale(op, st);
+    return Reply(id, st, nullptr);
+  }
+  st = ParseAdminBody(req.body, info, &areq);
   if (!st.ok()) {
     CountScale(op, st);
     return Reply(id, st, nullptr);

@@ -61,6 +61,10 @@ class SchedulerNode {
   const core::BarrierManager& barriers() const { return barriers_; }
   // Runs an admin request (same as ADMIN over the wire); cb runs on the loop thread.
   void Admin(const pb::AdminRequest& req, std::function<void(Status, pb::AdminResponse)> cb);
+  // With TLS: whether the peer whose certificate names `cn` (at `peer`, for the message)
+  // may run admin `op`: "status" anyone may, the rest only a CN of tls_admin_cns.
+  // Without TLS always Ok (the cluster token, if any, is checked elsewhere). Any thread.
+  Status CheckAdminCertificate(const std::string& op, const std::string& cn, const std::string& peer) const;
   const comm::TransportStats& transport_stats() { return messenger_->transport().stats(); }
   // Loop thread: serves a command the scheduler does not serve itself (extensions such
   // as the rank-table stream). Set before Start.

@@ -2,6 +2,7 @@
 // coordination services (KV store, barriers).
 #include "node/scheduler_node.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "node/admin_ops.h"
@@ -245,10 +246,30 @@ void SchedulerNode::Admin(const pb::AdminRequest& req,
   DrainEvents();
 }
 
+// A member's certificate is as CA-signed as an operator's: the CN tells them apart, so a
+// compromised or misconfigured member cannot steer the job.
+Status SchedulerNode::CheckAdminCertificate(const std::string& op, const std::string& cn,
+                                            const std::string& peer) const {
+  if (options_.tls == nullptr || op == "status") return Status::Ok();
+  const std::vector<std::string>& allowed = options_.tls_admin_cns;
+  if (std::find(allowed.begin(), allowed.end(), cn) != allowed.end()) return Status::Ok();
+  std::string list;
+  for (const std::string& a : allowed) list += (list.empty() ? "" : ",") + a;
+  Status why(Code::kPermissionDenied, "admin '" + op + "' refused: the TLS certificate of " + peer + " (CN=" + cn +
+                                          ") is not an admin certificate (--tls_admin_cns=" + list + ")");
+  LOG(ERROR) << "scheduler: " << why.message();
+  return why;
+}
+
 void SchedulerNode::HandleAdmin(ConnId conn, const Frame& frame) {
   pb::AdminRequest req;
   Status st = ParsePayload(frame, &req);
   if (!st.ok()) return Reply(conn, frame.meta, st);
+  if (options_.tls != nullptr) {
+    st = CheckAdminCertificate(req.op(), messenger_->transport().PeerIdentity(conn),
+                               messenger_->transport().PeerAddress(conn));
+    if (!st.ok()) return Reply(conn, frame.meta, st);
+  }
   pb::MessageMeta meta = frame.meta;
   Admin(req, [this, conn, meta](Status s, pb::AdminResponse resp) {
     Reply(conn, meta, s, ToBuffer(resp));

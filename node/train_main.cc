@@ -22,6 +22,7 @@
 #include "node/admin_client.h"
 #include "node/exit_codes.h"
 #include "node/flags.h"
+#include "node/tls_reloader.h"
 #include "node/worker_node.h"
 
 namespace {
@@ -310,5 +311,6 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;
   cl.node.role = pb::WORKER;
+  node::TlsReloader reloader(cl.node.tls);  // SIGHUP: new links use the TLS files read again
   return Train(cl);
 }

@@ -53,6 +53,7 @@ smoke() {
   run_one transport-tls "$BUILD/transport_bench" tls-smoke
   run_one control "$BUILD/control_bench" --members=50 --seconds=1
   PSCORE_BENCH_ROUNDS=1 run_one dataplane "$BUILD/dataplane_bench" smoke
+  PSCORE_BENCH_ROUNDS=1 run_one dataplane-tls "$BUILD/dataplane_bench" tls-smoke
   run_one coord "$BUILD/coord_bench" all --clients=2 --client_loops=1 --duration_s=0.3 --rounds=5 \
     --fanout_nodes=8 --fanout_reps=2
   run_one ranktable "$BUILD/ranktable_bench" smoke
@@ -127,7 +128,7 @@ case "$name" in
     done
     exit $rc
     ;;
-  dataplane)  # push/pull throughput, pull latency, send rates vs blocking sockets
+  dataplane)  # push/pull throughput, pull latency, send rates vs blocking sockets; --tls: TLS vs plaintext
     build dataplane_bench
     exec "$BUILD/dataplane_bench" "$@"
     ;;

@@ -107,7 +107,11 @@ tls_flags() {
 }
 echo "== C++ job: 1 scheduler, $servers servers, $workers workers$([ $tls -eq 1 ] && echo ", TLS") (logs in $JOB_DIR)"
 # shellcheck disable=SC2046  # tls_flags prints separate flags
-start_proc scheduler "$build/pscore-node" $(tls_flags scheduler) --role=scheduler --recoverable_roles=worker,server --worker_num="$workers" --server_num="$servers" \
+# With --tls and --scale-out-at, worker0 asks for the scale-out with its own certificate:
+# the scheduler lets it (admin commands need a CN of --tls_admin_cns, docs/security.md).
+admin_cns=()
+[ $tls -eq 1 ] && [ "$scale_out_at" -ge 0 ] && admin_cns=(--tls_admin_cns=admin,worker0)
+start_proc scheduler "$build/pscore-node" $(tls_flags scheduler) "${admin_cns[@]}" --role=scheduler --recoverable_roles=worker,server --worker_num="$workers" --server_num="$servers" \
   --scheduler_port=0 --port_file="$JOB_DIR/scheduler.port" "${common[@]}"
 wait_file "$JOB_DIR/scheduler.port" 10
 port=$(cat "$JOB_DIR/scheduler.port")

@@ -72,7 +72,9 @@ class Scheduler(_pscore.Scheduler):
     Keyword options (``SchedulerOptions``): host, port (0: a free port, read ``.port``),
     worker_num, server_num, heartbeat_interval, heartbeat_timeout, scale_timeout (seconds),
     max_message_bytes, max_kv_value_bytes, max_kv_total_bytes, job_id, http_host,
-    http_port, state_dir, cluster_token.
+    http_port, state_dir, cluster_token; tls_cert, tls_key, tls_ca (PEM files, all three or
+    none: TLS 1.3 with mutual authentication, docs/security.md) and tls_admin_cns (the
+    certificate CNs allowed admin commands, default ["admin"]).
     """
 
     def __enter__(self) -> "Scheduler":
@@ -91,7 +93,8 @@ class Server(_pscore.Server):
     heartbeat_interval, heartbeat_timeout, scheduler_timeout, connect_timeout,
     request_timeout, recovery_timeout (seconds), host_name, max_message_bytes,
     handler_threads (>= 1 for Python handlers), data_dir, journal_compact_bytes,
-    cluster_token, max_connections.
+    cluster_token, max_connections, tls_cert, tls_key, tls_ca (PEM files, all three or none;
+    without node_id the certificate's CN is the node id).
     """
 
     def register_handler(self, name: str, fn: Any) -> None:  # type: ignore[override]
@@ -189,7 +192,10 @@ _pool_lock = _threading.Lock()
 
 
 class AdminClient(_AdminClient):
-    """The operator's client (C++ ``AdminClient``): status, nodes, scale_out, scale_in."""
+    """The operator's client (C++ ``AdminClient``): status, nodes, scale_out, scale_in.
+
+    With TLS (tls_cert, tls_key, tls_ca) the scheduler carries out commands other than
+    status only for a certificate whose CN it lists in tls_admin_cns (default "admin")."""
 
     def status(self) -> dict:
         """The job's state: cluster_state, epoch, worker_num, server_num, registered_*, ..."""

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/tls.h"
 #include "node/admin_client.h"
 #include "node/ranktable_hub.h"
 #include "node/ranktable_subscriber.h"
@@ -165,7 +166,26 @@ std::function<bool()> Signal(std::shared_future<T> f) {
 }
 
 // ---- options ----
+// tls_cert, tls_key, tls_ca: PEM files, all three or none (the C++ flags' rule); the loaded
+// context, or null (plaintext) when none is given. A bad file raises.
+std::shared_ptr<comm::TlsContext> LoadTls(const comm::TlsFiles& files) {
+  if (!files.enabled()) return nullptr;
+  Result<std::shared_ptr<comm::TlsContext>> tls = comm::TlsContext::Load(files);
+  if (!tls.ok()) Raise(tls.status());
+  return *tls;
+}
+
+// Takes kwarg `k` into `files` if it is one of the three TLS options.
+bool TlsOption(const std::string& k, py::handle v, comm::TlsFiles& files) {
+  if (k == "tls_cert") files.cert = v.cast<std::string>();
+  else if (k == "tls_key") files.key = v.cast<std::string>();
+  else if (k == "tls_ca") files.ca = v.cast<std::string>();
+  else return false;
+  return true;
+}
+
 void ApplyNodeOptions(node::NodeOptions& o, const py::kwargs& kw) {
+  comm::TlsFiles tls;
   for (auto item : kw) {
     std::string k = item.first.cast<std::string>();
     py::handle v = item.second;
@@ -188,8 +208,12 @@ void ApplyNodeOptions(node::NodeOptions& o, const py::kwargs& kw) {
     else if (k == "journal_compact_bytes") o.journal_compact_bytes = v.cast<uint64_t>();
     else if (k == "cluster_token") o.cluster_token = v.cast<std::string>();
     else if (k == "max_connections") o.accept.max_connections = v.cast<size_t>();
+    else if (TlsOption(k, v, tls)) continue;
     else Raise(Status(Code::kInvalidArgument, "unknown node option '" + k + "'"));
   }
+  o.tls = LoadTls(tls);
+  // As pscore-node: with TLS and no node_id, the certificate's CN is the node id.
+  if (o.tls != nullptr && o.node_id.empty()) o.node_id = o.tls->identity();
 }
 
 // ---- events: node callbacks run on the loop thread, which never takes the GIL; they are
@@ -655,6 +679,7 @@ struct PyScheduler {
 
 node::SchedulerOptions SchedulerOpts(const py::kwargs& kw) {
   node::SchedulerOptions o;
+  comm::TlsFiles tls;
   for (auto item : kw) {
     std::string k = item.first.cast<std::string>();
     py::handle v = item.second;
@@ -673,8 +698,11 @@ node::SchedulerOptions SchedulerOpts(const py::kwargs& kw) {
     else if (k == "http_port") o.http_port = v.cast<int>();
     else if (k == "state_dir") o.state_dir = v.cast<std::string>();
     else if (k == "cluster_token") o.cluster_token = v.cast<std::string>();
+    else if (k == "tls_admin_cns") o.tls_admin_cns = v.cast<std::vector<std::string>>();
+    else if (TlsOption(k, v, tls)) continue;
     else Raise(Status(Code::kInvalidArgument, "unknown scheduler option '" + k + "'"));
   }
+  o.tls = LoadTls(tls);
   return o;
 }
 
@@ -917,8 +945,10 @@ PYBIND11_MODULE(_pscore, m) {
   py::class_<PyRankTables>(m, "RankTables")
       .def(py::init([](int scheduler_port, const std::string& scheduler_host, const std::string& job_id,
                        const std::string& role, double timeout, double reconnect_for,
-                       const std::string& cluster_token) {
+                       const std::string& cluster_token, const std::string& tls_cert, const std::string& tls_key,
+                       const std::string& tls_ca) {
              node::RankTableSubscriberOptions o;
+             o.tls = LoadTls(comm::TlsFiles{tls_cert, tls_key, tls_ca});
              o.port = scheduler_port;
              o.host = scheduler_host;
              o.job_id = job_id;
@@ -955,7 +985,7 @@ PYBIND11_MODULE(_pscore, m) {
              return r;
            }), py::arg("scheduler_port"), py::arg("scheduler_host") = "127.0.0.1", py::arg("job_id") = "default",
            py::arg("role") = "worker", py::arg("timeout") = 10.0, py::arg("reconnect_for") = 0.0,
-           py::arg("cluster_token") = "")
+           py::arg("cluster_token") = "", py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_ca") = "")
       .def("next", &PyRankTables::Next, py::arg("timeout") = -1.0)
       .def("close", [](PyRankTables& r) {
         if (!r.sub) return;
@@ -974,8 +1004,10 @@ PYBIND11_MODULE(_pscore, m) {
   };
   py::class_<PyAdmin>(m, "AdminClient")
       .def(py::init([](int scheduler_port, const std::string& scheduler_host, double timeout,
-                       const std::string& cluster_token) {
+                       const std::string& cluster_token, const std::string& tls_cert, const std::string& tls_key,
+                       const std::string& tls_ca) {
              node::AdminClientOptions o;
+             o.tls = LoadTls(comm::TlsFiles{tls_cert, tls_key, tls_ca});
              o.scheduler_port = scheduler_port;
              o.scheduler_host = scheduler_host;
              o.timeout = Seconds(timeout);
@@ -990,7 +1022,7 @@ PYBIND11_MODULE(_pscore, m) {
              Check(st);
              return a;
            }), py::arg("scheduler_port"), py::arg("scheduler_host") = "127.0.0.1", py::arg("timeout") = 10.0,
-           py::arg("cluster_token") = "")
+           py::arg("cluster_token") = "", py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_ca") = "")
       .def("admin", [](PyAdmin& a, const std::string& op, int worker_num, int server_num,
                        std::vector<std::string> node_ids) {
         pb::AdminRequest req;

@@ -5,6 +5,10 @@
 // Also prints the payload copies per direction. One figure per line: `name value unit`.
 // Run through `scripts/bench.sh dataplane [quick | smoke | latency | model | push|zpush|pull|pullinto|zpull MiB [N]]`
 // (Release build; N workers and N servers for the one-figure modes, default 1).
+// `dataplane_bench tls` (scripts/bench.sh dataplane --tls): Push and Pull throughput and
+// the 64 B Pull round trip (p50, p99) of a 1 worker/1 server cluster with TLS 1.3 on every
+// link (test certificates made at start) against a plaintext cluster in the same run,
+// measured alternately, with the TLS/plaintext ratios.
 
 #include <algorithm>
 #include <atomic>
@@ -26,6 +30,7 @@
 #include "comm/frame_decoder.h"
 #include "core/key_range.h"
 #include "core/kv_codec.h"
+#include "comm/tls_pki.h"
 #include "node/scheduler_node.h"
 #include "node/server_node.h"
 #include "node/worker_node.h"
@@ -138,9 +143,12 @@ class Cluster {
   // With a data_dir, each server journals its parameters in a directory of its own below
   // it (ServerNode's --data_dir), removed with the cluster.
   // replicas: copies of each server's key range (SchedulerOptions::replicas).
-  Cluster(int workers, int servers, int handler_threads = 2, std::string data_dir = "", int replicas = 1)
-      : handler_threads_(handler_threads), data_dir_(std::move(data_dir)) {
+  // pki: TLS on every link, each node with a certificate of its id from it (null: plaintext).
+  Cluster(int workers, int servers, int handler_threads = 2, std::string data_dir = "", int replicas = 1,
+          comm::testing::TestPki* pki = nullptr)
+      : handler_threads_(handler_threads), data_dir_(std::move(data_dir)), pki_(pki) {
     SchedulerOptions so;
+    if (pki_ != nullptr) so.tls = pki_->Context("scheduler", "scheduler");
     so.worker_num = workers;
     so.server_num = servers;
     so.replicas = replicas;
@@ -197,10 +205,12 @@ class Cluster {
     o.node_id = id;
     o.max_message_bytes = 1ull << 30;
     o.handler_threads = handler_threads_;
+    if (pki_ != nullptr) o.tls = pki_->Context(id, id);
     return o;
   }
   int handler_threads_;
   std::string data_dir_;
+  comm::testing::TestPki* pki_;
   std::unique_ptr<SchedulerNode> sched_;
   std::vector<std::unique_ptr<ServerNode>> servers_;
   std::vector<std::unique_ptr<WorkerNode>> workers_;
@@ -562,7 +572,48 @@ void PrintReplication(bool smoke) {
   Print("failover_2s_replicas2_hb1000ms_p50", Median(failovers), "ms");
 }
 
+// TLS against plaintext: two 1w1s clusters, one with TLS, used alternately so the VM's
+// drift falls on both alike. Per size and form, the median of g_rounds paired ratios.
+int MainTls(bool smoke) {
+  comm::testing::TestPki pki;
+  g_volume = smoke ? 4ull << 20 : 256ull << 20;
+  const std::vector<size_t> sizes =
+      smoke ? std::vector<size_t>{64u << 10, 1u << 20} : std::vector<size_t>{64u << 10, 1u << 20, 16u << 20};
+  std::printf("# pscore data plane, TLS 1.3 against plaintext (loopback, 1 worker / 1 server; MB = 1e6 bytes)\n");
+  Cluster plain(1, 1), tls(1, 1, 2, "", 1, &pki);
+  const std::pair<const char*, KvMode> forms[] = {{"push", KvMode::kPush}, {"pull", KvMode::kPull}};
+  for (size_t size : sizes) {
+    for (const auto& [form, mode] : forms) {
+      std::vector<double> p, t, ratios;
+      for (int r = 0; r < g_rounds; ++r) {
+        p.push_back(KvThroughput(plain, size, mode));
+        t.push_back(KvThroughput(tls, size, mode));
+        ratios.push_back(t.back() / p.back());
+      }
+      const std::string name = std::string(form) + "_1w1s_" + SizeName(size);
+      Print(name + "_plain", Median(p), "MB/s");
+      Print(name + "_tls", Median(t), "MB/s");
+      Print(name + "_tls_ratio", Median(ratios), "x");
+    }
+  }
+  // The 64 B Pull round trip in interleaved blocks; p50 and p99 of every call.
+  const int rounds = smoke ? 200 : 20000, blocks = 5;
+  std::vector<double> p, t;
+  for (int b = 0; b < blocks; ++b) {
+    for (double us : PullLatencies(plain, rounds / blocks)) p.push_back(us);
+    for (double us : PullLatencies(tls, rounds / blocks)) t.push_back(us);
+  }
+  Print("pull_64B_p50_plain", Percentile(p, 0.5), "us");
+  Print("pull_64B_p50_tls", Percentile(t, 0.5), "us");
+  Print("pull_64B_p50_tls_ratio", Percentile(t, 0.5) / Percentile(p, 0.5), "x");
+  Print("pull_64B_p99_plain", Percentile(p, 0.99), "us");
+  Print("pull_64B_p99_tls", Percentile(t, 0.99), "us");
+  return 0;
+}
+
 int Main(const std::string& mode, size_t size, int nodes) {
+  if (mode == "tls" || mode == "--tls") return MainTls(false);
+  if (mode == "tls-smoke") return MainTls(true);
   const bool smoke = mode == "smoke";  // CI: every figure at tiny sizes, so the code cannot rot
   const bool quick = mode == "quick" || smoke;
   if (mode == "jpush") {  // push to servers that journal (--data_dir): one figure

@@ -10,6 +10,7 @@
 
 #include "comm/event_loop.h"
 #include "comm/messenger.h"
+#include "multiproc/test_tls.h"
 #include "node/wire.h"
 
 namespace pscore::testing {
@@ -19,7 +20,9 @@ class AdminProbe {
   explicit AdminProbe(int scheduler_port) : port_(scheduler_port), loop_("admin-probe") {
     comm::Messenger::Handlers h;
     h.on_request = [](comm::ConnId, comm::Frame&&) {};  // the scheduler pushes nothing to admins
-    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), std::move(h));
+    comm::TransportOptions t;
+    t.tls = TestTlsContext("admin");  // the TLS pass (test_tls.h); null otherwise
+    messenger_ = std::make_unique<comm::Messenger>(&loop_, t, std::move(h));
     started_ = loop_.Start().ok();
   }
   ~AdminProbe() {

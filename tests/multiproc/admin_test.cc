@@ -59,6 +59,7 @@ class Job {
   bool WaitReady() {
     node::AdminClientOptions o;
     o.scheduler_port = port_;
+    o.tls = testing::TestTlsContext("admin");
     o.timeout = 5s;
     node::AdminClient client(o);
     if (!client.Connect().ok()) return false;
@@ -68,6 +69,7 @@ class Job {
   bool WaitForState(pb::ClusterState state) {
     node::AdminClientOptions o;
     o.scheduler_port = port_;
+    o.tls = testing::TestTlsContext("admin");
     o.timeout = 5s;
     node::AdminClient client(o);
     if (!client.Connect().ok()) return false;
@@ -151,7 +153,7 @@ int ClosedPort() {
 
 }  // namespace
 
-TEST_CASE("pscore-admin status, nodes, nodes --json, barriers, states and stop", "[multiproc][net]") {
+TEST_CASE("pscore-admin status, nodes, nodes --json, barriers, states and stop", "[multiproc][net][tlspass]") {
   Job job;
   AdminRun status = job.Admin({"status"});
   CHECK(status.code == 0);
@@ -205,7 +207,7 @@ TEST_CASE("pscore-admin status, nodes, nodes --json, barriers, states and stop",
   job.StopAndCheckExits();
 }
 
-TEST_CASE("pscore-admin kv set/get/ls/rm round trip", "[multiproc][net]") {
+TEST_CASE("pscore-admin kv set/get/ls/rm round trip", "[multiproc][net][tlspass]") {
   Job job;
   CHECK(job.Admin({"kv", "set", "cfg/lr", "0.1"}).code == 0);
   CHECK(job.Admin({"kv", "set", "cfg/opt/name", "adam"}).code == 0);

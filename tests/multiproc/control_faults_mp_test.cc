@@ -121,7 +121,7 @@ TEST_CASE("the demo job with its scheduler SIGKILLed while workers push, restart
 
 TEST_CASE("the demo job with its scheduler SIGKILLed while a worker waits in a barrier, restarted from --state_dir, "
           "ends as undisturbed",
-          "[multiproc][net][demo][control]") {
+          "[multiproc][net][demo][control][tlspass]") {
   CompareWithUndisturbed(Fault::kSchedulerKillBarrier);
 }
 
@@ -136,7 +136,7 @@ TEST_CASE("the demo job with a server SIGSTOPped past its heartbeat timeout, the
 }
 
 TEST_CASE("the demo job with a worker SIGKILLed and restarted with its node id resumes the step and ends as undisturbed",
-          "[multiproc][net][demo][control]") {
+          "[multiproc][net][demo][control][tlspass]") {
   CompareWithUndisturbed(Fault::kWorkerKill);
 }
 

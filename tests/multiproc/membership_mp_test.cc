@@ -177,7 +177,7 @@ TEST_CASE("pscore-node refuses bad flags with one line and exit code 2 - help ex
   CHECK(text.find("-logtostderr") == std::string::npos);  // glog's flags only with --helpfull
 }
 
-TEST_CASE("1 scheduler + 2 servers + 2 workers as processes reach READY and all exit 0", "[multiproc][net]") {
+TEST_CASE("1 scheduler + 2 servers + 2 workers as processes reach READY and all exit 0", "[multiproc][net][tlspass]") {
   Job job;
   job.StartScheduler(2, 2);
   job.StartMember("server", "s0", true);
@@ -200,7 +200,7 @@ TEST_CASE("1 scheduler + 2 servers + 2 workers as processes reach READY and all 
 }
 
 TEST_CASE("a SIGKILLed server is reported to the others and takes its rank back on restart",
-          "[multiproc][net]") {
+          "[multiproc][net][tlspass]") {
   Job job;
   const int port = job.StartScheduler(2, 2);
   job.StartMember("server", "s0", false);
@@ -212,6 +212,7 @@ TEST_CASE("a SIGKILLed server is reported to the others and takes its rank back 
   node::NodeOptions o;
   o.role = pb::WORKER;
   o.node_id = "w1";
+  o.tls = TestTlsContext("w1");
   o.scheduler_port = port;
   o.heartbeat_interval = std::chrono::milliseconds(kIntervalMs);
   o.connect_timeout = std::chrono::milliseconds(kConnectTimeoutMs);

@@ -1,7 +1,8 @@
 // Test-only helpers for multi-process tests: a child process started with fork/exec
 // whose stdout and stderr go to a log file, killed by pid and reaped in the destructor
 // (so a failing test leaves no process behind); a temporary directory; reading a
-// --port_file with a deadline. Used from the test thread only.
+// --port_file with a deadline. With PSCORE_TEST_TLS=1 our binaries are started with TLS
+// (test_tls.h). Used from the test thread only.
 #pragma once
 
 #include <fcntl.h>
@@ -21,6 +22,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "multiproc/test_tls.h"
 
 namespace pscore::testing {
 
@@ -81,8 +84,10 @@ class Process {
   Process& operator=(const Process&) = delete;
 
   // Starts argv[0] with argv; stdout and stderr are appended to log_path. False if fork fails.
-  bool Start(const std::vector<std::string>& argv, const std::string& log_path) {
+  // In the TLS pass (test_tls.h) our binaries get the TLS flags of their identity.
+  bool Start(const std::vector<std::string>& argv_in, const std::string& log_path) {
     log_path_ = log_path;
+    const std::vector<std::string> argv = WithTestTls(argv_in);
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);

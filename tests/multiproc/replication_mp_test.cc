@@ -206,7 +206,7 @@ void Compare(const std::vector<TrainFinal>& plain, const std::vector<TrainFinal>
 }  // namespace
 
 TEST_CASE("replicas=2: the demo job with a server SIGKILLed for good - its data deleted - ends as undisturbed",
-          "[multiproc][net][demo][replication]") {
+          "[multiproc][net][demo][replication][tlspass]") {
   std::vector<TrainFinal> plain = RunJob(Fault::kNone, 0);
   // Either server: rank order of arrival is free, so both the primary of range 0 and of
   // range 1 are lost in one of the two runs.

@@ -52,6 +52,7 @@ class ScaleJob {
     REQUIRE(port_ > 0);
     node::AdminClientOptions o;
     o.scheduler_port = port_;
+    o.tls = testing::TestTlsContext("admin");
     o.timeout = 5s;
     admin_ = std::make_unique<node::AdminClient>(o);
     REQUIRE(admin_->Connect().ok());
@@ -72,6 +73,7 @@ class ScaleJob {
     node::NodeOptions o;
     o.role = pb::WORKER;
     o.node_id = id;
+    o.tls = testing::TestTlsContext(id);
     o.scheduler_port = port_;
     o.heartbeat_interval = 100ms;
     o.connect_timeout = 10s;
@@ -219,7 +221,7 @@ void CheckExactlyOneOwner(node::WorkerNode& w, int servers, int expected) {
 }  // namespace
 
 TEST_CASE("scale-out 2->4 servers and 2->3 workers while two workers push loses no update",
-          "[multiproc][net][scale]") {
+          "[multiproc][net][scale][tlspass]") {
   ScaleJob job(/*workers=*/2, /*servers=*/2);
   job.Start("server", "s0");
   job.Start("server", "s1");
@@ -269,7 +271,7 @@ TEST_CASE("scale-out 2->4 servers and 2->3 workers while two workers push loses 
 }
 
 TEST_CASE("scale-in of server rank 0 of 3 while pushing loses no update and compacts ranks",
-          "[multiproc][net][scale]") {
+          "[multiproc][net][scale][tlspass]") {
   ScaleJob job(/*workers=*/2, /*servers=*/3);
   for (int i = 0; i < 3; ++i) job.Start("server", "s" + std::to_string(i), i);
   node::WorkerNode w0(job.WorkerOptions("w0"));

@@ -6,10 +6,11 @@
 // but claiming another node id is refused by the scheduler and exits non-zero; the
 // scheduler's HTTPS port answers curl with a client certificate (and refuses curl without
 // one); SIGHUP reloads the scheduler's certificate without the servers reconnecting, and
-// the trainers then connect with the new one. With TLS, server1 is started without
+// the trainers then connect with the new one; pscore-admin with a server's certificate is
+// refused "stop" (not an admin certificate), and on HTTPS GET /v1/nodes and POST /v1/stop
+// (403); a trainer SIGHUPed while its certificate
+// file is unreadable keeps training on the old one. With TLS, server1 is started without
 // --node_id and registers under its certificate's CN. None of it disturbs the job.
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 
 #include <cmath>
@@ -17,10 +18,13 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "multiproc/process.h"
 #include "multiproc/train_log.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
 namespace pscore::testing {
 namespace {
@@ -41,9 +45,11 @@ std::vector<std::string> TlsFlags(const std::string& pki, const std::string& nam
 }
 
 // Runs the demo job; with `pki` set, every process uses TLS and `during` runs while the
-// servers wait for the trainers (given the scheduler and HTTP ports and the scheduler's pid).
+// servers wait for the trainers (given the scheduler and HTTP ports and the scheduler's pid),
+// `training` once trainer 0 has printed a step (given that trainer).
 Job RunJob(const TempDir& dir, const std::string& pki,
-           const std::function<void(int, int, pid_t)>& during = nullptr) {
+           const std::function<void(int, int, pid_t)>& during = nullptr,
+           const std::function<void(Process&)>& training = nullptr) {
   const bool tls = !pki.empty();
   auto args = [&](std::vector<std::string> v, const std::string& name) {
     v.insert(v.end(), {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=3000"});
@@ -82,6 +88,14 @@ Job RunJob(const TempDir& dir, const std::string& pki,
     REQUIRE(trainers.back()->Start(
         args({TrainBinary(), "--node_id=" + name, "--scheduler_port=" + std::to_string(port), "--steps=60"}, name),
         dir.File(tag + name + ".log")));
+  }
+  if (training) {
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (trainers[0]->running() && trainers[0]->Log().find("step ") == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+    training(*trainers[0]);
   }
   Job job;
   for (int i = 0; i < 2; ++i) {
@@ -130,6 +144,15 @@ TEST_CASE("the demo job with TLS on every link ends with the plaintext job's wei
     INFO("admin: " << out);
     // Without TLS the admin gets nowhere.
     CHECK(RunToEnd({AdminBinary(), p, "--timeout_ms=3000", "status"}, dir.File("plain-admin.log"), &out) != 0);
+    // A member's certificate is not an operator's: "stop" is refused, naming why, and the
+    // job goes on (it ends with the plaintext job's weights below).
+    std::vector<std::string> member_admin = {AdminBinary(), p, "--timeout_ms=20000"};
+    for (const std::string& f : TlsFlags(pki, "server0")) member_admin.push_back(f);
+    member_admin.push_back("stop");
+    CHECK(RunToEnd(member_admin, dir.File("member-admin.log"), &out) != 0);
+    INFO("admin with server0's certificate: " << out);
+    CHECK(out.find("not an admin certificate") != std::string::npos);
+    CHECK(out.find("CN=server0") != std::string::npos);
     // server0's certificate, another node's id: refused at REGISTER.
     std::vector<std::string> impostor = {NodeBinary(), "--role=server", "--node_id=server9", p,
                                          "--connect_timeout_ms=5000", "--recovery_timeout_ms=5000"};
@@ -148,6 +171,14 @@ TEST_CASE("the demo job with TLS on every link ends with the plaintext job's wei
       // No client certificate: the handshake fails.
       CHECK(std::system(("/usr/bin/curl -sf --max-time 20 --cacert " + pki + "/ca.crt " + url + " >/dev/null 2>&1")
                             .c_str()) != 0);
+      // server0's certificate on HTTPS: no admin either (403 for GET /v1/nodes and POST /v1/stop).
+      const std::string member_curl = "/usr/bin/curl -s --max-time 20 -o /dev/null -w '%{http_code}' --cacert " + pki +
+                                      "/ca.crt --cert " + pki + "/server0.crt --key " + pki + "/server0.key ";
+      const std::string base = "https://127.0.0.1:" + std::to_string(http);
+      CHECK(std::system((member_curl + base + "/v1/nodes >" + dir.File("code1.txt")).c_str()) == 0);
+      CHECK(ReadFile(dir.File("code1.txt")) == "403");
+      CHECK(std::system((member_curl + "-X POST " + base + "/v1/stop >" + dir.File("code2.txt")).c_str()) == 0);
+      CHECK(ReadFile(dir.File("code2.txt")) == "403");
       // SIGHUP reloads the scheduler's certificate (a new one of two days, same CA): the
       // next HTTPS scrape reports it, and no member had to connect again meanwhile.
       auto scrape = [&] {
@@ -183,6 +214,19 @@ TEST_CASE("the demo job with TLS on every link ends with the plaintext job's wei
       CHECK(value(after, expiry_name) < 3 * 86400);
       CHECK(value(after, ok_name) == value(before, ok_name));
     }
+  }, [&](Process& trainer0) {
+    // pscore-train reads its TLS files again on SIGHUP (without a handler the signal would
+    // end it): its certificate file is garbage now, so it logs that the old one stays in
+    // use and trains on (the job's outcome is checked below).
+    REQUIRE(std::system(("echo garbage >" + pki + "/worker0.crt").c_str()) == 0);
+    trainer0.Signal(SIGHUP);
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (trainer0.Log().find("SIGHUP: TLS files not reloaded") == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(20ms);
+    }
+    INFO("worker0 log:\n" << trainer0.Log());
+    CHECK(trainer0.Log().find("SIGHUP: TLS files not reloaded, the old ones stay in use") != std::string::npos);
   });
   for (int i = 0; i < 2; ++i) {
     CHECK(plain.codes[i] == 0);

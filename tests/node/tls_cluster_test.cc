@@ -1,13 +1,15 @@
 // A job with TLS on every link, in process: members register under the node id their
 // certificate names; a member claiming another node id with a valid certificate is
 // refused at REGISTER (permission_denied), and so is a HELLO to a server naming another
-// member; the job finishes unaffected.
+// member; the job finishes unaffected. Admin commands need a certificate whose CN the
+// scheduler lists (SchedulerOptions::tls_admin_cns): a member's gets only "status".
 #include <future>
 #include <set>
 
 #include "comm/event_loop.h"
 #include "comm/messenger.h"
 #include "comm/tls_pki.h"
+#include "node/admin_client.h"
 #include "node/node.h"
 #include "node/wire.h"
 #include "node/scheduler_node.h"
@@ -99,6 +101,58 @@ TEST_CASE("tls: members register under their certificate's name and an impostor 
   CHECK(sched.WaitForExit(5s).ok());
   worker.Stop();
   server.Stop();
+  sched.Stop();
+}
+
+TEST_CASE("tls: admin commands need a certificate named in tls_admin_cns - a member's certificate gets status only",
+          "[node][net][tls]") {
+  comm::testing::TestPki pki;
+  SchedulerOptions so;
+  so.worker_num = 1;
+  so.server_num = 0;
+  so.heartbeat_interval = 50ms;
+  so.heartbeat_timeout = 2s;
+  so.tls = pki.Context("scheduler", "scheduler");
+  so.tls_admin_cns = {"admin", "ops"};
+  SchedulerNode sched(so);
+  REQUIRE(sched.Start().ok());
+  Node worker(Opts(pb::WORKER, sched.port(), "w0", pki.Context("w0", "w0")), nullptr);
+  REQUIRE(worker.Start().ok());
+  REQUIRE(worker.WaitForReady(10s).ok());
+
+  auto client = [&](const std::string& cn) {
+    AdminClientOptions o;
+    o.scheduler_port = sched.port();
+    o.timeout = 5s;
+    o.tls = pki.Context("client-" + cn, cn);
+    return std::make_unique<AdminClient>(o);
+  };
+  // The member's own certificate: status is answered, every other command refused.
+  auto member = client("w0");
+  REQUIRE(member->Connect().ok());
+  CHECK(member->Admin("status").ok());
+  for (const std::string op : {"nodes", "barriers", "stop"}) {
+    Result<pb::AdminResponse> r = member->Admin(op);
+    INFO(op << ": " << r.status());
+    CHECK(r.status().code() == Code::kPermissionDenied);
+    CHECK_THAT(r.status().message(), Catch::Contains("admin '" + op + "' refused") && Catch::Contains("(CN=w0)") &&
+                                         Catch::Contains("not an admin certificate (--tls_admin_cns=admin,ops)"));
+  }
+  CHECK(worker.cluster_state() == pb::CLUSTER_READY);  // the refused stop did nothing
+  // The listed names are answered.
+  for (const std::string cn : {"admin", "ops"}) {
+    auto op = client(cn);
+    REQUIRE(op->Connect().ok());
+    Result<pb::AdminResponse> r = op->Admin("nodes");
+    INFO(cn << ": " << r.status());
+    REQUIRE(r.ok());
+    CHECK(r->nodes_size() == 1);
+  }
+  auto admin = client("admin");
+  REQUIRE(admin->Connect().ok());
+  CHECK(admin->Admin("stop").ok());
+  CHECK(sched.WaitForExit(10s).ok());
+  worker.Stop();
   sched.Stop();
 }
 
