@@ -382,7 +382,7 @@ Status TlsSession::Write(const char* data, size_t n) {
   while (n > 0) {
     ERR_clear_error();
     const int take = static_cast<int>(std::min<size_t>(n, 1u << 30));
-    // A memory BIO never pushes back, so a write is taken whole.
+    // The sink BIO never pushes back, so a write is taken whole.
     const int rc = SSL_write(ssl_, data, take);
     if (rc != take) return Failure(rc, "TLS write");
     data += take;

@@ -1,4 +1,4 @@
-// TLS 1.3 with mutual authentication, driven through memory BIOs on the event loop.
+// TLS 1.3 with mutual authentication, driven on the event loop through BIOs of our own (no socket).
 // TlsContext is a process's settings (one SSL_CTX: its certificate and key, the cluster
 // CA); it is shared by every transport and HTTP server of the process, any thread
 // (Reload swaps the SSL_CTX under a lock; sessions hold a reference to theirs).
