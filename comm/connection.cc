@@ -12,11 +12,23 @@
 
 namespace pscore::comm {
 
-// TLS: ciphertext is read into this buffer, one per loop thread (OnCipher hands each read
-// to the session at once), then decrypted straight into the frame decoder's region (a
-// large payload's own buffer).
-constexpr size_t kCipherReadBytes = 64 << 10;
-thread_local char g_cipher_in[kCipherReadBytes];
+// TLS: ciphertext is read into a buffer of this size, one per loop thread (OpenSSL reads
+// each read in place during OnCipher, and what it leaves of a partial record is copied
+// out), then decrypted straight into the frame decoder's region (a large payload's own
+// buffer). Large reads mean few system calls per byte.
+constexpr size_t kCipherReadBytes = 256 << 10;
+char* CipherReadBuffer() {
+  thread_local std::unique_ptr<char[]> buffer(new char[kCipherReadBytes]);
+  return buffer.get();
+}
+// TLS: plaintext encrypted per pass before the ciphertext goes to the socket. While the
+// socket keeps up, one buffer of this size serves every pass (no allocation, still in cache
+// when the kernel copies it).
+constexpr size_t kTlsChunkBytes = 256 << 10;
+// TLS: plaintext pieces shorter than this (headers and metas, small payloads) are gathered
+// into one record of up to kTlsRecordBytes instead of a record each.
+constexpr size_t kTlsSmallPiece = 2 << 10;
+constexpr size_t kTlsRecordBytes = 16 << 10;
 
 // All frames queued in one loop iteration go out in one uv_write (writev): header+meta
 // bytes (and payloads of at most kInlinePayloadBytes) are owned here, larger payloads are
@@ -27,7 +39,9 @@ struct WriteBatch {
   std::string head;                    // headers and metas back to back
   std::vector<std::pair<size_t, size_t>> head_spans;  // (offset, len) per frame, back to back
   std::vector<Payload> payloads;       // per frame; empty when inline or none
-  std::string cipher;                  // TLS: the batch encrypted (what is written)
+  std::vector<uv_buf_t> plain;         // TLS: the frames' plaintext, in order
+  std::string cipher;                  // TLS chunk: ciphertext (what is written)
+  bool tls_chunk = false;              // a TLS ciphertext chunk, not a batch of frames
   uint64_t bytes = 0;
   uint64_t shared_bytes = 0;           // of bytes: shared payloads
   size_t shared_payloads = 0;          // frames with a shared payload
@@ -37,7 +51,7 @@ struct ConnectionCallbacks {
   static void OnAlloc(uv_handle_t* handle, size_t /*suggested*/, uv_buf_t* buf) {
     auto* self = static_cast<Connection*>(handle->data);
     if (self->tls_) {
-      *buf = uv_buf_init(g_cipher_in, static_cast<unsigned>(kCipherReadBytes));
+      *buf = uv_buf_init(CipherReadBuffer(), static_cast<unsigned>(kCipherReadBytes));
       return;
     }
     size_t size = 0;
@@ -81,6 +95,16 @@ struct ConnectionCallbacks {
   static void OnWriteDone(uv_write_t* req, int status) {
     std::unique_ptr<WriteBatch> batch(static_cast<WriteBatch*>(req->data));
     Connection* self = batch->conn;
+    if (batch->tls_chunk) {
+      self->tls_writing_ = false;
+      if (status < 0) {
+        if (status != UV_ECANCELED) self->Close(UvStatus(status, "write"));
+        return;
+      }
+      self->tls_chunk_ = std::move(batch);
+      self->PumpTls();
+      return;
+    }
     self->DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
     if (status < 0 && status != UV_ECANCELED) self->Close(UvStatus(status, "write"));
   }
@@ -140,7 +164,7 @@ void Connection::StartTls() {
   tls_ = std::make_unique<TlsSession>(options_.tls, accepted_);
   if (accepted_) return;  // The dialler speaks first.
   Status st = tls_->Handshake();  // ClientHello
-  SendCipher();
+  PumpTls();
   if (!st.ok()) Close(st);
 }
 
@@ -152,10 +176,10 @@ const std::string& Connection::peer_identity() const {
 void Connection::OnCipher(const char* data, size_t n) {
   last_read_ = std::chrono::steady_clock::now();
   any_read_ = true;
-  tls_->Feed(data, n);
+  TlsSession::Lent lent = tls_->Lend(data, n);  // read in place; a partial record is kept at the end
   if (!tls_->established()) {
     Status st = tls_->Handshake();
-    SendCipher();  // our next handshake flight, or the alert that says why we refuse
+    PumpTls();  // our next handshake flight, or the alert that says why we refuse
     if (!st.ok()) {
       LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << st.message();
       CloseAfterFlush(st);
@@ -185,49 +209,106 @@ void Connection::Decrypt() {
         } else {
           LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << got.status().message();
         }
-        SendCipher();
+        PumpTls();
         Close(got.status());
       }
       break;
     }
     OnBytes(*got);
   }
-  SendCipher();  // post-handshake messages (key updates)
+  PumpTls();  // post-handshake messages (key updates)
 }
 
-void Connection::SendCipher() {
-  if (closing_ || tls_->pending_cipher() == 0) return;
-  auto batch = spare_ ? std::move(spare_) : std::make_unique<WriteBatch>();
-  batch->conn = this;
-  batch->cipher.clear();
-  tls_->TakeCipher(&batch->cipher);
-  std::vector<uv_buf_t> bufs{uv_buf_init(batch->cipher.data(), static_cast<unsigned>(batch->cipher.size()))};
-  Write(std::move(batch), bufs);
+void Connection::PumpTls() {
+  DCHECK(loop_->InLoopThread());
+  auto* stream = reinterpret_cast<uv_stream_t*>(tcp_);
+  while (!closing_ && !tls_writing_) {
+    if (!tls_chunk_) {
+      tls_chunk_ = std::make_unique<WriteBatch>();
+      tls_chunk_->conn = this;
+      tls_chunk_->tls_chunk = true;
+    }
+    std::string& cipher = tls_chunk_->cipher;
+    cipher.clear();
+    tls_->TakeCipher(&cipher);  // handshake and post-handshake messages first
+    if (tls_->established() && !tls_plain_.empty()) {
+      if (!EncryptChunk()) return;
+      tls_->TakeCipher(&cipher);
+    }
+    if (cipher.empty()) return;
+    uv_buf_t buf = uv_buf_init(cipher.data(), static_cast<unsigned>(cipher.size()));
+    const int n = uv_try_write(stream, &buf, 1);
+    if (n < 0 && n != UV_EAGAIN) {
+      Close(UvStatus(n, "write"));
+      return;
+    }
+    const size_t took = n > 0 ? static_cast<size_t>(n) : 0;
+    if (took == cipher.size()) continue;  // all taken: the same buffer serves the next chunk
+    buf.base += took;
+    buf.len -= took;
+    tls_chunk_->req.data = tls_chunk_.get();
+    const int rc = uv_write(&tls_chunk_->req, stream, &buf, 1, &ConnectionCallbacks::OnWriteDone);
+    if (rc < 0) {
+      Close(UvStatus(rc, "uv_write"));
+      return;
+    }
+    tls_writing_ = true;
+    tls_chunk_.release();  // back in OnWriteDone
+  }
 }
 
-// The batch's plaintext iovecs (payload buffers referenced, not copied) go to SSL_write
-// one by one; the ciphertext lands in one string, which becomes the batch's to write.
-bool Connection::Encrypt(WriteBatch& batch, std::vector<uv_buf_t>& bufs) {
-  size_t total = 0;
-  for (const uv_buf_t& b : bufs) total += b.len;
-  batch.cipher.clear();
-  tls_->TakeCipher(&batch.cipher);  // anything pending (none after the handshake) goes first
-  tls_->Reserve(total);
-  for (const uv_buf_t& b : bufs) {
-    Status st = tls_->Write(b.base, b.len);
-    if (!st.ok()) {
-      LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << st.message();
-      Close(st);
-      return false;
+// The queued plaintext (payload buffers referenced, not copied) goes to SSL_write in large
+// pieces, so records are cut at 16 KiB; small pieces are gathered first. A batch encrypted
+// whole leaves the queue.
+bool Connection::EncryptChunk() {
+  size_t budget = kTlsChunkBytes;
+  tls_->Reserve(budget);
+  while (budget > 0 && !tls_plain_.empty()) {
+    WriteBatch& b = *tls_plain_.front();
+    if (tls_iov_ == b.plain.size()) {
+      DropQueued(b.bytes, b.shared_bytes, b.shared_payloads);
+      std::unique_ptr<WriteBatch> done = std::move(tls_plain_.front());
+      tls_plain_.pop_front();
+      tls_iov_ = 0;
+      tls_iov_at_ = 0;
+      Recycle(std::move(done));
+      continue;
+    }
+    const uv_buf_t& v = b.plain[tls_iov_];
+    const char* from = v.base + tls_iov_at_;
+    const size_t left = v.len - tls_iov_at_;
+    size_t take = std::min(left, budget);
+    if (left < kTlsSmallPiece) {
+      take = left;
+      tls_stage_.append(from, take);
+      if (tls_stage_.size() + kTlsSmallPiece > kTlsRecordBytes && !WriteStage()) return false;
+    } else {
+      if (!WriteStage()) return false;
+      Status st = tls_->Write(from, take);
+      if (!st.ok()) {
+        LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << st.message();
+        Close(st);
+        return false;
+      }
+    }
+    budget -= std::min(budget, take);
+    tls_iov_at_ += take;
+    if (tls_iov_at_ == v.len) {
+      ++tls_iov_;
+      tls_iov_at_ = 0;
     }
   }
-  tls_->TakeCipher(&batch.cipher);
-  bufs.clear();
-  for (size_t at = 0; at < batch.cipher.size(); at += kMaxIovBytes) {
-    bufs.push_back(uv_buf_init(batch.cipher.data() + at,
-                               static_cast<unsigned>(std::min(batch.cipher.size() - at, kMaxIovBytes))));
-  }
-  return true;
+  return WriteStage();
+}
+
+bool Connection::WriteStage() {
+  if (tls_stage_.empty()) return true;
+  Status st = tls_->Write(tls_stage_.data(), tls_stage_.size());
+  tls_stage_.clear();
+  if (st.ok()) return true;
+  LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << st.message();
+  Close(st);
+  return false;
 }
 
 Status Connection::StartReading() {
@@ -439,8 +520,10 @@ void Connection::Flush() {
     if (p.head) add(p.head->data(), p.head->size());
     for (const Slice& s : p.tail) add(s.data, s.size);
   }
-  if (tls_ && !Encrypt(*batch, bufs)) {
-    DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
+  if (tls_) {
+    batch->plain.assign(bufs.begin(), bufs.end());
+    tls_plain_.push_back(std::move(batch));
+    PumpTls();
     return;
   }
   Write(std::move(batch), bufs);
@@ -466,16 +549,8 @@ void Connection::Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>&
   }
   while (first < bufs.size() && bufs[first].len == 0) ++first;
   if (first == bufs.size()) {
-    // All written: drop the payload references, keep the storage.
     DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
-    batch->head.clear();
-    batch->head_spans.clear();
-    batch->payloads.clear();
-    batch->cipher.clear();
-    batch->bytes = 0;
-    batch->shared_bytes = 0;
-    batch->shared_payloads = 0;
-    if (batch->head.capacity() <= (1u << 20) && batch->cipher.capacity() <= (1u << 20)) spare_ = std::move(batch);  // Don't hoard big ones.
+    Recycle(std::move(batch));
     return;
   }
   batch->req.data = batch.get();
@@ -487,6 +562,18 @@ void Connection::Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>&
     return;
   }
   batch.release();  // Freed in OnWriteDone.
+}
+
+void Connection::Recycle(std::unique_ptr<WriteBatch> batch) {
+  // Drop the payload references, keep the storage.
+  batch->head.clear();
+  batch->head_spans.clear();
+  batch->payloads.clear();
+  batch->plain.clear();
+  batch->bytes = 0;
+  batch->shared_bytes = 0;
+  batch->shared_payloads = 0;
+  if (batch->head.capacity() <= (1u << 20)) spare_ = std::move(batch);  // Don't hoard big ones.
 }
 
 void Connection::CloseAfterFlush(const Status& why) {

@@ -83,12 +83,17 @@ class Connection {
   // Ciphertext read from the socket: on with the handshake, then plaintext into the decoder.
   void OnCipher(const char* data, size_t n);
   void Decrypt();
-  // Writes the ciphertext the TLS session has produced (handshake messages, alerts).
-  void SendCipher();
+  // TLS: writes the ciphertext the session has produced (handshake messages, alerts), then
+  // encrypts the queued plaintext a chunk at a time while the socket takes it.
+  void PumpTls();
+  // TLS: encrypts up to kTlsChunkBytes of the queued plaintext. False when it failed (closed).
+  bool EncryptChunk();
+  // TLS: the gathered small pieces become one record.
+  bool WriteStage();
   // Writes bufs[...] of `batch` (try first, then queue the rest); owns the batch till done.
   void Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>& bufs);
-  // TLS: replaces the plaintext bufs by the batch's ciphertext.
-  bool Encrypt(WriteBatch& batch, std::vector<uv_buf_t>& bufs);
+  // A batch written (or encrypted) whole: kept for reuse unless it grew big.
+  void Recycle(std::unique_ptr<WriteBatch> batch);
   // Checks the limits and appends a frame's header and meta plus `inline_bytes` of room to
   // the pending batch (`payload` is referenced after them when not empty). Returns the room,
   // or null with *st set.
@@ -130,6 +135,14 @@ class Connection {
   bool heard_ = false;
   bool any_read_ = false;  // a byte has arrived
   std::unique_ptr<TlsSession> tls_;
+  // TLS: flushed batches waiting to be encrypted (front first); their plaintext is encrypted
+  // as the socket drains, so the ciphertext of one chunk at most is waiting in libuv.
+  std::deque<std::unique_ptr<WriteBatch>> tls_plain_;
+  size_t tls_iov_ = 0;     // the front batch's plaintext iovec reached
+  size_t tls_iov_at_ = 0;  // and how far into it
+  bool tls_writing_ = false;               // a ciphertext chunk is queued in libuv
+  std::unique_ptr<WriteBatch> tls_chunk_;  // the ciphertext buffer while not queued (reused)
+  std::string tls_stage_;                  // small plaintext pieces gathered into one record
 };
 
 }  // namespace pscore::comm

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <ctime>
 
 #include <glog/logging.h>
@@ -82,7 +83,63 @@ const BIO_METHOD* SinkMethod() {
   return method;
 }
 
+// The read side's BIO: OpenSSL takes ciphertext straight from the bytes the connection
+// read (TlsSession::Lend) or holds (Feed); an empty source says "retry": more may come.
+int SourceRead(BIO* bio, char* dst, int cap) {
+  BIO_clear_retry_flags(bio);
+  if (cap <= 0) return 0;
+  const size_t got = static_cast<TlsSession::CipherIn*>(BIO_get_data(bio))->Take(dst, static_cast<size_t>(cap));
+  if (got == 0) {
+    BIO_set_retry_read(bio);
+    return -1;
+  }
+  return static_cast<int>(got);
+}
+
+long SourceCtrl(BIO* bio, int cmd, long /*num*/, void* /*ptr*/) {
+  if (cmd == BIO_CTRL_FLUSH) return 1;
+  if (cmd == BIO_CTRL_PENDING) {
+    const auto* in = static_cast<const TlsSession::CipherIn*>(BIO_get_data(bio));
+    const size_t n = in->held.size() - in->held_at + in->lent_len;
+    return static_cast<long>(std::min<size_t>(n, LONG_MAX));
+  }
+  return 0;
+}
+
+const BIO_METHOD* SourceMethod() {
+  static BIO_METHOD* method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "pscore ciphertext source");
+    CHECK(m != nullptr) << "BIO_meth_new failed";
+    BIO_meth_set_read(m, &SourceRead);
+    BIO_meth_set_ctrl(m, &SourceCtrl);
+    BIO_meth_set_create(m, &SinkCreate);
+    return m;
+  }();
+  return method;
+}
+
 }  // namespace
+
+size_t TlsSession::CipherIn::Take(char* dst, size_t cap) {
+  size_t got = 0;
+  if (held_at < held.size()) {
+    got = std::min(cap, held.size() - held_at);
+    std::memcpy(dst, held.data() + held_at, got);
+    held_at += got;
+    if (held_at == held.size()) {
+      held.clear();
+      held_at = 0;
+    }
+  }
+  if (got < cap && lent_len > 0) {
+    const size_t more = std::min(cap - got, lent_len);
+    std::memcpy(dst + got, lent, more);
+    lent += more;
+    lent_len -= more;
+    got += more;
+  }
+  return got;
+}
 
 bool LooksLikeTls(const char* data, size_t n) {
   // A record: content type handshake (0x16) or alert (0x15), then major version 3.
@@ -207,12 +264,11 @@ TlsSession::TlsSession(std::shared_ptr<TlsContext> context, bool server)
   ssl_ = SSL_new(ctx);  // takes its own reference
   SSL_CTX_free(ctx);
   CHECK(ssl_ != nullptr) << "SSL_new: " << TakeSslError();
-  rbio_ = BIO_new(BIO_s_mem());
+  rbio_ = BIO_new(SourceMethod());
   wbio_ = BIO_new(SinkMethod());
   CHECK(rbio_ != nullptr && wbio_ != nullptr) << "BIO_new failed";
+  BIO_set_data(rbio_, &in_);
   BIO_set_data(wbio_, &out_);
-  // An empty memory BIO reports "retry" rather than end of file: more bytes may come.
-  BIO_set_mem_eof_return(rbio_, -1);
   SSL_set_bio(ssl_, rbio_, wbio_);  // ssl_ owns both now
   SSL_set_app_data(ssl_, &rejected_cn_);  // OnVerify notes a refused certificate's CN
   if (server_) {
@@ -224,18 +280,42 @@ TlsSession::TlsSession(std::shared_ptr<TlsContext> context, bool server)
 
 TlsSession::~TlsSession() { SSL_free(ssl_); }
 
-void TlsSession::Feed(const char* data, size_t n) {
-  if (n == 0) return;
+void TlsSession::Note(const char* data, size_t n) {
   if (fed_ == 0) first_byte_ = static_cast<unsigned char>(data[0]);
   fed_ += n;
-  // A memory BIO takes any amount (it grows); the owner drains it with every feed.
-  while (n > 0) {
-    const int take = static_cast<int>(std::min<size_t>(n, INT_MAX));
-    const int put = BIO_write(rbio_, data, take);
-    CHECK(put == take) << "BIO_write to a memory BIO failed";
-    data += take;
-    n -= static_cast<size_t>(take);
+}
+
+void TlsSession::Feed(const char* data, size_t n) {
+  if (n == 0) return;
+  Note(data, n);
+  KeepUnread();  // lent bytes still unread come first
+  if (in_.held_at > 0 && in_.held_at >= in_.held.size() / 2) {
+    in_.held.erase(0, in_.held_at);
+    in_.held_at = 0;
   }
+  in_.held.append(data, n);
+}
+
+TlsSession::Lent TlsSession::Lend(const char* data, size_t n) {
+  KeepUnread();
+  if (n > 0) {
+    Note(data, n);
+    in_.lent = data;
+    in_.lent_len = n;
+  }
+  return Lent(this);
+}
+
+void TlsSession::KeepUnread() {
+  if (in_.lent_len > 0) {
+    if (in_.held_at > 0) {
+      in_.held.erase(0, in_.held_at);
+      in_.held_at = 0;
+    }
+    in_.held.append(in_.lent, in_.lent_len);
+  }
+  in_.lent = nullptr;
+  in_.lent_len = 0;
 }
 
 Status TlsSession::Failure(int rc, const char* what) {
@@ -302,7 +382,7 @@ Status TlsSession::Write(const char* data, size_t n) {
   while (n > 0) {
     ERR_clear_error();
     const int take = static_cast<int>(std::min<size_t>(n, 1u << 30));
-    // A memory BIO never pushes back, so a write is taken whole.
+    // The sink BIO never pushes back, so a write is taken whole.
     const int rc = SSL_write(ssl_, data, take);
     if (rc != take) return Failure(rc, "TLS write");
     data += take;

@@ -1,4 +1,4 @@
-// TLS 1.3 with mutual authentication, driven through memory BIOs on the event loop.
+// TLS 1.3 with mutual authentication, driven on the event loop through BIOs of our own (no socket).
 // TlsContext is a process's settings (one SSL_CTX: its certificate and key, the cluster
 // CA); it is shared by every transport and HTTP server of the process, any thread
 // (Reload swaps the SSL_CTX under a lock; sessions hold a reference to theirs).
@@ -66,8 +66,26 @@ class TlsSession {
   TlsSession(const TlsSession&) = delete;
   TlsSession& operator=(const TlsSession&) = delete;
 
-  // Ciphertext read from the socket, in order.
+  // Ciphertext read from the socket, in order; copied (the caller's buffer may go at once).
   void Feed(const char* data, size_t n);
+  // Ciphertext read from the socket, not copied: OpenSSL reads it in place during the calls
+  // that follow, while the returned guard lives; the guard's end copies what is still unread
+  // (a partial record), so `data` need only outlive the guard.
+  class Lent {
+   public:
+    explicit Lent(TlsSession* s) : s_(s) {}
+    Lent(Lent&& o) noexcept : s_(o.s_) { o.s_ = nullptr; }
+    Lent(const Lent&) = delete;
+    Lent& operator=(const Lent&) = delete;
+    Lent& operator=(Lent&&) = delete;
+    ~Lent() {
+      if (s_ != nullptr) s_->KeepUnread();
+    }
+
+   private:
+    TlsSession* s_;
+  };
+  [[nodiscard]] Lent Lend(const char* data, size_t n);
   // Advances the handshake as far as the bytes fed allow. OK: done, or waiting for more
   // (see established()). An error names the cause in one line (plaintext peer, peer
   // certificate rejected and why, our certificate refused by the peer).
@@ -76,7 +94,8 @@ class TlsSession {
   // Decrypts up to `cap` bytes into dst. Returns the count (0: nothing more until more
   // ciphertext is fed); an error when the peer closed the session or the stream is bad.
   Result<size_t> Read(char* dst, size_t cap);
-  // Encrypts plaintext; the ciphertext waits for TakeCipher. Only once established.
+  // Encrypts plaintext; the ciphertext waits for TakeCipher. Only once established. Each
+  // call ends a record: give it large pieces (records of up to 16 KiB are cut from them).
   Status Write(const char* data, size_t n);
   // Ciphertext produced and not yet taken.
   size_t pending_cipher() const;
@@ -90,11 +109,27 @@ class TlsSession {
 
  private:
   Status Failure(int rc, const char* what);
+  void Note(const char* data, size_t n);
+  // Copies the unread part of the lent bytes into in_.held.
+  void KeepUnread();
 
+ public:
+  // The ciphertext fed and not yet read by OpenSSL: the held bytes (copies) come first, then
+  // the lent ones. The source BIO reads from here.
+  struct CipherIn {
+    std::string held;
+    size_t held_at = 0;  // held[0, held_at) is read
+    const char* lent = nullptr;
+    size_t lent_len = 0;
+    size_t Take(char* dst, size_t cap);
+  };
+
+ private:
   std::shared_ptr<TlsContext> context_;
   ssl_st* ssl_ = nullptr;
-  bio_st* rbio_ = nullptr;  // ciphertext in (owned by ssl_)
+  bio_st* rbio_ = nullptr;  // ciphertext in (owned by ssl_): reads in_
   bio_st* wbio_ = nullptr;  // ciphertext out (owned by ssl_): appends to out_
+  CipherIn in_;
   std::string out_;         // ciphertext produced, not yet taken
   bool server_;
   bool established_ = false;

@@ -7,6 +7,7 @@
 // rate of TLS handshakes on one listener when 1,000 connections are dialled at once.
 
 #include <glog/logging.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -264,6 +265,34 @@ double TlsHandshakes(const Tls& tls, int n) {
   return n / Seconds(end - start);
 }
 
+// CPU seconds (user and system, all threads) this process has used.
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
+
+// One-way throughput (MB/s) and the CPU time both loops spent per byte (ns/B).
+std::pair<double, double> ThroughputAndCpu(size_t size, const Tls& tls = {}) {
+  const double cpu0 = CpuSeconds();
+  const double mbps = PscoreThroughput(size, tls);
+  const double cpu = CpuSeconds() - cpu0;
+  return {mbps, cpu * 1e9 / static_cast<double>(MessageCount(size) * size)};
+}
+
+// TLS one-way throughput only, one run per size (for a profiler).
+int MainTlsOneway() {
+  testing::TestPki pki;
+  Tls tls{pki.Context("server", "scheduler"), pki.Context("client", "worker-0")};
+  for (size_t size : {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20}) {
+    auto [mbps, cpu] = ThroughputAndCpu(size, tls);
+    Print("oneway_" + SizeName(size) + "_tls", mbps, "MB/s");
+    Print("oneway_" + SizeName(size) + "_tls_cpu", cpu, "ns/B", 3);
+  }
+  return 0;
+}
+
 // TLS against plaintext, pscore both times, interleaved (best of reps).
 int MainTls(bool smoke) {
   testing::TestPki pki;
@@ -274,14 +303,21 @@ int MainTls(bool smoke) {
   std::printf("# pscore transport with TLS 1.3 against plaintext (loopback; MB = 1e6 bytes; best of %d)\n", reps);
   for (size_t size : sizes) {
     std::string n = SizeName(size);
-    double plain = 0, with_tls = 0;
+    double plain = 0, with_tls = 0, plain_cpu = 1e30, tls_cpu = 1e30;
     for (int i = 0; i < reps; ++i) {
-      plain = std::max(plain, PscoreThroughput(size));
-      with_tls = std::max(with_tls, PscoreThroughput(size, tls));
+      auto [p, pc] = ThroughputAndCpu(size);
+      auto [t, tc] = ThroughputAndCpu(size, tls);
+      plain = std::max(plain, p);
+      with_tls = std::max(with_tls, t);
+      plain_cpu = std::min(plain_cpu, pc);
+      tls_cpu = std::min(tls_cpu, tc);
     }
     Print("oneway_" + n + "_plain", plain, "MB/s");
     Print("oneway_" + n + "_tls", with_tls, "MB/s");
     Print("oneway_" + n + "_tls_ratio", with_tls / plain, "x");
+    // CPU time of both loops per byte moved (less sensitive than MB/s to other load).
+    Print("oneway_" + n + "_plain_cpu", plain_cpu, "ns/B", 3);
+    Print("oneway_" + n + "_tls_cpu", tls_cpu, "ns/B", 3);
   }
   const uint64_t trips = smoke ? 2000 : 50000;
   double plain_rtt = 0, tls_rtt = 0;
@@ -303,10 +339,12 @@ int MainTls(bool smoke) {
 constexpr int kReps = 3;
 
 // only: "" runs everything, "oneway" or "rtt" one group (handy under a profiler), "smoke"
-// every figure at the two smallest sizes with one rep and few round trips (CI: it runs).
+// every figure at the two smallest sizes with one rep and few round trips (CI: it runs);
+// "tls" / "tls-smoke" TLS against plaintext, "tls-oneway" the TLS one-way figures alone.
 int Main(std::string only) {
   if (only == "tls" || only == "--tls") return MainTls(false);
   if (only == "tls-smoke") return MainTls(true);
+  if (only == "tls-oneway") return MainTlsOneway();
   const bool smoke = only == "smoke";
   if (smoke) only.clear();
   std::vector<size_t> sizes = {64, 4 << 10, 64 << 10, 1 << 20, 16 << 20};

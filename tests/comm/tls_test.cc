@@ -4,8 +4,11 @@
 // a stalled handshake) closing only its own connection.
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
+#include "comm/frame_decoder.h"
 #include "comm/http_server.h"
 #include "comm/tls.h"
 #include "comm/tls_pki.h"
@@ -14,6 +17,7 @@
 namespace pscore::comm {
 namespace {
 
+using testing::EncodeFrame;
 using testing::OneShot;
 using testing::OnLoop;
 using testing::RawSocket;
@@ -135,7 +139,105 @@ void ExpectServes(Peer& server, int port, std::shared_ptr<TlsContext> good) {
   CHECK(f.meta.request_id() == 77);
 }
 
+// After ciphertext reached `s`: the handshake moves on, or the plaintext is read into *plain
+// (through a buffer smaller than a record, so a record is read in several calls).
+Status Step(TlsSession& s, std::string* plain) {
+  if (!s.established()) {
+    Status st = s.Handshake();
+    if (!st.ok() || !s.established()) return st;
+  }
+  char buf[5000];
+  for (;;) {
+    Result<size_t> r = s.Read(buf, sizeof(buf));
+    if (!r.ok()) return r.status();
+    if (*r == 0) return Status::Ok();
+    plain->append(buf, *r);
+  }
+}
+
+// Hands `bytes` to `to` in pieces whose sizes cycle through `steps`, two of three lent (read
+// in place) and the third fed (copied). A lent piece's buffer is scribbled over once its
+// guard is gone, so a byte OpenSSL had not read by then must have been kept. Steps after
+// every piece; returns the first error.
+Status Deliver(TlsSession& to, const std::string& bytes, const std::vector<size_t>& steps, std::string* plain) {
+  std::string scratch;
+  size_t at = 0;
+  for (size_t i = 0; at < bytes.size(); ++i) {
+    const size_t n = std::min(steps[i % steps.size()], bytes.size() - at);
+    scratch.assign(bytes, at, n);
+    Status st;
+    if (i % 3 == 2) {
+      to.Feed(scratch.data(), n);
+      st = Step(to, plain);
+    } else {
+      TlsSession::Lent lent = to.Lend(scratch.data(), n);
+      st = Step(to, plain);
+    }
+    std::fill(scratch.begin(), scratch.end(), '\xAA');
+    if (!st.ok()) return st;
+    at += n;
+  }
+  return Status::Ok();
+}
+
+std::string Pattern(size_t n, uint32_t seed) {
+  std::string out(n, '\0');
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1103515245u + 12345u;
+    out[i] = static_cast<char>(x >> 24);
+  }
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("tls: ciphertext lent in place or fed, in pieces cut anywhere in its records, decrypts whole",
+          "[comm][tls]") {
+  TestPki pki;
+  const std::vector<size_t> steps = GENERATE(std::vector<size_t>{1}, std::vector<size_t>{5, 16406, 3, 16389},
+                                             std::vector<size_t>{12289, 17}, std::vector<size_t>{65536});
+  CAPTURE(steps);
+  TlsSession client(pki.Context("w0", "worker-0"), /*server=*/false);
+  TlsSession server(pki.Context("sched", "scheduler"), /*server=*/true);
+  std::string at_client, at_server;
+  REQUIRE(client.Handshake().ok());
+  for (int round = 0; round < 10; ++round) {
+    std::string bytes;
+    client.TakeCipher(&bytes);
+    REQUIRE(Deliver(server, bytes, steps, &at_server).ok());
+    bytes.clear();
+    server.TakeCipher(&bytes);
+    REQUIRE(Deliver(client, bytes, steps, &at_client).ok());
+    if (client.established() && server.established() && client.pending_cipher() == 0 &&
+        server.pending_cipher() == 0) {
+      break;
+    }
+  }
+  REQUIRE(client.established());
+  REQUIRE(server.established());
+  // Writes ending records at awkward places: 1 byte, a full record, one byte more, and a
+  // large run (smaller when it goes a byte at a time).
+  const size_t large = steps.front() == 1 ? 70001 : (1u << 20) + 7;
+  std::string sent;
+  for (size_t n : {size_t{1}, size_t{16384}, size_t{16385}, size_t{40000}, large}) {
+    std::string piece = Pattern(n, static_cast<uint32_t>(n));
+    REQUIRE(client.Write(piece.data(), piece.size()).ok());
+    sent += piece;
+  }
+  std::string cipher;
+  client.TakeCipher(&cipher);
+  REQUIRE(Deliver(server, cipher, steps, &at_server).ok());
+  CHECK(at_server.size() == sent.size());
+  CHECK(at_server == sent);
+  // And back, while the server still holds nothing unread.
+  std::string back = Pattern(50000, 7);
+  REQUIRE(server.Write(back.data(), back.size()).ok());
+  cipher.clear();
+  server.TakeCipher(&cipher);
+  REQUIRE(Deliver(client, cipher, steps, &at_client).ok());
+  CHECK(at_client == back);
+}
 
 TEST_CASE("tls: sessions in memory handshake and carry data both ways and name their peers", "[comm][tls]") {
   TestPki pki;
@@ -386,6 +488,90 @@ TEST_CASE("tls: an HTTPS port closes a plaintext request and a handshake that st
   CHECK(OnLoop(loop, [&] { return server->stats().bad_requests; }) >= 1u);
   OnLoop(loop, [&] { server.reset(); });
   REQUIRE(loop.Stop().ok());
+}
+
+TEST_CASE("tls: a peer sending its ciphertext a byte at a time or in odd pieces, and frames of every size both ways, "
+          "arrive whole",
+          "[comm][net][tls]") {
+  TestPki pki;
+  Peer server("server", WithTls(pki.Context("sched", "scheduler")));
+  RawSocket sock;
+  REQUIRE(sock.Connect(server.Listen()));
+  TlsSession client(pki.Context("w0", "worker-0"), /*server=*/false);
+  // Our ciphertext goes out in pieces whose sizes cycle through `steps`.
+  auto send = [&](const std::vector<size_t>& steps) {
+    std::string bytes;
+    client.TakeCipher(&bytes);
+    size_t at = 0;
+    for (size_t i = 0; at < bytes.size(); ++i) {
+      const size_t n = std::min(steps[i % steps.size()], bytes.size() - at);
+      REQUIRE(sock.SendAll(std::string_view(bytes.data() + at, n)));
+      at += n;
+    }
+  };
+  const auto deadline = std::chrono::steady_clock::now() + testing::kWait;
+  char buf[4096];
+  REQUIRE(client.Handshake().ok());
+  send({1});
+  while (!client.established()) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    const ssize_t r = ::recv(sock.fd(), buf, sizeof(buf), 0);
+    REQUIRE(r > 0);
+    client.Feed(buf, static_cast<size_t>(r));
+    REQUIRE(client.Handshake().ok());
+  }
+  send({1});  // our certificate and Finished
+  std::string first = EncodeFrame(TestMeta(1), "hello");
+  REQUIRE(client.Write(first.data(), first.size()).ok());
+  send({1});
+  const std::string big = Pattern((1u << 20) + 13, 2);
+  std::string more = EncodeFrame(TestMeta(2), big) + EncodeFrame(TestMeta(3), "");
+  REQUIRE(client.Write(more.data(), more.size()).ok());
+  send({7, 16390, 1, 5000});
+  auto [id, f1] = server.WaitFrame(1);
+  CHECK(f1.payload->view() == "hello");
+  auto [id2, f2] = server.WaitFrame(2);
+  REQUIRE(f2.payload != nullptr);
+  CHECK(f2.payload->view() == big);
+  auto [id3, f3] = server.WaitFrame(3);
+  CHECK(f3.meta.request_id() == 3);
+  CHECK(OnLoop(server.loop, [&, c = id] { return server.transport->PeerIdentity(c); }) == "worker-0");
+
+  // Back, queued in one go: payloads around the inline, gathering, record and chunk sizes,
+  // and one of a head and tail slices (sent from where they are).
+  const std::vector<size_t> sizes = {0, 1, 511, 512, 513, 2047, 2048, 2049, 16383, 16384, 16385, 300000, (1u << 20) + 3};
+  std::vector<std::string> expect;
+  OnLoop(server.loop, [&, c = id] {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      expect.push_back(Pattern(sizes[i], static_cast<uint32_t>(100 + i)));
+      REQUIRE(server.transport->Send(c, TestMeta(100 + i), Buffer::FromString(expect.back())).ok());
+    }
+    auto tail = std::make_shared<std::string>(Pattern(70000, 9));
+    Payload p(Buffer::FromString("head-"));
+    p.tail.push_back(Slice{tail, tail->data(), 30000});
+    p.tail.push_back(Slice{tail, tail->data() + 30000, tail->size() - 30000});
+    expect.push_back("head-" + *tail);
+    REQUIRE(server.transport->Send(c, TestMeta(100 + sizes.size()), std::move(p)).ok());
+  });
+  FrameDecoder decoder(TransportOptions().limits);
+  std::vector<Frame> frames;
+  while (frames.size() < expect.size()) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    const ssize_t r = ::recv(sock.fd(), buf, sizeof(buf), 0);
+    REQUIRE(r > 0);
+    std::string plain;
+    REQUIRE(Deliver(client, std::string(buf, static_cast<size_t>(r)), {static_cast<size_t>(r)}, &plain).ok());
+    REQUIRE(decoder.Feed(plain, &frames).ok());
+  }
+  REQUIRE(frames.size() == expect.size());
+  for (size_t i = 0; i < frames.size(); ++i) {
+    CAPTURE(i);
+    CHECK(frames[i].meta.request_id() == 100 + i);
+    const std::string got = frames[i].payload ? std::string(frames[i].payload->view()) : std::string();
+    CHECK(got.size() == expect[i].size());
+    CHECK(got == expect[i]);
+  }
+  CHECK(server.stats().tls_handshakes == 1);
 }
 
 }  // namespace pscore::comm
