@@ -172,7 +172,7 @@ TEST_CASE("the demo job with a worker and the scheduler SIGKILLed together, both
 
 namespace {
 
-enum class ScaleFault { kWorkerKill, kSchedulerKill, kServerKill };
+enum class ScaleFault { kWorkerKill, kSchedulerKill, kSchedulerStop, kServerKill };
 
 // The job scales out at step 10 (worker0 asks for a third server); `fault` strikes while
 // the scheduler is scaling, before the new server is started.
@@ -194,6 +194,13 @@ void RunScaleFault(ScaleFault fault) {
     case ScaleFault::kSchedulerKill:
       job.KillScheduler();
       job.RestartScheduler();
+      break;
+    case ScaleFault::kSchedulerStop:
+      // Frozen for 3 heartbeat timeouts: on SIGCONT it sees its own stall and counts it
+      // against no heartbeat and not against the scale's deadline.
+      job.scheduler.Signal(SIGSTOP);
+      std::this_thread::sleep_for(std::chrono::milliseconds(3 * o.heartbeat_timeout_ms));
+      job.scheduler.Signal(SIGCONT);
       break;
     case ScaleFault::kServerKill:
       job.KillServer(1);
@@ -238,6 +245,13 @@ TEST_CASE("during a scale-out: a worker SIGKILLed and restarted - the job ends a
 TEST_CASE("during a scale-out: the scheduler SIGKILLed and restarted from --state_dir - the job ends as undisturbed",
           "[multiproc][net][demo][scale][control]") {
   RunScaleFault(ScaleFault::kSchedulerKill);
+}
+
+// The scale-out completes once the scheduler runs again and the third server joins.
+TEST_CASE("during a scale-out: the scheduler SIGSTOPped for 3 heartbeat timeouts, then SIGCONT - the job ends as "
+          "undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunScaleFault(ScaleFault::kSchedulerStop);
 }
 
 // The restarted server registers while the scale-out runs; the metadata's old server count

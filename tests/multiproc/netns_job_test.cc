@@ -23,6 +23,8 @@
 // Without the privilege to create namespaces the test WARNs the reason and returns.
 // Namespaces, veth pairs and the bridge are removed by RAII guards; every child is
 // SIGKILLed by pid, even on failure.
+#include <signal.h>
+
 #include <unistd.h>
 
 #include <chrono>
@@ -252,9 +254,12 @@ TEST_CASE("a demo job with every process on a host of its own: scale-out to a ne
   CHECK(servers[0].Wait(30s).has_value());
 }
 
-TEST_CASE("replicas=2: a demo job with every process on a host of its own rides through a server's link cut "
-          "past its heartbeat timeout and ends as undisturbed",
-          "[multiproc][net][netns][replication][failover]") {
+namespace {
+
+// replicas=2, each process on a host of its own: server1's link is cut for twice the
+// heartbeat timeout while the workers train, or (`in_barrier`) while worker 0 waits in a
+// barrier of its step (worker 1 held with SIGSTOP for 300 ms around the cut's start).
+void LinkCutJob(bool in_barrier) {
   TempDir dir;
   REQUIRE(dir.ok());
   const std::string iplog = dir.File("ip.log");
@@ -325,8 +330,17 @@ TEST_CASE("replicas=2: a demo job with every process on a host of its own rides 
   }
   INFO(trainers[0].Log());
   REQUIRE(training);
+  constexpr auto kHold = 300ms;
+  if (in_barrier) {
+    trainers[1].Signal(SIGSTOP);
+    std::this_thread::sleep_for(kHold);
+  }
   REQUIRE(server_hosts[1]->SetLink(false));
-  std::this_thread::sleep_for(std::chrono::milliseconds(2 * kHeartbeatTimeoutMs));
+  if (in_barrier) {
+    std::this_thread::sleep_for(kHold);
+    trainers[1].Signal(SIGCONT);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(2 * kHeartbeatTimeoutMs) - (in_barrier ? kHold : 0ms));
   REQUIRE(server_hosts[1]->SetLink(true));
   std::vector<TrainFinal> finals;
   for (int i = 0; i < 2; ++i) {
@@ -343,6 +357,20 @@ TEST_CASE("replicas=2: a demo job with every process on a host of its own rides 
   CHECK_THAT(scheduler.Log(), Catch::Contains("scheduler: server server1 (rank "));
   INFO(servers[0].Log());
   CHECK(servers[0].Wait(60s) == std::optional<int>(0));
+}
+
+}  // namespace
+
+TEST_CASE("replicas=2: a demo job with every process on a host of its own rides through a server's link cut "
+          "past its heartbeat timeout and ends as undisturbed",
+          "[multiproc][net][netns][replication][failover]") {
+  LinkCutJob(/*in_barrier=*/false);
+}
+
+TEST_CASE("replicas=2: a demo job with every process on a host of its own rides through a server's link cut "
+          "while a worker waits in a barrier and ends as undisturbed",
+          "[multiproc][net][netns][replication][failover]") {
+  LinkCutJob(/*in_barrier=*/true);
 }
 
 TEST_CASE("replicas=2: a demo job with every process on a host of its own and a server's link cut for good during a "
