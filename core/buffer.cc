@@ -103,22 +103,26 @@ size_t Buffer::PooledCapacity(size_t size) {
   return (size + step - 1) / step * step;
 }
 
-char* Buffer::TakePooledBlock(size_t capacity) {
+char* Buffer::TakePooledBlock(size_t capacity, size_t* got) {
   LargeBlockPool& pool = Pool();
   std::lock_guard<std::mutex> lock(pool.mu);
-  auto it = pool.free_blocks.find(capacity);
-  if (it == pool.free_blocks.end()) return nullptr;
+  // The smallest block that holds `capacity`, up to twice as large: a message of a size
+  // between the ones in use (a pull's request beside the pushes' payloads) reuses mapped
+  // memory instead of faulting in fresh pages, and never pins a block much larger.
+  auto it = pool.free_blocks.lower_bound(capacity);
+  if (it == pool.free_blocks.end() || it->first / 2 > capacity) return nullptr;
   char* block = it->second.back();
+  *got = it->first;
   it->second.pop_back();
+  pool.pooled -= it->first;
   if (it->second.empty()) pool.free_blocks.erase(it);
-  pool.pooled -= capacity;
   return block;
 }
 
 std::shared_ptr<Buffer> Buffer::TakePooled(size_t size) {
   if (size < kPooledBytes) return nullptr;
-  const size_t capacity = PooledCapacity(size);
-  char* block = TakePooledBlock(capacity);
+  size_t capacity = 0;
+  char* block = TakePooledBlock(PooledCapacity(size), &capacity);
   if (block == nullptr) return nullptr;
   return std::make_shared<Buffer>(Private{}, size, block, capacity);
 }
@@ -147,10 +151,11 @@ bool Buffer::Grow(size_t size) {
   return true;
 }
 
-char* Buffer::AcquireLarge(size_t capacity) {
-  if (char* pooled = TakePooledBlock(capacity)) return pooled;
+char* Buffer::AcquireLarge(size_t capacity, size_t* got) {
+  if (char* pooled = TakePooledBlock(capacity, got)) return pooled;
   char* block = Map(capacity);
   AdviseHugePages(block, capacity);  // not written yet: the reader fills it
+  *got = capacity;
   return block;
 }
 

@@ -4,8 +4,9 @@
 // into a Buffer sized from the frame header. Any thread may hold a reference.
 // Up to kSmallBytes live inside the object (one allocation with the reference count).
 // From kPooledBytes on, storage comes from a process-wide pool of released blocks (sizes
-// rounded up to a quarter of their power of two), so a stream of large payloads reuses
-// mapped memory instead of faulting in (and the kernel zeroing) fresh pages for each one.
+// rounded up to a quarter of their power of two; a request takes the smallest pooled block
+// that holds it, up to twice its size), so a stream of large payloads reuses mapped memory
+// instead of faulting in (and the kernel zeroing) fresh pages for each one.
 // The pool keeps at most PoolLimit() bytes (SetPoolLimit; 0 turns it off; 0 by default in
 // AddressSanitizer builds, where reuse would hide a use after free); a released
 // block that does not fit frees blocks of other sizes first. Storage is 16-byte aligned
@@ -89,8 +90,7 @@ class Buffer {
     if (size <= kSmallBytes) {
       data_ = small_;
     } else if (size >= kPooledBytes) {
-      capacity_ = PooledCapacity(size);
-      data_ = AcquireLarge(capacity_);
+      data_ = AcquireLarge(PooledCapacity(size), &capacity_);
     } else {
       data_ = new char[size];
     }
@@ -100,8 +100,10 @@ class Buffer {
       : data_(data), size_(size), owner_(std::move(owner)) {}
 
  private:
-  static char* AcquireLarge(size_t capacity);
-  static char* TakePooledBlock(size_t capacity);
+  // A block of at least `capacity` bytes (its capacity in *got): pooled, or mapped fresh.
+  static char* AcquireLarge(size_t capacity, size_t* got);
+  // A pooled block of `capacity` to twice as many bytes (its capacity in *got), or null.
+  static char* TakePooledBlock(size_t capacity, size_t* got);
   static void ReleaseLarge(char* block, size_t capacity);
 
   char* data_;

@@ -160,15 +160,11 @@ constexpr size_t kGatherPieceBytes = 4096;
 BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
                               const uint64_t* value_offsets, const size_t* indices,
                               size_t num_indices, uint8_t op) {
-  std::vector<uint64_t> k(num_indices);
-  std::vector<uint32_t> l(num_indices);
   Hole value_hole;
   size_t num_values = 0;
-  bool consecutive = true;  // indices i0, i0 + 1, ...: the values are one stretch
+  bool consecutive = true;  // indices i0, i0 + 1, ...: keys, lens and values are one stretch each
   for (size_t j = 0; j < num_indices; ++j) {
-    size_t i = indices[j];
-    k[j] = keys[i];
-    l[j] = lens[i];
+    const size_t i = indices[j];
     num_values += lens[i];
     consecutive = consecutive && i == indices[0] + j;
   }
@@ -206,7 +202,31 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
     value_hole.bytes = num_values * sizeof(float);
     holes.push_back(std::move(value_hole));
   }
-  FinishKvPairs(&fbb, k.data(), l.data(), num_indices, values_off, op, &holes);
+  if (num_indices > 0 && consecutive) {
+    FinishKvPairs(&fbb, keys + indices[0], lens + indices[0], num_indices, values_off, op, &holes);
+    return *Assemble(fbb, std::move(holes));
+  }
+  // Keys and lens gathered straight into the buffer too (no copy of them on the side).
+  const size_t first = holes.size();
+  FinishKvPairs(&fbb, keys, lens, num_indices, values_off, op, &holes);
+  for (size_t h = first; h < holes.size(); ++h) {
+    Hole& hole = holes[h];
+    const bool is_keys = hole.segments.front().source == keys;
+    hole.segments.clear();
+    if (is_keys) {
+      hole.fill = [=](char* dst) {
+        uint64_t* out = reinterpret_cast<uint64_t*>(dst);
+        for (size_t j = 0; j < num_indices; ++j) out[j] = keys[indices[j]];
+        return Status::Ok();
+      };
+    } else {
+      hole.fill = [=](char* dst) {
+        uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+        for (size_t j = 0; j < num_indices; ++j) out[j] = lens[indices[j]];
+        return Status::Ok();
+      };
+    }
+  }
   return *Assemble(fbb, std::move(holes));
 }
 

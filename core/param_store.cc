@@ -368,31 +368,32 @@ bool ParamStore::FindInRuns(const Stripe& stripe, uint64_t key, Cursor* c) {
 
 void ParamStore::AddToRuns(Stripe& stripe, const std::vector<std::pair<uint64_t, uint32_t>>& fresh) {
   if (fresh.empty()) return;
+  std::vector<Run>& runs = stripe.runs;
+  // Every fresh key after every stored one (new keys of a sorted batch): the last run is
+  // filled up and new runs follow it, in place. Otherwise the runs are rebuilt into `out`,
+  // each run that takes fresh keys merged anew.
+  const bool append = runs.empty() || fresh.front().first > runs.back().keys.back();
   std::vector<Run> out;
-  out.reserve(stripe.runs.size() + fresh.size() / kRunMaxKeys + 2);
+  std::vector<Run>* dest = append ? &runs : &out;
+  if (!append) out.reserve(runs.size() + fresh.size() / kRunMaxKeys + 2);
   Run cur;
-  bool uniform = true;
   auto close = [&] {
     if (cur.keys.empty()) return;
-    if (uniform) {
-      cur.len = cur.LenAt(0);
-      std::vector<uint64_t>().swap(cur.offs);
-    }
-    out.push_back(std::move(cur));
+    dest->push_back(std::move(cur));
     cur = Run{};
-    uniform = true;
   };
   size_t left = 0;  // keys still to add in the current range: a new run reserves room for them
+  // Run::offs stays empty while every key of the run has cur.len floats.
   auto add = [&](uint64_t key, uint32_t len, const float* src) {
     if (!cur.keys.empty() && (cur.keys.size() >= kRunMaxKeys || cur.values.size() + len > kRunMaxFloats)) close();
     if (cur.keys.empty()) {
       const size_t keys = std::min(left, kRunMaxKeys);
       cur.keys.reserve(keys);
-      cur.offs.reserve(keys + 1);
       cur.values.reserve(std::min<size_t>(uint64_t{keys} * len, kRunMaxFloats));
-      cur.offs.assign(1, 0);
-    } else if (len != cur.offs[1] - cur.offs[0]) {
-      uniform = false;
+      cur.len = len;
+    } else if (cur.offs.empty() && len != cur.len) {
+      cur.offs.reserve(cur.keys.size() + std::min(left, kRunMaxKeys) + 1);
+      for (size_t i = 0; i <= cur.keys.size(); ++i) cur.offs.push_back(uint64_t{i} * cur.len);
     }
     cur.keys.push_back(key);
     if (src != nullptr) {
@@ -400,43 +401,60 @@ void ParamStore::AddToRuns(Stripe& stripe, const std::vector<std::pair<uint64_t,
     } else {
       cur.values.resize(cur.values.size() + len);
     }
-    cur.offs.push_back(cur.values.size());
+    if (!cur.offs.empty()) cur.offs.push_back(cur.values.size());
     if (left > 0) --left;
   };
-  std::vector<Run>& runs = stripe.runs;
   size_t f = 0;
-  for (size_t r = 0; r < runs.size(); ++r) {
-    // Fresh keys below the next run's first key go into this run (into the first one also
-    // those below its own first key, into the last one all that are left).
-    size_t f_end = f;
-    if (r + 1 == runs.size()) {
-      f_end = fresh.size();
-    } else {
-      while (f_end < fresh.size() && fresh[f_end].first < runs[r + 1].keys.front()) ++f_end;
+  if (append) {
+    if (!runs.empty()) {
+      cur = std::move(runs.back());
+      runs.pop_back();
     }
-    if (f_end == f) {
-      close();
-      out.push_back(std::move(runs[r]));
-      continue;
-    }
-    const Run& old = runs[r];
-    left = old.keys.size() + (f_end - f);
-    size_t i = 0;
-    while (i < old.keys.size() || f < f_end) {
-      if (f == f_end || (i < old.keys.size() && old.keys[i] < fresh[f].first)) {
-        add(old.keys[i], old.LenAt(i), old.At(i));
-        ++i;
-      } else {
-        add(fresh[f].first, fresh[f].second, nullptr);
-        ++f;
-      }
-    }
+    left = fresh.size();
+    for (; f < fresh.size(); ++f) add(fresh[f].first, fresh[f].second, nullptr);
     close();
+  } else {
+    for (size_t r = 0; r < runs.size(); ++r) {
+      // Fresh keys below the next run's first key go into this run (into the first one also
+      // those below its own first key, into the last one all that are left).
+      size_t f_end = f;
+      if (r + 1 == runs.size()) {
+        f_end = fresh.size();
+      } else {
+        while (f_end < fresh.size() && fresh[f_end].first < runs[r + 1].keys.front()) ++f_end;
+      }
+      if (f_end == f) {
+        close();
+        out.push_back(std::move(runs[r]));
+        continue;
+      }
+      if (fresh[f].first > runs[r].keys.back()) {  // all after the run's keys: appended to it
+        close();
+        cur = std::move(runs[r]);
+        left = f_end - f;
+        for (; f < f_end; ++f) add(fresh[f].first, fresh[f].second, nullptr);
+        close();
+        continue;
+      }
+      const Run& old = runs[r];
+      left = old.keys.size() + (f_end - f);
+      size_t i = 0;
+      while (i < old.keys.size() || f < f_end) {
+        if (f == f_end || (i < old.keys.size() && old.keys[i] < fresh[f].first)) {
+          add(old.keys[i], old.LenAt(i), old.At(i));
+          ++i;
+        } else {
+          add(fresh[f].first, fresh[f].second, nullptr);
+          ++f;
+        }
+      }
+      close();
+    }
+    left = fresh.size() - f;
+    for (; f < fresh.size(); ++f) add(fresh[f].first, fresh[f].second, nullptr);  // no runs before
+    close();
+    runs = std::move(out);
   }
-  left = fresh.size() - f;
-  for (; f < fresh.size(); ++f) add(fresh[f].first, fresh[f].second, nullptr);  // no runs before
-  close();
-  runs = std::move(out);
   stripe.run_keys += fresh.size();
   for (const auto& k : fresh) stripe.run_floats += k.second;
 }
@@ -578,7 +596,11 @@ Status ParamStore::Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, 
       Stripe& stripe = stripes_[s];
       std::unique_lock<std::mutex> lock(stripe.mu);
       Cursor& c = cursors[s];
+      // ApplyKey lets go of the lock only while it waits for a stream, which needs a key
+      // held as a block: with none in the stripe, nothing can change under this pass.
+      bool may_wait = false;
       auto one = [&](uint32_t i, bool create) {
+        may_wait = may_wait || !stripe.entries.empty();
         Status why;
         bool wants_spare = false;
         const bool done =
@@ -593,9 +615,26 @@ Status ParamStore::Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, 
         }
         return done;
       };
+      // A key in a run with the pushed length, the common case, is applied here; every
+      // other case goes through ApplyKey.
+      auto in_run = [&](uint32_t i) {
+        if (!FindInRuns(stripe, keys[i], &c)) return false;
+        Run& run = stripe.runs[c.run];
+        if (run.LenAt(c.pos) != lens[i]) return false;
+        float* stored = run.At(c.pos);
+        if (mode == Mode::kInsert) {
+          std::copy(at(i), at(i) + lens[i], stored);
+        } else if (updater != nullptr) {
+          (*updater)(keys[i], stored, at(i), lens[i]);
+        } else {
+          ApplyBuiltIn(stored, at(i), lens[i]);
+        }
+        return true;
+      };
       missing.clear();
       for (size_t j = g.starts[s]; j < g.starts[s + 1]; ++j) {
-        if (!one(g.order[j], false)) missing.push_back(g.order[j]);
+        const uint32_t i = g.order[j];
+        if (!in_run(i) && !one(i, false)) missing.push_back(i);
       }
       if (missing.empty()) continue;
       // The keys new to the store, created with the length of their first push in the batch
@@ -611,15 +650,17 @@ Status ParamStore::Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, 
                   fresh.end());
       // A key created meanwhile (while a wait for a stream let go of the lock) stays as it is.
       c = Cursor{};
-      fresh.erase(std::remove_if(fresh.begin(), fresh.end(),
-                                 [&](const auto& k) {
-                                   return FindInRuns(stripe, k.first, &c) || stripe.entries.count(k.first) != 0;
-                                 }),
-                  fresh.end());
+      if (may_wait) {
+        fresh.erase(std::remove_if(fresh.begin(), fresh.end(),
+                                   [&](const auto& k) {
+                                     return FindInRuns(stripe, k.first, &c) || stripe.entries.count(k.first) != 0;
+                                   }),
+                    fresh.end());
+      }
       AddToRuns(stripe, fresh);
       c = Cursor{};
       for (uint32_t i : missing) {
-        if (one(i, true)) continue;
+        if (in_run(i) || one(i, true)) continue;
         AddToRuns(stripe, {{keys[i], lens[i]}});  // erased meanwhile, or re-inserted with another length
         c = Cursor{};
         one(i, true);
@@ -751,7 +792,12 @@ Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, const uint3
       return;
     }
     if (len == 0) return;  // memcpy from an empty vector's null data is undefined
-    std::memcpy(out + (uniform ? uint64_t{i} * lens[0] : offs[i]), v, len * sizeof(float));
+    float* dst = out + (uniform ? uint64_t{i} * lens[0] : offs[i]);
+    if (len == 1) {
+      *dst = *v;  // one float a key (a sparse model's rows): no call per key
+    } else {
+      std::memcpy(dst, v, len * sizeof(float));
+    }
   });
   return st.ok() ? changed : st;
 }

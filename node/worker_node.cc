@@ -386,6 +386,15 @@ namespace {
 // Groups indices [0, n) of keys by owner among `servers`.
 std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int servers) {
   std::vector<std::vector<size_t>> out(servers);
+  if (servers == 1) {
+    out[0].resize(n);
+    std::iota(out[0].begin(), out[0].end(), size_t{0});
+    return out;
+  }
+  // Counted first, so each group is allocated once at its size (millions of keys per call).
+  std::vector<size_t> counts(servers);
+  for (size_t i = 0; i < n; ++i) ++counts[core::ServerForKey(keys[i], servers)];
+  for (int s = 0; s < servers; ++s) out[s].reserve(counts[s]);
   for (size_t i = 0; i < n; ++i) out[core::ServerForKey(keys[i], servers)].push_back(i);
   return out;
 }
@@ -429,8 +438,9 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
   auto op = std::make_shared<KvOp>();
   op->CountIn(kv_in_flight_, copied_counter());
   auto fut = op->push_done.get_future();
-  std::vector<uint32_t> lens = lens_in;
-  if (lens.empty() && !keys.empty()) lens.assign(keys.size(), static_cast<uint32_t>(num_values / keys.size()));
+  std::vector<uint32_t> even_lens;  // no lens given: every key has the same length
+  if (lens_in.empty() && !keys.empty()) even_lens.assign(keys.size(), static_cast<uint32_t>(num_values / keys.size()));
+  const std::vector<uint32_t>& lens = lens_in.empty() ? even_lens : lens_in;
   if (lens.size() != keys.size() || std::accumulate(lens.begin(), lens.end(), uint64_t{0}) != num_values) {
     op->Fail(Status(Code::kInvalidArgument, "push: " + std::to_string(keys.size()) + " keys, " +
                                                 std::to_string(lens_in.size()) + " lens and " +
@@ -446,16 +456,29 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
   // Encode on the caller's thread, straight from its arrays: the one copy of the values,
   // or none when they are shared (ZPush) and large enough for writing them from where they
   // are to beat copying them (core::kZeroCopyBytes per key on average).
+  // (`shared` itself stays alive to the end: it may own `values`.)
+  const bool zero_copy = shared && num_values * sizeof(float) >= core::kZeroCopyBytes * keys.size();
+  int n = std::max(1, server_count());
+  std::vector<KvPart> parts;
+  if (n == 1 && !zero_copy) {
+    // One server takes every key: the caller's arrays are copied into the request as they
+    // are (no index of the keys, no gathering).
+    KvPart part;
+    part.server = 0;
+    part.for_servers = server_count() > 0 ? n : 0;
+    part.num_keys = keys.size();
+    part.payload = PushPayload(core::EncodeKvPairs(keys.data(), keys.size(), lens.data(), values, num_values),
+                               num_values, keys.size());
+    CountCopied(num_values * sizeof(float));
+    parts.push_back(std::move(part));
+    return DispatchPush(op, std::move(parts), std::move(fut));
+  }
   std::vector<uint64_t> offsets(keys.size());
   uint64_t off = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     offsets[i] = off;
     off += lens[i];
   }
-  // (`shared` itself stays alive to the end: it may own `values`.)
-  const bool zero_copy = shared && num_values * sizeof(float) >= core::kZeroCopyBytes * keys.size();
-  int n = std::max(1, server_count());
-  std::vector<KvPart> parts;
   std::vector<std::vector<size_t>> groups = ByOwner(keys.data(), keys.size(), n);
   for (int s = 0; s < n; ++s) {
     if (groups[s].empty()) continue;
@@ -488,6 +511,11 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
     }
     parts.push_back(std::move(part));
   }
+  return DispatchPush(op, std::move(parts), std::move(fut));
+}
+
+std::future<Status> WorkerNode::DispatchPush(const std::shared_ptr<KvOp>& op, std::vector<KvPart> parts,
+                                             std::future<Status> fut) {
   bool queued = loop()->Run([this, op, parts = std::move(parts)]() mutable {
     op->seq = ++op_seq_;
     for (KvPart& p : parts) Dispatch(op, std::move(p));
@@ -677,7 +705,13 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvOp>& op, KvPart part) {
     return;
   }
   if (op->push) return Send(op, std::move(part));
+  if (n == 1) {  // every key to the one server: no grouping
+    part.server = 0;
+    part.for_servers = n;
+    return Send(op, std::move(part));
+  }
   std::vector<uint64_t> ks;
+  ks.reserve(part.indices.size());
   for (size_t i : part.indices) ks.push_back(op->keys[i]);
   std::vector<std::vector<size_t>> groups = ByOwner(ks.data(), ks.size(), n);
   for (int s = 0; s < n; ++s) {
@@ -694,10 +728,19 @@ void WorkerNode::Send(const std::shared_ptr<KvOp>& op, KvPart part) {
   Payload payload = part.payload;
   comm::AnswerSink sink;
   if (!op->push) {
-    std::vector<uint64_t> ks;
-    ks.reserve(part.indices.size());
-    for (size_t i : part.indices) ks.push_back(op->keys[i]);
-    payload = core::EncodeKvPairs(ks.data(), ks.size(), nullptr, nullptr, 0);
+    const std::vector<size_t>& idx = part.indices;
+    const bool consecutive =
+        !idx.empty() && std::adjacent_find(idx.begin(), idx.end(), [](size_t a, size_t b) { return b != a + 1; }) ==
+                            idx.end();
+    if (consecutive) {
+      // Consecutive keys (all of them, for one server): encoded from op->keys as they are.
+      payload = core::EncodeKvPairs(op->keys.data() + idx.front(), idx.size(), nullptr, nullptr, 0);
+    } else {
+      std::vector<uint64_t> ks;
+      ks.reserve(idx.size());
+      for (size_t i : idx) ks.push_back(op->keys[i]);
+      payload = core::EncodeKvPairs(ks.data(), ks.size(), nullptr, nullptr, 0);
+    }
     // PullInto: an answer written from the store (head + values) whose place in dest is
     // known has its values read straight into it.
     uint64_t off = 0;

@@ -142,6 +142,9 @@ class WorkerNode : public Node {
   // Push and ZPush; `shared` (ZPush) owns values, which are then written without a copy.
   std::future<Status> StartPush(const std::vector<uint64_t>& keys, const float* values, size_t num_values,
                                 const std::vector<uint32_t>& lens, std::shared_ptr<const void> shared);
+  // Any thread: hands a push's encoded parts to the loop; returns fut.
+  std::future<Status> DispatchPush(const std::shared_ptr<KvOp>& op, std::vector<KvPart> parts,
+                                   std::future<Status> fut);
   // Loop thread. Sends the keys `indices` of op to their owners, or holds them while the
   // cluster is scaling; parts refused as moved are held and re-sent under new metadata.
   void Dispatch(const std::shared_ptr<KvOp>& op, KvPart part);

@@ -103,4 +103,53 @@ TEST_CASE("buffer: a released large block is reused, within the pool limit", "[c
   CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(size));
 }
 
+TEST_CASE("buffer: a pooled block serves a request of half its size or more, one request at a time",
+          "[core][buffer]") {
+  PoolLimitGuard guard;
+  Buffer::SetPoolLimit(0);  // empty: earlier tests may have left blocks in it
+  Buffer::SetPoolLimit(Buffer::kDefaultPoolLimit);
+  const size_t size = size_t{8} << 20;
+  const char* first = nullptr;
+  {
+    BufferPtr b = Buffer::Allocate(size);
+    Fill(*b, 3);
+    first = b->data();
+  }
+  REQUIRE(Buffer::PooledBytes() == Buffer::PooledCapacity(size));
+  // A request under half the block's size gets a fresh block; the pooled one stays.
+  BufferPtr small = Buffer::Allocate(size / 2 - (size_t{1} << 20));
+  CHECK(small->data() != first);
+  CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(size));
+  // A smaller request of at least half takes it: its size is its own, the old bytes past
+  // it are not part of it.
+  BufferPtr reused = Buffer::Allocate(size * 5 / 8);
+  CHECK(reused->data() == first);
+  CHECK(reused->size() == size * 5 / 8);
+  CHECK(Buffer::PooledBytes() == 0);
+  // Held at once, two requests never share memory.
+  BufferPtr other = Buffer::Allocate(size * 5 / 8);
+  CHECK(other->data() != reused->data());
+  CHECK((other->data() >= reused->data() + reused->size() || other->data() + other->size() <= reused->data()));
+  Fill(*reused, 9);
+  Fill(*other, 11);
+  CHECK(Holds(*reused, 9));
+  CHECK(Holds(*other, 11));
+  // Released, the block goes back under its own capacity: a full-size request takes it.
+  reused.reset();
+  BufferPtr full = Buffer::Allocate(size);
+  CHECK(full->data() == first);
+  // A block larger than asked grows within it in place, then beyond it, keeping its bytes.
+  full.reset();
+  BufferPtr grows = Buffer::Allocate(size * 5 / 8);
+  CHECK(grows->data() == first);
+  Fill(*grows, 5);
+  REQUIRE(grows->Grow(size * 7 / 8));
+  CHECK(grows->data() == first);
+  REQUIRE(grows->Grow(size * 3 / 2));
+  CHECK(grows->size() == size * 3 / 2);
+  for (size_t i = 0; i < size * 5 / 8; ++i) {
+    if (grows->data()[i] != static_cast<char>(5 + i * 31)) FAIL("byte " << i << " changed by Grow");
+  }
+}
+
 }  // namespace pscore

@@ -250,6 +250,48 @@ TEST_CASE("runs: a dense key set in many pushes, then pulled whole and in slices
   CHECK(store.num_floats() == kKeys * 3);
 }
 
+TEST_CASE("runs: sorted batches of new keys after all stored ones, lengths changing inside a run, equal the model",
+          "[core][paramstore]") {
+  // New keys above every stored one fill the last run in place and open runs after it; a
+  // key of another length in the middle of a run gives that run offsets from there on.
+  // Then keys between the stored ones (merged into runs) and present keys again.
+  for (UpdateRule rule : {UpdateRule::kSum, UpdateRule::kAssign}) {
+    ParamStore store(Rule(rule));
+    Reference ref{rule, 0.01f, {}};
+    uint64_t next = 1000;
+    float v = 1;
+    auto batch = [&](const std::vector<uint64_t>& keys, size_t odd_every) {
+      Batch b;
+      b.keys = keys;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        // A key's length follows from the key, so pushes of present keys keep it.
+        const uint32_t len = odd_every != 0 && keys[i] % odd_every == 0 ? static_cast<uint32_t>(keys[i] % 5) : 1;
+        b.lens.push_back(len);
+        for (uint32_t j = 0; j < len; ++j) b.values.push_back(v++);
+      }
+      return b;
+    };
+    std::vector<uint64_t> all;
+    for (int round = 0; round < 12; ++round) {
+      std::vector<uint64_t> keys;
+      for (int i = 0; i < 3000; ++i) keys.push_back(next += 2);  // sorted, above every stored key
+      all.insert(all.end(), keys.begin(), keys.end());
+      Batch b = batch(keys, round % 3 == 0 ? 0 : 97);
+      REQUIRE(store.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size()).ok() == (ref.Push(b) == 0));
+      RequireEqual(store, ref.m);
+    }
+    std::vector<uint64_t> between;  // the odd keys between the stored even ones
+    for (size_t i = 0; i < all.size(); i += 7) between.push_back(all[i] + 1);
+    Batch b = batch(between, 97);
+    REQUIRE(store.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size()).ok() == (ref.Push(b) == 0));
+    RequireEqual(store, ref.m);
+    std::vector<uint64_t> present(all.begin(), all.begin() + 5000);
+    b = batch(present, 97);
+    REQUIRE(store.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size()).ok() == (ref.Push(b) == 0));
+    RequireEqual(store, ref.m);
+  }
+}
+
 TEST_CASE("runs: key ranges move out and back (scale-out, scale-in) with equal values", "[core][paramstore]") {
   Gen gen(7);
   ParamStore a(Rule(UpdateRule::kSum));
