@@ -1,5 +1,7 @@
 #include "node/metadata_cache.h"
 
+#include <utility>
+
 namespace pscore::node {
 namespace {
 
@@ -12,16 +14,30 @@ BufferPtr Serialise(const pb::SendMetadataMessage& md) {
 }  // namespace
 
 void MetadataCache::Build(const core::ClusterManager& cluster) {
-  if (valid_ && bytes_ != nullptr && epoch_ == cluster.epoch() && state_ == cluster.state()) return;
+  if (valid_ && server_bytes_ != nullptr && epoch_ == cluster.epoch() && state_ == cluster.state()) return;
   pb::SendMetadataMessage md = cluster.BuildMetadata();
-  // New buffers each time: the previous ones may still be queued on slow links.
-  bytes_ = Serialise(md);
-  if (bytes_->size() > worker_view_over_ && md.workers_meta_size() > 0) {
+  const size_t whole = md.ByteSizeLong();
+  const bool worker_view = whole > worker_view_over_ && md.workers_meta_size() > 0;
+  const bool server_view = whole > server_view_over_ && md.workers_meta_size() > 0;
+  // New buffers each time: the previous ones may still be queued on slow links. The whole
+  // membership is serialised only for a role that gets it.
+  BufferPtr whole_bytes = worker_view && server_view ? nullptr : Serialise(md);
+  google::protobuf::RepeatedPtrField<pb::ServersMeta> workers;
+  if (worker_view || server_view) {
     md.set_omitted_workers(md.workers_meta_size());
-    md.clear_workers_meta();
-    worker_bytes_ = Serialise(md);
+    workers.Swap(md.mutable_workers_meta());
+  }
+  worker_bytes_ = worker_view ? Serialise(md) : whole_bytes;
+  if (server_view) {
+    md.mutable_worker_ids()->Reserve(workers.size());
+    md.mutable_worker_ranks()->Reserve(workers.size());
+    for (pb::ServersMeta& w : workers) {  // in rank order (BuildMetadata)
+      md.add_worker_ids(std::move(*w.mutable_node_id()));
+      md.add_worker_ranks(w.rank_id());
+    }
+    server_bytes_ = Serialise(md);
   } else {
-    worker_bytes_ = bytes_;
+    server_bytes_ = whole_bytes;
   }
   epoch_ = cluster.epoch();
   state_ = cluster.state();
@@ -29,14 +45,9 @@ void MetadataCache::Build(const core::ClusterManager& cluster) {
   ++builds_;
 }
 
-BufferPtr MetadataCache::Shared(const core::ClusterManager& cluster) {
-  Build(cluster);
-  return bytes_;
-}
-
 BufferPtr MetadataCache::For(const core::ClusterManager& cluster, pb::NodeRole role) {
   Build(cluster);
-  return role == pb::WORKER ? worker_bytes_ : bytes_;
+  return role == pb::WORKER ? worker_bytes_ : server_bytes_;
 }
 
 }  // namespace pscore::node

@@ -460,9 +460,11 @@ void Node::ApplyMetadata(pb::SendMetadataMessage md) {
   // a count no scheduler would send is refused here, not trusted.
   if (md.worker_num() < 0 || md.worker_num() > core::kMaxRoleTotal || md.server_num() < 0 ||
       md.server_num() > core::kMaxRoleTotal || md.omitted_workers() < 0 ||
-      md.omitted_workers() > core::kMaxRoleTotal) {
+      md.omitted_workers() > core::kMaxRoleTotal || md.worker_ids_size() > core::kMaxRoleTotal ||
+      md.worker_ids_size() != md.worker_ranks_size()) {
     LOG(WARNING) << options_.node_id << ": ignored metadata of epoch " << md.epoch() << " with impossible totals: "
-                 << md.worker_num() << " workers, " << md.server_num() << " servers";
+                 << md.worker_num() << " workers, " << md.server_num() << " servers, "
+                 << md.worker_ids_size() << " worker ids with " << md.worker_ranks_size() << " ranks";
     return;
   }
   // Every member gets the same bytes: our rank is that of our own entry, found by node id
@@ -644,9 +646,13 @@ pb::SendMetadataMessage Node::metadata() const {
 
 std::vector<std::string> Node::NodeIds(pb::NodeRole role) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto& list = role == pb::SERVER ? metadata_snapshot_.servers_meta() : metadata_snapshot_.workers_meta();
+  const pb::SendMetadataMessage& md = metadata_snapshot_;
+  const auto& list = role == pb::SERVER ? md.servers_meta() : md.workers_meta();
   std::vector<std::pair<int, std::string>> ranked;
   for (const pb::ServersMeta& m : list) ranked.emplace_back(m.rank_id(), m.node_id());
+  if (role == pb::WORKER) {  // a server's view: ids and ranks only (ApplyMetadata checked the counts)
+    for (int i = 0; i < md.worker_ids_size(); ++i) ranked.emplace_back(md.worker_ranks(i), md.worker_ids(i));
+  }
   std::sort(ranked.begin(), ranked.end());
   std::vector<std::string> out;
   for (auto& [r, id] : ranked) out.push_back(id);

@@ -63,7 +63,8 @@ class Node {
   pb::ClusterState cluster_state() const;
   uint64_t epoch() const;
   pb::SendMetadataMessage metadata() const;
-  // Node ids of one role in the current metadata, by rank (e.g. barrier participants).
+  // Node ids of one role in the current metadata, by rank (e.g. barrier participants). A
+  // server's view lists the workers by id and rank only (worker_ids), a worker's none.
   std::vector<std::string> NodeIds(pb::NodeRole role) const;
   int listen_port() const { return listen_port_; }
   comm::EventLoop* loop() const { return loop_; }

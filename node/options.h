@@ -63,6 +63,9 @@ struct SchedulerOptions {
   // Metadata encoded larger than this reaches workers as their view: servers and totals,
   // no worker entries (node/metadata_cache.h, docs/protocol.md).
   size_t worker_metadata_view_over = 64 * 1024;
+  // Metadata encoded larger than this reaches servers as their view: servers and totals,
+  // of each worker only its node id and rank (node/metadata_cache.h, docs/protocol.md).
+  size_t server_metadata_view_over = 64 * 1024;
 };
 
 struct NodeOptions {

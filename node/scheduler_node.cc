@@ -216,6 +216,13 @@ void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
       // frame's for a connection that carries no member).
       const core::NodeRecord* rec = cluster_.Find(NodeOf(conn));
       const pb::NodeRole role = rec != nullptr ? rec->role : frame.meta.role();
+      if (!MetadataFits(conn)) {
+        // A copy is still on its way (a push, or the answer to a fetch the member gave up
+        // on): the member asks again on a later heartbeat, once its link has drained.
+        return Reply(conn, frame.meta, Status(Code::kUnavailable, "the metadata waits unwritten on this link (" +
+                                                                      std::to_string(QueuedOn(conn)) +
+                                                                      " bytes queued); fetch again later"));
+      }
       Reply(conn, frame.meta, Status::Ok(), Payload::Shared(metadata_.For(cluster_, role)));
       break;
     }
@@ -319,9 +326,13 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
     return Reply(conn, frame.meta, out.status());
   }
   auto old = conn_of_.find(req.node_id);
+  auto link = node_of_.find(conn);
+  // Registered on this link before and linked on it since: every notice reached it.
+  const bool heard_all = old != conn_of_.end() && old->second == conn && link != node_of_.end() &&
+                         link->second.node_id == req.node_id && link->second.registered;
   if (old != conn_of_.end() && old->second != conn) node_of_.erase(old->second);
   conn_of_[req.node_id] = conn;
-  node_of_[conn] = LinkNode{req.node_id, {}};
+  node_of_[conn] = LinkNode{req.node_id, {}, /*registered=*/true};
   LOG(INFO) << "scheduler: " << RoleLabel(req.role) << " " << req.node_id << " registered as rank "
             << out->rank << " from " << req.ip << ":" << req.port
             << (out->restarted ? " (restarted)" : out->retry ? " (retry)" : "") << "; "
@@ -342,23 +353,33 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   // A node that (re)joins an already published membership needs the metadata now; one
   // whose admission published a new membership gets it with everyone (DrainEvents).
   if (cluster_.state() != pb::ClUSTER_STARTING && cluster_.epoch() == epoch_before) SendMetadataTo(req.node_id);
-  // It also learns at once of every stored error and heartbeat loss it may have missed
-  // (a late joiner, or a node whose link was down when the notice went out). Skipped when
-  // no node is flagged: a scan per REGISTER would make a registration storm O(N^2).
+  // A node registering again on the link it registered on before heard every notice
+  // broadcast since (it timed out while its link stayed up); on a new link, or one it
+  // only heartbeat on, it may have missed some.
+  if (!heard_all) ReplayNotices(conn, req.node_id);
+}
+
+// Every stored error and heartbeat loss, in one CLUSTER_EVENT frame (the first notice, the
+// others in `more`): one frame per joiner, however many nodes are flagged. Skipped when no
+// node is flagged: a scan per REGISTER would make a registration storm O(N^2).
+void SchedulerNode::ReplayNotices(ConnId conn, const std::string& node_id) {
   if (cluster_.flagged() == 0) return;
+  pb::ClusterEventMessage first;
+  bool any = false;
   cluster_.ForEachNode([&](const core::NodeRecord& rec) {
-    if (rec.node_id == req.node_id || (!rec.in_error && !rec.timed_out)) return;
-    pb::ClusterEventMessage ev;
-    ev.set_kind(rec.in_error ? pb::ClusterEventMessage::NODE_ERROR : pb::ClusterEventMessage::NODE_TIMED_OUT);
-    ev.set_cluster_state(cluster_.state());
-    ev.set_node_id(rec.node_id);
-    ev.set_role(rec.role);
-    ev.set_rank_id(rec.rank);
-    ev.set_error_code(rec.in_error ? rec.error_code : 0);
-    ev.set_message(rec.in_error ? rec.error_message : "heartbeat timed out");
-    ev.set_epoch(cluster_.epoch());
-    messenger_->Notify(conn, MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(ev)).IgnoreError();
+    if (rec.node_id == node_id || (!rec.in_error && !rec.timed_out)) return;
+    pb::ClusterEventMessage* ev = any ? first.add_more() : &first;
+    any = true;
+    ev->set_kind(rec.in_error ? pb::ClusterEventMessage::NODE_ERROR : pb::ClusterEventMessage::NODE_TIMED_OUT);
+    ev->set_cluster_state(cluster_.state());
+    ev->set_node_id(rec.node_id);
+    ev->set_role(rec.role);
+    ev->set_rank_id(rec.rank);
+    ev->set_error_code(rec.in_error ? rec.error_code : 0);
+    ev->set_message(rec.in_error ? rec.error_message : "heartbeat timed out");
+    ev->set_epoch(cluster_.epoch());
   });
+  if (any) messenger_->Notify(conn, MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(first)).IgnoreError();
 }
 
 void SchedulerNode::HandleHeartbeat(ConnId conn, const Frame& frame) {
@@ -550,10 +571,14 @@ std::vector<std::pair<std::string, ConnId>> SchedulerNode::Links() const {
   return std::vector<std::pair<std::string, ConnId>>(conn_of_.begin(), conn_of_.end());
 }
 
+uint64_t SchedulerNode::QueuedOn(ConnId conn) const { return messenger_->transport().QueuedBytes(conn); }
+
+bool SchedulerNode::MetadataFits(ConnId conn) const { return QueuedOn(conn) <= kMetadataGateBytes; }
+
 void SchedulerNode::SendMetadataTo(const std::string& node_id) {
   auto c = conn_of_.find(node_id);
   const core::NodeRecord* rec = cluster_.Find(node_id);
-  if (c == conn_of_.end() || rec == nullptr) return;
+  if (c == conn_of_.end() || rec == nullptr || !MetadataFits(c->second)) return;
   messenger_->Notify(c->second, MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0),
                      Payload::Shared(metadata_.For(cluster_, rec->role)))
       .IgnoreError();

@@ -92,6 +92,8 @@ class SchedulerNode {
   void CancelGets(comm::ConnId conn);
   void HandleRegister(comm::ConnId conn, const comm::Frame& frame);
   void HandleHeartbeat(comm::ConnId conn, const comm::Frame& frame);
+  // To a node registering on a new link: the stored errors and heartbeat losses.
+  void ReplayNotices(comm::ConnId conn, const std::string& node_id);
   void HandleFinish(comm::ConnId conn, const comm::Frame& frame);
   void HandleAdmin(comm::ConnId conn, const comm::Frame& frame);
   void HandleKv(comm::ConnId conn, const comm::Frame& frame);
@@ -103,7 +105,18 @@ class SchedulerNode {
   void Tick();
   void DrainEvents();
   void Broadcast(const pb::MessageMeta& meta, const BufferPtr& payload);
+  // To the node's link, unless MetadataFits refuses it.
   void SendMetadataTo(const std::string& node_id);
+  // A link holds at most one copy of the membership, whatever its member does (one that
+  // reads slowly, re-registers, or fetches again after giving up on a fetch): metadata (a
+  // push or a FETCH_METADATA answer) goes onto a link only while at most kMetadataGateBytes
+  // wait unwritten there. A push left out is not lost: the member sees the newer epoch in
+  // its next heartbeat answer and fetches it; a fetch refused is asked again. So the
+  // output queued for a member is one membership plus its small answers and events
+  // (docs/reliability.md).
+  static constexpr uint64_t kMetadataGateBytes = 16 << 10;
+  bool MetadataFits(comm::ConnId conn) const;
+  uint64_t QueuedOn(comm::ConnId conn) const;
   // To every linked node, or (only_to_it) to the node the event is about.
   void SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind, bool only_to_it = false);
   // Per-node notices (timed out, restarted, recovered, error) of one drain are coalesced
@@ -154,6 +167,7 @@ class SchedulerNode {
   struct LinkNode {
     std::string node_id;
     core::ClusterManager::NodeHint hint;  // spares the registry lookup per heartbeat
+    bool registered = false;  // the node registered on this link (not only beat on it)
   };
   std::unordered_map<comm::ConnId, LinkNode> node_of_;
   struct FinishWaiter {
@@ -170,7 +184,7 @@ class SchedulerNode {
   std::unordered_map<comm::ConnId, std::unordered_set<uint64_t>> kv_gets_;
   std::vector<std::function<void(const core::Event&)>> listeners_;
   std::vector<std::function<void()>> register_listeners_;
-  MetadataCache metadata_{options_.worker_metadata_view_over};
+  MetadataCache metadata_{options_.worker_metadata_view_over, options_.server_metadata_view_over};
   pb::ClusterEventMessage notices_;  // per-node notices not yet broadcast (FlushNotices)
   bool has_notices_ = false;
   std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;

@@ -47,12 +47,12 @@ void SchedulerNode::DrainEvents() {
           // Built and serialised once (the cache) into one buffer per view that every
           // member's frame references: no copy per member, and the transport counts each
           // once toward its total of queued output (each member finds its own rank by node
-          // id). Servers get the whole membership, workers of a large one their view.
+          // id). Members of a large membership get their role's view (MetadataCache).
           const pb::MessageMeta meta = MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0);
           std::vector<std::string> live;
           for (const core::NodeRecord* rec : cluster_.Nodes()) {
             auto c = conn_of_.find(rec->node_id);
-            if (c != conn_of_.end()) {
+            if (c != conn_of_.end() && MetadataFits(c->second)) {
               messenger_->Notify(c->second, meta, Payload::Shared(metadata_.For(cluster_, rec->role))).IgnoreError();
             }
             if (!rec->leaving) live.push_back(rec->node_id);

@@ -184,12 +184,13 @@ bool ServerNode::journal_compacting() {
   return journal_ && journal_->compacting();
 }
 
-bool ServerNode::IsMemberId(const std::string& node_id) const {
+bool ServerNode::IsMemberId(const std::string& node_id) const { return member_ids_.count(node_id) != 0; }
+
+void ServerNode::RefreshMemberIds() {
+  member_ids_.clear();
   for (pb::NodeRole role : {pb::WORKER, pb::SERVER}) {
-    std::vector<std::string> ids = NodeIds(role);
-    if (std::find(ids.begin(), ids.end(), node_id) != ids.end()) return true;
+    for (std::string& id : NodeIds(role)) member_ids_.insert(std::move(id));
   }
-  return false;
 }
 
 void ServerNode::HoldHello(ConnId conn, const pb::MessageMeta& hello_meta, const std::string& node_id) {

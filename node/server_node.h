@@ -132,6 +132,8 @@ class ServerNode : public Node {
   // Removes conn's held HELLO (its timer cancelled) and returns it; nullopt if none.
   std::optional<HeldHello> TakeHeld(comm::ConnId conn);
   bool IsMemberId(const std::string& node_id) const;
+  // Rebuilds member_ids_ from the metadata just applied (loop thread).
+  void RefreshMemberIds();
   // Refuses (and closes) a data request from a connection that did not identify itself
   // as a member of the job; true when the request may be served.
   bool CheckMember(comm::ConnId conn, const pb::MessageMeta& meta);
@@ -227,6 +229,8 @@ class ServerNode : public Node {
   int mailbox_servers_ = 0;  // the server count of the last stable view the mailbox saw
   std::shared_ptr<ServerNode*> alive_;
   std::unordered_map<comm::ConnId, std::string> members_;  // identified peer links (loop thread)
+  // Node ids of every member in the current metadata (loop thread): one lookup per HELLO.
+  std::unordered_set<std::string> member_ids_;
   struct HeldHello {
     std::string node_id;
     pb::MessageMeta hello_meta;  // answered (when it asked for an answer) once decided

@@ -107,6 +107,7 @@ void ServerNode::HandleMigrate(const DataRequest& req, Responder r) {
 }
 
 void ServerNode::OnMetadataApplied() {
+  RefreshMemberIds();
   RefreshView();
   RecheckHeldHellos();
 }

@@ -14,7 +14,10 @@
 //   5. time from a member's death (it stops beating) to the last survivor hearing of it;
 //   6. peak RSS (getrusage ru_maxrss): of the whole process when the members run on a
 //      thread of it (peak_rss), else of the scheduler's process (scheduler_peak_rss) and
-//      of the members' (members_peak_rss).
+//      of the members' (members_peak_rss);
+//   7. metadata bytes the scheduler wrote until READY (the READY push is most of it).
+// --whole_to_servers gives servers the whole membership however large (the baseline for
+// the server's view, SchedulerOptions::server_metadata_view_over).
 // The members run in a second process (fork, before any thread starts) with
 // --processes=2, or by default when one process's hard open-file limit cannot hold both
 // ends of every member's connection (2 fds per member: 10,000 members need a limit over
@@ -370,8 +373,9 @@ class SimNodes {
   uint64_t register_failures_ = 0;
 };
 
-node::SchedulerOptions SchedOpts(int nodes, int servers, Duration timeout) {
+node::SchedulerOptions SchedOpts(int nodes, int servers, Duration timeout, bool whole_to_servers) {
   node::SchedulerOptions o;
+  if (whole_to_servers) o.server_metadata_view_over = SIZE_MAX;
   o.worker_num = nodes - servers;
   o.server_num = servers;
   o.heartbeat_interval = 100ms;
@@ -506,10 +510,10 @@ int RunSims(int members, int servers, Steps* steps) {
 }
 
 // The scheduler: serves until the members are done; its CPU per heartbeat over the window.
-int RunScheduler(int members, int servers, int window_s, Steps* steps) {
+int RunScheduler(int members, int servers, int window_s, bool whole_to_servers, Steps* steps) {
   // 2 s: the heartbeat timeout nodes are given by default is far longer; a storm of
   // registrations must not time out members that beat every 100 ms.
-  node::SchedulerNode sched(SchedOpts(members, servers, 2s));
+  node::SchedulerNode sched(SchedOpts(members, servers, 2s, whole_to_servers));
   if (!sched.Start().ok()) {
     steps->to_sims.Put(kFailed);
     return 1;
@@ -521,6 +525,14 @@ int RunScheduler(int members, int servers, int window_s, Steps* steps) {
     sched.Stop();
     return 1;
   }
+  const uint64_t metadata_out = OnLoop<uint64_t>(sched.loop(), [&sched] {
+    uint64_t bytes = 0;
+    for (const comm::CommandStats& c : sched.messenger().transport().StatsByCommand()) {
+      if (c.cmd == pb::SEND_METADATA || c.cmd == pb::FETCH_METADATA) bytes += c.bytes_out;
+    }
+    return bytes;
+  });
+  Print("metadata_bytes_to_ready", static_cast<double>(metadata_out) / (1 << 20), "MiB");
   std::this_thread::sleep_for(1s);  // warm-up: every member has beaten a few times
   auto sample = [&sched] {
     return OnLoop<std::pair<double, uint64_t>>(sched.loop(), [&sched] {
@@ -549,11 +561,12 @@ int RunScheduler(int members, int servers, int window_s, Steps* steps) {
 }
 
 // Members in a child process when `split`, else on a thread of this one.
-int Run(int members, int window_s, bool burner, bool split) {
+int Run(int members, int window_s, bool burner, bool whole_to_servers, bool split) {
   RaiseFdLimit((split ? 1 : 2) * static_cast<size_t>(members) + 64);
   const int servers = std::max(1, members / 8);
-  std::printf("# %d members (%d servers), each on its own connection, burner %s, %s\n", members, servers,
-              burner ? "on" : "off", split ? "members in a second process" : "one process");
+  std::printf("# %d members (%d servers), each on its own connection, burner %s, %s, servers get %s\n", members,
+              servers, burner ? "on" : "off", split ? "members in a second process" : "one process",
+              whole_to_servers ? "the whole membership" : "their view");
   std::fflush(stdout);
   Steps steps(split);
   if (split) {
@@ -571,7 +584,7 @@ int Run(int members, int window_s, bool burner, bool split) {
     int rc = 0;
     {
       Burner burn(burner);  // beside the scheduler
-      rc = RunScheduler(members, servers, window_s, &steps);
+      rc = RunScheduler(members, servers, window_s, whole_to_servers, &steps);
     }
     int status = 0;
     // The child ends on its own once done or failed (each of its waits has a deadline).
@@ -581,7 +594,7 @@ int Run(int members, int window_s, bool burner, bool split) {
   Burner burn(burner);
   int sims_rc = 0;
   std::thread sims([&] { sims_rc = RunSims(members, servers, &steps); });
-  const int rc = RunScheduler(members, servers, window_s, &steps);
+  const int rc = RunScheduler(members, servers, window_s, whole_to_servers, &steps);
   sims.join();
   return rc != 0 || sims_rc != 0 ? 1 : 0;
 }
@@ -593,6 +606,7 @@ int main(int argc, char** argv) {
   int members = 2000, window_s = 5;
   int processes = 0;  // 0: two when one process cannot hold the fds of both ends
   bool burner = false;
+  bool whole_to_servers = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&a] { return std::atoi(a.substr(a.find('=') + 1).c_str()); };
@@ -602,10 +616,13 @@ int main(int argc, char** argv) {
       window_s = val();
     } else if (a == "--burner") {
       burner = true;
+    } else if (a == "--whole_to_servers") {
+      whole_to_servers = true;
     } else if (a.rfind("--processes=", 0) == 0) {
       processes = val();
     } else {
-      std::fprintf(stderr, "usage: control_bench [--members=2000] [--seconds=5] [--burner] [--processes=1|2]\n");
+      std::fprintf(stderr, "usage: control_bench [--members=2000] [--seconds=5] [--burner] [--whole_to_servers] "
+                   "[--processes=1|2]\n");
       return 2;
     }
   }
@@ -625,5 +642,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "control_bench: --processes must be 1 or 2\n");
     return 2;
   }
-  return pscore::bench::Run(members, window_s, burner, processes == 2);
+  return pscore::bench::Run(members, window_s, burner, whole_to_servers, processes == 2);
 }

@@ -347,5 +347,134 @@ TEST_CASE("members that time out and come back in waves all reach READY again wi
                                       << big.counts.fetches);
 }
 
+// Bare members on one loop that record the CLUSTER_EVENT frames pushed to each link.
+class Listeners {
+ public:
+  explicit Listeners(int port) : port_(port), loop_("listeners") {
+    comm::Messenger::Handlers h;
+    h.on_request = [this](ConnId c, comm::Frame&& f) {
+      pb::ClusterEventMessage ev;
+      if (f.meta.cmd() == pb::CLUSTER_EVENT && ParsePayload(f, &ev).ok()) events_[c].push_back(std::move(ev));
+    };
+    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), std::move(h));
+    REQUIRE(loop_.Start().ok());
+  }
+  ~Listeners() {
+    loop_.RunAndWait([this] { messenger_->Shutdown(); });
+    loop_.Stop().IgnoreError();
+  }
+  ConnId Connect() {
+    auto p = std::make_shared<std::promise<Result<ConnId>>>();
+    auto fut = p->get_future();
+    loop_.Post([this, p] {
+      messenger_->transport().Connect("127.0.0.1", port_, comm::ConnectOptions(),
+                                      [p](Result<ConnId> c) { p->set_value(c); });
+    });
+    REQUIRE(fut.wait_for(15s) == std::future_status::ready);
+    Result<ConnId> c = fut.get();
+    REQUIRE(c.ok());
+    return *c;
+  }
+  Status Register(ConnId conn, const std::string& id) {
+    pb::RegisterMessage msg;
+    msg.set_ip("127.0.0.1");
+    msg.set_port(1);
+    msg.set_node_id(id);
+    msg.set_role(pb::WORKER);
+    msg.set_incarnation(1);
+    msg.set_protocol_version(node::kProtocolVersion);
+    msg.set_requested_rank(-1);
+    auto p = std::make_shared<std::promise<Status>>();
+    auto fut = p->get_future();
+    loop_.Post([this, conn, msg, p] {
+      messenger_->Call(conn, MakeMeta(pb::REGISTER, pb::WORKER, -1), ToBuffer(msg), 10s,
+                       [p](Result<comm::Frame> r) { p->set_value(r.status()); });
+    });
+    if (fut.wait_for(15s) != std::future_status::ready) return Status(Code::kTimeout, "no REGISTER answer");
+    return fut.get();
+  }
+  // The CLUSTER_EVENT frames `conn` received so far.
+  std::vector<pb::ClusterEventMessage> Events(ConnId conn) {
+    std::vector<pb::ClusterEventMessage> out;
+    loop_.RunAndWait([&] { out = events_[conn]; });
+    return out;
+  }
+
+ private:
+  int port_;
+  comm::EventLoop loop_;
+  std::unique_ptr<comm::Messenger> messenger_;
+  std::unordered_map<ConnId, std::vector<pb::ClusterEventMessage>> events_;  // loop thread
+};
+
+// How many NODE_TIMED_OUT notices the frames hold about nodes other than `self`.
+size_t TimeoutNotices(const std::vector<pb::ClusterEventMessage>& frames, const std::string& self) {
+  size_t n = 0;
+  auto count = [&](const pb::ClusterEventMessage& ev) {
+    n += ev.kind() == pb::ClusterEventMessage::NODE_TIMED_OUT && ev.node_id() != self;
+  };
+  for (const pb::ClusterEventMessage& f : frames) {
+    count(f);
+    for (const pb::ClusterEventMessage& m : f.more()) count(m);
+  }
+  return n;
+}
+
+TEST_CASE("a member that timed out and registers again on its link is sent no replay of the stored notices - "
+          "one on a new link gets them all in one frame",
+          "[node][net]") {
+  constexpr size_t kMembers = 40;
+  SchedulerOptions o;
+  o.worker_num = static_cast<int>(kMembers);
+  o.server_num = 0;
+  o.heartbeat_interval = 100ms;
+  o.heartbeat_timeout = 1s;  // nobody beats: every member times out
+  o.recoverable_roles = {pb::WORKER};
+  SchedulerNode sched(o);
+  REQUIRE(sched.Start().ok());
+  {
+    Listeners members(sched.port());
+    std::vector<ConnId> conns;
+    for (size_t i = 0; i < kMembers; ++i) {
+      conns.push_back(members.Connect());
+      REQUIRE(members.Register(conns.back(), "m" + std::to_string(i)).ok());
+    }
+    auto until = std::chrono::steady_clock::now() + 20s;
+    auto all_timed_out = [&] {
+      int n = 0;
+      sched.loop()->RunAndWait([&] { n = sched.cluster().flagged(); });
+      return n == static_cast<int>(kMembers);
+    };
+    while (!all_timed_out() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+    REQUIRE(all_timed_out());
+    // Every link heard every timeout when it happened.
+    until = std::chrono::steady_clock::now() + 10s;
+    while (TimeoutNotices(members.Events(conns[0]), "m0") < kMembers - 1 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(10ms);
+    }
+    const std::vector<pb::ClusterEventMessage> before = members.Events(conns[0]);
+    REQUIRE(TimeoutNotices(before, "m0") == kMembers - 1);
+    // m0 comes back on its link: nothing it heard is sent again.
+    REQUIRE(members.Register(conns[0], "m0").ok());
+    // m1 comes back on a new link: one frame names the other 38 still timed out.
+    const ConnId fresh = members.Connect();
+    REQUIRE(members.Register(fresh, "m1").ok());
+    until = std::chrono::steady_clock::now() + 10s;
+    while (TimeoutNotices(members.Events(fresh), "m1") < kMembers - 2 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(10ms);
+    }
+    const std::vector<pb::ClusterEventMessage> replay = members.Events(fresh);
+    CHECK(TimeoutNotices(replay, "m1") == kMembers - 2);
+    size_t replay_frames = 0;
+    for (const pb::ClusterEventMessage& f : replay) replay_frames += f.kind() == pb::ClusterEventMessage::NODE_TIMED_OUT;
+    CHECK(replay_frames == 1);
+    // The registrations and the new link's replay are answered before m0's link hears more.
+    std::this_thread::sleep_for(200ms);
+    const std::vector<pb::ClusterEventMessage> after = members.Events(conns[0]);
+    CHECK(TimeoutNotices(after, "m0") == TimeoutNotices(before, "m0"));
+  }
+  sched.Stop();
+}
+
 }  // namespace
 }  // namespace pscore::node

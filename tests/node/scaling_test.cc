@@ -445,6 +445,88 @@ TEST_CASE("workers holding the worker's view learn their compacted ranks after a
   sched.Stop();
 }
 
+// What servers of the server's view hold of the workers, by rank: ids from the metadata's
+// worker_ids, with no worker entry.
+void CheckServerView(ServerNode& s, const std::vector<std::string>& workers) {
+  const pb::SendMetadataMessage md = s.metadata();
+  CHECK(md.workers_meta_size() == 0);
+  CHECK(md.omitted_workers() == static_cast<int>(workers.size()));
+  CHECK(md.worker_ids_size() == static_cast<int>(workers.size()));
+  CHECK(s.NodeIds(pb::WORKER) == workers);
+}
+
+TEST_CASE("servers holding the server's view (worker ids and ranks) serve every worker, follow a worker scale-in "
+          "and complete a scale-out",
+          "[node][net][scale][metadata]") {
+  SchedulerOptions so = Sched(3, 2);
+  so.worker_metadata_view_over = 1;  // every member gets its role's view
+  so.server_metadata_view_over = 1;
+  SchedulerNode sched(so);
+  REQUIRE(sched.Start().ok());
+  std::vector<std::unique_ptr<ServerNode>> s;
+  for (int i = 0; i < 2; ++i) {
+    NodeOptions o = Opts(pb::SERVER, sched.port(), "s" + std::to_string(i));
+    o.rank = i;
+    s.push_back(std::make_unique<ServerNode>(o));
+  }
+  std::vector<std::unique_ptr<WorkerNode>> w;
+  for (int i = 0; i < 3; ++i) {
+    NodeOptions o = Opts(pb::WORKER, sched.port(), "w" + std::to_string(i));
+    o.rank = i;
+    w.push_back(std::make_unique<WorkerNode>(o));
+  }
+  for (auto& n : s) REQUIRE(n->Start().ok());
+  for (auto& n : w) REQUIRE(n->Start().ok());
+  for (auto& n : w) REQUIRE(n->WaitForReady(10s).ok());
+  for (auto& n : s) REQUIRE(n->WaitForReady(10s).ok());
+  for (int i = 0; i < 2; ++i) {
+    CHECK(s[i]->rank() == i);  // found in servers_meta, which the view keeps whole
+    CheckServerView(*s[i], {"w0", "w1", "w2"});
+  }
+  // Every worker's link is admitted by id: pushes from each reach both servers' ranges.
+  const std::vector<uint64_t> keys = {1, 1ull << 63};
+  for (auto& n : w) REQUIRE(n->Push(keys, std::vector<float>{1, 2}).get().ok());
+  Result<PullResult> pulled = w[2]->Pull(keys).get();
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>{3, 6});
+
+  pb::AdminRequest in;
+  in.set_op("scale_in");
+  in.add_node_ids("w0");
+  REQUIRE(AdminOp(sched, in).ok());
+  auto until = std::chrono::steady_clock::now() + 20s;
+  auto servers_hold = [&](size_t n) {
+    return s[0]->NodeIds(pb::WORKER).size() == n && s[1]->NodeIds(pb::WORKER).size() == n &&
+           sched.cluster_state() == pb::CLUSTER_READY;
+  };
+  while (!servers_hold(2) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  REQUIRE(sched.cluster_state() == pb::CLUSTER_READY);
+  for (auto& n : s) CheckServerView(*n, {"w1", "w2"});  // ranks compacted, order kept
+
+  pb::AdminRequest out;
+  out.set_op("scale_out");
+  out.set_worker_num(3);
+  out.set_server_num(2);
+  std::future<Status> scaled = std::async(std::launch::async, [&] { return AdminOp(sched, out); });
+  REQUIRE(WaitState(sched, pb::CLUSTER_SCALE_OUT, 15s));
+  WorkerNode w3(Opts(pb::WORKER, sched.port(), "w3"));
+  REQUIRE(w3.Start().ok());
+  CHECK(scaled.get().ok());  // every server answered SCALE_OUT_DONE on the view's counts
+  CHECK(WaitState(sched, pb::CLUSTER_READY, 15s));
+  REQUIRE(w3.WaitForReady(10s).ok());
+  until = std::chrono::steady_clock::now() + 10s;
+  while (!servers_hold(3) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  for (auto& n : s) CheckServerView(*n, {"w1", "w2", "w3"});
+  REQUIRE(w3.Push(keys, std::vector<float>{10, 20}).get().ok());  // the new worker is admitted
+  pulled = w3.Pull(keys).get();
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>{13, 26});
+  w3.Stop();
+  for (auto& n : w) n->Stop();
+  for (auto& n : s) n->Stop();
+  sched.Stop();
+}
+
 TEST_CASE("a scale-out whose new server never comes rolls back to the old membership", "[node][net][scale]") {
   SchedulerOptions so = Sched(1, 1);
   so.scale_timeout = 500ms;
