@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "pscore/comm/tls.h"
 #include "pscore/core/kv_codec.h"
 #include "pscore/node/worker/worker_node.h"
 
@@ -82,7 +83,9 @@ int main(int argc, char** argv) {
   const std::string dir = get("dir", "");
   const std::string id = get("node_id", "");
   if (dir.empty() || id.empty() || get("scheduler_port", "").empty()) {
-    std::fprintf(stderr, "usage: soak_driver --scheduler_port=P --node_id=ID --dir=D [--keys=N] [--check --peers=a,b]\n");
+    std::fprintf(stderr,
+                 "usage: soak_driver --scheduler_port=P --node_id=ID --dir=D [--keys=N] [--check --peers=a,b]"
+                 " [--tls_cert=F --tls_key=F --tls_ca=F]\n");
     return 2;
   }
   google::InitGoogleLogging(argv[0]);
@@ -95,6 +98,15 @@ int main(int argc, char** argv) {
   o.heartbeat_interval = std::chrono::milliseconds(std::atoi(get("heartbeat_interval_ms", "200").c_str()));
   o.connect_timeout = std::chrono::milliseconds(std::atoi(get("connect_timeout_ms", "30000").c_str()));
   o.request_timeout = 30s;
+  const pscore::comm::TlsFiles tls{get("tls_cert", ""), get("tls_key", ""), get("tls_ca", "")};
+  if (tls.enabled()) {
+    auto ctx = pscore::comm::TlsContext::Load(tls);
+    if (!ctx.ok()) {
+      std::fprintf(stderr, "soak_driver %s: %s\n", id.c_str(), ctx.status().ToString().c_str());
+      return 2;
+    }
+    o.tls = *ctx;
+  }
   pscore::node::WorkerNode worker(o);
   Status st = worker.Start();
   if (st.ok()) st = worker.WaitForReady(o.connect_timeout);

@@ -330,16 +330,21 @@ void LinkCutJob(bool in_barrier) {
   }
   INFO(trainers[0].Log());
   REQUIRE(training);
+  // Both trainers pause while the link goes down, so that the cut lands in the middle of
+  // training however slowly this machine runs the test; then they train on against it.
+  // In the barrier case trainer 0 goes on first and waits in the step's barrier for
+  // trainer 1, which is held until after the cut.
   constexpr auto kHold = 300ms;
+  trainers[0].Signal(SIGSTOP);
+  trainers[1].Signal(SIGSTOP);
   if (in_barrier) {
-    trainers[1].Signal(SIGSTOP);
+    trainers[0].Signal(SIGCONT);
     std::this_thread::sleep_for(kHold);
   }
   REQUIRE(server_hosts[1]->SetLink(false));
-  if (in_barrier) {
-    std::this_thread::sleep_for(kHold);
-    trainers[1].Signal(SIGCONT);
-  }
+  if (in_barrier) std::this_thread::sleep_for(kHold);
+  trainers[0].Signal(SIGCONT);
+  trainers[1].Signal(SIGCONT);
   std::this_thread::sleep_for(std::chrono::milliseconds(2 * kHeartbeatTimeoutMs) - (in_barrier ? kHold : 0ms));
   REQUIRE(server_hosts[1]->SetLink(true));
   std::vector<TrainFinal> finals;

@@ -48,7 +48,7 @@ bool WaitGrows(const std::string& path, uint64_t bytes, std::chrono::seconds tim
 }  // namespace
 
 TEST_CASE("a worker SIGKILLed in the middle of large ZPushes leaves no half push and loses none of the others",
-          "[multiproc][net][stream]") {
+          "[multiproc][net][stream][tlspass]") {
   TempDir dir;
   REQUIRE(dir.ok());
   Process scheduler;

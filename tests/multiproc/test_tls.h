@@ -1,11 +1,11 @@
 // The TLS pass of the multi-process tests: with PSCORE_TEST_TLS=1 in the test's
-// environment, every pscore-node, pscore-train and pscore-admin a test starts through
-// Process gets --tls_cert/--tls_key/--tls_ca, and the in-process nodes and admin clients
-// of the tests that take part get a TLS context (TestTlsContext). One CA per test process
-// (comm/tls_pki.h: the OpenSSL API, files in a temporary directory removed at exit) and one
-// certificate per name on first use: CN = the node id (--node_id), "scheduler" for the
-// scheduler, "admin" for pscore-admin, as docs/security.md's identity rule wants. Test
-// thread only.
+// environment, every pscore-node, pscore-train, pscore-admin and soak_driver_bench a
+// test starts through Process gets --tls_cert/--tls_key/--tls_ca, and the in-process
+// nodes and admin clients of the tests that take part get a TLS context (TestTlsContext).
+// One CA per test process (comm/tls_pki.h: the OpenSSL API, files in a temporary
+// directory removed at exit) and one certificate per name on first use: CN = the node id
+// (--node_id), "scheduler" for the scheduler, "admin" for pscore-admin, as
+// docs/security.md's identity rule wants. Test thread only.
 #pragma once
 
 #include <cstdlib>
@@ -67,9 +67,10 @@ inline std::shared_ptr<comm::TlsContext> TestTlsContext(const std::string& name)
 inline std::vector<std::string> WithTestTls(std::vector<std::string> argv) {
   if (!TestTlsOn() || argv.empty()) return argv;
   const std::string exe = std::filesystem::path(argv[0]).filename().string();
-  if (exe != "pscore-node" && exe != "pscore-train" && exe != "pscore-admin") return argv;
+  const bool worker_program = exe == "pscore-train" || exe == "soak_driver_bench";
+  if (exe != "pscore-node" && exe != "pscore-admin" && !worker_program) return argv;
   std::string name = exe == "pscore-admin" ? "admin" : "";
-  std::string role = exe == "pscore-train" ? "worker" : "";
+  std::string role = worker_program ? "worker" : "";
   for (const std::string& a : argv) {
     if (a.rfind("--tls_", 0) == 0 || a == "--help" || a == "--version") return argv;
     if (a.rfind("--node_id=", 0) == 0) name = a.substr(10);
