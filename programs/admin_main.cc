@@ -411,7 +411,7 @@ int Run(const node::CommandLine& cl, const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  node::CommandLine cl = node::ParseFlags(&argc, &argv, kUsageText, node::Program::kAdmin);
+  node::CommandLine cl = node::ParseAdminFlags(&argc, &argv, kUsageText);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 2;  // Only errors: the command's own output is the report.

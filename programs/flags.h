@@ -1,7 +1,8 @@
-// Command-line flags of pscore-node, pscore-admin and pscore-train (defined only in
-// flags.cc; each program takes its own subset, see Program).
-// ParseFlags applies PSCORE_<FLAG> environment fallbacks, validates, and on a bad flag
-// prints one line and exits with code 2.
+// The command lines of pscore-node, pscore-admin and pscore-train. Each program links
+// only its own flags (<program>_flags.cc, plus member_flags.cc for the node and the trainer
+// and common_flags.cc for all three), so its --help lists them and any other flag is
+// refused as unknown. Each Parse*Flags applies PSCORE_<FLAG> environment fallbacks,
+// validates, and on a bad flag prints one line and exits with code 2.
 #pragma once
 
 #include <string>
@@ -49,11 +50,10 @@ struct CommandLine {
   AdminFlags admin;
 };
 
-// The program whose flags are parsed: each takes (and --help lists) only its own flags.
-enum class Program { kNode, kAdmin, kTrain };
-
-// Parses argv (removing flags) for `program`; exits 2 on a bad flag or one the program does
-// not take.
-CommandLine ParseFlags(int* argc, char*** argv, const char* usage, Program program);
+// Each parses argv (removing flags) for its program, as main() starts; the fields of
+// CommandLine the program has no flag for keep their defaults.
+CommandLine ParseNodeFlags(int* argc, char*** argv, const char* usage);   // node_flags.cc
+CommandLine ParseTrainFlags(int* argc, char*** argv, const char* usage);  // train_flags.cc
+CommandLine ParseAdminFlags(int* argc, char*** argv, const char* usage);  // admin_flags.cc
 
 }  // namespace pscore::node

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "pscore/node/common/role_names.h"
+
 namespace pscore::node {
 namespace {
 
@@ -41,7 +43,7 @@ Result<long long> GetCount(const EnvMap& env, const std::string& name, const std
   return n;
 }
 
-bool ValidRole(const std::string& r) { return r == "scheduler" || r == "server" || r == "worker"; }
+bool ValidRole(const std::string& r) { return ParseRoleLabel(r).has_value(); }
 
 // Expands one host-list element that may hold bracket groups ("rack[1-2]-n[01,05]").
 Status ExpandOne(const std::string& item, std::vector<std::string>* out) {

@@ -1,7 +1,8 @@
 // Launcher detection: what a cluster engine (Slurm, Kubernetes) tells a process about its
 // place in a job, read from an environment given as a map. Pure: no process environment,
-// no DNS (ResolveHost, separate, does that). programs/flags.cc feeds it the process environment
-// for --launcher; an embedding program may call it and copy the result into NodeOptions.
+// no DNS (ResolveHost, separate, does that). programs/member_flags.cc feeds it the process
+// environment for --launcher; an embedding program may call it and copy the result into
+// NodeOptions.
 //
 // What each launcher reads (docs/deploy.md has the full table):
 //   slurm: SLURM_PROCID, SLURM_JOB_ID (SLURM_HET_JOB_ID in a heterogeneous job),

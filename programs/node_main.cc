@@ -6,6 +6,7 @@
 #include <fstream>
 #include <future>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -17,6 +18,7 @@
 #include "programs/exit_codes.h"
 #include "programs/flags.h"
 #include "pscore/node/common/member_http.h"
+#include "pscore/node/common/role_names.h"
 #include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/scheduler/scheduler_http.h"
 #include "pscore/node/scheduler/scheduler_node.h"
@@ -191,23 +193,22 @@ int RunMember(const node::CommandLine& cl, pb::NodeRole role) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  node::CommandLine cl = node::ParseFlags(
+  node::CommandLine cl = node::ParseNodeFlags(
       &argc, &argv,
       "Runs one node of a pscore job.\n"
       "  pscore-node --role=scheduler --scheduler_port=P --worker_num=W --server_num=S\n"
       "  pscore-node --role=server --scheduler_port=P [--node_id=ID]\n"
       "  pscore-node --role=worker --scheduler_port=P [--node_id=ID]\n"
-      "Every flag also reads PSCORE_<FLAG_NAME> from the environment when not given.",
-      node::Program::kNode);
+      "Every flag also reads PSCORE_<FLAG_NAME> from the environment when not given.");
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGPIPE, SIG_IGN);
   node::TlsReloader reloader(cl.node.tls);
-  if (cl.role == "scheduler") return RunScheduler(cl);
-  if (cl.role == "server") return RunMember(cl, pb::SERVER);
-  if (cl.role == "worker") return RunMember(cl, pb::WORKER);
+  const std::optional<pb::NodeRole> role = node::ParseRoleLabel(cl.role);
+  if (role == pb::SCHEDULER) return RunScheduler(cl);
+  if (role) return RunMember(cl, *role);
   std::cerr << "pscore-node: --role must be scheduler, worker or server (got '" << cl.role << "')" << std::endl;
-  return 2;
+  return node::kExitUsage;
 }

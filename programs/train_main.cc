@@ -171,123 +171,104 @@ Result<Resume> FindResume(node::WorkerNode* worker) {
   return r;
 }
 
-int Train(const node::CommandLine& cl) {
-  const node::TrainOptions& t = cl.train;
-  node::NodeOptions opts = cl.node;
-  node::WorkerNode worker(opts);
-  Status st = worker.Start();
-  if (st.ok()) st = worker.WaitForReady(opts.connect_timeout);
-  Result<Resume> resume = st.ok() ? FindResume(&worker) : Result<Resume>(st);
-  if (!resume.ok()) {
-    std::cerr << "pscore-train: " << resume.status() << std::endl;
-    return node::MemberExitCode(resume.status()) == node::kExitFinished ? node::kExitError
-                                                                          : node::MemberExitCode(resume.status());
-  }
-  const int rank = worker.rank();
-  const int workers = worker.metadata().worker_num();
-  DataSet data = MakeData(t);
-  std::vector<uint64_t> keys(t.keys);
-  for (int k = 0; k < t.keys; ++k) keys[k] = k;
-  std::vector<uint32_t> lens(t.keys, t.dim / t.keys);
-  lens.back() += t.dim % t.keys;
-  size_t shard = (data.size() + workers - 1 - rank) / workers;
-  const uint64_t incarnation = StableIncarnation(worker.node_id());
-  const std::string pulled_key = "train/w/" + worker.node_id();
-  const std::vector<std::string> peers = worker.NodeIds(pb::WORKER);
+// One worker's training run: the job's data and key layout, and the steps from where the
+// process starts (a restarted worker resumes) to the end. Main thread.
+class Trainer {
+ public:
+  Trainer(const node::CommandLine& cl, node::WorkerNode* worker, const Resume& resume);
 
-  if (resume->init == 0) {
-    // Step 0: every worker pushes a zero gradient so the keys exist (initial w = 0).
-    std::vector<float> zeros(t.dim, 0.0f);
-    worker.SetPushIds(incarnation, 1);
-    st = worker.Push(keys, zeros, lens).get();
-    if (st.ok()) st = worker.Barrier("train/init", 60s, peers);
-  } else {
-    std::printf("worker %d restarted: resumes after step %llu%s\n", rank,
-                static_cast<unsigned long long>(resume->step),
-                resume->pulled > resume->step ? " (redoing the push of the next step)" : "");
-    std::fflush(stdout);
-  }
-  std::vector<float> w(t.dim, 0.0f);
-  const int first = static_cast<int>(resume->step) + 1;
-  for (int step = first; st.ok() && step <= t.steps; ++step) {
-    auto started = std::chrono::steady_clock::now();
-    // The predecessor passed this step's "pulled" barrier: every worker pulled the step's
-    // weights, and the servers may hold some pushes of it already; the weights it pulled
-    // are in the KV store.
-    const bool redo = step == first && resume->pulled == static_cast<uint64_t>(step);
-    if (redo) {
-      Result<std::string> stored = worker.KvTryGet(pulled_key);
-      Result<std::vector<float>> prev =
-          stored.ok() ? DecodePulled(*stored, step, t.dim) : Result<std::vector<float>>(stored.status());
-      if (!prev.ok()) {
-        st = Status(prev.status().code(), "resuming step " + std::to_string(step) + ": " + prev.status().message());
-        break;
-      }
-      w = std::move(*prev);
-    } else {
-      Result<node::PullResult> pulled = worker.Pull(keys).get();
-      if (!pulled.ok()) {
-        st = pulled.status();
-        break;
-      }
-      w = pulled->values;
-      st = worker.KvSet(pulled_key, EncodePulled(step, w));
-      if (!st.ok()) break;
-    }
-    std::vector<double> grad(t.dim, 0.0);
-    Eval e = Evaluate(data, w, rank, workers, &grad);
-    // Each worker's share of the full-batch mean gradient; the servers sum the pushes.
-    std::vector<float> g(t.dim);
-    for (int j = 0; j < t.dim; ++j) g[j] = static_cast<float>(grad[j] / data.size());
-    // Synchronous: no worker pushes step `step` before every worker pulled for it (a fast
-    // worker's push would otherwise leak into a slow worker's pull of the same step).
-    if (!redo) st = worker.Barrier("train/pulled", 60s, peers);
-    // The same push ids in every process that pushes this step as this worker.
-    worker.SetPushIds(incarnation, static_cast<uint64_t>(step) * kSeqsPerStep + 1);
-    if (st.ok()) st = worker.Push(keys, g, lens).get();
-    if (st.ok()) st = worker.Barrier("train/step", 60s, peers);
-    // Every push of this step is acknowledged: the scale-out moves finished parameters.
-    if (st.ok() && step == t.scale_out_at && rank == 0) {
-      st = RequestOneMoreServer(opts, workers, worker.server_count());
-    }
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    std::printf("worker %d step %3d loss %.5f acc %.4f throughput %.0f samples/s\n", rank, step, e.loss,
-                e.accuracy, shard / std::max(secs, 1e-9));
-    std::fflush(stdout);
-  }
+  // Every step, then the final pull into w_.
+  Status Run();
+
+  // The job ends failed (3), this worker's part is not done (1), or the scheduler was lost (4).
+  int Failed(const Status& st);
+
+  // Prints the final line, joins the finish barrier, and says whether training converged.
+  int Finished();
+
+ private:
+  // Step 0 of a fresh worker: a zero gradient pushed so the keys exist (initial w = 0).
+  Status Begin();
+
+  // The weights of `step` into w_: pulled (and kept in the KV store), or, when `redo`,
+  // the ones the predecessor pulled, read back from the KV store.
+  Status LoadWeights(int step, bool redo);
+
+  Status Step(int step, int first);
+
+  const node::TrainOptions& t_;
+  const node::NodeOptions& opts_;
+  node::WorkerNode& worker_;
+  const Resume resume_;
+  int rank_ = 0;
+  int workers_ = 1;
+  DataSet data_;
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> lens_;
+  size_t shard_ = 0;
+  uint64_t incarnation_ = 0;
+  std::string pulled_key_;
+  std::vector<std::string> peers_;
+  std::vector<float> w_;  // the weights of the current step, then the final ones
+};
+
+Trainer::Trainer(const node::CommandLine& cl, node::WorkerNode* worker, const Resume& resume)
+    : t_(cl.train), opts_(cl.node), worker_(*worker), resume_(resume) {
+  rank_ = worker_.rank();
+  workers_ = worker_.metadata().worker_num();
+  data_ = MakeData(t_);
+  keys_.resize(t_.keys);
+  for (int k = 0; k < t_.keys; ++k) keys_[k] = k;
+  lens_.assign(t_.keys, t_.dim / t_.keys);
+  lens_.back() += t_.dim % t_.keys;
+  shard_ = (data_.size() + workers_ - 1 - rank_) / workers_;
+  incarnation_ = StableIncarnation(worker_.node_id());
+  pulled_key_ = "train/w/" + worker_.node_id();
+  peers_ = worker_.NodeIds(pb::WORKER);
+}
+
+Status Trainer::Run() {
+  Status st = Begin();
+  const int first = static_cast<int>(resume_.step) + 1;
+  for (int step = first; st.ok() && step <= t_.steps; ++step) st = Step(step, first);
   if (st.ok()) {
-    Result<node::PullResult> pulled = worker.Pull(keys).get();
+    Result<node::PullResult> pulled = worker_.Pull(keys_).get();
     st = pulled.status();
-    if (st.ok()) w = pulled->values;
+    if (st.ok()) w_ = pulled->values;
   }
-  if (!st.ok()) {
-    std::cerr << "pscore-train: worker " << rank << ": " << st << std::endl;
-    // Honest outcome: this worker's part is not done. Reported as an error and followed by
-    // Finish, the job ends failed naming it (or the peer whose loss stopped it) instead of
-    // waiting for a worker that will never finish; 3 once the scheduler says so.
-    Status end = worker.WaitForTermination(0s);
-    if (end.code() != Code::kAborted && end.code() != Code::kUnavailable) {
-      worker.ReportError(static_cast<int>(st.code()), st.message()).IgnoreError();
-      end = worker.Finish(60s);
-      if (!end.ok()) std::cerr << "pscore-train: finish: " << end << std::endl;
-    }
-    worker.Stop();
-    if (end.code() == Code::kAborted) return node::kExitJobFailed;
-    const int code = node::MemberExitCode(st);
-    return code == node::kExitFinished || code == node::kExitJobFailed ? node::kExitError : code;
+  return st;
+}
+
+int Trainer::Failed(const Status& st) {
+  std::cerr << "pscore-train: worker " << rank_ << ": " << st << std::endl;
+  // Honest outcome: this worker's part is not done. Reported as an error and followed by
+  // Finish, the job ends failed naming it (or the peer whose loss stopped it) instead of
+  // waiting for a worker that will never finish; 3 once the scheduler says so.
+  Status end = worker_.WaitForTermination(0s);
+  if (end.code() != Code::kAborted && end.code() != Code::kUnavailable) {
+    worker_.ReportError(static_cast<int>(st.code()), st.message()).IgnoreError();
+    end = worker_.Finish(60s);
+    if (!end.ok()) std::cerr << "pscore-train: finish: " << end << std::endl;
   }
-  Eval final_eval = Evaluate(data, w, 0, 1, nullptr);
-  Eval optimum = Evaluate(data, data.w_star, 0, 1, nullptr);
+  worker_.Stop();
+  if (end.code() == Code::kAborted) return node::kExitJobFailed;
+  const int code = node::MemberExitCode(st);
+  return code == node::kExitFinished || code == node::kExitJobFailed ? node::kExitError : code;
+}
+
+int Trainer::Finished() {
+  Eval final_eval = Evaluate(data_, w_, 0, 1, nullptr);
+  Eval optimum = Evaluate(data_, data_.w_star, 0, 1, nullptr);
   double checksum = 0;
-  for (float v : w) checksum += v;
+  for (float v : w_) checksum += v;
   std::printf("worker %d final loss %.5f acc %.4f | generating weights w*: loss %.5f acc %.4f | gap %+.5f | "
               "weights checksum %.9f\n",
-              rank, final_eval.loss, final_eval.accuracy, optimum.loss, optimum.accuracy,
+              rank_, final_eval.loss, final_eval.accuracy, optimum.loss, optimum.accuracy,
               final_eval.loss - optimum.loss, checksum);
   std::fflush(stdout);
-  st = worker.Finish(120s);
+  Status st = worker_.Finish(120s);
   if (!st.ok()) std::cerr << "pscore-train: finish: " << st << std::endl;
-  worker.Stop();
+  worker_.Stop();
   if (!st.ok()) {
     const int code = node::MemberExitCode(st);
     return code == node::kExitFinished ? node::kExitError : code;
@@ -299,14 +280,91 @@ int Train(const node::CommandLine& cl) {
   return converged ? node::kExitFinished : node::kExitError;
 }
 
+Status Trainer::Begin() {
+  if (resume_.init == 0) {
+    std::vector<float> zeros(t_.dim, 0.0f);
+    worker_.SetPushIds(incarnation_, 1);
+    Status st = worker_.Push(keys_, zeros, lens_).get();
+    if (st.ok()) st = worker_.Barrier("train/init", 60s, peers_);
+    return st;
+  }
+  std::printf("worker %d restarted: resumes after step %llu%s\n", rank_,
+              static_cast<unsigned long long>(resume_.step),
+              resume_.pulled > resume_.step ? " (redoing the push of the next step)" : "");
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+Status Trainer::LoadWeights(int step, bool redo) {
+  if (redo) {
+    Result<std::string> stored = worker_.KvTryGet(pulled_key_);
+    Result<std::vector<float>> prev =
+        stored.ok() ? DecodePulled(*stored, step, t_.dim) : Result<std::vector<float>>(stored.status());
+    if (!prev.ok()) {
+      return Status(prev.status().code(), "resuming step " + std::to_string(step) + ": " + prev.status().message());
+    }
+    w_ = std::move(*prev);
+    return Status::Ok();
+  }
+  Result<node::PullResult> pulled = worker_.Pull(keys_).get();
+  if (!pulled.ok()) return pulled.status();
+  w_ = pulled->values;
+  return worker_.KvSet(pulled_key_, EncodePulled(step, w_));
+}
+
+Status Trainer::Step(int step, int first) {
+  auto started = std::chrono::steady_clock::now();
+  // The predecessor passed this step's "pulled" barrier: every worker pulled the step's
+  // weights, and the servers may hold some pushes of it already; the weights it pulled
+  // are in the KV store.
+  const bool redo = step == first && resume_.pulled == static_cast<uint64_t>(step);
+  Status st = LoadWeights(step, redo);
+  if (!st.ok()) return st;
+  std::vector<double> grad(t_.dim, 0.0);
+  Eval e = Evaluate(data_, w_, rank_, workers_, &grad);
+  // Each worker's share of the full-batch mean gradient; the servers sum the pushes.
+  std::vector<float> g(t_.dim);
+  for (int j = 0; j < t_.dim; ++j) g[j] = static_cast<float>(grad[j] / data_.size());
+  // Synchronous: no worker pushes step `step` before every worker pulled for it (a fast
+  // worker's push would otherwise leak into a slow worker's pull of the same step).
+  if (!redo) st = worker_.Barrier("train/pulled", 60s, peers_);
+  // The same push ids in every process that pushes this step as this worker.
+  worker_.SetPushIds(incarnation_, static_cast<uint64_t>(step) * kSeqsPerStep + 1);
+  if (st.ok()) st = worker_.Push(keys_, g, lens_).get();
+  if (st.ok()) st = worker_.Barrier("train/step", 60s, peers_);
+  // Every push of this step is acknowledged: the scale-out moves finished parameters.
+  if (st.ok() && step == t_.scale_out_at && rank_ == 0) {
+    st = RequestOneMoreServer(opts_, workers_, worker_.server_count());
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::printf("worker %d step %3d loss %.5f acc %.4f throughput %.0f samples/s\n", rank_, step, e.loss,
+              e.accuracy, shard_ / std::max(secs, 1e-9));
+  std::fflush(stdout);
+  return st;
+}
+
+int Train(const node::CommandLine& cl) {
+  node::WorkerNode worker(cl.node);
+  Status st = worker.Start();
+  if (st.ok()) st = worker.WaitForReady(cl.node.connect_timeout);
+  Result<Resume> resume = st.ok() ? FindResume(&worker) : Result<Resume>(st);
+  if (!resume.ok()) {
+    std::cerr << "pscore-train: " << resume.status() << std::endl;
+    return node::MemberExitCode(resume.status()) == node::kExitFinished ? node::kExitError
+                                                                          : node::MemberExitCode(resume.status());
+  }
+  Trainer trainer(cl, &worker, *resume);
+  st = trainer.Run();
+  return st.ok() ? trainer.Finished() : trainer.Failed(st);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  node::CommandLine cl = node::ParseFlags(
+  node::CommandLine cl = node::ParseTrainFlags(
       &argc, &argv,
       "Demo worker: logistic regression by synchronous SGD over pscore Push/Pull.\n"
-      "  pscore-train --scheduler_port=P [--steps=60 --samples=20000 --dim=64 --keys=8]",
-      node::Program::kTrain);
+      "  pscore-train --scheduler_port=P [--steps=60 --samples=20000 --dim=64 --keys=8]");
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;

@@ -27,6 +27,7 @@
 #include "multiproc/process.h"
 #include "multiproc/raw_conn.h"
 #include "pscore/node/common/admin_client.h"
+#include "pscore/node/common/wire.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/proto/comm.pb.h"
 #include "pscore/node/common/wire.h"

@@ -87,6 +87,31 @@ TEST_CASE("each program's --help lists its own flags only and refuses the others
   Run refused = RunToEnd(dir, {testing::AdminBinary(), "--state_dir=/tmp", "status"}, "admin-refused.log");
   CHECK(refused.code == 2);
   CHECK_THAT(refused.out, Catch::Contains("unknown flag --state_dir"));
+  // pscore-train: a worker's flags and its own, not a scheduler's, a server's or an admin's.
+  const std::string train_bin = std::string(PSCORE_BIN_DIR) + "/pscore-train";
+  Run train = RunToEnd(dir, {train_bin, "--help"}, "train-help.log");
+  CHECK(train.code == 0);
+  for (const char* own : {"-steps", "-scale_out_at", "-heartbeat_interval_ms", "-recovery_timeout_ms", "-node_id",
+                          "-launcher", "-scheduler_port", "-tls_ca"}) {
+    CHECK_THAT(train.out, Catch::Contains(own));
+  }
+  for (const char* other : {"-state_dir", "-worker_num", "-update_rule", "-data_dir", "-http_port", "-role",
+                            "-wait_timeout_ms", "-node_ids"}) {
+    CHECK_THAT(train.out, !Catch::Contains(other));
+  }
+  Run train_refused = RunToEnd(dir, {train_bin, "--update_rule=sgd", "--scheduler_port=1"}, "train-refused.log");
+  CHECK(train_refused.code == 2);
+  CHECK_THAT(train_refused.out, Catch::Contains("unknown flag --update_rule"));
+}
+
+TEST_CASE("each program's --version prints its name and version and exits 0", "[multiproc]") {
+  TempDir dir;
+  REQUIRE(dir.ok());
+  for (const std::string bin : {"pscore-node", "pscore-admin", "pscore-train"}) {
+    Run r = RunToEnd(dir, {std::string(PSCORE_BIN_DIR) + "/" + bin, "--version"}, bin + "-version.log");
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Catch::Matches("(.|\\n)*" + bin + " version [0-9]+\\.[0-9]+\\.[0-9]+(.|\\n)*"));
+  }
 }
 
 TEST_CASE("SIGTERM while a worker waits for its scheduler ends it at once with exit 1", "[multiproc][net]") {

@@ -23,6 +23,7 @@
 #include "pscore/core/kv_codec.h"
 #include "multiproc/process.h"
 #include "pscore/node/common/admin_client.h"
+#include "pscore/node/common/wire.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
 #include "pscore/node/common/wire.h"
