@@ -3,8 +3,8 @@
 
 // Our headers first: glog defines its own CHECK, and catch.hpp must come last so that CHECK
 // below is Catch's (reports and continues) rather than glog's (aborts the binary).
-#include "core/cluster_event.h"
-#include "core/node_record.h"
+#include "pscore/core/cluster_event.h"
+#include "pscore/core/node_record.h"
 
 #include <catch2/catch.hpp>
 

@@ -2,7 +2,7 @@
 
 // Our headers first: glog defines its own CHECK, and catch.hpp must come last so that CHECK
 // below is Catch's (reports and continues) rather than glog's (aborts the binary).
-#include "core/update_rule.h"
+#include "pscore/core/update_rule.h"
 
 #include <catch2/catch.hpp>
 
