@@ -212,6 +212,12 @@ class BarrierManager {
                            Series* series);
 
   static void Decrement(std::unordered_map<uint64_t, size_t>* counts, uint64_t owner);
+  // "barrier b1" for the first round, "barrier b1 (generation 3)" after, so messages stay
+  // short in the common one-shot case yet say which round of a reused id failed.
+  static std::string Name(const std::string& id, uint64_t gen);
+  // The participants not in `arrived`, in order.
+  static std::vector<std::string> Missing(const std::vector<std::string>& participants,
+                                          const std::set<std::string>& arrived);
 
   const Clock* clock_;
   const Duration keep_ended_;

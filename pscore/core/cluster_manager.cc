@@ -1,23 +1,22 @@
+// ClusterManager, registration: admitting new nodes, re-admitting known ones (retries,
+// recoveries, restarts), picking ranks. The other parts: cluster_manager_health.cc
+// (heartbeats, timeouts, errors), cluster_manager_end.cc (finish barrier, outcome, admin
+// states), cluster_manager_registry.cc (records, metadata, events), cluster_manager_scale.cc
+// (scaling), cluster_manager_state.cc (snapshot and restore).
 #include "pscore/core/cluster_manager.h"
 
 #include <algorithm>
 #include <cstring>
-#include <tuple>
 #include <utility>
 
 #include <glog/logging.h>
-
-#include "pscore/core/key_range.h"
 
 namespace pscore::core {
 namespace {
 
 using internal::Cat;
 using internal::Err;
-
-std::string Label(const NodeRecord& rec) {
-  return Cat(RoleName(rec.role), " ", rec.node_id, " (rank ", rec.rank, ")");
-}
+using internal::Label;
 
 std::vector<pb::Device> SortedDevices(std::vector<pb::Device> devices) {
   std::sort(devices.begin(), devices.end(),
@@ -39,6 +38,12 @@ bool SameDevices(const std::vector<pb::Device>& a, const std::vector<pb::Device>
 }
 
 }  // namespace
+
+namespace internal {
+std::string Label(const NodeRecord& rec) {
+  return Cat(RoleName(rec.role), " ", rec.node_id, " (rank ", rec.rank, ")");
+}
+}  // namespace internal
 
 std::string RoleName(pb::NodeRole role) {
   if (role == pb::SERVER) return "server";
@@ -120,18 +125,6 @@ bool ClusterManager::Recoverable(pb::NodeRole role) const {
          config_.recoverable_roles.end();
 }
 
-void ClusterManager::RecordError(NodeRecord* rec, int code, const std::string& message, bool reported) {
-  SetInError(rec, true);
-  rec->error_code = code;
-  rec->error_message = message;
-  RefreshNodeState(rec);
-  Event& e = Emit(Event::Kind::kNodeError, rec);
-  e.error_code = code;
-  e.message = message;
-  e.propagate = !Recoverable(rec->role);
-  e.reported = reported;
-}
-
 // A new process under the node id of a member whose role is not recoverable: whatever the
 // old one held is lost, which the others must hear of; it may join once reset.
 Status ClusterManager::RefuseNewIncarnation(NodeRecord* rec, const RegisterRequest& req) {
@@ -201,15 +194,18 @@ Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
   }
   Result<int> rank = PickRank(req.role, req.requested_rank);
   if (!rank.ok()) return rank.status();
-  NodeRecord& rec = AddNode(req.node_id, req.role);
-  rec.rank = *rank;
+  NodeRecord fresh;
+  fresh.node_id = req.node_id;
+  fresh.role = req.role;
+  fresh.rank = *rank;
+  fresh.ip = req.ip;
+  fresh.port = req.port;
+  fresh.incarnation = req.incarnation;
+  fresh.devices = SortedDevices(req.devices);
+  fresh.host_name = req.host_name;
+  fresh.last_heartbeat = clock_->Now();
+  const NodeRecord& rec = AddNode(std::move(fresh));
   rank_taken_[req.role == pb::SERVER ? 0 : 1][*rank] = 1;  // PickRank just sized it
-  rec.ip = req.ip;
-  rec.port = req.port;
-  rec.incarnation = req.incarnation;
-  rec.devices = SortedDevices(req.devices);
-  rec.host_name = req.host_name;
-  rec.last_heartbeat = clock_->Now();
   if (scaling_) op_.added.insert(req.node_id);
   VLOG(1) << "registered " << Label(rec);
   AfterAdmit();
@@ -277,452 +273,6 @@ void ClusterManager::AfterAdmit() {
     op_.new_nodes_in = true;
     PublishMetadata();
   }
-}
-
-Status ClusterManager::Beat(const std::string& node_id, const uint64_t* incarnation, NodeHint* hint) {
-  NodeRecord* rec = nullptr;
-  if (hint != nullptr && hint->generation == generation_ && hint->rec != nullptr && hint->node_id == node_id) {
-    rec = hint->rec;  // the hint's copy of the id is warm; the record is touched once below
-  } else {
-    rec = Mutable(node_id);
-    if (hint != nullptr) *hint = NodeHint{rec, generation_, node_id};
-  }
-  if (rec == nullptr) {
-    return Err(Code::kNotFound, "unknown node ", node_id, "; register again");
-  }
-  // A timed-out node lost its place in the live set; registering again restores it.
-  if (rec->timed_out) {
-    return Err(Code::kNotFound, "node ", node_id, " timed out; register again");
-  }
-  if (rec->reset_pending) {
-    return Err(Code::kNotFound, "node ", node_id, " was reset; register again");
-  }
-  if (incarnation != nullptr && *incarnation != rec->incarnation) {
-    return Err(Code::kAborted, "heartbeat of node ", node_id, " carries incarnation ", *incarnation,
-               ", but the member registered is incarnation ", rec->incarnation);
-  }
-  rec->last_heartbeat = clock_->Now();
-  if (rec->in_error && !Recoverable(rec->role)) {
-    return Err(Code::kAborted, "node ", node_id, " is in error (code ", rec->error_code, ": ", rec->error_message,
-               "); reset it before it registers again");
-  }
-  return Status::Ok();
-}
-
-void ClusterManager::Pause(Duration stalled) {
-  if (stalled <= Duration::zero()) return;
-  const TimePoint now = clock_->Now();
-  for (NodeRecord* rec : MutableNodes()) {
-    if (!rec->timed_out) rec->last_heartbeat = std::min(now, rec->last_heartbeat + stalled);
-  }
-  if (scaling_) op_.started = std::min(now, op_.started + stalled);
-}
-
-void ClusterManager::Tick() {
-  if (state_ == pb::CLUSTER_EXIT) return;
-  const TimePoint now = clock_->Now();
-  std::string first_timeout;
-  if (now > next_timeout_scan_) {
-    // One pass over the records, in no order; the (rare) expired ones are then handled in
-    // role, rank order so logs and events read the same every run.
-    TimePoint earliest = TimePoint::max();
-    std::vector<NodeRecord*> expired;
-    for (auto& [id, rec] : nodes_) {
-      if (rec.timed_out) continue;
-      const TimePoint deadline = rec.last_heartbeat + config_.heartbeat_timeout;
-      if (now > deadline) {
-        expired.push_back(&rec);
-      } else {
-        earliest = std::min(earliest, deadline);
-      }
-    }
-    next_timeout_scan_ = earliest;
-    std::sort(expired.begin(), expired.end(), [](const NodeRecord* a, const NodeRecord* b) {
-      return std::tie(a->role, a->rank, a->node_id) < std::tie(b->role, b->rank, b->node_id);
-    });
-    for (NodeRecord* rec : expired) {
-      const Duration silent = now - rec->last_heartbeat;
-      SetTimedOut(rec, true);
-      RefreshNodeState(rec);
-      rec->lost_cause = Cat("no heartbeat for ", ToMillis(silent), " ms");
-      LOG(WARNING) << Label(*rec) << " timed out: silent for " << ToMillis(silent) << " ms";
-      Emit(Event::Kind::kNodeTimedOut, rec).message = Cat("silent for ", ToMillis(silent), " ms");
-      if (first_timeout.empty()) first_timeout = Label(*rec);
-    }
-    // Replicated ranges: a new epoch whose metadata marks the lost server down promotes
-    // the next live replica of each of its ranges (docs/reliability.md).
-    const bool server_lost = std::any_of(expired.begin(), expired.end(), [](const NodeRecord* rec) {
-      return rec->role == pb::SERVER && rec->in_metadata;
-    });
-    if (server_lost && config_.replicas >= 2 && !scaling_) PublishMetadata();
-  }
-  if (scaling_) {
-    const char* what = op_.kind == ScaleKind::kOut ? "scale-out" : "scale-in";
-    if (!first_timeout.empty()) {
-      Rollback(Cat(first_timeout, " timed out during ", what));
-    } else if (now - op_.started > config_.scale_timeout) {
-      Rollback(Cat(what, " timed out after ", ToMillis(config_.scale_timeout), " ms: ",
-                   ScaleProgress()));
-    }
-  }
-  RefreshTimeoutState();
-  CheckFinish();
-}
-
-Status ClusterManager::ResyncDone(const std::string& node_id, uint64_t incarnation) {
-  NodeRecord* rec = Mutable(node_id);
-  if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
-  if (rec->incarnation != incarnation) {
-    return Err(Code::kAborted, Label(*rec), ": resync done from incarnation ", incarnation, ", registered ",
-               rec->incarnation);
-  }
-  if (!rec->resyncing) return Status::Ok();  // a repeat: the epoch that marked it live is out
-  if (rec->timed_out) return Err(Code::kFailedPrecondition, Label(*rec), " is timed out: register again");
-  rec->resyncing = false;
-  LOG(INFO) << Label(*rec) << " resynced: a replica of its key ranges again";
-  if (!scaling_) PublishMetadata();
-  return Status::Ok();
-}
-
-Status ClusterManager::ReportError(const std::string& node_id, int code,
-                                   const std::string& message) {
-  NodeRecord* rec = Mutable(node_id);
-  if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
-  LOG(WARNING) << Label(*rec) << " reported error " << code << ": " << message;
-  RecordError(rec, code, message, /*reported=*/true);
-  return Status::Ok();
-}
-
-// Clears the error; the member (the same process, or a new one) registers again next.
-Status ClusterManager::ResetNode(const std::string& node_id) {
-  NodeRecord* rec = Mutable(node_id);
-  if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
-  SetInError(rec, false);
-  rec->error_code = 0;
-  rec->error_message.clear();
-  rec->late_to_finish = false;
-  rec->reset_pending = true;
-  RefreshNodeState(rec);
-  return Status::Ok();
-}
-
-Status ClusterManager::Finish(const std::string& node_id) {
-  NodeRecord* rec = Mutable(node_id);
-  if (rec == nullptr) return Status(Code::kNotFound, "unknown node " + node_id);
-  if (finish_passed_ && rec->finished) {
-    return Err(Code::kFailedPrecondition, "node ", node_id, " already left");
-  }
-  rec->finished = true;
-  RefreshNodeState(rec);
-  CheckFinish();
-  return Status::Ok();
-}
-
-std::vector<std::string> ClusterManager::FinishMissing() const {
-  std::vector<std::string> missing;
-  for (const NodeRecord* rec : Nodes()) {
-    if (!rec->timed_out && !rec->finished) missing.push_back(rec->node_id);
-  }
-  return missing;
-}
-
-void ClusterManager::FinishTimedOut(const std::vector<std::string>& late) {
-  for (const std::string& node_id : late) {
-    NodeRecord* rec = Mutable(node_id);
-    if (rec == nullptr || rec->in_error || rec->finished) continue;
-    RecordError(rec, static_cast<int>(Code::kTimeout),
-                Cat("finish barrier timed out waiting for ", RoleName(rec->role), " ", node_id), /*reported=*/false);
-    rec->late_to_finish = true;
-  }
-}
-
-// The finish barrier covers live nodes: timed-out nodes do not hold it up, and nodes that
-// left in a scale-in are gone from the registry. It cannot pass before the cluster was READY.
-void ClusterManager::CheckFinish() {
-  if (finish_passed_ || state_ == pb::ClUSTER_STARTING || state_ == pb::CLUSTER_EXIT) return;
-  bool any_finished = false;
-  for (const auto& [id, rec] : nodes_) {
-    if (!rec.timed_out && !rec.finished) return;
-    any_finished = any_finished || rec.finished;
-  }
-  // Every live node finished. Once a node called Finish the barrier is under way, so it
-  // also passes when no live node is left at all (every one timed out, the finished ones
-  // too: nobody is left to finish, and the outcome below names the lost ones). Before any
-  // Finish, a cluster whose every node timed out waits for them to come back.
-  if (!any_finished) return;
-  finish_passed_ = true;
-  scaling_ = false;
-  for (NodeRecord* rec : MutableNodes()) RefreshNodeState(rec);
-  SetOutcomeAtFinish();
-  state_ = pb::CLUSTER_EXIT;
-  const bool failed = outcome_.result == JobOutcome::Result::kFailed;
-  for (Event::Kind kind : {Event::Kind::kFinishPassed, Event::Kind::kStateChanged}) {
-    Event& e = EmitRaw(kind);
-    if (failed) {
-      e.error_code = static_cast<int>(Code::kAborted);
-      e.message = "job failed: " + outcome_.failure;
-    }
-  }
-}
-
-// The barrier passed. Nodes still timed out that never called Finish died and were not
-// brought back in time, and nodes still in error (reported, never reset): the job failed.
-// A node that finished and then went silent had done its part.
-void ClusterManager::SetOutcomeAtFinish() {
-  outcome_ = JobOutcome();
-  for (const NodeRecord* rec : Nodes()) {
-    std::string what;
-    if (rec->timed_out && !rec->finished) {
-      if (rec->role == pb::SERVER && ServerCovered(*rec)) {
-        LOG(WARNING) << Label(*rec) << " lost; its key ranges live on in their replicas";
-        continue;
-      }
-      what = Cat("lost (", rec->lost_cause.empty() ? "timed out" : rec->lost_cause, ")");
-    } else if (rec->in_error && !(rec->late_to_finish && rec->finished)) {
-      // Reported an error and was neither reset nor restarted: its part is not done. (A
-      // node late to a timed-out finish barrier that finished after all did its part.)
-      what = Cat("in error (", rec->error_code, ": ", rec->error_message, ")");
-    } else {
-      continue;
-    }
-    outcome_.failure += Cat(outcome_.failure.empty() ? "" : "; ", RoleName(rec->role), " ", rec->node_id, " ", what);
-    outcome_.failed_nodes.push_back(rec->node_id);
-  }
-  if (outcome_.failed_nodes.empty()) {
-    outcome_.result = JobOutcome::Result::kFinished;
-    LOG(INFO) << "finish barrier passed; cluster exiting";
-  } else {
-    outcome_.result = JobOutcome::Result::kFailed;
-    LOG(ERROR) << "finish barrier passed; the job failed: " << outcome_.failure;
-  }
-}
-
-// Admin states. NEW_INSTANCE passes through and returns to READY. DISABLE_FLS is sticky:
-// the cluster stays disabled (no scaling, no NODE_TIMEOUT state) until ENABLE_FLS, which
-// passes through ENABLE_FLS back to READY (or NODE_TIMEOUT if nodes timed out meanwhile).
-// CLUSTER_EXIT terminates from any state and abandons a running scale operation.
-Status ClusterManager::SetState(pb::ClusterState state) {
-  const std::string now = " (state is " + ClusterStateName(state_) + ")";
-  switch (state) {
-    case pb::CLUSTER_NEW_INSTANCE:
-    case pb::CLUSTER_DISABLE_FLS:
-      if (state_ != pb::CLUSTER_READY) {
-        return Err(Code::kFailedPrecondition, ClusterStateName(state), " needs CLUSTER_READY", now);
-      }
-      SetClusterState(state);
-      if (state == pb::CLUSTER_NEW_INSTANCE) SetClusterState(pb::CLUSTER_READY);
-      return Status::Ok();
-    case pb::CLUSTER_ENABLE_FLS:
-      if (state_ != pb::CLUSTER_DISABLE_FLS) {
-        return Err(Code::kFailedPrecondition, "cluster is not disabled", now);
-      }
-      SetClusterState(pb::CLUSTER_ENABLE_FLS);
-      SetClusterState(pb::CLUSTER_READY);
-      RefreshTimeoutState();
-      return Status::Ok();
-    case pb::CLUSTER_EXIT:
-      if (state_ == pb::CLUSTER_EXIT) {
-        return Status(Code::kFailedPrecondition, "cluster is already exiting");
-      }
-      scaling_ = false;
-      outcome_ = JobOutcome();
-      outcome_.result = JobOutcome::Result::kStopped;
-      LOG(INFO) << "cluster terminated by admin";
-      SetClusterState(pb::CLUSTER_EXIT);
-      return Status::Ok();
-    default:
-      return Err(Code::kInvalidArgument, "cluster state ", ClusterStateName(state),
-                 " cannot be set by admin");
-  }
-}
-
-std::vector<Event> ClusterManager::TakeEvents() {
-  std::vector<Event> out;
-  out.swap(events_);
-  return out;
-}
-
-int ClusterManager::registered(pb::NodeRole role) const {
-  return role >= 0 && role < 4 ? role_count_[role] : 0;
-}
-
-NodeRecord& ClusterManager::AddNode(const std::string& node_id, pb::NodeRole role) {
-  auto [it, added] = nodes_.try_emplace(node_id);
-  if (!added && it->second.role >= 0 && it->second.role < 4) --role_count_[it->second.role];
-  if (!added && it->second.timed_out) --timed_out_count_;
-  if (!added && it->second.in_error) --in_error_count_;
-  if (!added) InvalidateRanks();
-  it->second = NodeRecord();
-  it->second.node_id = node_id;
-  it->second.role = role;
-  if (role >= 0 && role < 4) ++role_count_[role];
-  next_timeout_scan_ = TimePoint::min();
-  return it->second;
-}
-
-void ClusterManager::RemoveNode(const std::string& node_id) {
-  auto it = nodes_.find(node_id);
-  if (it == nodes_.end()) return;
-  if (it->second.role >= 0 && it->second.role < 4) --role_count_[it->second.role];
-  if (it->second.timed_out) --timed_out_count_;
-  if (it->second.in_error) --in_error_count_;
-  nodes_.erase(it);
-  InvalidateRanks();
-  ++generation_;
-}
-
-void ClusterManager::SetTimedOut(NodeRecord* rec, bool timed_out) {
-  if (rec->timed_out == timed_out) return;
-  rec->timed_out = timed_out;
-  timed_out_count_ += timed_out ? 1 : -1;
-}
-
-void ClusterManager::SetInError(NodeRecord* rec, bool in_error) {
-  if (rec->in_error == in_error) return;
-  rec->in_error = in_error;
-  in_error_count_ += in_error ? 1 : -1;
-}
-
-bool ClusterManager::ServerCovered(const NodeRecord& lost) const {
-  if (config_.replicas < 2 || server_num_ <= 0 || lost.rank < 0 || lost.rank >= server_num_) return false;
-  std::vector<char> live(static_cast<size_t>(server_num_), 0);
-  for (const auto& [id, rec] : nodes_) {
-    if (rec.role == pb::SERVER && rec.rank >= 0 && rec.rank < server_num_ && !rec.timed_out && !rec.resyncing) {
-      live[static_cast<size_t>(rec.rank)] = 1;
-    }
-  }
-  for (int range = 0; range < server_num_; ++range) {
-    if (HoldsRange(lost.rank, range, server_num_, config_.replicas) &&
-        PrimaryOf(range, server_num_, config_.replicas, live) < 0) {
-      return false;
-    }
-  }
-  return true;
-}
-
-int ClusterManager::Total(pb::NodeRole role) const {
-  return role == pb::SERVER ? server_num_ : worker_num_;
-}
-
-const NodeRecord* ClusterManager::Find(const std::string& node_id) const {
-  auto it = nodes_.find(node_id);
-  return it == nodes_.end() ? nullptr : &it->second;
-}
-
-NodeRecord* ClusterManager::Mutable(const std::string& node_id) {
-  auto it = nodes_.find(node_id);
-  return it == nodes_.end() ? nullptr : &it->second;
-}
-
-std::vector<const NodeRecord*> ClusterManager::Nodes() const {
-  std::vector<const NodeRecord*> out;
-  for (const auto& [id, rec] : nodes_) out.push_back(&rec);
-  std::sort(out.begin(), out.end(), [](const NodeRecord* a, const NodeRecord* b) {
-    return std::tie(a->role, a->rank, a->node_id) < std::tie(b->role, b->rank, b->node_id);
-  });
-  return out;
-}
-
-std::vector<NodeRecord*> ClusterManager::MutableNodes() {
-  std::vector<NodeRecord*> out;
-  for (const NodeRecord* rec : Nodes()) out.push_back(const_cast<NodeRecord*>(rec));
-  return out;
-}
-
-pb::SendMetadataMessage ClusterManager::BuildMetadata() const {
-  pb::SendMetadataMessage msg;
-  msg.set_worker_num(worker_num_);
-  msg.set_server_num(server_num_);
-  msg.set_cluster_state(state_);
-  msg.set_epoch(epoch_);
-  msg.set_replicas(config_.replicas);
-  if (scaling_ && op_.kind == ScaleKind::kOut) msg.set_scale_out_old_server_num(op_.old_server_num);
-  const TimePoint now = clock_->Now();
-  for (const NodeRecord* rec : Nodes()) {
-    pb::ServersMeta* meta =
-        rec->role == pb::SERVER ? msg.add_servers_meta() : msg.add_workers_meta();
-    meta->set_rank_id(rec->rank);
-    meta->set_ip(rec->ip);
-    meta->set_port(rec->port);
-    meta->set_is_alive(!rec->timed_out && !rec->resyncing);
-    meta->set_resyncing(rec->resyncing && !rec->timed_out);
-    meta->set_role(rec->role);
-    meta->set_node_id(rec->node_id);
-    for (const pb::Device& d : rec->devices) *meta->add_devices() = d;
-    meta->set_state(rec->state);
-    meta->set_incarnation(rec->incarnation);
-    meta->set_last_heartbeat_age_ms(ToMillis(now - rec->last_heartbeat));
-  }
-  return msg;
-}
-
-// Global device ids are dense and ordered by role (servers first, then workers), then rank,
-// then local_id, so the numbering follows from the rank table alone.
-void ClusterManager::AssignTopology() {
-  int next = 0;
-  for (NodeRecord* rec : MutableNodes()) {
-    for (pb::Device& d : rec->devices) d.set_global_id(next++);
-    rec->in_metadata = true;
-    RefreshNodeState(rec);
-  }
-}
-
-// During a scale operation (once scale-out's new nodes are in) every node must acknowledge
-// the newest metadata, so a republish restarts the *Done round at the new epoch.
-void ClusterManager::PublishMetadata() {
-  AssignTopology();
-  ++epoch_;
-  if (scaling_ && (op_.kind == ScaleKind::kIn || op_.new_nodes_in)) {
-    op_.expected_epoch = epoch_;
-    op_.done.clear();
-  }
-  EmitRaw(Event::Kind::kMetadataChanged);
-}
-
-// A node's pb state is derived from its flags, most urgent first.
-void ClusterManager::RefreshNodeState(NodeRecord* rec) const {
-  if (rec->finished && finish_passed_) {
-    rec->state = pb::NODE_FINISH;
-  } else if (rec->timed_out) {
-    rec->state = pb::NODE_TIMED_OUT;
-  } else if (rec->in_error) {
-    rec->state = pb::NODE_IN_ERROR;
-  } else if (rec->leaving) {
-    rec->state = pb::NODE_LEAVING;
-  } else {
-    rec->state = rec->in_metadata ? pb::NODE_READY : pb::NODE_STARTING;
-  }
-}
-
-// READY <-> NODE_TIMEOUT follows whether any node is timed out. Other states (starting,
-// scaling, disabled, exiting) are left alone; they re-check when they return to READY.
-void ClusterManager::RefreshTimeoutState() {
-  const bool any = timed_out_count_ > 0;
-  if (state_ == pb::CLUSTER_READY && any) SetClusterState(pb::NODE_TIMEOUT);
-  if (state_ == pb::NODE_TIMEOUT && !any) SetClusterState(pb::CLUSTER_READY);
-}
-
-void ClusterManager::SetClusterState(pb::ClusterState state) {
-  state_ = state;
-  EmitRaw(Event::Kind::kStateChanged);
-}
-
-Event& ClusterManager::EmitRaw(Event::Kind kind) {
-  Event& e = events_.emplace_back();
-  e.kind = kind;
-  e.state = state_;
-  e.epoch = epoch_;
-  e.worker_num = worker_num_;
-  e.server_num = server_num_;
-  return e;
-}
-
-Event& ClusterManager::Emit(Event::Kind kind, const NodeRecord* rec) {
-  Event& e = EmitRaw(kind);
-  e.node_id = rec->node_id;
-  e.role = rec->role;
-  e.rank = rec->rank;
-  return e;
 }
 
 }  // namespace pscore::core

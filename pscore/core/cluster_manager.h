@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "pscore/core/clock.h"
+#include "pscore/core/cluster_event.h"
+#include "pscore/core/node_record.h"
 #include "pscore/core/status.h"
 #include "pscore/proto/comm.pb.h"
 
@@ -25,7 +27,7 @@ std::string RoleName(pb::NodeRole role);
 std::string ClusterStateName(pb::ClusterState state);
 
 namespace internal {
-// Message building shared by the two halves of ClusterManager.
+// Message building shared by the parts of ClusterManager.
 template <typename... Args>
 std::string Cat(const Args&... args) {
   std::ostringstream os;
@@ -36,6 +38,8 @@ template <typename... Args>
 Status Err(Code code, const Args&... args) {
   return Status(code, Cat(args...));
 }
+// "server s1 (rank 0)", for logs and messages about a node.
+std::string Label(const NodeRecord& rec);
 }  // namespace internal
 
 // Most workers, or servers, one job may have: the scheduler refuses larger totals (flags,
@@ -78,41 +82,6 @@ struct RegisterOutcome {
   bool retry = false;      // same node_id and incarnation: nothing changed
 };
 
-// What the registry keeps per node.
-struct NodeRecord {
-  // First, on one cache line: what every heartbeat reads and writes.
-  TimePoint last_heartbeat;
-  bool timed_out = false;
-  std::string node_id;
-  pb::NodeRole role = pb::WORKER;
-  int rank = -1;
-  std::string ip;
-  int port = 0;
-  uint64_t incarnation = 0;
-  std::vector<pb::Device> devices;  // sorted by local_id; global_id set with the topology
-  std::string host_name;
-  pb::NodeState state = pb::NODE_STARTING;
-  bool in_error = false;
-  int error_code = 0;
-  std::string error_message;
-  // Its error is being late to a finish barrier that timed out (FinishTimedOut): once it
-  // finishes after all, its part of the job is done.
-  bool late_to_finish = false;
-  bool finished = false;
-  bool leaving = false;
-  // Additions: the facts `state` is derived from (with timed_out above).
-  bool in_metadata = false;  // part of a published topology
-  std::string lost_cause;    // while timed_out: why, e.g. "no heartbeat for 3000 ms"
-  // A server of a replicated job (replicas >= 2) that came back (restarted, or heard from
-  // again after its timeout): it missed pushes, so the metadata marks it resyncing (not
-  // alive: not read, not a primary; its ranges' primaries forward pushes to it and send it
-  // snapshots) until it reports ResyncDone.
-  bool resyncing = false;
-  // Reset (ResetNode) since its last registration: the next REGISTER is admitted whatever
-  // its incarnation, and heartbeats are answered "register again" until then.
-  bool reset_pending = false;
-};
-
 // How the job ended. A job fails when the finish barrier passes while a node is timed out
 // without having called Finish (it died and was neither restarted nor replaced in time) or
 // is in error (reported one, never reset); nodes that left in a scale-in are gone from the
@@ -126,41 +95,6 @@ struct JobOutcome {
 };
 // "running", "finished", "failed", "stopped".
 const char* JobResultName(JobOutcome::Result result);
-
-// A decision the node layer must act on, in order.
-struct Event {
-  enum class Kind {
-    kStateChanged,     // cluster state changed to `state` (broadcast it)
-    kMetadataChanged,  // membership/ranks/topology changed: broadcast BuildMetadata() (epoch bumped)
-    kNodeRestarted,    // node_id re-registered with a new incarnation
-    kNodeTimedOut,     // node_id silent past heartbeat_timeout
-    kNodeRecovered,    // a timed-out node came back
-    kNodeError,        // node_id reported an error (code, message)
-    kFinishPassed,     // every live node called Finish: answer all finish waiters, then exit; a
-                       // failed job carries error_code kAborted and message "job failed: ..."
-    kFinishFailed,     // (not used by Tick: finish deadline is per caller, see FinishMissing)
-    kScaleOut,         // start of scale-out: tell every node the new totals (worker_num, server_num, epoch)
-    kScaleIn,          // start of scale-in: tell every node; leaving_node_ids are leaving
-    kScaleDone,        // the scale operation finished; cluster READY again
-    kRollback,         // scale operation rolled back; message = reason
-    kNodeLeft,         // a scale-in node has been removed: it may exit now
-  };
-  Kind kind = Kind::kStateChanged;
-  pb::ClusterState state = pb::ClUSTER_STARTING;  // cluster state when the event was made
-  std::string node_id;
-  pb::NodeRole role = pb::WORKER;
-  int rank = -1;
-  int error_code = 0;
-  std::string message;
-  // kNodeError: false for a member of a recoverable role (logged, not told to the others,
-  // its barriers not failed).
-  bool propagate = true;
-  bool reported = true;  // kNodeError: the member reported it (false: the scheduler found it)
-  uint64_t epoch = 0;
-  int worker_num = 0;
-  int server_num = 0;
-  std::vector<std::string> leaving_node_ids;
-};
 
 // The refusal of a request made under another session begins with this (kFailedPrecondition):
 // the member registers again (node::Node does it by itself).
@@ -317,7 +251,9 @@ class ClusterManager {
   int role_count_[4] = {0, 0, 0, 0};
   uint64_t generation_ = 1;  // bumped when a record is erased (NodeHint pointers die)
   int timed_out_count_ = 0;  // records with timed_out set; kept by SetTimedOut / AddNode / RemoveNode
-  NodeRecord& AddNode(const std::string& node_id, pb::NodeRole role);
+  // Adds rec to the registry (replacing a record of its node id), counted by role, timed
+  // out and in error.
+  NodeRecord& AddNode(NodeRecord rec);
   void SetTimedOut(NodeRecord* rec, bool timed_out);
   // kFailedPrecondition when a scale would change the server count with replicas >= 2.
   Status CheckReplicatedServerScale(int server_num, const std::string& totals) const;

@@ -1,5 +1,5 @@
-// ClusterManager, part two: elastic scale-out/in, completion and rollback. The registry,
-// heartbeats, finish barrier and admin states are in cluster_manager.cc.
+// ClusterManager, elastic scale-out/in, completion and rollback. The other parts are
+// listed at the top of cluster_manager.cc.
 #include "pscore/core/cluster_manager.h"
 
 #include <algorithm>

@@ -1,6 +1,5 @@
-// ClusterManager, part three: snapshot and restore for a scheduler that restarts with
-// --state_dir. The registry and rules are in cluster_manager.cc, scaling in
-// cluster_manager_scale.cc, the file format in state_file.h.
+// ClusterManager, snapshot and restore for a scheduler that restarts with --state_dir (the
+// records' conversion is in node_record.h, the file format in state_file.h).
 #include <glog/logging.h>
 
 #include "pscore/core/cluster_manager.h"
@@ -23,25 +22,7 @@ pb::PersistedState ClusterManager::Snapshot() const {
     out.set_job_failure(outcome_.failure);
     for (const std::string& id : outcome_.failed_nodes) out.add_failed_nodes(id);
   }
-  for (const NodeRecord* rec : Nodes()) {
-    pb::PersistedNode* n = out.add_nodes();
-    n->set_node_id(rec->node_id);
-    n->set_role(rec->role);
-    n->set_rank(rec->rank);
-    n->set_ip(rec->ip);
-    n->set_port(rec->port);
-    n->set_incarnation(rec->incarnation);
-    for (const pb::Device& d : rec->devices) *n->add_devices() = d;
-    n->set_host_name(rec->host_name);
-    n->set_in_error(rec->in_error);
-    n->set_error_code(rec->error_code);
-    n->set_error_message(rec->error_message);
-    n->set_finished(rec->finished);
-    n->set_leaving(rec->leaving);
-    n->set_timed_out(rec->timed_out);
-    n->set_in_metadata(rec->in_metadata);
-    n->set_resyncing(rec->resyncing);
-  }
+  for (const NodeRecord* rec : Nodes()) ToPersisted(*rec, out.add_nodes());
   if (scaling_) {
     pb::PersistedScale* s = out.mutable_scale();
     s->set_scale_in(op_.kind == ScaleKind::kIn);
@@ -81,22 +62,9 @@ Status ClusterManager::Restore(const pb::PersistedState& state) {
   }
   const TimePoint now = clock_->Now();
   for (const pb::PersistedNode& n : state.nodes()) {
-    NodeRecord& rec = AddNode(n.node_id(), n.role());
-    rec.rank = n.rank();
-    rec.ip = n.ip();
-    rec.port = n.port();
-    rec.incarnation = n.incarnation();
-    rec.devices.assign(n.devices().begin(), n.devices().end());
-    rec.host_name = n.host_name();
+    NodeRecord rec = FromPersisted(n);
     rec.last_heartbeat = now;
-    SetInError(&rec, n.in_error());
-    rec.error_code = n.error_code();
-    rec.error_message = n.error_message();
-    rec.finished = n.finished();
-    rec.leaving = n.leaving();
-    SetTimedOut(&rec, n.timed_out());
-    rec.in_metadata = n.in_metadata();
-    rec.resyncing = n.resyncing();
+    AddNode(std::move(rec));
   }
   worker_num_ = state.worker_num();
   server_num_ = state.server_num();

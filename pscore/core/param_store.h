@@ -30,11 +30,10 @@
 
 #include "pscore/core/buffer.h"
 #include "pscore/core/status.h"
+#include "pscore/core/update_rule.h"
 
 namespace pscore {
 namespace core {
-
-enum class UpdateRule { kAssign, kSum, kSgd };
 
 class ParamStore {
   struct Stripe;
@@ -240,27 +239,82 @@ class ParamStore {
     std::array<size_t, kStripes + 1> starts{};
   };
   static void GroupByStripe(const uint64_t* keys, size_t begin, size_t end, Groups* g);
+  // Where each key's values start among a batch's values, back to back: i * lens[0] when
+  // all keys have one length, else offs[i].
+  struct Offsets {
+    Offsets(const uint32_t* lens, size_t num_keys);
+    uint64_t operator[](size_t i) const { return uniform ? uint64_t{i} * len0 : offs[i]; }
+    bool uniform = true;
+    uint32_t len0 = 0;
+    uint64_t total = 0;  // <= 2^32 keys * 2^32 floats: cannot wrap
+    std::vector<uint64_t> offs;  // only when not uniform
+  };
+  // Fresh memory for n values, zero-filled, or a copy of `from` (param_store.cc).
+  static std::vector<float> FreshValues(size_t n, const std::vector<float>* from = nullptr);
+
+  // ---- runs (param_store_runs.cc) ----
   // Finds `key` in the runs (stripe lock held), walking on from *c; *c is left at the key or
-  // where it would go.
+  // where it would go. Inline, below: every push and pull takes it per key.
   static bool FindInRuns(const Stripe& stripe, uint64_t key, Cursor* c);
+  // Keys with their lengths, sorted by key.
+  using KeyLens = std::vector<std::pair<uint64_t, uint32_t>>;
   // Adds keys (sorted, distinct, in neither layout) to the runs, zero-filled (stripe lock held).
-  static void AddToRuns(Stripe& stripe, const std::vector<std::pair<uint64_t, uint32_t>>& fresh);
+  static void AddToRuns(Stripe& stripe, const KeyLens& fresh);
+  class RunWriter;
+  // AddToRuns when every fresh key is after every stored one: the last run is filled up and
+  // new runs follow it, in place.
+  static void AppendToRuns(std::vector<Run>& runs, const KeyLens& fresh);
+  // AddToRuns otherwise: the runs are rebuilt, each run that takes fresh keys merged anew.
+  static void MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh);
   // Removes the key at *c from its run (stripe lock held).
   static void RemoveFromRun(Stripe& stripe, const Cursor& c);
   // Moves the key at *c out of its run into a block of its own; returns the entry.
   static Entries::iterator MoveToBlock(Stripe& stripe, const Cursor& c);
+
+  // ---- Push and Insert of a batch (param_store_apply.cc) ----
+  enum class Mode { kPush, kInsert };
+  struct Batch;
+  // Folds one key's values into its stored ones (stripe lock held): an insert copies them,
+  // a push applies the user rule when one is set, the built-in rule otherwise. Every apply
+  // path of a batch goes through here.
+  void Fold(Mode mode, const Updater* updater, uint64_t key, float* stored, const float* incoming,
+            uint32_t len) const {
+    if (mode == Mode::kInsert) {
+      std::copy(incoming, incoming + len, stored);
+    } else if (updater != nullptr) {
+      (*updater)(key, stored, incoming, len);
+    } else {
+      ApplyRule(opts_.rule, opts_.learning_rate, stored, incoming, len);
+    }
+  }
   // Applies (or inserts) one key of a batch (stripe lock held). Returns false when the key
   // is in neither layout (then nothing was done) unless it is larger than a run holds and
   // `create`: then it is created as a block.
-  enum class Mode { kPush, kInsert };
   bool ApplyKey(std::unique_lock<std::mutex>& lock, Stripe& stripe, Mode mode, const Updater* updater, uint64_t key,
                 const float* incoming, uint32_t len, bool create, Cursor* c, Status* refused, bool* wants_spare);
-  // Push and Insert of a batch.
+  // ApplyKey for a key held as a block. False when no block holds it, or when an insert of
+  // a small key took it out of its block (it goes back into a run).
+  bool ApplyToBlock(std::unique_lock<std::mutex>& lock, Stripe& stripe, Mode mode, const Updater* updater,
+                    uint64_t key, const float* incoming, uint32_t len, Cursor* c, Status* refused,
+                    bool* wants_spare);
   Status Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
+  // The keys [begin, end) of the batch (indices) that fall in one stripe, walked with *c.
+  void ApplyToStripe(Batch& b, Stripe& stripe, Cursor* c, const uint32_t* begin, const uint32_t* end);
+  // Key i of the batch when it is in a run with the pushed length, the common case: folded
+  // in there (true). Every other case goes through ApplyKey.
+  inline bool FoldInRun(Batch& b, Stripe& stripe, Cursor* c, uint32_t i);
+  // ApplyKey with the batch's bookkeeping (refusals, spares) for key i of the batch.
+  bool ApplyOne(Batch& b, std::unique_lock<std::mutex>& lock, Stripe& stripe, Cursor* c, uint32_t i, bool create);
+  // Creates the batch's keys new to the stripe (b.missing) and applies their pushes.
+  void CreateMissing(Batch& b, std::unique_lock<std::mutex>& lock, Stripe& stripe, Cursor* c, bool may_wait);
+
+  // ---- reads (param_store_read.cc) ----
   // fn(i, values, len, block or null) for each key under its stripe's lock; kNotFound names
   // the first missing key. With `share`, a key in a run is moved to a block first.
   template <typename Fn>
   Status ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn) const;
+
+  // ---- streams (param_store_stream.cc) ----
   // Waits (stripe lock held) until no stream holds `block`; revokes a stalled one.
   void WaitForWriter(std::unique_lock<std::mutex>& lock, Stripe& stripe, const BlockPtr& block);
   // The entry of `key` once no stream holds it (stripe lock held; the caller counts itself
@@ -276,19 +330,6 @@ class ParamStore {
   // target, or the block its commit replaced) as stored's spare, when stored has none and
   // the budget allows (stripe lock held).
   void KeepAsSpare(Block& stored, BlockPtr& target);
-  void ApplyBuiltIn(float* stored, const float* incoming, size_t n) const {
-    switch (opts_.rule) {
-      case UpdateRule::kAssign:
-        std::copy(incoming, incoming + n, stored);
-        break;
-      case UpdateRule::kSum:
-        for (size_t i = 0; i < n; ++i) stored[i] += incoming[i];
-        break;
-      case UpdateRule::kSgd:
-        for (size_t i = 0; i < n; ++i) stored[i] -= opts_.learning_rate * incoming[i];
-        break;
-    }
-  }
 
   const Options opts_;
   std::atomic<uint64_t> spare_bytes_{0};
@@ -296,6 +337,38 @@ class ParamStore {
   std::shared_ptr<const Updater> updater_;  // Accessed with std::atomic_load/store.
   mutable std::array<Stripe, kStripes> stripes_;  // mutable: ShareValues moves keys out of runs
 };
+
+inline bool ParamStore::FindInRuns(const Stripe& stripe, uint64_t key, Cursor* c) {
+  const std::vector<Run>& runs = stripe.runs;
+  if (runs.empty() || key < runs.front().keys.front()) {
+    *c = Cursor{};
+    return false;
+  }
+  // The run whose range [first key, next run's first key) holds the key: the cursor's, the
+  // one after it (a sorted batch walking on), or found by binary search.
+  auto holds = [&](size_t r) {
+    return r < runs.size() && key >= runs[r].keys.front() && (r + 1 == runs.size() || key < runs[r + 1].keys.front());
+  };
+  if (!holds(c->run)) {
+    if (holds(c->run + 1)) {
+      ++c->run;
+    } else {
+      auto it = std::upper_bound(runs.begin(), runs.end(), key,
+                                 [](uint64_t k, const Run& run) { return k < run.keys.front(); });
+      c->run = static_cast<size_t>(it - runs.begin()) - 1;
+    }
+    c->pos = 0;
+  }
+  const std::vector<uint64_t>& ks = runs[c->run].keys;
+  size_t i = c->pos;
+  if (i > ks.size() || (i > 0 && ks[i - 1] >= key)) i = 0;  // the batch went back
+  for (int step = 0; step < 4 && i < ks.size() && ks[i] < key; ++step) ++i;
+  if (i < ks.size() && ks[i] < key) {
+    i = static_cast<size_t>(std::lower_bound(ks.begin() + i, ks.end(), key) - ks.begin());
+  }
+  c->pos = i;
+  return i < ks.size() && ks[i] == key;
+}
 
 // See ParamStore::BeginStream. Owned by one thread at a time (the one reading the push).
 class ParamStore::PushStream {

@@ -1,0 +1,157 @@
+// ParamStore, reads: Pull, Lens and CopyValues (a copy into the caller's buffer),
+// ShareValues and ShareOrCopyValues (slices pinning the stored blocks). See param_store.h.
+#include "pscore/core/param_store.h"
+
+#include <cstring>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace pscore {
+namespace core {
+
+template <typename Fn>
+Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn) const {
+  if (num_keys == 0) return Status::Ok();
+  if (keys == nullptr) return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " null keys");
+  if (num_keys > UINT32_MAX) {
+    return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " keys: over 2^32");
+  }
+  Groups g;
+  std::array<Cursor, kStripes> cursors{};  // hints only: FindInRuns checks them
+  size_t missing = SIZE_MAX;  // the first missing key, in batch order
+  for (size_t begin = 0; begin < num_keys; begin += kWindowKeys) {
+    GroupByStripe(keys, begin, std::min(num_keys, begin + kWindowKeys), &g);
+    for (size_t s = 0; s < kStripes; ++s) {
+      if (g.starts[s] == g.starts[s + 1]) continue;
+      Stripe& stripe = stripes_[s];
+      std::lock_guard<std::mutex> lock(stripe.mu);
+      Cursor& c = cursors[s];
+      for (size_t j = g.starts[s]; j < g.starts[s + 1]; ++j) {
+        const uint32_t i = g.order[j];
+        if (FindInRuns(stripe, keys[i], &c)) {
+          if (missing != SIZE_MAX) continue;
+          if (!share) {
+            const Run& run = stripe.runs[c.run];
+            fn(i, run.At(c.pos), run.LenAt(c.pos), nullptr);
+            continue;
+          }
+          auto it = MoveToBlock(stripe, c);
+          c = Cursor{};
+          fn(i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
+          continue;
+        }
+        auto it = stripe.entries.find(keys[i]);
+        if (it == stripe.entries.end()) {
+          missing = std::min<size_t>(missing, i);
+        } else if (missing == SIZE_MAX) {
+          fn(i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
+        }
+      }
+    }
+  }
+  if (missing == SIZE_MAX) return Status::Ok();
+  return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[missing]));
+}
+
+Status ParamStore::Pull(const uint64_t* keys, size_t num_keys, std::vector<uint32_t>* lens,
+                        std::vector<float>* values) const {
+  lens->clear();
+  values->clear();
+  if (num_keys > 0 && keys == nullptr) {
+    return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " null keys");
+  }
+  lens->resize(num_keys);
+  for (;;) {
+    Status st = Lens(keys, num_keys, lens->data());
+    if (st.ok()) {
+      uint64_t total = 0;
+      for (uint32_t l : *lens) total += l;
+      values->resize(total);
+      st = CopyValues(keys, num_keys, lens->data(), values->data());
+      if (st.ok()) return st;
+    }
+    if (st.code() != Code::kAborted) {  // kAborted: a key replaced between the steps, read again
+      lens->clear();
+      values->clear();
+      return st;
+    }
+  }
+}
+
+Status ParamStore::Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const {
+  return ForEachStored(keys, num_keys, false,
+                       [&](size_t i, const float*, uint32_t len, const BlockPtr*) { lens[i] = len; });
+}
+
+Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, const uint32_t* lens, float* out) const {
+  const Offsets offsets(lens, num_keys);
+  Status changed = Status::Ok();
+  size_t changed_at = SIZE_MAX;
+  Status st = ForEachStored(keys, num_keys, false, [&](size_t i, const float* v, uint32_t len, const BlockPtr*) {
+    if (len != lens[i]) {  // replaced by Insert since Lens: out has no room for it
+      if (i < changed_at) {
+        changed_at = i;
+        changed = Status(Code::kAborted, "key " + std::to_string(keys[i]) + " changed from " +
+                                             std::to_string(lens[i]) + " to " + std::to_string(len) +
+                                             " floats while being read");
+      }
+      return;
+    }
+    if (len == 0) return;  // memcpy from an empty vector's null data is undefined
+    float* dst = out + offsets[i];
+    if (len == 1) {
+      *dst = *v;  // one float a key (a sparse model's rows): no call per key
+    } else {
+      std::memcpy(dst, v, len * sizeof(float));
+    }
+  });
+  return st.ok() ? changed : st;
+}
+
+namespace {
+// A slice reading a block's values, pinning the block (readers) until let go.
+template <typename BlockPtrT>
+Slice PinnedSlice(const BlockPtrT& b) {
+  b->readers.fetch_add(1, std::memory_order_relaxed);  // under the stripe lock: no writer can miss it
+  Slice s;
+  s.data = reinterpret_cast<const char*>(b->values.data());
+  s.size = b->values.size() * sizeof(float);
+  s.owner = std::shared_ptr<const void>(b->values.data(), [block = b](const void*) {
+    block->readers.fetch_sub(1, std::memory_order_release);
+  });
+  return s;
+}
+}  // namespace
+
+Status ParamStore::ShareValues(const uint64_t* keys, size_t num_keys, Slice* out) const {
+  return ForEachStored(keys, num_keys, true,
+                       [&](size_t i, const float*, uint32_t, const BlockPtr* b) { out[i] = PinnedSlice(*b); });
+}
+
+Status ParamStore::ShareOrCopyValues(const uint64_t* keys, size_t num_keys, Slice* out) const {
+  auto copies = std::make_shared<std::vector<float>>();
+  std::vector<uint64_t> copied_at;  // per key: its place in copies, or UINT64_MAX
+  Status st = ForEachStored(keys, num_keys, false, [&](size_t i, const float* v, uint32_t len, const BlockPtr* b) {
+    if (b != nullptr) {
+      out[i] = PinnedSlice(*b);
+      return;
+    }
+    if (copied_at.empty()) copied_at.assign(num_keys, UINT64_MAX);
+    copied_at[i] = copies->size();
+    copies->insert(copies->end(), v, v + len);
+    out[i].size = uint64_t{len} * sizeof(float);
+  });
+  if (!st.ok() || copied_at.empty()) return st;
+  std::shared_ptr<const void> owner(copies, copies->data());
+  for (size_t i = 0; i < num_keys; ++i) {
+    if (copied_at[i] == UINT64_MAX) continue;
+    out[i].data = reinterpret_cast<const char*>(copies->data() + copied_at[i]);
+    out[i].owner = owner;
+  }
+  return st;
+}
+
+}  // namespace core
+}  // namespace pscore

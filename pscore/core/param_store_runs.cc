@@ -1,0 +1,177 @@
+// ParamStore, the runs: keys of up to kRunFloats floats held sorted with their values back
+// to back (param_store.h). Finding a key by walking on from the previous one, adding the
+// keys a batch creates in bulk, and moving a key out of its run.
+#include "pscore/core/param_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "pscore/core/key_range.h"
+
+namespace pscore {
+namespace core {
+
+namespace {
+size_t StripeIndex(uint64_t key, int bits) { return KeyPosition(key) >> (64 - bits); }
+}  // namespace
+
+void ParamStore::GroupByStripe(const uint64_t* keys, size_t begin, size_t end, Groups* g) {
+  g->order.resize(end - begin);
+  g->starts.fill(0);
+  for (size_t i = begin; i < end; ++i) ++g->starts[StripeIndex(keys[i], kStripeBits) + 1];
+  for (size_t s = 0; s < kStripes; ++s) g->starts[s + 1] += g->starts[s];
+  std::array<size_t, kStripes> fill;
+  std::copy(g->starts.begin(), g->starts.begin() + kStripes, fill.begin());
+  for (size_t i = begin; i < end; ++i) g->order[fill[StripeIndex(keys[i], kStripeBits)]++] = static_cast<uint32_t>(i);
+}
+
+// Writes keys in key order into runs of at most kRunMaxKeys keys and kRunMaxFloats floats,
+// appending each run it closes to *dest. Run::offs stays empty while every key of the run
+// has the run's one length.
+class ParamStore::RunWriter {
+ public:
+  explicit RunWriter(std::vector<Run>* dest) : dest_(dest) {}
+  // The next keys go after `run`'s own (they are all larger), into it while it has room.
+  void Continue(Run run) {
+    Close();
+    cur_ = std::move(run);
+  }
+  // `keys` keys are still to come in the current range: a new run reserves room for them.
+  void Expect(size_t keys) { left_ = keys; }
+  // Adds key with len floats, copied from src, or zero-filled when src is null.
+  void Add(uint64_t key, uint32_t len, const float* src) {
+    if (!cur_.keys.empty() && (cur_.keys.size() >= kRunMaxKeys || cur_.values.size() + len > kRunMaxFloats)) {
+      Close();
+    }
+    if (cur_.keys.empty()) {
+      const size_t keys = std::min(left_, kRunMaxKeys);
+      cur_.keys.reserve(keys);
+      cur_.values.reserve(std::min<size_t>(uint64_t{keys} * len, kRunMaxFloats));
+      cur_.len = len;
+    } else if (cur_.offs.empty() && len != cur_.len) {
+      cur_.offs.reserve(cur_.keys.size() + std::min(left_, kRunMaxKeys) + 1);
+      for (size_t i = 0; i <= cur_.keys.size(); ++i) cur_.offs.push_back(uint64_t{i} * cur_.len);
+    }
+    cur_.keys.push_back(key);
+    if (src != nullptr) {
+      cur_.values.insert(cur_.values.end(), src, src + len);
+    } else {
+      cur_.values.resize(cur_.values.size() + len);
+    }
+    if (!cur_.offs.empty()) cur_.offs.push_back(cur_.values.size());
+    if (left_ > 0) --left_;
+  }
+  // Adds fresh[*f, end) zero-filled; *f ends at end.
+  void AddFresh(const KeyLens& fresh, size_t* f, size_t end) {
+    Expect(end - *f);
+    for (; *f < end; ++*f) Add(fresh[*f].first, fresh[*f].second, nullptr);
+  }
+  // Ends the run being written (if any).
+  void Close() {
+    if (cur_.keys.empty()) return;
+    dest_->push_back(std::move(cur_));
+    cur_ = Run{};
+  }
+
+ private:
+  std::vector<Run>* dest_;
+  Run cur_;
+  size_t left_ = 0;
+};
+
+void ParamStore::AddToRuns(Stripe& stripe, const KeyLens& fresh) {
+  if (fresh.empty()) return;
+  std::vector<Run>& runs = stripe.runs;
+  // Every fresh key after every stored one: the new keys of a sorted batch.
+  if (runs.empty() || fresh.front().first > runs.back().keys.back()) {
+    AppendToRuns(runs, fresh);
+  } else {
+    MergeIntoRuns(runs, fresh);
+  }
+  stripe.run_keys += fresh.size();
+  for (const auto& k : fresh) stripe.run_floats += k.second;
+}
+
+void ParamStore::AppendToRuns(std::vector<Run>& runs, const KeyLens& fresh) {
+  Run last;
+  if (!runs.empty()) {
+    last = std::move(runs.back());
+    runs.pop_back();
+  }
+  RunWriter w(&runs);
+  w.Continue(std::move(last));
+  size_t f = 0;
+  w.AddFresh(fresh, &f, fresh.size());
+  w.Close();
+}
+
+void ParamStore::MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh) {
+  std::vector<Run> out;
+  out.reserve(runs.size() + fresh.size() / kRunMaxKeys + 2);
+  RunWriter w(&out);
+  size_t f = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    // Fresh keys below the next run's first key go into this run (into the first one also
+    // those below its own first key, into the last one all that are left).
+    size_t f_end = f;
+    if (r + 1 == runs.size()) {
+      f_end = fresh.size();
+    } else {
+      while (f_end < fresh.size() && fresh[f_end].first < runs[r + 1].keys.front()) ++f_end;
+    }
+    if (f_end == f) {
+      w.Close();
+      out.push_back(std::move(runs[r]));
+      continue;
+    }
+    if (fresh[f].first > runs[r].keys.back()) {  // all after the run's keys: appended to it
+      w.Continue(std::move(runs[r]));
+      w.AddFresh(fresh, &f, f_end);
+      w.Close();
+      continue;
+    }
+    const Run& old = runs[r];
+    w.Expect(old.keys.size() + (f_end - f));
+    size_t i = 0;
+    while (i < old.keys.size() || f < f_end) {
+      if (f == f_end || (i < old.keys.size() && old.keys[i] < fresh[f].first)) {
+        w.Add(old.keys[i], old.LenAt(i), old.At(i));
+        ++i;
+      } else {
+        w.Add(fresh[f].first, fresh[f].second, nullptr);
+        ++f;
+      }
+    }
+    w.Close();
+  }
+  w.AddFresh(fresh, &f, fresh.size());  // no runs before
+  w.Close();
+  runs = std::move(out);
+}
+
+void ParamStore::RemoveFromRun(Stripe& stripe, const Cursor& c) {
+  Run& run = stripe.runs[c.run];
+  const uint32_t len = run.LenAt(c.pos);
+  const uint64_t off = run.Off(c.pos);
+  run.values.erase(run.values.begin() + off, run.values.begin() + off + len);
+  run.keys.erase(run.keys.begin() + c.pos);
+  if (!run.offs.empty()) {
+    run.offs.erase(run.offs.begin() + c.pos + 1);
+    for (size_t j = c.pos + 1; j < run.offs.size(); ++j) run.offs[j] -= len;
+  }
+  if (run.keys.empty()) stripe.runs.erase(stripe.runs.begin() + c.run);
+  --stripe.run_keys;
+  stripe.run_floats -= len;
+}
+
+ParamStore::Entries::iterator ParamStore::MoveToBlock(Stripe& stripe, const Cursor& c) {
+  const Run& run = stripe.runs[c.run];
+  const uint64_t key = run.keys[c.pos];
+  std::vector<float> values = FreshValues(run.LenAt(c.pos));
+  std::copy(run.At(c.pos), run.At(c.pos) + values.size(), values.begin());
+  RemoveFromRun(stripe, c);
+  return stripe.entries.emplace(key, std::make_shared<Block>(std::move(values))).first;
+}
+
+}  // namespace core
+}  // namespace pscore
