@@ -33,7 +33,7 @@ def _worker_ids(worker: pscore.Worker) -> List[str]:
 
 class Embedding(torch.nn.Module):
     """An embedding table served by pscore: row ``i`` is key ``key_base + i`` of ``dim``
-    floats on its server (keys spread over servers by core/key_range.h).
+    floats on its server (keys spread over servers by pscore/core/key_range.h).
 
     ``forward(indices)`` pulls the distinct rows of the batch into one tensor (through
     ``pull_into``) and returns the embeddings of ``indices``; after ``backward()``,

@@ -45,10 +45,10 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
 
-#include "comm/event_loop.h"
-#include "comm/messenger.h"
-#include "node/scheduler_node.h"
-#include "node/wire.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/common/wire.h"
 
 namespace pscore::bench {
 namespace {

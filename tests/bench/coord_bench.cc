@@ -29,11 +29,11 @@
 #include <thread>
 #include <vector>
 
-#include "comm/event_loop.h"
-#include "comm/messenger.h"
-#include "node/scheduler_node.h"
-#include "node/wire.h"
-#include "node/worker_node.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/common/wire.h"
+#include "pscore/node/worker/worker_node.h"
 
 namespace pscore::bench {
 namespace {

@@ -26,14 +26,14 @@
 #include <thread>
 #include <vector>
 
-#include "comm/frame.h"
-#include "comm/frame_decoder.h"
-#include "core/key_range.h"
-#include "core/kv_codec.h"
+#include "pscore/comm/frame.h"
+#include "pscore/comm/frame_decoder.h"
+#include "pscore/core/key_range.h"
+#include "pscore/core/kv_codec.h"
 #include "comm/tls_pki.h"
-#include "node/scheduler_node.h"
-#include "node/server_node.h"
-#include "node/worker_node.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/worker/worker_node.h"
 #include "bench/blocking_baseline.h"
 #include "bench/bench_util.h"
 

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "core/key_range.h"
-#include "node/worker_node.h"
+#include "pscore/core/key_range.h"
+#include "pscore/node/worker/worker_node.h"
 
 namespace {
 

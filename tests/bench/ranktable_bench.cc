@@ -25,13 +25,13 @@
 #include <thread>
 #include <vector>
 
-#include "comm/messenger.h"
-#include "core/cluster_manager.h"
-#include "node/ranktable_hub.h"
-#include "node/ranktable_subscriber.h"
-#include "node/scheduler_http.h"
-#include "node/scheduler_node.h"
-#include "node/wire.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/core/cluster_manager.h"
+#include "pscore/node/scheduler/ranktable_hub.h"
+#include "pscore/node/common/ranktable_subscriber.h"
+#include "pscore/node/scheduler/scheduler_http.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/common/wire.h"
 
 namespace pscore::node {
 namespace {

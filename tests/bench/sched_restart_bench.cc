@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "node/node.h"
+#include "pscore/node/common/node.h"
 
 namespace {
 

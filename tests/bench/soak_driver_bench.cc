@@ -26,8 +26,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/kv_codec.h"
-#include "node/worker_node.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/node/worker/worker_node.h"
 
 namespace {
 

@@ -21,9 +21,9 @@
 #include <thread>
 #include <vector>
 
-#include "node/scheduler_node.h"
-#include "node/server_node.h"
-#include "node/worker_node.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/worker/worker_node.h"
 #include "bench/bench_util.h"
 
 namespace pscore::node {
@@ -146,7 +146,7 @@ void RunCase(size_t num_keys, size_t floats, int workers, int servers) {
   Print("sparse_" + name + "_memcpy", memcpy_secs * 1e3, "ms");
 
   // Each node of a real job is a process of its own with its own pool of large buffers
-  // (core/buffer.h); here all share one, which gets the room of all of theirs (unless the
+  // (pscore/core/buffer.h); here all share one, which gets the room of all of theirs (unless the
   // build keeps the pool off: AddressSanitizer).
   if (Buffer::PoolLimit() != 0) Buffer::SetPoolLimit(Buffer::kDefaultPoolLimit * (workers + servers));
   Job job(workers, servers);

@@ -19,11 +19,11 @@
 #include <thread>
 #include <vector>
 
-#include "comm/event_loop.h"
-#include "comm/messenger.h"
-#include "comm/tls.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/comm/tls.h"
 #include "comm/tls_pki.h"
-#include "comm/transport.h"
+#include "pscore/comm/transport.h"
 #include "bench/blocking_baseline.h"
 #include "bench/bench_util.h"
 

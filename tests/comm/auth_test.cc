@@ -1,5 +1,5 @@
 // Cluster-token handshake: HMAC over a per-connection nonce; the token never crosses the wire.
-#include "comm/auth.h"
+#include "pscore/comm/auth.h"
 #include "test_util.h"
 
 namespace pscore::comm {

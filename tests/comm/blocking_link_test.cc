@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/blocking_link.h"
+#include "pscore/comm/blocking_link.h"
 
 namespace pscore::comm {
 namespace {

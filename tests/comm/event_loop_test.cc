@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/event_loop.h"
+#include "pscore/comm/event_loop.h"
 
 namespace pscore::comm {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/frame_decoder.h"
+#include "pscore/comm/frame_decoder.h"
 
 namespace pscore::comm {
 namespace {

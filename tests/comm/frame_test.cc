@@ -1,6 +1,6 @@
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
-#include "comm/frame.h"
+#include "pscore/comm/frame.h"
 
 namespace pscore::comm {
 

@@ -2,8 +2,8 @@
 #include <future>
 #include <memory>
 
-#include "comm/event_loop.h"
-#include "comm/transport.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/transport.h"
 
 #include <catch2/catch.hpp>
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "comm/http_server.h"
+#include "pscore/comm/http_server.h"
 
 namespace pscore::comm {
 namespace {

@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/messenger.h"
-#include "comm/tcp_client.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/comm/tcp_client.h"
 
 namespace pscore::comm {
 namespace {

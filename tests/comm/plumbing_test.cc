@@ -4,10 +4,10 @@
 
 #include <sys/socket.h>
 
-#include "comm/address.h"
-#include "comm/alive.h"
-#include "comm/backoff.h"
-#include "comm/tcp_listener.h"
+#include "pscore/comm/address.h"
+#include "pscore/comm/alive.h"
+#include "pscore/comm/backoff.h"
+#include "pscore/comm/tcp_listener.h"
 
 namespace pscore::comm {
 namespace {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/request_tracker.h"
+#include "pscore/comm/request_tracker.h"
 
 namespace pscore::comm {
 

@@ -25,11 +25,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "comm/event_loop.h"
-#include "comm/frame.h"
-#include "comm/messenger.h"
-#include "core/buffer.h"
-#include "proto/comm.pb.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/frame.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/core/buffer.h"
+#include "pscore/proto/comm.pb.h"
 
 // glog and Catch2 both define CHECK. Every comm test includes this header, which pulls in
 // glog first and then makes CHECK Catch's non-fatal assertion, so a failed CHECK is

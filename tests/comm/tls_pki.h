@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/tls.h"
+#include "pscore/comm/tls.h"
 
 namespace pscore::comm::testing {
 

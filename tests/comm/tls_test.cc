@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "comm/frame_decoder.h"
-#include "comm/http_server.h"
-#include "comm/tls.h"
+#include "pscore/comm/frame_decoder.h"
+#include "pscore/comm/http_server.h"
+#include "pscore/comm/tls.h"
 #include "comm/tls_pki.h"
-#include "comm/transport.h"
+#include "pscore/comm/transport.h"
 
 namespace pscore::comm {
 namespace {

@@ -12,8 +12,8 @@
 #include <string>
 #include <thread>
 
-#include "comm/connection.h"
-#include "comm/transport.h"
+#include "pscore/comm/connection.h"
+#include "pscore/comm/transport.h"
 
 namespace pscore::comm {
 namespace {

@@ -3,8 +3,8 @@
 #include <string>
 #include <vector>
 
-#include "core/barrier_manager.h"
-#include "core/clock.h"
+#include "pscore/core/barrier_manager.h"
+#include "pscore/core/clock.h"
 
 // Catch2 comes after core headers: glog (via status.h) also defines CHECK, and the last
 // definition wins. Here CHECK must be Catch's non-aborting assertion.

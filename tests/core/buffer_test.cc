@@ -4,7 +4,7 @@
 #include <set>
 #include <vector>
 
-#include "core/buffer.h"
+#include "pscore/core/buffer.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

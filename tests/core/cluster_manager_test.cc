@@ -6,7 +6,7 @@
 
 // Our headers first: glog defines its own CHECK, and catch.hpp must come last so that CHECK
 // below is Catch's (reports and continues) rather than glog's (aborts the binary).
-#include "core/cluster_manager.h"
+#include "pscore/core/cluster_manager.h"
 
 #include <catch2/catch.hpp>
 

@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "core/cluster_manager.h"
+#include "pscore/core/cluster_manager.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "core/clock.h"
-#include "core/cluster_manager.h"
-#include "core/kv_codec.h"
-#include "core/state_file.h"
+#include "pscore/core/clock.h"
+#include "pscore/core/cluster_manager.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/core/state_file.h"
 
 #include <catch2/catch.hpp>
 

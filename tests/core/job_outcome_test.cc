@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "core/cluster_manager.h"
-#include "core/scheduler_watch.h"
+#include "pscore/core/cluster_manager.h"
+#include "pscore/core/scheduler_watch.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

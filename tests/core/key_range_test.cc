@@ -3,9 +3,9 @@
 #include <set>
 #include <vector>
 
-#include "core/key_range.h"
+#include "pscore/core/key_range.h"
 
-// Catch2 last: glog (via core/status.h) also defines CHECK, and the last
+// Catch2 last: glog (via pscore/core/status.h) also defines CHECK, and the last
 // definition wins. We want Catch's.
 #include <catch2/catch.hpp>
 

@@ -3,10 +3,10 @@
 #include <random>
 #include <vector>
 
-#include "core/kv_codec.h"
-#include "proto/kv_generated.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/proto/kv_generated.h"
 
-// Catch2 last: glog (via core/status.h) also defines CHECK, and the last
+// Catch2 last: glog (via pscore/core/status.h) also defines CHECK, and the last
 // definition wins. We want Catch's.
 #include <catch2/catch.hpp>
 

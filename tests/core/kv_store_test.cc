@@ -3,9 +3,9 @@
 #include <string>
 #include <vector>
 
-#include "core/clock.h"
-#include "core/kv_store.h"
-#include "core/state_file.h"
+#include "pscore/core/clock.h"
+#include "pscore/core/kv_store.h"
+#include "pscore/core/state_file.h"
 
 // Catch2 comes after core headers: glog (via status.h) also defines CHECK, and the last
 // definition wins. Here CHECK must be Catch's non-aborting assertion.

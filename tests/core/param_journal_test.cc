@@ -1,12 +1,12 @@
-// Parameter journal codec (core/param_journal.h): records round-trip and replay to the
+// Parameter journal codec (pscore/core/param_journal.h): records round-trip and replay to the
 // same store as the changes applied directly; a torn tail is cut; damage is reported with
 // its offset; every truncation parses to a prefix of the records.
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "core/kv_codec.h"
-#include "core/param_journal.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/core/param_journal.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

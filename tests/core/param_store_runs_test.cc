@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "core/key_range.h"
-#include "core/kv_codec.h"
-#include "core/param_journal.h"
-#include "core/param_store.h"
+#include "pscore/core/key_range.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/core/param_journal.h"
+#include "pscore/core/param_store.h"
 
-// Catch2 last: glog (via core/status.h) also defines CHECK, and the last
+// Catch2 last: glog (via pscore/core/status.h) also defines CHECK, and the last
 // definition wins. We want Catch's.
 #include <catch2/catch.hpp>
 

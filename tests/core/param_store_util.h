@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/param_store.h"
+#include "pscore/core/param_store.h"
 
 namespace pscore::core::testing {
 

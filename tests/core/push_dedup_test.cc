@@ -1,12 +1,12 @@
-// Push-id window (core/push_dedup.h) and its journal records (core/param_journal.h): a
+// Push-id window (pscore/core/push_dedup.h) and its journal records (pscore/core/param_journal.h): a
 // push id is applied at most once, the window is bounded and refuses what fell out of it,
 // and a replayed journal rebuilds the window with the store.
 #include <string>
 #include <vector>
 
-#include "core/kv_codec.h"
-#include "core/param_journal.h"
-#include "core/push_dedup.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/core/param_journal.h"
+#include "pscore/core/push_dedup.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

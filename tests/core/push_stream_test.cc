@@ -7,9 +7,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/param_store.h"
+#include "pscore/core/param_store.h"
 
-// Catch2 last: glog (via core/status.h) also defines CHECK, and the last
+// Catch2 last: glog (via pscore/core/status.h) also defines CHECK, and the last
 // definition wins. We want Catch's.
 #include <catch2/catch.hpp>
 

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/rank_table.h"
+#include "pscore/core/rank_table.h"
 
 // Catch2 last: glog (via the generated protobuf headers) also defines CHECK,
 // and the last definition wins. We want Catch's.

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cluster_manager.h"
+#include "pscore/core/cluster_manager.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

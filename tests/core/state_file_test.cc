@@ -1,4 +1,4 @@
-// State file codec (core/state_file.h) and ClusterManager snapshot/restore: round trip,
+// State file codec (pscore/core/state_file.h) and ClusterManager snapshot/restore: round trip,
 // every truncation and every flipped bit rejected, versions and impossible registries
 // refused, and what a restored manager does with nodes that come back (or do not).
 #include <memory>
@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "core/cluster_manager.h"
-#include "core/kv_store.h"
-#include "core/state_file.h"
+#include "pscore/core/cluster_manager.h"
+#include "pscore/core/kv_store.h"
+#include "pscore/core/state_file.h"
 
 #include <google/protobuf/io/coded_stream.h>
 

@@ -1,4 +1,4 @@
-#include "core/status.h"
+#include "pscore/core/status.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

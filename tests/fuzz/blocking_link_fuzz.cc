@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/blocking_link.h"
+#include "pscore/comm/blocking_link.h"
 
 namespace {
 

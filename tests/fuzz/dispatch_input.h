@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "comm/frame_decoder.h"
-#include "comm/transport_types.h"
-#include "core/buffer.h"
-#include "proto/comm.pb.h"
+#include "pscore/comm/frame_decoder.h"
+#include "pscore/comm/transport_types.h"
+#include "pscore/core/buffer.h"
+#include "pscore/proto/comm.pb.h"
 
 namespace pscore::fuzz {
 

@@ -23,7 +23,7 @@
 #include <string_view>
 #include <vector>
 
-#include "comm/frame_decoder.h"
+#include "pscore/comm/frame_decoder.h"
 
 namespace {
 

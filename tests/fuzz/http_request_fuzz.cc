@@ -23,8 +23,8 @@
 
 #include <glog/logging.h>
 
-#include "comm/event_loop.h"
-#include "comm/http_server.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/http_server.h"
 
 namespace {
 

@@ -14,8 +14,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/kv_codec.h"
-#include "core/param_store.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/core/param_store.h"
 
 namespace {
 

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "comm/frame.h"
-#include "core/kv_codec.h"
-#include "core/param_journal.h"
-#include "core/state_file.h"
+#include "pscore/comm/frame.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/core/param_journal.h"
+#include "pscore/core/state_file.h"
 #include "fuzz/dispatch_input.h"
-#include "node/server_node.h"
-#include "node/wire.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/common/wire.h"
 
 namespace {
 

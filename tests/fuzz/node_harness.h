@@ -15,10 +15,10 @@
 
 #include <glog/logging.h>
 
-#include "comm/event_loop.h"
+#include "pscore/comm/event_loop.h"
 #include "fuzz/dispatch_input.h"
-#include "node/node.h"
-#include "node/wire.h"
+#include "pscore/node/common/node.h"
+#include "pscore/node/common/wire.h"
 
 namespace pscore::fuzz {
 

@@ -11,9 +11,9 @@
 
 #include <glog/logging.h>
 
-#include "comm/event_loop.h"
+#include "pscore/comm/event_loop.h"
 #include "fuzz/dispatch_input.h"
-#include "node/scheduler_node.h"
+#include "pscore/node/scheduler/scheduler_node.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "fuzz/node_harness.h"
-#include "node/server_node.h"
+#include "pscore/node/server/server_node.h"
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   FLAGS_minloglevel = 3;  // handlers log every refusal; keep the fuzzer's output readable

@@ -1,4 +1,4 @@
-// libFuzzer target: the scheduler's persisted-state loader (core/state_file.h) and what a
+// libFuzzer target: the scheduler's persisted-state loader (pscore/core/state_file.h) and what a
 // restarted scheduler does with a state that loads (ClusterManager::Restore).
 // Input: [mode u8][rest]. Mode even: `rest` is a whole state file, as read from disk
 // (magic, version, length and CRC-32 must all hold, so this mostly exercises the framing
@@ -7,7 +7,7 @@
 // A state that loads is restored into a fresh ClusterManager; the manager's own snapshot
 // must then serialize and load again, and a tick, metadata and a register must not fail
 // hard.
-// Mode with bit 1 set: the server's parameter journal loader (core/param_journal.h)
+// Mode with bit 1 set: the server's parameter journal loader (pscore/core/param_journal.h)
 // instead. Bit 0 clear: `rest` is a whole journal file. Bit 0 set: `rest` is a list of
 // [op u8][len u8][len*8 bytes of body] that the harness frames as records with correct
 // headers and checksums after a valid file header, so the replay gets fuzzed too.
@@ -16,11 +16,11 @@
 #include <string>
 #include <string_view>
 
-#include "core/clock.h"
-#include "core/cluster_manager.h"
-#include "core/param_journal.h"
-#include "core/param_store.h"
-#include "core/state_file.h"
+#include "pscore/core/clock.h"
+#include "pscore/core/cluster_manager.h"
+#include "pscore/core/param_journal.h"
+#include "pscore/core/param_store.h"
+#include "pscore/core/state_file.h"
 
 namespace {
 

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/frame_decoder.h"
-#include "comm/tls.h"
+#include "pscore/comm/frame_decoder.h"
+#include "pscore/comm/tls.h"
 #include "comm/tls_pki.h"
 
 namespace {

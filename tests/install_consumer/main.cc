@@ -5,9 +5,9 @@
 #include <future>
 #include <vector>
 
-#include "node/scheduler_node.h"
-#include "node/server_node.h"
-#include "node/worker_node.h"
+#include <pscore/node/scheduler/scheduler_node.h>
+#include <pscore/node/server/server_node.h>
+#include <pscore/node/worker/worker_node.h>
 
 using namespace std::chrono_literals;
 using pscore::Buffer;

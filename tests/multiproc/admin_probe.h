@@ -8,10 +8,10 @@
 #include <memory>
 #include <string>
 
-#include "comm/event_loop.h"
-#include "comm/messenger.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/messenger.h"
 #include "multiproc/test_tls.h"
-#include "node/wire.h"
+#include "pscore/node/common/wire.h"
 
 namespace pscore::testing {
 

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "multiproc/process.h"
-#include "node/admin_client.h"
+#include "pscore/node/common/admin_client.h"
 
 #include <catch2/catch.hpp>
 

@@ -12,7 +12,7 @@
 
 #include "multiproc/process.h"
 #include "multiproc/train_log.h"
-#include "node/admin_client.h"
+#include "pscore/node/common/admin_client.h"
 
 #include <catch2/catch.hpp>
 

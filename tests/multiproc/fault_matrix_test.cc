@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "multiproc/process.h"
-#include "node/admin_client.h"
-#include "node/worker_node.h"
+#include "pscore/node/common/admin_client.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -22,13 +22,13 @@
 #include <thread>
 #include <vector>
 
-#include "comm/frame.h"
-#include "core/kv_codec.h"
+#include "pscore/comm/frame.h"
+#include "pscore/core/kv_codec.h"
 #include "multiproc/process.h"
 #include "multiproc/raw_conn.h"
-#include "node/admin_client.h"
-#include "node/server_node.h"
-#include "proto/comm.pb.h"
+#include "pscore/node/common/admin_client.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/proto/comm.pb.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "node/admin_client.h"  // before train_job.h: Catch's CHECK must win over glog's
+#include "pscore/node/common/admin_client.h"  // before train_job.h: Catch's CHECK must win over glog's
 #include "multiproc/train_job.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/state_file.h"
+#include "pscore/core/state_file.h"
 #include "multiproc/admin_probe.h"
 #include "multiproc/process.h"
 

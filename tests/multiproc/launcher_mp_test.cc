@@ -1,5 +1,5 @@
 // pscore-node and pscore-train started as Slurm's srun and a Kubernetes pod would start them:
-// the layout comes from the environment (--launcher, node/launcher.h), set here with
+// the layout comes from the environment (--launcher, programs/launcher.h), set here with
 // /usr/bin/env -i so the test's own environment does not leak in. A missing variable exits 2
 // naming it; a whole demo job laid out by fake Slurm variables runs to its end.
 #include <unistd.h>
@@ -11,8 +11,8 @@
 
 #include "multiproc/process.h"
 #include "multiproc/train_log.h"
-#include "node/admin_client.h"
-#include "node/launcher.h"
+#include "pscore/node/common/admin_client.h"
+#include "programs/launcher.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

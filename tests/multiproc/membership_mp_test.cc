@@ -15,7 +15,7 @@
 
 #include "multiproc/admin_probe.h"
 #include "multiproc/process.h"
-#include "node/worker_node.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -35,7 +35,7 @@
 
 #include "multiproc/process.h"
 #include "multiproc/train_job.h"
-#include "node/admin_client.h"
+#include "pscore/node/common/admin_client.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "multiproc/process.h"
-#include "node/admin_client.h"
+#include "pscore/node/common/admin_client.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -14,9 +14,9 @@
 #include <optional>
 #include <string>
 
-#include "comm/frame.h"
+#include "pscore/comm/frame.h"
 #include "multiproc/process.h"
-#include "proto/comm.pb.h"
+#include "pscore/proto/comm.pb.h"
 
 namespace pscore::testing {
 

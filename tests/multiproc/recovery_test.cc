@@ -15,10 +15,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/state_file.h"
+#include "pscore/core/state_file.h"
 #include "multiproc/admin_probe.h"
 #include "multiproc/process.h"
-#include "node/worker_node.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -19,12 +19,12 @@
 #include <thread>
 #include <vector>
 
-#include "core/key_range.h"
-#include "core/kv_codec.h"
+#include "pscore/core/key_range.h"
+#include "pscore/core/kv_codec.h"
 #include "multiproc/process.h"
-#include "node/admin_client.h"
-#include "node/server_node.h"
-#include "node/worker_node.h"
+#include "pscore/node/common/admin_client.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>
 

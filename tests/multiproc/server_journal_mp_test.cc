@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "multiproc/process.h"
-#include "node/worker_node.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/tls.h"
+#include "pscore/comm/tls.h"
 #include "comm/tls_pki.h"
 
 namespace pscore::testing {

@@ -3,8 +3,8 @@
 #include <future>
 #include <memory>
 
-#include "node/admin_ops.h"
-#include "node/scheduler_node.h"
+#include "pscore/node/common/admin_ops.h"
+#include "pscore/node/scheduler/scheduler_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

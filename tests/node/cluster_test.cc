@@ -1,7 +1,7 @@
 #include <set>
 
-#include "node/node.h"
-#include "node/scheduler_node.h"
+#include "pscore/node/common/node.h"
+#include "pscore/node/scheduler/scheduler_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -13,10 +13,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "comm/event_loop.h"
-#include "comm/messenger.h"
-#include "node/scheduler_node.h"
-#include "node/wire.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/common/wire.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -21,14 +21,14 @@
 #include <tuple>
 #include <vector>
 
-#include "comm/event_loop.h"
-#include "comm/frame.h"
-#include "core/state_file.h"
-#include "comm/messenger.h"
-#include "node/scheduler_node.h"
-#include "node/server_node.h"
-#include "node/wire.h"
-#include "node/worker_node.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/frame.h"
+#include "pscore/core/state_file.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/common/wire.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include "node/raw_link.h"  // last: pulls in Catch
 

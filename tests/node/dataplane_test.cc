@@ -14,14 +14,14 @@
 #include <thread>
 
 #include "comm/test_util.h"  // RawSocket, EncodeFrame; before Catch (its CHECK note)
-#include "core/key_range.h"
-#include "core/kv_codec.h"
-#include "node/scheduler_node.h"
-#include "node/server_journal.h"
-#include "node/server_node.h"
-#include "node/wire.h"
+#include "pscore/core/key_range.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_journal.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/common/wire.h"
 #include "multiproc/process.h"  // TempDir
-#include "node/worker_node.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/key_range.h"
-#include "node/scheduler_node.h"
-#include "node/server_node.h"
-#include "node/worker_node.h"
+#include "pscore/core/key_range.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
@@ -126,7 +126,7 @@ class Cluster {
 
 std::vector<uint64_t> Keys(size_t n) {
   std::vector<uint64_t> keys(n);
-  for (size_t i = 0; i < n; ++i) keys[i] = i;  // spread over every range (core/key_range.h)
+  for (size_t i = 0; i < n; ++i) keys[i] = i;  // spread over every range (pscore/core/key_range.h)
   return keys;
 }
 

@@ -14,12 +14,12 @@
 #include <sstream>
 #include <thread>
 
-#include "node/ranktable_hub.h"
-#include "node/ranktable_subscriber.h"
-#include "node/scheduler_http.h"
-#include "node/scheduler_node.h"
-#include "node/server_node.h"
-#include "node/worker_node.h"
+#include "pscore/node/scheduler/ranktable_hub.h"
+#include "pscore/node/common/ranktable_subscriber.h"
+#include "pscore/node/scheduler/scheduler_http.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include "node/ranktable_fixture.h"  // last: pulls in Catch
 

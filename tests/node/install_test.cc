@@ -63,7 +63,7 @@ TEST_CASE("a program outside the tree builds against the installed package and r
 
   REQUIRE(Run(cmake + " --install " PSCORE_BIN_DIR " --prefix " + prefix + " --component dev", log, 120) == 0);
   CHECK(std::filesystem::exists(prefix + "/lib/cmake/pscore/pscoreConfig.cmake"));
-  CHECK(std::filesystem::exists(prefix + "/include/pscore/node/worker_node.h"));
+  CHECK(std::filesystem::exists(prefix + "/include/pscore/node/worker/worker_node.h"));
   CHECK(std::filesystem::exists(prefix + "/include/pscore/proto/comm.pb.h"));
   CHECK_FALSE(std::filesystem::exists(prefix + "/include/pscore/comm/uv_status.h"));
 

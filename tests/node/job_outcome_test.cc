@@ -10,10 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "node/node.h"
-#include "node/ranktable_hub.h"
-#include "node/scheduler_http.h"
-#include "node/scheduler_node.h"
+#include "pscore/node/common/node.h"
+#include "pscore/node/scheduler/ranktable_hub.h"
+#include "pscore/node/scheduler/scheduler_http.h"
+#include "pscore/node/scheduler/scheduler_node.h"
 
 #include "comm/test_util.h"  // last: Catch's CHECK wins over glog's
 

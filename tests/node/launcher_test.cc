@@ -1,6 +1,6 @@
-// Launcher detection (node/launcher.h) from fake environments: Slurm steps, heterogeneous
+// Launcher detection (programs/launcher.h) from fake environments: Slurm steps, heterogeneous
 // Slurm jobs, Kubernetes StatefulSet and Indexed Job pods, and the missing variable named.
-#include "node/launcher.h"
+#include "programs/launcher.h"
 
 #include <catch2/catch.hpp>
 

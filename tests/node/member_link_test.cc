@@ -5,11 +5,11 @@
 #include <future>
 #include <memory>
 
-#include "core/kv_codec.h"
-#include "node/scheduler_node.h"
-#include "node/server_node.h"
-#include "node/wire.h"
-#include "node/worker_node.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/common/wire.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include "node/raw_link.h"  // last: pulls in Catch
 

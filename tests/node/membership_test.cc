@@ -13,10 +13,10 @@
 #include <tuple>
 #include <vector>
 
-#include "comm/event_loop.h"
-#include "node/scheduler_node.h"
-#include "node/server_node.h"
-#include "node/worker_node.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

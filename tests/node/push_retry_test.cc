@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "core/key_range.h"
+#include "pscore/core/key_range.h"
 #include "multiproc/process.h"  // TempDir
-#include "node/scheduler_node.h"
-#include "node/server_node.h"
-#include "node/worker_node.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -13,10 +13,10 @@
 #include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
-#include "comm/messenger.h"
-#include "node/ranktable_hub.h"
-#include "node/scheduler_node.h"
-#include "node/wire.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/node/scheduler/ranktable_hub.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/common/wire.h"
 
 #include "comm/test_util.h"  // last: Catch's CHECK wins over glog's
 

@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <future>
 
-#include "core/rank_table.h"
-#include "node/ranktable_hub.h"
-#include "node/ranktable_subscriber.h"
-#include "node/scheduler_node.h"
+#include "pscore/core/rank_table.h"
+#include "pscore/node/scheduler/ranktable_hub.h"
+#include "pscore/node/common/ranktable_subscriber.h"
+#include "pscore/node/scheduler/scheduler_node.h"
 
 #include "node/ranktable_fixture.h"  // last: pulls in Catch
 

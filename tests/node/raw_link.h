@@ -7,9 +7,9 @@
 #include <memory>
 #include <string>
 
-#include "comm/event_loop.h"
-#include "comm/messenger.h"
-#include "node/wire.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/node/common/wire.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

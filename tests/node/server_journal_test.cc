@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "core/kv_codec.h"
-#include "core/param_journal.h"
-#include "core/param_store.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/core/param_journal.h"
+#include "pscore/core/param_store.h"
 #include "multiproc/process.h"
-#include "node/server_journal.h"
+#include "pscore/node/server/server_journal.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -12,12 +12,12 @@
 #include <thread>
 #include <vector>
 
-#include "comm/event_loop.h"
-#include "comm/messenger.h"
-#include "core/cluster_manager.h"
-#include "node/scheduler_node.h"
-#include "node/wire.h"
-#include "node/worker_node.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/core/cluster_manager.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/common/wire.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include "node/raw_link.h"  // last: pulls in Catch
 

@@ -1,4 +1,4 @@
-// StateWriter (node/state_writer.h): atomic replace, coalescing of a burst, draining at
+// StateWriter (pscore/node/scheduler/state_writer.h): atomic replace, coalescing of a burst, draining at
 // destruction, errors for an unusable directory; and an in-process scheduler with
 // --state_dir that persists registrations and KV entries and restores them.
 #include <atomic>
@@ -11,12 +11,12 @@
 #include <string>
 #include <thread>
 
-#include "comm/event_loop.h"
-#include "core/state_file.h"
-#include "node/scheduler_node.h"
-#include "node/server_node.h"
-#include "node/state_writer.h"
-#include "node/worker_node.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/core/state_file.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/scheduler/state_writer.h"
+#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -6,14 +6,14 @@
 #include <future>
 #include <set>
 
-#include "comm/event_loop.h"
-#include "comm/messenger.h"
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/messenger.h"
 #include "comm/tls_pki.h"
-#include "node/admin_client.h"
-#include "node/node.h"
-#include "node/wire.h"
-#include "node/scheduler_node.h"
-#include "node/server_node.h"
+#include "pscore/node/common/admin_client.h"
+#include "pscore/node/common/node.h"
+#include "pscore/node/common/wire.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

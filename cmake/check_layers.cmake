@@ -1,0 +1,48 @@
+# Fails when a source includes across the layering (docs/design.md, Layers):
+#   pscore/core              -> core, proto
+#   pscore/comm              -> comm, core, proto
+#   pscore/node/common       -> node/common, comm, core, proto
+#   pscore/node/<wing>       -> its own wing, node/common, comm, core, proto
+#                               (the wings scheduler, server and worker never include each other)
+#   programs                 -> anything
+# and when a system header that belongs to another layer appears: sockets and libuv only in
+# comm. Run by the build (CMakeLists.txt, target pscore_layers): cmake -DROOT=<src> -P <this>.
+file(GLOB_RECURSE sources RELATIVE ${ROOT} ${ROOT}/pscore/*.h ${ROOT}/pscore/*.cc)
+set(failures "")
+foreach(src ${sources})
+  get_filename_component(dir ${src} DIRECTORY)
+  string(REGEX REPLACE "^pscore/" "" layer ${dir})
+  if(layer STREQUAL "core")
+    set(allowed "core" "proto")
+  elseif(layer STREQUAL "comm")
+    set(allowed "comm" "core" "proto")
+  elseif(layer STREQUAL "node/common")
+    set(allowed "node/common" "comm" "core" "proto")
+  elseif(layer MATCHES "^node/(scheduler|server|worker)$")
+    set(allowed "${layer}" "node/common" "comm" "core" "proto")
+  else()
+    list(APPEND failures "${src}: folder pscore/${layer} is not in cmake/check_layers.cmake")
+    continue()
+  endif()
+  file(STRINGS ${ROOT}/${src} includes REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]")
+  foreach(line ${includes})
+    if(line MATCHES "#[ \t]*include[ \t]*[<\"]pscore/(.*)/[^/]*\\.h[>\"]")
+      set(target_dir ${CMAKE_MATCH_1})
+      list(FIND allowed ${target_dir} at)
+      if(at EQUAL -1)
+        list(JOIN allowed ", " may)
+        list(APPEND failures "${src}: includes pscore/${target_dir} (pscore/${layer} may include: ${may})")
+      endif()
+    elseif(line MATCHES "#[ \t]*include[ \t]*[<\"](uv\\.h|sys/socket\\.h|netinet/[a-z_]+\\.h|arpa/inet\\.h|openssl/ssl\\.h|http_parser\\.h)[>\"]")
+      if(NOT layer STREQUAL "comm")
+        list(APPEND failures "${src}: includes <${CMAKE_MATCH_1}>, which only pscore/comm may use")
+      endif()
+    elseif(line MATCHES "#[ \t]*include[ \t]*\"")
+      list(APPEND failures "${src}: \"${line}\": include pscore headers as \"pscore/<folder>/<file>.h\"")
+    endif()
+  endforeach()
+endforeach()
+if(failures)
+  list(JOIN failures "\n  " text)
+  message(FATAL_ERROR "include layering broken:\n  ${text}")
+endif()

@@ -1,0 +1,232 @@
+#include "pscore/core/buffer.h"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <new>
+#include <utility>
+#include <vector>
+
+namespace pscore {
+
+void AdviseHugePages(void* data, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  if (bytes < 2 * kHuge) return;
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t last = (begin + bytes) & ~(kHuge - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);  // advice only
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
+namespace {
+
+// Released large blocks by capacity. Never destroyed (blocks may be released during
+// static destruction); what it holds stays reachable, so leak checkers do not report it.
+#if defined(__SANITIZE_ADDRESS__)
+#define PSCORE_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PSCORE_ASAN 1
+#endif
+#endif
+
+// ThreadSanitizer does not follow pages that mremap moves: a destination it picks keeps
+// the shadow of what other threads did at that address before, and races that are not
+// there are reported. Under it a growing block moves onto a range mmap just returned
+// (whose shadow mmap resets), with MREMAP_FIXED; the pages still move, nothing is copied.
+#if defined(__SANITIZE_THREAD__)
+#define PSCORE_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PSCORE_TSAN 1
+#endif
+#endif
+
+struct LargeBlockPool {
+  std::mutex mu;
+  std::map<size_t, std::vector<char*>> free_blocks;  // guarded by mu
+  size_t pooled = 0;                                  // bytes in free_blocks; guarded by mu
+#ifdef PSCORE_ASAN
+  // Off by default under AddressSanitizer: a reused block would hide a use after free.
+  size_t limit = 0;  // guarded by mu
+#else
+  size_t limit = Buffer::kDefaultPoolLimit;  // guarded by mu
+#endif
+};
+
+LargeBlockPool& Pool() {
+  static auto* pool = new LargeBlockPool;
+  return *pool;
+}
+
+// Takes blocks (largest first) out of the pool until it holds at most `limit`; mu held.
+// The caller frees them after unlocking (freeing a large block unmaps it, which is slow,
+// and other threads' acquires and releases wait on mu).
+using Block = std::pair<char*, size_t>;  // a mapping and its capacity
+
+void TrimLocked(LargeBlockPool& pool, size_t limit, std::vector<Block>* evicted) {
+  while (pool.pooled > limit && !pool.free_blocks.empty()) {
+    auto last = std::prev(pool.free_blocks.end());
+    evicted->emplace_back(last->second.back(), last->first);
+    last->second.pop_back();
+    pool.pooled -= last->first;
+    if (last->second.empty()) pool.free_blocks.erase(last);
+  }
+}
+
+// Large blocks are anonymous mappings of their own, so one that is still being filled can
+// grow without a copy (Buffer::Grow moves its pages with mremap).
+char* Map(size_t capacity) {
+  void* p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();  // as new[] would: fatal (STYLE.md 5)
+  return static_cast<char*>(p);
+}
+
+void FreeAll(const std::vector<Block>& blocks) {
+  for (const Block& b : blocks) munmap(b.first, b.second);
+}
+
+}  // namespace
+
+size_t Buffer::PooledCapacity(size_t size) {
+  // Round up to a multiple of a quarter of the largest power of two <= size: at most 25%
+  // more than asked, and few distinct capacities for a stream of similar payloads.
+  size_t top = size_t{1} << (63 - __builtin_clzll(size));
+  size_t step = top >= 4 ? top / 4 : 1;
+  return (size + step - 1) / step * step;
+}
+
+char* Buffer::TakePooledBlock(size_t capacity, size_t* got) {
+  LargeBlockPool& pool = Pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  // The smallest block that holds `capacity`, up to twice as large: a message of a size
+  // between the ones in use (a pull's request beside the pushes' payloads) reuses mapped
+  // memory instead of faulting in fresh pages, and never pins a block much larger.
+  auto it = pool.free_blocks.lower_bound(capacity);
+  if (it == pool.free_blocks.end() || it->first / 2 > capacity) return nullptr;
+  char* block = it->second.back();
+  *got = it->first;
+  it->second.pop_back();
+  pool.pooled -= it->first;
+  if (it->second.empty()) pool.free_blocks.erase(it);
+  return block;
+}
+
+std::shared_ptr<Buffer> Buffer::TakePooled(size_t size) {
+  if (size < kPooledBytes) return nullptr;
+  size_t capacity = 0;
+  char* block = TakePooledBlock(PooledCapacity(size), &capacity);
+  if (block == nullptr) return nullptr;
+  return std::make_shared<Buffer>(Private{}, size, block, capacity);
+}
+
+bool Buffer::Grow(size_t size) {
+  if (capacity_ == 0 || size < size_) return false;
+  if (size > capacity_) {
+    const size_t capacity = PooledCapacity(size);
+#ifdef PSCORE_TSAN
+    void* fresh = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (fresh == MAP_FAILED) return false;
+    void* moved = mremap(data_, capacity_, capacity, MREMAP_MAYMOVE | MREMAP_FIXED, fresh);
+    if (moved == MAP_FAILED) {
+      munmap(fresh, capacity);
+      return false;
+    }
+#else
+    void* moved = mremap(data_, capacity_, capacity, MREMAP_MAYMOVE);
+    if (moved == MAP_FAILED) return false;
+#endif
+    data_ = static_cast<char*>(moved);
+    capacity_ = capacity;
+    AdviseHugePages(data_, capacity_);
+  }
+  size_ = size;
+  return true;
+}
+
+char* Buffer::AcquireLarge(size_t capacity, size_t* got) {
+  if (char* pooled = TakePooledBlock(capacity, got)) return pooled;
+  char* block = Map(capacity);
+  AdviseHugePages(block, capacity);  // not written yet: the reader fills it
+  *got = capacity;
+  return block;
+}
+
+void Buffer::ReleaseLarge(char* block, size_t capacity) {
+  LargeBlockPool& pool = Pool();
+  std::vector<Block> evicted;
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (capacity <= pool.limit) {
+      // The sizes in use now are the ones worth keeping: make room by freeing blocks of
+      // other capacities (a stream of 64 MiB pushes after one of 16 MiB ones must not
+      // find the pool full of 16 MiB blocks).
+      for (auto it = pool.free_blocks.begin(); pool.pooled + capacity > pool.limit && it != pool.free_blocks.end();) {
+        if (it->first == capacity) {
+          ++it;
+          continue;
+        }
+        while (!it->second.empty() && pool.pooled + capacity > pool.limit) {
+          evicted.emplace_back(it->second.back(), it->first);
+          it->second.pop_back();
+          pool.pooled -= it->first;
+        }
+        it = it->second.empty() ? pool.free_blocks.erase(it) : std::next(it);
+      }
+      if (pool.pooled + capacity <= pool.limit) {
+        pool.free_blocks[capacity].push_back(block);
+        pool.pooled += capacity;
+        block = nullptr;
+      }
+    }
+  }
+  FreeAll(evicted);
+  if (block != nullptr) munmap(block, capacity);
+}
+
+void Buffer::SetPoolLimit(size_t bytes) {
+  LargeBlockPool& pool = Pool();
+  std::vector<Block> evicted;
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    pool.limit = bytes;
+    TrimLocked(pool, bytes, &evicted);
+  }
+  FreeAll(evicted);
+}
+
+size_t Buffer::PoolLimit() {
+  LargeBlockPool& pool = Pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  return pool.limit;
+}
+
+size_t Buffer::PooledBytes() {
+  LargeBlockPool& pool = Pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  return pool.pooled;
+}
+
+BufferPtr Payload::Flatten() const {
+  if (tail.empty()) return head;
+  BufferPtr out = Buffer::Allocate(size());
+  char* at = out->data();
+  if (head && head->size() > 0) {
+    std::memcpy(at, head->data(), head->size());
+    at += head->size();
+  }
+  for (const Slice& s : tail) {
+    if (s.size > 0) std::memcpy(at, s.data, s.size);
+    at += s.size;
+  }
+  return out;
+}
+
+}  // namespace pscore

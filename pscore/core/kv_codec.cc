@@ -1,0 +1,403 @@
+#include "pscore/core/kv_codec.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pscore/core/endian.h"
+#include "pscore/proto/kv_generated.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace pscore {
+namespace core {
+namespace {
+
+// A vector whose elements the builder reserved but did not fill: where it will
+// sit in the finished buffer (as a distance from its end, which never changes
+// while the builder grows) and what to copy there.
+struct Segment {
+  const void* source;
+  size_t bytes;
+};
+struct Hole {
+  size_t offset_from_end = 0;
+  size_t bytes = 0;
+  std::vector<Segment> segments;  // filled back to back
+  std::function<Status(char*)> fill;  // or written by the caller, in place
+};
+
+template <typename T>
+flatbuffers::Offset<flatbuffers::Vector<T>> Reserve(flatbuffers::FlatBufferBuilder* fbb,
+                                                     const T* source, size_t count,
+                                                     std::vector<Hole>* holes) {
+  T* unused = nullptr;
+  auto offset = fbb->CreateUninitializedVector<T>(count, &unused);
+  // CreateUninitializedVector leaves GetSize() - 4 (the length field) at the
+  // element start; the elements begin right after the length.
+  const size_t data_from_end = offset.o - sizeof(flatbuffers::uoffset_t);
+  if (count > 0) holes->push_back(Hole{data_from_end, count * sizeof(T), {{source, count * sizeof(T)}}, nullptr});
+  return offset;
+}
+
+// Holes of at least this many bytes are filled with non-temporal stores (CopyStreaming).
+constexpr size_t kStreamingCopyBytes = 256u << 10;
+
+// memcpy for a large encoded buffer: its bytes are read next by the kernel's send copy
+// on another thread, milliseconds later, after megabytes of other traffic, so ordinary
+// stores only leave dirty lines in this core's cache for the sender to fetch back.
+// Non-temporal stores write them to memory directly (measured
+// +3 to +18 % for the copying Push of 1 to 64 MiB).
+void CopyStreaming(char* dst, const char* src, size_t n) {
+#if defined(__SSE2__)
+  const size_t lead = std::min(n, (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
+  std::memcpy(dst, src, lead);
+  dst += lead;
+  src += lead;
+  n -= lead;
+  for (; n >= 64; n -= 64, src += 64, dst += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
+  }
+  _mm_sfence();  // the stores are visible before the buffer is handed to another thread
+#endif
+  std::memcpy(dst, src, n);
+}
+
+// Copies the builder's skeleton around the holes and fills each hole from its segments:
+// every array byte is copied once, straight from the caller's memory. Only the first
+// `keep` bytes of the finished buffer are produced (all of it by default); holes past
+// them are the caller's.
+Result<BufferPtr> Assemble(const flatbuffers::FlatBufferBuilder& fbb, std::vector<Hole> holes,
+                           size_t keep = SIZE_MAX) {
+  const size_t full = fbb.GetSize();
+  const size_t size = std::min(keep, full);
+  const char* built = reinterpret_cast<const char*>(fbb.GetBufferPointer());
+  BufferPtr out = Buffer::Allocate(size);
+  std::sort(holes.begin(), holes.end(),
+            [](const Hole& a, const Hole& b) { return a.offset_from_end > b.offset_from_end; });
+  size_t cursor = 0;
+  for (const Hole& h : holes) {
+    const size_t begin = full - h.offset_from_end;
+    std::memcpy(out->data() + cursor, built + cursor, begin - cursor);
+    size_t at = begin;
+    if (h.fill) {
+      Status st = h.fill(out->data() + begin);
+      if (!st.ok()) return st;
+    }
+    const bool streaming = h.bytes >= kStreamingCopyBytes;
+    for (const Segment& seg : h.segments) {
+      const char* from = static_cast<const char*>(seg.source);
+      if (streaming) {
+        CopyStreaming(out->data() + at, from, seg.bytes);
+      } else if (seg.bytes > 0) {
+        std::memcpy(out->data() + at, from, seg.bytes);
+      }
+      at += seg.bytes;
+    }
+    cursor = begin + h.bytes;
+  }
+  std::memcpy(out->data() + cursor, built + cursor, size - cursor);
+  return out;
+}
+
+// Lays out lens and keys (holes that Assemble fills from the caller's arrays), then the
+// table over them and values_off, and finishes the buffer.
+void FinishKvPairs(flatbuffers::FlatBufferBuilder* fbb, const uint64_t* keys, const uint32_t* lens, size_t num_keys,
+                   flatbuffers::Offset<flatbuffers::Vector<float>> values_off, uint8_t op, std::vector<Hole>* holes) {
+  auto lens_off = Reserve(fbb, lens, num_keys, holes);
+  auto keys_off = Reserve(fbb, keys, num_keys, holes);
+  fb::KvPairsBuilder kv(*fbb);
+  kv.add_keys(keys_off);
+  kv.add_lens(lens_off);
+  kv.add_values(values_off);
+  kv.add_op(op);
+  fb::FinishKvPairsBuffer(*fbb, kv.Finish());
+}
+
+}  // namespace
+
+BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                        const float* values, size_t num_values, uint8_t op) {
+  if (keys == nullptr) num_keys = 0;
+  // Room for all arrays plus skeleton and padding, so the builder never
+  // reallocates (a reallocation would copy the reserved arrays).
+  const size_t estimate = 128 + num_keys * sizeof(uint64_t) +
+                          (lens ? num_keys * sizeof(uint32_t) : 0) +
+                          (values ? num_values * sizeof(float) : 0);
+  flatbuffers::FlatBufferBuilder fbb(estimate);
+  std::vector<Hole> holes;
+  flatbuffers::Offset<flatbuffers::Vector<float>> values_off;
+  flatbuffers::Offset<flatbuffers::Vector<uint32_t>> lens_off;
+  if (values != nullptr) values_off = Reserve(&fbb, values, num_values, &holes);
+  if (lens != nullptr) lens_off = Reserve(&fbb, lens, num_keys, &holes);
+  auto keys_off = Reserve(&fbb, keys, num_keys, &holes);
+  fb::KvPairsBuilder kv(fbb);
+  kv.add_keys(keys_off);
+  if (lens != nullptr) kv.add_lens(lens_off);
+  if (values != nullptr) kv.add_values(values_off);
+  kv.add_op(op);
+  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+
+  return *Assemble(fbb, std::move(holes));
+}
+
+// Average value bytes per key from which a gather lists each key's values as a piece of its
+// own (copied with non-temporal stores when the values are large, kStreamingCopyBytes).
+constexpr size_t kGatherPieceBytes = 4096;
+
+BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
+                              const uint64_t* value_offsets, const size_t* indices,
+                              size_t num_indices, uint8_t op) {
+  Hole value_hole;
+  size_t num_values = 0;
+  bool consecutive = true;  // indices i0, i0 + 1, ...: keys, lens and values are one stretch each
+  for (size_t j = 0; j < num_indices; ++j) {
+    const size_t i = indices[j];
+    num_values += lens[i];
+    consecutive = consecutive && i == indices[0] + j;
+  }
+  if (num_indices > 0 && consecutive) {
+    value_hole.segments.push_back(Segment{values + value_offsets[indices[0]], num_values * sizeof(float)});
+  } else if (num_values * sizeof(float) >= kGatherPieceBytes * num_indices) {
+    for (size_t j = 0; j < num_indices; ++j) {
+      const size_t i = indices[j];
+      value_hole.segments.push_back(Segment{values + value_offsets[i], lens[i] * sizeof(float)});
+    }
+  } else {
+    // Small values: gathered key by key straight into the buffer (no list of pieces).
+    value_hole.fill = [=](char* dst) {
+      float* out = reinterpret_cast<float*>(dst);
+      for (size_t j = 0; j < num_indices; ++j) {
+        const size_t i = indices[j];
+        const float* from = values + value_offsets[i];
+        if (lens[i] == 1) {
+          *out = *from;
+        } else if (lens[i] > 0) {
+          std::memcpy(out, from, lens[i] * sizeof(float));
+        }
+        out += lens[i];
+      }
+      return Status::Ok();
+    };
+  }
+  const size_t estimate = 128 + num_indices * (sizeof(uint64_t) + sizeof(uint32_t)) + num_values * sizeof(float);
+  flatbuffers::FlatBufferBuilder fbb(estimate);
+  std::vector<Hole> holes;
+  float* unused = nullptr;
+  auto values_off = fbb.CreateUninitializedVector<float>(num_values, &unused);
+  if (num_values > 0) {
+    value_hole.offset_from_end = values_off.o - sizeof(flatbuffers::uoffset_t);
+    value_hole.bytes = num_values * sizeof(float);
+    holes.push_back(std::move(value_hole));
+  }
+  if (num_indices > 0 && consecutive) {
+    FinishKvPairs(&fbb, keys + indices[0], lens + indices[0], num_indices, values_off, op, &holes);
+    return *Assemble(fbb, std::move(holes));
+  }
+  // Keys and lens gathered straight into the buffer too (no copy of them on the side).
+  const size_t first = holes.size();
+  FinishKvPairs(&fbb, keys, lens, num_indices, values_off, op, &holes);
+  for (size_t h = first; h < holes.size(); ++h) {
+    Hole& hole = holes[h];
+    const bool is_keys = hole.segments.front().source == keys;
+    hole.segments.clear();
+    if (is_keys) {
+      hole.fill = [=](char* dst) {
+        uint64_t* out = reinterpret_cast<uint64_t*>(dst);
+        for (size_t j = 0; j < num_indices; ++j) out[j] = keys[indices[j]];
+        return Status::Ok();
+      };
+    } else {
+      hole.fill = [=](char* dst) {
+        uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+        for (size_t j = 0; j < num_indices; ++j) out[j] = lens[indices[j]];
+        return Status::Ok();
+      };
+    }
+  }
+  return *Assemble(fbb, std::move(holes));
+}
+
+Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                                      size_t num_values, const std::function<Status(float*)>& fill) {
+  // flatbuffers keeps its size in 32 bits (and checks the 2 GiB limit only in debug
+  // builds): past it the offsets would wrap and the fill write past the buffer.
+  if (num_keys > FLATBUFFERS_MAX_BUFFER_SIZE || num_values > FLATBUFFERS_MAX_BUFFER_SIZE ||
+      128 + num_keys * (sizeof(uint64_t) + sizeof(uint32_t)) + num_values * sizeof(float) > FLATBUFFERS_MAX_BUFFER_SIZE) {
+    return Status(Code::kResourceExhausted, "KvPairs: " + std::to_string(num_keys) + " keys with " +
+                                                std::to_string(num_values) + " values exceed the flatbuffers limit");
+  }
+  const size_t estimate = 128 + num_keys * (sizeof(uint64_t) + sizeof(uint32_t)) + num_values * sizeof(float);
+  flatbuffers::FlatBufferBuilder fbb(estimate);
+  std::vector<Hole> holes;
+  float* unused = nullptr;
+  auto values_off = fbb.CreateUninitializedVector<float>(num_values, &unused);
+  if (num_values > 0) {
+    Hole h;
+    h.offset_from_end = values_off.o - sizeof(flatbuffers::uoffset_t);
+    h.bytes = num_values * sizeof(float);
+    h.fill = [&fill](char* dst) { return fill(reinterpret_cast<float*>(dst)); };
+    holes.push_back(std::move(h));
+  }
+  FinishKvPairs(&fbb, keys, lens, num_keys, values_off, /*op=*/0, &holes);
+  return Assemble(fbb, std::move(holes));
+}
+
+Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                                    std::vector<Slice> values) {
+  size_t value_bytes = 0;
+  for (const Slice& s : values) value_bytes += s.size;
+  if (value_bytes % sizeof(float) != 0) {
+    return Status(Code::kInvalidArgument, "KvPairs: " + std::to_string(value_bytes) + " value bytes are not whole floats");
+  }
+  const size_t num_values = value_bytes / sizeof(float);
+  if (num_values > FLATBUFFERS_MAX_BUFFER_SIZE / sizeof(float)) {
+    return Status(Code::kInvalidArgument, "KvPairs: " + std::to_string(num_values) + " values exceed the flatbuffers limit");
+  }
+  flatbuffers::FlatBufferBuilder fbb(128 + num_keys * (sizeof(uint64_t) + sizeof(uint32_t)));
+  std::vector<Hole> holes;
+  float* unused = nullptr;
+  // The first vector built ends the buffer (flatbuffers builds back to front and floats
+  // need no padding after them), so the values are the buffer's last bytes: the tail. The
+  // builder never holds them: it lays out a stand-in of num_values % 2 floats (the same
+  // size modulo 8, the largest alignment here, so every pad the builder adds is the one it
+  // would add for the real vector), and the length field is set to num_values afterwards.
+  const size_t stand_in = num_values % 2;
+  auto values_off = fbb.CreateUninitializedVector<float>(stand_in, &unused);
+  const size_t values_from_end = values_off.o - sizeof(flatbuffers::uoffset_t);
+  if (values_from_end != stand_in * sizeof(float)) {
+    return Status(Code::kInternal, "KvPairs: values vector does not end the buffer");
+  }
+  FinishKvPairs(&fbb, keys, lens, num_keys, values_off, /*op=*/0, &holes);
+  Result<BufferPtr> head = Assemble(fbb, std::move(holes), fbb.GetSize() - values_from_end);
+  if (!head.ok()) return head.status();
+  // The values' length field: the head's last 4 bytes, little-endian like all of flatbuffers.
+  flatbuffers::WriteScalar<flatbuffers::uoffset_t>((*head)->data() + (*head)->size() - sizeof(flatbuffers::uoffset_t),
+                                                   static_cast<flatbuffers::uoffset_t>(num_values));
+  Payload out(std::move(*head));
+  out.tail = std::move(values);
+  return out;
+}
+
+Payload SplitValuesTail(BufferPtr encoded, size_t value_bytes) {
+  if (!encoded || value_bytes == 0 || value_bytes >= encoded->size()) return Payload(std::move(encoded));
+  char* at = encoded->data() + (encoded->size() - value_bytes);
+  Payload out(Buffer::View(encoded, encoded->data(), encoded->size() - value_bytes));
+  out.tail.push_back(Slice{std::move(encoded), at, value_bytes});
+  return out;
+}
+
+namespace {
+
+Status Inconsistent(const std::string& what) { return Status(Code::kProtocol, "KvPairs: " + what); }
+
+// Checks the decoded vectors against each other; see DecodeKvPairs.
+Status CheckConsistency(const KvView& v, bool has_values, bool expect_values) {
+  if (v.lens != nullptr && v.num_lens != v.num_keys) {
+    return Inconsistent(std::to_string(v.num_lens) + " lens for " + std::to_string(v.num_keys) +
+                        " keys");
+  }
+  if (!expect_values) {
+    if (v.num_values != 0) {
+      return Inconsistent("pull request carries " + std::to_string(v.num_values) + " values");
+    }
+    return Status::Ok();
+  }
+  if (v.lens == nullptr) {
+    return Inconsistent("lens absent for " + std::to_string(v.num_keys) + " keys with values");
+  }
+  if (!has_values && v.num_keys > 0) return Inconsistent("values absent");
+  uint64_t sum = 0;
+  for (size_t i = 0; i < v.num_lens; ++i) {
+    if (sum > UINT64_MAX - v.lens[i]) return Inconsistent("sum of lens overflows");
+    sum += v.lens[i];
+  }
+  if (sum != v.num_values) {
+    return Inconsistent("sum of lens " + std::to_string(sum) + " != " +
+                        std::to_string(v.num_values) + " values");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values) {
+  if (data == nullptr || size == 0) return Status(Code::kInvalidArgument, "KvPairs: empty buffer");
+  if (reinterpret_cast<uintptr_t>(data) % alignof(uint64_t) != 0) {
+    return Status(Code::kInvalidArgument, "KvPairs: buffer not 8-byte aligned");
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>(data);
+  flatbuffers::Verifier verifier(bytes, size);
+  if (!fb::VerifyKvPairsBuffer(verifier)) {
+    return Status(Code::kInvalidArgument,
+                  "KvPairs: " + std::to_string(size) + " bytes fail flatbuffers verification");
+  }
+  const fb::KvPairs* kv = fb::GetKvPairs(bytes);
+  if (kv->keys() == nullptr) return Inconsistent("keys absent");
+  KvView v;
+  v.keys = kv->keys()->data();
+  v.num_keys = kv->keys()->size();
+  // The verifier only aligns a vector's length field to 4; uint64 keys need 8. An empty
+  // vector reads nothing (and flatbuffers does not pad one), so only keys are checked.
+  if (v.num_keys > 0 && reinterpret_cast<uintptr_t>(v.keys) % alignof(uint64_t) != 0) {
+    return Inconsistent("keys not 8-byte aligned");
+  }
+  if (kv->lens() != nullptr) {
+    v.lens = kv->lens()->data();
+    v.num_lens = kv->lens()->size();
+  }
+  if (kv->values() != nullptr) {
+    v.values = kv->values()->data();
+    v.num_values = kv->values()->size();
+  }
+  v.op = kv->op();
+  PSCORE_RETURN_IF_ERROR(CheckConsistency(v, kv->values() != nullptr, expect_values));
+  return v;
+}
+
+Result<KvView> DecodeKvPairsHead(char* head, size_t size, uint64_t tail_bytes) {
+  if (head == nullptr || size < sizeof(uint32_t)) return Status(Code::kInvalidArgument, "KvPairs head: too short");
+  if (tail_bytes % sizeof(float) != 0 || tail_bytes / sizeof(float) > UINT32_MAX) {
+    return Inconsistent("head followed by " + std::to_string(tail_bytes) + " bytes, not a float count");
+  }
+  // The head ends with the values' length field; zeroed, the head is a whole KvPairs with
+  // empty values, which the verifier checks without reading past it.
+  char* count_field = head + size - sizeof(uint32_t);
+  const uint64_t count = GetLe(count_field, sizeof(uint32_t));
+  if (count * sizeof(float) != tail_bytes) {
+    return Inconsistent("values' count " + std::to_string(count) + " in the head, " + std::to_string(tail_bytes) +
+                        " bytes after it");
+  }
+  PutLe(0, sizeof(uint32_t), count_field);
+  Result<KvView> v = DecodeKvPairs(head, size, /*expect_values=*/false);
+  PutLe(count, sizeof(uint32_t), count_field);
+  if (!v.ok()) return v.status();
+  if (v->values != reinterpret_cast<const float*>(head + size)) {
+    return Inconsistent("values do not end the head");
+  }
+  if (v->lens == nullptr && v->num_keys > 0) return Inconsistent("lens absent for keys with values");
+  uint64_t sum = 0;
+  for (size_t i = 0; i < v->num_lens; ++i) sum += v->lens[i];
+  if (sum != count) {
+    return Inconsistent("lens sum to " + std::to_string(sum) + ", the tail holds " + std::to_string(count) +
+                        " values");
+  }
+  v->values = nullptr;
+  v->num_values = count;
+  return v;
+}
+
+}  // namespace core
+}  // namespace pscore

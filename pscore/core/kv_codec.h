@@ -1,0 +1,102 @@
+// Push/pull payload codec: KvPairs flatbuffers (pscore/proto/kv.fbs) encode, and a
+// verified in-place decode that copies nothing.
+//
+// Wire: one finished KvPairs flatbuffer, no size prefix, 8-byte aligned.
+//   keys:   [uint64]  required (may be empty)
+//   lens:   [uint32]  absent, or one per key: the float count of each key
+//   values: [float]   sum(lens) floats back to back; absent in a pull request
+//   op:     uint8     update rule selector for a push (0 = the store's default)
+// Limits: the flatbuffers verifier bounds every offset and vector by the buffer
+// size (and the 2 GiB flatbuffers limit), so a hostile buffer cannot make the
+// decoder read outside it.
+//
+// Free functions; any thread may call them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "pscore/core/buffer.h"
+#include "pscore/core/status.h"
+
+namespace pscore {
+namespace core {
+
+// Builds a KvPairs buffer. Every array is copied exactly once, straight into
+// the returned Buffer (the builder only lays out the small skeleton). keys may
+// be null only when num_keys is 0; lens may be null (absent: a pull request
+// without lengths); values may be null (absent: a pull request). The encoder
+// does not check sum(lens) == num_values; the decoder does.
+BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                        const float* values, size_t num_values, uint8_t op = 0);
+
+// Points into the decoded buffer: valid while that buffer lives; no copy.
+// Absent vectors are null pointers with a zero count.
+// Like EncodeKvPairs, for the subset `indices` of a larger batch: key i has lens[i]
+// floats starting at values + value_offsets[i]. Values are still copied exactly once.
+BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
+                              const uint64_t* value_offsets, const size_t* indices,
+                              size_t num_indices, uint8_t op = 0);
+
+// A KvPairs with keys and lens copied from the caller and the values written in place
+// by fill(dst) (num_values floats; dst is 4-byte aligned). A fill error is returned.
+Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                                      size_t num_values, const std::function<Status(float*)>& fill);
+
+// Average value bytes per key from which writing values from where they live (tail slices,
+// one writev entry each) beats copying them into one buffer: zero-copy pulls and ZPush.
+inline constexpr size_t kZeroCopyBytes = 64 * 1024;
+// Average value bytes per key from which a server writes a pull answer from the store
+// itself (pinned slices) rather than copying the values into it. Lower than
+// kZeroCopyBytes: an answer's slices are the store's, so nothing is copied to make them;
+// at 4 KiB a key that measured level with copying
+// and leaves the worker's copy the only one in that direction.
+inline constexpr size_t kSharedAnswerBytes = 2 * 1024;
+
+// A KvPairs whose values are not copied: the returned head holds everything up to the
+// first value, and `values` (slices of sum(lens) floats in all, back to back) follow it
+// as the payload's tail, so the sender writes them from where they live. A receiver sees
+// an ordinary KvPairs buffer. kInvalidArgument when the slices are not whole floats.
+Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
+                                    std::vector<Slice> values);
+
+// An encoded KvPairs (from EncodeKvPairs or EncodeKvPairsGather, whose values are its last
+// `value_bytes` bytes) as head and tail, without a copy: the head is a view of everything
+// up to the first value and the tail one slice of the values, both kept alive by
+// `encoded`. Sent so, the frame names its head (payload_head) and a receiver may take the
+// values apart from it, as it takes EncodeKvPairsShared's (a server folds a large push into
+// the store as it arrives). `encoded` as it is when value_bytes is 0 or not below its size.
+Payload SplitValuesTail(BufferPtr encoded, size_t value_bytes);
+
+struct KvView {
+  const uint64_t* keys = nullptr;
+  size_t num_keys = 0;
+  const uint32_t* lens = nullptr;
+  size_t num_lens = 0;
+  const float* values = nullptr;
+  size_t num_values = 0;
+  uint8_t op = 0;
+};
+
+// Verifies `data` with the flatbuffers Verifier, then checks consistency:
+// - keys present; lens absent or exactly one per key;
+// - expect_values (push, pull response): lens present, sum(lens) == num_values;
+// - !expect_values (pull request): values absent or empty.
+// `data` must be 8-byte aligned (a Buffer's data is). Failures are
+// kInvalidArgument (unaligned, not a KvPairs buffer) or kProtocol
+// (inconsistent), with a message naming the numbers.
+Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values);
+
+// A KvPairs whose values were received apart from the rest: `head` holds every byte
+// before the first value (it ends with the values' length field, as EncodeKvPairsShared's
+// head does) and `tail_bytes` bytes of floats followed it on the wire, now elsewhere
+// (comm::AnswerSink). Verified as DecodeKvPairs verifies a whole buffer with
+// expect_values, reading only the head; the view's values is null (the caller knows
+// where they are) and num_values their count. The count field is zeroed while the
+// verifier runs and restored before returning. Same alignment rule and error codes.
+Result<KvView> DecodeKvPairsHead(char* head, size_t size, uint64_t tail_bytes);
+
+}  // namespace core
+}  // namespace pscore

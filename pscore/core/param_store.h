@@ -1,0 +1,339 @@
+// ParamStore: a server's built-in store of float tensors by uint64 key.
+// Owned by the server node. Thread-safe: any thread may call any method; pushes
+// to one key are applied atomically with respect to each other and to pulls of
+// that key. Keys are spread over kStripes independently locked shards, so
+// handlers on different executor threads rarely contend.
+//
+// Two layouts per shard (docs/embedding.md, "The built-in store's layout"). Keys of up
+// to kRunFloats floats live in runs: sorted arrays of keys with their values back to back
+// (one length per run when all are equal), the runs ordered by first key. A batch is taken
+// in windows, each grouped by shard, each shard locked once per window, and each key found
+// by walking forward from the previous one (a sorted batch costs a step or two per key, no
+// hash and no allocation); the keys a push creates are merged into the runs in bulk.
+// Larger keys, and keys a slice or a stream holds (ShareValues, BeginStream move a key out
+// of its run), are blocks of their own in a hash map, shared with the slices that read them.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "pscore/core/buffer.h"
+#include "pscore/core/status.h"
+
+namespace pscore {
+namespace core {
+
+enum class UpdateRule { kAssign, kSum, kSgd };
+
+class ParamStore {
+  struct Stripe;
+
+ public:
+  struct Options {
+    UpdateRule rule = UpdateRule::kSum;
+    float learning_rate = 0.01f;
+    // Streamed pushes (BeginStream): bytes of spare blocks kept for the next stream of a
+    // key (a key larger than this is never streamed); how long a stream may make no
+    // progress while another push waits for its key before it is revoked; and how long a
+    // push waits for a stream that still makes progress (a sender trickling its bytes)
+    // before it revokes it anyway.
+    uint64_t stream_spare_bytes = 512ull << 20;
+    std::chrono::milliseconds stream_stall{2000};
+    std::chrono::milliseconds stream_hold{10000};
+  };
+  class PushStream;
+  // A user rule: fold `incoming` (n floats) into `stored` (n floats). Called
+  // with the key's shard lock held, so it must not call back into the store.
+  using Updater = std::function<void(uint64_t key, float* stored, const float* incoming, size_t n)>;
+
+  explicit ParamStore(Options opts);
+  ParamStore(const ParamStore&) = delete;
+  ParamStore& operator=(const ParamStore&) = delete;
+
+  // Overrides the built-in rule for later pushes (an empty function restores it).
+  void SetUpdater(Updater u);
+
+  // Applies keys[i] with lens[i] floats taken back to back from `values`. A key
+  // first pushed is created zero-filled with the pushed length, then the rule
+  // is applied (assign: copy; sum: +=; sgd: w -= lr * g). A length that differs
+  // from the stored length is refused for that key (nothing applied to it) and
+  // the other keys are still applied; the returned kInvalidArgument names the
+  // first refused key. Null arrays with a non-zero count are kInvalidArgument.
+  Status Push(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
+
+  // A push applied while its values arrive, for a server that reads a large push from
+  // the socket piece by piece and folds each piece in while it is still in cache: the
+  // keys' new values are computed into spare blocks (stored op incoming, with the
+  // built-in rule) and replace the stored ones at Commit, one key at a time, so pulls see
+  // a key before or after the push, never in between, and an uncommitted stream changes
+  // nothing. While a stream holds a key, other pushes to it wait (a stream making no
+  // progress for Options::stream_stall, or still holding the key after a push waited
+  // Options::stream_hold for it, is revoked for them; its Commit then applies nothing and
+  // returns kAborted) and no second stream takes it. Null when the push cannot stream: a user rule is
+  // set, a key is missing or has another length, is held by a stream, or is larger than
+  // Options::stream_spare_bytes; the caller then pushes the values whole with Push.
+  //
+  // A key's spare block is the block its last stream replaced (kept within
+  // Options::stream_spare_bytes). A key without one gets a fresh, zero-filled block
+  // (kAllocate), or, with kSparesOnly (a caller that must not stall on allocating and
+  // zero-filling a large block: a server's loop thread), the stream is declined, and the
+  // next Push of that key, on the caller's thread, prepares its spare (within the budget).
+  enum class Targets { kAllocate, kSparesOnly };
+  std::unique_ptr<PushStream> BeginStream(const uint64_t* keys, const uint32_t* lens, size_t num_keys,
+                                          Targets targets = Targets::kAllocate);
+
+  // For a caller about to Push under a lock of its own that a stream's progress may need
+  // (the server's view lock, which its loop thread takes): waits, holding nothing, until
+  // no stream holds any of the keys (pushed with lens: a key of another length is not
+  // waited for, its push is refused anyway; a stalled stream is revoked as by Push), and
+  // keeps new streams from starting on those keys' stripes until the hold is destroyed,
+  // so the Push then never waits.
+  class StreamHold {
+   public:
+    StreamHold() = default;
+    StreamHold(StreamHold&& o) noexcept : stripes_(std::move(o.stripes_)) { o.stripes_.clear(); }
+    StreamHold& operator=(StreamHold&&) = delete;
+    ~StreamHold();
+
+   private:
+    friend class ParamStore;
+    std::vector<Stripe*> stripes_;
+  };
+  StreamHold HoldStreamsOff(const uint64_t* keys, const uint32_t* lens, size_t num_keys);
+  // Keys held by streams right now (any thread; a snapshot).
+  uint64_t keys_held_by_streams() const { return held_keys_.load(std::memory_order_relaxed); }
+  // Bytes of spare blocks kept for streams right now (a snapshot).
+  uint64_t spare_bytes() const { return spare_bytes_.load(std::memory_order_relaxed); }
+
+  // Writes each key's length to *lens and its floats back to back to *values
+  // (both replaced). A missing key is kNotFound naming it; outputs are then empty.
+  Status Pull(const uint64_t* keys, size_t num_keys, std::vector<uint32_t>* lens,
+              std::vector<float>* values) const;
+
+  // Pull in two steps, so a caller can copy straight into its own buffer: Lens writes
+  // each key's length (kNotFound names a missing key); CopyValues, given those lens,
+  // copies the floats back to back into out, which must hold their sum. A push never
+  // changes a key's length, but Insert may replace a key in between (a migration, the
+  // embedding program): CopyValues then answers kAborted (naming the first such key in
+  // batch order) and writes only the places of the keys whose length still matches; a key
+  // removed in between is kNotFound.
+  Status Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const;
+  Status CopyValues(const uint64_t* keys, size_t num_keys, const uint32_t* lens, float* out) const;
+  // Pull without a copy: out[i] is the stored memory of keys[i] (its length times 4 bytes),
+  // pinned while the slice's owner is held. A push to a pinned key writes a fresh copy and
+  // leaves the pinned memory alone, so a slice keeps the values of the moment it was taken
+  // (a pull still sees every push applied before it). kNotFound names a missing key. A key
+  // held in a run is moved to a block of its own first (and stays one).
+  Status ShareValues(const uint64_t* keys, size_t num_keys, Slice* out) const;
+
+  // For scaling and migration: every entry whose ServerForKey(key, num_servers)
+  // differs from `rank`, sorted by key, erased from the store when `erase`.
+  // A rank outside [0, num_servers) owns nothing, so a leaving server gets all
+  // of its entries. Returns nothing for num_servers <= 0.
+  std::vector<std::pair<uint64_t, std::vector<float>>> ExtractNotOwned(int rank, int num_servers,
+                                                                       bool erase);
+
+  // True when some entry's ServerForKey(key, num_servers) differs from `rank`.
+  bool HasNotOwned(int rank, int num_servers) const;
+
+  // As ShareValues for keys that are blocks of their own; the values of keys held in runs
+  // are copied, all into one buffer the slices share (a snapshot of the whole store that
+  // keeps its layout: the journal's compaction).
+  Status ShareOrCopyValues(const uint64_t* keys, size_t num_keys, Slice* out) const;
+
+  // Stores `value` under `key`, replacing any previous value.
+  void Insert(uint64_t key, std::vector<float> value);
+  // Insert of many keys at once: keys[i] gets lens[i] floats taken back to back from values.
+  void Insert(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
+  // Removes the given keys (missing ones are fine); returns how many were present.
+  size_t Erase(const uint64_t* keys, size_t num_keys);
+  void Clear();
+
+  // Snapshots: exact when no other thread is writing.
+  std::vector<uint64_t> Keys() const;
+  size_t num_keys() const;
+  size_t num_floats() const;
+
+  // Keys of at most this many floats are held in runs.
+  static constexpr uint32_t kRunFloats = 1024;
+
+ private:
+  static constexpr int kStripeBits = 6;
+  static constexpr size_t kStripes = size_t{1} << kStripeBits;
+  // A run is closed at this many keys or floats (an insert into it moves at most that much).
+  static constexpr size_t kRunMaxKeys = 1024;
+  static constexpr size_t kRunMaxFloats = 16 * 1024;
+
+  struct Block;
+  using BlockPtr = std::shared_ptr<Block>;
+  // A block kept for the next stream of its key, counted against stream_spare_bytes.
+  class Spare {
+   public:
+    Spare() = default;
+    Spare(BlockPtr block, std::atomic<uint64_t>* counter);
+    Spare(Spare&& o) noexcept : block_(std::move(o.block_)), counter_(o.counter_) {}
+    Spare& operator=(Spare&& o) noexcept;
+    ~Spare() { Reset(); }
+    BlockPtr Take();
+    void Reset();
+    const BlockPtr& block() const { return block_; }
+
+   private:
+    BlockPtr block_;
+    std::atomic<uint64_t>* counter_ = nullptr;
+  };
+  // One key's floats. Shared with the slices ShareValues handed out; while any is out
+  // (readers > 0) the values are never written, only replaced by a fresh block.
+  struct Block {
+    explicit Block(std::vector<float> v) : values(std::move(v)) {}
+    std::vector<float> values;
+    std::atomic<uint32_t> readers{0};
+    PushStream* writer = nullptr;  // the stream holding the key (stripe lock)
+    Spare spare;                   // stripe lock
+    bool wants_spare = false;      // a kSparesOnly stream was declined for lack of one (stripe lock)
+  };
+  using Entries = std::unordered_map<uint64_t, BlockPtr>;
+  // Sorted keys and their values back to back: keys[i] has `len` floats at values[i * len],
+  // or, when offs is not empty (lengths differ), offs[i+1] - offs[i] floats at offs[i].
+  struct Run {
+    std::vector<uint64_t> keys;
+    std::vector<uint64_t> offs;
+    uint32_t len = 0;
+    std::vector<float> values;
+    uint64_t Off(size_t i) const { return offs.empty() ? uint64_t{i} * len : offs[i]; }
+    uint32_t LenAt(size_t i) const { return offs.empty() ? len : static_cast<uint32_t>(offs[i + 1] - offs[i]); }
+    float* At(size_t i) { return values.data() + Off(i); }
+    const float* At(size_t i) const { return values.data() + Off(i); }
+  };
+  // Where the walk through a stripe's runs stands: run, index in it.
+  struct Cursor {
+    size_t run = 0;
+    size_t pos = 0;
+  };
+  struct Stripe {
+    mutable std::mutex mu;
+    std::condition_variable released;  // a stream let go of a key of this stripe
+    int waiters = 0;                   // pushes waiting for a stream to let go
+    Entries entries;                   // keys held as blocks
+    std::vector<Run> runs;             // keys held in runs, ordered by first key
+    size_t run_keys = 0;
+    size_t run_floats = 0;
+  };
+  // A batch is taken in windows of this many keys (its keys and values stay in cache while
+  // the window's keys are applied stripe by stripe).
+  static constexpr size_t kWindowKeys = 16 * 1024;
+  // Keys [begin, end) of a batch grouped by stripe: order[starts[s] .. starts[s+1]) are the
+  // indices of the keys of stripe s, in batch order.
+  struct Groups {
+    std::vector<uint32_t> order;
+    std::array<size_t, kStripes + 1> starts{};
+  };
+  static void GroupByStripe(const uint64_t* keys, size_t begin, size_t end, Groups* g);
+  // Finds `key` in the runs (stripe lock held), walking on from *c; *c is left at the key or
+  // where it would go.
+  static bool FindInRuns(const Stripe& stripe, uint64_t key, Cursor* c);
+  // Adds keys (sorted, distinct, in neither layout) to the runs, zero-filled (stripe lock held).
+  static void AddToRuns(Stripe& stripe, const std::vector<std::pair<uint64_t, uint32_t>>& fresh);
+  // Removes the key at *c from its run (stripe lock held).
+  static void RemoveFromRun(Stripe& stripe, const Cursor& c);
+  // Moves the key at *c out of its run into a block of its own; returns the entry.
+  static Entries::iterator MoveToBlock(Stripe& stripe, const Cursor& c);
+  // Applies (or inserts) one key of a batch (stripe lock held). Returns false when the key
+  // is in neither layout (then nothing was done) unless it is larger than a run holds and
+  // `create`: then it is created as a block.
+  enum class Mode { kPush, kInsert };
+  bool ApplyKey(std::unique_lock<std::mutex>& lock, Stripe& stripe, Mode mode, const Updater* updater, uint64_t key,
+                const float* incoming, uint32_t len, bool create, Cursor* c, Status* refused, bool* wants_spare);
+  // Push and Insert of a batch.
+  Status Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
+  // fn(i, values, len, block or null) for each key under its stripe's lock; kNotFound names
+  // the first missing key. With `share`, a key in a run is moved to a block first.
+  template <typename Fn>
+  Status ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn) const;
+  // Waits (stripe lock held) until no stream holds `block`; revokes a stalled one.
+  void WaitForWriter(std::unique_lock<std::mutex>& lock, Stripe& stripe, const BlockPtr& block);
+  // The entry of `key` once no stream holds it (stripe lock held; the caller counts itself
+  // in waiters); a key stored with another length than `len` is not waited for.
+  Entries::iterator FindUnheld(std::unique_lock<std::mutex>& lock, Stripe& stripe, uint64_t key, uint32_t len);
+  // The key's values to write (stripe lock held): a fresh copy if slices are out.
+  static std::vector<float>& Writable(BlockPtr& block);
+  Stripe& StripeFor(uint64_t key);
+  const Stripe& StripeFor(uint64_t key) const;
+  // A zero-filled spare block for `key`, made outside the locks (within the budget).
+  void PrepareSpare(uint64_t key, uint32_t len);
+  // Keeps `target` (a block of stored's length that no entry holds: a stream's unused
+  // target, or the block its commit replaced) as stored's spare, when stored has none and
+  // the budget allows (stripe lock held).
+  void KeepAsSpare(Block& stored, BlockPtr& target);
+  void ApplyBuiltIn(float* stored, const float* incoming, size_t n) const {
+    switch (opts_.rule) {
+      case UpdateRule::kAssign:
+        std::copy(incoming, incoming + n, stored);
+        break;
+      case UpdateRule::kSum:
+        for (size_t i = 0; i < n; ++i) stored[i] += incoming[i];
+        break;
+      case UpdateRule::kSgd:
+        for (size_t i = 0; i < n; ++i) stored[i] -= opts_.learning_rate * incoming[i];
+        break;
+    }
+  }
+
+  const Options opts_;
+  std::atomic<uint64_t> spare_bytes_{0};
+  std::atomic<uint64_t> held_keys_{0};  // blocks with a writer
+  std::shared_ptr<const Updater> updater_;  // Accessed with std::atomic_load/store.
+  mutable std::array<Stripe, kStripes> stripes_;  // mutable: ShareValues moves keys out of runs
+};
+
+// See ParamStore::BeginStream. Owned by one thread at a time (the one reading the push).
+class ParamStore::PushStream {
+ public:
+  ~PushStream();  // without Commit: nothing is applied, the keys are let go
+  PushStream(const PushStream&) = delete;
+  PushStream& operator=(const PushStream&) = delete;
+
+  // Folds in the next `n` values of the push (keys in order, back to back). Values past
+  // the keys' total are ignored (the caller checked the total before).
+  void Apply(const float* values, size_t n);
+  // Every value arrived: each key's new values replace the stored ones, all keys or none.
+  // When a key was revoked for a waiting push (the stream stalled) or replaced meanwhile
+  // (Insert, Erase), nothing is applied and the result is kAborted naming it: the push
+  // may be sent again whole. Once Commit has begun no key is revoked.
+  Status Commit();
+  uint64_t floats_applied() const { return applied_; }
+
+ private:
+  friend class ParamStore;
+  struct Key {
+    uint64_t key;
+    BlockPtr source;  // the stored block when the stream began (pinned: readers)
+    BlockPtr target;  // source op incoming, replaces source at Commit
+  };
+  explicit PushStream(ParamStore* store) : store_(store) {}
+  void Release();
+
+  ParamStore* store_;
+  std::vector<Key> keys_;
+  size_t key_ = 0;          // key being filled
+  uint64_t key_off_ = 0;    // floats of it filled
+  uint64_t applied_ = 0;
+  bool done_ = false;       // committed or released
+  // Steady clock of the last Apply (or the start); kCommitting once Commit has begun.
+  static constexpr int64_t kCommitting = INT64_MAX;
+  std::atomic<int64_t> progress_ns_{0};
+};
+
+}  // namespace core
+}  // namespace pscore

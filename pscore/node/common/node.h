@@ -1,0 +1,303 @@
+// Node: what every worker and server does. It registers with the scheduler, beats,
+// follows metadata and cluster events, reaches other servers by rank, and offers the
+// coordination client (KV, barriers, errors, events) and the finish barrier.
+// Public methods are thread-safe: they post to the loop; blocking ones must not be called
+// on the loop thread. Callbacks run on the loop thread. Owned by the embedding program.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/comm/tcp_client.h"
+#include "pscore/core/scheduler_watch.h"
+#include "pscore/node/common/options.h"
+
+namespace pscore::node {
+
+class MetricsText;
+
+class Node {
+ public:
+  struct Callbacks {
+    std::function<void(pb::ClusterState)> on_state;                      // every state change
+    std::function<void(const pb::ClusterEventMessage&)> on_cluster_event;  // timeouts, errors, restarts, rollbacks
+    std::function<void(const std::string& from, uint32_t event, const std::string& payload)> on_user_event;
+    std::function<void(const Status&)> on_fatal;  // lost the scheduler, or terminated with an error
+    std::function<void(const pb::SendMetadataMessage&)> on_metadata;
+    std::function<void(const pb::ScaleOutMessage&)> on_scale_out;
+    std::function<void(const pb::ScaleInMessage&)> on_scale_in;
+    std::function<void()> on_new_instance;
+  };
+
+  Node(NodeOptions options, comm::EventLoop* loop);
+  virtual ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  void SetCallbacks(Callbacks cb);  // before Start
+  // Connects to the scheduler and registers (bounded by connect_timeout).
+  Status Start();
+  // Returns when the cluster is READY, or kTimeout naming how many nodes are missing.
+  Status WaitForReady(Duration timeout);
+  // The finish barrier over all live nodes; kTimeout names the stragglers.
+  Status Finish(Duration timeout);
+  // Blocks until the scheduler ends the job (TERMINATE / EXIT) or a fatal error.
+  Status WaitForTermination(Duration timeout);
+  // Leaves: closes every connection. Idempotent.
+  void Stop();
+
+  const std::string& node_id() const { return options_.node_id; }
+  const NodeOptions& options() const { return options_; }
+  pb::NodeRole role() const { return options_.role; }
+  int rank() const;
+  pb::ClusterState cluster_state() const;
+  uint64_t epoch() const;
+  pb::SendMetadataMessage metadata() const;
+  // Node ids of one role in the current metadata, by rank (e.g. barrier participants). A
+  // server's view lists the workers by id and rank only (worker_ids), a worker's none.
+  std::vector<std::string> NodeIds(pb::NodeRole role) const;
+  int listen_port() const { return listen_port_; }
+  comm::EventLoop* loop() const { return loop_; }
+  // Loop thread: this node's transport, read for its counters (MemberHttp's /metrics).
+  const comm::Transport& transport() const { return messenger_->transport(); }
+  // Payload bytes this node copied in user space so far (any thread): by its role (a
+  // push's values into its message, answers into a pull's result, a small pull's answer
+  // out of the store) and by its transport (comm::Transport::payload_bytes_copied).
+  // dataplane_bench divides it by the bytes moved: the copies per byte it prints.
+  // A role's own figures for GET /metrics (member_http.cc), after the common ones.
+  virtual void AppendRoleMetrics(MetricsText* m) const {}
+  uint64_t payload_bytes_copied() const {
+    return copied_->load(std::memory_order_relaxed) + messenger_->transport().payload_bytes_copied();
+  }
+  // Tests and fuzzers (not on the loop thread): handles `frame` as if it had arrived on
+  // `conn` (from_scheduler: as a push on the scheduler link), on the loop thread, and
+  // returns once it is handled. Answers to a conn that does not exist are dropped.
+  void InjectForTest(comm::ConnId conn, comm::Frame&& frame, bool from_scheduler = false);
+
+  // Coordination client (blocking; any thread but the loop's).
+  Status KvSet(const std::string& key, const std::string& value, bool overwrite = true);
+  Result<std::string> KvGet(const std::string& key, Duration timeout);
+  Result<std::string> KvTryGet(const std::string& key);
+  Result<std::vector<std::pair<std::string, std::string>>> KvList(const std::string& dir);
+  Status KvDelete(const std::string& key);
+  Status Barrier(const std::string& id, Duration timeout, std::vector<std::string> participants = {});
+  Status CancelBarrier(const std::string& id);
+  // Barrier rounds: every Barrier/BarrierAsync call is this node's next round of its id (1,
+  // 2, ...), sent with the call, so a call re-issued after a lost link or a scheduler restart
+  // gets that round's answer. A restarted process (same node id) resumes with
+  // ResumeBarrierRound: it asks the scheduler for the last round of id this node joined,
+  // continues counting from it and returns it (0: none). Blocking; docs/embedding.md.
+  Result<uint64_t> ResumeBarrierRound(const std::string& id);
+  // The last round of id this process called (0: none).
+  uint64_t BarrierRound(const std::string& id) const;
+  Status ReportError(int code, const std::string& message);
+  Status SendEvent(uint32_t event, const std::string& payload);
+
+  // Coordination client, asynchronous: any thread (the loop's too); `done` runs once, on
+  // the loop thread, and must not block (calls issued after Stop() may never complete).
+  // Many calls may be in flight at once, answered in any order (a GET waits for its key):
+  // no thread waits per call, so one client with several calls in flight costs the
+  // machine far less than as many blocking threads.
+  void KvSetAsync(const std::string& key, const std::string& value, bool overwrite, std::function<void(Status)> done);
+  void KvGetAsync(const std::string& key, Duration timeout, std::function<void(Result<std::string>)> done);
+  void KvTryGetAsync(const std::string& key, std::function<void(Result<std::string>)> done);
+  void BarrierAsync(const std::string& id, Duration timeout, std::vector<std::string> participants,
+                    std::function<void(Status)> done);
+
+ protected:
+  uint64_t incarnation() const { return incarnation_; }  // this process's, as registered
+  // What a call made after Stop is answered (kCancelled, naming this node).
+  Status Stopped() const;
+  // Loop thread: Stop has closed this node (its loop may be shared and run on).
+  bool closed() const { return closed_; }
+  // Role hooks, loop thread.
+  virtual Status StartRole() { return Status::Ok(); }  // before registering (servers listen)
+  virtual void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame);
+  virtual void OnMetadataApplied() {}
+  virtual void OnStateApplied(pb::ClusterState state) {}
+  // A cluster event from the scheduler (a node timed out, restarted, recovered...), before
+  // NodeCallbacks::on_cluster_event sees it.
+  virtual void OnClusterEvent(const pb::ClusterEventMessage& ev) {}
+  // Scale-out: every new node is in (md is the complete new membership). Move what must
+  // move, then call done() (any thread) to answer SCALE_OUT_DONE.
+  virtual void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) { done(); }
+  // Scale-in started (msg names the leaving nodes). Hand over, then call done().
+  virtual void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) { done(); }
+  virtual void OnPeerClosed(comm::ConnId conn, const Status& why) {}
+  std::unordered_map<comm::ConnId, int> unserved_;  // commands not served, per connection (loop thread)
+  // A request whose tail could be taken as it arrives (comm::TailStream): a stream for
+  // it, or null (the default) to receive it whole. Its frame then reaches
+  // OnPeerRequest with the head and the stream.
+  virtual std::shared_ptr<comm::TailStream> OnRequestStream(comm::ConnId conn, const pb::MessageMeta& meta,
+                                                            uint64_t tail) {
+    return nullptr;
+  }
+  // InjectForTest: treat `conn` as an identified member (fuzzers, tests).
+  virtual void TrustPeerForTest(comm::ConnId conn) {}
+  virtual void StopRole() {}
+  // Stop() was called on this thread, before anything stops (e.g. a server's handler
+  // thread, which Stop must then not wait for).
+  virtual void OnStopCalled() {}
+
+  // Blocking call to the scheduler from a user thread.
+  Result<comm::Frame> CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
+                                    Duration timeout);
+  // The same without waiting: any thread; done runs on the loop thread.
+  // BARRIER, KV_REQUEST and FINISH calls that find no registered scheduler link, or lose it
+  // (or time out while the scheduler answered nothing), are re-issued once the node has
+  // registered again; they fail only after options_.recovery_timeout without a scheduler.
+  void CallSchedulerAsync(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
+                          std::function<void(Result<comm::Frame>)> done);
+  // The same, telling done whether the answer is to a re-issued call (an idempotence check
+  // may need it: a SET that must not overwrite finds its own value).
+  void CallSchedulerReissuable(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
+                               std::function<void(Result<comm::Frame>, bool reissued)> done);
+  // Loop thread: the address of server `rank` in the current metadata ("" if none), and
+  // whether an address still belongs to a member.
+  std::string ServerAddress(int rank) const;
+  bool IsServerAddress(const std::string& addr) const;
+  // Loop thread: the connection to server `rank` (dialled on first use); cb gets it or why not.
+  void WithServerConn(int rank, std::function<void(Result<comm::ConnId>)> cb);
+  // Loop thread: dials to addresses not in `current` end now with kUnavailable, so their
+  // callers retry at the address the membership names now instead of dialing a dead one
+  // until connect_timeout.
+  void FailDialsNotIn(const std::set<std::string>& current);
+  // Loop thread: closes the open link to server address `addr` now; the requests pending on
+  // it fail with `why` (kUnavailable: their callers retry). A later request dials anew.
+  void CloseServerLink(const std::string& addr, const Status& why);
+  comm::Messenger& messenger() { return *messenger_; }
+  void CountCopied(uint64_t bytes) { copied_->fetch_add(bytes, std::memory_order_relaxed); }
+  // The role's count, shared with work that may finish after a call returns.
+  const std::shared_ptr<std::atomic<uint64_t>>& copied_counter() const { return copied_; }
+
+  NodeOptions options_;
+  Callbacks callbacks_;
+  int listen_port_ = 0;  // set by StartRole of roles that listen
+
+ private:
+  void OnFrame(comm::ConnId conn, comm::Frame&& frame);
+  Status StartOnLoop();
+  void CloseOnLoop();
+  void OnSchedulerConnected(comm::ConnId conn);
+  void OnSchedulerFailed(const Status& why);
+  void Register();
+  void RetryRegister(const Status& why);
+  void Heartbeat();
+  // By value: the node's own rank is filled in (found by node id) before it is applied.
+  void ApplyMetadata(pb::SendMetadataMessage md);
+  void FetchMetadata(uint64_t epoch);
+  void ApplyState(pb::ClusterState state);
+  void HandleSchedulerPush(comm::ConnId conn, comm::Frame&& frame);
+  // One CLUSTER_EVENT notice (a frame's own, or one of its `more`).
+  void HandleClusterEvent(const pb::ClusterEventMessage& ev);
+  bool Terminate(const Status& why);  // false: terminated already (the first reason stays)
+  void TerminateAsTold(const pb::ClusterEventMessage& end);
+  void SchedulerAnswered();
+  void WatchScheduler();
+  void PublishSnapshot();
+  void SendScaleDone(pb::NodeCommand cmd, uint64_t epoch);
+  // The meta of a request to the scheduler: carries the session of our registration.
+  pb::MessageMeta SchedulerMeta(pb::NodeCommand cmd) const;
+  // A request sent under session `carried` was refused as stale: registers again, unless a
+  // registration since gave a new session already.
+  void OnStaleSession(uint64_t carried, const Status& why);
+  // Control calls that survive a lost scheduler (loop thread): see CallSchedulerAsync.
+  struct ControlCall {
+    pb::NodeCommand cmd;
+    BufferPtr payload;
+    Duration timeout{};
+    std::function<void(Result<comm::Frame>, bool reissued)> done;
+    bool reissuable = false;
+    bool reissued = false;
+    std::optional<TimePoint> lost_since;  // set while parked
+  };
+  void SendControlCall(std::shared_ptr<ControlCall> call);
+  // A failed call: parks it for re-issue (true) when the failure is a lost scheduler.
+  bool ParkControlCall(const std::shared_ptr<ControlCall>& call, const Status& why, TimePoint sent,
+                       comm::ConnId conn);
+  void ReissueParked();
+  // Fails parked calls lost for recovery_timeout (all: `all`), with why appended.
+  void FailParked(bool all, const std::string& why);
+  void MaybeFinishScaleOut(const pb::SendMetadataMessage& md);
+
+  std::unique_ptr<comm::EventLoop> owned_loop_;
+  comm::EventLoop* loop_;
+  std::unique_ptr<comm::Messenger> messenger_;
+  std::shared_ptr<std::atomic<uint64_t>> copied_ = std::make_shared<std::atomic<uint64_t>>(0);
+  std::unique_ptr<comm::TcpClient> scheduler_;
+  uint64_t incarnation_;
+  comm::TimerId heartbeat_timer_ = 0;
+  // Scheduler liveness (loop thread): fed every answer, checked by watch_timer_ from the
+  // first registration on.
+  SteadyClock clock_;
+  core::SchedulerWatch watch_;
+  comm::TimerId watch_timer_ = 0;
+  uint64_t stop_hook_ = 0;
+  bool closed_ = false;  // loop thread: CloseOnLoop ran
+  bool registered_ = false;
+  bool registering_ = false;
+  uint64_t session_id_ = 0;  // the scheduler's session, from the last registration (0: none yet)
+  // A REGISTER that timed out on a live link is sent again after this backoff (loop thread).
+  comm::TimerId register_retry_timer_ = 0;
+  Duration register_backoff_{};
+  std::promise<Status> start_promise_;
+  bool start_done_ = false;
+
+  // Loop-thread view of the cluster.
+  int rank_ = -1;
+  pb::ClusterState state_ = pb::ClUSTER_STARTING;
+  uint64_t epoch_ = 0;
+  pb::SendMetadataMessage metadata_;
+  bool metadata_fetching_ = false;  // a FETCH_METADATA is in flight
+  uint64_t metadata_wanted_ = 0;    // newest epoch a heartbeat answer showed
+  uint64_t scale_out_acked_epoch_ = 0;  // newest metadata epoch whose scale-out was handled
+  uint64_t scale_in_epoch_ = 0;         // scale-in under way (0: none)
+  bool scale_in_handed_over_ = false;
+  std::map<int, std::string> server_addr_;                    // rank -> ip:port
+  // Links are keyed by address, not rank: when ranks are compacted a server keeps its
+  // link, and requests in flight on it are never cut.
+  std::map<std::string, comm::ConnId> server_conn_;  // ip:port -> open link
+  // Links to servers that left the membership, closed when these timers fire (loop thread).
+  std::map<comm::ConnId, comm::TimerId> leave_timers_;
+  // Dials under way, by address (loop thread). A dial whose address left the membership is
+  // answered at once (FailDialsNotIn); its late result is recognised by its serial and dropped.
+  struct Dial {
+    uint64_t serial = 0;
+    std::vector<std::function<void(Result<comm::ConnId>)>> waiters;
+  };
+  std::map<std::string, Dial> dialing_;
+  uint64_t dial_serial_ = 0;
+
+  std::map<uint64_t, std::shared_ptr<ControlCall>> parked_calls_;  // loop thread, by serial
+  uint64_t parked_serial_ = 0;
+  // Barrier round counters by id (any thread).
+  uint64_t NextBarrierRound(const std::string& id);
+  mutable std::mutex rounds_mu_;
+  std::map<std::string, uint64_t> barrier_rounds_;  // guarded by rounds_mu_
+
+  // Snapshot for other threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int rank_snapshot_ = -1;
+  pb::ClusterState state_snapshot_ = pb::ClUSTER_STARTING;
+  uint64_t epoch_snapshot_ = 0;
+  pb::SendMetadataMessage metadata_snapshot_;
+  bool ready_seen_ = false;
+  bool terminated_ = false;
+  Status termination_;
+  bool stopped_ = false;
+};
+
+}  // namespace pscore::node

@@ -1,0 +1,209 @@
+// SchedulerNode: the job's scheduler. Hosts the cluster state machine, the coordination
+// services (KV store, barriers, errors, events) and the admin surface, over the native
+// protocol on one EventLoop. Public methods are thread-safe (they post to the loop);
+// everything else runs on the loop thread. Owned by main() or an embedding program.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "pscore/comm/event_loop.h"
+#include "pscore/comm/messenger.h"
+#include "pscore/core/barrier_manager.h"
+#include "pscore/core/cluster_manager.h"
+#include "pscore/core/kv_store.h"
+#include "pscore/node/scheduler/metadata_cache.h"
+#include "pscore/node/common/options.h"
+
+namespace pscore::node {
+
+class StateWriter;
+
+class SchedulerNode {
+ public:
+  // loop: shared loop to run on (nullptr: the scheduler owns one).
+  explicit SchedulerNode(SchedulerOptions options, comm::EventLoop* loop = nullptr);
+  ~SchedulerNode();
+
+  // Binds the scheduler port and starts serving. port() is valid afterwards.
+  Status Start();
+  // Stops serving and closes every connection; with a state_dir, returns once the last
+  // state snapshot is written. Idempotent.
+  void Stop();
+  // Blocks until the job ends (finish passed or terminated) or timeout: kTimeout.
+  Status WaitForExit(Duration timeout);
+  bool exited() const;
+
+  int port() const { return port_; }
+  comm::EventLoop* loop() const { return loop_; }
+  // Snapshot of the cluster state (any thread).
+  pb::ClusterState cluster_state() const;
+  uint64_t epoch() const;
+  // How the job ended (any thread): kRunning until the cluster exits.
+  core::JobOutcome outcome() const;
+  // Called on the loop thread at every cluster event (tests, HTTP layer, rank table).
+  void AddEventListener(std::function<void(const core::Event&)> fn);
+  // Called on the loop thread after a node is admitted or re-admitted, which no cluster
+  // event reports while STARTING (the rank table rebuilds on it).
+  void AddRegisterListener(std::function<void()> fn);
+
+  // Loop-thread accessors for the HTTP layer and tests.
+  core::ClusterManager& cluster() { return cluster_; }
+  const core::KvStore& kv() const { return kv_; }
+  const core::BarrierManager& barriers() const { return barriers_; }
+  // Runs an admin request (same as ADMIN over the wire); cb runs on the loop thread.
+  void Admin(const pb::AdminRequest& req, std::function<void(Status, pb::AdminResponse)> cb);
+  // With TLS: whether the peer whose certificate names `cn` (at `peer`, for the message)
+  // may run admin `op`: "status" anyone may, the rest only a CN of tls_admin_cns.
+  // Without TLS always Ok (the cluster token, if any, is checked elsewhere). Any thread.
+  Status CheckAdminCertificate(const std::string& op, const std::string& cn, const std::string& peer) const;
+  const comm::TransportStats& transport_stats() { return messenger_->transport().stats(); }
+  // Loop thread: serves a command the scheduler does not serve itself (extensions such
+  // as the rank-table stream). Set before Start.
+  void SetCommandHandler(pb::NodeCommand cmd, std::function<void(comm::ConnId, comm::Frame&&)> fn);
+  comm::Messenger& messenger() { return *messenger_; }
+  const SchedulerOptions& options() const { return options_; }
+  uint64_t heartbeats() const { return heartbeats_; }
+  // Loop thread: how many times the metadata bytes were built (once per membership change
+  // and tick at most, never per member), and the output queued on the members' links now.
+  uint64_t metadata_builds() const { return metadata_.builds(); }
+  uint64_t QueuedOutputBytes() const;
+  // Blocking KV gets waiting for their key (any thread; tests).
+  size_t kv_gets_waiting();
+  // FINISH requests waiting for the others (any thread; tests).
+  size_t finish_waiting();
+  // Tests and fuzzers (not on the loop thread): handles `frame` as if it had arrived on
+  // `conn`, on the loop thread, and returns once it is handled. Answers to a conn that
+  // does not exist are dropped.
+  void InjectForTest(comm::ConnId conn, comm::Frame&& frame);
+
+ private:
+  void OnRequest(comm::ConnId conn, comm::Frame&& frame);
+  void OnClose(comm::ConnId conn, const Status& why);
+  void ForgetGet(comm::ConnId conn, uint64_t id);
+  void CancelGets(comm::ConnId conn);
+  void HandleRegister(comm::ConnId conn, const comm::Frame& frame);
+  void HandleHeartbeat(comm::ConnId conn, const comm::Frame& frame);
+  // To a node registering on a new link: the stored errors and heartbeat losses.
+  void ReplayNotices(comm::ConnId conn, const std::string& node_id);
+  void HandleFinish(comm::ConnId conn, const comm::Frame& frame);
+  void HandleAdmin(comm::ConnId conn, const comm::Frame& frame);
+  void HandleKv(comm::ConnId conn, const comm::Frame& frame);
+  void HandleBarrier(comm::ConnId conn, const comm::Frame& frame);
+  void HandleEvent(comm::ConnId conn, const comm::Frame& frame);
+  void HandleScaleDone(comm::ConnId conn, const comm::Frame& frame);
+  void HandleReportError(comm::ConnId conn, const comm::Frame& frame);
+  void HandleResyncDone(comm::ConnId conn, const comm::Frame& frame);
+  void Tick();
+  void DrainEvents();
+  void Broadcast(const pb::MessageMeta& meta, const BufferPtr& payload);
+  // To the node's link, unless MetadataFits refuses it.
+  void SendMetadataTo(const std::string& node_id);
+  // A link holds at most one copy of the membership, whatever its member does (one that
+  // reads slowly, re-registers, or fetches again after giving up on a fetch): metadata (a
+  // push or a FETCH_METADATA answer) goes onto a link only while at most kMetadataGateBytes
+  // wait unwritten there. A push left out is not lost: the member sees the newer epoch in
+  // its next heartbeat answer and fetches it; a fetch refused is asked again. So the
+  // output queued for a member is one membership plus its small answers and events
+  // (docs/reliability.md).
+  static constexpr uint64_t kMetadataGateBytes = 16 << 10;
+  bool MetadataFits(comm::ConnId conn) const;
+  uint64_t QueuedOn(comm::ConnId conn) const;
+  // To every linked node, or (only_to_it) to the node the event is about.
+  void SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind, bool only_to_it = false);
+  // Per-node notices (timed out, restarted, recovered, error) of one drain are coalesced
+  // into one CLUSTER_EVENT frame (the first, the rest in `more`), broadcast once.
+  static bool IsNodeNotice(core::Event::Kind kind);
+  void FlushNotices();
+  void AnswerFinishWaiters(const Status& st);
+  void ExpireFinishWaiters();
+  void MarkExited();
+  std::string NodeOf(comm::ConnId conn) const;
+  pb::AdminResponse StatusResponse(bool with_nodes) const;
+  void Reply(comm::ConnId conn, const pb::MessageMeta& req, const Status& st, Payload payload = nullptr);
+
+  // --state_dir persistence (scheduler_state.cc).
+  Status OpenState();
+  void MarkStateDirty(bool urgent);
+  void PersistState();
+  // Runs answer once the state as it is now is on disk (at once without --state_dir): a
+  // barrier round's end and a KV change are answered only when a restart would keep them.
+  void AnswerWhenDurable(std::function<void()> answer);
+  // Loop thread: runs the answers whose snapshot is written (all: `all`).
+  void RunDurableAnswers(bool all);
+  std::vector<std::pair<uint64_t, std::function<void()>>> durable_answers_;  // loop thread
+  std::unique_ptr<StateWriter> state_writer_;
+  // The writer thread's posted wake-ups hold it weakly; Stop drops it on the loop thread, so
+  // one still queued on a shared loop after this node is gone does nothing.
+  std::shared_ptr<const bool> writer_token_ = std::make_shared<const bool>(true);
+  bool state_dirty_ = false;   // changed since the last snapshot
+  bool state_urgent_ = false;  // membership/state changed: write now, not when the writer is idle
+  uint64_t state_sequence_ = 0;
+
+  SchedulerOptions options_;
+  std::unique_ptr<comm::EventLoop> owned_loop_;
+  comm::EventLoop* loop_;
+  SteadyClock clock_;
+  core::ClusterManager cluster_;
+  core::KvStore kv_;
+  core::BarrierManager barriers_;
+  std::unique_ptr<comm::Messenger> messenger_;
+  int port_ = 0;
+  comm::TimerId tick_timer_ = 0;
+  Duration tick_period_{};
+  TimePoint last_tick_{};
+  uint64_t stop_hook_ = 0;
+
+  std::unordered_map<std::string, comm::ConnId> conn_of_;  // node_id -> its scheduler link
+  std::vector<std::pair<std::string, comm::ConnId>> Links() const;  // conn_of_, copied
+  struct LinkNode {
+    std::string node_id;
+    core::ClusterManager::NodeHint hint;  // spares the registry lookup per heartbeat
+    bool registered = false;  // the node registered on this link (not only beat on it)
+  };
+  std::unordered_map<comm::ConnId, LinkNode> node_of_;
+  struct FinishWaiter {
+    pb::MessageMeta meta;
+    TimePoint deadline;
+    std::string node_id;
+  };
+  // FINISH requests waiting for the others: at most one per connection (a second is
+  // refused), withdrawn when their connection closes (nobody could be answered).
+  std::map<comm::ConnId, FinishWaiter> finish_waiters_;
+  // Blocking KV gets waiting for a key, by the connection that asked: at most
+  // kMaxGetsPerConn each, cancelled when their connection closes (nobody could be answered).
+  static constexpr size_t kMaxGetsPerConn = 4096;
+  std::unordered_map<comm::ConnId, std::unordered_set<uint64_t>> kv_gets_;
+  std::vector<std::function<void(const core::Event&)>> listeners_;
+  std::vector<std::function<void()>> register_listeners_;
+  MetadataCache metadata_{options_.worker_metadata_view_over, options_.server_metadata_view_over};
+  pb::ClusterEventMessage notices_;  // per-node notices not yet broadcast (FlushNotices)
+  bool has_notices_ = false;
+  std::unordered_map<int, std::function<void(comm::ConnId, comm::Frame&&)>> extra_handlers_;
+  uint64_t heartbeats_ = 0;
+  std::unordered_map<comm::ConnId, int> unserved_;  // commands not served, per connection (loop thread)
+  pb::HeartbeatMessage heartbeat_in_;     // HandleHeartbeat scratch (loop thread)
+  pb::HeartbeatRespMessage heartbeat_out_;
+  // What the snapshot below last got (loop thread), so DrainEvents locks only on a change.
+  pb::ClusterState published_state_ = pb::ClUSTER_STARTING;
+  uint64_t published_epoch_ = 0;
+  std::string last_scale_result_;  // how the last scale operation ended (admin status)
+
+  mutable std::mutex mu_;  // guards the snapshot below
+  std::condition_variable exit_cv_;
+  bool exited_ = false;
+  pb::ClusterState state_snapshot_ = pb::ClUSTER_STARTING;
+  uint64_t epoch_snapshot_ = 0;
+  core::JobOutcome outcome_snapshot_;
+  bool stopped_ = false;
+};
+
+}  // namespace pscore::node

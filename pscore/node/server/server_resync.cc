@@ -1,0 +1,388 @@
+// ServerNode, resync half: a server that came back in a replicated job (the metadata marks
+// it resyncing) is rebuilt from its ranges' primaries while the job runs
+// (docs/reliability.md, Resync).
+//
+// Target (the resyncing server): on the metadata that marks it resyncing it drops its
+// entries and push-id window, marks every range it holds pending, and fetches each
+// range's snapshot from the range's primary, chunk by chunk (kResyncHandler). Pushes the
+// primaries forward to it meanwhile are held, unanswered, while any of their ranges is
+// pending. A snapshot is installed (entries journaled as a migration's are, window merged
+// into this server's), then the held pushes of the ranges no longer pending go through
+// the ordinary replica path: one whose id is in the installed window is acknowledged
+// without being applied (the snapshot has it), the others are applied. When no range is
+// pending it tells the scheduler (RESYNC_DONE), whose next epoch marks it alive.
+//
+// Source (a range's primary): serves a fetch only once its own metadata marks the asker
+// resyncing, i.e. once every push it applies is forwarded to the asker too. The snapshot
+// (the range's entries and the window) is copied under the view lock held exclusively:
+// a push holds it shared from its id's claim to its apply, so each push is either wholly
+// in the snapshot (entries and window) or forwarded to the asker after it. It is encoded
+// once and handed out in chunks of at most max_message_bytes.
+#include <algorithm>
+
+#include "pscore/core/endian.h"
+#include "pscore/core/key_range.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/node/server/server_node.h"
+#include "pscore/node/common/wire.h"
+
+namespace pscore::node {
+
+using comm::ConnId;
+using comm::Frame;
+
+namespace {
+
+// Fetch request: | range u32 | server_num u32 | offset u64 | token u64 |.
+// Answer: | token u64 | total u64 | snapshot bytes [offset, offset + chunk) |.
+// Snapshot: | kv_bytes u64 | kv pairs (pscore/core/kv_codec.h) | push-id window (pscore/core/push_dedup.h) |.
+constexpr size_t kFetchBytes = 24;
+constexpr size_t kChunkHead = 16;
+constexpr uint64_t kMaxChunkBytes = 16u << 20;
+// Forwarded pushes held at once while their ranges are copied; past it they are refused
+// (kUnavailable: the worker sends them again).
+constexpr uint64_t kMaxHeldBytes = 256u << 20;
+constexpr Duration kRetryDelay = std::chrono::milliseconds(200);
+
+std::string FetchRequest(int range, int n, uint64_t offset, uint64_t token) {
+  std::string out(kFetchBytes, '\0');
+  core::PutLe(static_cast<uint64_t>(range), 4, &out[0]);
+  core::PutLe(static_cast<uint64_t>(n), 4, &out[4]);
+  core::PutLe(offset, 8, &out[8]);
+  core::PutLe(token, 8, &out[16]);
+  return out;
+}
+
+}  // namespace
+
+// ---- source ----
+
+Result<BufferPtr> ServerNode::EncodeRangeSnapshot(int range, int from_rank) {
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> lens;
+  std::string window;
+  uint64_t floats = 0;
+  std::unique_lock<std::shared_mutex> lock(view_mu_);
+  const bool asker_resyncing = from_rank >= 0 && static_cast<size_t>(from_rank) < view_resyncing_.size() &&
+                               view_resyncing_[static_cast<size_t>(from_rank)] != 0;
+  const int primary = core::PrimaryOf(range, view_n_, view_replicas_, view_live_);
+  if (primary != view_rank_ || !asker_resyncing || !core::HoldsRange(from_rank, range, view_n_, view_replicas_)) {
+    // The asker sees a newer (or older) epoch than this server: it asks again.
+    return Status(Code::kUnavailable, "server " + options_.node_id + " (rank " + std::to_string(view_rank_) +
+                                          "): not the primary of range " + std::to_string(range) +
+                                          " forwarding to resyncing rank " + std::to_string(from_rank) +
+                                          " under its metadata yet");
+  }
+  for (uint64_t key : store_.Keys()) {
+    if (core::ServerForKey(key, view_n_) == range) keys.push_back(key);
+  }
+  lens.resize(keys.size());
+  Status st = store_.Lens(keys.data(), keys.size(), lens.data());
+  if (!st.ok()) return st;
+  for (uint32_t l : lens) floats += l;
+  Result<BufferPtr> kv = core::EncodeKvPairsFilled(keys.data(), keys.size(), lens.data(), floats, [&](float* dst) {
+    return store_.CopyValues(keys.data(), keys.size(), lens.data(), dst);
+  });
+  if (!kv.ok()) return kv.status();
+  window = dedup_.Encode();
+  lock.unlock();
+  BufferPtr out = Buffer::Allocate(8 + (*kv)->size() + window.size());
+  core::PutLe((*kv)->size(), 8, out->data());
+  std::copy((*kv)->data(), (*kv)->data() + (*kv)->size(), out->data() + 8);
+  std::copy(window.begin(), window.end(), out->data() + 8 + (*kv)->size());
+  return out;
+}
+
+void ServerNode::HandleResyncFetch(const DataRequest& req, Responder r) {
+  if (!req.payload || req.payload->size() != kFetchBytes || req.from_role != pb::SERVER) {
+    return r.Fail(Status(Code::kInvalidArgument, "resync fetch: a " + std::to_string(kFetchBytes) +
+                                                     "-byte request from a server expected"));
+  }
+  const char* p = req.payload->data();
+  const int range = static_cast<int>(core::GetLe(p, 4));
+  const int n = static_cast<int>(core::GetLe(p + 4, 4));
+  const uint64_t offset = core::GetLe(p + 8, 8);
+  const uint64_t token = core::GetLe(p + 16, 8);
+  {
+    std::shared_lock<std::shared_mutex> lock(view_mu_);
+    if (n != view_n_ || range < 0 || range >= n) {
+      return r.Fail(Status(Code::kUnavailable, "resync fetch of range " + std::to_string(range) + "/" +
+                                                   std::to_string(n) + ": this server serves " +
+                                                   std::to_string(view_n_) + " ranges"));
+    }
+  }
+  const auto slot = std::make_pair(req.from_rank, range);
+  Snapshot snap;
+  if (offset == 0) {
+    Result<BufferPtr> bytes = EncodeRangeSnapshot(range, req.from_rank);
+    if (!bytes.ok()) return r.Fail(bytes.status());
+    std::lock_guard<std::mutex> lock(resync_mu_);
+    snap = Snapshot{next_snapshot_token_++, *bytes};
+    snapshots_[slot] = snap;
+  } else {
+    std::lock_guard<std::mutex> lock(resync_mu_);
+    auto it = snapshots_.find(slot);
+    if (it == snapshots_.end() || it->second.token != token || offset >= it->second.bytes->size()) {
+      return r.Fail(Status(Code::kAborted, "resync fetch: snapshot " + std::to_string(token) + " of range " +
+                                               std::to_string(range) + " is gone; start again"));
+    }
+    snap = it->second;
+  }
+  const uint64_t limit = std::max<uint64_t>(4096, std::min(kMaxChunkBytes, options_.max_message_bytes / 2));
+  const uint64_t total = snap.bytes->size();
+  const uint64_t len = std::min(limit, total - std::min(offset, total));
+  BufferPtr out = Buffer::Allocate(kChunkHead + len);
+  core::PutLe(snap.token, 8, out->data());
+  core::PutLe(total, 8, out->data() + 8);
+  std::copy(snap.bytes->data() + offset, snap.bytes->data() + offset + len, out->data() + kChunkHead);
+  if (offset + len >= total) {
+    std::lock_guard<std::mutex> lock(resync_mu_);
+    auto it = snapshots_.find(slot);
+    if (it != snapshots_.end() && it->second.token == snap.token) snapshots_.erase(it);
+  }
+  r.Reply(out);
+}
+
+// ---- target ----
+
+std::vector<std::pair<int, int>> ServerNode::UpdateResyncLocked(bool self_resyncing) {
+  std::lock_guard<std::mutex> lock(resync_mu_);
+  // Source: snapshots a resyncing server left half fetched go once none is resyncing.
+  if (std::none_of(view_resyncing_.begin(), view_resyncing_.end(), [](char c) { return c != 0; })) {
+    snapshots_.clear();
+  }
+  if (!self_resyncing || view_rank_ < 0 || view_n_ <= 0) {
+    if (resync_.active) {
+      LOG(INFO) << "server " << options_.node_id << " (rank " << view_rank_ << ") is a live replica again";
+    }
+    resync_.active = false;
+    resync_.pending.clear();
+    resync_.sources.clear();
+    resync_.held.clear();  // none when it reported done; else answered kInternal, sent again
+    resync_.held_bytes = 0;
+    return {};
+  }
+  const std::vector<std::pair<int, int>> plan = core::ResyncSources(view_rank_, view_n_, view_replicas_, view_live_);
+  const bool fresh = !resync_.active || resync_.n != view_n_;
+  if (fresh) {
+    resync_.active = true;
+    resync_.n = view_n_;
+    resync_.pending.clear();
+    resync_.sources.clear();
+    for (const auto& [range, source] : plan) resync_.pending.insert(range);
+    // What this server held is stale: its ranges are rebuilt from their primaries.
+    const std::vector<uint64_t> keys = store_.Keys();
+    Status dropped = Journaled(core::JournalOp::kDropKeys, core::EncodeJournalDropKeys(keys), [&] {
+      store_.Erase(keys.data(), keys.size());
+      return Status::Ok();
+    });
+    if (!dropped.ok()) LOG(ERROR) << "server " << options_.node_id << ": stale entries kept: " << dropped;
+    dedup_.Decode(std::string(4, '\0')).IgnoreError();  // an empty window
+    LOG(INFO) << "server " << options_.node_id << " (rank " << view_rank_ << ") resyncing " << plan.size()
+              << " key ranges from their primaries";
+  }
+  std::vector<std::pair<int, int>> start;
+  bool moved = fresh;
+  for (const auto& [range, source] : plan) {
+    if (!resync_.pending.count(range)) continue;
+    auto it = resync_.sources.find(range);
+    if (it == resync_.sources.end() || it->second != source) moved = true;
+  }
+  if (!moved) return {};
+  ++resync_.generation;  // fetches under way are dropped: the sources are named anew
+  for (const auto& [range, source] : plan) {
+    if (!resync_.pending.count(range)) continue;
+    resync_.sources[range] = source;
+    start.emplace_back(range, source);
+  }
+  return start;
+}
+
+void ServerNode::StartFetches(std::vector<std::pair<int, int>> fetches) {
+  uint64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(resync_mu_);
+    generation = resync_.generation;
+  }
+  for (const auto& [range, source] : fetches) {
+    FetchSnapshot(range, source, generation, 0, 0, std::make_shared<std::string>());
+  }
+}
+
+bool ServerNode::ResyncCurrent(uint64_t generation) {
+  std::lock_guard<std::mutex> lock(resync_mu_);
+  return resync_.active && resync_.generation == generation;
+}
+
+void ServerNode::RetryFetch(int range, uint64_t generation, const Status& why) {
+  LOG_EVERY_N(WARNING, 20) << "server " << options_.node_id << ": resync of range " << range
+                           << " fetch failed, trying again: " << why;
+  std::weak_ptr<ServerNode*> weak = alive_;
+  (void)loop()->AddTimer(kRetryDelay, Duration::zero(), [this, weak, range, generation] {
+    if (!weak.lock() || closed() || !ResyncCurrent(generation)) return;
+    int source;
+    {
+      std::lock_guard<std::mutex> lock(resync_mu_);
+      source = resync_.sources.count(range) ? resync_.sources[range] : -1;
+    }
+    FetchSnapshot(range, source, generation, 0, 0, std::make_shared<std::string>());
+  });
+}
+
+void ServerNode::FetchSnapshot(int range, int source, uint64_t generation, uint64_t offset, uint64_t token,
+                               std::shared_ptr<std::string> got) {
+  DCHECK(loop()->InLoopThread());
+  if (!ResyncCurrent(generation)) return;
+  if (source < 0) return RetryFetch(range, generation, Status(Code::kUnavailable, "no live copy of the range"));
+  int n;
+  {
+    std::lock_guard<std::mutex> lock(resync_mu_);
+    n = resync_.n;
+  }
+  BufferPtr request = Buffer::FromString(FetchRequest(range, n, offset, token));
+  WithServerConn(source, [this, range, source, generation, offset, token, got, request](Result<ConnId> c) {
+    if (!c.ok()) return RetryFetch(range, generation, c.status());
+    pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::SERVER, rank());
+    meta.set_handler(kResyncHandler);
+    messenger().Call(*c, meta, request, options_.request_timeout,
+                     [this, range, source, generation, offset, token, got](Result<Frame> res) {
+                       OnChunk(range, source, generation, offset, token, got, std::move(res));
+                     });
+  });
+}
+
+void ServerNode::OnChunk(int range, int source, uint64_t generation, uint64_t offset, uint64_t want_token,
+                         std::shared_ptr<std::string> got, Result<Frame> res) {
+  if (!ResyncCurrent(generation)) return;
+  if (!res.ok()) return RetryFetch(range, generation, res.status());
+  const BufferPtr& payload = res->payload;
+  if (!payload || payload->size() < kChunkHead) {
+    return RetryFetch(range, generation, Status(Code::kProtocol, "resync chunk shorter than its head"));
+  }
+  const uint64_t token = core::GetLe(payload->data(), 8);
+  const uint64_t total = core::GetLe(payload->data() + 8, 8);
+  const size_t len = payload->size() - kChunkHead;
+  // Bytes are kept only as they arrive; a chunk that does not continue the copy ends it.
+  if (offset != got->size() || len == 0 || total < offset + len || (offset > 0 && token != want_token)) {
+    return RetryFetch(range, generation, Status(Code::kProtocol, "resync chunk does not continue the snapshot"));
+  }
+  got->append(payload->data() + kChunkHead, len);
+  if (got->size() < total) return FetchSnapshot(range, source, generation, got->size(), token, got);
+  auto install = [this, range, generation, got] { InstallSnapshot(range, generation, got); };
+  if (executor_) {
+    std::weak_ptr<ServerNode*> weak = alive_;
+    executor_->Submit(static_cast<uint64_t>(range), [weak, install] {
+      if (weak.lock()) install();
+    });
+  } else {
+    install();
+  }
+}
+
+void ServerNode::InstallSnapshot(int range, uint64_t generation, std::shared_ptr<std::string> bytes) {
+  auto bad = [&](const Status& why) {
+    LOG(ERROR) << "server " << options_.node_id << ": resync snapshot of range " << range << " refused: " << why;
+    std::weak_ptr<ServerNode*> weak = alive_;
+    loop()->Run([this, weak, range, generation, why] {
+      if (weak.lock()) RetryFetch(range, generation, why);
+    });
+  };
+  if (bytes->size() < 8) return bad(Status(Code::kProtocol, "shorter than its kv length"));
+  const uint64_t kv_bytes = core::GetLe(bytes->data(), 8);
+  if (kv_bytes > bytes->size() - 8) return bad(Status(Code::kProtocol, "kv length past its end"));
+  Result<core::KvView> view = core::DecodeKvPairs(bytes->data() + 8, kv_bytes, /*expect_values=*/true);
+  if (!view.ok()) return bad(view.status());
+  int n;
+  {
+    std::lock_guard<std::mutex> lock(resync_mu_);
+    n = resync_.n;
+  }
+  for (size_t i = 0; i < view->num_keys; ++i) {
+    if (core::ServerForKey(view->keys[i], n) != range) {
+      return bad(Status(Code::kProtocol, "key " + std::to_string(view->keys[i]) + " is not of the range"));
+    }
+  }
+  Status st = InsertEntries(std::string_view(bytes->data() + 8, kv_bytes), *view);
+  if (st.ok()) st = dedup_.Merge(std::string_view(bytes->data() + 8 + kv_bytes, bytes->size() - 8 - kv_bytes));
+  if (!st.ok()) return bad(st);
+  std::vector<std::pair<DataRequest, Responder>> release;
+  bool done;
+  {
+    std::lock_guard<std::mutex> lock(resync_mu_);
+    if (!resync_.active || resync_.generation != generation) return;
+    resync_.pending.erase(range);
+    std::vector<std::pair<DataRequest, Responder>> keep;
+    for (auto& held : resync_.held) {
+      (HeldRangesPending(held.first) ? keep : release).push_back(std::move(held));
+    }
+    resync_.held = std::move(keep);
+    resync_.held_bytes = 0;
+    for (const auto& held : resync_.held) resync_.held_bytes += held.first.payload ? held.first.payload->size() : 0;
+    done = resync_.pending.empty();
+  }
+  LOG(INFO) << "server " << options_.node_id << ": range " << range << " resynced (" << view->num_keys
+            << " keys), " << release.size() << " held pushes released";
+  // Through the replica path: a push the snapshot holds is in the window now.
+  for (auto& [req, r] : release) HandlePush(req, r, /*replica=*/true);
+  if (done) {
+    std::weak_ptr<ServerNode*> weak = alive_;
+    loop()->Run([this, weak, generation] {
+      if (weak.lock()) ReportResynced(generation);
+    });
+  }
+}
+
+bool ServerNode::HeldRangesPending(const DataRequest& req) const {
+  Result<core::KvView> view =
+      core::DecodeKvPairs(req.payload ? req.payload->data() : "", req.payload ? req.payload->size() : 0, true);
+  if (!view.ok()) return false;  // refused by the replica path
+  for (size_t i = 0; i < view->num_keys; ++i) {
+    if (resync_.pending.count(core::ServerForKey(view->keys[i], resync_.n))) return true;
+  }
+  return false;
+}
+
+std::optional<Status> ServerNode::HoldForResync(const DataRequest& req, const Responder& r) {
+  std::lock_guard<std::mutex> lock(resync_mu_);
+  if (!resync_.active || !HeldRangesPending(req)) return std::nullopt;
+  if (!req.push_id) {
+    return Status(Code::kFailedPrecondition, "server " + options_.node_id +
+                                                 ": a push without an id cannot reach a resyncing replica");
+  }
+  const uint64_t size = req.payload ? req.payload->size() : 0;
+  if (resync_.held_bytes + size > kMaxHeldBytes) {
+    return Status(Code::kUnavailable, "server " + options_.node_id + ": resyncing, " +
+                                          std::to_string(resync_.held_bytes) + " bytes of pushes held; send it again");
+  }
+  resync_.held_bytes += size;
+  resync_.held.emplace_back(req, r);
+  return Status::Ok();
+}
+
+void ServerNode::ReportResynced(uint64_t generation) {
+  DCHECK(loop()->InLoopThread());
+  if (!ResyncCurrent(generation)) return;
+  pb::ResyncDoneMessage msg;
+  msg.set_node_id(options_.node_id);
+  msg.set_incarnation(incarnation());
+  CallSchedulerAsync(pb::RESYNC_DONE, msg, options_.request_timeout, [this, generation](Result<Frame> res) {
+    if (res.ok()) return;  // the next epoch marks this server alive (UpdateResyncLocked ends it)
+    LOG(WARNING) << "server " << options_.node_id << ": resync done not taken by the scheduler: " << res.status();
+    std::weak_ptr<ServerNode*> weak = alive_;
+    (void)loop()->AddTimer(kRetryDelay, Duration::zero(), [this, weak, generation] {
+      if (weak.lock() && !closed()) ReportResynced(generation);
+    });
+  });
+}
+
+Status ServerNode::InsertEntries(std::string_view body, const core::KvView& view) {
+  return Journaled(core::JournalOp::kInsert, body, [&] {
+    store_.Insert(view.keys, view.lens, view.values, view.num_keys);
+    if (journal_) {
+      for (size_t i = 0; i < view.num_keys; ++i) restored_unconfirmed_.erase(view.keys[i]);  // journal_mu_ is held
+    }
+    return Status::Ok();
+  });
+}
+
+}  // namespace pscore::node

@@ -1,0 +1,215 @@
+// WorkerNode: the training side. Sends requests to servers by rank (by user_cmd or by
+// handler name), broadcasts to all servers, and pushes/pulls keyed float tensors that
+// are partitioned over the servers by key range (pscore/core/key_range.h). Every call is
+// thread-safe and asynchronous (a future or a callback); callbacks run on the loop thread.
+#pragma once
+
+#include <atomic>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "pscore/comm/blocking_link.h"
+#include "pscore/node/common/node.h"
+
+namespace pscore::node {
+
+using ReplyCallback = std::function<void(Result<BufferPtr>)>;
+
+struct PullResult {
+  std::vector<float> values;  // back to back, in the order of the requested keys
+  std::vector<uint32_t> lens;
+};
+
+// ZPull's answer: every key's floats where they arrived (inside the servers' answer
+// buffers, read in place), kept alive by this object; nothing is copied.
+struct PullView {
+  std::vector<uint32_t> lens;         // per requested key
+  std::vector<const float*> values;   // per requested key: lens[i] floats (not to be read when 0)
+  std::vector<BufferPtr> owners;      // the answers the pointers point into
+  size_t num_floats() const {
+    size_t n = 0;
+    for (uint32_t l : lens) n += l;
+    return n;
+  }
+};
+
+class WorkerNode : public Node {
+ public:
+  explicit WorkerNode(NodeOptions options, comm::EventLoop* loop = nullptr);
+  ~WorkerNode() override;
+
+  // One request to server `rank`, addressed by user_cmd (handler empty) or handler name.
+  // The payload may carry zero-copy tail slices (pscore/core/buffer.h): their memory is written
+  // to the socket as it is and must stay unchanged until cb runs with the answer; after an
+  // error (a deadline, a lost link) a slice may still be queued for writing, so until
+  // pscore has released the slices' owners (give every slice one).
+  void SendAsync(int rank, int user_cmd, const std::string& handler, Payload payload, ReplyCallback cb);
+  std::future<Result<BufferPtr>> Send(int rank, int user_cmd, BufferPtr payload);
+  std::future<Result<BufferPtr>> Call(int rank, const std::string& handler, BufferPtr payload);
+  // The same request to every server; all answers in rank order, or the first error.
+  std::future<Result<std::vector<BufferPtr>>> Broadcast(int user_cmd, const std::string& handler, BufferPtr payload);
+
+  // Push: lens[i] floats of values belong to keys[i] (lens empty: every key has
+  // values.size()/keys.size()). Keys go to their owning servers; done when all answered.
+  std::future<Status> Push(const std::vector<uint64_t>& keys, const std::vector<float>& values,
+                           const std::vector<uint32_t>& lens = {});
+  // From this many value bytes per key (on average) a copied Push is sent as ZPush's are,
+  // head then values, so a server may fold the values into its store as they arrive
+  // instead of receiving the whole message first. Smaller ones measured faster sent whole.
+  static constexpr uint64_t kStreamedPushBytes = uint64_t{4} << 20;
+  // Push of values the caller gives away (std::move, or a temporary): no copy is needed,
+  // so it is ZPush of them (large values are written from the moved vector itself).
+  std::future<Status> Push(const std::vector<uint64_t>& keys, std::vector<float>&& values,
+                           const std::vector<uint32_t>& lens = {});
+  // Push without copying the values (as ps-lite's ZPush): large values are written to the
+  // sockets from *values itself, which the worker holds a reference to while it may still
+  // read them. Do not change them before the future is ready; after an error, not before
+  // values.use_count() is 1 again (a part may still be queued for writing). Otherwise like
+  // Push; values under core::kZeroCopyBytes per key on average are copied as Push does.
+  std::future<Status> ZPush(const std::vector<uint64_t>& keys, std::shared_ptr<const std::vector<float>> values,
+                            const std::vector<uint32_t>& lens = {});
+  // ZPush of floats held by something other than a vector (a numpy array, a tensor):
+  // `owner` keeps values[0, num_values) alive; the same rules as the ZPush above, with
+  // owner.use_count() in place of values.use_count(). A null owner: copied, as Push does.
+  std::future<Status> ZPush(const std::vector<uint64_t>& keys, const float* values, size_t num_values,
+                            std::shared_ptr<const void> owner, const std::vector<uint32_t>& lens = {});
+  std::future<Result<PullResult>> Pull(const std::vector<uint64_t>& keys);
+  // Push ids chosen by the caller (docs/reliability.md, "Redoing a step"): pushes issued
+  // after this call carry incarnation `incarnation` (non-zero) and, per server part in
+  // server rank order, seqs next_seq, next_seq + 1, ... A restarted process that redoes a
+  // push with the ids its predecessor used has every part a server applied already
+  // acknowledged without applying it again. Any thread; ordered with the pushes it issues.
+  void SetPushIds(uint64_t incarnation, uint64_t next_seq);
+  // Pull without copying the values on the worker: the result points into the answers as
+  // they were read from the sockets (a runtime can copy them once, straight to where they
+  // are used, e.g. a device). Same errors as Pull; a pull issued after a push sees it.
+  std::future<Result<PullView>> ZPull(const std::vector<uint64_t>& keys);
+  // Pull straight into the caller's memory (dest_floats floats, back to back in key order;
+  // *lens, when given, gets each key's float count): no result vector is allocated. The
+  // values of an answer written from the store (64 KiB or more per key, docs/embedding.md)
+  // are read from the socket straight into dest, with no copy on the worker, when their
+  // place there is known: when all the keys live on one server, or when *lens already holds
+  // one count per key on entry (the layout: e.g. from the last call with the same keys) and
+  // each server's keys are consecutive in `keys` (keys in position order are:
+  // core::SortKeysByPosition). A wrong layout costs a second pull, never a wrong result.
+  // dest (and lens) must stay valid until the future is ready. kInvalidArgument when the
+  // keys hold a different number of floats (dest is then left as it was, unless *lens held
+  // a layout); after other errors dest may have been written in part.
+  std::future<Status> PullInto(const std::vector<uint64_t>& keys, float* dest, size_t dest_floats,
+                               std::vector<uint32_t>* lens = nullptr);
+  // Pull, blocking the calling thread (never the loop's) until the values are here. When
+  // every key lives on one server and this worker has no Push or Pull of its own in
+  // flight, the request goes over a direct link that the calling thread writes and reads
+  // itself (no hand-off to the loop thread and back: about the latency of a blocking
+  // socket ping-pong). Otherwise, and whenever the direct way cannot answer (the link
+  // fails, the keys moved in a scale), it is Pull(keys).get(). Same results and errors
+  // as Pull; a Pull issued after a Push of this worker sees that Push either way.
+  Result<PullResult> PullSync(const std::vector<uint64_t>& keys);
+  // PullSync calls answered over a direct link (for tests and benchmarks).
+  uint64_t direct_pulls() const { return direct_pulls_.load(std::memory_order_relaxed); }
+  // Answers whose values were read from the socket straight into a PullInto destination
+  // or a Pull's result.
+  uint64_t in_place_pulls() const { return in_place_pulls_.load(std::memory_order_relaxed); }
+  void AppendRoleMetrics(MetricsText* m) const override;
+  int server_count() const { return metadata().server_num(); }
+
+ protected:
+  void OnMetadataApplied() override;
+  void OnStateApplied(pb::ClusterState state) override;
+  void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) override;
+  void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) override;
+  // A server timed out by the scheduler: its link is closed (requests in flight on it are
+  // retried under recovery_timeout instead of waiting out request_timeout).
+  void OnClusterEvent(const pb::ClusterEventMessage& ev) override;
+  void StopRole() override;  // closes PullSync's direct links
+
+ private:
+  struct KvOp;
+  struct KvPart;
+  // One request to server `rank`; with a sink, the answer's values may arrive in it.
+  void Issue(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink, comm::ResponseCallback cb);
+  void IssueOnLoop(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
+                   comm::ResponseCallback cb);
+  void StartPull(const std::shared_ptr<KvOp>& op, const std::vector<uint64_t>& keys);
+  void AllocateResult(KvOp& op, const std::vector<uint64_t>& keys);
+  bool LearnedLayout(const std::vector<uint64_t>& keys, std::vector<uint64_t>* offsets, uint64_t* total);
+  void LearnLens(const KvOp& op, const std::vector<size_t>& indices, const uint32_t* lens);
+  void ForgetLens(const KvOp& op);
+  // Push and ZPush; `shared` (ZPush) owns values, which are then written without a copy.
+  std::future<Status> StartPush(const std::vector<uint64_t>& keys, const float* values, size_t num_values,
+                                const std::vector<uint32_t>& lens, std::shared_ptr<const void> shared);
+  // Any thread: hands a push's encoded parts to the loop; returns fut.
+  std::future<Status> DispatchPush(const std::shared_ptr<KvOp>& op, std::vector<KvPart> parts,
+                                   std::future<Status> fut);
+  // Loop thread. Sends the keys `indices` of op to their owners, or holds them while the
+  // cluster is scaling; parts refused as moved are held and re-sent under new metadata.
+  void Dispatch(const std::shared_ptr<KvOp>& op, KvPart part);
+  void Send(const std::shared_ptr<KvOp>& op, KvPart part);
+  void OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<comm::Frame> r);
+  void HoldForRetry(const std::shared_ptr<KvOp>& op, KvPart part);
+  void WatchHeld();
+  Status HeldTooLong() const;
+  void ReleaseHeld();
+  // A part whose server was lost: held to be sent again, or failed once it has been
+  // retried for options_.recovery_timeout (then the status names the server and the tries).
+  void RetryLost(const std::shared_ptr<KvOp>& op, KvPart part, const Status& why);
+  Status GaveUp(const KvPart& part) const;
+  TimePoint HeldUntil(const KvOp& op, const KvPart& part) const;
+  std::string ServerName(int rank) const;  // "node id (address)" from the metadata
+
+  // PullSync's direct way: nullopt when it does not apply (then Pull is used).
+  std::optional<Result<PullResult>> TryDirectPull(const std::vector<uint64_t>& keys);
+  void UpdateRoute();  // loop thread: publishes where keys live for PullSync
+  // Loop thread: the server rank that reads and writes key range `range` (its primary);
+  // -1 when every replica of it is down.
+  int Primary(int range) const;
+  int replicas_ = 1;        // loop thread: the metadata's replicas
+  std::vector<char> live_;  // loop thread: by server rank, whether it is a live replica
+  void KeepIdle(const std::string& addr, std::unique_ptr<comm::BlockingLink> link);  // after a call
+
+  bool holding_ = false;  // the cluster is scaling: new key-value traffic waits
+  // Push/Pull/PullInto calls not yet answered (shared with their ops, which count down).
+  std::shared_ptr<std::atomic<int>> kv_in_flight_ = std::make_shared<std::atomic<int>>(0);
+  std::atomic<uint64_t> direct_pulls_{0};
+  std::atomic<uint64_t> in_place_pulls_{0};
+  struct Route {
+    bool stopped = false;            // Stop() ran: no direct link is kept or opened again
+    bool usable = false;             // READY and not scaling
+    std::vector<std::string> addrs;  // by key range: its primary's address
+  };
+  std::mutex direct_mu_;
+  Route route_;  // guarded by direct_mu_
+  // Idle direct links by server address; a calling thread takes one for a call.
+  std::unordered_map<std::string, std::vector<std::unique_ptr<comm::BlockingLink>>> idle_links_;  // direct_mu_
+  // Direct links out with a calling thread, by server address (direct_mu_). A server that
+  // falls silent never answers them: once it is timed out, or its ranges have another
+  // primary, they are interrupted and the calls go the loop's way (RetryLost, the new
+  // primary) instead of waiting out request_timeout.
+  std::unordered_multimap<std::string, comm::BlockingLink*> busy_links_;  // direct_mu_
+  // direct_mu_ held: interrupts the busy links to `addr` and drops its idle ones.
+  void InterruptDirectLocked(const std::string& addr, const char* why);
+  std::vector<std::pair<std::shared_ptr<KvOp>, KvPart>> held_;
+  // Issue order of pushes and pulls on the loop (loop thread): parts held for a re-send go
+  // out again in it, and later ones wait behind them (a Pull after a Push sees it).
+  uint64_t op_seq_ = 0;
+  bool AfterHeldPush(const KvOp& op, const KvPart& part) const;
+  // Float counts of keys seen in pull answers written from the store (64 KiB or more per
+  // key on average): a Pull whose keys are all here allocates its result before sending
+  // and has the answers read into it; a PullInto given no layout takes them as its layout.
+  // Written on the loop thread, read by callers.
+  static constexpr size_t kLearnedMax = 1 << 16;
+  std::mutex learned_mu_;
+  std::unordered_map<uint64_t, uint32_t> learned_lens_;  // guarded by learned_mu_
+  comm::TimerId retry_timer_ = 0;
+  // Push ids (docs/reliability.md): this process's number, fresh per start, and the
+  // sequence of push requests (loop thread); a part sent again keeps its id.
+  uint64_t push_incarnation_;
+  uint64_t push_seq_ = 0;
+};
+
+}  // namespace pscore::node
