@@ -30,7 +30,7 @@ class Dialer;
 class EventLoop;
 class TcpListener;
 
-class Transport : private ConnectionOwner {
+class Transport final : private ConnectionOwner {
  public:
   struct Handlers {
     std::function<void(ConnId, Frame&&)> on_frame;
