@@ -3,11 +3,13 @@
 // of a duration, and a bounded wait on a future.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <future>
 #include <string>
+#include <vector>
 
 #include <glog/logging.h>
 
@@ -18,6 +20,14 @@ inline double Seconds(std::chrono::steady_clock::duration d) { return std::chron
 inline void Print(const std::string& name, double value, const char* unit, int decimals = 2) {
   std::printf("%-40s %12.*f %s\n", name.c_str(), decimals, value, unit);
   std::fflush(stdout);
+}
+
+// The q-quantile (0 <= q <= 1) of the samples (their order is changed); 0 for none.
+inline double Quantile(std::vector<double>* v, double q) {
+  if (v->empty()) return 0;
+  auto at = v->begin() + static_cast<std::ptrdiff_t>(q * static_cast<double>(v->size() - 1));
+  std::nth_element(v->begin(), at, v->end());
+  return *at;
 }
 
 inline std::string SizeName(size_t size) {

@@ -34,6 +34,7 @@
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
+#include "pscore/node/common/wire.h"
 #include "bench/blocking_baseline.h"
 #include "bench/bench_util.h"
 

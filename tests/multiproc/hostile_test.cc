@@ -29,6 +29,7 @@
 #include "pscore/node/common/admin_client.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/proto/comm.pb.h"
+#include "pscore/node/common/wire.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -25,6 +25,7 @@
 #include "pscore/node/common/admin_client.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
+#include "pscore/node/common/wire.h"
 
 #include <catch2/catch.hpp>
 

@@ -16,6 +16,7 @@
 #include "multiproc/process.h"  // TempDir
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
+#include "pscore/node/common/wire.h"
 #include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's

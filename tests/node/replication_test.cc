@@ -21,6 +21,7 @@
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
+#include "pscore/node/common/wire.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
