@@ -95,7 +95,7 @@ TEST_CASE("accept cap: admits below the cap, counts refusals at it, 0 means no c
   CHECK(none.refused() == 0);
 }
 
-TEST_CASE("listener: a bad host fails before anything is bound; port 0 reports the port picked",
+TEST_CASE("listener: a bad host fails before anything is bound - port 0 reports the port picked",
           "[comm][listener][net]") {
   EventLoop loop("listener-test");
   REQUIRE(loop.Start().ok());
