@@ -5,119 +5,85 @@
 #include <algorithm>
 #include <cstring>
 
+#include "pscore/comm/address.h"
+#include "pscore/comm/connection_internal.h"
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/tls.h"
-#include "pscore/comm/transport.h"
+#include "pscore/comm/transport_ledger.h"
 #include "pscore/comm/uv_status.h"
 
 namespace pscore::comm {
 
-// TLS: ciphertext is read into a buffer of this size, one per loop thread (OpenSSL reads
-// each read in place during OnCipher, and what it leaves of a partial record is copied
-// out), then decrypted straight into the frame decoder's region (a large payload's own
-// buffer). Large reads mean few system calls per byte.
-constexpr size_t kCipherReadBytes = 256 << 10;
-char* CipherReadBuffer() {
-  thread_local std::unique_ptr<char[]> buffer(new char[kCipherReadBytes]);
-  return buffer.get();
+void ConnectionCallbacks::OnAlloc(uv_handle_t* handle, size_t /*suggested*/, uv_buf_t* buf) {
+  auto* self = static_cast<Connection*>(handle->data);
+  if (self->tls_) {
+    *buf = uv_buf_init(CipherReadBuffer(), static_cast<unsigned>(kCipherReadBytes));
+    return;
+  }
+  size_t size = 0;
+  char* region = self->decoder_.ReadRegion(&size);
+  // uv_buf_t.len is size_t on Unix; reads of over 1 GiB at once gain nothing.
+  *buf = uv_buf_init(region, static_cast<unsigned>(std::min<size_t>(size, 1u << 30)));
 }
-// TLS: plaintext encrypted per pass before the ciphertext goes to the socket. While the
-// socket keeps up, one buffer of this size serves every pass (no allocation, still in cache
-// when the kernel copies it).
-constexpr size_t kTlsChunkBytes = 256 << 10;
-// TLS: plaintext pieces shorter than this (headers and metas, small payloads) are gathered
-// into one record of up to kTlsRecordBytes instead of a record each.
-constexpr size_t kTlsSmallPiece = 2 << 10;
-constexpr size_t kTlsRecordBytes = 16 << 10;
 
-// All frames queued in one loop iteration go out in one uv_write (writev): header+meta
-// bytes (and payloads of at most kInlinePayloadBytes) are owned here, larger payloads are
-// referenced until the write completes.
-struct WriteBatch {
-  uv_write_t req;
-  Connection* conn = nullptr;
-  std::string head;                    // headers and metas back to back
-  std::vector<std::pair<size_t, size_t>> head_spans;  // (offset, len) per frame, back to back
-  std::vector<Payload> payloads;       // per frame; empty when inline or none
-  std::vector<uv_buf_t> plain;         // TLS: the frames' plaintext, in order
-  std::string cipher;                  // TLS chunk: ciphertext (what is written)
-  bool tls_chunk = false;              // a TLS ciphertext chunk, not a batch of frames
-  uint64_t bytes = 0;
-  uint64_t shared_bytes = 0;           // of bytes: shared payloads
-  size_t shared_payloads = 0;          // frames with a shared payload
-};
-
-struct ConnectionCallbacks {
-  static void OnAlloc(uv_handle_t* handle, size_t /*suggested*/, uv_buf_t* buf) {
-    auto* self = static_cast<Connection*>(handle->data);
-    if (self->tls_) {
-      *buf = uv_buf_init(CipherReadBuffer(), static_cast<unsigned>(kCipherReadBytes));
-      return;
-    }
-    size_t size = 0;
-    char* region = self->decoder_.ReadRegion(&size);
-    // uv_buf_t.len is size_t on Unix; reads of over 1 GiB at once gain nothing.
-    *buf = uv_buf_init(region, static_cast<unsigned>(std::min<size_t>(size, 1u << 30)));
-  }
-
-  static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
-    auto* self = static_cast<Connection*>(stream->data);
-    if (nread > 0) {
-      if (self->tls_) return self->OnCipher(buf->base, static_cast<size_t>(nread));
-      if (!self->any_read_ && LooksLikeTls(buf->base, static_cast<size_t>(nread))) {
-        Status why(Code::kPermissionDenied, "the peer speaks TLS and this side has no TLS (--tls_cert, --tls_key, --tls_ca)");
-        LOG(ERROR) << "conn " << self->id_ << " " << self->peer_ << ": " << why.message();
-        self->decoder_.Commit(0, &self->decoded_).IgnoreError();
-        return self->Close(why);
-      }
-      self->any_read_ = true;
-      self->OnBytes(static_cast<size_t>(nread));
-      return;
-    }
-    if (nread == 0) {
-      if (self->tls_) return;
-      // EAGAIN: tell the decoder nothing arrived so the handed-out region is released.
-      self->decoder_.Commit(0, &self->decoded_).IgnoreError();
-      return;
-    }
-    Status why = nread == UV_EOF ? Status(Code::kUnavailable, "peer closed the connection")
-                                 : UvStatus(static_cast<int>(nread), "read");
-    if (self->tls_ && !self->tls_->established()) {
-      why = Status(why.code(), why.message() + " during the TLS handshake (the peer refused it, or it does not speak TLS)");
+void ConnectionCallbacks::OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
+  auto* self = static_cast<Connection*>(stream->data);
+  if (nread > 0) {
+    if (self->tls_) return self->OnCipher(buf->base, static_cast<size_t>(nread));
+    if (!self->any_read_ && LooksLikeTls(buf->base, static_cast<size_t>(nread))) {
+      Status why(Code::kPermissionDenied, "the peer speaks TLS and this side has no TLS (--tls_cert, --tls_key, --tls_ca)");
       LOG(ERROR) << "conn " << self->id_ << " " << self->peer_ << ": " << why.message();
-    } else if (self->decoder_.mid_frame()) {
-      why = Status(why.code(), why.message() + " in the middle of a frame");
-      LOG(WARNING) << "conn " << self->id_ << " " << self->peer_ << ": " << why;
+      self->decoder_.Commit(0, &self->decoded_).IgnoreError();
+      return self->Close(why);
     }
-    self->Close(why);
+    self->any_read_ = true;
+    self->OnBytes(static_cast<size_t>(nread));
+    return;
   }
+  if (nread == 0) {
+    if (self->tls_) return;
+    // EAGAIN: tell the decoder nothing arrived so the handed-out region is released.
+    self->decoder_.Commit(0, &self->decoded_).IgnoreError();
+    return;
+  }
+  Status why = nread == UV_EOF ? Status(Code::kUnavailable, "peer closed the connection")
+                               : UvStatus(static_cast<int>(nread), "read");
+  if (self->tls_ && !self->tls_->established()) {
+    why = Status(why.code(), why.message() + " during the TLS handshake (the peer refused it, or it does not speak TLS)");
+    LOG(ERROR) << "conn " << self->id_ << " " << self->peer_ << ": " << why.message();
+  } else if (self->decoder_.mid_frame()) {
+    why = Status(why.code(), why.message() + " in the middle of a frame");
+    LOG(WARNING) << "conn " << self->id_ << " " << self->peer_ << ": " << why;
+  }
+  self->Close(why);
+}
 
-  static void OnWriteDone(uv_write_t* req, int status) {
-    std::unique_ptr<WriteBatch> batch(static_cast<WriteBatch*>(req->data));
-    Connection* self = batch->conn;
-    if (batch->tls_chunk) {
-      self->tls_writing_ = false;
-      if (status < 0) {
-        if (status != UV_ECANCELED) self->Close(UvStatus(status, "write"));
-        return;
-      }
-      self->tls_chunk_ = std::move(batch);
-      self->PumpTls();
+void ConnectionCallbacks::OnWriteDone(uv_write_t* req, int status) {
+  std::unique_ptr<WriteBatch> batch(static_cast<WriteBatch*>(req->data));
+  Connection* self = batch->conn;
+  if (batch->tls_chunk) {
+    self->tls_writing_ = false;
+    if (status < 0) {
+      if (status != UV_ECANCELED) self->Close(UvStatus(status, "write"));
       return;
     }
-    self->DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
-    if (status < 0 && status != UV_ECANCELED) self->Close(UvStatus(status, "write"));
+    self->tls_chunk_ = std::move(batch);
+    self->PumpTls();
+    return;
   }
+  self->DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
+  if (status < 0 && status != UV_ECANCELED) self->Close(UvStatus(status, "write"));
+}
 
-  static void OnClosed(uv_handle_t* handle) {
-    auto* self = static_cast<Connection*>(handle->data);
-    delete self;  // Released from the table at Close(); touch nothing after this line.
-  }
-};
+void ConnectionCallbacks::OnClosed(uv_handle_t* handle) {
+  auto* self = static_cast<Connection*>(handle->data);
+  delete self;  // Released from the table at Close(); touch nothing after this line.
+}
 
-Connection::Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_t* tcp,
+Connection::Connection(ConnectionOwner* owner, EventLoop* loop, ConnId id, uv_tcp_t* tcp,
                        const TransportOptions& options, bool accepted)
-    : transport_(transport),
+    : owner_(owner),
+      ledger_(&owner->ledger()),
       loop_(loop),
       id_(id),
       tcp_(tcp),
@@ -129,187 +95,20 @@ Connection::Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_
   tcp_->data = this;
   decoder_.set_budget(options.incomplete_frame_budget);
   if (options.tcp_nodelay) uv_tcp_nodelay(tcp_, 1);
-  if (transport_->has_sink()) {
+  if (owner_->has_sink()) {
     decoder_.set_sink([this](const pb::MessageMeta& meta, uint64_t tail) -> char* {
-      return transport_ != nullptr ? transport_->SinkFor(id_, meta, tail) : nullptr;
+      return owner_ != nullptr ? owner_->SinkFor(id_, meta, tail) : nullptr;
     });
   }
-  if (transport_->has_stream()) {
+  if (owner_->has_stream()) {
     decoder_.set_stream([this](const pb::MessageMeta& meta, uint64_t tail) -> std::shared_ptr<TailStream> {
-      return transport_ != nullptr ? transport_->StreamFor(id_, meta, tail) : nullptr;
+      return owner_ != nullptr ? owner_->StreamFor(id_, meta, tail) : nullptr;
     });
   }
-  sockaddr_storage addr{};
-  int len = sizeof(addr);
-  char ip[64] = "?";
-  int port = 0;
-  if (uv_tcp_getpeername(tcp_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    if (addr.ss_family == AF_INET) {
-      auto* a = reinterpret_cast<sockaddr_in*>(&addr);
-      uv_ip4_name(a, ip, sizeof(ip));
-      port = ntohs(a->sin_port);
-    } else if (addr.ss_family == AF_INET6) {
-      auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
-      uv_ip6_name(a, ip, sizeof(ip));
-      port = ntohs(a->sin6_port);
-    }
-  }
-  peer_ = std::string(ip) + ":" + std::to_string(port);
+  peer_ = PeerName(tcp_);
 }
 
 Connection::~Connection() { delete tcp_; }
-
-void Connection::StartTls() {
-  DCHECK(loop_->InLoopThread());
-  tls_ = std::make_unique<TlsSession>(options_.tls, accepted_);
-  if (accepted_) return;  // The dialler speaks first.
-  Status st = tls_->Handshake();  // ClientHello
-  PumpTls();
-  if (!st.ok()) Close(st);
-}
-
-const std::string& Connection::peer_identity() const {
-  static const std::string kNone;
-  return tls_ ? tls_->peer_identity() : kNone;
-}
-
-void Connection::OnCipher(const char* data, size_t n) {
-  last_read_ = std::chrono::steady_clock::now();
-  any_read_ = true;
-  TlsSession::Lent lent = tls_->Lend(data, n);  // read in place; a partial record is kept at the end
-  if (!tls_->established()) {
-    Status st = tls_->Handshake();
-    PumpTls();  // our next handshake flight, or the alert that says why we refuse
-    if (!st.ok()) {
-      LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << st.message();
-      CloseAfterFlush(st);
-      return;
-    }
-    if (!tls_->established()) return;
-    VLOG(1) << "conn " << id_ << " " << peer_ << ": TLS established with " << tls_->peer_identity();
-    if (transport_ != nullptr) transport_->TlsEstablished(id_);
-    if (closing_) return;
-    Flush();  // frames queued while the handshake ran
-  }
-  Decrypt();
-}
-
-// Plaintext goes straight from the session into the decoder's region: a large payload's
-// bytes land in its own buffer with no copy beyond the decryption.
-void Connection::Decrypt() {
-  while (!closing_) {
-    size_t size = 0;
-    char* region = decoder_.ReadRegion(&size);
-    Result<size_t> got = tls_->Read(region, size);
-    if (!got.ok() || *got == 0) {
-      decoder_.Commit(0, &decoded_).IgnoreError();  // releases the region
-      if (!got.ok()) {
-        if (got.status().code() == Code::kUnavailable) {
-          VLOG(1) << "conn " << id_ << " " << peer_ << ": " << got.status();
-        } else {
-          LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << got.status().message();
-        }
-        PumpTls();
-        Close(got.status());
-      }
-      break;
-    }
-    OnBytes(*got);
-  }
-  PumpTls();  // post-handshake messages (key updates)
-}
-
-void Connection::PumpTls() {
-  DCHECK(loop_->InLoopThread());
-  auto* stream = reinterpret_cast<uv_stream_t*>(tcp_);
-  while (!closing_ && !tls_writing_) {
-    if (!tls_chunk_) {
-      tls_chunk_ = std::make_unique<WriteBatch>();
-      tls_chunk_->conn = this;
-      tls_chunk_->tls_chunk = true;
-    }
-    std::string& cipher = tls_chunk_->cipher;
-    cipher.clear();
-    tls_->TakeCipher(&cipher);  // handshake and post-handshake messages first
-    if (tls_->established() && !tls_plain_.empty()) {
-      if (!EncryptChunk()) return;
-      tls_->TakeCipher(&cipher);
-    }
-    if (cipher.empty()) return;
-    uv_buf_t buf = uv_buf_init(cipher.data(), static_cast<unsigned>(cipher.size()));
-    const int n = uv_try_write(stream, &buf, 1);
-    if (n < 0 && n != UV_EAGAIN) {
-      Close(UvStatus(n, "write"));
-      return;
-    }
-    const size_t took = n > 0 ? static_cast<size_t>(n) : 0;
-    if (took == cipher.size()) continue;  // all taken: the same buffer serves the next chunk
-    buf.base += took;
-    buf.len -= took;
-    tls_chunk_->req.data = tls_chunk_.get();
-    const int rc = uv_write(&tls_chunk_->req, stream, &buf, 1, &ConnectionCallbacks::OnWriteDone);
-    if (rc < 0) {
-      Close(UvStatus(rc, "uv_write"));
-      return;
-    }
-    tls_writing_ = true;
-    tls_chunk_.release();  // back in OnWriteDone
-  }
-}
-
-// The queued plaintext (payload buffers referenced, not copied) goes to SSL_write in large
-// pieces, so records are cut at 16 KiB; small pieces are gathered first. A batch encrypted
-// whole leaves the queue.
-bool Connection::EncryptChunk() {
-  size_t budget = kTlsChunkBytes;
-  tls_->Reserve(budget);
-  while (budget > 0 && !tls_plain_.empty()) {
-    WriteBatch& b = *tls_plain_.front();
-    if (tls_iov_ == b.plain.size()) {
-      DropQueued(b.bytes, b.shared_bytes, b.shared_payloads);
-      std::unique_ptr<WriteBatch> done = std::move(tls_plain_.front());
-      tls_plain_.pop_front();
-      tls_iov_ = 0;
-      tls_iov_at_ = 0;
-      Recycle(std::move(done));
-      continue;
-    }
-    const uv_buf_t& v = b.plain[tls_iov_];
-    const char* from = v.base + tls_iov_at_;
-    const size_t left = v.len - tls_iov_at_;
-    size_t take = std::min(left, budget);
-    if (left < kTlsSmallPiece) {
-      take = left;
-      tls_stage_.append(from, take);
-      if (tls_stage_.size() + kTlsSmallPiece > kTlsRecordBytes && !WriteStage()) return false;
-    } else {
-      if (!WriteStage()) return false;
-      Status st = tls_->Write(from, take);
-      if (!st.ok()) {
-        LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << st.message();
-        Close(st);
-        return false;
-      }
-    }
-    budget -= std::min(budget, take);
-    tls_iov_at_ += take;
-    if (tls_iov_at_ == v.len) {
-      ++tls_iov_;
-      tls_iov_at_ = 0;
-    }
-  }
-  return WriteStage();
-}
-
-bool Connection::WriteStage() {
-  if (tls_stage_.empty()) return true;
-  Status st = tls_->Write(tls_stage_.data(), tls_stage_.size());
-  tls_stage_.clear();
-  if (st.ok()) return true;
-  LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << st.message();
-  Close(st);
-  return false;
-}
 
 Status Connection::StartReading() {
   DCHECK(loop_->InLoopThread());
@@ -319,20 +118,21 @@ Status Connection::StartReading() {
 }
 
 void Connection::OnBytes(size_t n) {
+  DCHECK(loop_->InLoopThread());
   last_read_ = std::chrono::steady_clock::now();
   Status st = decoder_.Commit(n, &decoded_);
   for (;;) {
-    if (transport_ != nullptr) {
-      transport_->CountIn(n, decoded_.size());
-      transport_->CountCopied(decoder_.copied_payload_bytes() - decoder_copied_);
+    if (owner_ != nullptr) {
+      ledger_->CountIn(n, decoded_.size());
+      ledger_->CountCopied(decoder_.copied_payload_bytes() - decoder_copied_);
       decoder_copied_ = decoder_.copied_payload_bytes();
-      for (const Frame& f : decoded_) transport_->CountCommandIn(f.meta.cmd(), f.wire_bytes);
+      for (const Frame& f : decoded_) ledger_->CountCommandIn(f.meta.cmd(), f.wire_bytes);
     }
     n = 0;
     if (!decoded_.empty()) heard_ = true;
     // Deliver what decoded before any error: those frames were valid.
     for (size_t i = 0; i < decoded_.size() && !closing_; ++i) {
-      if (transport_ != nullptr) transport_->Deliver(id_, std::move(decoded_[i]));
+      if (owner_ != nullptr) owner_->OnFrame(id_, std::move(decoded_[i]));
     }
     decoded_.clear();
     // Stopped in front of a frame that may be streamed: the frames before it are in.
@@ -342,10 +142,10 @@ void Connection::OnBytes(size_t n) {
   if (!st.ok() && !closing_) {
     if (st.code() == Code::kResourceExhausted) {
       LOG(WARNING) << "conn " << id_ << " " << peer_ << ": frame over the incomplete-frame budget, closing: " << st;
-      if (transport_ != nullptr) transport_->CountIncompleteCapClosed();
+      if (owner_ != nullptr) ledger_->CountIncompleteCapClosed();
     } else {
       LOG(WARNING) << "conn " << id_ << " " << peer_ << ": bad frame, closing: " << st;
-      if (transport_ != nullptr) transport_->CountProtocolError();
+      if (owner_ != nullptr) ledger_->CountProtocolError();
     }
     Close(st);
   }
@@ -359,7 +159,7 @@ Status Connection::Send(const pb::MessageMeta& meta, Payload payload) {
   }
   char* room = Append(meta, data_len, data_len, Payload(), &st);
   if (room == nullptr) return st;
-  if (transport_ != nullptr) transport_->CountCopied(data_len);
+  if (owner_ != nullptr) ledger_->CountCopied(data_len);
   if (payload.head && payload.head->size() > 0) {
     std::memcpy(room, payload.head->data(), payload.head->size());
     room += payload.head->size();
@@ -412,7 +212,7 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
   const Buffer* shared = payload.shared && payload.head && inline_bytes == 0 ? payload.head.get() : nullptr;
   const uint64_t shared_bytes = shared != nullptr ? shared->size() : 0;
   uint64_t total_bytes = frame_bytes;
-  if (shared != nullptr && transport_ != nullptr && transport_->HoldsShared(shared)) total_bytes -= shared_bytes;
+  if (shared != nullptr && owner_ != nullptr && ledger_->HoldsShared(shared)) total_bytes -= shared_bytes;
   Status over = CheckQueueCaps(frame_bytes, total_bytes);
   if (!over.ok()) {
     LOG(WARNING) << "conn " << id_ << ": " << over;
@@ -439,13 +239,13 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
     b.shared_bytes += shared_bytes;
     ++b.shared_payloads;
     shared_held_.push_back(shared);
-    if (transport_ != nullptr) transport_->HoldShared(shared);
+    if (owner_ != nullptr) ledger_->HoldShared(shared);
   }
   AddQueued(frame_bytes, shared_bytes);
-  if (transport_ != nullptr) transport_->CountOut(frame_bytes, meta.cmd());
-  if (!flush_scheduled_ && transport_ != nullptr) {
+  if (owner_ != nullptr) ledger_->CountOut(frame_bytes, meta.cmd());
+  if (!flush_scheduled_ && owner_ != nullptr) {
     flush_scheduled_ = true;
-    transport_->QueueFlush(id_);  // one before-poll pass per loop iteration flushes them all
+    owner_->OnFramesQueued(id_);  // one before-poll pass per loop iteration flushes them all
   }
   return &b.head[off + kHeaderBytes + meta_len];
 }
@@ -455,17 +255,17 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
 // peer cannot get others closed, and closing never cascades to peers under their share.
 Status Connection::CheckQueueCaps(uint64_t frame_bytes, uint64_t total_bytes) {
   if (queued_bytes_ + frame_bytes > options_.max_queued_write_bytes) {
-    if (transport_ != nullptr) transport_->CountQueuedCapClosed(/*total=*/false);
+    if (owner_ != nullptr) ledger_->CountQueuedCapClosed(/*total=*/false);
     return Status(Code::kResourceExhausted, "peer " + peer_ + " is not reading: " + std::to_string(queued_bytes_) +
                                                 " bytes queued, cap " + std::to_string(options_.max_queued_write_bytes));
   }
   const uint64_t cap = options_.max_total_queued_write_bytes;
-  if (cap == 0 || transport_ == nullptr) return Status::Ok();
-  const uint64_t total = transport_->queued_write_bytes();
+  if (cap == 0 || owner_ == nullptr) return Status::Ok();
+  const uint64_t total = ledger_->queued_write_bytes();
   if (total + total_bytes <= cap) return Status::Ok();
-  const uint64_t fair = cap / std::max<size_t>(1, transport_->num_connections());
+  const uint64_t fair = cap / std::max<size_t>(1, ledger_->open_connections);
   if (queued_bytes_ + frame_bytes <= fair) return Status::Ok();
-  transport_->CountQueuedCapClosed(/*total=*/true);
+  ledger_->CountQueuedCapClosed(/*total=*/true);
   return Status(Code::kResourceExhausted,
                 "peer " + peer_ + " is not reading: " + std::to_string(queued_bytes_) + " bytes queued, over its fair share " +
                     std::to_string(fair) + " while all connections hold " + std::to_string(total) + " bytes, cap " +
@@ -475,29 +275,31 @@ Status Connection::CheckQueueCaps(uint64_t frame_bytes, uint64_t total_bytes) {
 void Connection::AddQueued(uint64_t n, uint64_t shared) {
   queued_bytes_ += n;
   shared_queued_bytes_ += shared;
-  if (transport_ != nullptr) transport_->AddQueuedTotal(n - shared);
+  if (owner_ != nullptr) ledger_->AddQueuedTotal(n - shared);
 }
 
 void Connection::DropQueued(uint64_t n, uint64_t shared, size_t shared_payloads) {
   queued_bytes_ -= n;
   shared_queued_bytes_ -= shared;
   for (size_t i = 0; i < shared_payloads && !shared_held_.empty(); ++i) {
-    if (transport_ != nullptr) transport_->ReleaseShared(shared_held_.front());
+    if (owner_ != nullptr) ledger_->ReleaseShared(shared_held_.front());
     shared_held_.pop_front();
   }
-  if (transport_ != nullptr) transport_->DropQueuedTotal(n - shared);
+  if (owner_ != nullptr) ledger_->DropQueuedTotal(n - shared);
 }
 
 void Connection::Detach() {
-  if (transport_ == nullptr) return;
-  transport_->DropQueuedTotal(queued_bytes_ - shared_queued_bytes_);
-  for (const Buffer* b : shared_held_) transport_->ReleaseShared(b);
+  if (owner_ == nullptr) return;
+  ledger_->DropQueuedTotal(queued_bytes_ - shared_queued_bytes_);
+  for (const Buffer* b : shared_held_) ledger_->ReleaseShared(b);
   // The batches still in flight pop their holds when they complete; the transport no
   // longer counts them.
-  transport_ = nullptr;
+  owner_ = nullptr;
+  ledger_ = nullptr;
 }
 
 void Connection::Flush() {
+  DCHECK(loop_->InLoopThread());
   flush_scheduled_ = false;
   if (!pending_ || closing_) return;
   if (tls_ && !tls_->established()) return;  // OnCipher flushes once it is
@@ -577,6 +379,7 @@ void Connection::Recycle(std::unique_ptr<WriteBatch> batch) {
 }
 
 void Connection::CloseAfterFlush(const Status& why) {
+  DCHECK(loop_->InLoopThread());
   if (!closing_) Flush();
   Close(why);
 }
@@ -588,7 +391,7 @@ void Connection::Close(const Status& why) {
   close_reason_ = why;
   VLOG(1) << "conn " << id_ << " " << peer_ << " closing: " << why;
   uv_read_stop(reinterpret_cast<uv_stream_t*>(tcp_));
-  if (transport_ != nullptr) transport_->Release(id_, why);  // Table lets go of *this.
+  if (owner_ != nullptr) owner_->OnClosing(id_, why);  // Table lets go of *this.
   uv_close(reinterpret_cast<uv_handle_t*>(tcp_), &ConnectionCallbacks::OnClosed);
 }
 

@@ -1,7 +1,7 @@
 // Connection: one TCP stream, its frame decoder and its write queue.
-// Internal to comm/: owned by Transport's table while open, by itself while closing
-// (freed in the uv_close callback). Loop thread only. Nobody outside comm/ holds one;
-// they hold its ConnId.
+// Internal to comm/: owned by its ConnectionOwner's table (the Transport's) while open, by
+// itself while closing (freed in the uv_close callback). Loop thread only. Nobody outside
+// comm/ holds one; they hold its ConnId.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 
 #include <google/protobuf/message_lite.h>
 
+#include "pscore/comm/connection_owner.h"
 #include "pscore/comm/frame_decoder.h"
 #include "pscore/comm/transport_types.h"
 #include "pscore/core/buffer.h"
@@ -24,7 +25,7 @@ namespace pscore::comm {
 
 class EventLoop;
 class TlsSession;
-class Transport;
+class TransportLedger;
 struct WriteBatch;
 
 // Payloads up to this size are copied into the write batch (one iovec per run of frames).
@@ -36,13 +37,13 @@ inline constexpr size_t kMaxIovBytes = size_t{256} << 20;
 class Connection {
  public:
   // Takes an initialised uv_tcp_t (accepted or connected); ownership passes to *this.
-  Connection(Transport* transport, EventLoop* loop, ConnId id, uv_tcp_s* tcp,
+  Connection(ConnectionOwner* owner, EventLoop* loop, ConnId id, uv_tcp_s* tcp,
              const TransportOptions& options, bool accepted);
   ~Connection();
 
   Status StartReading();
   // Puts TLS under the frames (TransportOptions::tls): the handshake starts now (the
-  // dialling side speaks first); frames flow once Transport::TlsEstablished is called.
+  // dialling side speaks first); frames flow once the owner heard OnTlsEstablished.
   void StartTls();
   // The peer certificate's identity once TLS is established ("" without TLS).
   const std::string& peer_identity() const;
@@ -70,11 +71,11 @@ class Connection {
   uint64_t shared_queued_bytes() const { return shared_queued_bytes_; }
   void DropSink(uint64_t request_id) { decoder_.DropSink(request_id); }
   void LimitPayload(uint64_t bytes) { decoder_.set_max_message_bytes(bytes); }
-  // Called by Transport when it lets go of *this (closed, or the transport goes away
-  // first): what is still queued leaves the transport's total, shared payloads included,
-  // and the close callback must not touch the transport.
+  // Called by the owner when it lets go of *this (closed, or the owner goes away first):
+  // what is still queued leaves the ledger's total, shared payloads included, and nothing
+  // after this touches the owner or its ledger.
   void Detach();
-  // Writes the frames queued since the last flush (Transport calls it before the loop polls).
+  // Writes the frames queued since the last flush (the owner calls it before the loop polls).
   void Flush();
 
  private:
@@ -108,7 +109,8 @@ class Connection {
   char* Append(const pb::MessageMeta& meta, uint64_t data_len, size_t inline_bytes, Payload payload,
                Status* st);
 
-  Transport* transport_;
+  ConnectionOwner* owner_;   // null once detached
+  TransportLedger* ledger_;  // the owner's; null once detached
   EventLoop* loop_;
   ConnId id_;
   uv_tcp_s* tcp_;

@@ -268,28 +268,40 @@ Status FrameDecoder::Resume(std::vector<Frame>* out) {
   return DecodeBuffered(out);
 }
 
+// The payload under way takes what the input buffer holds. *more: it was completed (or a
+// streamed piece went out), so decoding goes on; false when the buffer ran dry first.
+Status FrameDecoder::TakeBufferedPayload(std::vector<Frame>* out, bool* more) {
+  *more = false;
+  if (Streaming()) {
+    if (!ConsumeBuffered()) return Status::Ok();
+    Emit(out);
+    *more = true;
+    return Status::Ok();
+  }
+  size_t missing = 0;
+  char* cursor = Cursor(&missing);
+  size_t take = std::min(in_end_ - in_begin_, missing);
+  if (cursor != nullptr && take > 0) {
+    std::memcpy(cursor, in_ + in_begin_, take);
+    copied_payload_bytes_ += take;
+  }
+  in_begin_ += take;
+  PSCORE_RETURN_IF_ERROR(Advance(take));
+  if (take < missing) return Status::Ok();  // all that arrived is consumed
+  if (PayloadDone()) Emit(out);
+  *more = true;
+  return Status::Ok();
+}
+
 // Consumes as many complete frames (or payload prefixes) from the input buffer as possible.
 Status FrameDecoder::DecodeBuffered(std::vector<Frame>* out) {
   const size_t first = out->size();
   for (;;) {
     size_t avail = in_end_ - in_begin_;
     if (payload_ != nullptr) {
-      if (Streaming()) {
-        if (!ConsumeBuffered()) break;
-        Emit(out);
-        continue;
-      }
-      size_t missing = 0;
-      char* cursor = Cursor(&missing);
-      size_t take = std::min(avail, missing);
-      if (cursor != nullptr && take > 0) {
-        std::memcpy(cursor, in_ + in_begin_, take);
-        copied_payload_bytes_ += take;
-      }
-      in_begin_ += take;
-      PSCORE_RETURN_IF_ERROR(Advance(take));
-      if (take < missing) break;  // all that arrived is consumed
-      if (PayloadDone()) Emit(out);
+      bool more = false;
+      PSCORE_RETURN_IF_ERROR(TakeBufferedPayload(out, &more));
+      if (!more) break;
       continue;
     }
     std::optional<FrameHeader> header;

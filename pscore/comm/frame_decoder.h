@@ -115,6 +115,7 @@ class FrameDecoder {
 
  private:
   Status DecodeBuffered(std::vector<Frame>* out);
+  Status TakeBufferedPayload(std::vector<Frame>* out, bool* more);
   // The payload being received: where its next bytes go (null: dropped) and how many of
   // the current part (head, then tail) are still missing.
   char* Cursor(size_t* missing);

@@ -1,58 +1,19 @@
 #include "pscore/comm/http_server.h"
 
-#include <http_parser.h>
+#include <uv.h>
 
 #include <algorithm>
-#include <future>
+#include <cstring>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "pscore/comm/http_internal.h"
+#include "pscore/comm/tcp_listener.h"
 #include "pscore/comm/tls.h"
 #include "pscore/comm/uv_status.h"
 
 namespace pscore::comm {
-
-// One accepted connection. Owned by the server through conns_; freed in the close callback.
-struct HttpServer::Conn {
-  uv_tcp_t tcp;
-  HttpServer* server = nullptr;  // null once the server shut down
-  HttpConnId id = 0;
-  http_parser parser;
-  HttpRequest req;
-  std::string url, field, value;
-  bool last_was_value = false;
-  size_t header_bytes = 0;
-  int fail_status = 0;      // set by a callback that refuses the request (413, 431)
-  bool in_request = false;  // a request has begun and is not complete
-  bool ready = false;       // a complete request waits to be handed out
-  bool busy = false;        // the handler holds the current request
-  bool streaming = false;
-  bool closing = false;
-  bool close_after_write = false;
-  bool in_feed = false;
-  bool head_only = false;   // the current request is a HEAD: answers carry no body
-  // The connection's request was refused (Fail): a late answer to it is dropped, and what
-  // the client still sends is read and discarded, so the refusal is not lost to a reset.
-  bool refused = false;
-  bool lingering = false;   // refusal written, write side shut: waiting for the client's end
-  TimePoint linger_since;
-  TimePoint request_started;  // the current request's first byte (on_message_begin)
-  // When the connection began waiting for its next request: accepted, or the previous
-  // answer was sent. Bytes that do not start a request (stray CRLFs) do not move it, so
-  // they cannot keep an idle connection alive.
-  TimePoint awaiting_since;
-  std::string pending;  // received bytes not yet parsed
-  uint64_t queued = 0;  // bytes handed to uv_write and not yet written
-  TimePoint write_progress;  // when queued last went up from 0 or an answer was written
-  std::vector<std::function<void()>> watchers;
-  std::unique_ptr<TlsSession> tls;  // HTTPS
-};
-
-struct HttpServer::ListenerHandle {
-  uv_tcp_t tcp;
-  HttpServer* server = nullptr;
-};
 
 namespace {
 
@@ -73,156 +34,11 @@ thread_local char g_read_buf[64 << 10];
 // HTTPS: requests are decrypted here, then parsed like plaintext.
 thread_local char g_plain_buf[64 << 10];
 
-HttpServer::Conn* ConnOf(http_parser* p) { return static_cast<HttpServer::Conn*>(p->data); }
-
-int CountHeader(HttpServer::Conn* c, size_t n, size_t limit) {
-  c->header_bytes += n;
-  if (c->header_bytes <= limit) return 0;
-  c->fail_status = 431;
-  return -1;
-}
-
-void FlushHeader(HttpServer::Conn* c) {
-  if (c->field.empty()) return;
-  std::string name = c->field;
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  c->req.headers[name] = c->value;
-  c->field.clear();
-  c->value.clear();
-}
-
-std::string PercentDecode(std::string_view in) {
-  std::string out;
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] == '+') {
-      out += ' ';
-    } else if (in[i] == '%' && i + 2 < in.size() &&
-               isxdigit(static_cast<unsigned char>(in[i + 1])) &&
-               isxdigit(static_cast<unsigned char>(in[i + 2]))) {
-      out += static_cast<char>(std::stoi(std::string(in.substr(i + 1, 2)), nullptr, 16));
-      i += 2;
-    } else {
-      out += in[i];
-    }
-  }
-  return out;
-}
-
-bool ParseTarget(const std::string& url, HttpRequest* req) {
-  http_parser_url u;
-  http_parser_url_init(&u);
-  if (http_parser_parse_url(url.data(), url.size(), 0, &u) != 0) return false;
-  if (!(u.field_set & (1 << UF_PATH))) return false;
-  req->path = url.substr(u.field_data[UF_PATH].off, u.field_data[UF_PATH].len);
-  if (!(u.field_set & (1 << UF_QUERY))) return true;
-  std::string_view q(url.data() + u.field_data[UF_QUERY].off, u.field_data[UF_QUERY].len);
-  while (!q.empty()) {
-    size_t amp = q.find('&');
-    std::string_view pair = q.substr(0, amp);
-    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
-    if (pair.empty()) continue;
-    size_t eq = pair.find('=');
-    std::string key = PercentDecode(pair.substr(0, eq));
-    req->query[key] = eq == std::string_view::npos ? "" : PercentDecode(pair.substr(eq + 1));
-  }
-  return true;
-}
-
-const http_parser_settings& Settings() {
-  static http_parser_settings s = [] {
-    http_parser_settings st;
-    http_parser_settings_init(&st);
-    st.on_message_begin = [](http_parser* p) {
-      HttpServer::Conn* c = ConnOf(p);
-      c->in_request = true;
-      c->request_started = SteadyClock().Now();
-      c->req = HttpRequest();
-      c->url.clear();
-      c->field.clear();
-      c->value.clear();
-      c->last_was_value = false;
-      c->header_bytes = 0;
-      return 0;
-    };
-    st.on_url = [](http_parser* p, const char* at, size_t n) {
-      HttpServer::Conn* c = ConnOf(p);
-      c->url.append(at, n);
-      return CountHeader(c, n, c->server->options().max_header_bytes);
-    };
-    st.on_header_field = [](http_parser* p, const char* at, size_t n) {
-      HttpServer::Conn* c = ConnOf(p);
-      if (c->last_was_value) FlushHeader(c);
-      c->last_was_value = false;
-      c->field.append(at, n);
-      return CountHeader(c, n, c->server->options().max_header_bytes);
-    };
-    st.on_header_value = [](http_parser* p, const char* at, size_t n) {
-      HttpServer::Conn* c = ConnOf(p);
-      c->last_was_value = true;
-      c->value.append(at, n);
-      return CountHeader(c, n, c->server->options().max_header_bytes);
-    };
-    st.on_headers_complete = [](http_parser* p) {
-      HttpServer::Conn* c = ConnOf(p);
-      FlushHeader(c);
-      if ((p->flags & F_CONTENTLENGTH) && p->content_length > c->server->options().max_body_bytes) {
-        c->fail_status = 413;
-        return -1;
-      }
-      return 0;
-    };
-    st.on_body = [](http_parser* p, const char* at, size_t n) {
-      HttpServer::Conn* c = ConnOf(p);
-      if (c->req.body.size() + n > c->server->options().max_body_bytes) {
-        c->fail_status = 413;
-        return -1;
-      }
-      c->req.body.append(at, n);
-      return 0;
-    };
-    st.on_message_complete = [](http_parser* p) {
-      HttpServer::Conn* c = ConnOf(p);
-      c->req.method = http_method_str(static_cast<http_method>(p->method));
-      c->req.keep_alive = http_should_keep_alive(p) != 0;
-      c->head_only = p->method == HTTP_HEAD;
-      c->in_request = false;
-      c->ready = true;
-      http_parser_pause(p, 1);  // one request at a time: Feed resumes after the answer
-      return 0;
-    };
-    return st;
-  }();
-  return s;
-}
-
 }  // namespace
 
 const char* HttpReason(int status) {
-  switch (status) {
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 411: return "Length Required";
-    case 413: return "Payload Too Large";
-    case 414: return "URI Too Long";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Unknown";
-  }
+  const char* reason = http_status_str(static_cast<http_status>(status));
+  return std::strcmp(reason, "<unknown>") == 0 ? "Unknown" : reason;
 }
 
 HttpServer::HttpServer(EventLoop* loop, HttpServerOptions options, Handler handler)
@@ -232,43 +48,21 @@ HttpServer::~HttpServer() {
   loop_->RunAndWait([this] { Shutdown(); });
 }
 
+HttpServer::Conn::~Conn() { delete tcp; }
+
 Result<int> HttpServer::Listen(const std::string& host, int port) {
   DCHECK(loop_->InLoopThread());
   if (listener_ != nullptr) return Status(Code::kFailedPrecondition, "http server already listening");
-  std::string h = host == "localhost" ? "127.0.0.1" : host;
-  sockaddr_storage addr{};
-  if (uv_ip4_addr(h.c_str(), port, reinterpret_cast<sockaddr_in*>(&addr)) != 0 &&
-      uv_ip6_addr(h.c_str(), port, reinterpret_cast<sockaddr_in6*>(&addr)) != 0) {
-    return Status(Code::kInvalidArgument, "http: bad listen address '" + host + "'");
-  }
-  auto* l = new ListenerHandle;
-  l->server = this;
-  l->tcp.data = l;
-  uv_tcp_init(loop_->uv_loop(), &l->tcp);
-  auto close_listener = [l] {
-    uv_close(reinterpret_cast<uv_handle_t*>(&l->tcp),
-             [](uv_handle_t* h) { delete static_cast<ListenerHandle*>(h->data); });
+  TcpListener::Callbacks cb;
+  cb.admit = [this] {
+    if (accept_cap_.Admit(conns_.size())) return true;
+    ++stats_.connections_refused;
+    return false;
   };
-  int rc = uv_tcp_bind(&l->tcp, reinterpret_cast<const sockaddr*>(&addr), 0);
-  if (rc == 0) {
-    rc = uv_listen(reinterpret_cast<uv_stream_t*>(&l->tcp), 1024, [](uv_stream_t* s, int status) {
-      auto* lh = static_cast<ListenerHandle*>(s->data);
-      if (status < 0) {
-        LOG(WARNING) << "http accept: " << uv_strerror(status);
-        return;
-      }
-      if (lh->server != nullptr) lh->server->OnAccept();
-    });
-  }
-  if (rc != 0) {
-    close_listener();
-    return UvStatus(rc, "http listen on " + host + ":" + std::to_string(port));
-  }
-  sockaddr_storage bound{};
-  int len = sizeof(bound);
-  uv_tcp_getsockname(&l->tcp, reinterpret_cast<sockaddr*>(&bound), &len);
-  int bound_port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  listener_ = l;
+  cb.accepted = [this](uv_tcp_s* tcp) { OnAccept(tcp); };
+  Result<TcpListener*> l = TcpListener::Open(loop_, host, port, "http", std::move(cb));
+  if (!l.ok()) return Status(l.status().code(), "http: " + l.status().message());
+  listener_ = *l;
   Duration shortest = std::min(options_.request_timeout, options_.idle_timeout);
   Duration period = std::clamp<Duration>(shortest / 4, std::chrono::milliseconds(10), std::chrono::seconds(1));
   sweep_timer_ = loop_->AddTimer(period, period, [this] { Sweep(); });
@@ -276,35 +70,26 @@ Result<int> HttpServer::Listen(const std::string& host, int port) {
     stop_hook_ = 0;
     Shutdown();
   });
-  LOG(INFO) << "http listening on " << host << ":" << bound_port;
-  return bound_port;
+  LOG(INFO) << "http listening on " << listener_->address();
+  return listener_->port();
 }
 
-void HttpServer::OnAccept() {
+void HttpServer::OnAccept(uv_tcp_s* tcp) {
+  DCHECK(loop_->InLoopThread());
   auto* c = new Conn;
-  c->tcp.data = c;
-  uv_tcp_init(loop_->uv_loop(), &c->tcp);
-  if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener_->tcp), reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0 ||
-      shut_down_ || conns_.size() >= options_.max_connections) {
-    // Over the cap: accept to drain the backlog, then close at once.
-    if (conns_.size() >= options_.max_connections) {
-      ++stats_.connections_refused;
-      LOG_EVERY_N(WARNING, 100) << "http: " << conns_.size() << " connections, refusing more";
-    }
-    uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), [](uv_handle_t* h) { delete static_cast<Conn*>(h->data); });
-    return;
-  }
+  c->tcp = tcp;
+  c->tcp->data = c;
   c->server = this;
   c->id = next_id_++;
   c->awaiting_since = SteadyClock().Now();
   http_parser_init(&c->parser, HTTP_REQUEST);
   c->parser.data = c;
-  uv_tcp_nodelay(&c->tcp, 1);
+  uv_tcp_nodelay(c->tcp, 1);
   if (options_.tls != nullptr) c->tls = std::make_unique<TlsSession>(options_.tls, /*server=*/true);
   conns_[c->id] = c;
   ++stats_.connections_accepted;
   uv_read_start(
-      reinterpret_cast<uv_stream_t*>(&c->tcp),
+      reinterpret_cast<uv_stream_t*>(c->tcp),
       [](uv_handle_t*, size_t, uv_buf_t* buf) { *buf = uv_buf_init(g_read_buf, sizeof(g_read_buf)); },
       [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
         auto* conn = static_cast<Conn*>(s->data);
@@ -316,6 +101,7 @@ void HttpServer::OnAccept() {
 }
 
 void HttpServer::OnCipher(Conn* c, const char* data, size_t n) {
+  DCHECK(loop_->InLoopThread());
   c->tls->Feed(data, n);
   if (!c->tls->established()) {
     Status st = c->tls->Handshake();
@@ -348,6 +134,7 @@ void HttpServer::SendCipher(Conn* c) {
 }
 
 void HttpServer::OnRead(Conn* c, const char* data, size_t n) {
+  DCHECK(loop_->InLoopThread());
   stats_.bytes_in += n;
   if (c->streaming || c->refused) return;  // nothing more to parse here: discarded
   if (c->pending.size() + n > options_.max_header_bytes + options_.max_body_bytes + 4096) {
@@ -362,11 +149,12 @@ void HttpServer::OnRead(Conn* c, const char* data, size_t n) {
 // Parses pending input until a complete request is handed out, the input runs dry, or
 // the connection fails. Re-entrancy safe: a handler answering inline just continues it.
 void HttpServer::Feed(Conn* c) {
+  DCHECK(loop_->InLoopThread());
   if (c->in_feed) return;
   c->in_feed = true;
   const HttpConnId id = c->id;
   while (!c->closing && !c->busy && !c->streaming && !c->pending.empty()) {
-    size_t used = http_parser_execute(&c->parser, &Settings(), c->pending.data(), c->pending.size());
+    size_t used = http_parser_execute(&c->parser, &HttpSettings(), c->pending.data(), c->pending.size());
     http_errno err = HTTP_PARSER_ERRNO(&c->parser);
     if (err == HPE_PAUSED) {
       http_parser_pause(&c->parser, 0);
@@ -399,6 +187,7 @@ void HttpServer::Feed(Conn* c) {
 }
 
 Status HttpServer::Write(Conn* c, std::string head, std::shared_ptr<const std::string> body, std::string tail) {
+  DCHECK(loop_->InLoopThread());
   auto* op = new WriteOp;
   op->head = std::move(head);
   op->body = std::move(body);
@@ -427,7 +216,7 @@ Status HttpServer::Write(Conn* c, std::string head, std::shared_ptr<const std::s
     bufs[0] = uv_buf_init(op->cipher.data(), op->cipher.size());
   }
   op->req.data = c;
-  int rc = uv_write(&op->req, reinterpret_cast<uv_stream_t*>(&c->tcp), bufs, nbufs, [](uv_write_t* req, int) {
+  int rc = uv_write(&op->req, reinterpret_cast<uv_stream_t*>(c->tcp), bufs, nbufs, [](uv_write_t* req, int) {
     auto* w = reinterpret_cast<WriteOp*>(req);
     auto* conn = static_cast<Conn*>(req->data);
     size_t bytes = w->bytes;
@@ -468,7 +257,7 @@ void HttpServer::Linger(Conn* c) {
   c->linger_since = SteadyClock().Now();
   auto* req = new uv_shutdown_t;
   req->data = c;
-  int rc = uv_shutdown(req, reinterpret_cast<uv_stream_t*>(&c->tcp), [](uv_shutdown_t* r, int) { delete r; });
+  int rc = uv_shutdown(req, reinterpret_cast<uv_stream_t*>(c->tcp), [](uv_shutdown_t* r, int) { delete r; });
   if (rc != 0) {
     delete req;
     CloseConn(c);
@@ -506,8 +295,8 @@ Status HttpServer::Respond(HttpConnId id, int status, const std::string& content
   PSCORE_RETURN_IF_ERROR(Write(c, std::move(head), std::make_shared<const std::string>(std::move(body)), ""));
   if (!keep || c->pending.empty() || c->in_feed) return Status::Ok();
   // A pipelined request is waiting: parse it on a later turn, never inside the caller.
-  loop_->Post([this, id, alive = std::weak_ptr<void>(alive_)] {
-    if (alive.expired()) return;
+  loop_->Post([this, id, alive = alive_.watch()] {
+    if (!alive) return;
     if (Conn* conn = Find(id)) Feed(conn);
   });
   return Status::Ok();
@@ -557,6 +346,7 @@ Status HttpServer::EndStream(HttpConnId id) {
 }
 
 void HttpServer::Fail(Conn* c, int status, const std::string& why) {
+  DCHECK(loop_->InLoopThread());
   ++stats_.bad_requests;
   VLOG(1) << "http: conn " << c->id << " " << status << " " << why;
   // Same shape as the node layer's answers: code is a pscore::Code number.
@@ -575,13 +365,15 @@ void HttpServer::Fail(Conn* c, int status, const std::string& why) {
 }
 
 void HttpServer::Close(HttpConnId id) {
+  DCHECK(loop_->InLoopThread());
   if (Conn* c = Find(id)) CloseConn(c);
 }
 
 void HttpServer::CloseConn(Conn* c) {
+  DCHECK(loop_->InLoopThread());
   if (c->closing) return;
   c->closing = true;
-  uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), [](uv_handle_t* h) {
+  uv_close(reinterpret_cast<uv_handle_t*>(c->tcp), [](uv_handle_t* h) {
     auto* conn = static_cast<Conn*>(h->data);
     if (conn->server != nullptr) conn->server->OnConnClosed(conn);
     delete conn;
@@ -596,6 +388,7 @@ void HttpServer::OnConnClosed(Conn* c) {
 }
 
 void HttpServer::WatchClose(HttpConnId id, std::function<void()> fn) {
+  DCHECK(loop_->InLoopThread());
   Conn* c = Find(id);
   if (c == nullptr) return fn();
   c->watchers.push_back(std::move(fn));
@@ -617,6 +410,7 @@ HttpServer::Conn* HttpServer::Find(HttpConnId id) const {
 // up to max_queued_bytes each, for good; so would one sent a 4xx it never reads).
 // Streams are exempt: their subscribers are policed by whoever feeds them.
 void HttpServer::Sweep() {
+  DCHECK(loop_->InLoopThread());
   TimePoint now = SteadyClock().Now();
   std::vector<Conn*> slow, idle, stalled;
   for (auto& [id, c] : conns_) {
@@ -658,17 +452,16 @@ void HttpServer::Sweep() {
 }
 
 void HttpServer::Shutdown() {
+  DCHECK(loop_->InLoopThread());
   if (shut_down_) return;
   shut_down_ = true;
-  alive_.reset();
+  alive_.Expire();
   if (sweep_timer_ != 0) loop_->CancelTimer(sweep_timer_);
   sweep_timer_ = 0;
   if (stop_hook_ != 0) loop_->RemoveStopHook(stop_hook_);
   stop_hook_ = 0;
   if (listener_ != nullptr) {
-    listener_->server = nullptr;
-    uv_close(reinterpret_cast<uv_handle_t*>(&listener_->tcp),
-             [](uv_handle_t* h) { delete static_cast<ListenerHandle*>(h->data); });
+    listener_->Close();
     listener_ = nullptr;
   }
   std::unordered_map<HttpConnId, Conn*> conns;
@@ -688,7 +481,7 @@ void HttpServer::Shutdown() {
         c->tls->TakeCipher(&cipher);
         buf = uv_buf_init(cipher.data(), cipher.size());
       }
-      uv_try_write(reinterpret_cast<uv_stream_t*>(&c->tcp), &buf, 1);
+      uv_try_write(reinterpret_cast<uv_stream_t*>(c->tcp), &buf, 1);
     }
     CloseConn(c);
     for (auto& fn : watchers) fn();

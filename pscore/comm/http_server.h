@@ -13,8 +13,12 @@
 #include <utility>
 #include <vector>
 
+#include "pscore/comm/alive.h"
 #include "pscore/comm/event_loop.h"
+#include "pscore/comm/tcp_listener.h"
 #include "pscore/core/status.h"
+
+struct uv_tcp_s;
 
 namespace pscore::comm {
 
@@ -98,7 +102,7 @@ class HttpServer {
 
   // Internal (trampolines in the .cc).
   struct Conn;
-  void OnAccept();
+  void OnAccept(uv_tcp_s* tcp);
   void OnRead(Conn* c, const char* data, size_t n);
   // HTTPS: ciphertext read from the socket (handshake, then requests).
   void OnCipher(Conn* c, const char* data, size_t n);
@@ -122,18 +126,19 @@ class HttpServer {
   EventLoop* loop_;
   HttpServerOptions options_;
   Handler handler_;
-  struct ListenerHandle;
-  ListenerHandle* listener_ = nullptr;
+  TcpListener* listener_ = nullptr;  // closes itself (Shutdown)
   std::unordered_map<HttpConnId, Conn*> conns_;  // owned; freed in the close callback
   HttpConnId next_id_ = 1;
   TimerId sweep_timer_ = 0;
   uint64_t stop_hook_ = 0;
   bool shut_down_ = false;
   HttpServerStats stats_;
-  std::shared_ptr<void> alive_ = std::make_shared<int>(0);  // expires at Shutdown
+  AcceptCap accept_cap_{"http", options_.max_connections};
+  AliveToken alive_;  // expires at Shutdown
 };
 
-// Reason phrase of a status code ("Not Found").
+// Reason phrase of a status code ("Not Found"), http-parser's; "Unknown" for a code it
+// does not know.
 const char* HttpReason(int status);
 
 }  // namespace pscore::comm

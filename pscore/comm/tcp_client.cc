@@ -11,7 +11,7 @@ TcpClient::TcpClient(Transport* transport, std::string host, int port, ConnectOp
       options_(options),
       reconnect_(reconnect),
       callbacks_(std::move(callbacks)),
-      alive_(std::make_shared<TcpClient*>(this)) {}
+      redial_backoff_(options_.initial_backoff, options_.max_backoff) {}
 
 TcpClient::~TcpClient() { Stop(); }
 
@@ -21,11 +21,9 @@ void TcpClient::Start() {
 }
 
 void TcpClient::Dial() {
-  std::weak_ptr<TcpClient*> weak = alive_;
-  transport_->Connect(host_, port_, options_, [weak](Result<ConnId> r) {
-    auto alive = weak.lock();
+  DCHECK(transport_->loop()->InLoopThread());
+  transport_->Connect(host_, port_, options_, [self = this, alive = alive_.watch()](Result<ConnId> r) {
     if (!alive) return;
-    TcpClient* self = *alive;
     if (self->stopped_) {
       if (r.ok()) self->transport_->Close(*r, Status(Code::kCancelled, "client stopped"));
       return;
@@ -36,10 +34,8 @@ void TcpClient::Dial() {
       return;
     }
     self->conn_ = *r;
-    self->transport_->WatchClose(self->conn_, [weak](const Status& why) {
-      auto alive2 = weak.lock();
-      if (!alive2) return;
-      TcpClient* c = *alive2;
+    self->transport_->WatchClose(self->conn_, [c = self, alive](const Status& why) {
+      if (!alive) return;
       c->conn_ = kNoConn;
       if (c->stopped_) return;
       if (c->callbacks_.on_lost) c->callbacks_.on_lost(why);
@@ -51,21 +47,17 @@ void TcpClient::Dial() {
 }
 
 void TcpClient::Redial() {
+  DCHECK(transport_->loop()->InLoopThread());
   if (std::chrono::steady_clock::now() - connected_at_ >= options_.max_backoff) {
-    redial_backoff_ = Duration::zero();
+    redial_backoff_.Reset();
     Dial();
     return;
   }
-  redial_backoff_ = redial_backoff_ == Duration::zero()
-                        ? options_.initial_backoff
-                        : std::min<Duration>(redial_backoff_ * 2, options_.max_backoff);
+  const Duration wait = redial_backoff_.Next();
   VLOG(1) << target_ << ": the connection lasted under " << ToMillis(options_.max_backoff) << " ms; dialing again in "
-          << ToMillis(redial_backoff_) << " ms";
-  std::weak_ptr<TcpClient*> weak = alive_;
-  redial_timer_ = transport_->loop()->AddTimer(redial_backoff_, Duration::zero(), [weak] {
-    auto alive = weak.lock();
+          << ToMillis(wait) << " ms";
+  redial_timer_ = transport_->loop()->AddTimer(wait, Duration::zero(), [self = this, alive = alive_.watch()] {
     if (!alive) return;
-    TcpClient* self = *alive;
     self->redial_timer_ = 0;
     if (!self->stopped_) self->Dial();
   });

@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "pscore/comm/alive.h"
+#include "pscore/comm/backoff.h"
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/transport.h"
 
@@ -47,10 +49,9 @@ class TcpClient {
   ConnId conn_ = kNoConn;
   bool stopped_ = false;
   TimePoint connected_at_{};
-  Duration redial_backoff_ = Duration::zero();  // zero: the last link lived long enough
+  Backoff redial_backoff_;  // reset when the last link lived long enough
   TimerId redial_timer_ = 0;
-  // Callbacks hold this token weakly so they do nothing once *this is gone.
-  std::shared_ptr<TcpClient*> alive_;
+  AliveToken alive_;  // callbacks do nothing once *this is gone
 };
 
 }  // namespace pscore::comm

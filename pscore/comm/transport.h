@@ -4,41 +4,33 @@
 // Hosts: numeric IPv4/IPv6 addresses or "localhost" (no blocking DNS on the loop).
 #pragma once
 
-#include <array>
-#include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
-#include <map>
 #include <unordered_map>
 #include <vector>
 
+#include "pscore/comm/address.h"
+#include "pscore/comm/alive.h"
+#include "pscore/comm/connection_owner.h"
 #include "pscore/comm/frame_decoder.h"
+#include "pscore/comm/tcp_listener.h"
+#include "pscore/comm/transport_ledger.h"
 #include "pscore/comm/transport_types.h"
 #include "pscore/core/buffer.h"
 #include "pscore/core/status.h"
 
+struct uv_tcp_s;
+
 namespace pscore::comm {
 
 class Connection;
-}  // namespace pscore::comm
-struct uv_tcp_s;
-struct sockaddr_storage;
-namespace pscore::comm {
+class Dialer;
 class EventLoop;
-struct Listener;
-struct Dialer;
+class TcpListener;
 
-// host:port as a socket address: numeric IPv4/IPv6, or "localhost" / "" for 127.0.0.1.
-Status ResolveAddress(const std::string& host, int port, ::sockaddr_storage* out);
-
-struct ConnectOptions {
-  Duration timeout = std::chrono::seconds(10);         // give up after this long
-  Duration initial_backoff = std::chrono::milliseconds(20);
-  Duration max_backoff = std::chrono::seconds(1);
-};
-
-class Transport {
+class Transport final : private ConnectionOwner {
  public:
   struct Handlers {
     std::function<void(ConnId, Frame&&)> on_frame;
@@ -83,72 +75,23 @@ class Transport {
   std::string PeerIdentity(ConnId id) const;
   uint64_t QueuedBytes(ConnId id) const;
   size_t num_connections() const { return conns_.size(); }
-  const TransportStats& stats() const { return stats_; }
+  const TransportStats& stats() const { return ledger_.stats(); }
   // Payload bytes copied in user space (any thread): small payloads copied into a write
   // batch, and payload bytes FrameDecoder copied out of its read buffers.
-  uint64_t payload_bytes_copied() const { return copied_.load(std::memory_order_relaxed); }
+  uint64_t payload_bytes_copied() const { return ledger_.payload_bytes_copied(); }
   // Snapshot of the per-command counters: one entry per command number that carried a
   // frame either way, in number order, kOtherCommand (if any) last. Allocates per call
   // (a /metrics scrape), never per frame.
   std::vector<CommandStats> StatsByCommand() const;
   EventLoop* loop() const { return loop_; }
   const TransportOptions& options() const { return options_; }
-
-  // Used by Connection, Listener and Dialer (comm-internal).
-  // Deferred callbacks hold this weakly: expired once the Transport is destroyed.
-  std::weak_ptr<Transport*> alive_token() const { return alive_; }
-  Connection* Lookup(ConnId id) const;
-  // The open connection `id`, or kUnavailable naming why it closed (when still known).
-  Result<Connection*> Open(ConnId id) const;
-  void Release(ConnId id, const Status& why);
-  void Deliver(ConnId id, Frame&& frame);
-  bool has_sink() const { return static_cast<bool>(handlers_.sink); }
-  char* SinkFor(ConnId id, const pb::MessageMeta& meta, uint64_t tail) { return handlers_.sink(id, meta, tail); }
-  bool has_stream() const { return static_cast<bool>(handlers_.stream); }
-  std::shared_ptr<TailStream> StreamFor(ConnId id, const pb::MessageMeta& meta, uint64_t tail) {
-    return handlers_.stream(id, meta, tail);
-  }
-  // Takes an initialised, connected handle. `ready` (dialled connections) runs once the
-  // connection may carry frames: at once, or after the token handshake.
-  ConnId Adopt(uv_tcp_s* tcp, bool accepted, std::function<void(Result<ConnId>)> ready = nullptr);
-  void CountIn(size_t bytes, size_t frames) { stats_.bytes_in += bytes; stats_.frames_in += frames; }
-  // Per frame on the heartbeat path: an index and two adds, no lookup, no allocation.
-  void CountOut(size_t bytes, int cmd) {
-    stats_.bytes_out += bytes;
-    ++stats_.frames_out;
-    CommandStats& c = by_cmd_[CommandSlot(cmd)];
-    ++c.frames_out;
-    c.bytes_out += bytes;
-  }
-  void CountCommandIn(int cmd, uint64_t bytes) {
-    CommandStats& c = by_cmd_[CommandSlot(cmd)];
-    ++c.frames_in;
-    c.bytes_in += bytes;
-  }
-  void CountProtocolError() { ++stats_.protocol_errors; }
-  void CountIncompleteCapClosed() { ++stats_.incomplete_cap_closed; }
-  void CountQueuedCapClosed(bool total) { ++(total ? stats_.total_queued_cap_closed : stats_.queued_cap_closed); }
-  void AddQueuedTotal(uint64_t n) { stats_.queued_write_bytes += n; }
-  void DropQueuedTotal(uint64_t n) { stats_.queued_write_bytes -= n; }
   // Queued-but-unwritten bytes of all open connections, a shared payload (Payload::shared)
   // once however many connections hold it.
-  uint64_t queued_write_bytes() const { return stats_.queued_write_bytes; }
-  // A shared payload's count in the total: HoldShared per connection that queues it (the
-  // first adds its size), ReleaseShared when that frame is written or dropped (the last
-  // removes it). The payload is alive while held: every holder's frame references it.
-  bool HoldsShared(const Buffer* payload) const { return shared_.count(payload) != 0; }
-  void HoldShared(const Buffer* payload);
-  void ReleaseShared(const Buffer* payload);
+  uint64_t queued_write_bytes() const { return ledger_.queued_write_bytes(); }
   // Distinct shared payloads queued now (tests).
-  size_t shared_payloads_queued() const { return shared_.size(); }
+  size_t shared_payloads_queued() const { return ledger_.shared_payloads_queued(); }
   // Payload bytes held now for frames received in part, on every transport sharing the budget.
   uint64_t incomplete_frame_bytes() const { return options_.incomplete_frame_budget->held(); }
-  void CountCopied(uint64_t bytes) { copied_.fetch_add(bytes, std::memory_order_relaxed); }
-  // Connection `id` has frames queued: flush it before the loop next polls.
-  void QueueFlush(ConnId id);
-  void DialerDone(Dialer* d);
-  // Connection `id` finished its TLS handshake: on to the token handshake, or open.
-  void TlsEstablished(ConnId id);
 
  private:
   // Token handshake state of a connection that may not carry frames yet.
@@ -158,13 +101,30 @@ class Transport {
     std::function<void(Result<ConnId>)> ready;
     uint64_t timer = 0;  // TimerId of the handshake deadline
   };
-  static size_t CommandSlot(int cmd) {
-    return static_cast<unsigned>(cmd) < kCommandSlots - 1u ? static_cast<size_t>(cmd) : kCommandSlots - 1u;
+  // ConnectionOwner: what the connections report.
+  TransportLedger& ledger() override { return ledger_; }
+  bool has_sink() const override { return static_cast<bool>(handlers_.sink); }
+  char* SinkFor(ConnId id, const pb::MessageMeta& meta, uint64_t tail) override {
+    return handlers_.sink(id, meta, tail);
   }
+  bool has_stream() const override { return static_cast<bool>(handlers_.stream); }
+  std::shared_ptr<TailStream> StreamFor(ConnId id, const pb::MessageMeta& meta, uint64_t tail) override {
+    return handlers_.stream(id, meta, tail);
+  }
+  void OnTlsEstablished(ConnId id) override;
+  void OnFrame(ConnId id, Frame&& frame) override;
+  void OnFramesQueued(ConnId id) override;
+  void OnClosing(ConnId id, const Status& why) override;
+
+  Connection* Lookup(ConnId id) const;
+  // The open connection `id`, or kUnavailable naming why it closed (when still known).
+  Result<Connection*> Open(ConnId id) const;
+  // Takes an initialised, connected handle. `ready` (dialled connections) runs once the
+  // connection may carry frames: at once, or after the token handshake.
+  ConnId Adopt(uv_tcp_s* tcp, bool accepted, std::function<void(Result<ConnId>)> ready = nullptr);
+  void FlushQueued();
   void SweepStalled();
   Duration SweepPeriod() const;
-  // The listener's check before it adopts an accepted socket: false when at the cap.
-  bool AdmitAccepted();
   void StartAuth(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready);
   void OnAuthFrame(ConnId id, Frame&& frame);
   void AuthDone(ConnId id, const Status& st);
@@ -181,28 +141,22 @@ class Transport {
   TransportOptions options_;
   Handlers handlers_;
   std::unordered_map<ConnId, std::unique_ptr<Connection>> conns_;
-  struct SharedHold {
-    uint64_t holders = 0;  // queued frames referencing the payload, all connections
-  };
-  std::unordered_map<const Buffer*, SharedHold> shared_;
   mutable ConnId cached_id_ = 0;               // Lookup's one-entry cache (loop thread)
   mutable Connection* cached_conn_ = nullptr;  // reset when cached_id_ is released
   std::unordered_multimap<ConnId, std::function<void(const Status&)>> close_watchers_;
-  std::vector<Listener*> listeners_;
+  std::vector<TcpListener*> listeners_;
   std::vector<Dialer*> dialers_;
   ConnId next_id_ = 1;
   std::vector<ConnId> to_flush_;   // connections with queued frames, in order of first Send
   std::vector<ConnId> flushing_;   // the list being flushed (swapped, so no allocation per pass)
   bool flush_queued_ = false;      // a before-poll pass is scheduled
   size_t num_accepted_ = 0;  // open accepted connections (against max_accepted_connections)
-  TimePoint last_refusal_log_{};
+  AcceptCap accept_cap_;
   uint64_t stop_hook_ = 0;
   uint64_t sweep_timer_ = 0;
   bool shut_down_ = false;
-  TransportStats stats_;
-  std::atomic<uint64_t> copied_{0};
-  std::array<CommandStats, kCommandSlots> by_cmd_{};  // by CommandSlot; cmd fields unused
-  std::shared_ptr<Transport*> alive_ = std::make_shared<Transport*>(this);
+  TransportLedger ledger_;
+  AliveToken alive_;
 };
 
 }  // namespace pscore::comm

@@ -56,6 +56,12 @@ struct TransportOptions {
   Duration tls_handshake_timeout = std::chrono::seconds(10);
 };
 
+struct ConnectOptions {
+  Duration timeout = std::chrono::seconds(10);         // give up after this long
+  Duration initial_backoff = std::chrono::milliseconds(20);
+  Duration max_backoff = std::chrono::seconds(1);
+};
+
 // Frames and bytes (whole frames: header, meta, payload) of one command number.
 struct CommandStats {
   int cmd = 0;  // the NodeCommand number, or kOtherCommand

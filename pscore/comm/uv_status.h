@@ -1,4 +1,5 @@
-// Converts libuv's negative return codes to Status, once, at the comm boundary.
+// Converts libuv's negative return codes to Status, once, at the comm boundary; and the
+// small handle helpers the comm sources share.
 // Included only by comm/*.cc.
 #pragma once
 
@@ -19,6 +20,13 @@ inline Status UvStatus(int rc, const std::string& what) {
     code = Code::kResourceExhausted;
   }
   return Status(code, what + ": " + uv_strerror(rc));
+}
+
+// Closes a heap-allocated TCP handle nobody owns yet (a failed dial or a refused accept)
+// and frees it in the close callback.
+inline void CloseAndFree(uv_tcp_t* tcp) {
+  tcp->data = nullptr;
+  uv_close(reinterpret_cast<uv_handle_t*>(tcp), [](uv_handle_t* h) { delete reinterpret_cast<uv_tcp_t*>(h); });
 }
 
 }  // namespace pscore::comm
