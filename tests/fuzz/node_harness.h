@@ -1,7 +1,8 @@
 // Shared by server_dispatch_fuzz and worker_dispatch_fuzz: runs one fuzz input against a
 // fresh, unstarted worker or server on a shared loop. The node is first put in a READY
 // cluster of one worker and one server (metadata and a state change pushed as the
-// scheduler would), then every record of the input is injected (Node::InjectForTest):
+// scheduler would), and a server hears HELLO from the worker on each peer connection the
+// input uses. Then every record of the input is handed over (NodeProbe, node/node_probe.h):
 // records flagged "from the scheduler" as pushes on the scheduler link, the others as
 // requests from a peer connection. Addresses in injected metadata are rewritten to
 // 127.0.0.1:1 (nothing listens there), so a fuzz input never makes the node dial a real
@@ -10,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,7 @@
 
 #include "pscore/comm/event_loop.h"
 #include "fuzz/dispatch_input.h"
+#include "node/node_probe.h"
 #include "pscore/node/common/node.h"
 #include "pscore/node/common/wire.h"
 
@@ -79,14 +82,35 @@ inline pb::SendMetadataMessage BaselineMetadata(pb::NodeRole role) {
   return md;
 }
 
+// A server serves data only to members that said HELLO: the worker of the baseline
+// metadata says it on every peer connection of the input.
+inline void HelloFromWorker(node::Node* n, const std::vector<Record>& records) {
+  std::set<comm::ConnId> peers;
+  for (const Record& r : records) {
+    if (!r.from_scheduler()) peers.insert(r.conn());
+  }
+  for (comm::ConnId conn : peers) {
+    pb::HelloMessage hello;
+    hello.set_node_id("worker-fuzz");
+    hello.set_role(pb::WORKER);
+    hello.set_rank_id(0);
+    comm::Frame f;
+    f.meta = node::MakeMeta(pb::HELLO, pb::WORKER, 0);
+    f.meta.set_oneway(true);
+    f.payload = node::ToBuffer(hello);
+    node::NodeProbe::FromPeer(*n, conn, std::move(f));
+  }
+}
+
 inline void RunNodeInput(node::Node* n, std::vector<Record>* records) {
   constexpr comm::ConnId kSchedulerConn = 100;  // not a real connection: answers are dropped
-  n->InjectForTest(kSchedulerConn, SchedulerPush(pb::SEND_METADATA, BaselineMetadata(n->role())), true);
+  node::NodeProbe::FromScheduler(*n, kSchedulerConn, SchedulerPush(pb::SEND_METADATA, BaselineMetadata(n->role())));
   pb::ClusterEventMessage ready;
   ready.set_kind(pb::ClusterEventMessage::STATE_CHANGED);
   ready.set_cluster_state(pb::CLUSTER_READY);
   ready.set_epoch(1);
-  n->InjectForTest(kSchedulerConn, SchedulerPush(pb::CLUSTER_EVENT, ready), true);
+  node::NodeProbe::FromScheduler(*n, kSchedulerConn, SchedulerPush(pb::CLUSTER_EVENT, ready));
+  if (n->role() == pb::SERVER) HelloFromWorker(n, *records);
   for (Record& r : *records) {
     if (r.from_scheduler() && r.frame.meta.cmd() == pb::SEND_METADATA && r.frame.payload) {
       pb::SendMetadataMessage md;
@@ -96,7 +120,11 @@ inline void RunNodeInput(node::Node* n, std::vector<Record>* records) {
         r.frame.payload = node::ToBuffer(md);
       }
     }
-    n->InjectForTest(r.from_scheduler() ? kSchedulerConn : r.conn(), std::move(r.frame), r.from_scheduler());
+    if (r.from_scheduler()) {
+      node::NodeProbe::FromScheduler(*n, kSchedulerConn, std::move(r.frame));
+    } else {
+      node::NodeProbe::FromPeer(*n, r.conn(), std::move(r.frame));
+    }
   }
 }
 

@@ -1,6 +1,6 @@
 // libFuzzer target: the scheduler's command dispatch. Each input is a sequence of decoded
 // messages (tests/fuzz/dispatch_input.h) handed to a fresh SchedulerNode's request handler
-// through SchedulerNode::InjectForTest, on four simulated connections, as the transport
+// through NodeProbe::ToScheduler, on four simulated connections, as the transport
 // would hand them over: REGISTER, HEARTBEAT, FETCH_METADATA, FINISH, ADMIN, KV_REQUEST,
 // BARRIER, SEND_EVENT, SCALE_*_DONE, REPORT_ERROR, PING and every unserved command.
 // The scheduler is not started (no socket): answers to the simulated connections are
@@ -13,6 +13,7 @@
 
 #include "pscore/comm/event_loop.h"
 #include "fuzz/dispatch_input.h"
+#include "node/node_probe.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 
 namespace {
@@ -42,7 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   opts.server_num = 1;
   opts.job_id = "fuzz";
   pscore::node::SchedulerNode scheduler(opts, SharedLoop());
-  for (auto& r : records) scheduler.InjectForTest(r.conn(), std::move(r.frame));
+  for (auto& r : records) pscore::node::NodeProbe::ToScheduler(scheduler, r.conn(), std::move(r.frame));
   scheduler.Stop();
   return 0;
 }

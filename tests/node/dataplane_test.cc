@@ -21,6 +21,7 @@
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/common/wire.h"
 #include "multiproc/process.h"  // TempDir
+#include "node/node_probe.h"
 #include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
@@ -793,7 +794,7 @@ TEST_CASE("a large push cut off half-way changes nothing - a push waiting for it
   md.set_epoch(md.epoch() + 1);
   comm::Frame update{MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, -1), ToBuffer(md)};
   std::future<void> applied =
-      std::async(std::launch::async, [&server, &update] { server.InjectForTest(0, std::move(update), true); });
+      std::async(std::launch::async, [&server, &update] { NodeProbe::FromScheduler(server, 0, std::move(update)); });
   CHECK(applied.wait_for(10s) == std::future_status::ready);
   CHECK(waiting.wait_for(0s) == std::future_status::timeout);
   // ... until the link breaks off: the half push is dropped, the waiting one applied.
@@ -1482,7 +1483,7 @@ TEST_CASE("metadata claiming more servers than a job may have is ignored - worke
     comm::Frame f;
     f.meta = MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, -1);
     f.payload = ToBuffer(md);
-    w.InjectForTest(/*conn=*/1, std::move(f), /*from_scheduler=*/true);
+    NodeProbe::FromScheduler(w, /*conn=*/1, std::move(f));
     CHECK(w.server_count() == 1);
     CHECK(w.metadata().epoch() == epoch);
   }

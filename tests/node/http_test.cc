@@ -20,6 +20,7 @@
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
+#include "node/node_probe.h"
 
 #include "node/ranktable_fixture.h"  // last: pulls in Catch
 
@@ -711,7 +712,7 @@ TEST_CASE("http: /metrics counts the key-value store's keys and bytes and its wa
     comm::Frame f;
     f.meta = MakeMeta(pb::KV_REQUEST, pb::WORKER, 0);
     f.payload = ToBuffer(req);
-    st.sched.InjectForTest(/*conn=*/0, std::move(f));  // its answer goes nowhere
+    NodeProbe::ToScheduler(st.sched, /*conn=*/0, std::move(f));  // its answer goes nowhere
   };
   kv(pb::KvRequest::SET, "job/a", "12345");
   kv(pb::KvRequest::SET, "job/b", std::string(100, 'v'));

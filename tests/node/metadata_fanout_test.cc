@@ -14,6 +14,7 @@
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/worker/worker_node.h"
+#include "node/node_probe.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
@@ -212,7 +213,7 @@ TEST_CASE("a member finds its rank in metadata that names no recipient, and hand
   REQUIRE(loop.Start().ok());
   {
     WorkerNode w(MemberOpts(pb::WORKER, 1, "worker-b"), &loop);
-    std::vector<std::pair<int, std::string>> heard;  // loop thread; read after InjectForTest returns
+    std::vector<std::pair<int, std::string>> heard;  // loop thread; read after NodeProbe returns
     bool nested = false;
     Node::Callbacks cb;
     cb.on_cluster_event = [&](const pb::ClusterEventMessage& ev) {
@@ -225,7 +226,7 @@ TEST_CASE("a member finds its rank in metadata that names no recipient, and hand
       f.meta = MakeMeta(cmd, pb::SCHEDULER, 0);
       f.meta.set_oneway(true);
       f.payload = ToBuffer(msg);
-      w.InjectForTest(/*conn=*/100, std::move(f), /*from_scheduler=*/true);
+      NodeProbe::FromScheduler(w, /*conn=*/100, std::move(f));
     };
     // The same bytes every member gets: rank_id of the message itself is not set.
     pb::SendMetadataMessage md;
@@ -345,7 +346,7 @@ TEST_CASE("nodes that time out in one scheduler pass reach a member as one CLUST
         f.meta = MakeMeta(pb::REGISTER, pb::WORKER, -1);
         f.meta.set_request_id(1);
         f.payload = ToBuffer(reg);
-        sched.InjectForTest(/*conn=*/900001 + i, std::move(f));
+        NodeProbe::ToScheduler(sched, /*conn=*/900001 + i, std::move(f));
       }
     });
     REQUIRE(observer.WaitForReady(60s).ok());

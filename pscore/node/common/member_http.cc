@@ -45,8 +45,9 @@ void MemberHttp::Stop() {
   node_->loop()->RunAndWait([this] { server_->Shutdown(); });
 }
 
-// Loop thread. Only /metrics: a member has no admin surface of its own.
+// Only /metrics: a member has no admin surface of its own.
 void MemberHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
+  DCHECK(node_->loop()->InLoopThread());
   const bool get = req.method == "GET" || req.method == "HEAD";
   if (req.path != "/metrics") {
     ++responses_[404];
@@ -65,8 +66,9 @@ void MemberHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
   server_->Respond(id, 200, "text/plain; version=0.0.4", Metrics()).IgnoreError();
 }
 
-// Loop thread: Prometheus text format 0.0.4.
+// Prometheus text format 0.0.4.
 std::string MemberHttp::Metrics() {
+  DCHECK(node_->loop()->InLoopThread());
   MetricsText m;
   const std::string role = RoleLabel(node_->role());
   m.Family("pscore_member_info", "gauge", "This process: 1, labelled with its role and node id.");

@@ -27,6 +27,7 @@
 namespace pscore::node {
 
 class MetricsText;
+class PeerLinks;
 
 class Node {
  public:
@@ -81,10 +82,6 @@ class Node {
   uint64_t payload_bytes_copied() const {
     return copied_->load(std::memory_order_relaxed) + messenger_->transport().payload_bytes_copied();
   }
-  // Tests and fuzzers (not on the loop thread): handles `frame` as if it had arrived on
-  // `conn` (from_scheduler: as a push on the scheduler link), on the loop thread, and
-  // returns once it is handled. Answers to a conn that does not exist are dropped.
-  void InjectForTest(comm::ConnId conn, comm::Frame&& frame, bool from_scheduler = false);
 
   // Coordination client (blocking; any thread but the loop's).
   Status KvSet(const std::string& key, const std::string& value, bool overwrite = true);
@@ -144,8 +141,6 @@ class Node {
                                                             uint64_t tail) {
     return nullptr;
   }
-  // InjectForTest: treat `conn` as an identified member (fuzzers, tests).
-  virtual void TrustPeerForTest(comm::ConnId conn) {}
   virtual void StopRole() {}
   // Stop() was called on this thread, before anything stops (e.g. a server's handler
   // thread, which Stop must then not wait for).
@@ -187,33 +182,50 @@ class Node {
   int listen_port_ = 0;  // set by StartRole of roles that listen
 
  private:
-  void OnFrame(comm::ConnId conn, comm::Frame&& frame);
+  // tests/node/node_probe.h: hands frames to HandleSchedulerPush and OnPeerRequest as if
+  // they had arrived (tests, fuzzers).
+  friend class NodeProbe;
+
+  // Lifecycle and dispatch (node.cc).
   Status StartOnLoop();
   void CloseOnLoop();
+  void OnFrame(comm::ConnId conn, comm::Frame&& frame);
+  bool Terminate(const Status& why);  // false: terminated already (the first reason stays)
+  void TerminateAsTold(const pb::ClusterEventMessage& end);
+  void PublishSnapshot();
+
+  // Registration, heartbeats and scheduler liveness (node_registration.cc).
   void OnSchedulerConnected(comm::ConnId conn);
   void OnSchedulerFailed(const Status& why);
   void Register();
+  void OnRegistered(const pb::RegisterRespMessage& resp);
   void RetryRegister(const Status& why);
+  void SettleStart(const Status& st);  // answers Start() once
   void Heartbeat();
-  // By value: the node's own rank is filled in (found by node id) before it is applied.
-  void ApplyMetadata(pb::SendMetadataMessage md);
-  void FetchMetadata(uint64_t epoch);
-  void ApplyState(pb::ClusterState state);
-  void HandleSchedulerPush(comm::ConnId conn, comm::Frame&& frame);
-  // One CLUSTER_EVENT notice (a frame's own, or one of its `more`).
-  void HandleClusterEvent(const pb::ClusterEventMessage& ev);
-  bool Terminate(const Status& why);  // false: terminated already (the first reason stays)
-  void TerminateAsTold(const pb::ClusterEventMessage& end);
+  void OnHeartbeatAnswer(uint64_t session, Result<comm::Frame> r);
   void SchedulerAnswered();
   void WatchScheduler();
-  void PublishSnapshot();
-  void SendScaleDone(pb::NodeCommand cmd, uint64_t epoch);
   // The meta of a request to the scheduler: carries the session of our registration.
   pb::MessageMeta SchedulerMeta(pb::NodeCommand cmd) const;
   // A request sent under session `carried` was refused as stale: registers again, unless a
   // registration since gave a new session already.
   void OnStaleSession(uint64_t carried, const Status& why);
-  // Control calls that survive a lost scheduler (loop thread): see CallSchedulerAsync.
+
+  // Metadata, epochs, cluster state and scaling as the scheduler pushes them (node_metadata.cc).
+  void HandleSchedulerPush(comm::ConnId conn, comm::Frame&& frame);
+  void OnClusterEventPush(const comm::Frame& frame);
+  void OnScaleOutPush(const comm::Frame& frame);
+  void OnScaleInPush(const comm::Frame& frame);
+  // One CLUSTER_EVENT notice (a frame's own, or one of its `more`).
+  void HandleClusterEvent(const pb::ClusterEventMessage& ev);
+  // By value: the node's own rank is filled in (found by node id) before it is applied.
+  void ApplyMetadata(pb::SendMetadataMessage md);
+  void FetchMetadata(uint64_t epoch);
+  void ApplyState(pb::ClusterState state);
+  void MaybeFinishScaleOut(const pb::SendMetadataMessage& md);
+  void SendScaleDone(pb::NodeCommand cmd, uint64_t epoch);
+
+  // Control calls that survive a lost scheduler (node_control_calls.cc): see CallSchedulerAsync.
   struct ControlCall {
     pb::NodeCommand cmd;
     BufferPtr payload;
@@ -230,10 +242,12 @@ class Node {
   void ReissueParked();
   // Fails parked calls lost for recovery_timeout (all: `all`), with why appended.
   void FailParked(bool all, const std::string& why);
-  void MaybeFinishScaleOut(const pb::SendMetadataMessage& md);
 
   std::unique_ptr<comm::EventLoop> owned_loop_;
   comm::EventLoop* loop_;
+  // Links to the servers, by rank (loop thread). Declared before messenger_: the links'
+  // close watches stay valid while the messenger is torn down.
+  std::unique_ptr<PeerLinks> links_;
   std::unique_ptr<comm::Messenger> messenger_;
   std::shared_ptr<std::atomic<uint64_t>> copied_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::unique_ptr<comm::TcpClient> scheduler_;
@@ -265,20 +279,6 @@ class Node {
   uint64_t scale_out_acked_epoch_ = 0;  // newest metadata epoch whose scale-out was handled
   uint64_t scale_in_epoch_ = 0;         // scale-in under way (0: none)
   bool scale_in_handed_over_ = false;
-  std::map<int, std::string> server_addr_;                    // rank -> ip:port
-  // Links are keyed by address, not rank: when ranks are compacted a server keeps its
-  // link, and requests in flight on it are never cut.
-  std::map<std::string, comm::ConnId> server_conn_;  // ip:port -> open link
-  // Links to servers that left the membership, closed when these timers fire (loop thread).
-  std::map<comm::ConnId, comm::TimerId> leave_timers_;
-  // Dials under way, by address (loop thread). A dial whose address left the membership is
-  // answered at once (FailDialsNotIn); its late result is recognised by its serial and dropped.
-  struct Dial {
-    uint64_t serial = 0;
-    std::vector<std::function<void(Result<comm::ConnId>)>> waiters;
-  };
-  std::map<std::string, Dial> dialing_;
-  uint64_t dial_serial_ = 0;
 
   std::map<uint64_t, std::shared_ptr<ControlCall>> parked_calls_;  // loop thread, by serial
   uint64_t parked_serial_ = 0;

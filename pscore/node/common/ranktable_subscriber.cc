@@ -75,6 +75,7 @@ Result<uint64_t> RankTableSubscriber::Register() {
 }
 
 void RankTableSubscriber::Subscribe(std::function<void(Status)> done) {
+  DCHECK(loop_->InLoopThread());
   comm::ConnectOptions co;
   co.timeout = options_.timeout;
   messenger_->transport().Connect(options_.host, options_.port, co, [this, done](Result<comm::ConnId> c) {
@@ -96,8 +97,9 @@ void RankTableSubscriber::Subscribe(std::function<void(Status)> done) {
   });
 }
 
-// Loop thread: the subscribed link closed.
+// The subscribed link closed.
 void RankTableSubscriber::OnLost(const Status& why) {
+  DCHECK(loop_->InLoopThread());
   if (stopped_) return;
   if (options_.reconnect_for <= Duration::zero()) {
     if (on_close_) on_close_(why);
@@ -112,6 +114,7 @@ void RankTableSubscriber::OnLost(const Status& why) {
 }
 
 void RankTableSubscriber::RetryLater(const Status& last) {
+  DCHECK(loop_->InLoopThread());
   const Duration left = options_.reconnect_for - (SteadyClock().Now() - lost_at_);
   if (left <= Duration::zero()) {
     if (on_close_) on_close_(last);
@@ -150,6 +153,7 @@ void RankTableSubscriber::Stop() {
 }
 
 void RankTableSubscriber::OnFrame(comm::ConnId conn, comm::Frame&& frame) {
+  DCHECK(loop_->InLoopThread());
   if (frame.meta.cmd() != pb::RANKTABLE_STREAM) {
     VLOG(1) << "rank-table subscriber: ignored " << pb::NodeCommand_Name(frame.meta.cmd());
     return;

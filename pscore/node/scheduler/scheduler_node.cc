@@ -255,10 +255,6 @@ void SchedulerNode::OnRequest(ConnId conn, Frame&& frame) {
   DrainEvents();
 }
 
-void SchedulerNode::InjectForTest(ConnId conn, Frame&& frame) {
-  loop_->RunAndWait([this, conn, &frame] { OnRequest(conn, std::move(frame)); });
-}
-
 void SchedulerNode::OnClose(ConnId conn, const Status& why) {
   unserved_.erase(conn);
   CancelGets(conn);

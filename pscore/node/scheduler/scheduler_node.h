@@ -80,12 +80,9 @@ class SchedulerNode {
   size_t kv_gets_waiting();
   // FINISH requests waiting for the others (any thread; tests).
   size_t finish_waiting();
-  // Tests and fuzzers (not on the loop thread): handles `frame` as if it had arrived on
-  // `conn`, on the loop thread, and returns once it is handled. Answers to a conn that
-  // does not exist are dropped.
-  void InjectForTest(comm::ConnId conn, comm::Frame&& frame);
 
  private:
+  friend class NodeProbe;  // tests/node/node_probe.h: hands frames to OnRequest (tests, fuzzers)
   void OnRequest(comm::ConnId conn, comm::Frame&& frame);
   void OnClose(comm::ConnId conn, const Status& why);
   void ForgetGet(comm::ConnId conn, uint64_t id);

@@ -96,7 +96,6 @@ class ServerNode : public Node {
   void OnPeerClosed(comm::ConnId conn, const Status& why) override;
   std::shared_ptr<comm::TailStream> OnRequestStream(comm::ConnId conn, const pb::MessageMeta& meta,
                                                     uint64_t tail) override;
-  void TrustPeerForTest(comm::ConnId conn) override { members_[conn] = "test"; }
   void OnMetadataApplied() override;
   void OnStateApplied(pb::ClusterState state) override;
   void OnClusterEvent(const pb::ClusterEventMessage& ev) override;

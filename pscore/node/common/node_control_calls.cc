@@ -1,0 +1,138 @@
+// Node: control calls to the scheduler. A BARRIER, KV_REQUEST or FINISH call that loses
+// the scheduler is parked and sent again once the node has registered again.
+#include "pscore/core/cluster_manager.h"
+#include "pscore/node/common/node.h"
+#include "pscore/node/common/wire.h"
+
+namespace pscore::node {
+
+using comm::ConnId;
+using comm::Frame;
+
+namespace {
+
+// Control calls a member re-issues after it lost the scheduler: each is idempotent when
+// sent again (barriers name their round, KV SET/DELETE end in the same state, FINISH is
+// counted once per node).
+bool Reissuable(pb::NodeCommand cmd) {
+  return cmd == pb::BARRIER || cmd == pb::KV_REQUEST || cmd == pb::FINISH;
+}
+
+}  // namespace
+
+void Node::CallSchedulerAsync(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
+                              std::function<void(Result<Frame>)> done) {
+  CallSchedulerReissuable(cmd, msg, timeout, [done = std::move(done)](Result<Frame> r, bool) { done(std::move(r)); });
+}
+
+void Node::CallSchedulerReissuable(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
+                                   std::function<void(Result<Frame>, bool reissued)> done) {
+  auto call = std::make_shared<ControlCall>();
+  call->cmd = cmd;
+  call->payload = ToBuffer(msg);
+  call->timeout = timeout;
+  call->done = std::move(done);
+  call->reissuable = Reissuable(cmd);
+  bool queued = loop_->Run([this, call] { SendControlCall(call); });
+  if (!queued) call->done(Stopped(), false);
+}
+
+void Node::SendControlCall(std::shared_ptr<ControlCall> call) {
+  DCHECK(loop_->InLoopThread());
+  if (closed()) return call->done(Stopped(), call->reissued);  // a shared loop runs on after Stop
+  const bool linked = scheduler_ != nullptr && scheduler_->connected();
+  if (!linked || (call->reissuable && !registered_)) {
+    Status why(Code::kUnavailable, "not connected to the scheduler");
+    if (ParkControlCall(call, why, clock_.Now(), 0)) return;
+    return call->done(why, call->reissued);
+  }
+  const ConnId conn = scheduler_->conn();
+  const TimePoint sent = clock_.Now();
+  messenger_->Call(conn, SchedulerMeta(call->cmd), call->payload, call->timeout,
+                   [this, call, sent, conn, session = session_id_](Result<Frame> r) {
+                     if (core::IsStaleSession(r.status())) OnStaleSession(session, r.status());
+                     if (!r.ok() && !closed() && ParkControlCall(call, r.status(), sent, conn)) return;
+                     call->done(std::move(r), call->reissued);
+                   });
+}
+
+// A call is parked when the scheduler link it used is lost (kUnavailable), its
+// deadline passed while the scheduler answered nothing at all since it was sent (a stopped
+// scheduler), or it was refused as made under a stale session (nothing was done; the node
+// registers again). It is sent again at the next registration.
+bool Node::ParkControlCall(const std::shared_ptr<ControlCall>& call, const Status& why, TimePoint sent,
+                           ConnId conn) {
+  DCHECK(loop_->InLoopThread());
+  if (!call->reissuable || scheduler_ == nullptr) return false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (terminated_) return false;
+  }
+  const bool lost = why.code() == Code::kUnavailable;
+  const bool silent = why.code() == Code::kTimeout && watch_.since_answer() >= clock_.Now() - sent;
+  const bool stale = core::IsStaleSession(why);
+  if (!lost && !silent && !stale) return false;
+  if (!call->lost_since) call->lost_since = clock_.Now();
+  call->reissued = true;
+  VLOG(1) << options_.node_id << ": " << pb::NodeCommand_Name(call->cmd) << " to the scheduler lost (" << why
+          << "); re-issued once registered again";
+  if (registered_ && scheduler_->connected() && (scheduler_->conn() != conn || stale)) {
+    // Registered again already (on a new link, or in a new session): send it now.
+    loop_->Run([this, call] { SendControlCall(call); });
+    return true;
+  }
+  parked_calls_.emplace(++parked_serial_, call);
+  return true;
+}
+
+// After a registration: every parked call goes out again.
+void Node::ReissueParked() {
+  DCHECK(loop_->InLoopThread());
+  if (parked_calls_.empty()) return;
+  LOG(INFO) << RoleLabel(options_.role) << " " << options_.node_id << ": re-issuing " << parked_calls_.size()
+            << " control call(s) to the scheduler at " << scheduler_->target();
+  auto calls = std::move(parked_calls_);
+  parked_calls_.clear();
+  for (auto& [serial, call] : calls) SendControlCall(call);
+}
+
+void Node::FailParked(bool all, const std::string& why) {
+  DCHECK(loop_->InLoopThread());
+  const TimePoint now = clock_.Now();
+  const std::string target = scheduler_ != nullptr ? scheduler_->target()
+                                                   : options_.scheduler_host + ":" +
+                                                         std::to_string(options_.scheduler_port);
+  for (auto it = parked_calls_.begin(); it != parked_calls_.end();) {
+    std::shared_ptr<ControlCall> call = it->second;
+    const Duration waited = now - *call->lost_since;
+    if (!all && waited < options_.recovery_timeout) {
+      ++it;
+      continue;
+    }
+    it = parked_calls_.erase(it);
+    call->done(Status(Code::kUnavailable, pb::NodeCommand_Name(call->cmd) + " to the scheduler at " + target +
+                                              " failed: no scheduler for " + std::to_string(ToMillis(waited)) +
+                                              " ms (recovery timeout " +
+                                              std::to_string(ToMillis(options_.recovery_timeout)) + " ms)" +
+                                              (why.empty() ? "" : "; " + why)),
+               call->reissued);
+  }
+}
+
+Result<Frame> Node::CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
+                                  Duration timeout) {
+  CHECK(!loop_->OnRunningLoop()) << "blocking pscore call on the loop thread";
+  auto promise = std::make_shared<std::promise<Result<Frame>>>();
+  auto fut = promise->get_future();
+  CallSchedulerAsync(cmd, msg, timeout, [promise](Result<Frame> r) { promise->set_value(std::move(r)); });
+  // A re-issued call is always answered: by the scheduler, at the recovery timeout, or when
+  // the node terminates or stops.
+  if (Reissuable(cmd)) return fut.get();
+  // The messenger enforces the deadline; the margin only guards against a stopped loop.
+  if (fut.wait_for(timeout + std::chrono::seconds(5)) != std::future_status::ready) {
+    return Status(Code::kTimeout, pb::NodeCommand_Name(cmd) + " to the scheduler: no answer");
+  }
+  return fut.get();
+}
+
+}  // namespace pscore::node
