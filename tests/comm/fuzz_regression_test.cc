@@ -13,7 +13,7 @@ namespace {
 // server_dispatch_fuzz, crash-17b4439e: a server asked by injected metadata to move keys
 // dialled a peer; the node was stopped and destroyed while the connect was in flight, and
 // the dial's callback (which captures the node) ran later, from OnConnect with
-// UV_ECANCELED: a use after free. Shutdown now answers an in-flight dial at once.
+// UV_ECANCELED: a use after free. Shutdown answers an in-flight dial at once.
 TEST_CASE("transport: Shutdown answers an in-flight dial before returning", "[comm][net][fuzz]") {
   EventLoop loop("regression");
   REQUIRE(loop.Start().ok());

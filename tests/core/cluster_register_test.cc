@@ -111,7 +111,7 @@ TEST_CASE("sessions: 0 and the current one pass - another is refused failed_prec
   REQUIRE(restored.Restore(state).ok());
   CHECK(restored.session_id() == 41);
   CHECK(restored.CheckSession(41).ok());
-  // A state file with no session (written before sessions existed) keeps the drawn one.
+  // A state file with no session (an older file's format) keeps the drawn one.
   state.clear_session_id();
   ClusterManager older(Config(1, 1), &clock);
   older.set_session_id(99);

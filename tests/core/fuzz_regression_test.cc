@@ -17,7 +17,7 @@ namespace {
 // kv_codec_fuzz, crash-29a80a78: the encoder lays out an empty keys vector without padding
 // it to 8 bytes (flatbuffers skips alignment for zero-length vectors), and the decoder
 // refused its own output as "keys not 8-byte aligned". An empty vector reads nothing, so
-// the decoder now checks the alignment of keys only when there are keys.
+// the decoder checks the alignment of keys only when there are keys.
 TEST_CASE("kv codec: an empty batch round-trips whatever the op and the arrays present", "[core][fuzz]") {
   const uint32_t lens[1] = {0};
   const float values[1] = {0};

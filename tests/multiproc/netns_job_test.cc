@@ -4,7 +4,7 @@
 // its own address (10.A.B.2 the scheduler, .3 and .4 the servers, .5 and .6 the trainers).
 // It runs pscore-train across them, the first trainer asks for one more server at a step,
 // and a new host (.7) is created for it mid-run; once the job is READY with 3 servers, one
-// server's link is cut, and stays cut. What the system does now, asserted: the scheduler
+// server's link is cut, and stays cut. What the system does, asserted: the scheduler
 // times the server out (NODE_TIMEOUT); each trainer closes its link to it on that notice,
 // so its request in flight there is sent again and given up --recovery_timeout_ms after its
 // first send (not after the 60 s request timeout: a cut link closes nothing by itself);

@@ -1468,9 +1468,9 @@ TEST_CASE("PullSync right after an unanswered Push of the same worker sees that 
 
 TEST_CASE("metadata claiming more servers than a job may have is ignored - worker_dispatch_fuzz oom",
           "[node][net][dataplane][fuzz]") {
-  // Found by worker_dispatch_fuzz: PullSync's route table was sized by server_num from the
-  // wire (2^30 addresses: out of memory); Push groups its keys by the same count. Now a
-  // node refuses metadata whose totals exceed kMaxRoleTotal and keeps the metadata it has.
+  // worker_dispatch_fuzz: server_num from the wire sizes PullSync's route table and Push's
+  // key groups (2^30 addresses: out of memory). A node refuses metadata whose totals
+  // exceed kMaxRoleTotal and keeps the metadata it has.
   TestCluster c(Nodes(1, 1));
   c.Start();
   WorkerNode& w = c.worker(0);
