@@ -1,4 +1,4 @@
-// Frame codec. Wire layout (little-endian), see DESIGN.md:
+// Frame codec. Wire layout (little-endian; docs/protocol.md):
 //   | magic u32 'PSC1' | meta_len u32 | data_len u64 |  16-byte header
 //   | MessageMeta (protobuf, meta_len bytes) | payload (data_len bytes) |
 // Limits are checked on the header, before anything is allocated.

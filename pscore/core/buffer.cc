@@ -85,7 +85,7 @@ void TrimLocked(LargeBlockPool& pool, size_t limit, std::vector<Block>* evicted)
 // grow without a copy (Buffer::Grow moves its pages with mremap).
 char* Map(size_t capacity) {
   void* p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();  // as new[] would: fatal (STYLE.md 5)
+  if (p == MAP_FAILED) throw std::bad_alloc();  // as new[] would: fatal (docs/design.md, Layers (errors))
   return static_cast<char*>(p);
 }
 

@@ -4,7 +4,7 @@
 // that key. Keys are spread over kStripes independently locked shards, so
 // handlers on different executor threads rarely contend.
 //
-// Two layouts per shard (docs/embedding.md, "The built-in store's layout"). Keys of up
+// Two layouts per shard (docs/design.md, "Inside the server's store"). Keys of up
 // to kRunFloats floats live in runs: sorted arrays of keys with their values back to back
 // (one length per run when all are equal), the runs ordered by first key. A batch is taken
 // in windows, each grouped by shard, each shard locked once per window, and each key found

@@ -1,5 +1,5 @@
 // Status and Result<T>: how every fallible call in pscore reports failure.
-// No exceptions cross our code (libuv calls us from C frames); see STYLE.md section 5.
+// No exceptions cross our code (libuv calls us from C frames); docs/design.md, Layers (errors).
 #pragma once
 
 #include <cstdint>
