@@ -93,7 +93,7 @@ class PullIntoRequest final : public PullRequest {
   explicit PullIntoRequest(KvCounters counters) : PullRequest(std::move(counters)) {}
   std::future<Status> future() { return done_.get_future(); }
   // Calling thread: dest is the caller's `floats` floats; `lens`, when it holds a count per
-  // key, is the expected layout, else the learned sizes (if all known) are.
+  // key, is the expected layout, else the sizes in `learned` (the worker's; all keys known) are.
   Status SetDest(float* out, size_t floats, std::vector<uint32_t>* lens, LearnedLens* learned);
   bool caller_dest() const override { return true; }
 
