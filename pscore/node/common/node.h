@@ -163,6 +163,16 @@ class Node {
   // whether an address still belongs to a member.
   std::string ServerAddress(int rank) const;
   bool IsServerAddress(const std::string& addr) const;
+  // Loop thread: the loop's own view of the metadata and of this node's rank, read in place
+  // (metadata() and rank() are for other threads: they read a snapshot under mu_).
+  const pb::SendMetadataMessage& loop_metadata() const {
+    DCHECK(loop_->InLoopThread());
+    return metadata_;
+  }
+  int loop_rank() const {
+    DCHECK(loop_->InLoopThread());
+    return rank_;
+  }
   // Loop thread: the connection to server `rank` (dialled on first use); cb gets it or why not.
   void WithServerConn(int rank, std::function<void(Result<comm::ConnId>)> cb);
   // Loop thread: dials to addresses not in `current` end now with kUnavailable, so their

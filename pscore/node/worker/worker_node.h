@@ -2,41 +2,29 @@
 // handler name), broadcasts to all servers, and pushes/pulls keyed float tensors that
 // are partitioned over the servers by key range (pscore/core/key_range.h). Every call is
 // thread-safe and asynchronous (a future or a callback); callbacks run on the loop thread.
+// A push or pull is a request object (kv_request.h, pull_request.h) split into one part per
+// server (push_parts.h) and handled on the loop thread (worker_dispatch.cc); PullSync's
+// direct way is DirectPuller (direct_pull.h).
 #pragma once
 
 #include <atomic>
 #include <future>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
-#include "pscore/comm/blocking_link.h"
 #include "pscore/node/common/node.h"
+#include "pscore/node/worker/direct_pull.h"
+#include "pscore/node/worker/kv_request.h"
+#include "pscore/node/worker/learned_lens.h"
+#include "pscore/node/worker/pull_result.h"
 
 namespace pscore::node {
 
+class PullRequest;
+
 using ReplyCallback = std::function<void(Result<BufferPtr>)>;
-
-struct PullResult {
-  std::vector<float> values;  // back to back, in the order of the requested keys
-  std::vector<uint32_t> lens;
-};
-
-// ZPull's answer: every key's floats where they arrived (inside the servers' answer
-// buffers, read in place), kept alive by this object; nothing is copied.
-struct PullView {
-  std::vector<uint32_t> lens;         // per requested key
-  std::vector<const float*> values;   // per requested key: lens[i] floats (not to be read when 0)
-  std::vector<BufferPtr> owners;      // the answers the pointers point into
-  size_t num_floats() const {
-    size_t n = 0;
-    for (uint32_t l : lens) n += l;
-    return n;
-  }
-};
 
 class WorkerNode : public Node {
  public:
@@ -111,7 +99,7 @@ class WorkerNode : public Node {
   // as Pull; a Pull issued after a Push of this worker sees that Push either way.
   Result<PullResult> PullSync(const std::vector<uint64_t>& keys);
   // PullSync calls answered over a direct link (for tests and benchmarks).
-  uint64_t direct_pulls() const { return direct_pulls_.load(std::memory_order_relaxed); }
+  uint64_t direct_pulls() const { return direct_.pulls(); }
   // Answers whose values were read from the socket straight into a PullInto destination
   // or a Pull's result.
   uint64_t in_place_pulls() const { return in_place_pulls_.load(std::memory_order_relaxed); }
@@ -129,82 +117,66 @@ class WorkerNode : public Node {
   void StopRole() override;  // closes PullSync's direct links
 
  private:
-  struct KvOp;
-  struct KvPart;
+  using Held = std::pair<std::shared_ptr<KvRequest>, KvPart>;
   // One request to server `rank`; with a sink, the answer's values may arrive in it.
   void Issue(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink, comm::ResponseCallback cb);
   void IssueOnLoop(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
                    comm::ResponseCallback cb);
-  void StartPull(const std::shared_ptr<KvOp>& op, const std::vector<uint64_t>& keys);
-  void AllocateResult(KvOp& op, const std::vector<uint64_t>& keys);
-  bool LearnedLayout(const std::vector<uint64_t>& keys, std::vector<uint64_t>* offsets, uint64_t* total);
-  void LearnLens(const KvOp& op, const std::vector<size_t>& indices, const uint32_t* lens);
-  void ForgetLens(const KvOp& op);
+  KvCounters counters() const { return KvCounters{kv_in_flight_, copied_counter()}; }
   // Push and ZPush; `shared` (ZPush) owns values, which are then written without a copy.
   std::future<Status> StartPush(const std::vector<uint64_t>& keys, const float* values, size_t num_values,
                                 const std::vector<uint32_t>& lens, std::shared_ptr<const void> shared);
-  // Any thread: hands a push's encoded parts to the loop; returns fut.
-  std::future<Status> DispatchPush(const std::shared_ptr<KvOp>& op, std::vector<KvPart> parts,
-                                   std::future<Status> fut);
-  // Loop thread. Sends the keys `indices` of op to their owners, or holds them while the
-  // cluster is scaling; parts refused as moved are held and re-sent under new metadata.
-  void Dispatch(const std::shared_ptr<KvOp>& op, KvPart part);
-  void Send(const std::shared_ptr<KvOp>& op, KvPart part);
-  void OnPart(const std::shared_ptr<KvOp>& op, KvPart part, Result<comm::Frame> r);
-  void HoldForRetry(const std::shared_ptr<KvOp>& op, KvPart part);
+  // Any thread: hands a pull (keys set) to the loop.
+  void StartPull(std::shared_ptr<PullRequest> op);
+
+  // Loop thread (worker_dispatch.cc). Sends a part of op to its owners, or holds it while
+  // the cluster is scaling; parts refused as moved are held and re-sent under new metadata.
+  void Dispatch(const std::shared_ptr<KvRequest>& op, KvPart part);
+  // A push part encoded for another server count: split again for `servers`.
+  void Resplit(const std::shared_ptr<KvRequest>& op, KvPart part, int servers);
+  void SplitPull(const std::shared_ptr<KvRequest>& op, KvPart part, int servers);
+  void Send(const std::shared_ptr<KvRequest>& op, KvPart part);
+  // A pull part's request (its keys) and, where its values' place in dest is known, the
+  // sink they are read into.
+  Payload PullPayload(const PullRequest& op, const KvPart& part, comm::AnswerSink* sink) const;
+  // A part sent again while its server is lost ends at its recovery deadline (a timer).
+  void WatchRecovery(const std::shared_ptr<KvRequest>& op, const KvPart& part, const Status& last,
+                     const std::shared_ptr<comm::TimerId>& timer);
+  void OnPart(const std::shared_ptr<KvRequest>& op, KvPart part, Result<comm::Frame> r);
+  // An answered pull part: its keys' floats located (or the pull sent again after a
+  // wrong layout, or held behind an earlier push's re-send).
+  void OnPullAnswer(const std::shared_ptr<KvRequest>& op, KvPart part, comm::Frame frame);
+  void HoldForRetry(const std::shared_ptr<KvRequest>& op, KvPart part);
   void WatchHeld();
+  void FailExpiredHeld();
   Status HeldTooLong() const;
   void ReleaseHeld();
   // A part whose server was lost: held to be sent again, or failed once it has been
   // retried for options_.recovery_timeout (then the status names the server and the tries).
-  void RetryLost(const std::shared_ptr<KvOp>& op, KvPart part, const Status& why);
+  void RetryLost(const std::shared_ptr<KvRequest>& op, KvPart part, const Status& why);
   Status GaveUp(const KvPart& part) const;
-  TimePoint HeldUntil(const KvOp& op, const KvPart& part) const;
+  TimePoint HeldUntil(const KvRequest& op, const KvPart& part) const;
   std::string ServerName(int rank) const;  // "node id (address)" from the metadata
+  bool AfterHeldPush(const KvRequest& op, const KvPart& part) const;
 
-  // PullSync's direct way: nullopt when it does not apply (then Pull is used).
-  std::optional<Result<PullResult>> TryDirectPull(const std::vector<uint64_t>& keys);
-  void UpdateRoute();  // loop thread: publishes where keys live for PullSync
+  void UpdateRoute();  // loop thread: where key ranges are read and written
   // Loop thread: the server rank that reads and writes key range `range` (its primary);
   // -1 when every replica of it is down.
   int Primary(int range) const;
   int replicas_ = 1;        // loop thread: the metadata's replicas
   std::vector<char> live_;  // loop thread: by server rank, whether it is a live replica
-  void KeepIdle(const std::string& addr, std::unique_ptr<comm::BlockingLink> link);  // after a call
 
-  bool holding_ = false;  // the cluster is scaling: new key-value traffic waits
-  // Push/Pull/PullInto calls not yet answered (shared with their ops, which count down).
+  bool holding_ = false;  // loop thread: the cluster is scaling, new key-value traffic waits
+  // Push/Pull/PullInto calls not yet answered (shared with their requests, which count down).
   std::shared_ptr<std::atomic<int>> kv_in_flight_ = std::make_shared<std::atomic<int>>(0);
-  std::atomic<uint64_t> direct_pulls_{0};
   std::atomic<uint64_t> in_place_pulls_{0};
-  struct Route {
-    bool stopped = false;            // Stop() ran: no direct link is kept or opened again
-    bool usable = false;             // READY and not scaling
-    std::vector<std::string> addrs;  // by key range: its primary's address
-  };
-  std::mutex direct_mu_;
-  Route route_;  // guarded by direct_mu_
-  // Idle direct links by server address; a calling thread takes one for a call.
-  std::unordered_map<std::string, std::vector<std::unique_ptr<comm::BlockingLink>>> idle_links_;  // direct_mu_
-  // Direct links out with a calling thread, by server address (direct_mu_). A server that
-  // falls silent never answers them: once it is timed out, or its ranges have another
-  // primary, they are interrupted and the calls go the loop's way (RetryLost, the new
-  // primary) instead of waiting out request_timeout.
-  std::unordered_multimap<std::string, comm::BlockingLink*> busy_links_;  // direct_mu_
-  // direct_mu_ held: interrupts the busy links to `addr` and drops its idle ones.
-  void InterruptDirectLocked(const std::string& addr, const char* why);
-  std::vector<std::pair<std::shared_ptr<KvOp>, KvPart>> held_;
+  DirectPuller direct_;  // PullSync's direct way
+  LearnedLens learned_;
+  // Parts held for a re-send (loop thread).
+  std::vector<Held> held_;
   // Issue order of pushes and pulls on the loop (loop thread): parts held for a re-send go
   // out again in it, and later ones wait behind them (a Pull after a Push sees it).
   uint64_t op_seq_ = 0;
-  bool AfterHeldPush(const KvOp& op, const KvPart& part) const;
-  // Float counts of keys seen in pull answers written from the store (64 KiB or more per
-  // key on average): a Pull whose keys are all here allocates its result before sending
-  // and has the answers read into it; a PullInto given no layout takes them as its layout.
-  // Written on the loop thread, read by callers.
-  static constexpr size_t kLearnedMax = 1 << 16;
-  std::mutex learned_mu_;
-  std::unordered_map<uint64_t, uint32_t> learned_lens_;  // guarded by learned_mu_
   comm::TimerId retry_timer_ = 0;
   // Push ids (docs/reliability.md): this process's number, fresh per start, and the
   // sequence of push requests (loop thread); a part sent again keeps its id.

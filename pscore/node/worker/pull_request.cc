@@ -1,0 +1,168 @@
+#include "pscore/node/worker/pull_request.h"
+
+#include <cstring>
+#include <numeric>
+#include <string>
+
+namespace pscore::node {
+
+namespace {
+
+// Room for `floats` floats in v, not yet written. A large result is fresh memory on
+// every call (glibc maps it anew past 32 MiB), so it is asked for in huge pages before
+// its first write (pscore/core/buffer.h).
+void ReserveResult(std::vector<float>& v, size_t floats) {
+  v.reserve(floats);
+  AdviseHugePages(v.data(), floats * sizeof(float));
+}
+
+size_t Total(const std::vector<uint32_t>& lens) { return std::accumulate(lens.begin(), lens.end(), size_t{0}); }
+
+}  // namespace
+
+void PullRequest::Begin(const std::vector<uint64_t>& k) {
+  keys = k;
+  src.resize(keys.size());
+  src_lens.resize(keys.size());
+  outstanding = keys.size();
+}
+
+bool PullRequest::SinkRegion(const std::vector<size_t>& indices, uint64_t* off, uint64_t* floats) const {
+  if (dest == nullptr || no_sinks || dest_floats == 0 || indices.empty()) return false;
+  if (indices.size() == keys.size()) {
+    *off = 0;
+    *floats = dest_floats;
+    return true;
+  }
+  const size_t a = indices.front();
+  const size_t b = indices.back() + 1;
+  if (expect_off.empty() || b - a != indices.size()) return false;  // no layout, or not consecutive
+  *off = expect_off[a];
+  *floats = (b < keys.size() ? expect_off[b] : dest_floats) - *off;
+  return *floats > 0;
+}
+
+bool PullRequest::Misplaced() const {
+  if (in_dest.empty()) return false;
+  uint64_t at = 0;
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (in_dest[i] && static_cast<uint64_t>(src[i] - dest) != at) return true;
+    at += src_lens[i];
+  }
+  return false;
+}
+
+void PullRequest::ForgetLearned() {
+  if (learner != nullptr) learner->Forget(keys, expect_off, dest_floats, src_lens);
+}
+
+void PullRequest::CopyRestIntoDest() {
+  float* out = dest;
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (in_dest.empty() || !in_dest[i]) {
+      std::memcpy(out, src[i], src_lens[i] * sizeof(float));
+      CountCopied(src_lens[i] * sizeof(float));
+    }
+    out += src_lens[i];
+  }
+}
+
+// Reserve + insert: the values are written once (resize would zero them first).
+PullResult PullRequest::CopyResult() {
+  PullResult out;
+  out.lens = src_lens;
+  ReserveResult(out.values, Total(src_lens));
+  // Keys whose values lie back to back in one answer are copied as one stretch.
+  for (size_t i = 0; i < src.size();) {
+    const float* from = src[i];
+    const float* to = src[i] + src_lens[i];
+    for (++i; i < src.size() && src[i] == to; ++i) to += src_lens[i];
+    out.values.insert(out.values.end(), from, to);
+  }
+  CountCopied(out.values.size() * sizeof(float));
+  answers.clear();
+  return out;
+}
+
+// A pull of keys whose sizes earlier answers told: the result is allocated here
+// (zero-filled: std::vector), on the calling thread, and each answer is read from the
+// socket straight into its place in it (no copy on the worker, none on its loop thread).
+void PullCopyRequest::AllocateResult(uint64_t total, std::vector<uint64_t> offsets, LearnedLens* lens) {
+  ReserveResult(result_, total);
+  result_.resize(total);
+  into_result_ = true;
+  learner = lens;
+  dest = result_.data();
+  dest_floats = total;
+  expect_off = std::move(offsets);
+}
+
+// Into its own result: the answers read into it are in place; those that were not (keys
+// of a server not consecutive, a small answer) are copied to their place. Should the sizes
+// have changed since they were learned, the result is copied anew instead.
+void PullCopyRequest::Complete() {
+  if (!into_result_) return done_.set_value(CopyResult());
+  if (Total(src_lens) != dest_floats || Misplaced()) {
+    ForgetLearned();
+    return done_.set_value(CopyResult());
+  }
+  CopyRestIntoDest();
+  answers.clear();
+  PullResult r;
+  r.lens = std::move(src_lens);
+  r.values = std::move(result_);
+  done_.set_value(std::move(r));
+}
+
+void PullViewRequest::Complete() {
+  PullView out;
+  out.lens = std::move(src_lens);
+  out.values = std::move(src);
+  out.owners = std::move(answers);
+  done_.set_value(std::move(out));
+}
+
+Status PullIntoRequest::SetDest(float* out, size_t floats, std::vector<uint32_t>* lens, LearnedLens* learned) {
+  if (out == nullptr && floats > 0) {
+    return Status(Code::kInvalidArgument, "pull: null destination for " + std::to_string(floats) + " floats");
+  }
+  static float none;  // a non-null destination for zero floats
+  dest = out != nullptr ? out : &none;
+  dest_floats = floats;
+  dest_lens_ = lens;
+  if (lens != nullptr && !keys.empty() && lens->size() == keys.size()) {
+    // The caller's lens (e.g. from the last call with these keys) as the expected layout.
+    expect_off.resize(keys.size());
+    uint64_t off = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      expect_off[i] = off;
+      off += (*lens)[i];
+    }
+    if (off != floats) expect_off.clear();  // cannot be right: not used
+  }
+  uint64_t learned_total = 0;
+  std::vector<uint64_t> offsets;
+  if (expect_off.empty() && keys.size() > 1 && learned->Layout(keys, &offsets, &learned_total) &&
+      learned_total == floats) {
+    expect_off = std::move(offsets);  // no layout given: the sizes earlier answers told
+    learner = learned;
+  }
+  return Status::Ok();
+}
+
+void PullIntoRequest::Complete() {
+  const size_t total = Total(src_lens);
+  if (total != dest_floats) {
+    ForgetLearned();
+    answers.clear();
+    done_.set_value(Status(Code::kInvalidArgument, "pull: the keys hold " + std::to_string(total) +
+                                                       " floats, the destination " + std::to_string(dest_floats)));
+    return;
+  }
+  CopyRestIntoDest();
+  if (dest_lens_ != nullptr) *dest_lens_ = src_lens;
+  answers.clear();
+  done_.set_value(Status::Ok());
+}
+
+}  // namespace pscore::node

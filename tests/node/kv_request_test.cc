@@ -1,0 +1,81 @@
+// The worker's key-value request types without sockets: how a pull ends when its caller's
+// memory may still be written, where answers may be read in place, and the learned sizes.
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "pscore/node/worker/learned_lens.h"
+#include "pscore/node/worker/pull_request.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::node {
+namespace {
+
+KvCounters Counters() {
+  return KvCounters{std::make_shared<std::atomic<int>>(0), std::make_shared<std::atomic<uint64_t>>(0)};
+}
+
+TEST_CASE("a failed PullInto is answered only once no request sent can write into dest", "[node][worker]") {
+  KvCounters c = Counters();
+  LearnedLens learned;
+  auto op = std::make_shared<PullIntoRequest>(c);
+  std::future<Status> done = op->future();
+  std::vector<float> dest(4);
+  op->Begin({1, 2});
+  REQUIRE(op->SetDest(dest.data(), dest.size(), nullptr, &learned).ok());
+  CHECK(c.in_flight->load() == 1);
+  op->parts_sent = 2;
+  op->Fail(Status(Code::kUnavailable, "lost"));
+  CHECK(done.wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+  CHECK_FALSE(op->PartEnded());
+  CHECK(done.wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+  CHECK_FALSE(op->PartEnded());
+  REQUIRE(done.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+  CHECK(done.get().code() == Code::kUnavailable);
+  CHECK(c.in_flight->load() == 0);
+}
+
+TEST_CASE("a PullInto with a null destination for some floats fails at once", "[node][worker]") {
+  LearnedLens learned;
+  auto op = std::make_shared<PullIntoRequest>(Counters());
+  op->Begin({1});
+  CHECK(op->SetDest(nullptr, 3, nullptr, &learned).code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("a pull's answers are read in place only where the layout puts them", "[node][worker]") {
+  LearnedLens learned;
+  auto op = std::make_shared<PullIntoRequest>(Counters());
+  std::vector<float> dest(10);
+  std::vector<uint32_t> lens = {2, 3, 5};
+  op->Begin({7, 8, 9});
+  REQUIRE(op->SetDest(dest.data(), dest.size(), &lens, &learned).ok());
+  uint64_t off = 0;
+  uint64_t floats = 0;
+  REQUIRE(op->SinkRegion({0, 1, 2}, &off, &floats));  // all the keys: the whole of dest
+  CHECK((off == 0 && floats == 10));
+  REQUIRE(op->SinkRegion({1, 2}, &off, &floats));  // consecutive keys: their span
+  CHECK((off == 2 && floats == 8));
+  CHECK_FALSE(op->SinkRegion({0, 2}, &off, &floats));  // not consecutive
+}
+
+TEST_CASE("learned sizes give a layout, and a size found wrong is forgotten", "[node][worker]") {
+  LearnedLens learned;
+  std::vector<uint64_t> keys = {5, 6};
+  const uint32_t big[] = {1 << 15, 1 << 16};  // 128 KiB and 256 KiB of floats: learned
+  learned.Learn(keys, {0, 1}, big);
+  std::vector<uint64_t> offsets;
+  uint64_t total = 0;
+  REQUIRE(learned.Layout(keys, &offsets, &total));
+  CHECK(offsets == std::vector<uint64_t>{0, 1 << 15});
+  CHECK(total == (1 << 15) + (1 << 16));
+  learned.Forget(keys, offsets, total, {1 << 15, 7});
+  CHECK_FALSE(learned.Layout(keys, &offsets, &total));
+  CHECK(learned.Layout({5}, &offsets, &total));
+  const uint32_t small[] = {4};  // under 64 KiB per key: not learned
+  learned.Learn({9}, {0}, small);
+  CHECK_FALSE(learned.Layout({9}, &offsets, &total));
+}
+
+}  // namespace
+}  // namespace pscore::node
