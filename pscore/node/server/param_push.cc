@@ -1,18 +1,20 @@
-// ServerNode, the built-in store's pushes: whole ones (HandlePush), large ones folded in
-// as their values arrive (PushTail, CommitStreamedPush), and the push-id window that
-// applies a push sent again at most once (ClaimPush; docs/reliability.md).
+// ParamService, pushes: whole ones (HandlePush) forwarded to the backups (Replicate),
+// large ones folded in as their values arrive (PushTail, CommitStreamedPush), and the
+// push-id window that applies a push sent again at most once (ClaimPush;
+// docs/reliability.md).
 #include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
 
+#include <glog/logging.h>
+
 #include "pscore/core/kv_codec.h"
-#include "pscore/node/server/server_node.h"
 #include "pscore/node/common/wire.h"
+#include "pscore/node/server/param_service.h"
 
 namespace pscore::node {
 
-using comm::ConnId;
 using comm::Frame;
 
 // ---- pushes folded in while their values arrive ----
@@ -22,9 +24,9 @@ using comm::Frame;
 // still in cache, instead of the whole payload being written to memory and read back by
 // the update. Nothing is visible before CommitStreamedPush; a connection lost mid-push
 // drops the stream and with it every folded piece.
-class ServerNode::PushTail : public comm::TailStream {
+class ParamService::PushTail : public comm::TailStream {
  public:
-  explicit PushTail(ServerNode* server) : server_(server) {}
+  explicit PushTail(ParamService* service) : service_(service) {}
 
   bool Begin(Buffer& head, uint64_t tail) override {
     Result<core::KvView> view = core::DecodeKvPairsHead(head.data(), head.size(), tail);
@@ -34,10 +36,10 @@ class ServerNode::PushTail : public comm::TailStream {
     for (size_t i = 0; i < view->num_keys; ++i) {
       if (uint64_t{view->lens[i]} * sizeof(float) < core::kZeroCopyBytes) return false;
     }
-    std::shared_lock<std::shared_mutex> lock(server_->view_mu_);
-    if (!server_->CheckOwned(view->keys, view->num_keys).ok()) return false;
-    stream_ = server_->store_.BeginStream(view->keys, view->lens, view->num_keys,
-                                           core::ParamStore::Targets::kSparesOnly);
+    auto lock = service_->ownership_->Share();
+    if (!service_->ownership_->CheckOwned(view->keys, view->num_keys).ok()) return false;
+    stream_ = service_->store_.BeginStream(view->keys, view->lens, view->num_keys,
+                                            core::ParamStore::Targets::kSparesOnly);
     if (stream_ != nullptr) keys_.assign(view->keys, view->keys + view->num_keys);
     return stream_ != nullptr;
   }
@@ -50,45 +52,27 @@ class ServerNode::PushTail : public comm::TailStream {
   const std::vector<uint64_t>& keys() const { return keys_; }
 
  private:
-  ServerNode* server_;
+  ParamService* service_;
   std::unique_ptr<core::ParamStore::PushStream> stream_;
   std::vector<uint64_t> keys_;  // of the push, as verified by Begin
 };
 
-std::shared_ptr<comm::TailStream> ServerNode::OnRequestStream(ConnId conn, const pb::MessageMeta& meta,
-                                                              uint64_t tail) {
-  // Large pushes of the built-in store only, from a member, served in order: no earlier
-  // request of the link still with the handler threads, no journal (it logs whole pushes).
-  if (meta.cmd() != pb::SEND_DATA || meta.handler() != kPushHandler || tail < core::kZeroCopyBytes) return nullptr;
-  // Handlers on the loop thread (no executor) would wait there for the stream: none then.
-  if (!executor_ || journal_ || !members_.count(conn) || held_.count(conn) ||
-      cluster_state() == pb::CLUSTER_DISABLE_FLS) {
-    return nullptr;
-  }
-  {
-    // A replicated push is forwarded whole to the backups: received whole.
-    std::shared_lock<std::shared_mutex> lock(view_mu_);
-    if (view_replicas_ > 1) return nullptr;
-  }
-  auto pending = in_executor_.find(conn);
-  if (pending != in_executor_.end() && pending->second->load(std::memory_order_acquire) != 0) return nullptr;
+std::shared_ptr<comm::TailStream> ParamService::NewPushTail() {
+  DCHECK(loop_->InLoopThread());
   return std::make_shared<PushTail>(this);
 }
 
-void ServerNode::CommitStreamedPush(ConnId conn, Frame&& frame) {
+Status ParamService::CommitStreamedPush(Frame& frame) {
+  DCHECK(loop_->InLoopThread());
   auto* tail = static_cast<PushTail*>(frame.stream.get());
   std::unique_ptr<core::ParamStore::PushStream> stream = std::move(tail->stream());
-  std::optional<core::PushId> id;
-  if (frame.meta.has_push_id()) {
-    id = core::PushId{frame.meta.push_id().writer(), frame.meta.push_id().incarnation(), frame.meta.push_id().seq(),
-                      frame.meta.push_id().origin_seq()};
-  }
+  const std::optional<core::PushId> id = PushIdOf(frame.meta);
   Status st;
   {
     // A scale-out or scale-in may have moved keys while the values arrived: then the
     // push is refused as one arriving now would be, and nothing is applied.
-    std::shared_lock<std::shared_mutex> lock(view_mu_);
-    st = CheckOwned(tail->keys().data(), tail->keys().size());
+    auto lock = ownership_->Share();
+    st = ownership_->CheckOwned(tail->keys().data(), tail->keys().size());
     // A push already applied is acknowledged, its folded values dropped uncommitted.
     std::optional<Status> answered;
     if (st.ok() && id) answered = ClaimPush(*id);
@@ -102,32 +86,33 @@ void ServerNode::CommitStreamedPush(ConnId conn, Frame&& frame) {
   frame.stream.reset();
   stream.reset();  // an uncommitted stream lets go of its keys here
   if (st.ok()) streamed_pushes_.fetch_add(1, std::memory_order_relaxed);
-  messenger().Reply(conn, frame.meta, st).IgnoreError();
+  return st;
 }
 
-void ServerNode::HandlePush(const DataRequest& req, Responder r, bool replica) {
+void ParamService::HandlePush(const DataRequest& req, Responder r, bool replica) {
   const char* data = req.payload ? req.payload->data() : "";
   size_t size = req.payload ? req.payload->size() : 0;
   Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
   if (!view.ok()) return r.Fail(view.status());
   // A key held by a push being folded in as it arrives (PushTail: keys of 64 KiB or more)
-  // is waited for here, not under the view lock: the loop thread, which feeds that push,
-  // takes the view lock.
+  // is waited for here, not under the ownership lock: the loop thread, which feeds that push,
+  // takes the ownership lock.
   const bool large = std::any_of(view->lens, view->lens + view->num_keys,
                                  [](uint32_t l) { return uint64_t{l} * sizeof(float) >= core::kZeroCopyBytes; });
   core::ParamStore::StreamHold hold =
       large ? store_.HoldStreamsOff(view->keys, view->lens, view->num_keys) : core::ParamStore::StreamHold();
-  std::shared_lock<std::shared_mutex> lock(view_mu_);
+  auto lock = ownership_->Share();
   // A worker's push is applied here and by each live backup of its keys' ranges, the
   // forwards sent before this server applies it (an answer only once all did:
   // docs/reliability.md); a forwarded one here only.
   std::vector<int> backups;
-  if (Status owned = CheckOwned(view->keys, view->num_keys, !replica, replica ? nullptr : &backups); !owned.ok()) {
+  if (Status owned = ownership_->CheckOwned(view->keys, view->num_keys, !replica, replica ? nullptr : &backups);
+      !owned.ok()) {
     return r.Fail(owned);
   }
   if (replica) {
     // A range still being copied here (resync): held until its snapshot is installed.
-    std::optional<Status> held = HoldForResync(req, r);
+    std::optional<Status> held = gate_ ? gate_->HoldForResync(req, r) : std::nullopt;
     if (held && !held->ok()) return r.Fail(*held);
     if (held) return;
   }
@@ -169,7 +154,7 @@ void ServerNode::HandlePush(const DataRequest& req, Responder r, bool replica) {
   done(st);
 }
 
-std::function<void(const Status&)> ServerNode::Replicate(const DataRequest& req, std::vector<int> backups,
+std::function<void(const Status&)> ParamService::Replicate(const DataRequest& req, std::vector<int> backups,
                                                          Responder r) {
   // Every backup and this server's own apply report once; the first failure answers, and
   // the answer is ok only when all reported ok (a failed part never counts down).
@@ -186,7 +171,7 @@ std::function<void(const Status&)> ServerNode::Replicate(const DataRequest& req,
     }
     if (round->left.fetch_sub(1) == 1 && !round->failed.load()) r.Reply(nullptr);
   };
-  bool queued = loop()->Run([this, req, backups = std::move(backups), report] {
+  bool queued = loop_->Run([this, req, backups = std::move(backups), report] {
     for (int backup : backups) {
       auto answered = [this, backup, report](const Status& st) {
         // The worker sends the push again (same id): this server acknowledges its repeat
@@ -198,27 +183,25 @@ std::function<void(const Status&)> ServerNode::Replicate(const DataRequest& req,
         }
         report(st);
       };
-      WithServerConn(backup, [this, req, answered](Result<ConnId> c) {
-        if (!c.ok()) return answered(c.status());
-        pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::SERVER, rank());
-        meta.set_handler(kReplicateHandler);
-        if (req.push_id) {
-          pb::PushId* id = meta.mutable_push_id();
-          id->set_writer(req.push_id->writer);
-          id->set_incarnation(req.push_id->incarnation);
-          id->set_seq(req.push_id->seq);
-          id->set_origin_seq(req.push_id->origin_seq);
-        }
-        messenger().Call(*c, meta, req.payload, options_.request_timeout,
+      pb::MessageMeta meta;
+      meta.set_cmd(pb::SEND_DATA);
+      meta.set_handler(kReplicateHandler);
+      if (req.push_id) {
+        pb::PushId* id = meta.mutable_push_id();
+        id->set_writer(req.push_id->writer);
+        id->set_incarnation(req.push_id->incarnation);
+        id->set_seq(req.push_id->seq);
+        id->set_origin_seq(req.push_id->origin_seq);
+      }
+      links_->CallServer(backup, std::move(meta), req.payload,
                          [answered](Result<Frame> res) { answered(res.status()); });
-      });
     }
   });
-  if (!queued) report(Stopped());
+  if (!queued) report(Status(Code::kCancelled, options_.node_id + " stopped"));
   return report;
 }
 
-std::optional<Status> ServerNode::ClaimPush(const core::PushId& id) {
+std::optional<Status> ParamService::ClaimPush(const core::PushId& id) {
   if (id.seq == 0 || id.writer.empty() || id.writer.size() > core::PushDedup::kMaxWriterBytes) {
     return Status(Code::kInvalidArgument, "push id '" + id.writer.substr(0, 64) + "' seq " + std::to_string(id.seq) +
                                               ": a writer of 1 to 256 bytes and a seq >= 1 are required");

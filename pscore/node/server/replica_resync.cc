@@ -1,4 +1,4 @@
-// ServerNode, resync half: a server that came back in a replicated job (the metadata marks
+// ReplicaResync: a server that came back in a replicated job (the metadata marks
 // it resyncing) is rebuilt from its ranges' primaries while the job runs
 // (docs/reliability.md, Resync).
 //
@@ -14,21 +14,22 @@
 //
 // Source (a range's primary): serves a fetch only once its own metadata marks the asker
 // resyncing, i.e. once every push it applies is forwarded to the asker too. The snapshot
-// (the range's entries and the window) is copied under the view lock held exclusively:
+// (the range's entries and the window) is copied under the ownership lock held exclusively:
 // a push holds it shared from its id's claim to its apply, so each push is either wholly
 // in the snapshot (entries and window) or forwarded to the asker after it. It is encoded
 // once and handed out in chunks of at most max_message_bytes.
 #include <algorithm>
 
+#include <glog/logging.h>
+
 #include "pscore/core/endian.h"
 #include "pscore/core/key_range.h"
 #include "pscore/core/kv_codec.h"
-#include "pscore/node/server/server_node.h"
+#include "pscore/node/server/replica_resync.h"
 #include "pscore/node/common/wire.h"
 
 namespace pscore::node {
 
-using comm::ConnId;
 using comm::Frame;
 
 namespace {
@@ -55,36 +56,54 @@ std::string FetchRequest(int range, int n, uint64_t offset, uint64_t token) {
 
 }  // namespace
 
+ReplicaResync::ReplicaResync(Options options, comm::EventLoop* loop, Executor* executor, std::weak_ptr<void> alive,
+                             KeyOwnership* ownership, ParamService* params, ServerLinks* links, ReportDone report_done)
+    : options_(std::move(options)),
+      loop_(loop),
+      executor_(executor),
+      alive_(std::move(alive)),
+      ownership_(ownership),
+      params_(params),
+      links_(links),
+      report_done_(std::move(report_done)) {}
+
+void ReplicaResync::Stop() {
+  DCHECK(loop_->InLoopThread());
+  stopped_ = true;
+}
+
 // ---- source ----
 
-Result<BufferPtr> ServerNode::EncodeRangeSnapshot(int range, int from_rank) {
+Result<BufferPtr> ReplicaResync::EncodeRangeSnapshot(int range, int from_rank) {
   std::vector<uint64_t> keys;
   std::vector<uint32_t> lens;
   std::string window;
   uint64_t floats = 0;
-  std::unique_lock<std::shared_mutex> lock(view_mu_);
-  const bool asker_resyncing = from_rank >= 0 && static_cast<size_t>(from_rank) < view_resyncing_.size() &&
-                               view_resyncing_[static_cast<size_t>(from_rank)] != 0;
-  const int primary = core::PrimaryOf(range, view_n_, view_replicas_, view_live_);
-  if (primary != view_rank_ || !asker_resyncing || !core::HoldsRange(from_rank, range, view_n_, view_replicas_)) {
+  auto lock = ownership_->Exclusive();
+  const KeyView& v = ownership_->view();
+  const bool asker_resyncing = from_rank >= 0 && static_cast<size_t>(from_rank) < v.resyncing.size() &&
+                               v.resyncing[static_cast<size_t>(from_rank)] != 0;
+  const int primary = core::PrimaryOf(range, v.n, v.replicas, v.live);
+  if (primary != v.rank || !asker_resyncing || !core::HoldsRange(from_rank, range, v.n, v.replicas)) {
     // The asker sees a newer (or older) epoch than this server: it asks again.
-    return Status(Code::kUnavailable, "server " + options_.node_id + " (rank " + std::to_string(view_rank_) +
+    return Status(Code::kUnavailable, "server " + options_.node_id + " (rank " + std::to_string(v.rank) +
                                           "): not the primary of range " + std::to_string(range) +
                                           " forwarding to resyncing rank " + std::to_string(from_rank) +
                                           " under its metadata yet");
   }
-  for (uint64_t key : store_.Keys()) {
-    if (core::ServerForKey(key, view_n_) == range) keys.push_back(key);
+  core::ParamStore& store = params_->store();
+  for (uint64_t key : store.Keys()) {
+    if (core::ServerForKey(key, v.n) == range) keys.push_back(key);
   }
   lens.resize(keys.size());
-  Status st = store_.Lens(keys.data(), keys.size(), lens.data());
+  Status st = store.Lens(keys.data(), keys.size(), lens.data());
   if (!st.ok()) return st;
   for (uint32_t l : lens) floats += l;
   Result<BufferPtr> kv = core::EncodeKvPairsFilled(keys.data(), keys.size(), lens.data(), floats, [&](float* dst) {
-    return store_.CopyValues(keys.data(), keys.size(), lens.data(), dst);
+    return store.CopyValues(keys.data(), keys.size(), lens.data(), dst);
   });
   if (!kv.ok()) return kv.status();
-  window = dedup_.Encode();
+  window = params_->dedup().Encode();
   lock.unlock();
   BufferPtr out = Buffer::Allocate(8 + (*kv)->size() + window.size());
   core::PutLe((*kv)->size(), 8, out->data());
@@ -93,7 +112,7 @@ Result<BufferPtr> ServerNode::EncodeRangeSnapshot(int range, int from_rank) {
   return out;
 }
 
-void ServerNode::HandleResyncFetch(const DataRequest& req, Responder r) {
+void ReplicaResync::HandleFetch(const DataRequest& req, Responder r) {
   if (!req.payload || req.payload->size() != kFetchBytes || req.from_role != pb::SERVER) {
     return r.Fail(Status(Code::kInvalidArgument, "resync fetch: a " + std::to_string(kFetchBytes) +
                                                      "-byte request from a server expected"));
@@ -104,11 +123,12 @@ void ServerNode::HandleResyncFetch(const DataRequest& req, Responder r) {
   const uint64_t offset = core::GetLe(p + 8, 8);
   const uint64_t token = core::GetLe(p + 16, 8);
   {
-    std::shared_lock<std::shared_mutex> lock(view_mu_);
-    if (n != view_n_ || range < 0 || range >= n) {
+    auto lock = ownership_->Share();
+    const int view_n = ownership_->view().n;
+    if (n != view_n || range < 0 || range >= n) {
       return r.Fail(Status(Code::kUnavailable, "resync fetch of range " + std::to_string(range) + "/" +
                                                    std::to_string(n) + ": this server serves " +
-                                                   std::to_string(view_n_) + " ranges"));
+                                                   std::to_string(view_n) + " ranges"));
     }
   }
   const auto slot = std::make_pair(req.from_rank, range);
@@ -145,15 +165,16 @@ void ServerNode::HandleResyncFetch(const DataRequest& req, Responder r) {
 
 // ---- target ----
 
-std::vector<std::pair<int, int>> ServerNode::UpdateResyncLocked(bool self_resyncing) {
+std::vector<std::pair<int, int>> ReplicaResync::UpdateLocked(bool self_resyncing) {
+  const KeyView& v = ownership_->view();
   std::lock_guard<std::mutex> lock(resync_mu_);
   // Source: snapshots a resyncing server left half fetched go once none is resyncing.
-  if (std::none_of(view_resyncing_.begin(), view_resyncing_.end(), [](char c) { return c != 0; })) {
+  if (std::none_of(v.resyncing.begin(), v.resyncing.end(), [](char c) { return c != 0; })) {
     snapshots_.clear();
   }
-  if (!self_resyncing || view_rank_ < 0 || view_n_ <= 0) {
+  if (!self_resyncing || v.rank < 0 || v.n <= 0) {
     if (resync_.active) {
-      LOG(INFO) << "server " << options_.node_id << " (rank " << view_rank_ << ") is a live replica again";
+      LOG(INFO) << "server " << options_.node_id << " (rank " << v.rank << ") is a live replica again";
     }
     resync_.active = false;
     resync_.pending.clear();
@@ -162,23 +183,23 @@ std::vector<std::pair<int, int>> ServerNode::UpdateResyncLocked(bool self_resync
     resync_.held_bytes = 0;
     return {};
   }
-  const std::vector<std::pair<int, int>> plan = core::ResyncSources(view_rank_, view_n_, view_replicas_, view_live_);
-  const bool fresh = !resync_.active || resync_.n != view_n_;
+  const std::vector<std::pair<int, int>> plan = core::ResyncSources(v.rank, v.n, v.replicas, v.live);
+  const bool fresh = !resync_.active || resync_.n != v.n;
   if (fresh) {
     resync_.active = true;
-    resync_.n = view_n_;
+    resync_.n = v.n;
     resync_.pending.clear();
     resync_.sources.clear();
     for (const auto& [range, source] : plan) resync_.pending.insert(range);
     // What this server held is stale: its ranges are rebuilt from their primaries.
-    const std::vector<uint64_t> keys = store_.Keys();
-    Status dropped = Journaled(core::JournalOp::kDropKeys, core::EncodeJournalDropKeys(keys), [&] {
-      store_.Erase(keys.data(), keys.size());
+    const std::vector<uint64_t> keys = params_->store().Keys();
+    Status dropped = params_->Journaled(core::JournalOp::kDropKeys, core::EncodeJournalDropKeys(keys), [&] {
+      params_->store().Erase(keys.data(), keys.size());
       return Status::Ok();
     });
     if (!dropped.ok()) LOG(ERROR) << "server " << options_.node_id << ": stale entries kept: " << dropped;
-    dedup_.Decode(std::string(4, '\0')).IgnoreError();  // an empty window
-    LOG(INFO) << "server " << options_.node_id << " (rank " << view_rank_ << ") resyncing " << plan.size()
+    params_->dedup().Decode(std::string(4, '\0')).IgnoreError();  // an empty window
+    LOG(INFO) << "server " << options_.node_id << " (rank " << v.rank << ") resyncing " << plan.size()
               << " key ranges from their primaries";
   }
   std::vector<std::pair<int, int>> start;
@@ -198,7 +219,8 @@ std::vector<std::pair<int, int>> ServerNode::UpdateResyncLocked(bool self_resync
   return start;
 }
 
-void ServerNode::StartFetches(std::vector<std::pair<int, int>> fetches) {
+void ReplicaResync::StartFetches(std::vector<std::pair<int, int>> fetches) {
+  DCHECK(loop_->InLoopThread());
   uint64_t generation;
   {
     std::lock_guard<std::mutex> lock(resync_mu_);
@@ -209,17 +231,18 @@ void ServerNode::StartFetches(std::vector<std::pair<int, int>> fetches) {
   }
 }
 
-bool ServerNode::ResyncCurrent(uint64_t generation) {
+bool ReplicaResync::ResyncCurrent(uint64_t generation) {
   std::lock_guard<std::mutex> lock(resync_mu_);
   return resync_.active && resync_.generation == generation;
 }
 
-void ServerNode::RetryFetch(int range, uint64_t generation, const Status& why) {
+void ReplicaResync::RetryFetch(int range, uint64_t generation, const Status& why) {
+  DCHECK(loop_->InLoopThread());
   LOG_EVERY_N(WARNING, 20) << "server " << options_.node_id << ": resync of range " << range
                            << " fetch failed, trying again: " << why;
-  std::weak_ptr<ServerNode*> weak = alive_;
-  (void)loop()->AddTimer(kRetryDelay, Duration::zero(), [this, weak, range, generation] {
-    if (!weak.lock() || closed() || !ResyncCurrent(generation)) return;
+  std::weak_ptr<void> weak = alive_;
+  (void)loop_->AddTimer(kRetryDelay, Duration::zero(), [this, weak, range, generation] {
+    if (!weak.lock() || stopped_ || !ResyncCurrent(generation)) return;
     int source;
     {
       std::lock_guard<std::mutex> lock(resync_mu_);
@@ -229,9 +252,9 @@ void ServerNode::RetryFetch(int range, uint64_t generation, const Status& why) {
   });
 }
 
-void ServerNode::FetchSnapshot(int range, int source, uint64_t generation, uint64_t offset, uint64_t token,
+void ReplicaResync::FetchSnapshot(int range, int source, uint64_t generation, uint64_t offset, uint64_t token,
                                std::shared_ptr<std::string> got) {
-  DCHECK(loop()->InLoopThread());
+  DCHECK(loop_->InLoopThread());
   if (!ResyncCurrent(generation)) return;
   if (source < 0) return RetryFetch(range, generation, Status(Code::kUnavailable, "no live copy of the range"));
   int n;
@@ -240,19 +263,18 @@ void ServerNode::FetchSnapshot(int range, int source, uint64_t generation, uint6
     n = resync_.n;
   }
   BufferPtr request = Buffer::FromString(FetchRequest(range, n, offset, token));
-  WithServerConn(source, [this, range, source, generation, offset, token, got, request](Result<ConnId> c) {
-    if (!c.ok()) return RetryFetch(range, generation, c.status());
-    pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::SERVER, rank());
-    meta.set_handler(kResyncHandler);
-    messenger().Call(*c, meta, request, options_.request_timeout,
+  pb::MessageMeta meta;
+  meta.set_cmd(pb::SEND_DATA);
+  meta.set_handler(kResyncHandler);
+  links_->CallServer(source, std::move(meta), request,
                      [this, range, source, generation, offset, token, got](Result<Frame> res) {
                        OnChunk(range, source, generation, offset, token, got, std::move(res));
                      });
-  });
 }
 
-void ServerNode::OnChunk(int range, int source, uint64_t generation, uint64_t offset, uint64_t want_token,
+void ReplicaResync::OnChunk(int range, int source, uint64_t generation, uint64_t offset, uint64_t want_token,
                          std::shared_ptr<std::string> got, Result<Frame> res) {
+  DCHECK(loop_->InLoopThread());
   if (!ResyncCurrent(generation)) return;
   if (!res.ok()) return RetryFetch(range, generation, res.status());
   const BufferPtr& payload = res->payload;
@@ -270,7 +292,7 @@ void ServerNode::OnChunk(int range, int source, uint64_t generation, uint64_t of
   if (got->size() < total) return FetchSnapshot(range, source, generation, got->size(), token, got);
   auto install = [this, range, generation, got] { InstallSnapshot(range, generation, got); };
   if (executor_) {
-    std::weak_ptr<ServerNode*> weak = alive_;
+    std::weak_ptr<void> weak = alive_;
     executor_->Submit(static_cast<uint64_t>(range), [weak, install] {
       if (weak.lock()) install();
     });
@@ -279,11 +301,11 @@ void ServerNode::OnChunk(int range, int source, uint64_t generation, uint64_t of
   }
 }
 
-void ServerNode::InstallSnapshot(int range, uint64_t generation, std::shared_ptr<std::string> bytes) {
+void ReplicaResync::InstallSnapshot(int range, uint64_t generation, std::shared_ptr<std::string> bytes) {
   auto bad = [&](const Status& why) {
     LOG(ERROR) << "server " << options_.node_id << ": resync snapshot of range " << range << " refused: " << why;
-    std::weak_ptr<ServerNode*> weak = alive_;
-    loop()->Run([this, weak, range, generation, why] {
+    std::weak_ptr<void> weak = alive_;
+    loop_->Run([this, weak, range, generation, why] {
       if (weak.lock()) RetryFetch(range, generation, why);
     });
   };
@@ -302,8 +324,8 @@ void ServerNode::InstallSnapshot(int range, uint64_t generation, std::shared_ptr
       return bad(Status(Code::kProtocol, "key " + std::to_string(view->keys[i]) + " is not of the range"));
     }
   }
-  Status st = InsertEntries(std::string_view(bytes->data() + 8, kv_bytes), *view);
-  if (st.ok()) st = dedup_.Merge(std::string_view(bytes->data() + 8 + kv_bytes, bytes->size() - 8 - kv_bytes));
+  Status st = params_->InsertEntries(std::string_view(bytes->data() + 8, kv_bytes), *view);
+  if (st.ok()) st = params_->dedup().Merge(std::string_view(bytes->data() + 8 + kv_bytes, bytes->size() - 8 - kv_bytes));
   if (!st.ok()) return bad(st);
   std::vector<std::pair<DataRequest, Responder>> release;
   bool done;
@@ -323,16 +345,16 @@ void ServerNode::InstallSnapshot(int range, uint64_t generation, std::shared_ptr
   LOG(INFO) << "server " << options_.node_id << ": range " << range << " resynced (" << view->num_keys
             << " keys), " << release.size() << " held pushes released";
   // Through the replica path: a push the snapshot holds is in the window now.
-  for (auto& [req, r] : release) HandlePush(req, r, /*replica=*/true);
+  for (auto& [req, r] : release) params_->HandlePush(req, r, /*replica=*/true);
   if (done) {
-    std::weak_ptr<ServerNode*> weak = alive_;
-    loop()->Run([this, weak, generation] {
+    std::weak_ptr<void> weak = alive_;
+    loop_->Run([this, weak, generation] {
       if (weak.lock()) ReportResynced(generation);
     });
   }
 }
 
-bool ServerNode::HeldRangesPending(const DataRequest& req) const {
+bool ReplicaResync::HeldRangesPending(const DataRequest& req) const {
   Result<core::KvView> view =
       core::DecodeKvPairs(req.payload ? req.payload->data() : "", req.payload ? req.payload->size() : 0, true);
   if (!view.ok()) return false;  // refused by the replica path
@@ -342,7 +364,7 @@ bool ServerNode::HeldRangesPending(const DataRequest& req) const {
   return false;
 }
 
-std::optional<Status> ServerNode::HoldForResync(const DataRequest& req, const Responder& r) {
+std::optional<Status> ReplicaResync::HoldForResync(const DataRequest& req, const Responder& r) {
   std::lock_guard<std::mutex> lock(resync_mu_);
   if (!resync_.active || !HeldRangesPending(req)) return std::nullopt;
   if (!req.push_id) {
@@ -359,29 +381,16 @@ std::optional<Status> ServerNode::HoldForResync(const DataRequest& req, const Re
   return Status::Ok();
 }
 
-void ServerNode::ReportResynced(uint64_t generation) {
-  DCHECK(loop()->InLoopThread());
+void ReplicaResync::ReportResynced(uint64_t generation) {
+  DCHECK(loop_->InLoopThread());
   if (!ResyncCurrent(generation)) return;
-  pb::ResyncDoneMessage msg;
-  msg.set_node_id(options_.node_id);
-  msg.set_incarnation(incarnation());
-  CallSchedulerAsync(pb::RESYNC_DONE, msg, options_.request_timeout, [this, generation](Result<Frame> res) {
-    if (res.ok()) return;  // the next epoch marks this server alive (UpdateResyncLocked ends it)
-    LOG(WARNING) << "server " << options_.node_id << ": resync done not taken by the scheduler: " << res.status();
-    std::weak_ptr<ServerNode*> weak = alive_;
-    (void)loop()->AddTimer(kRetryDelay, Duration::zero(), [this, weak, generation] {
-      if (weak.lock() && !closed()) ReportResynced(generation);
+  report_done_([this, generation](const Status& st) {
+    if (st.ok()) return;  // the next epoch marks this server alive (UpdateLocked ends it)
+    LOG(WARNING) << "server " << options_.node_id << ": resync done not taken by the scheduler: " << st;
+    std::weak_ptr<void> weak = alive_;
+    (void)loop_->AddTimer(kRetryDelay, Duration::zero(), [this, weak, generation] {
+      if (weak.lock() && !stopped_) ReportResynced(generation);
     });
-  });
-}
-
-Status ServerNode::InsertEntries(std::string_view body, const core::KvView& view) {
-  return Journaled(core::JournalOp::kInsert, body, [&] {
-    store_.Insert(view.keys, view.lens, view.values, view.num_keys);
-    if (journal_) {
-      for (size_t i = 0; i < view.num_keys; ++i) restored_unconfirmed_.erase(view.keys[i]);  // journal_mu_ is held
-    }
-    return Status::Ok();
   });
 }
 

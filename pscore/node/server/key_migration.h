@@ -1,0 +1,74 @@
+// KeyMigration: moving the built-in store's entries to their new owners when the cluster
+// scales out or in, and dropping the entries a stable view no longer gives this server.
+//
+// Protocol (docs/operations.md, Scaling): workers hold key-value traffic while the cluster
+// scales. Each server switches its ownership view first (KeyOwnership::Switch), then sends
+// the entries it no longer owns to their new owners (kMigrateHandler) with its push-id
+// window (kMigrateWindowHandler), and answers *_DONE once all are stored. Requests for keys
+// a server does not own under its view are refused with kAborted (nothing applied), and
+// workers re-send them under the new metadata. Moved entries are erased only when the
+// cluster is READY under the new view (DropNotHeld), so a rollback needs no copying back.
+//
+// Threads: the switch and the encoding run on an executor thread (the loop thread without
+// one); sending runs on the loop thread; the handlers run where handlers run. State lives
+// in KeyOwnership and ParamService. Owned by ServerNode.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pscore/comm/event_loop.h"
+#include "pscore/node/common/executor.h"
+#include "pscore/node/server/data_handler.h"
+#include "pscore/node/server/key_ownership.h"
+#include "pscore/node/server/param_service.h"
+#include "pscore/node/server/server_links.h"
+
+namespace pscore::node {
+
+class KeyMigration {
+ public:
+  KeyMigration(std::string node_id, comm::EventLoop* loop, Executor* executor, std::weak_ptr<void> alive,
+               KeyOwnership* ownership, ParamService* params, ServerLinks* links);
+
+  void HandleEntries(const DataRequest& req, Responder r);  // kMigrateHandler
+  void HandleWindow(const DataRequest& req, Responder r);   // kMigrateWindowHandler
+  // Scale-out: every new node is in (md is the complete new membership); done() once
+  // this server's part is stored (any thread).
+  void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done);
+  // Scale-in started under the metadata `md`; msg names the leaving nodes.
+  void OnScaleInStart(const pb::SendMetadataMessage& md, const pb::ScaleInMessage& msg,
+                      std::function<void()> done);
+  // Stable under the view (rank, n, replicas): entries moved away (or copied here by a
+  // rolled-back operation) are no longer needed here. `changed`: the view changed (with
+  // replicas the ranges held are then checked). Returns how many keys were dropped.
+  size_t DropNotHeld(int rank, int n, int replicas, bool changed);
+
+ private:
+  // Encoded entries by destination rank, each payload at most kMigrateChunkBytes of values.
+  using Batches = std::map<int, std::vector<BufferPtr>>;
+  // Switches the view to (rank, n) and ships the entries it no longer owns to
+  // dest_rank(new range) (a rank of the current metadata); done() once all are stored.
+  void MoveKeys(int rank, int n, std::function<int(int)> dest_rank, std::function<void()> done);
+  // Which keys go where after the switch from `old` to (rank, n), sorted per destination.
+  std::map<int, std::vector<uint64_t>> PlanMoves(const KeyView& old, int rank, int n,
+                                                 const std::function<int(int)>& dest_rank) const;
+  // Encodes the planned keys straight from the store: one copy of their values.
+  Result<Batches> Encode(const std::map<int, std::vector<uint64_t>>& plan) const;
+  // Loop thread: sends the window, then the entries, to every destination; done() once
+  // every one answered ok.
+  void Send(Batches batches, BufferPtr window, std::function<void()> done);
+
+  const std::string node_id_;
+  comm::EventLoop* const loop_;
+  Executor* const executor_;  // may be null
+  const std::weak_ptr<void> alive_;
+  KeyOwnership* const ownership_;
+  ParamService* const params_;
+  ServerLinks* const links_;
+};
+
+}  // namespace pscore::node

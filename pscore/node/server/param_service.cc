@@ -1,0 +1,172 @@
+// ParamService: pulls, the journal, and the entries a migration or a resync brings.
+#include "pscore/node/server/param_service.h"
+
+#include <glog/logging.h>
+
+#include "pscore/node/common/wire.h"
+
+#define PSCORE_RETURN_IF_ERROR_RESPOND(expr, responder) \
+  do {                                                  \
+    ::pscore::Status _st = (expr);                      \
+    if (!_st.ok()) return (responder).Fail(_st);        \
+  } while (0)
+
+namespace pscore::node {
+
+ParamService::ParamService(Options options, core::ParamStore::Options store, comm::EventLoop* loop,
+                           KeyOwnership* ownership, ServerLinks* links, std::shared_ptr<std::atomic<uint64_t>> copied)
+    : options_(std::move(options)),
+      loop_(loop),
+      ownership_(ownership),
+      links_(links),
+      copied_(std::move(copied)),
+      store_(store) {}
+
+Status ParamService::Open() {
+  if (options_.data_dir.empty()) return Status::Ok();
+  ServerJournalOptions journal_options;
+  journal_options.compact_floor = options_.journal_compact_bytes;
+  journal_ = std::make_unique<ServerJournal>(options_.data_dir, journal_options);
+  PSCORE_RETURN_IF_ERROR(journal_->Open(&store_, &dedup_));
+  LOG(INFO) << "server " << options_.node_id << ": parameters journaled in " << journal_->path() << " ("
+            << journal_->restored_keys() << " keys restored)";
+  std::vector<uint64_t> keys = store_.Keys();
+  std::lock_guard<std::mutex> lock(journal_mu_);
+  restored_unconfirmed_.insert(keys.begin(), keys.end());
+  return Status::Ok();
+}
+
+void ParamService::Stop() {
+  if (!journal_) return;
+  // No handler appends any more; a compaction still being written ends here, so nothing
+  // of this node touches data_dir once Stop has returned (the directory may be removed or
+  // opened by a new server at once).
+  std::lock_guard<std::mutex> lock(journal_mu_);
+  Status st = journal_->FinishCompaction();
+  if (!st.ok()) LOG(WARNING) << "server " << options_.node_id << ": journal compaction failed: " << st;
+}
+
+bool ParamService::journal_compacting() {
+  std::lock_guard<std::mutex> lock(journal_mu_);
+  return journal_ && journal_->compacting();
+}
+
+void ParamService::HandlePull(const DataRequest& req, Responder r) {
+  const char* data = req.payload ? req.payload->data() : "";
+  size_t size = req.payload ? req.payload->size() : 0;
+  Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/false);
+  if (!view.ok()) return r.Fail(view.status());
+  auto lock = ownership_->Share();
+  PSCORE_RETURN_IF_ERROR_RESPOND(ownership_->CheckOwned(view->keys, view->num_keys), r);
+  std::vector<uint32_t> lens(view->num_keys);
+  PSCORE_RETURN_IF_ERROR_RESPOND(store_.Lens(view->keys, view->num_keys, lens.data()), r);
+  uint64_t total = 0;
+  for (uint32_t l : lens) total += l;
+  // An answer over the frame limit would be refused by the worker (its link closed), and
+  // one of 2 GiB or more cannot be encoded at all: refused here, whole. Keys may repeat
+  // in a request, so a small request can ask for a huge answer.
+  const uint64_t answer_bytes = total * sizeof(float) + uint64_t{view->num_keys} * (sizeof(uint64_t) + sizeof(uint32_t));
+  if (answer_bytes > options_.max_message_bytes) {
+    return r.Fail(Status(Code::kResourceExhausted, "pull: the answer would hold " + std::to_string(answer_bytes) +
+                                                       " bytes of keys and values, over max_message_bytes (" +
+                                                       std::to_string(options_.max_message_bytes) + ")"));
+  }
+  if (total * sizeof(float) >= core::kSharedAnswerBytes * view->num_keys) {
+    // Values of a few KiB a key and more are not copied: the answer's tail is the stored
+    // memory itself, pinned until the answer is written (a push meanwhile writes a fresh
+    // copy of the key).
+    std::vector<Slice> values(view->num_keys);
+    PSCORE_RETURN_IF_ERROR_RESPOND(store_.ShareValues(view->keys, view->num_keys, values.data()), r);
+    lock.unlock();
+    for (size_t i = 0; i < values.size(); ++i) lens[i] = static_cast<uint32_t>(values[i].size / sizeof(float));
+    Result<Payload> answer = core::EncodeKvPairsShared(view->keys, view->num_keys, lens.data(), std::move(values));
+    if (!answer.ok()) return r.Fail(answer.status());
+    return r.Reply(std::move(*answer));
+  }
+  // Smaller ones are copied once: from the store straight into the answer.
+  Result<BufferPtr> answer = core::EncodeKvPairsFilled(
+      view->keys, view->num_keys, lens.data(), total,
+      [&](float* dst) { return store_.CopyValues(view->keys, view->num_keys, lens.data(), dst); });
+  lock.unlock();
+  if (!answer.ok()) return r.Fail(answer.status());
+  copied_->fetch_add(total * sizeof(float), std::memory_order_relaxed);
+  r.Reply(*answer);
+}
+
+bool ParamService::SmallBuiltin(const pb::MessageMeta& meta, const BufferPtr& payload) const {
+  constexpr size_t kSmallBytes = 16 * 1024;
+  const bool push = meta.handler() == kPushHandler || meta.handler() == kReplicateHandler;
+  if (!push && meta.handler() != kPullHandler) return false;
+  const size_t size = payload ? payload->size() : 0;
+  if (size > kSmallBytes) return false;
+  // A journaled push writes to disk, and now and then compacts the journal (the whole
+  // store, then fsync): never on the loop thread.
+  if (push) return !journal_;
+  // A pull's answer is what counts: the lengths of the keys it asks for. A small one is
+  // copied in microseconds; a large one of a few keys is not copied at all (written from
+  // the store: HandlePull), so it costs a few lookups whatever its size.
+  constexpr size_t kFewKeys = 16;
+  Result<core::KvView> view = core::DecodeKvPairs(payload ? payload->data() : "", size, /*expect_values=*/false);
+  if (!view.ok()) return true;  // refused at once by the handler
+  std::vector<uint32_t> lens(view->num_keys);
+  if (!store_.Lens(view->keys, view->num_keys, lens.data()).ok()) return true;  // kNotFound at once
+  uint64_t floats = 0;
+  for (uint32_t l : lens) floats += l;
+  const uint64_t bytes = floats * sizeof(float);
+  return bytes <= kSmallBytes || (view->num_keys <= kFewKeys && bytes >= core::kZeroCopyBytes * view->num_keys);
+}
+
+Status ParamService::Journaled(core::JournalOp op, std::string_view body, const std::function<Status()>& apply) {
+  if (!journal_) return apply();
+  // The checksum first, outside the lock: another handler thread writes meanwhile.
+  return JournaledRecord(core::JournalRecordHeader(op, body), body, apply);
+}
+
+Status ParamService::JournaledRecord(const std::string& header, std::string_view body,
+                                   const std::function<Status()>& apply) {
+  std::lock_guard<std::mutex> lock(journal_mu_);
+  Status logged = journal_->AppendRecord(header, body);
+  if (!logged.ok()) {
+    LOG(ERROR) << "server " << options_.node_id << ": " << logged;
+    return Status(Code::kUnavailable, "server " + options_.node_id + " cannot journal the change: " + logged.message());
+  }
+  Status st = apply();
+  // The loop thread (a view change's drop, inline handlers) must not wait for the disk:
+  // a stalled loop misses its heartbeats.
+  journal_->MaybeCompact(/*may_wait=*/!loop_->InLoopThread());
+  return st;
+}
+
+Status ParamService::InsertEntries(std::string_view body, const core::KvView& view) {
+  return Journaled(core::JournalOp::kInsert, body, [&] {
+    store_.Insert(view.keys, view.lens, view.values, view.num_keys);
+    if (journal_) {
+      for (size_t i = 0; i < view.num_keys; ++i) restored_unconfirmed_.erase(view.keys[i]);  // journal_mu_ is held
+    }
+    return Status::Ok();
+  });
+}
+
+void ParamService::ConfirmRestored() {
+  if (!journal_) return;
+  std::lock_guard<std::mutex> lock(journal_mu_);
+  restored_unconfirmed_.clear();
+}
+
+size_t ParamService::DropUnconfirmedRestored() {
+  if (!journal_) return 0;
+  std::lock_guard<std::mutex> lock(journal_mu_);
+  if (restored_unconfirmed_.empty()) return 0;
+  std::vector<uint64_t> keys(restored_unconfirmed_.begin(), restored_unconfirmed_.end());
+  restored_unconfirmed_.clear();
+  Status logged = journal_->Append(core::JournalOp::kDropKeys, core::EncodeJournalDropKeys(keys));
+  if (!logged.ok()) {
+    LOG(ERROR) << "server " << options_.node_id << ": stale restored entries kept: " << logged;
+    return 0;
+  }
+  size_t dropped = store_.Erase(keys.data(), keys.size());
+  journal_->MaybeCompact(/*may_wait=*/!loop_->InLoopThread());
+  return dropped;
+}
+
+}  // namespace pscore::node
