@@ -164,7 +164,7 @@ int PrintBarriers(const std::vector<pb::BarrierInfo>& list, bool json) {
 // scale-out and scale-in. The scheduler answers once the operation started; with --wait we
 // poll until READY and check that the membership is the one asked for.
 int Scale(node::AdminClient& client, const node::AdminFlags& f, bool out) {
-  const char* name = out ? "scale-out" : "scale-in";
+  const char* name = node::Info(out ? node::AdminOp::kScaleOut : node::AdminOp::kScaleIn).command;
   bool by_ids = !out && !f.node_ids.empty();
   if (!out && by_ids && (f.workers >= 0 || f.servers >= 0)) {
     return Fail(kUsage, "scale-in takes --node_ids or --workers/--servers, not both");
@@ -173,10 +173,10 @@ int Scale(node::AdminClient& client, const node::AdminFlags& f, bool out) {
   if (!by_ids && f.workers < 0 && f.servers < 0) {
     return Fail(kUsage, std::string(name) + " needs --workers=N and/or --servers=M" + (out ? "" : " or --node_ids"));
   }
-  Result<pb::AdminResponse> before = client.Admin("status");
+  Result<pb::AdminResponse> before = client.Admin(node::AdminOpName(node::AdminOp::kStatus));
   if (!before.ok()) return FailStatus(before.status());
   pb::AdminRequest req;
-  req.set_op(node::Info(out ? node::AdminOp::kScaleOut : node::AdminOp::kScaleIn).wire);
+  req.set_op(node::AdminOpName(out ? node::AdminOp::kScaleOut : node::AdminOp::kScaleIn));
   if (by_ids) {
     for (const std::string& id : f.node_ids) req.add_node_ids(id);
   } else {
@@ -197,7 +197,7 @@ int Scale(node::AdminClient& client, const node::AdminFlags& f, bool out) {
   }
   bool as_asked = true;
   if (by_ids) {
-    Result<pb::AdminResponse> nodes = client.Admin("nodes");
+    Result<pb::AdminResponse> nodes = client.Admin(node::AdminOpName(node::AdminOp::kNodes));
     if (!nodes.ok()) return FailStatus(nodes.status());
     std::set<std::string> leaving(f.node_ids.begin(), f.node_ids.end());
     for (const pb::ServersMeta& n : nodes->nodes()) as_asked &= leaving.count(n.node_id()) == 0;
@@ -338,7 +338,7 @@ int WatchRankTable(const node::CommandLine& cl) {
 // The ids come as arguments (`reset w0 w1`) or as --node_ids=w0,w1.
 int Reset(node::AdminClient& client, const node::AdminFlags& f, const std::vector<std::string>& args) {
   pb::AdminRequest req;
-  req.set_op(node::Info(node::AdminOp::kReset).wire);
+  req.set_op(node::AdminOpName(node::AdminOp::kReset));
   for (const std::string& id : f.node_ids) req.add_node_ids(id);
   for (size_t i = 1; i < args.size(); ++i) req.add_node_ids(args[i]);
   Result<pb::AdminResponse> r = client.Admin(req);
@@ -353,10 +353,11 @@ int Run(const node::CommandLine& cl, const std::vector<std::string>& args) {
   if (op == nullptr && cmd != "kv" && cmd != "watch-ranktable") {
     return Fail(kUsage, "unknown command '" + cmd + "' (see --help)");
   }
-  if (cmd != "kv" && cmd != "reset" && args.size() > 1) {
+  const bool reset = op != nullptr && op->op == node::AdminOp::kReset;
+  if (cmd != "kv" && !reset && args.size() > 1) {
     return Fail(kUsage, cmd + ": unexpected argument '" + args[1] + "'");
   }
-  if (cmd == "reset" && args.size() == 1 && cl.admin.node_ids.empty()) {
+  if (reset && args.size() == 1 && cl.admin.node_ids.empty()) {
     return Fail(kUsage, "reset needs node ids: reset ID... or --node_ids=a,b");
   }
   // A flag that the command would ignore is refused by name, so a typo'd command never

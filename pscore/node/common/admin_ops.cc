@@ -6,17 +6,17 @@ namespace pscore::node {
 
 const std::vector<AdminOpInfo>& AdminOps() {
   static const std::vector<AdminOpInfo> kOps = {
-      // op                  wire            command         totals ids    http_post
-      {AdminOp::kStatus, "status", "status", false, false, false},
-      {AdminOp::kNodes, "nodes", "nodes", false, false, false},
-      {AdminOp::kScaleOut, "scale_out", "scale-out", true, false, true},
-      {AdminOp::kScaleIn, "scale_in", "scale-in", true, true, true},
-      {AdminOp::kNewInstance, "new_instance", "new-instance", false, false, true},
-      {AdminOp::kEnable, "enable", "enable", false, false, true},
-      {AdminOp::kDisable, "disable", "disable", false, false, true},
-      {AdminOp::kReset, "reset", "reset", false, true, true},
-      {AdminOp::kStop, "stop", "stop", false, false, true},
-      {AdminOp::kBarriers, "barriers", "barriers", false, false, false},
+      // op                  wire            command         totals ids    http_post any_certificate
+      {AdminOp::kStatus, "status", "status", false, false, false, true},
+      {AdminOp::kNodes, "nodes", "nodes", false, false, false, false},
+      {AdminOp::kScaleOut, "scale_out", "scale-out", true, false, true, false},
+      {AdminOp::kScaleIn, "scale_in", "scale-in", true, true, true, false},
+      {AdminOp::kNewInstance, "new_instance", "new-instance", false, false, true, false},
+      {AdminOp::kEnable, "enable", "enable", false, false, true, false},
+      {AdminOp::kDisable, "disable", "disable", false, false, true, false},
+      {AdminOp::kReset, "reset", "reset", false, true, true, false},
+      {AdminOp::kStop, "stop", "stop", false, false, true, false},
+      {AdminOp::kBarriers, "barriers", "barriers", false, false, false, false},
   };
   return kOps;
 }
@@ -41,6 +41,8 @@ const AdminOpInfo& Info(AdminOp op) {
   }
   return AdminOps().front();  // unreachable: the table lists every AdminOp
 }
+
+const char* AdminOpName(AdminOp op) { return Info(op).wire; }
 
 namespace {
 

@@ -1,7 +1,8 @@
-// The admin operations: one table of what each is called on the wire (AdminRequest.op),
-// on the command line (pscore-admin) and over HTTP (POST /v1/<op>), and which request
-// fields it takes. The scheduler, pscore-admin and the HTTP surface all read it, so an
-// operation is added in one place.
+// The admin operations: an enum, and one table of what each is called on the wire
+// (AdminRequest.op), on the command line (pscore-admin) and over HTTP (POST /v1/<op>),
+// which request fields it takes and who may run it. Names are parsed and printed only
+// through the table; the scheduler, pscore-admin and the HTTP surface decide on the enum,
+// so an operation is added in one place.
 #pragma once
 
 #include <string_view>
@@ -21,6 +22,8 @@ struct AdminOpInfo {
   bool takes_totals;    // worker_num, server_num
   bool takes_ids;       // node_ids
   bool http_post;       // offered as POST /v1/<wire> (the reads are GET /v1/cluster, /v1/nodes)
+  bool any_certificate; // with TLS, any CA-signed peer may run it (members poll it while
+                        // they wait for READY); the others need a CN of --tls_admin_cns
 };
 
 // Every operation, in the order help texts list them.
@@ -29,6 +32,8 @@ const std::vector<AdminOpInfo>& AdminOps();
 const AdminOpInfo* FindAdminOp(std::string_view wire);
 const AdminOpInfo* FindAdminCommand(std::string_view command);
 const AdminOpInfo& Info(AdminOp op);
+// The wire name of `op` (what AdminRequest.op carries).
+const char* AdminOpName(AdminOp op);
 
 // kInvalidArgument naming the first field set (non-zero, non-empty) that `req.op()` does
 // not take: worker_num and server_num belong to scale_out and scale_in, node_ids to

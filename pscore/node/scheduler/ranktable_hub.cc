@@ -37,6 +37,7 @@ Status RankTableHub::Start() {
 }
 
 void RankTableHub::InstallOnLoop() {
+  DCHECK(sched_->loop()->InLoopThread());
   std::weak_ptr<bool> alive = alive_;
   SchedulerNode* sched = sched_;  // by value: the handler outlives a hub that stopped
   sched_->SetCommandHandler(pb::SUBSCRIBE_RANKTABLE, [this, alive, sched](comm::ConnId conn, comm::Frame&& frame) {
@@ -69,6 +70,7 @@ void RankTableHub::InstallOnLoop() {
 // building the table is O(nodes), so once per change would be O(nodes^2) for a job that
 // registers all at once.
 void RankTableHub::RebuildSoon() {
+  DCHECK(sched_->loop()->InLoopThread());
   if (rebuild_pending_) return;
   rebuild_pending_ = true;
   std::weak_ptr<bool> alive = alive_;
@@ -94,6 +96,7 @@ void RankTableHub::Stop() {
 }
 
 Status RankTableHub::CheckJob(const std::string& job_id) const {
+  DCHECK(sched_->loop()->InLoopThread());
   if (job_id.empty() || job_id == this->job_id()) return Status::Ok();
   if (job_id.size() > kMaxRankTableJobIdBytes) {
     return Status(Code::kInvalidArgument, "jobId of " + std::to_string(job_id.size()) + " bytes (at most " +
@@ -143,6 +146,7 @@ Result<pb::RankTableRegistration> RankTableHub::Register(const std::string& job_
 }
 
 Status RankTableHub::CheckSubscription(const std::string& job_id, uint64_t registration) const {
+  DCHECK(sched_->loop()->InLoopThread());
   PSCORE_RETURN_IF_ERROR(CheckJob(job_id));
   if (registration == 0 || registration == registration_) return Status::Ok();
   const std::string job = "job '" + this->job_id() + "'";
@@ -162,6 +166,7 @@ Status RankTableHub::CheckSubscription(const std::string& job_id, uint64_t regis
 // devices), each change once (core::RankTableVersions). While the membership is incomplete
 // (starting, scaling, a member timed out) subscribers hear nothing and keep the last table.
 void RankTableHub::Rebuild() {
+  DCHECK(sched_->loop()->InLoopThread());
   const core::ClusterManager& cluster = sched_->cluster();
   const bool complete = cluster.state() == pb::CLUSTER_READY;
   if (!complete) return;
@@ -200,11 +205,13 @@ uint64_t RankTableHub::AddSubscriber(Sink sink) {
 }
 
 void RankTableHub::RemoveSubscriber(uint64_t id) {
+  DCHECK(sched_->loop()->InLoopThread());
   subs_.erase(id);
   congested_.erase(id);
 }
 
 void RankTableHub::Deliver(uint64_t id, Sub* sub, const std::shared_ptr<const RankTableSnapshot>& snap) {
+  DCHECK(sched_->loop()->InLoopThread());
   if (sub->sink.queued_bytes() > options_.coalesce_bytes) {
     if (sub->held) ++stats_.coalesced;
     sub->held = snap;
@@ -227,6 +234,7 @@ void RankTableHub::Deliver(uint64_t id, Sub* sub, const std::shared_ptr<const Ra
 
 // Sends the held table to subscribers that drained; drops the ones stuck past the bound.
 void RankTableHub::CheckCongested() {
+  DCHECK(sched_->loop()->InLoopThread());
   TimePoint now = SteadyClock().Now();
   std::vector<uint64_t> ids(congested_.begin(), congested_.end());
   for (uint64_t id : ids) {
@@ -261,6 +269,7 @@ void RankTableHub::CheckCongested() {
 }
 
 void RankTableHub::OnSubscribe(comm::ConnId conn, comm::Frame&& frame) {
+  DCHECK(sched_->loop()->InLoopThread());
   comm::Messenger& m = sched_->messenger();
   pb::ClientInfo info;
   Status st = ParsePayload(frame, &info);
@@ -310,6 +319,7 @@ void RankTableHub::OnSubscribe(comm::ConnId conn, comm::Frame&& frame) {
 }
 
 void RankTableHub::OnRegister(comm::ConnId conn, comm::Frame&& frame) {
+  DCHECK(sched_->loop()->InLoopThread());
   comm::Messenger& m = sched_->messenger();
   pb::ClientInfo info;
   Status st = ParsePayload(frame, &info);

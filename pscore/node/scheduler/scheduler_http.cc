@@ -6,7 +6,6 @@
 
 #include <google/protobuf/util/json_util.h>
 
-#include "pscore/node/common/metrics_text.h"
 #include "pscore/node/common/wire.h"
 
 namespace pscore::node {
@@ -142,8 +141,8 @@ Result<int> SchedulerHttp::Start(const std::string& host, int port) {
     std::weak_ptr<bool> alive = alive_;
     sched_->AddEventListener([this, alive](const core::Event& e) {
       if (alive.expired()) return;
-      if (e.kind == core::Event::Kind::kScaleDone) ++scale_results_["done"];
-      if (e.kind == core::Event::Kind::kRollback) ++scale_results_["rolled_back"];
+      if (e.kind == core::Event::Kind::kScaleDone) ++scales_done_;
+      if (e.kind == core::Event::Kind::kRollback) ++scales_rolled_back_;
     });
     done.set_value(server_->Listen(host, port));
   });
@@ -164,6 +163,7 @@ void SchedulerHttp::Stop() {
 }
 
 void SchedulerHttp::Reply(comm::HttpConnId id, const Status& st, json data) {
+  DCHECK(sched_->loop()->InLoopThread());
   int status = HttpStatusOf(st.code());
   ++responses_[status];
   json body = {{"code", static_cast<int>(st.code())},
@@ -185,6 +185,7 @@ bool SchedulerHttp::Authorized(const comm::HttpRequest& req) const {
 }
 
 void SchedulerHttp::Unauthorized(comm::HttpConnId id) {
+  DCHECK(sched_->loop()->InLoopThread());
   ++responses_[401];
   json body = {{"code", static_cast<int>(Code::kPermissionDenied)},
                {"message", "this job has a cluster token: send Authorization: Bearer <token>"},
@@ -193,6 +194,7 @@ void SchedulerHttp::Unauthorized(comm::HttpConnId id) {
 }
 
 void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
+  DCHECK(sched_->loop()->InLoopThread());
   const std::string& p = req.path;
   const bool get = req.method == "GET" || req.method == "HEAD";  // HEAD: the server sends no body
   const bool post = req.method == "POST";
@@ -215,7 +217,7 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
   if (p == "/v1/cluster" || p == "/v1/nodes") {
     if (!get) return wrong_method("GET, HEAD");
     pb::AdminRequest areq;
-    areq.set_op(p == "/v1/nodes" ? "nodes" : "status");
+    areq.set_op(AdminOpName(p == "/v1/nodes" ? AdminOp::kNodes : AdminOp::kStatus));
     Status allowed = sched_->CheckAdminCertificate(areq.op(), req.peer_identity, "an HTTPS client");
     if (!allowed.ok()) return Reply(id, allowed, nullptr);
     return sched_->Admin(areq, [this, id](Status st, pb::AdminResponse resp) { Reply(id, st, AdminJson(resp)); });
@@ -229,6 +231,7 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
 }
 
 void SchedulerHttp::ServeRankTable(comm::HttpConnId id, const comm::HttpRequest& req) {
+  DCHECK(sched_->loop()->InLoopThread());
   auto job = req.query.find("jobId");
   Status st = hub_->CheckJob(job == req.query.end() ? "" : job->second);
   if (!st.ok()) return Reply(id, st, nullptr);
@@ -243,6 +246,7 @@ void SchedulerHttp::ServeRankTable(comm::HttpConnId id, const comm::HttpRequest&
 }
 
 void SchedulerHttp::ServeRegister(comm::HttpConnId id, const comm::HttpRequest& req) {
+  DCHECK(sched_->loop()->InLoopThread());
   std::string job_id, role;
   Status st = ParseRegisterBody(req.body, &job_id, &role);
   if (!st.ok()) return Reply(id, st, nullptr);
@@ -252,6 +256,7 @@ void SchedulerHttp::ServeRegister(comm::HttpConnId id, const comm::HttpRequest& 
 }
 
 void SchedulerHttp::ServeStream(comm::HttpConnId id, const comm::HttpRequest& req) {
+  DCHECK(sched_->loop()->InLoopThread());
   auto job = req.query.find("jobId");
   uint64_t registration = 0;
   auto reg = req.query.find("registration");
@@ -285,14 +290,16 @@ void SchedulerHttp::ServeStream(comm::HttpConnId id, const comm::HttpRequest& re
   });
 }
 
-void SchedulerHttp::CountScale(const std::string& op, const Status& st) {
-  ++scale_ops_[{op, st.ok() ? "accepted" : "refused"}];
+void SchedulerHttp::CountScale(AdminOp op, const Status& st) {
+  DCHECK(sched_->loop()->InLoopThread());
+  ++scale_ops_[{op, st.ok()}];
 }
 
 void SchedulerHttp::ServeAdmin(comm::HttpConnId id, const AdminOpInfo& info, const comm::HttpRequest& req) {
-  const std::string op = info.wire;
+  DCHECK(sched_->loop()->InLoopThread());
+  const AdminOp op = info.op;
   pb::AdminRequest areq;
-  Status st = sched_->CheckAdminCertificate(op, req.peer_identity, "an HTTPS client");
+  Status st = sched_->CheckAdminCertificate(info.wire, req.peer_identity, "an HTTPS client");
   if (!st.ok()) {
     CountScale(op, st);
     return Reply(id, st, nullptr);
@@ -306,100 +313,6 @@ void SchedulerHttp::ServeAdmin(comm::HttpConnId id, const AdminOpInfo& info, con
     CountScale(op, s);
     Reply(id, s, AdminJson(resp));
   });
-}
-
-// Prometheus text format 0.0.4: a HELP and TYPE line per family, then its samples.
-void SchedulerHttp::ServeMetrics(comm::HttpConnId id) {
-  MetricsText m;
-  auto family = [&m](const std::string& name, const char* type, const char* help) { m.Family(name, type, help); };
-  auto sample = [&m](const std::string& name, const std::string& labels, uint64_t value) {
-    m.Sample(name, labels, value);
-  };
-  const core::ClusterManager& cluster = sched_->cluster();
-  family("pscore_cluster_state", "gauge", "1 for the cluster's current state, 0 for the others.");
-  const google::protobuf::EnumDescriptor* states = pb::ClusterState_descriptor();
-  for (int i = 0; i < states->value_count(); ++i) {
-    const auto* v = states->value(i);
-    const std::string name = core::ClusterStateName(static_cast<pb::ClusterState>(v->number()));
-    sample("pscore_cluster_state", "state=\"" + name + "\"", v->number() == cluster.state() ? 1 : 0);
-  }
-  family("pscore_membership_version", "gauge", "Membership epoch (bumped at every published topology).");
-  sample("pscore_membership_version", "", cluster.epoch());
-  family("pscore_nodes", "gauge", "Registered nodes by role and state.");
-  std::map<std::pair<std::string, std::string>, uint64_t> nodes;
-  for (const char* role : {"server", "worker"}) {
-    for (const char* state : {"NODE_STARTING", "NODE_READY", "NODE_TIMED_OUT"}) nodes[{role, state}] = 0;
-  }
-  for (const core::NodeRecord* rec : cluster.Nodes()) {
-    ++nodes[{RoleLabel(rec->role), pb::NodeState_Name(rec->state)}];
-  }
-  for (auto& [key, n] : nodes) sample("pscore_nodes", "role=\"" + key.first + "\",state=\"" + key.second + "\"", n);
-  family("pscore_nodes_expected", "gauge", "Target number of nodes by role.");
-  sample("pscore_nodes_expected", "role=\"server\"", cluster.server_num());
-  sample("pscore_nodes_expected", "role=\"worker\"", cluster.worker_num());
-  family("pscore_heartbeats_received_total", "counter", "Heartbeats received by the scheduler.");
-  sample("pscore_heartbeats_received_total", "", sched_->heartbeats());
-  const core::KvStore& kv = sched_->kv();
-  family("pscore_kv_entries", "gauge", "Keys in the coordination key-value store.");
-  sample("pscore_kv_entries", "", kv.size());
-  family("pscore_kv_bytes", "gauge", "Bytes of keys and values in the key-value store.");
-  sample("pscore_kv_bytes", "", kv.total_bytes());
-  family("pscore_kv_bytes_limit", "gauge", "Cap on pscore_kv_bytes (--max_kv_total_mb, at most 1 GiB).");
-  sample("pscore_kv_bytes_limit", "", kv.max_total_bytes());
-  family("pscore_kv_gets_waiting", "gauge", "Blocking key-value gets waiting for their key.");
-  sample("pscore_kv_gets_waiting", "", kv.waiting());
-  family("pscore_barrier_ids", "gauge", "Barrier ids kept (a round waiting, or ended within 10 minutes).");
-  sample("pscore_barrier_ids", "", sched_->barriers().ids());
-  const comm::TransportStats& t = sched_->transport_stats();
-  AppendTransportMetrics(sched_->messenger().transport(), &m);
-  family("pscore_connections", "gauge", "Open connections by protocol.");
-  sample("pscore_connections", "protocol=\"native\"", sched_->messenger().transport().num_connections());
-  sample("pscore_connections", "protocol=\"http\"", server_->num_connections());
-  family("pscore_connections_opened_total", "counter", "Connections opened by protocol.");
-  sample("pscore_connections_opened_total", "protocol=\"native\"", t.connections_opened);
-  sample("pscore_connections_opened_total", "protocol=\"http\"", server_->stats().connections_accepted);
-  const comm::HttpServerStats& hs = server_->stats();
-  family("pscore_http_requests_total", "counter", "HTTP requests parsed.");
-  sample("pscore_http_requests_total", "", hs.requests);
-  family("pscore_http_bad_requests_total", "counter", "HTTP requests refused before routing (parse, size, time).");
-  sample("pscore_http_bad_requests_total", "", hs.bad_requests);
-  family("pscore_http_responses_total", "counter", "HTTP responses by status code.");
-  for (auto& [code, n] : responses_) sample("pscore_http_responses_total", "code=\"" + std::to_string(code) + "\"", n);
-  family("pscore_http_bytes_total", "counter", "HTTP bytes by direction.");
-  sample("pscore_http_bytes_total", "direction=\"in\"", hs.bytes_in);
-  sample("pscore_http_bytes_total", "direction=\"out\"", hs.bytes_out);
-  const RankTableHubStats& rs = hub_->stats();
-  family("pscore_ranktable_subscribers", "gauge", "Rank-table subscribers by protocol.");
-  // The two counts are updated at different moments (a dropped HTTP subscriber leaves the
-  // hub before its connection's close callback runs; a stopped hub forgets every one), so
-  // the hub may briefly hold fewer than http_subscribers_: never subtract past zero.
-  const size_t all_subs = hub_->num_subscribers();
-  sample("pscore_ranktable_subscribers", "protocol=\"native\"",
-         all_subs > http_subscribers_ ? all_subs - http_subscribers_ : 0);
-  sample("pscore_ranktable_subscribers", "protocol=\"http\"", http_subscribers_);
-  family("pscore_ranktable_version", "gauge", "Version of the current rank table.");
-  sample("pscore_ranktable_version", "", rs.versions);
-  family("pscore_ranktable_messages_total", "counter", "Rank-table messages sent to subscribers.");
-  sample("pscore_ranktable_messages_total", "", rs.sent);
-  family("pscore_ranktable_coalesced_total", "counter", "Tables replaced by a newer one before a slow subscriber got them.");
-  sample("pscore_ranktable_coalesced_total", "", rs.coalesced);
-  family("pscore_ranktable_dropped_total", "counter", "Subscribers dropped for not reading.");
-  sample("pscore_ranktable_dropped_total", "", rs.dropped);
-  family("pscore_scale_operations_total", "counter", "Admin operations over HTTP by operation and outcome.");
-  for (const AdminOpInfo& info : AdminOps()) {
-    if (!info.http_post) continue;
-    const std::string op = info.wire;
-    for (const char* outcome : {"accepted", "refused"}) {
-      auto it = scale_ops_.find({op, outcome});
-      sample("pscore_scale_operations_total", "op=\"" + op + "\",outcome=\"" + outcome + "\"",
-             it == scale_ops_.end() ? 0 : it->second);
-    }
-  }
-  family("pscore_scale_results_total", "counter", "Scale operations that ended, by result.");
-  sample("pscore_scale_results_total", "result=\"done\"", scale_results_["done"]);
-  sample("pscore_scale_results_total", "result=\"rolled_back\"", scale_results_["rolled_back"]);
-  ++responses_[200];
-  server_->Respond(id, 200, "text/plain; version=0.0.4", m.text()).IgnoreError();
 }
 
 }  // namespace pscore::node

@@ -18,6 +18,8 @@
 
 namespace pscore::node {
 
+class MetricsText;
+
 class SchedulerHttp {
  public:
   SchedulerHttp(SchedulerNode* sched, RankTableHub* hub, comm::HttpServerOptions options = {});
@@ -38,9 +40,13 @@ class SchedulerHttp {
   void ServeRegister(comm::HttpConnId id, const comm::HttpRequest& req);
   void Unauthorized(comm::HttpConnId id);
   void ServeAdmin(comm::HttpConnId id, const AdminOpInfo& info, const comm::HttpRequest& req);
+  // /metrics (scheduler_metrics.cc).
   void ServeMetrics(comm::HttpConnId id);
+  void AppendConnectionMetrics(MetricsText* m) const;
+  void AppendRankTableMetrics(MetricsText* m) const;
+  void AppendScaleMetrics(MetricsText* m) const;
   void Reply(comm::HttpConnId id, const Status& st, nlohmann::json data);
-  void CountScale(const std::string& op, const Status& st);
+  void CountScale(AdminOp op, const Status& st);
 
   SchedulerNode* sched_;
   RankTableHub* hub_;
@@ -50,8 +56,9 @@ class SchedulerHttp {
   bool stopped_ = false;
   // Loop-thread counters for /metrics.
   std::map<int, uint64_t> responses_;                         // by HTTP status
-  std::map<std::pair<std::string, std::string>, uint64_t> scale_ops_;  // (op, outcome)
-  std::map<std::string, uint64_t> scale_results_;             // done / rolled_back
+  std::map<std::pair<AdminOp, bool>, uint64_t> scale_ops_;  // (op, accepted)
+  uint64_t scales_done_ = 0;         // scale operations that ended done
+  uint64_t scales_rolled_back_ = 0;  // and rolled back
   size_t http_subscribers_ = 0;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -20,12 +20,13 @@
 #include "pscore/core/barrier_manager.h"
 #include "pscore/core/cluster_manager.h"
 #include "pscore/core/kv_store.h"
-#include "pscore/node/scheduler/metadata_cache.h"
 #include "pscore/node/common/options.h"
+#include "pscore/node/scheduler/metadata_cache.h"
 
 namespace pscore::node {
 
 class StateWriter;
+struct AdminOpInfo;
 
 class SchedulerNode {
  public:
@@ -59,10 +60,11 @@ class SchedulerNode {
   core::ClusterManager& cluster() { return cluster_; }
   const core::KvStore& kv() const { return kv_; }
   const core::BarrierManager& barriers() const { return barriers_; }
-  // Runs an admin request (same as ADMIN over the wire); cb runs on the loop thread.
+  // Loop thread: runs an admin request (same as ADMIN over the wire); cb runs on the loop thread.
   void Admin(const pb::AdminRequest& req, std::function<void(Status, pb::AdminResponse)> cb);
   // With TLS: whether the peer whose certificate names `cn` (at `peer`, for the message)
-  // may run admin `op`: "status" anyone may, the rest only a CN of tls_admin_cns.
+  // may run the admin operation named `op` (its wire name): the ones the table marks
+  // any_certificate (status) anyone may, the rest only a CN of tls_admin_cns.
   // Without TLS always Ok (the cluster token, if any, is checked elsewhere). Any thread.
   Status CheckAdminCertificate(const std::string& op, const std::string& cn, const std::string& peer) const;
   const comm::TransportStats& transport_stats() { return messenger_->transport().stats(); }
@@ -83,24 +85,69 @@ class SchedulerNode {
 
  private:
   friend class NodeProbe;  // tests/node/node_probe.h: hands frames to OnRequest (tests, fuzzers)
+
+  // Dispatch and links (scheduler_node.cc).
   void OnRequest(comm::ConnId conn, comm::Frame&& frame);
+  void HandleFetchMetadata(comm::ConnId conn, const comm::Frame& frame);
+  void HandleUnserved(comm::ConnId conn, comm::Frame&& frame);
   void OnClose(comm::ConnId conn, const Status& why);
-  void ForgetGet(comm::ConnId conn, uint64_t id);
-  void CancelGets(comm::ConnId conn);
+  void Tick();
+  void MarkExited();
+  std::string NodeOf(comm::ConnId conn) const;
+  void Reply(comm::ConnId conn, const pb::MessageMeta& req, const Status& st, Payload payload = nullptr);
+
+  // Registration and member reports (scheduler_admission.cc).
   void HandleRegister(comm::ConnId conn, const comm::Frame& frame);
+  // With TLS: Ok when the peer's certificate names `node_id`; else why, logged.
+  Status CheckRegisterIdentity(comm::ConnId conn, const std::string& node_id) const;
+  // Makes `conn` the link of `node_id`. True when the node registered on this link before
+  // and stayed linked on it since, so every notice broadcast meanwhile reached it.
+  bool LinkRegistered(comm::ConnId conn, const std::string& node_id);
+  void AnswerRegister(comm::ConnId conn, const pb::MessageMeta& meta, const core::RegisterRequest& req,
+                      const core::RegisterOutcome& out);
   void HandleHeartbeat(comm::ConnId conn, const comm::Frame& frame);
   // To a node registering on a new link: the stored errors and heartbeat losses.
   void ReplayNotices(comm::ConnId conn, const std::string& node_id);
-  void HandleFinish(comm::ConnId conn, const comm::Frame& frame);
-  void HandleAdmin(comm::ConnId conn, const comm::Frame& frame);
-  void HandleKv(comm::ConnId conn, const comm::Frame& frame);
-  void HandleBarrier(comm::ConnId conn, const comm::Frame& frame);
-  void HandleEvent(comm::ConnId conn, const comm::Frame& frame);
-  void HandleScaleDone(comm::ConnId conn, const comm::Frame& frame);
   void HandleReportError(comm::ConnId conn, const comm::Frame& frame);
   void HandleResyncDone(comm::ConnId conn, const comm::Frame& frame);
-  void Tick();
+
+  // Coordination services: FINISH, KV, barriers, member events (scheduler_services.cc).
+  void HandleFinish(comm::ConnId conn, const comm::Frame& frame);
+  void AnswerFinishWaiters(const Status& st);
+  void ExpireFinishWaiters();
+  void HandleKv(comm::ConnId conn, const comm::Frame& frame);
+  // A blocking GET: waits on the key, at most kMaxGetsPerConn per connection.
+  void StartKvGet(comm::ConnId conn, const pb::MessageMeta& meta, const pb::KvRequest& req);
+  void ForgetGet(comm::ConnId conn, uint64_t id);
+  void CancelGets(comm::ConnId conn);
+  void HandleBarrier(comm::ConnId conn, const comm::Frame& frame);
+  void HandleEvent(comm::ConnId conn, const comm::Frame& frame);
+
+  // Admin operations (scheduler_admin.cc).
+  void HandleAdmin(comm::ConnId conn, const comm::Frame& frame);
+  // Runs an operation that answers with the plain status response.
+  Status RunAdminOp(const AdminOpInfo& info, const pb::AdminRequest& req);
+  pb::AdminResponse StatusResponse(bool with_nodes) const;
+  pb::AdminResponse BarriersResponse() const;
+
+  // Scale operations: the members' reports and the scheduler's broadcasts (scheduler_scaling.cc).
+  void HandleScaleDone(comm::ConnId conn, const comm::Frame& frame);
+  void BroadcastScaleOut(const core::Event& e);
+  void BroadcastScaleIn(const core::Event& e);
+  void NoteScaleEnd(const core::Event& e);
+
+  // Cluster events and metadata fan-out (scheduler_events.cc).
   void DrainEvents();
+  void HandleClusterEvent(const core::Event& e);
+  void OnStateChanged(const core::Event& e);
+  // A node timed out, restarted, recovered or is in error: tell the members and the barriers.
+  void OnNodeNotice(const core::Event& e);
+  void OnFinishPassed(const core::Event& e);
+  void OnNodeLeft(const core::Event& e);
+  // The new membership to every linked member (its role's view) and to the barriers.
+  void PushMetadata();
+  // The state and epoch for readers on other threads, locked only when they changed.
+  void PublishSnapshot();
   void Broadcast(const pb::MessageMeta& meta, const BufferPtr& payload);
   // To the node's link, unless MetadataFits refuses it.
   void SendMetadataTo(const std::string& node_id);
@@ -120,15 +167,11 @@ class SchedulerNode {
   // into one CLUSTER_EVENT frame (the first, the rest in `more`), broadcast once.
   static bool IsNodeNotice(core::Event::Kind kind);
   void FlushNotices();
-  void AnswerFinishWaiters(const Status& st);
-  void ExpireFinishWaiters();
-  void MarkExited();
-  std::string NodeOf(comm::ConnId conn) const;
-  pb::AdminResponse StatusResponse(bool with_nodes) const;
-  void Reply(comm::ConnId conn, const pb::MessageMeta& req, const Status& st, Payload payload = nullptr);
 
   // --state_dir persistence (scheduler_state.cc).
   Status OpenState();
+  // Loop thread: applies a loaded state to the cluster, KV store and barriers.
+  Status RestoreState(const pb::PersistedState& state, const std::string& path);
   void MarkStateDirty(bool urgent);
   void PersistState();
   // Runs answer once the state as it is now is on disk (at once without --state_dir): a

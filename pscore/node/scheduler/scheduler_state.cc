@@ -64,20 +64,8 @@ Status SchedulerNode::OpenState() {
   bool queued = loop_->Run([this, &loaded, &path, &done] {
     const std::optional<pb::PersistedState>& state = *loaded;
     if (state) {
-      Status st = cluster_.Restore(*state);
-      if (!st.ok()) return done.set_value(Status(st.code(), "state file " + path + ": " + st.message()));
-      core::KvStore::Entries entries;
-      for (const pb::KvEntry& e : state->kv()) entries.emplace_back(e.key(), e.value());
-      kv_.Restore(entries);
-      for (const pb::PersistedBarrier& b : state->barriers()) {
-        std::vector<std::pair<std::string, uint64_t>> joined;
-        for (const pb::PersistedBarrierJoin& j : b.joined()) joined.emplace_back(j.node_id(), j.round());
-        barriers_.RestoreEndedRound(b.id(), b.round(), Status(static_cast<Code>(b.code()), b.message()), joined);
-      }
-      state_sequence_ = state->sequence();
-      LOG(INFO) << "scheduler: restored from " << path << " (" << cluster_.Nodes().size() << " nodes, "
-                << entries.size() << " KV entries, state " << core::ClusterStateName(cluster_.state())
-                << ", epoch " << cluster_.epoch() << "); nodes have until their heartbeat timeout to re-register";
+      Status st = RestoreState(*state, path);
+      if (!st.ok()) return done.set_value(st);
     } else {
       LOG(INFO) << "scheduler: no state to restore in " << options_.state_dir << "; starting fresh";
     }
@@ -101,7 +89,27 @@ Status SchedulerNode::OpenState() {
   return done.get_future().get();
 }
 
+Status SchedulerNode::RestoreState(const pb::PersistedState& state, const std::string& path) {
+  DCHECK(loop_->InLoopThread());
+  Status st = cluster_.Restore(state);
+  if (!st.ok()) return Status(st.code(), "state file " + path + ": " + st.message());
+  core::KvStore::Entries entries;
+  for (const pb::KvEntry& e : state.kv()) entries.emplace_back(e.key(), e.value());
+  kv_.Restore(entries);
+  for (const pb::PersistedBarrier& b : state.barriers()) {
+    std::vector<std::pair<std::string, uint64_t>> joined;
+    for (const pb::PersistedBarrierJoin& j : b.joined()) joined.emplace_back(j.node_id(), j.round());
+    barriers_.RestoreEndedRound(b.id(), b.round(), Status(static_cast<Code>(b.code()), b.message()), joined);
+  }
+  state_sequence_ = state.sequence();
+  LOG(INFO) << "scheduler: restored from " << path << " (" << cluster_.Nodes().size() << " nodes, "
+            << entries.size() << " KV entries, state " << core::ClusterStateName(cluster_.state()) << ", epoch "
+            << cluster_.epoch() << "); nodes have until their heartbeat timeout to re-register";
+  return Status::Ok();
+}
+
 void SchedulerNode::MarkStateDirty(bool urgent) {
+  DCHECK(loop_->InLoopThread());
   if (!state_writer_) return;
   state_dirty_ = true;
   state_urgent_ = state_urgent_ || urgent;
@@ -111,6 +119,7 @@ void SchedulerNode::MarkStateDirty(bool urgent) {
 // are written when the writer is idle, else at a later tick: a burst of KV sets costs one
 // snapshot per disk write, not one per set.
 void SchedulerNode::PersistState() {
+  DCHECK(loop_->InLoopThread());
   if (!state_writer_ || !state_dirty_) return;
   if (!state_urgent_ && !state_writer_->idle()) return;
   pb::PersistedState st = cluster_.Snapshot();
@@ -147,6 +156,7 @@ void SchedulerNode::PersistState() {
 }
 
 void SchedulerNode::AnswerWhenDurable(std::function<void()> answer) {
+  DCHECK(loop_->InLoopThread());
   if (!state_writer_) return answer();
   PersistState();
   // Not submitted yet (a KV change waits for an idle writer or the next tick): the next one.
@@ -156,6 +166,7 @@ void SchedulerNode::AnswerWhenDurable(std::function<void()> answer) {
 }
 
 void SchedulerNode::RunDurableAnswers(bool all) {
+  DCHECK(loop_->InLoopThread());
   if (durable_answers_.empty() || !state_writer_) return;
   const uint64_t written = state_writer_->written_through();
   std::vector<std::function<void()>> ready;

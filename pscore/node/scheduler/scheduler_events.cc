@@ -1,0 +1,224 @@
+// SchedulerNode, the cluster events: drains core::ClusterManager's events after every
+// request and tick, tells the members (CLUSTER_EVENT, coalesced per drain; SEND_METADATA;
+// TERMINATE), the barriers and the listeners, and publishes the state for other threads.
+#include "pscore/node/common/wire.h"
+#include "pscore/node/scheduler/scheduler_node.h"
+
+namespace pscore::node {
+
+using comm::ConnId;
+using Kind = core::Event::Kind;
+
+void SchedulerNode::DrainEvents() {
+  DCHECK(loop_->InLoopThread());
+  for (;;) {
+    std::vector<core::Event> events = cluster_.TakeEvents();
+    if (events.empty()) break;
+    metadata_.Invalidate();
+    for (const core::Event& e : events) {
+      // Per-node notices in a row go out as one frame; anything else is sent after them.
+      if (!IsNodeNotice(e.kind)) FlushNotices();
+      for (auto& fn : listeners_) fn(e);
+      HandleClusterEvent(e);
+    }
+  }
+  FlushNotices();
+  PersistState();  // --state_dir: a snapshot if anything changed
+  PublishSnapshot();
+}
+
+void SchedulerNode::HandleClusterEvent(const core::Event& e) {
+  DCHECK(loop_->InLoopThread());
+  switch (e.kind) {
+    case Kind::kStateChanged: return OnStateChanged(e);
+    case Kind::kMetadataChanged: return PushMetadata();
+    case Kind::kNodeTimedOut:
+    case Kind::kNodeRestarted:
+    case Kind::kNodeRecovered:
+    case Kind::kNodeError: return OnNodeNotice(e);
+    case Kind::kFinishPassed: return OnFinishPassed(e);
+    case Kind::kFinishFailed: return;
+    case Kind::kScaleOut: return BroadcastScaleOut(e);
+    case Kind::kScaleIn: return BroadcastScaleIn(e);
+    case Kind::kScaleDone:
+    case Kind::kRollback: return NoteScaleEnd(e);
+    case Kind::kNodeLeft: return OnNodeLeft(e);
+  }
+}
+
+void SchedulerNode::OnStateChanged(const core::Event& e) {
+  DCHECK(loop_->InLoopThread());
+  LOG(INFO) << "scheduler: cluster state " << core::ClusterStateName(e.state) << " (epoch " << cluster_.epoch()
+            << ")";
+  SendClusterEvent(e, pb::ClusterEventMessage::STATE_CHANGED);
+  if (e.state != pb::CLUSTER_EXIT) return;
+  // The notice says how the job ended (error_code kAborted: it failed, and why).
+  pb::ClusterEventMessage end;
+  end.set_kind(pb::ClusterEventMessage::STATE_CHANGED);
+  end.set_cluster_state(pb::CLUSTER_EXIT);
+  end.set_error_code(e.error_code);
+  end.set_message(e.message);
+  Broadcast(MakeMeta(pb::TERMINATE, pb::SCHEDULER, 0), ToBuffer(end));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    outcome_snapshot_ = cluster_.outcome();
+  }
+  MarkExited();
+}
+
+// Built and serialised once (the cache) into one buffer per view that every member's frame
+// references: no copy per member, and the transport counts each once toward its total of
+// queued output (each member finds its own rank by node id). Members of a large membership
+// get their role's view (MetadataCache).
+void SchedulerNode::PushMetadata() {
+  DCHECK(loop_->InLoopThread());
+  const pb::MessageMeta meta = MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0);
+  std::vector<std::string> live;
+  for (const core::NodeRecord* rec : cluster_.Nodes()) {
+    auto c = conn_of_.find(rec->node_id);
+    if (c != conn_of_.end() && MetadataFits(c->second)) {
+      messenger_->Notify(c->second, meta, Payload::Shared(metadata_.For(cluster_, rec->role))).IgnoreError();
+    }
+    if (!rec->leaving) live.push_back(rec->node_id);
+  }
+  barriers_.SetAllNodes(std::move(live));
+}
+
+void SchedulerNode::OnNodeNotice(const core::Event& e) {
+  DCHECK(loop_->InLoopThread());
+  switch (e.kind) {
+    case Kind::kNodeTimedOut:
+      LOG(WARNING) << "scheduler: " << RoleLabel(e.role) << " " << e.node_id << " (rank " << e.rank
+                   << ") timed out";
+      SendClusterEvent(e, pb::ClusterEventMessage::NODE_TIMED_OUT);
+      barriers_.NodeFailed(e.node_id, "heartbeat timed out");
+      return;
+    case Kind::kNodeRestarted:
+      LOG(INFO) << "scheduler: " << e.node_id << " restarted (new incarnation)";
+      SendClusterEvent(e, pb::ClusterEventMessage::NODE_RESTARTED);
+      barriers_.NodeRecovered(e.node_id);
+      return;
+    case Kind::kNodeRecovered:
+      LOG(INFO) << "scheduler: " << e.node_id << " is back";
+      SendClusterEvent(e, pb::ClusterEventMessage::NODE_RECOVERED);
+      barriers_.NodeRecovered(e.node_id);
+      return;
+    case Kind::kNodeError:
+      LOG(WARNING) << "scheduler: " << e.node_id << " reported error " << e.error_code << ": " << e.message;
+      // A recoverable role: only the member hears of it; it resets and rejoins.
+      SendClusterEvent(e, pb::ClusterEventMessage::NODE_ERROR, /*only_to_it=*/!e.propagate);
+      if (e.propagate) barriers_.NodeFailed(e.node_id, (e.reported ? "reported error: " : "") + e.message);
+      return;
+    default:
+      return;
+  }
+}
+
+void SchedulerNode::OnFinishPassed(const core::Event& e) {
+  DCHECK(loop_->InLoopThread());
+  if (e.error_code != 0) {
+    LOG(ERROR) << "scheduler: " << e.message;
+    AnswerFinishWaiters(Status(Code::kAborted, e.message));
+  } else {
+    LOG(INFO) << "scheduler: every node finished; the job ends";
+    AnswerFinishWaiters(Status::Ok());
+  }
+}
+
+void SchedulerNode::OnNodeLeft(const core::Event& e) {
+  DCHECK(loop_->InLoopThread());
+  barriers_.NodeFailed(e.node_id, "it left the cluster (scale-in)");
+  auto c = conn_of_.find(e.node_id);
+  if (c != conn_of_.end()) {
+    messenger_->Notify(c->second, MakeMeta(pb::TERMINATE, pb::SCHEDULER, 0), nullptr).IgnoreError();
+  }
+}
+
+// This runs after every request: the lock is taken only when there is news for readers.
+void SchedulerNode::PublishSnapshot() {
+  DCHECK(loop_->InLoopThread());
+  if (cluster_.state() == published_state_ && cluster_.epoch() == published_epoch_) return;
+  published_state_ = cluster_.state();
+  published_epoch_ = cluster_.epoch();
+  std::lock_guard<std::mutex> lock(mu_);
+  state_snapshot_ = published_state_;
+  epoch_snapshot_ = published_epoch_;
+}
+
+// One buffer for every link, counted once in the transport's queued total.
+void SchedulerNode::Broadcast(const pb::MessageMeta& meta, const BufferPtr& payload) {
+  DCHECK(loop_->InLoopThread());
+  for (auto& [node_id, c] : Links()) messenger_->Notify(c, meta, Payload::Shared(payload)).IgnoreError();
+}
+
+bool SchedulerNode::IsNodeNotice(core::Event::Kind kind) {
+  return kind == Kind::kNodeTimedOut || kind == Kind::kNodeRestarted || kind == Kind::kNodeRecovered ||
+         kind == Kind::kNodeError;
+}
+
+void SchedulerNode::FlushNotices() {
+  DCHECK(loop_->InLoopThread());
+  if (!has_notices_) return;
+  has_notices_ = false;
+  BufferPtr payload = ToBuffer(notices_);
+  notices_.Clear();
+  Broadcast(MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), payload);
+}
+
+// A copy of the node links to send over: a send may close its connection at once (a
+// peer over the queued-output cap), and OnClose then erases it from conn_of_.
+std::vector<std::pair<std::string, ConnId>> SchedulerNode::Links() const {
+  DCHECK(loop_->InLoopThread());
+  return std::vector<std::pair<std::string, ConnId>>(conn_of_.begin(), conn_of_.end());
+}
+
+uint64_t SchedulerNode::QueuedOn(ConnId conn) const { return messenger_->transport().QueuedBytes(conn); }
+
+bool SchedulerNode::MetadataFits(ConnId conn) const { return QueuedOn(conn) <= kMetadataGateBytes; }
+
+void SchedulerNode::SendMetadataTo(const std::string& node_id) {
+  DCHECK(loop_->InLoopThread());
+  auto c = conn_of_.find(node_id);
+  const core::NodeRecord* rec = cluster_.Find(node_id);
+  if (c == conn_of_.end() || rec == nullptr || !MetadataFits(c->second)) return;
+  messenger_->Notify(c->second, MakeMeta(pb::SEND_METADATA, pb::SCHEDULER, 0),
+                     Payload::Shared(metadata_.For(cluster_, rec->role)))
+      .IgnoreError();
+}
+
+void SchedulerNode::SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind, bool only_to_it) {
+  DCHECK(loop_->InLoopThread());
+  pb::ClusterEventMessage ev;
+  ev.set_kind(kind);
+  // A state change names the state it changed to: several may be drained at once (NODE_TIMEOUT,
+  // then CLUSTER_EXIT), and only the last carries how the job ended.
+  ev.set_cluster_state(kind == pb::ClusterEventMessage::STATE_CHANGED ? e.state : cluster_.state());
+  ev.set_node_id(e.node_id);
+  ev.set_role(e.role);
+  ev.set_rank_id(e.rank);
+  ev.set_error_code(e.error_code);
+  ev.set_message(e.message);
+  ev.set_epoch(e.epoch ? e.epoch : cluster_.epoch());
+  if (only_to_it) {
+    FlushNotices();  // notices drained before it reach the node first
+    auto c = conn_of_.find(e.node_id);
+    if (c != conn_of_.end()) {
+      messenger_->Notify(c->second, MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(ev)).IgnoreError();
+    }
+    return;
+  }
+  if (IsNodeNotice(e.kind)) {
+    // Held until the drain's next other event or its end (FlushNotices): K notices in a
+    // row cost each member one frame, the first notice with the others in `more`.
+    if (has_notices_) {
+      *notices_.add_more() = std::move(ev);
+    } else {
+      notices_ = std::move(ev);
+      has_notices_ = true;
+    }
+    return;
+  }
+  Broadcast(MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(ev));
+}
+
+}  // namespace pscore::node
