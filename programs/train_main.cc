@@ -24,6 +24,7 @@
 #include "programs/flags.h"
 #include "pscore/node/common/tls_reloader.h"
 #include "pscore/node/worker/worker_node.h"
+#include "pscore/node/common/admin_ops.h"
 
 namespace {
 
@@ -100,7 +101,7 @@ Status RequestOneMoreServer(const node::NodeOptions& opts, int workers, int serv
   node::AdminClient admin(ao);
   PSCORE_RETURN_IF_ERROR(admin.Connect());
   pb::AdminRequest req;
-  req.set_op("scale_out");
+  req.set_op(node::AdminOpName(node::AdminOp::kScaleOut));
   req.set_worker_num(workers);
   req.set_server_num(servers + 1);
   Result<pb::AdminResponse> r = admin.Admin(req);

@@ -41,6 +41,16 @@ const char* HttpReason(int status) {
   return std::strcmp(reason, "<unknown>") == 0 ? "Unknown" : reason;
 }
 
+std::string JsonText(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string JsonEnvelope(Code code, const std::string& message, const nlohmann::json& data) {
+  return JsonText({{"code", static_cast<int>(code)}, {"message", message}, {"data", data}});
+}
+
+std::string JsonEnvelope(Code code, const std::string& message) { return JsonEnvelope(code, message, nullptr); }
+
 HttpServer::HttpServer(EventLoop* loop, HttpServerOptions options, Handler handler)
     : loop_(loop), options_(options), handler_(std::move(handler)) {}
 
@@ -351,8 +361,7 @@ void HttpServer::Fail(Conn* c, int status, const std::string& why) {
   VLOG(1) << "http: conn " << c->id << " " << status << " " << why;
   // Same shape as the node layer's answers: code is a pscore::Code number.
   Code code = status == 408 ? Code::kTimeout : status == 400 ? Code::kInvalidArgument : Code::kResourceExhausted;
-  nlohmann::json body = {{"code", static_cast<int>(code)}, {"message", why}, {"data", nullptr}};
-  std::string text = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string text = JsonEnvelope(code, why);
   std::string head = "HTTP/1.1 " + std::to_string(status) + " " + HttpReason(status) +
                      "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(text.size()) +
                      "\r\nConnection: close\r\n\r\n";

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "pscore/comm/alive.h"
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/tcp_listener.h"
@@ -140,5 +142,12 @@ class HttpServer {
 // Reason phrase of a status code ("Not Found"), http-parser's; "Unknown" for a code it
 // does not know.
 const char* HttpReason(int status);
+
+// The JSON body of every pscore HTTP answer: {"code":<pscore::Code number, 0 = ok>,
+// "message":M,"data":D} (D null in the first form).
+std::string JsonEnvelope(Code code, const std::string& message);
+std::string JsonEnvelope(Code code, const std::string& message, const nlohmann::json& data);
+// A JSON value as compact text, invalid UTF-8 in its strings replaced rather than thrown on.
+std::string JsonText(const nlohmann::json& j);
 
 }  // namespace pscore::comm

@@ -6,6 +6,7 @@
 
 #include "pscore/core/cluster_manager.h"
 #include "pscore/node/common/wire.h"
+#include "pscore/node/common/admin_ops.h"
 
 namespace pscore::node {
 namespace {
@@ -125,7 +126,7 @@ Result<pb::AdminResponse> AdminClient::Admin(const std::string& op) {
 Result<pb::AdminResponse> AdminClient::WaitForReady(Duration timeout, Duration period) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    Result<pb::AdminResponse> r = Admin("status");
+    Result<pb::AdminResponse> r = Admin(AdminOpName(AdminOp::kStatus));
     if (!r.ok()) return r.status();
     if (r->cluster_state() == pb::CLUSTER_READY) return r;
     if (r->cluster_state() == pb::CLUSTER_EXIT) {
@@ -142,7 +143,7 @@ Result<pb::AdminResponse> AdminClient::WaitForReady(Duration timeout, Duration p
 Result<pb::AdminResponse> AdminClient::WaitForScaleEnd(Duration timeout, Duration period) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    Result<pb::AdminResponse> r = Admin("status");
+    Result<pb::AdminResponse> r = Admin(AdminOpName(AdminOp::kStatus));
     if (!r.ok()) return r.status();
     const pb::ClusterState s = r->cluster_state();
     if (s == pb::CLUSTER_EXIT) return Status(Code::kAborted, "the job is exiting");
@@ -204,7 +205,7 @@ Status AdminClient::KvDelete(const std::string& key) {
 }
 
 Result<std::vector<pb::BarrierInfo>> AdminClient::Barriers() {
-  Result<pb::AdminResponse> r = Admin("barriers");
+  Result<pb::AdminResponse> r = Admin(AdminOpName(AdminOp::kBarriers));
   if (!r.ok()) return r.status();
   return std::vector<pb::BarrierInfo>(r->barriers().begin(), r->barriers().end());
 }

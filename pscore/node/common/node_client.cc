@@ -2,6 +2,7 @@
 // and asynchronous, over the control calls of node_control_calls.cc.
 #include "pscore/node/common/node.h"
 #include "pscore/node/common/wire.h"
+#include "pscore/node/common/admin_ops.h"
 
 namespace pscore::node {
 
@@ -16,7 +17,7 @@ Status Node::WaitForReady(Duration timeout) {
     }
   }
   pb::AdminRequest req;
-  req.set_op("status");
+  req.set_op(AdminOpName(AdminOp::kStatus));
   Result<Frame> r = CallScheduler(pb::ADMIN, req, std::chrono::seconds(5));
   pb::AdminResponse resp;
   if (!r.ok() || !ParsePayload(*r, &resp).ok()) {

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pscore/comm/http_server.h"
 #include "pscore/core/rank_table.h"
 #include "pscore/node/common/wire.h"
 
@@ -184,8 +185,7 @@ void RankTableHub::Rebuild() {
   msg.set_version(snap->version);
   snap->native = ToBuffer(msg);
   nlohmann::json line = {{"jobId", snap->job_id}, {"rankTable", snap->table}, {"version", snap->version}};
-  snap->line = std::make_shared<const std::string>(
-      line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  snap->line = std::make_shared<const std::string>(comm::JsonText(line) + "\n");
   current_ = snap;
   LOG(INFO) << "rank table version " << snap->version << " (" << snap->table.size() << " bytes, epoch "
             << cluster.epoch() << ", " << core::ClusterStateName(cluster.state()) << ") to "

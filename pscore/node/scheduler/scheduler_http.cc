@@ -21,7 +21,6 @@ const AdminOpInfo* HttpAdminOp(const std::string& op) {
   return info != nullptr && info->http_post ? info : nullptr;
 }
 
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 json ToJson(const google::protobuf::Message& msg) {
   google::protobuf::util::JsonPrintOptions o;
@@ -166,10 +165,8 @@ void SchedulerHttp::Reply(comm::HttpConnId id, const Status& st, json data) {
   DCHECK(sched_->loop()->InLoopThread());
   int status = HttpStatusOf(st.code());
   ++responses_[status];
-  json body = {{"code", static_cast<int>(st.code())},
-               {"message", st.ok() ? "ok" : st.ToString()},
-               {"data", std::move(data)}};
-  server_->Respond(id, status, kJson, Dump(body)).IgnoreError();
+  server_->Respond(id, status, kJson, comm::JsonEnvelope(st.code(), st.ok() ? "ok" : st.ToString(), data))
+      .IgnoreError();
 }
 
 // Mutating endpoints need the cluster token as a bearer token when the job has one.
@@ -187,10 +184,10 @@ bool SchedulerHttp::Authorized(const comm::HttpRequest& req) const {
 void SchedulerHttp::Unauthorized(comm::HttpConnId id) {
   DCHECK(sched_->loop()->InLoopThread());
   ++responses_[401];
-  json body = {{"code", static_cast<int>(Code::kPermissionDenied)},
-               {"message", "this job has a cluster token: send Authorization: Bearer <token>"},
-               {"data", nullptr}};
-  server_->Respond(id, 401, kJson, Dump(body)).IgnoreError();
+  server_->Respond(id, 401, kJson,
+                   comm::JsonEnvelope(Code::kPermissionDenied,
+                                      "this job has a cluster token: send Authorization: Bearer <token>"))
+      .IgnoreError();
 }
 
 void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
@@ -200,11 +197,10 @@ void SchedulerHttp::OnRequest(comm::HttpConnId id, comm::HttpRequest&& req) {
   const bool post = req.method == "POST";
   auto wrong_method = [&](const char* allowed) {
     ++responses_[405];
-    json body = {{"code", static_cast<int>(Code::kInvalidArgument)},
-                 {"message", req.method + " not allowed on " + p + "; use " + allowed},
-                 {"data", nullptr}};
     // RFC 9110 15.5.6: a 405 lists the methods the resource supports.
-    server_->Respond(id, 405, kJson, Dump(body), {{"Allow", allowed}}).IgnoreError();
+    const std::string body =
+        comm::JsonEnvelope(Code::kInvalidArgument, req.method + " not allowed on " + p + "; use " + allowed);
+    server_->Respond(id, 405, kJson, body, {{"Allow", allowed}}).IgnoreError();
   };
   if (p == "/v1/ranktable") return get ? ServeRankTable(id, req) : wrong_method("GET, HEAD");
   if (p == "/v1/ranktable/stream") return get ? ServeStream(id, req) : wrong_method("GET, HEAD");
@@ -277,7 +273,7 @@ void SchedulerHttp::ServeStream(comm::HttpConnId id, const comm::HttpRequest& re
   // The final line: {"jobId":J,"error":{"code":N,"message":M}}, then the stream's end.
   sink.end = [server, id, job_id = hub_->job_id()](const Status& why) {
     json line = {{"jobId", job_id}, {"error", {{"code", static_cast<int>(why.code())}, {"message", why.message()}}}};
-    server->SendChunk(id, std::make_shared<const std::string>(Dump(line) + "\n")).IgnoreError();
+    server->SendChunk(id, std::make_shared<const std::string>(comm::JsonText(line) + "\n")).IgnoreError();
     if (!server->EndStream(id).ok()) server->Close(id);
   };
   uint64_t sub = hub_->AddSubscriber(std::move(sink));
