@@ -74,17 +74,17 @@ bool EventLoop::InLoopThread() const {
 }
 
 bool EventLoop::Post(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(post_mu_);
-    if (stopping_) return false;  // The loop is gone or going: the closure would never run.
-    posted_.push_back(std::move(fn));
-  }
+  // The wake-up is sent under post_mu_: Stop marks stopping_ under it before the loop
+  // closes the async handle, so a send never reaches a closed handle (libuv aborts there).
+  std::lock_guard<std::mutex> lock(post_mu_);
+  if (stopping_) return false;  // The loop is gone or going: the closure would never run.
+  posted_.push_back(std::move(fn));
   uv_async_send(&impl_->wakeup);  // May coalesce with earlier sends; Drain takes all.
   return true;
 }
 
 bool EventLoop::Run(std::function<void()> fn) {
-  if (running_ && InLoopThread()) {
+  if (OnRunningLoop()) {
     fn();
     return true;
   }
@@ -105,8 +105,8 @@ void EventLoop::RunAndWait(const std::function<void()>& fn) {
       fn();
       done->set_value();
     });
+    uv_async_send(&impl_->wakeup);  // under post_mu_, as in Post
   }
-  uv_async_send(&impl_->wakeup);
   fut.wait();
 }
 
@@ -218,8 +218,8 @@ Status EventLoop::Stop() {
       std::lock_guard<std::mutex> lock(post_mu_);
       posted_.push_back([this] { OnStop(); });
       stopping_ = true;
+      uv_async_send(&impl_->wakeup);  // under post_mu_: an earlier wake-up may run OnStop
     }
-    uv_async_send(&impl_->wakeup);
     thread_.join();
   } else {
     Drain();

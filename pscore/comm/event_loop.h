@@ -49,7 +49,10 @@ class EventLoop {
   // must run on the loop may then run inline).
   bool InLoopThread() const;
   // True only on the thread of the running loop: where a blocking call would deadlock.
-  bool OnRunningLoop() const { return running_ && InLoopThread(); }
+  // One read of running_ (InLoopThread() answers true once Stop has cleared it).
+  bool OnRunningLoop() const {
+    return running_ && std::this_thread::get_id() == loop_thread_id_.load();
+  }
   bool running() const { return running_; }
 
   // Loop thread only. One-shot or repeating (period > 0) timers.
