@@ -3,6 +3,7 @@
 // TLS, and the status, nodes and barriers answers.
 #include <algorithm>
 
+#include "pscore/core/node_record.h"
 #include "pscore/node/common/admin_ops.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
@@ -28,19 +29,9 @@ pb::AdminResponse SchedulerNode::StatusResponse(bool with_nodes) const {
   for (const std::string& id : outcome.failed_nodes) resp.add_failed_nodes(id);
   if (!with_nodes) return resp;
   TimePoint now = clock_.Now();
+  // A resyncing server is listed alive while it heartbeats (and marked resyncing).
   for (const core::NodeRecord* rec : cluster_.Nodes()) {
-    pb::ServersMeta* m = resp.add_nodes();
-    m->set_node_id(rec->node_id);
-    m->set_role(rec->role);
-    m->set_rank_id(rec->rank);
-    m->set_ip(rec->ip);
-    m->set_port(rec->port);
-    m->set_is_alive(!rec->timed_out);
-    m->set_resyncing(rec->resyncing && !rec->timed_out);
-    m->set_state(rec->state);
-    m->set_incarnation(rec->incarnation);
-    m->set_last_heartbeat_age_ms(ToMillis(now - rec->last_heartbeat));
-    for (auto& d : rec->devices) *m->add_devices() = d;
+    core::ToServersMeta(*rec, now, core::Liveness::kHeartbeat, resp.add_nodes());
   }
   return resp;
 }

@@ -1,5 +1,6 @@
 // SchedulerNode, members' admission and liveness: REGISTER (checks, the member's link, the
 // answer and the notices it missed), HEARTBEAT, and the members' error and resync reports.
+#include "pscore/core/cluster_event.h"
 #include "pscore/core/state_file.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
@@ -137,16 +138,8 @@ void SchedulerNode::ReplayNotices(ConnId conn, const std::string& node_id) {
   bool any = false;
   cluster_.ForEachNode([&](const core::NodeRecord& rec) {
     if (rec.node_id == node_id || (!rec.in_error && !rec.timed_out)) return;
-    pb::ClusterEventMessage* ev = any ? first.add_more() : &first;
+    *(any ? first.add_more() : &first) = core::FlaggedNodeEvent(rec, cluster_.state(), cluster_.epoch());
     any = true;
-    ev->set_kind(rec.in_error ? pb::ClusterEventMessage::NODE_ERROR : pb::ClusterEventMessage::NODE_TIMED_OUT);
-    ev->set_cluster_state(cluster_.state());
-    ev->set_node_id(rec.node_id);
-    ev->set_role(rec.role);
-    ev->set_rank_id(rec.rank);
-    ev->set_error_code(rec.in_error ? rec.error_code : 0);
-    ev->set_message(rec.in_error ? rec.error_message : "heartbeat timed out");
-    ev->set_epoch(cluster_.epoch());
   });
   if (any) messenger_->Notify(conn, MakeMeta(pb::CLUSTER_EVENT, pb::SCHEDULER, 0), ToBuffer(first)).IgnoreError();
 }

@@ -1,6 +1,7 @@
 // SchedulerNode, the cluster events: drains core::ClusterManager's events after every
 // request and tick, tells the members (CLUSTER_EVENT, coalesced per drain; SEND_METADATA;
 // TERMINATE), the barriers and the listeners, and publishes the state for other threads.
+#include "pscore/core/cluster_event.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 
@@ -50,7 +51,7 @@ void SchedulerNode::OnStateChanged(const core::Event& e) {
   DCHECK(loop_->InLoopThread());
   LOG(INFO) << "scheduler: cluster state " << core::ClusterStateName(e.state) << " (epoch " << cluster_.epoch()
             << ")";
-  SendClusterEvent(e, pb::ClusterEventMessage::STATE_CHANGED);
+  SendClusterEvent(e);
   if (e.state != pb::CLUSTER_EXIT) return;
   // The notice says how the job ended (error_code kAborted: it failed, and why).
   pb::ClusterEventMessage end;
@@ -90,23 +91,23 @@ void SchedulerNode::OnNodeNotice(const core::Event& e) {
     case Kind::kNodeTimedOut:
       LOG(WARNING) << "scheduler: " << RoleLabel(e.role) << " " << e.node_id << " (rank " << e.rank
                    << ") timed out";
-      SendClusterEvent(e, pb::ClusterEventMessage::NODE_TIMED_OUT);
+      SendClusterEvent(e);
       barriers_.NodeFailed(e.node_id, "heartbeat timed out");
       return;
     case Kind::kNodeRestarted:
       LOG(INFO) << "scheduler: " << e.node_id << " restarted (new incarnation)";
-      SendClusterEvent(e, pb::ClusterEventMessage::NODE_RESTARTED);
+      SendClusterEvent(e);
       barriers_.NodeRecovered(e.node_id);
       return;
     case Kind::kNodeRecovered:
       LOG(INFO) << "scheduler: " << e.node_id << " is back";
-      SendClusterEvent(e, pb::ClusterEventMessage::NODE_RECOVERED);
+      SendClusterEvent(e);
       barriers_.NodeRecovered(e.node_id);
       return;
     case Kind::kNodeError:
       LOG(WARNING) << "scheduler: " << e.node_id << " reported error " << e.error_code << ": " << e.message;
       // A recoverable role: only the member hears of it; it resets and rejoins.
-      SendClusterEvent(e, pb::ClusterEventMessage::NODE_ERROR, /*only_to_it=*/!e.propagate);
+      SendClusterEvent(e, /*only_to_it=*/!e.propagate);
       if (e.propagate) barriers_.NodeFailed(e.node_id, (e.reported ? "reported error: " : "") + e.message);
       return;
     default:
@@ -186,19 +187,9 @@ void SchedulerNode::SendMetadataTo(const std::string& node_id) {
       .IgnoreError();
 }
 
-void SchedulerNode::SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind, bool only_to_it) {
+void SchedulerNode::SendClusterEvent(const core::Event& e, bool only_to_it) {
   DCHECK(loop_->InLoopThread());
-  pb::ClusterEventMessage ev;
-  ev.set_kind(kind);
-  // A state change names the state it changed to: several may be drained at once (NODE_TIMEOUT,
-  // then CLUSTER_EXIT), and only the last carries how the job ended.
-  ev.set_cluster_state(kind == pb::ClusterEventMessage::STATE_CHANGED ? e.state : cluster_.state());
-  ev.set_node_id(e.node_id);
-  ev.set_role(e.role);
-  ev.set_rank_id(e.rank);
-  ev.set_error_code(e.error_code);
-  ev.set_message(e.message);
-  ev.set_epoch(e.epoch ? e.epoch : cluster_.epoch());
+  pb::ClusterEventMessage ev = core::ToClusterEvent(e, cluster_.state(), cluster_.epoch());
   if (only_to_it) {
     FlushNotices();  // notices drained before it reach the node first
     auto c = conn_of_.find(e.node_id);

@@ -161,8 +161,9 @@ class SchedulerNode {
   static constexpr uint64_t kMetadataGateBytes = 16 << 10;
   bool MetadataFits(comm::ConnId conn) const;
   uint64_t QueuedOn(comm::ConnId conn) const;
-  // To every linked node, or (only_to_it) to the node the event is about.
-  void SendClusterEvent(const core::Event& e, pb::ClusterEventMessage::Kind kind, bool only_to_it = false);
+  // The CLUSTER_EVENT of e (core::ToClusterEvent: a kind core::ClusterEventKind maps), to
+  // every linked node, or (only_to_it) to the node the event is about.
+  void SendClusterEvent(const core::Event& e, bool only_to_it = false);
   // Per-node notices (timed out, restarted, recovered, error) of one drain are coalesced
   // into one CLUSTER_EVENT frame (the first, the rest in `more`), broadcast once.
   static bool IsNodeNotice(core::Event::Kind kind);

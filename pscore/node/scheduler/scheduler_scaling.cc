@@ -74,7 +74,7 @@ void SchedulerNode::NoteScaleEnd(const core::Event& e) {
   }
   LOG(WARNING) << "scheduler: scale operation rolled back: " << e.message;
   last_scale_result_ = "rolled back: " + e.message;
-  SendClusterEvent(e, pb::ClusterEventMessage::ROLLBACK);
+  SendClusterEvent(e);
 }
 
 }  // namespace pscore::node
