@@ -4,6 +4,7 @@
 #include <future>
 #include <thread>
 
+#include "pscore/comm/address.h"
 #include "pscore/core/cluster_manager.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/common/admin_ops.h"
@@ -40,7 +41,7 @@ AdminClient::~AdminClient() {
 }
 
 std::string AdminClient::Target() const {
-  return options_.scheduler_host + ":" + std::to_string(options_.scheduler_port);
+  return comm::JoinHostPort(options_.scheduler_host, options_.scheduler_port);
 }
 
 Status AdminClient::Connect() {

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pscore/comm/backoff.h"
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
 #include "pscore/comm/tcp_client.h"
@@ -275,7 +276,7 @@ class Node {
   uint64_t session_id_ = 0;  // the scheduler's session, from the last registration (0: none yet)
   // A REGISTER that timed out on a live link is sent again after this backoff (loop thread).
   comm::TimerId register_retry_timer_ = 0;
-  Duration register_backoff_{};
+  comm::Backoff register_backoff_{std::chrono::milliseconds(100), std::chrono::seconds(5)};
   std::promise<Status> start_promise_;
   bool start_done_ = false;
 

@@ -1,5 +1,6 @@
 // Node: control calls to the scheduler. A BARRIER, KV_REQUEST or FINISH call that loses
 // the scheduler is parked and sent again once the node has registered again.
+#include "pscore/comm/address.h"
 #include "pscore/core/cluster_manager.h"
 #include "pscore/node/common/node.h"
 #include "pscore/node/common/wire.h"
@@ -99,9 +100,9 @@ void Node::ReissueParked() {
 void Node::FailParked(bool all, const std::string& why) {
   DCHECK(loop_->InLoopThread());
   const TimePoint now = clock_.Now();
-  const std::string target = scheduler_ != nullptr ? scheduler_->target()
-                                                   : options_.scheduler_host + ":" +
-                                                         std::to_string(options_.scheduler_port);
+  const std::string target = scheduler_ != nullptr
+                                 ? scheduler_->target()
+                                 : comm::JoinHostPort(options_.scheduler_host, options_.scheduler_port);
   for (auto it = parked_calls_.begin(); it != parked_calls_.end();) {
     std::shared_ptr<ControlCall> call = it->second;
     const Duration waited = now - *call->lost_since;

@@ -64,7 +64,7 @@ void Node::Register() {
 void Node::OnRegistered(const pb::RegisterRespMessage& resp) {
   DCHECK(loop_->InLoopThread());
   registered_ = true;
-  register_backoff_ = Duration::zero();
+  register_backoff_.Reset();
   SchedulerAnswered();
   if (session_id_ != 0 && resp.session_id() != session_id_) {
     LOG(WARNING) << RoleLabel(options_.role) << " " << options_.node_id << ": the scheduler opened a new session ("
@@ -94,12 +94,10 @@ void Node::OnRegistered(const pb::RegisterRespMessage& resp) {
 void Node::RetryRegister(const Status& why) {
   DCHECK(loop_->InLoopThread());
   if (closed_ || registered_ || register_retry_timer_ != 0) return;
-  constexpr Duration kFirst = std::chrono::milliseconds(100);
-  constexpr Duration kMax = std::chrono::seconds(5);
-  register_backoff_ = register_backoff_ == Duration::zero() ? kFirst : std::min(register_backoff_ * 2, kMax);
+  const Duration wait = register_backoff_.Next();
   LOG(WARNING) << RoleLabel(options_.role) << " " << options_.node_id << ": registration not answered (" << why
-               << "); sending it again in " << ToMillis(register_backoff_) << " ms";
-  register_retry_timer_ = loop_->AddTimer(register_backoff_, Duration::zero(), [this] {
+               << "); sending it again in " << ToMillis(wait) << " ms";
+  register_retry_timer_ = loop_->AddTimer(wait, Duration::zero(), [this] {
     register_retry_timer_ = 0;
     if (!registered_) Register();
   });

@@ -1,7 +1,6 @@
 #include "pscore/node/common/peer_links.h"
 
-#include <cstdlib>
-
+#include "pscore/comm/address.h"
 #include "pscore/node/common/wire.h"
 
 namespace pscore::node {
@@ -43,12 +42,11 @@ void PeerLinks::Link(int rank, std::function<void(Result<ConnId>)> cb) {
   dial.waiters.push_back(std::move(cb));
   if (dial.waiters.size() > 1) return;  // A dial is already under way.
   dial.serial = ++dial_serial_;
-  const size_t colon = addr.rfind(':');
-  const std::string host = addr.substr(0, colon);
-  const int port = std::atoi(addr.c_str() + colon + 1);
+  Result<comm::HostPort> where = comm::ParseHostPort(addr);
+  if (!where.ok()) return OnDialed(addr, dial.serial, where.status());
   comm::ConnectOptions co;
   co.timeout = options_.connect_timeout;
-  messenger_->transport().Connect(host, port, co, [this, addr, serial = dial.serial](Result<ConnId> r) {
+  messenger_->transport().Connect(where->host, where->port, co, [this, addr, serial = dial.serial](Result<ConnId> r) {
     OnDialed(addr, serial, std::move(r));
   });
 }
@@ -90,7 +88,7 @@ void PeerLinks::Apply(const pb::SendMetadataMessage& md) {
   std::set<std::string> current;
   std::map<std::string, std::string> down;  // address -> node id of a server marked down
   for (const pb::ServersMeta& s : md.servers_meta()) {
-    const std::string addr = s.ip() + ":" + std::to_string(s.port());
+    const std::string addr = comm::JoinHostPort(s.ip(), s.port());
     addrs[s.rank_id()] = addr;
     // Replicated ranges (docs/reliability.md): a server marked down is read and written no
     // more, so a dial to it ends at once and its ranges' next replica is used. A resyncing

@@ -109,7 +109,7 @@ void RankTableSubscriber::OnLost(const Status& why) {
                << ToMillis(options_.reconnect_for) << " ms";
   lost_.fetch_add(1);
   lost_at_ = SteadyClock().Now();
-  backoff_ = std::chrono::milliseconds(100);
+  backoff_.Reset();
   RetryLater(why);
 }
 
@@ -120,7 +120,7 @@ void RankTableSubscriber::RetryLater(const Status& last) {
     if (on_close_) on_close_(last);
     return;
   }
-  retry_timer_ = loop_->AddTimer(std::min(backoff_, left), Duration::zero(), [this] {
+  retry_timer_ = loop_->AddTimer(std::min(backoff_.Next(), left), Duration::zero(), [this] {
     retry_timer_ = 0;
     if (stopped_) return;
     Subscribe([this](Status st) {
@@ -136,7 +136,6 @@ void RankTableSubscriber::RetryLater(const Status& last) {
         if (on_close_) on_close_(st);
         return;
       }
-      backoff_ = std::min<Duration>(backoff_ * 2, std::chrono::seconds(2));
       RetryLater(st);
     });
   });

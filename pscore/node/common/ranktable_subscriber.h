@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "pscore/comm/backoff.h"
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
 #include "pscore/proto/comm.pb.h"
@@ -78,7 +79,7 @@ class RankTableSubscriber {
   std::atomic<bool> stopped_{false};
   // Reconnecting (loop thread): when the stream was lost, the next wait, the pending retry.
   TimePoint lost_at_;
-  Duration backoff_ = Duration::zero();
+  comm::Backoff backoff_{std::chrono::milliseconds(100), std::chrono::seconds(2)};
   comm::TimerId retry_timer_ = 0;
 };
 

@@ -39,10 +39,10 @@ Status RankTableHub::Start() {
 
 void RankTableHub::InstallOnLoop() {
   DCHECK(sched_->loop()->InLoopThread());
-  std::weak_ptr<bool> alive = alive_;
+  comm::AliveToken::Watch alive = alive_.watch();
   SchedulerNode* sched = sched_;  // by value: the handler outlives a hub that stopped
   sched_->SetCommandHandler(pb::SUBSCRIBE_RANKTABLE, [this, alive, sched](comm::ConnId conn, comm::Frame&& frame) {
-    if (alive.expired()) {
+    if (!alive) {
       sched->messenger().Reply(conn, frame.meta, Status(Code::kUnavailable, "rank-table service stopped"))
           .IgnoreError();
       return;
@@ -50,7 +50,7 @@ void RankTableHub::InstallOnLoop() {
     OnSubscribe(conn, std::move(frame));
   });
   sched_->SetCommandHandler(pb::REGISTER_RANKTABLE, [this, alive, sched](comm::ConnId conn, comm::Frame&& frame) {
-    if (alive.expired()) {
+    if (!alive) {
       sched->messenger().Reply(conn, frame.meta, Status(Code::kUnavailable, "rank-table service stopped"))
           .IgnoreError();
       return;
@@ -58,10 +58,10 @@ void RankTableHub::InstallOnLoop() {
     OnRegister(conn, std::move(frame));
   });
   sched_->AddEventListener([this, alive](const core::Event&) {
-    if (!alive.expired()) RebuildSoon();
+    if (alive) RebuildSoon();
   });
   sched_->AddRegisterListener([this, alive] {
-    if (!alive.expired()) RebuildSoon();
+    if (alive) RebuildSoon();
   });
   Rebuild();
 }
@@ -74,9 +74,9 @@ void RankTableHub::RebuildSoon() {
   DCHECK(sched_->loop()->InLoopThread());
   if (rebuild_pending_) return;
   rebuild_pending_ = true;
-  std::weak_ptr<bool> alive = alive_;
+  comm::AliveToken::Watch alive = alive_.watch();
   sched_->loop()->RunBeforePoll([this, alive] {
-    if (alive.expired()) return;
+    if (!alive) return;
     rebuild_pending_ = false;
     Rebuild();
   });
@@ -86,7 +86,7 @@ void RankTableHub::Stop() {
   if (!started_ || stopped_) return;
   stopped_ = true;
   auto shutdown = [this] {
-    alive_.reset();
+    alive_.Expire();
     // A stopped loop already cancelled every timer.
     if (check_timer_ != 0 && sched_->loop()->running()) sched_->loop()->CancelTimer(check_timer_);
     check_timer_ = 0;
@@ -310,9 +310,9 @@ void RankTableHub::OnSubscribe(comm::ConnId conn, comm::Frame&& frame) {
   };
   uint64_t id = AddSubscriber(std::move(sink));
   native_conns_.insert(conn);
-  std::weak_ptr<bool> alive = alive_;
+  comm::AliveToken::Watch alive = alive_.watch();
   t->WatchClose(conn, [this, alive, id, conn](const Status&) {
-    if (alive.expired()) return;
+    if (!alive) return;
     native_conns_.erase(conn);
     RemoveSubscriber(id);
   });

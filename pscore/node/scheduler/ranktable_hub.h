@@ -19,6 +19,7 @@
 #include <set>
 #include <string>
 
+#include "pscore/comm/alive.h"
 #include "pscore/core/rank_table.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 
@@ -131,7 +132,7 @@ class RankTableHub {
   bool rebuild_pending_ = false;
   bool started_ = false;
   bool stopped_ = false;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards listener callbacks
+  comm::AliveToken alive_;  // guards listener callbacks
   core::RankTableVersions versions_;
   RankTableHubStats stats_;
 };

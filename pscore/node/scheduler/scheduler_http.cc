@@ -137,9 +137,9 @@ Result<int> SchedulerHttp::Start(const std::string& host, int port) {
   bool queued = sched_->loop()->Run([&] {
     server_ = std::make_unique<comm::HttpServer>(
         sched_->loop(), options_, [this](comm::HttpConnId id, comm::HttpRequest&& req) { OnRequest(id, std::move(req)); });
-    std::weak_ptr<bool> alive = alive_;
+    comm::AliveToken::Watch alive = alive_.watch();
     sched_->AddEventListener([this, alive](const core::Event& e) {
-      if (alive.expired()) return;
+      if (!alive) return;
       if (e.kind == core::Event::Kind::kScaleDone) ++scales_done_;
       if (e.kind == core::Event::Kind::kRollback) ++scales_rolled_back_;
     });
@@ -156,7 +156,7 @@ void SchedulerHttp::Stop() {
   stopped_ = true;
   auto shutdown = [this] {
     server_->Shutdown();  // its close watchers take the streams off the hub first
-    alive_.reset();
+    alive_.Expire();
   };
   sched_->loop()->RunAndWait(shutdown);
 }
@@ -278,9 +278,9 @@ void SchedulerHttp::ServeStream(comm::HttpConnId id, const comm::HttpRequest& re
   };
   uint64_t sub = hub_->AddSubscriber(std::move(sink));
   ++http_subscribers_;
-  std::weak_ptr<bool> alive = alive_;
+  comm::AliveToken::Watch alive = alive_.watch();
   server_->WatchClose(id, [this, alive, sub] {
-    if (alive.expired()) return;
+    if (!alive) return;
     hub_->RemoveSubscriber(sub);
     --http_subscribers_;
   });

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pscore/comm/alive.h"
 #include "pscore/comm/http_server.h"
 #include "pscore/node/common/admin_ops.h"
 #include "pscore/node/scheduler/ranktable_hub.h"
@@ -60,7 +61,7 @@ class SchedulerHttp {
   uint64_t scales_done_ = 0;         // scale operations that ended done
   uint64_t scales_rolled_back_ = 0;  // and rolled back
   size_t http_subscribers_ = 0;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  comm::AliveToken alive_;
 };
 
 // HTTP status for a pscore Code (kOk 200, kNotFound 404, kFailedPrecondition 409, ...).

@@ -125,7 +125,7 @@ void SchedulerNode::Stop() {
     if (!st.ok()) LOG(WARNING) << "scheduler: " << st;
     // Wake-ups the flush posted to a shared loop run before the token goes (in posting
     // order) or find it gone; inline when the loop is not running.
-    loop_->RunAndWait([this] { writer_token_.reset(); });
+    loop_->RunAndWait([this] { writer_token_.Expire(); });
   }
   MarkExited();
 }

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "pscore/comm/alive.h"
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
 #include "pscore/core/barrier_manager.h"
@@ -182,9 +183,9 @@ class SchedulerNode {
   void RunDurableAnswers(bool all);
   std::vector<std::pair<uint64_t, std::function<void()>>> durable_answers_;  // loop thread
   std::unique_ptr<StateWriter> state_writer_;
-  // The writer thread's posted wake-ups hold it weakly; Stop drops it on the loop thread, so
-  // one still queued on a shared loop after this node is gone does nothing.
-  std::shared_ptr<const bool> writer_token_ = std::make_shared<const bool>(true);
+  // The writer thread's posted wake-ups watch it; Stop expires it on the loop thread, so one
+  // still queued on a shared loop after this node is gone does nothing.
+  comm::AliveToken writer_token_;
   bool state_dirty_ = false;   // changed since the last snapshot
   bool state_urgent_ = false;  // membership/state changed: write now, not when the writer is idle
   uint64_t state_sequence_ = 0;

@@ -54,9 +54,9 @@ Status SchedulerNode::OpenState() {
   state_writer_ = std::make_unique<StateWriter>(path);
   // On the writer thread, never the loop's: Post, which reads no loop-thread state. On a
   // shared loop the closure may run after this node is gone: the token says so.
-  state_writer_->SetOnWritten([this, token = std::weak_ptr<const bool>(writer_token_)] {
+  state_writer_->SetOnWritten([this, token = writer_token_.watch()] {
     loop_->Post([this, token] {
-      if (!token.expired()) RunDurableAnswers(/*all=*/false);
+      if (token) RunDurableAnswers(/*all=*/false);
     });
   });
   PSCORE_RETURN_IF_ERROR(state_writer_->Start());

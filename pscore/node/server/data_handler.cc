@@ -4,16 +4,16 @@ namespace pscore::node {
 
 struct Responder::State {
   comm::EventLoop* loop;
-  std::weak_ptr<void> alive;
+  comm::AliveToken::Watch alive;
   std::function<void(const Status&, Payload)> send;  // runs on the loop thread
   std::atomic<bool> answered{false};
 
   void Answer(const Status& st, Payload payload) {
     if (answered.exchange(true)) return;
     auto fn = send;
-    std::weak_ptr<void> weak = alive;
-    loop->Run([weak, fn, st, payload = std::move(payload)]() mutable {
-      if (weak.lock()) fn(st, std::move(payload));
+    comm::AliveToken::Watch watch = alive;
+    loop->Run([watch, fn, st, payload = std::move(payload)]() mutable {
+      if (watch) fn(st, std::move(payload));
     });
   }
   ~State() {
@@ -21,7 +21,7 @@ struct Responder::State {
   }
 };
 
-Responder Responder::Make(comm::EventLoop* loop, std::weak_ptr<void> alive,
+Responder Responder::Make(comm::EventLoop* loop, comm::AliveToken::Watch alive,
                           std::function<void(const Status&, Payload)> send) {
   Responder r;
   r.state_ = std::make_shared<State>();

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "pscore/comm/alive.h"
 #include "pscore/comm/event_loop.h"
 #include "pscore/core/buffer.h"
 #include "pscore/core/push_dedup.h"
@@ -37,7 +38,7 @@ class Responder {
  private:
   friend class ServerNode;
   // `send` runs on `loop`'s thread, once, unless `alive` has expired by then.
-  static Responder Make(comm::EventLoop* loop, std::weak_ptr<void> alive,
+  static Responder Make(comm::EventLoop* loop, comm::AliveToken::Watch alive,
                         std::function<void(const Status&, Payload)> send);
   struct State;
   std::shared_ptr<State> state_;

@@ -24,8 +24,8 @@ pb::MessageMeta HandlerMeta(const char* handler) {
 }
 }  // namespace
 
-KeyMigration::KeyMigration(std::string node_id, comm::EventLoop* loop, Executor* executor, std::weak_ptr<void> alive,
-                           KeyOwnership* ownership, ParamService* params, ServerLinks* links)
+KeyMigration::KeyMigration(std::string node_id, comm::EventLoop* loop, Executor* executor,
+                           comm::AliveToken::Watch alive, KeyOwnership* ownership, ParamService* params, ServerLinks* links)
     : node_id_(std::move(node_id)),
       loop_(loop),
       executor_(executor),
@@ -163,9 +163,9 @@ void KeyMigration::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, 
     // is in it), for the new owners of the entries: a part split from a push whose answer
     // was lost is then acknowledged there without being applied again.
     BufferPtr window = Buffer::FromString(params_->dedup().Encode());
-    std::weak_ptr<void> weak = alive_;
-    loop_->Run([this, weak, batches = std::move(*batches), window, done]() mutable {
-      if (weak.lock()) Send(std::move(batches), window, done);
+    comm::AliveToken::Watch alive = alive_;
+    loop_->Run([this, alive, batches = std::move(*batches), window, done]() mutable {
+      if (alive) Send(std::move(batches), window, done);
     });
   };
   // Copying the entries may take a while: keep it off the loop thread when possible.

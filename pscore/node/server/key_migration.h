@@ -31,7 +31,7 @@ namespace pscore::node {
 
 class KeyMigration {
  public:
-  KeyMigration(std::string node_id, comm::EventLoop* loop, Executor* executor, std::weak_ptr<void> alive,
+  KeyMigration(std::string node_id, comm::EventLoop* loop, Executor* executor, comm::AliveToken::Watch alive,
                KeyOwnership* ownership, ParamService* params, ServerLinks* links);
 
   void HandleEntries(const DataRequest& req, Responder r);  // kMigrateHandler
@@ -65,7 +65,7 @@ class KeyMigration {
   const std::string node_id_;
   comm::EventLoop* const loop_;
   Executor* const executor_;  // may be null
-  const std::weak_ptr<void> alive_;
+  const comm::AliveToken::Watch alive_;
   KeyOwnership* const ownership_;
   ParamService* const params_;
   ServerLinks* const links_;

@@ -56,7 +56,7 @@ std::string FetchRequest(int range, int n, uint64_t offset, uint64_t token) {
 
 }  // namespace
 
-ReplicaResync::ReplicaResync(Options options, comm::EventLoop* loop, Executor* executor, std::weak_ptr<void> alive,
+ReplicaResync::ReplicaResync(Options options, comm::EventLoop* loop, Executor* executor, comm::AliveToken::Watch alive,
                              KeyOwnership* ownership, ParamService* params, ServerLinks* links, ReportDone report_done)
     : options_(std::move(options)),
       loop_(loop),
@@ -240,9 +240,9 @@ void ReplicaResync::RetryFetch(int range, uint64_t generation, const Status& why
   DCHECK(loop_->InLoopThread());
   LOG_EVERY_N(WARNING, 20) << "server " << options_.node_id << ": resync of range " << range
                            << " fetch failed, trying again: " << why;
-  std::weak_ptr<void> weak = alive_;
-  (void)loop_->AddTimer(kRetryDelay, Duration::zero(), [this, weak, range, generation] {
-    if (!weak.lock() || stopped_ || !ResyncCurrent(generation)) return;
+  comm::AliveToken::Watch alive = alive_;
+  (void)loop_->AddTimer(kRetryDelay, Duration::zero(), [this, alive, range, generation] {
+    if (!alive || stopped_ || !ResyncCurrent(generation)) return;
     int source;
     {
       std::lock_guard<std::mutex> lock(resync_mu_);
@@ -292,9 +292,9 @@ void ReplicaResync::OnChunk(int range, int source, uint64_t generation, uint64_t
   if (got->size() < total) return FetchSnapshot(range, source, generation, got->size(), token, got);
   auto install = [this, range, generation, got] { InstallSnapshot(range, generation, got); };
   if (executor_) {
-    std::weak_ptr<void> weak = alive_;
-    executor_->Submit(static_cast<uint64_t>(range), [weak, install] {
-      if (weak.lock()) install();
+    comm::AliveToken::Watch alive = alive_;
+    executor_->Submit(static_cast<uint64_t>(range), [alive, install] {
+      if (alive) install();
     });
   } else {
     install();
@@ -304,9 +304,9 @@ void ReplicaResync::OnChunk(int range, int source, uint64_t generation, uint64_t
 void ReplicaResync::InstallSnapshot(int range, uint64_t generation, std::shared_ptr<std::string> bytes) {
   auto bad = [&](const Status& why) {
     LOG(ERROR) << "server " << options_.node_id << ": resync snapshot of range " << range << " refused: " << why;
-    std::weak_ptr<void> weak = alive_;
-    loop_->Run([this, weak, range, generation, why] {
-      if (weak.lock()) RetryFetch(range, generation, why);
+    comm::AliveToken::Watch alive = alive_;
+    loop_->Run([this, alive, range, generation, why] {
+      if (alive) RetryFetch(range, generation, why);
     });
   };
   if (bytes->size() < 8) return bad(Status(Code::kProtocol, "shorter than its kv length"));
@@ -347,9 +347,9 @@ void ReplicaResync::InstallSnapshot(int range, uint64_t generation, std::shared_
   // Through the replica path: a push the snapshot holds is in the window now.
   for (auto& [req, r] : release) params_->HandlePush(req, r, /*replica=*/true);
   if (done) {
-    std::weak_ptr<void> weak = alive_;
-    loop_->Run([this, weak, generation] {
-      if (weak.lock()) ReportResynced(generation);
+    comm::AliveToken::Watch alive = alive_;
+    loop_->Run([this, alive, generation] {
+      if (alive) ReportResynced(generation);
     });
   }
 }
@@ -387,9 +387,9 @@ void ReplicaResync::ReportResynced(uint64_t generation) {
   report_done_([this, generation](const Status& st) {
     if (st.ok()) return;  // the next epoch marks this server alive (UpdateLocked ends it)
     LOG(WARNING) << "server " << options_.node_id << ": resync done not taken by the scheduler: " << st;
-    std::weak_ptr<void> weak = alive_;
-    (void)loop_->AddTimer(kRetryDelay, Duration::zero(), [this, weak, generation] {
-      if (weak.lock() && !stopped_) ReportResynced(generation);
+    comm::AliveToken::Watch alive = alive_;
+    (void)loop_->AddTimer(kRetryDelay, Duration::zero(), [this, alive, generation] {
+      if (alive && !stopped_) ReportResynced(generation);
     });
   });
 }

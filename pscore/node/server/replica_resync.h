@@ -37,7 +37,7 @@ class ReplicaResync : public ReplicaGate {
   };
   // report_done(cb) tells the scheduler this server is rebuilt (RESYNC_DONE), cb its answer.
   using ReportDone = std::function<void(std::function<void(const Status&)>)>;
-  ReplicaResync(Options options, comm::EventLoop* loop, Executor* executor, std::weak_ptr<void> alive,
+  ReplicaResync(Options options, comm::EventLoop* loop, Executor* executor, comm::AliveToken::Watch alive,
                 KeyOwnership* ownership, ParamService* params, ServerLinks* links, ReportDone report_done);
 
   // Source: a chunk of a range's snapshot for the resyncing server rank req.from_rank.
@@ -67,7 +67,7 @@ class ReplicaResync : public ReplicaGate {
   const Options options_;
   comm::EventLoop* const loop_;
   Executor* const executor_;  // may be null
-  const std::weak_ptr<void> alive_;  // the owner's: closures posted for later check it
+  const comm::AliveToken::Watch alive_;  // the owner's: closures posted for later check it
   KeyOwnership* const ownership_;
   ParamService* const params_;
   ServerLinks* const links_;

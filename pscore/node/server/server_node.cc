@@ -23,16 +23,15 @@ ServerNode::ServerNode(NodeOptions options, core::ParamStore::Options store, com
         options.role = pb::SERVER;
         return options;
       }(), loop),
-      alive_(std::make_shared<ServerNode*>(this)),
       executor_(options_.handler_threads > 0 ? std::make_unique<Executor>(options_.handler_threads) : nullptr),
       ownership_(options_.node_id),
       params_(ParamService::Options{options_.node_id, options_.data_dir, options_.journal_compact_bytes,
                                     options_.max_message_bytes},
               store, Node::loop(), &ownership_, this, copied_counter()),
       resync_(ReplicaResync::Options{options_.node_id, options_.max_message_bytes}, Node::loop(), executor_.get(),
-              alive_, &ownership_, &params_, this,
+              alive_.watch(), &ownership_, &params_, this,
               [this](std::function<void(const Status&)> answered) { ReportResynced(std::move(answered)); }),
-      migration_(options_.node_id, Node::loop(), executor_.get(), alive_, &ownership_, &params_, this),
+      migration_(options_.node_id, Node::loop(), executor_.get(), alive_.watch(), &ownership_, &params_, this),
       admission_(PeerAdmission::Options{options_.node_id, options_.tls != nullptr, HelloHold(options_)},
                  Node::loop(), &messenger(),
                  [this](ConnId conn, Frame&& frame) { OnPeerRequest(conn, std::move(frame)); }),
@@ -43,7 +42,7 @@ ServerNode::ServerNode(NodeOptions options, core::ParamStore::Options store, com
 
 ServerNode::~ServerNode() {
   Stop();
-  alive_.reset();
+  alive_.Expire();
 }
 
 void ServerNode::RegisterBuiltins() {
@@ -89,7 +88,7 @@ void ServerNode::StopRole() {
 }
 
 Responder ServerNode::MakeResponder(ConnId conn, const pb::MessageMeta& meta) {
-  return Responder::Make(loop(), alive_, [this, conn, meta](const Status& st, Payload payload) {
+  return Responder::Make(loop(), alive_.watch(), [this, conn, meta](const Status& st, Payload payload) {
     Status sent = messenger().Reply(conn, meta, st, std::move(payload));
     if (!sent.ok()) VLOG(1) << "server " << options_.node_id << ": answer not sent: " << sent;
   });

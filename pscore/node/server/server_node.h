@@ -91,7 +91,7 @@ class ServerNode : public Node, private ServerLinks {
   // Tells the scheduler this server's resync is done (loop thread).
   void ReportResynced(std::function<void(const Status&)> answered);
 
-  std::shared_ptr<ServerNode*> alive_;
+  comm::AliveToken alive_;  // expires as the node is destroyed: queued answers and closures check it
   std::unique_ptr<Executor> executor_;
   KeyOwnership ownership_;
   ParamService params_;

@@ -1,8 +1,8 @@
 #include "pscore/node/worker/direct_pull.h"
 
 #include <algorithm>
-#include <cstdlib>
 
+#include "pscore/comm/address.h"
 #include "pscore/core/key_range.h"
 #include "pscore/core/kv_codec.h"
 #include "pscore/node/common/wire.h"
@@ -72,9 +72,10 @@ std::unique_ptr<comm::BlockingLink> DirectPuller::Dial(const std::string& addr) 
   lo.limits.max_message_bytes = options_.max_message_bytes;
   lo.auth_token = options_.cluster_token;
   lo.connect_timeout = std::min<Duration>(options_.connect_timeout, std::chrono::seconds(2));
-  const size_t colon = addr.rfind(':');
+  Result<comm::HostPort> where = comm::ParseHostPort(addr);
   Result<std::unique_ptr<comm::BlockingLink>> dialed =
-      comm::BlockingLink::Dial(addr.substr(0, colon), std::atoi(addr.c_str() + colon + 1), lo);
+      where.ok() ? comm::BlockingLink::Dial(where->host, where->port, lo)
+                 : Result<std::unique_ptr<comm::BlockingLink>>(where.status());
   if (!dialed.ok()) {
     VLOG(1) << options_.node_id << ": direct link to " << addr << ": " << dialed.status();
     return nullptr;
