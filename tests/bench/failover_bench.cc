@@ -131,11 +131,10 @@ double FailoverMs(const std::string& dir, const Timing& t, int sig) {
 }
 
 void Figures(const std::string& name, std::vector<double> ms, const Timing& t) {
-  std::sort(ms.begin(), ms.end());
-  const double median = ms[ms.size() / 2];
+  const double median = bench::Quantile(&ms, 0.5);
   bench::Print(name + "_p50", median, "ms", 1);
-  bench::Print(name + "_min", ms.front(), "ms", 1);
-  bench::Print(name + "_max", ms.back(), "ms", 1);
+  bench::Print(name + "_min", bench::Quantile(&ms, 0), "ms", 1);
+  bench::Print(name + "_max", bench::Quantile(&ms, 1), "ms", 1);
   bench::Print(name + "_over_timeout", median - t.timeout_ms, "ms", 1);
 }
 
