@@ -16,9 +16,9 @@
 #include "pscore/core/role_names.h"
 #include "pscore/node/common/admin_client.h"
 #include "pscore/node/common/admin_ops.h"
-#include "programs/flags.h"
 #include "pscore/node/common/ranktable_subscriber.h"
 #include "pscore/node/common/wire.h"
+#include "programs/flags.h"
 
 namespace {
 

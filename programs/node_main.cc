@@ -15,17 +15,17 @@
 #include <atomic>
 
 #include "pscore/comm/tls.h"
-#include "programs/exit_codes.h"
-#include "programs/flags.h"
 #include "pscore/core/role_names.h"
 #include "pscore/node/common/member_http.h"
+#include "pscore/node/common/tls_reloader.h"
+#include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/scheduler/scheduler_http.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
-#include "pscore/node/common/tls_reloader.h"
-#include "pscore/node/common/wire.h"
 #include "pscore/node/worker/worker_node.h"
+#include "programs/exit_codes.h"
+#include "programs/flags.h"
 
 namespace {
 

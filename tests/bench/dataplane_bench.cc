@@ -30,13 +30,13 @@
 #include "pscore/comm/frame_decoder.h"
 #include "pscore/core/key_range.h"
 #include "pscore/core/kv_codec.h"
-#include "comm/tls_pki.h"
+#include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
-#include "pscore/node/common/wire.h"
-#include "bench/blocking_baseline.h"
 #include "bench/bench_util.h"
+#include "bench/blocking_baseline.h"
+#include "comm/tls_pki.h"
 
 namespace pscore::node {
 namespace {

@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "bench/bench_util.h"
 #include "pscore/core/key_range.h"
 #include "pscore/node/worker/worker_node.h"
+#include "bench/bench_util.h"
 
 namespace {
 

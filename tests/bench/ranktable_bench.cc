@@ -27,11 +27,11 @@
 
 #include "pscore/comm/messenger.h"
 #include "pscore/core/cluster_manager.h"
-#include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/common/ranktable_subscriber.h"
+#include "pscore/node/common/wire.h"
+#include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/scheduler/scheduler_http.h"
 #include "pscore/node/scheduler/scheduler_node.h"
-#include "pscore/node/common/wire.h"
 
 #include "bench/bench_util.h"
 

@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "bench/bench_util.h"
 #include "pscore/node/common/node.h"
+#include "bench/bench_util.h"
 
 namespace {
 
