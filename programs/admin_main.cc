@@ -13,11 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include "pscore/core/cluster_manager.h"
+#include "pscore/core/role_names.h"
 #include "pscore/node/common/admin_client.h"
 #include "pscore/node/common/admin_ops.h"
-#include "programs/flags.h"
 #include "pscore/node/common/ranktable_subscriber.h"
 #include "pscore/node/common/wire.h"
+#include "programs/flags.h"
 
 namespace {
 
@@ -101,7 +102,7 @@ int PrintNodes(const pb::AdminResponse& r, bool json) {
     out["nodes"] = Json::array();
     for (const pb::ServersMeta& n : r.nodes()) {
       out["nodes"].push_back(Json{{"node_id", n.node_id()},
-                                  {"role", node::RoleLabel(n.role())},
+                                  {"role", core::RoleLabel(n.role())},
                                   {"rank", n.rank_id()},
                                   {"address", n.ip() + ":" + std::to_string(n.port())},
                                   {"state", pb::NodeState_Name(n.state())},
@@ -119,7 +120,7 @@ int PrintNodes(const pb::AdminResponse& r, bool json) {
   for (const pb::ServersMeta& n : r.nodes()) {
     std::ostringstream age;
     age << std::fixed << std::setprecision(1) << n.last_heartbeat_age_ms() / 1000.0 << "s";
-    std::cout << std::left << std::setw(24) << n.node_id() << std::setw(8) << node::RoleLabel(n.role())
+    std::cout << std::left << std::setw(24) << n.node_id() << std::setw(8) << core::RoleLabel(n.role())
               << std::setw(6) << n.rank_id() << std::setw(24) << (n.ip() + ":" + std::to_string(n.port()))
               << std::setw(16) << pb::NodeState_Name(n.state()) << age.str() << "\n";
   }

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "pscore/node/common/role_names.h"
+#include "pscore/core/role_names.h"
 
 namespace pscore::node {
 namespace {
@@ -43,7 +43,7 @@ Result<long long> GetCount(const EnvMap& env, const std::string& name, const std
   return n;
 }
 
-bool ValidRole(const std::string& r) { return ParseRoleLabel(r).has_value(); }
+bool ValidRole(const std::string& r) { return core::ParseRoleLabel(r).has_value(); }
 
 // Expands one host-list element that may hold bracket groups ("rack[1-2]-n[01,05]").
 Status ExpandOne(const std::string& item, std::vector<std::string>* out) {

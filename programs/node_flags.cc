@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "pscore/core/cluster_manager.h"
-#include "pscore/node/common/role_names.h"
+#include "pscore/core/role_names.h"
 #include "programs/common_flags.h"
 #include "programs/flags.h"
 #include "programs/member_flags.h"
@@ -130,7 +130,7 @@ std::vector<pb::NodeRole> RecoverableRoles(const std::string& prog) {
     size_t comma = list.find(',', start);
     if (comma == std::string::npos) comma = list.size();
     const std::string name = list.substr(start, comma - start);
-    std::optional<pb::NodeRole> role = ParseRoleLabel(name);
+    std::optional<pb::NodeRole> role = core::ParseRoleLabel(name);
     if (!role || *role == pb::SCHEDULER) Die(prog, "--recoverable_roles: unknown role '" + name + "' (worker, server)");
     out.push_back(*role);
     start = comma + 1;

@@ -15,17 +15,17 @@
 #include <atomic>
 
 #include "pscore/comm/tls.h"
-#include "programs/exit_codes.h"
-#include "programs/flags.h"
+#include "pscore/core/role_names.h"
 #include "pscore/node/common/member_http.h"
-#include "pscore/node/common/role_names.h"
+#include "pscore/node/common/tls_reloader.h"
+#include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/scheduler/scheduler_http.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
-#include "pscore/node/common/tls_reloader.h"
-#include "pscore/node/common/wire.h"
 #include "pscore/node/worker/worker_node.h"
+#include "programs/exit_codes.h"
+#include "programs/flags.h"
 
 namespace {
 
@@ -50,7 +50,7 @@ using namespace std::chrono_literals;
 void LogClusterEvent(const std::string& self, const pb::ClusterEventMessage& ev) {
   if (ev.kind() == pb::ClusterEventMessage::STATE_CHANGED) return;
   const std::string line = self + ": cluster event " + pb::ClusterEventMessage::Kind_Name(ev.kind()) + " for " +
-                           node::RoleLabel(ev.role()) + " " + ev.node_id() + " (rank " + std::to_string(ev.rank_id()) +
+                           core::RoleLabel(ev.role()) + " " + ev.node_id() + " (rank " + std::to_string(ev.rank_id()) +
                            "): " + ev.message() + "; cluster " + core::ClusterStateName(ev.cluster_state());
   if (ev.kind() == pb::ClusterEventMessage::NODE_TIMED_OUT || ev.kind() == pb::ClusterEventMessage::NODE_ERROR) {
     LOG(WARNING) << line;
@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGPIPE, SIG_IGN);
   node::TlsReloader reloader(cl.node.tls);
-  const std::optional<pb::NodeRole> role = node::ParseRoleLabel(cl.role);
+  const std::optional<pb::NodeRole> role = core::ParseRoleLabel(cl.role);
   if (role == pb::SCHEDULER) return RunScheduler(cl);
   if (role) return RunMember(cl, *role);
   std::cerr << "pscore-node: --role must be scheduler, worker or server (got '" << cl.role << "')" << std::endl;

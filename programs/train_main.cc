@@ -20,11 +20,11 @@
 #include <gflags/gflags.h>
 
 #include "pscore/node/common/admin_client.h"
-#include "programs/exit_codes.h"
-#include "programs/flags.h"
+#include "pscore/node/common/admin_ops.h"
 #include "pscore/node/common/tls_reloader.h"
 #include "pscore/node/worker/worker_node.h"
-#include "pscore/node/common/admin_ops.h"
+#include "programs/exit_codes.h"
+#include "programs/flags.h"
 
 namespace {
 

@@ -1,9 +1,26 @@
 #include "pscore/comm/frame.h"
 
+#include <glog/logging.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
 #include <cstring>
+
+#include "pscore/proto/comm.pb.h"
 
 namespace pscore::comm {
 namespace {
+
+using google::protobuf::io::CodedOutputStream;
+using google::protobuf::internal::WireFormatLite;
+
+// MessageMeta.pad's tag. Both it and the field's length (at most kPayloadAlign + 1 - 2)
+// encode as one-byte varints, so a pad field is 2 bytes plus its zeros.
+constexpr uint32_t kPadTag =
+    WireFormatLite::MakeTag(pb::MessageMeta::kPadFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+constexpr size_t kPadFieldOverhead = 2;
+static_assert(kPadTag < 128 && kPayloadAlign + 1 - kPadFieldOverhead < 128,
+              "the pad field's tag and length must each be one varint byte");
 
 // Explicit little-endian stores so the format does not depend on the host.
 void Put32(char* p, uint32_t v) {
@@ -43,16 +60,17 @@ std::string EncodeHeader(const FrameHeader& h) {
 
 size_t MetaPadBytes(uint64_t stream_offset, size_t meta_len) {
   const size_t r = (kPayloadAlign - (stream_offset + kHeaderBytes + meta_len) % kPayloadAlign) % kPayloadAlign;
-  // The shortest field is 2 bytes (tag, length 0): one byte short is made up with 9.
-  return r == 1 ? r + kPayloadAlign : r;
+  // The shortest field is its tag and a zero length: one byte short is made up with 9.
+  return r > 0 && r < kPadFieldOverhead ? r + kPayloadAlign : r;
 }
 
 void StoreMetaPad(size_t pad_bytes, char* out) {
   if (pad_bytes == 0) return;
-  constexpr uint8_t kPadTag = (9 << 3) | 2;  // MessageMeta.pad: field 9, length-delimited
-  out[0] = static_cast<char>(kPadTag);
-  out[1] = static_cast<char>(pad_bytes - 2);  // < 128: a one-byte varint
-  std::memset(out + 2, 0, pad_bytes - 2);
+  DCHECK(pad_bytes >= kPadFieldOverhead && pad_bytes <= kPayloadAlign + 1) << pad_bytes;
+  auto* p = reinterpret_cast<uint8_t*>(out);
+  p = CodedOutputStream::WriteTagToArray(kPadTag, p);
+  p = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(pad_bytes - kPadFieldOverhead), p);
+  std::memset(p, 0, pad_bytes - kPadFieldOverhead);
 }
 
 Status ParseHeader(std::string_view in, const Limits& limits, std::optional<FrameHeader>* header) {

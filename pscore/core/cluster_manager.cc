@@ -11,6 +11,8 @@
 
 #include <glog/logging.h>
 
+#include "pscore/core/role_names.h"
+
 namespace pscore::core {
 namespace {
 
@@ -41,16 +43,9 @@ bool SameDevices(const std::vector<pb::Device>& a, const std::vector<pb::Device>
 
 namespace internal {
 std::string Label(const NodeRecord& rec) {
-  return Cat(RoleName(rec.role), " ", rec.node_id, " (rank ", rec.rank, ")");
+  return Cat(RoleLabel(rec.role), " ", rec.node_id, " (rank ", rec.rank, ")");
 }
 }  // namespace internal
-
-std::string RoleName(pb::NodeRole role) {
-  if (role == pb::SERVER) return "server";
-  if (role == pb::WORKER) return "worker";
-  const std::string name = pb::NodeRole_Name(role);
-  return name.empty() ? std::to_string(static_cast<int>(role)) : name;
-}
 
 const char* JobResultName(JobOutcome::Result result) {
   switch (result) {
@@ -80,8 +75,8 @@ ClusterManager::ClusterManager(ClusterConfig config, const Clock* clock)
 //   cluster goes READY; during a scale-out, new nodes take the ranks after the old ones.
 Result<RegisterOutcome> ClusterManager::Register(const RegisterRequest& req) {
   if (req.role != pb::SERVER && req.role != pb::WORKER) {
-    return Err(Code::kInvalidArgument, "unknown role ", RoleName(req.role), " for node ",
-               req.node_id, ": must be SERVER or WORKER");
+    return Err(Code::kInvalidArgument, "unknown role ", RoleLabel(req.role), " for node ",
+               req.node_id, ": must be server or worker");
   }
   if (req.node_id.empty()) return Status(Code::kInvalidArgument, "register with empty node_id");
   if (state_ == pb::CLUSTER_EXIT) {
@@ -101,7 +96,7 @@ Status ClusterManager::CheckReregister(const NodeRecord& rec,
                                        const RegisterRequest& req) const {
   if (req.role != rec.role) {
     return Err(Code::kInvalidArgument, "node ", rec.node_id, " registered as ",
-               RoleName(rec.role), ", now claims ", RoleName(req.role));
+               RoleLabel(rec.role), ", now claims ", RoleLabel(req.role));
   }
   std::vector<pb::Device> devices = SortedDevices(req.devices);
   if (!SameDevices(devices, rec.devices)) {
@@ -109,7 +104,7 @@ Status ClusterManager::CheckReregister(const NodeRecord& rec,
                devices.size(), " devices, was ", rec.devices.size(), ")");
   }
   if (req.requested_rank >= 0 && req.requested_rank != rec.rank) {
-    return Err(Code::kInvalidArgument, "node ", rec.node_id, " holds ", RoleName(rec.role),
+    return Err(Code::kInvalidArgument, "node ", rec.node_id, " holds ", RoleLabel(rec.role),
                " rank ", rec.rank, ", cannot re-register as rank ", req.requested_rank);
   }
   const bool restart_ok = rec.reset_pending || Recoverable(rec.role);
@@ -128,7 +123,7 @@ bool ClusterManager::Recoverable(pb::NodeRole role) const {
 // A new process under the node id of a member whose role is not recoverable: whatever the
 // old one held is lost, which the others must hear of; it may join once reset.
 Status ClusterManager::RefuseNewIncarnation(NodeRecord* rec, const RegisterRequest& req) {
-  const std::string why = Cat(RoleName(rec->role), " ", rec->node_id, " restarted (incarnation ",
+  const std::string why = Cat(RoleLabel(rec->role), " ", rec->node_id, " restarted (incarnation ",
                               rec->incarnation, " -> ", req.incarnation, "): the state of its old process is lost");
   LOG(WARNING) << Label(*rec) << ": " << why << "; recorded in error";
   RecordError(rec, static_cast<int>(Code::kAborted), why, /*reported=*/false);
@@ -189,7 +184,7 @@ Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
   const int total = Total(req.role);
   const int have = registered(req.role);
   if (have >= total) {
-    return Err(Code::kInvalidArgument, "node ", req.node_id, " is not in the cluster: ", RoleName(req.role),
+    return Err(Code::kInvalidArgument, "node ", req.node_id, " is not in the cluster: ", RoleLabel(req.role),
                " quota full (", have, "/", total, ")");
   }
   Result<int> rank = PickRank(req.role, req.requested_rank);
@@ -218,25 +213,25 @@ Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
 Result<int> ClusterManager::PickRank(pb::NodeRole role, int requested) const {
   const int total = Total(role);
   if (requested < -1) {
-    return Err(Code::kInvalidArgument, "requested ", RoleName(role), " rank ", requested, " is negative");
+    return Err(Code::kInvalidArgument, "requested ", RoleLabel(role), " rank ", requested, " is negative");
   }
   if (requested >= total) {
-    return Err(Code::kFailedPrecondition, "requested ", RoleName(role), " rank ", requested,
-               " out of range [0, ", total, "): the job is configured for ", total, " ", RoleName(role), "s");
+    return Err(Code::kFailedPrecondition, "requested ", RoleLabel(role), " rank ", requested,
+               " out of range [0, ", total, "): the job is configured for ", total, " ", RoleLabel(role), "s");
   }
   const std::vector<char>& taken = RanksTaken(role);
   if (requested >= 0) {
     if (!taken[requested]) return requested;
     for (const auto& [id, rec] : nodes_) {  // only to name the owner in the refusal
       if (rec.role == role && rec.rank == requested) {
-        return Err(Code::kAlreadyExists, RoleName(role), " rank ", requested, " already taken by node ", id);
+        return Err(Code::kAlreadyExists, RoleLabel(role), " rank ", requested, " already taken by node ", id);
       }
     }
-    return Err(Code::kAlreadyExists, RoleName(role), " rank ", requested, " already taken");
+    return Err(Code::kAlreadyExists, RoleLabel(role), " rank ", requested, " already taken");
   }
   const void* free = total == 0 ? nullptr : std::memchr(taken.data(), 0, taken.size());
   if (free != nullptr) return static_cast<int>(static_cast<const char*>(free) - taken.data());
-  return Status(Code::kResourceExhausted, "no free " + RoleName(role) + " rank");
+  return Status(Code::kResourceExhausted, "no free " + RoleLabel(role) + " rank");
 }
 
 // The taken ranks of a role, kept across registrations (AdmitNew marks each new rank), so

@@ -22,8 +22,7 @@
 
 namespace pscore::core {
 
-// "server" / "worker" (enum name otherwise) and the enum name of a cluster state, for messages.
-std::string RoleName(pb::NodeRole role);
+// The enum name of a cluster state, for messages.
 std::string ClusterStateName(pb::ClusterState state);
 
 namespace internal {

@@ -5,6 +5,7 @@
 #include <glog/logging.h>
 
 #include "pscore/core/key_range.h"
+#include "pscore/core/role_names.h"
 
 namespace pscore::core {
 
@@ -37,7 +38,7 @@ void ClusterManager::FinishTimedOut(const std::vector<std::string>& late) {
     NodeRecord* rec = Mutable(node_id);
     if (rec == nullptr || rec->in_error || rec->finished) continue;
     RecordError(rec, static_cast<int>(Code::kTimeout),
-                Cat("finish barrier timed out waiting for ", RoleName(rec->role), " ", node_id), /*reported=*/false);
+                Cat("finish barrier timed out waiting for ", RoleLabel(rec->role), " ", node_id), /*reported=*/false);
     rec->late_to_finish = true;
   }
 }
@@ -91,7 +92,7 @@ void ClusterManager::SetOutcomeAtFinish() {
     } else {
       continue;
     }
-    outcome_.failure += Cat(outcome_.failure.empty() ? "" : "; ", RoleName(rec->role), " ", rec->node_id, " ", what);
+    outcome_.failure += Cat(outcome_.failure.empty() ? "" : "; ", RoleLabel(rec->role), " ", rec->node_id, " ", what);
     outcome_.failed_nodes.push_back(rec->node_id);
   }
   if (outcome_.failed_nodes.empty()) {

@@ -6,6 +6,8 @@
 
 #include <glog/logging.h>
 
+#include "pscore/core/role_names.h"
+
 namespace pscore::core {
 namespace {
 
@@ -248,7 +250,7 @@ std::string ClusterManager::ScaleProgress() const {
       int in = 0;
       for (const std::string& id : op_.added) in += Find(id)->role == role ? 1 : 0;
       if (!out.empty()) out += ", ";
-      out += Cat(in, " of ", wanted, " new ", RoleName(role), "s registered");
+      out += Cat(in, " of ", wanted, " new ", RoleLabel(role), "s registered");
     }
     return out;
   }

@@ -11,6 +11,7 @@
 #include "pscore/core/cluster_manager.h"
 #include "pscore/core/endian.h"
 #include "pscore/core/kv_store.h"
+#include "pscore/core/role_names.h"
 
 namespace pscore::core {
 
@@ -161,7 +162,7 @@ Status ValidateState(const pb::PersistedState& state) {
     PSCORE_RETURN_IF_ERROR(ValidateNode(n));
     if (!ids.insert(n.node_id()).second) return Err(Code::kInvalidArgument, "node ", n.node_id(), " listed twice");
     if (!ranks.insert({n.role(), n.rank()}).second) {
-      return Err(Code::kInvalidArgument, RoleName(n.role()), " rank ", n.rank(), " held twice");
+      return Err(Code::kInvalidArgument, RoleLabel(n.role()), " rank ", n.rank(), " held twice");
     }
     ++per_role[n.role()];
   }

@@ -12,7 +12,7 @@
 
 #include "binding.h"
 #include "events.h"
-#include "pscore/node/common/role_names.h"
+#include "pscore/core/role_names.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
 
@@ -235,7 +235,7 @@ void BindNodeCommon(py::class_<P>& c) {
       .def_property_readonly("cluster_state",
                              [](P& p) { return pb::ClusterState_Name(p.get().cluster_state()); })
       .def("node_ids", [](P& p, const std::string& role) {
-             std::optional<pb::NodeRole> r = node::ParseRoleLabel(role);
+             std::optional<pb::NodeRole> r = core::ParseRoleLabel(role);
              if (!r) Raise(Status(Code::kInvalidArgument, "role must be worker, server or scheduler"));
              return p.get().NodeIds(*r);
            }, py::arg("role"))

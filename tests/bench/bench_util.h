@@ -22,13 +22,21 @@ inline void Print(const std::string& name, double value, const char* unit, int d
   std::fflush(stdout);
 }
 
-// The q-quantile (0 <= q <= 1) of the samples (their order is changed); 0 for none.
+// The q-quantile (0 <= q <= 1) of the samples, interpolated linearly between the two
+// nearest of them in sorted order (numpy's default: the median of an even count is the
+// mean of the middle two); 0 for none. Reorders *v.
 inline double Quantile(std::vector<double>* v, double q) {
   if (v->empty()) return 0;
-  auto at = v->begin() + static_cast<std::ptrdiff_t>(q * static_cast<double>(v->size() - 1));
+  const double pos = std::clamp(q, 0.0, 1.0) * static_cast<double>(v->size() - 1);
+  const auto below = static_cast<std::ptrdiff_t>(pos);
+  const auto at = v->begin() + below;
   std::nth_element(v->begin(), at, v->end());
-  return *at;
+  if (at + 1 == v->end()) return *at;
+  const double above = *std::min_element(at + 1, v->end());
+  return *at + (pos - static_cast<double>(below)) * (above - *at);
 }
+
+inline double Median(std::vector<double> v) { return Quantile(&v, 0.5); }
 
 inline std::string SizeName(size_t size) {
   if (size >= (1u << 20)) return std::to_string(size >> 20) + "MiB";

@@ -47,8 +47,8 @@
 
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
-#include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/common/wire.h"
+#include "pscore/node/scheduler/scheduler_node.h"
 
 namespace pscore::bench {
 namespace {

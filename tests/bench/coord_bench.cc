@@ -31,9 +31,11 @@
 
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
-#include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/common/wire.h"
+#include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/worker/worker_node.h"
+
+#include "bench/bench_util.h"
 
 namespace pscore::bench {
 namespace {
@@ -57,12 +59,6 @@ struct Config {
 
 double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 void Print(const char* name, double value, const char* unit) { std::printf("%s %.3f %s\n", name, value, unit); }
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void RaiseFdLimit() {
   rlimit rl{};

@@ -30,19 +30,21 @@
 #include "pscore/comm/frame_decoder.h"
 #include "pscore/core/key_range.h"
 #include "pscore/core/kv_codec.h"
-#include "comm/tls_pki.h"
+#include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
-#include "pscore/node/common/wire.h"
-#include "bench/blocking_baseline.h"
 #include "bench/bench_util.h"
+#include "bench/blocking_baseline.h"
+#include "comm/tls_pki.h"
 
 namespace pscore::node {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::Median;
 using bench::Print;
+using bench::Quantile;
 using bench::Seconds;
 using bench::SizeName;
 using bench::Wait;
@@ -76,12 +78,6 @@ std::map<size_t, std::vector<double>> g_paired;
 // so one figure against one baseline taken a minute earlier measured the drift as much
 // as pscore.
 int g_rounds = 5;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // ---- blocking-socket baseline (tests/bench/blocking_baseline.h) ----
 
@@ -129,11 +125,6 @@ std::vector<double> BaselinePingPong(int rounds) {
   echo.join();
   p.Close();
   return us;
-}
-
-double Percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
 // ---- pscore cluster ----
@@ -604,11 +595,11 @@ int MainTls(bool smoke) {
     for (double us : PullLatencies(plain, rounds / blocks)) p.push_back(us);
     for (double us : PullLatencies(tls, rounds / blocks)) t.push_back(us);
   }
-  Print("pull_64B_p50_plain", Percentile(p, 0.5), "us");
-  Print("pull_64B_p50_tls", Percentile(t, 0.5), "us");
-  Print("pull_64B_p50_tls_ratio", Percentile(t, 0.5) / Percentile(p, 0.5), "x");
-  Print("pull_64B_p99_plain", Percentile(p, 0.99), "us");
-  Print("pull_64B_p99_tls", Percentile(t, 0.99), "us");
+  Print("pull_64B_p50_plain", Quantile(&p, 0.5), "us");
+  Print("pull_64B_p50_tls", Quantile(&t, 0.5), "us");
+  Print("pull_64B_p50_tls_ratio", Quantile(&t, 0.5) / Quantile(&p, 0.5), "x");
+  Print("pull_64B_p99_plain", Quantile(&p, 0.99), "us");
+  Print("pull_64B_p99_tls", Quantile(&t, 0.99), "us");
   return 0;
 }
 
@@ -698,21 +689,21 @@ int Main(const std::string& mode, size_t size, int nodes) {
     for (double us : PullLatencies(c, rounds / blocks)) pull.push_back(us);
     for (double us : PullLatencies(c, rounds / blocks, /*sync=*/true)) sync.push_back(us);
   }
-  Print("baseline_pingpong_64B_p50", Percentile(base, 0.5), "us");
-  Print("baseline_pingpong_64B_p99", Percentile(base, 0.99), "us");
-  Print("pull_64B_p50", Percentile(pull, 0.5), "us");
-  Print("pull_64B_p99", Percentile(pull, 0.99), "us");
-  Print("pull_64B_p50_vs_pingpong_p50", Percentile(pull, 0.5) / Percentile(base, 0.5), "x");
-  Print("pullsync_64B_p50", Percentile(sync, 0.5), "us");
-  Print("pullsync_64B_p99", Percentile(sync, 0.99), "us");
-  Print("pullsync_64B_p50_vs_pingpong_p50", Percentile(sync, 0.5) / Percentile(base, 0.5), "x");
+  Print("baseline_pingpong_64B_p50", Quantile(&base, 0.5), "us");
+  Print("baseline_pingpong_64B_p99", Quantile(&base, 0.99), "us");
+  Print("pull_64B_p50", Quantile(&pull, 0.5), "us");
+  Print("pull_64B_p99", Quantile(&pull, 0.99), "us");
+  Print("pull_64B_p50_vs_pingpong_p50", Quantile(&pull, 0.5) / Quantile(&base, 0.5), "x");
+  Print("pullsync_64B_p50", Quantile(&sync, 0.5), "us");
+  Print("pullsync_64B_p99", Quantile(&sync, 0.99), "us");
+  Print("pullsync_64B_p50_vs_pingpong_p50", Quantile(&sync, 0.5) / Quantile(&base, 0.5), "x");
   {
     // The same with handlers on the server's loop thread (handler_threads = 0): two
     // thread handoffs fewer per request.
     Cluster inline_cluster(1, 1, 0);
     std::vector<double> inline_pull = PullLatencies(inline_cluster, rounds);
-    Print("pull_64B_inline_handlers_p50", Percentile(inline_pull, 0.5), "us");
-    Print("pull_64B_inline_handlers_p99", Percentile(inline_pull, 0.99), "us");
+    Print("pull_64B_inline_handlers_p50", Quantile(&inline_pull, 0.5), "us");
+    Print("pull_64B_inline_handlers_p99", Quantile(&inline_pull, 0.99), "us");
   }
   const uint64_t sends = smoke ? 2000 : quick ? 20000 : 100000;
   Print("baseline_pingpong_64B_rate", 1e6 / (std::accumulate(base.begin(), base.end(), 0.0) / base.size()),

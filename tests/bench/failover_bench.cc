@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "bench/bench_util.h"
 #include "pscore/core/key_range.h"
 #include "pscore/node/worker/worker_node.h"
+#include "bench/bench_util.h"
 
 namespace {
 
@@ -131,11 +131,10 @@ double FailoverMs(const std::string& dir, const Timing& t, int sig) {
 }
 
 void Figures(const std::string& name, std::vector<double> ms, const Timing& t) {
-  std::sort(ms.begin(), ms.end());
-  const double median = ms[ms.size() / 2];
+  const double median = bench::Quantile(&ms, 0.5);
   bench::Print(name + "_p50", median, "ms", 1);
-  bench::Print(name + "_min", ms.front(), "ms", 1);
-  bench::Print(name + "_max", ms.back(), "ms", 1);
+  bench::Print(name + "_min", bench::Quantile(&ms, 0), "ms", 1);
+  bench::Print(name + "_max", bench::Quantile(&ms, 1), "ms", 1);
   bench::Print(name + "_over_timeout", median - t.timeout_ms, "ms", 1);
 }
 

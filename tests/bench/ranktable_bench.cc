@@ -27,11 +27,13 @@
 
 #include "pscore/comm/messenger.h"
 #include "pscore/core/cluster_manager.h"
-#include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/common/ranktable_subscriber.h"
+#include "pscore/node/common/wire.h"
+#include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/scheduler/scheduler_http.h"
 #include "pscore/node/scheduler/scheduler_node.h"
-#include "pscore/node/common/wire.h"
+
+#include "bench/bench_util.h"
 
 namespace pscore::node {
 namespace {
@@ -231,10 +233,9 @@ Figures RunCase(int native, int http) {
     lat.push_back((tally.done_ns.load() - t0) / 1000.0);
   }
   int64_t cpu1 = cpu();
-  std::sort(lat.begin(), lat.end());
   Figures r;
-  r.median_us = lat[lat.size() / 2];
-  r.p90_us = lat[lat.size() * 9 / 10];
+  r.median_us = bench::Quantile(&lat, 0.5);
+  r.p90_us = bench::Quantile(&lat, 0.9);
   r.cpu_us_per_change = (cpu1 - cpu0) / 1000.0 / kChanges;
   r.subscribers = static_cast<int>(total);
 

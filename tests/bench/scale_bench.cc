@@ -158,11 +158,10 @@ void RunCase(int from, int to, size_t mib, int reps) {
     fastest = std::min(fastest, s.scale_secs);
     secs.push_back(s.scale_secs);
   }
-  std::sort(secs.begin(), secs.end());
   const double migrate = moved_bytes / fastest / 1e9;
   Print("push_create_" + name, create, "GB/s");
   Print("push_" + name, push, "GB/s");
-  Print("scaleout_" + name + "_to_ready_median", secs[secs.size() / 2] * 1e3, "ms");
+  Print("scaleout_" + name + "_to_ready_median", bench::Median(secs) * 1e3, "ms");
   Print("scaleout_" + name + "_to_ready_best", fastest * 1e3, "ms");
   Print("moved_" + name, moved_bytes / (1 << 20), "MiB");
   Print("migrate_" + name, migrate, "GB/s");

@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "bench/bench_util.h"
 #include "pscore/node/common/node.h"
+#include "bench/bench_util.h"
 
 namespace {
 
@@ -145,10 +145,9 @@ int main(int argc, char** argv) {
     CHECK(sb.ok()) << sb;
     ms.push_back(std::chrono::duration<double, std::milli>(BenchClock::now() - killed).count());
   }
-  std::sort(ms.begin(), ms.end());
-  bench::Print("sched_kill_to_barrier_median", ms[ms.size() / 2], "ms", 1);
-  bench::Print("sched_kill_to_barrier_min", ms.front(), "ms", 1);
-  bench::Print("sched_kill_to_barrier_max", ms.back(), "ms", 1);
+  bench::Print("sched_kill_to_barrier_median", bench::Quantile(&ms, 0.5), "ms", 1);
+  bench::Print("sched_kill_to_barrier_min", bench::Quantile(&ms, 0), "ms", 1);
+  bench::Print("sched_kill_to_barrier_max", bench::Quantile(&ms, 1), "ms", 1);
   bench::Print("sched_kill_runs", runs, "runs", 0);
   for (auto& m : members) m->Stop();
   ::kill(sched, SIGKILL);

@@ -23,10 +23,10 @@
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
 #include "pscore/comm/tls.h"
-#include "comm/tls_pki.h"
 #include "pscore/comm/transport.h"
-#include "bench/blocking_baseline.h"
 #include "bench/bench_util.h"
+#include "bench/blocking_baseline.h"
+#include "comm/tls_pki.h"
 
 namespace pscore::comm {
 namespace {

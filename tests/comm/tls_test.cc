@@ -11,8 +11,8 @@
 #include "pscore/comm/frame_decoder.h"
 #include "pscore/comm/http_server.h"
 #include "pscore/comm/tls.h"
-#include "comm/tls_pki.h"
 #include "pscore/comm/transport.h"
+#include "comm/tls_pki.h"
 
 namespace pscore::comm {
 namespace {

@@ -80,7 +80,7 @@ TEST_CASE("register validates role, ranks and quota with named values", "[core][
   Fixture f(/*workers=*/3, /*servers=*/2);
   Result<RegisterOutcome> bad = f.cm->Register(Req("x", pb::SCHEDULER));
   CHECK(bad.status().code() == Code::kInvalidArgument);
-  CHECK_THAT(bad.status().message(), Catch::Contains("unknown role SCHEDULER"));
+  CHECK_THAT(bad.status().message(), Catch::Contains("unknown role scheduler for node x: must be server or worker"));
 
   Result<RegisterOutcome> w_a = f.cm->Register(Req("wa", pb::WORKER, kInc, /*rank=*/2));
   REQUIRE(w_a.ok());

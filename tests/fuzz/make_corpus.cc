@@ -13,9 +13,9 @@
 #include "pscore/core/kv_codec.h"
 #include "pscore/core/param_journal.h"
 #include "pscore/core/state_file.h"
-#include "fuzz/dispatch_input.h"
-#include "pscore/node/server/server_node.h"
 #include "pscore/node/common/wire.h"
+#include "pscore/node/server/server_node.h"
+#include "fuzz/dispatch_input.h"
 
 namespace {
 

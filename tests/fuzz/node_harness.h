@@ -18,10 +18,10 @@
 #include <glog/logging.h>
 
 #include "pscore/comm/event_loop.h"
-#include "fuzz/dispatch_input.h"
-#include "node/node_probe.h"
 #include "pscore/node/common/node.h"
 #include "pscore/node/common/wire.h"
+#include "fuzz/dispatch_input.h"
+#include "node/node_probe.h"
 
 namespace pscore::fuzz {
 

@@ -12,9 +12,9 @@
 #include <glog/logging.h>
 
 #include "pscore/comm/event_loop.h"
+#include "pscore/node/scheduler/scheduler_node.h"
 #include "fuzz/dispatch_input.h"
 #include "node/node_probe.h"
-#include "pscore/node/scheduler/scheduler_node.h"
 
 namespace {
 

@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "fuzz/node_harness.h"
 #include "pscore/node/server/server_node.h"
+#include "fuzz/node_harness.h"
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   FLAGS_minloglevel = 3;  // handlers log every refusal; keep the fuzzer's output readable

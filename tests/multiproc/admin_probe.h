@@ -10,8 +10,8 @@
 
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
-#include "multiproc/test_tls.h"
 #include "pscore/node/common/wire.h"
+#include "multiproc/test_tls.h"
 
 namespace pscore::testing {
 

@@ -6,8 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "multiproc/process.h"
 #include "pscore/node/common/admin_client.h"
+#include "multiproc/process.h"
 
 #include <catch2/catch.hpp>
 

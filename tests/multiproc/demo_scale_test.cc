@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "pscore/node/common/admin_client.h"
 #include "multiproc/process.h"
 #include "multiproc/train_log.h"
-#include "pscore/node/common/admin_client.h"
 
 #include <catch2/catch.hpp>
 

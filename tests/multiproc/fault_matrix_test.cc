@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "multiproc/process.h"
 #include "pscore/node/common/admin_client.h"
 #include "pscore/node/worker/worker_node.h"
+#include "multiproc/process.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "pscore/comm/frame.h"
-#include "multiproc/process.h"
-#include "multiproc/raw_conn.h"
 #include "pscore/node/common/admin_client.h"
 #include "pscore/proto/comm.pb.h"
+#include "multiproc/process.h"
+#include "multiproc/raw_conn.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

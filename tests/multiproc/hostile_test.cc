@@ -24,13 +24,12 @@
 
 #include "pscore/comm/frame.h"
 #include "pscore/core/kv_codec.h"
-#include "multiproc/process.h"
-#include "multiproc/raw_conn.h"
 #include "pscore/node/common/admin_client.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/proto/comm.pb.h"
-#include "pscore/node/common/wire.h"
+#include "multiproc/process.h"
+#include "multiproc/raw_conn.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "pscore/node/common/admin_client.h"
 #include "multiproc/process.h"
 #include "multiproc/train_log.h"
-#include "pscore/node/common/admin_client.h"
 #include "programs/launcher.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "pscore/node/worker/worker_node.h"
 #include "multiproc/admin_probe.h"
 #include "multiproc/process.h"
-#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

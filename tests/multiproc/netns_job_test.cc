@@ -33,9 +33,9 @@
 #include <thread>
 #include <vector>
 
+#include "pscore/node/common/admin_client.h"
 #include "multiproc/process.h"
 #include "multiproc/train_job.h"
-#include "pscore/node/common/admin_client.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

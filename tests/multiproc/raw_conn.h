@@ -15,8 +15,8 @@
 #include <string>
 
 #include "pscore/comm/frame.h"
-#include "multiproc/process.h"
 #include "pscore/proto/comm.pb.h"
+#include "multiproc/process.h"
 
 namespace pscore::testing {
 

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "pscore/core/state_file.h"
+#include "pscore/node/worker/worker_node.h"
 #include "multiproc/admin_probe.h"
 #include "multiproc/process.h"
-#include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

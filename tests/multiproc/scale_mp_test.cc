@@ -21,12 +21,11 @@
 
 #include "pscore/core/key_range.h"
 #include "pscore/core/kv_codec.h"
-#include "multiproc/process.h"
 #include "pscore/node/common/admin_client.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
-#include "pscore/node/common/wire.h"
+#include "multiproc/process.h"
 
 #include <catch2/catch.hpp>
 

@@ -15,8 +15,8 @@
 
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
-#include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/common/wire.h"
+#include "pscore/node/scheduler/scheduler_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

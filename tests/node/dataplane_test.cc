@@ -16,13 +16,13 @@
 #include "comm/test_util.h"  // RawSocket, EncodeFrame; before Catch (its CHECK note)
 #include "pscore/core/key_range.h"
 #include "pscore/core/kv_codec.h"
+#include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_journal.h"
 #include "pscore/node/server/server_node.h"
-#include "pscore/node/common/wire.h"
 #include "multiproc/process.h"  // TempDir
-#include "node/node_probe.h"
 #include "pscore/node/worker/worker_node.h"
+#include "node/node_probe.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

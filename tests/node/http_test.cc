@@ -14,8 +14,8 @@
 #include <sstream>
 #include <thread>
 
-#include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/common/ranktable_subscriber.h"
+#include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/scheduler/scheduler_http.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"

@@ -6,9 +6,9 @@
 #include <memory>
 
 #include "pscore/core/kv_codec.h"
+#include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
-#include "pscore/node/common/wire.h"
 #include "pscore/node/worker/worker_node.h"
 
 #include "node/raw_link.h"  // last: pulls in Catch

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "pscore/comm/event_loop.h"
+#include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
-#include "pscore/node/common/wire.h"
 #include "pscore/node/worker/worker_node.h"
 #include "node/node_probe.h"
 

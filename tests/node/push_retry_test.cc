@@ -14,9 +14,9 @@
 
 #include "pscore/core/key_range.h"
 #include "multiproc/process.h"  // TempDir
+#include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
-#include "pscore/node/common/wire.h"
 #include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's

@@ -14,9 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "pscore/comm/messenger.h"
+#include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/scheduler/scheduler_node.h"
-#include "pscore/node/common/wire.h"
 
 #include "comm/test_util.h"  // last: Catch's CHECK wins over glog's
 

@@ -11,8 +11,8 @@
 #include <future>
 
 #include "pscore/core/rank_table.h"
-#include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/common/ranktable_subscriber.h"
+#include "pscore/node/scheduler/ranktable_hub.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 
 #include "node/ranktable_fixture.h"  // last: pulls in Catch

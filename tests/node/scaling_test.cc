@@ -9,11 +9,11 @@
 
 #include "pscore/core/key_range.h"
 #include "pscore/core/kv_codec.h"
-#include "multiproc/process.h"
-#include "pscore/node/server/server_journal.h"
 #include "pscore/node/scheduler/scheduler_node.h"
+#include "pscore/node/server/server_journal.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
+#include "multiproc/process.h"
 
 #include "node/raw_link.h"  // last: pulls in Catch, whose CHECK must win over glog's
 

@@ -15,8 +15,8 @@
 #include "pscore/core/kv_codec.h"
 #include "pscore/core/param_journal.h"
 #include "pscore/core/param_store.h"
-#include "multiproc/process.h"
 #include "pscore/node/server/server_journal.h"
+#include "multiproc/process.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

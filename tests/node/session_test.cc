@@ -15,8 +15,8 @@
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
 #include "pscore/core/cluster_manager.h"
-#include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/common/wire.h"
+#include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/worker/worker_node.h"
 
 #include "node/raw_link.h"  // last: pulls in Catch

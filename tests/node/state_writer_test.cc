@@ -14,8 +14,8 @@
 #include "pscore/comm/event_loop.h"
 #include "pscore/core/state_file.h"
 #include "pscore/node/scheduler/scheduler_node.h"
-#include "pscore/node/server/server_node.h"
 #include "pscore/node/scheduler/state_writer.h"
+#include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's

@@ -8,12 +8,12 @@
 
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
-#include "comm/tls_pki.h"
 #include "pscore/node/common/admin_client.h"
 #include "pscore/node/common/node.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
+#include "comm/tls_pki.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 

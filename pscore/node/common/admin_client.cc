@@ -6,8 +6,8 @@
 
 #include "pscore/comm/address.h"
 #include "pscore/core/cluster_manager.h"
-#include "pscore/node/common/wire.h"
 #include "pscore/node/common/admin_ops.h"
+#include "pscore/node/common/wire.h"
 
 namespace pscore::node {
 namespace {

@@ -9,6 +9,7 @@
 #include "pscore/comm/frame_decoder.h"
 #include "pscore/core/buffer.h"
 #include "pscore/core/clock.h"
+#include "pscore/core/role_names.h"
 #include "pscore/core/status.h"
 #include "pscore/proto/comm.pb.h"
 
@@ -51,14 +52,8 @@ inline pb::MessageMeta MakeMeta(pb::NodeCommand cmd, pb::NodeRole role, int rank
   return meta;
 }
 
-inline std::string RoleLabel(pb::NodeRole role) {
-  switch (role) {
-    case pb::SERVER: return "server";
-    case pb::WORKER: return "worker";
-    case pb::SCHEDULER: return "scheduler";
-    default: return "admin";
-  }
-}
+// Roles are named as core names them (core/role_names.h) in logs, /metrics and JSON.
+using core::RoleLabel;
 
 // The control protocol's version a member sends in REGISTER; the scheduler refuses another
 // (kInvalidArgument naming both) rather than misreading it.

@@ -4,8 +4,8 @@
 #include <random>
 
 #include "pscore/core/state_file.h"
-#include "pscore/node/scheduler/state_writer.h"
 #include "pscore/node/common/wire.h"
+#include "pscore/node/scheduler/state_writer.h"
 
 namespace pscore::node {
 

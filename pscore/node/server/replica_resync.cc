@@ -25,8 +25,8 @@
 #include "pscore/core/endian.h"
 #include "pscore/core/key_range.h"
 #include "pscore/core/kv_codec.h"
-#include "pscore/node/server/replica_resync.h"
 #include "pscore/node/common/wire.h"
+#include "pscore/node/server/replica_resync.h"
 
 namespace pscore::node {
 
