@@ -168,10 +168,10 @@ void Node::PublishSnapshot() {
   DCHECK(loop_->InLoopThread());
   std::lock_guard<std::mutex> lock(mu_);
   rank_snapshot_ = rank_;
-  state_snapshot_ = state_;
-  epoch_snapshot_ = epoch_;
+  state_snapshot_ = scale_.state();
+  epoch_snapshot_ = scale_.epoch();
   metadata_snapshot_ = metadata_;
-  if (state_ == pb::CLUSTER_READY) ready_seen_ = true;
+  if (scale_.state() == pb::CLUSTER_READY) ready_seen_ = true;
   cv_.notify_all();
 }
 

@@ -22,6 +22,7 @@
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
 #include "pscore/comm/tcp_client.h"
+#include "pscore/core/scale_participant.h"
 #include "pscore/core/scheduler_watch.h"
 #include "pscore/node/common/options.h"
 
@@ -133,6 +134,14 @@ class Node {
   virtual void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) { done(); }
   // Scale-in started (msg names the leaving nodes). Hand over, then call done().
   virtual void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) { done(); }
+  // The scale that held key-value traffic ended (scale().holding() turned false), right
+  // after OnStateApplied of the new state.
+  virtual void OnHoldReleased() {}
+  // Loop thread: this member's side of scaling (cluster state, epoch, phase, holding).
+  const core::ScaleParticipant& scale() const {
+    DCHECK(loop_->InLoopThread());
+    return scale_;
+  }
   virtual void OnPeerClosed(comm::ConnId conn, const Status& why) {}
   std::unordered_map<comm::ConnId, int> unserved_;  // commands not served, per connection (loop thread)
   // A request whose tail could be taken as it arrives (comm::TailStream): a stream for
@@ -233,7 +242,11 @@ class Node {
   void ApplyMetadata(pb::SendMetadataMessage md);
   void FetchMetadata(uint64_t epoch);
   void ApplyState(pb::ClusterState state);
-  void MaybeFinishScaleOut(const pb::SendMetadataMessage& md);
+  // Does what scale_ decided, in order. `md`: the metadata an OnMetadataApplied decision
+  // is about; `scale_in`: the notice an OnScaleIn decision is about.
+  void Perform(const core::ScaleActions& actions, const pb::SendMetadataMessage* md = nullptr,
+               const pb::ScaleInMessage* scale_in = nullptr);
+  void StateChanged(const core::ScaleAction& change);
   void SendScaleDone(pb::NodeCommand cmd, uint64_t epoch);
 
   // Control calls that survive a lost scheduler (node_control_calls.cc): see CallSchedulerAsync.
@@ -282,14 +295,10 @@ class Node {
 
   // Loop-thread view of the cluster.
   int rank_ = -1;
-  pb::ClusterState state_ = pb::ClUSTER_STARTING;
-  uint64_t epoch_ = 0;
+  // The cluster state, the metadata epoch and every scale decision.
+  core::ScaleParticipant scale_;
   pb::SendMetadataMessage metadata_;
   bool metadata_fetching_ = false;  // a FETCH_METADATA is in flight
-  uint64_t metadata_wanted_ = 0;    // newest epoch a heartbeat answer showed
-  uint64_t scale_out_acked_epoch_ = 0;  // newest metadata epoch whose scale-out was handled
-  uint64_t scale_in_epoch_ = 0;         // scale-in under way (0: none)
-  bool scale_in_handed_over_ = false;
 
   std::map<uint64_t, std::shared_ptr<ControlCall>> parked_calls_;  // loop thread, by serial
   uint64_t parked_serial_ = 0;

@@ -1,6 +1,7 @@
 // Node: what the scheduler pushes (metadata, cluster state and events, scale-out and
-// scale-in, user events, TERMINATE), the metadata fetch, and the scale DONE answers.
-// Loop thread throughout.
+// scale-in, user events, TERMINATE), the metadata fetch, and the scale DONE answers. Every
+// scale decision and epoch comparison is scale_'s (core::ScaleParticipant); this file
+// does what it decides. Loop thread throughout.
 #include <algorithm>
 
 #include "pscore/core/cluster_manager.h"
@@ -74,13 +75,11 @@ void Node::OnScaleOutPush(const Frame& frame) {
   DCHECK(loop_->InLoopThread());
   pb::ScaleOutMessage msg;
   if (!ParsePayload(frame, &msg).ok()) return;
-  if (msg.epoch() < epoch_) {
-    LOG(WARNING) << options_.node_id << ": ignored stale SCALE_OUT of epoch " << msg.epoch();
-    return;
-  }
+  const core::ScaleActions actions = scale_.OnScaleOut(msg.epoch());
+  if (core::Ignored(actions)) return Perform(actions);
   LOG(INFO) << options_.node_id << ": scale-out to " << msg.worker_num() << " workers, " << msg.server_num()
             << " servers";
-  ApplyState(pb::CLUSTER_SCALE_OUT);
+  Perform(actions);
   if (callbacks_.on_scale_out) callbacks_.on_scale_out(msg);
 }
 
@@ -88,24 +87,11 @@ void Node::OnScaleInPush(const Frame& frame) {
   DCHECK(loop_->InLoopThread());
   pb::ScaleInMessage msg;
   if (!ParsePayload(frame, &msg).ok()) return;
-  if (msg.epoch() < epoch_ || msg.epoch() <= scale_in_epoch_) {
-    LOG(WARNING) << options_.node_id << ": ignored stale SCALE_IN of epoch " << msg.epoch();
-    return;
-  }
+  const core::ScaleActions actions = scale_.OnScaleIn(msg.epoch());
+  if (core::Ignored(actions)) return Perform(actions);
   LOG(INFO) << options_.node_id << ": scale-in to " << msg.worker_num() << " workers, " << msg.server_num()
             << " servers" << (msg.is_node_scale_in() ? "; this node leaves" : "");
-  scale_in_epoch_ = msg.epoch();
-  scale_in_handed_over_ = false;
-  ApplyState(pb::CLUSTER_SCALE_IN);
-  if (callbacks_.on_scale_in) callbacks_.on_scale_in(msg);
-  const uint64_t epoch = msg.epoch();
-  OnScaleInStart(msg, [this, epoch] {
-    loop_->Run([this, epoch] {
-      if (scale_in_epoch_ != epoch) return;
-      scale_in_handed_over_ = true;
-      SendScaleDone(pb::SCALE_IN_DONE, epoch_ > epoch ? epoch_ : epoch);
-    });
-  });
+  Perform(actions, nullptr, &msg);
 }
 
 void Node::HandleClusterEvent(const pb::ClusterEventMessage& ev) {
@@ -126,7 +112,7 @@ void Node::HandleClusterEvent(const pb::ClusterEventMessage& ev) {
 // as each answer moves us forward; a failed fetch is retried by the next heartbeat.
 void Node::FetchMetadata(uint64_t epoch) {
   DCHECK(loop_->InLoopThread());
-  metadata_wanted_ = std::max(metadata_wanted_, epoch);
+  scale_.WantMetadata(epoch);
   if (metadata_fetching_ || closed_ || scheduler_ == nullptr || !scheduler_->connected()) return;
   metadata_fetching_ = true;
   messenger_->Call(scheduler_->conn(), SchedulerMeta(pb::FETCH_METADATA), nullptr,
@@ -139,24 +125,22 @@ void Node::FetchMetadata(uint64_t epoch) {
       VLOG(1) << options_.node_id << ": metadata fetch failed: " << r.status();
       return;
     }
-    const uint64_t before = epoch_;
+    const uint64_t before = scale_.epoch();
     ApplyMetadata(std::move(md));
-    if (epoch_ > before && epoch_ < metadata_wanted_) FetchMetadata(metadata_wanted_);
+    if (const uint64_t next = scale_.FetchAgain(before); next != 0) FetchMetadata(next);
   });
 }
 
 void Node::ApplyMetadata(pb::SendMetadataMessage md) {
   DCHECK(loop_->InLoopThread());
-  if (md.epoch() < epoch_) {
-    LOG(WARNING) << options_.node_id << ": ignored stale metadata of epoch " << md.epoch() << " < " << epoch_;
-    return;
-  }
   if (!PlausibleTotals(md)) {
     LOG(WARNING) << options_.node_id << ": ignored metadata of epoch " << md.epoch() << " with impossible totals: "
                  << md.worker_num() << " workers, " << md.server_num() << " servers, "
                  << md.worker_ids_size() << " worker ids with " << md.worker_ranks_size() << " ranks";
     return;
   }
+  const core::ScaleActions taken = scale_.OnMetadata(md.epoch());
+  if (core::Ignored(taken)) return Perform(taken);
   // Every member gets the same bytes: our rank is that of our own entry, found by node id
   // (the message's rank_id is what a scheduler that sets it per member said). A worker's
   // view of a large membership has no worker entries: it keeps the rank it was told (at
@@ -168,7 +152,6 @@ void Node::ApplyMetadata(pb::SendMetadataMessage md) {
     md.set_rank_id(m.rank_id());
     break;
   }
-  epoch_ = md.epoch();
   metadata_ = md;
   rank_ = md.rank_id();
   links_->Apply(md);
@@ -176,29 +159,50 @@ void Node::ApplyMetadata(pb::SendMetadataMessage md) {
   if (callbacks_.on_metadata) callbacks_.on_metadata(md);
   ApplyState(md.cluster_state());
   OnMetadataApplied();
-  MaybeFinishScaleOut(md);
-  // A republish during scale-in restarts the done round at the new epoch.
-  if (md.cluster_state() == pb::CLUSTER_SCALE_IN && scale_in_handed_over_ && md.epoch() > scale_in_epoch_) {
-    SendScaleDone(pb::SCALE_IN_DONE, md.epoch());
-  }
+  // Scale-out: once the metadata holds every new node, the role moves what it must (then
+  // SCALE_OUT_DONE of that epoch); a republish during scale-in restarts the done round.
+  const bool holds_every_node = md.servers_meta_size() == md.server_num() &&
+                                md.workers_meta_size() + md.omitted_workers() == md.worker_num();
+  Perform(scale_.OnMetadataApplied(holds_every_node), &md);
 }
 
-// Scale-out: once the metadata holds every new node, the role moves what it must and
-// answers SCALE_OUT_DONE with that metadata's epoch (once per epoch).
-void Node::MaybeFinishScaleOut(const pb::SendMetadataMessage& md) {
+void Node::Perform(const core::ScaleActions& actions, const pb::SendMetadataMessage* md,
+                   const pb::ScaleInMessage* scale_in) {
   DCHECK(loop_->InLoopThread());
-  if (md.cluster_state() != pb::CLUSTER_SCALE_OUT || md.epoch() <= scale_out_acked_epoch_) return;
-  if (md.servers_meta_size() != md.server_num() ||
-      md.workers_meta_size() + md.omitted_workers() != md.worker_num()) {
-    return;
+  using Kind = core::ScaleAction::Kind;
+  for (const core::ScaleAction& a : actions) {
+    const uint64_t epoch = a.epoch;
+    switch (a.kind) {
+      case Kind::kIgnoreStale:
+        LOG(WARNING) << options_.node_id << ": ignored " << a.reason;
+        break;
+      case Kind::kStateChanged:
+        StateChanged(a);
+        break;
+      case Kind::kMoveForScaleOut:
+        CHECK(md != nullptr) << "a scale-out move without its metadata";
+        OnScaleOutReady(*md, [this, epoch] {
+          loop_->Run([this, epoch] { Perform(scale_.OnMovedForScaleOut(epoch)); });
+        });
+        break;
+      case Kind::kHandOver:
+        CHECK(scale_in != nullptr) << "a hand-over without its SCALE_IN";
+        if (callbacks_.on_scale_in) callbacks_.on_scale_in(*scale_in);
+        OnScaleInStart(*scale_in, [this, epoch] {
+          loop_->Run([this, epoch] { Perform(scale_.OnHandedOver(epoch)); });
+        });
+        break;
+      case Kind::kSendScaleOutDone:
+        SendScaleDone(pb::SCALE_OUT_DONE, epoch);
+        break;
+      case Kind::kSendScaleInDone:
+        SendScaleDone(pb::SCALE_IN_DONE, epoch);
+        break;
+      case Kind::kFetchMetadata:
+        FetchMetadata(epoch);
+        break;
+    }
   }
-  scale_out_acked_epoch_ = md.epoch();
-  const uint64_t epoch = md.epoch();
-  OnScaleOutReady(md, [this, epoch] {
-    loop_->Run([this, epoch] {
-      if (epoch_ == epoch) SendScaleDone(pb::SCALE_OUT_DONE, epoch);
-    });
-  });
 }
 
 void Node::SendScaleDone(pb::NodeCommand cmd, uint64_t epoch) {
@@ -228,13 +232,17 @@ void Node::SendScaleDone(pb::NodeCommand cmd, uint64_t epoch) {
 
 void Node::ApplyState(pb::ClusterState state) {
   DCHECK(loop_->InLoopThread());
-  if (state == state_) return;
-  state_ = state;
-  if (state != pb::CLUSTER_SCALE_IN) scale_in_epoch_ = 0;
+  Perform(scale_.OnState(state));
+}
+
+// The role hears of the state before held traffic goes out (a worker routes by it first).
+void Node::StateChanged(const core::ScaleAction& change) {
+  DCHECK(loop_->InLoopThread());
   PublishSnapshot();
-  OnStateApplied(state);
-  if (callbacks_.on_state) callbacks_.on_state(state);
-  if (state == pb::CLUSTER_EXIT) Terminate(Status::Ok());
+  OnStateApplied(change.state);
+  if (change.release_hold) OnHoldReleased();
+  if (callbacks_.on_state) callbacks_.on_state(change.state);
+  if (change.state == pb::CLUSTER_EXIT) Terminate(Status::Ok());
 }
 
 }  // namespace pscore::node

@@ -123,9 +123,9 @@ void Node::Heartbeat() {
   if (!registered_ || scheduler_ == nullptr || !scheduler_->connected()) return;
   pb::HeartbeatMessage msg;
   msg.set_node_id(options_.node_id);
-  msg.set_known_epoch(epoch_);
+  msg.set_known_epoch(scale_.epoch());
   msg.set_incarnation(incarnation_);
-  msg.set_node_state(state_ == pb::CLUSTER_READY ? pb::NODE_READY : pb::NODE_STARTING);
+  msg.set_node_state(scale_.state() == pb::CLUSTER_READY ? pb::NODE_READY : pb::NODE_STARTING);
   messenger_->Call(scheduler_->conn(), SchedulerMeta(pb::HEARTBEAT), ToBuffer(msg), options_.heartbeat_interval * 3,
                    [this, session = session_id_](Result<Frame> r) { OnHeartbeatAnswer(session, std::move(r)); });
 }
@@ -162,13 +162,8 @@ void Node::OnHeartbeatAnswer(uint64_t session, Result<Frame> r) {
     metadata_.set_rank_id(rank_);
     PublishSnapshot();
   }
-  if (resp.epoch() > epoch_ && resp.cluster_state() != pb::ClUSTER_STARTING) {
-    // We missed a membership change: fetch it. Its state comes with the metadata, so
-    // nothing here acts on a state whose membership we do not have yet.
-    FetchMetadata(resp.epoch());
-    return;
-  }
-  ApplyState(resp.cluster_state());
+  // A newer epoch: the membership change we missed is fetched; else the state is taken.
+  Perform(scale_.OnSchedulerAnswer(resp.epoch(), resp.cluster_state()));
 }
 
 // Loop thread: any answer or push from the scheduler shows it runs.

@@ -241,9 +241,10 @@ KeyView ServerNode::ViewOf(const pb::SendMetadataMessage& md, bool* self_resynci
 
 void ServerNode::RefreshView() {
   DCHECK(loop()->InLoopThread());
+  // Only a started cluster that does not scale settles the view: a scale switches it
+  // through KeyMigration.
+  if (!scale().settled()) return;
   pb::SendMetadataMessage md = metadata();
-  pb::ClusterState s = cluster_state();
-  if (s == pb::CLUSTER_SCALE_OUT || s == pb::CLUSTER_SCALE_IN || s == pb::ClUSTER_STARTING) return;
   bool self_resyncing = false;
   KeyView view = ViewOf(md, &self_resyncing);
   const int rank = view.rank;

@@ -37,7 +37,7 @@ void WorkerNode::Dispatch(const std::shared_ptr<KvRequest>& op, KvPart part) {
   const int n = loop_metadata().server_num();
   // While a scale holds traffic, and behind parts held for a re-send: a request issued
   // after a push that must be sent again must not overtake it.
-  if (holding_ || n == 0 || !held_.empty()) {
+  if (scale().holding() || n == 0 || !held_.empty()) {
     held_.emplace_back(op, std::move(part));
     WatchHeld();
     return;
@@ -256,7 +256,7 @@ void WorkerNode::WatchHeld() {
   if (retry_timer_ != 0 || closed()) return;
   retry_timer_ = loop()->AddTimer(std::chrono::milliseconds(50), Duration::zero(), [this] {
     retry_timer_ = 0;
-    if (!holding_ && loop_metadata().server_num() > 0) return ReleaseHeld();
+    if (!scale().holding() && loop_metadata().server_num() > 0) return ReleaseHeld();
     FailExpiredHeld();
     if (!held_.empty()) WatchHeld();
   });

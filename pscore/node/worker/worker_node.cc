@@ -279,22 +279,25 @@ Result<PullResult> WorkerNode::PullSync(const std::vector<uint64_t>& keys) {
 
 // ---- Cluster changes (loop thread) ----
 
-void WorkerNode::OnStateApplied(pb::ClusterState state) {
+// Key-value traffic is held while scale().holding(): the cluster scales.
+void WorkerNode::OnStateApplied(pb::ClusterState) {
   DCHECK(loop()->InLoopThread());
-  bool scaling = state == pb::CLUSTER_SCALE_OUT || state == pb::CLUSTER_SCALE_IN;
-  const bool release = scaling != holding_ && !scaling;
-  holding_ = scaling;
   // The live replicas first: Node::ApplyMetadata applies the state before
   // OnMetadataApplied, and parts released under the previous metadata's live set would go
   // to a server it has just marked down (a rolled-back scale-out whose server timed out),
   // over a fresh link that nothing closes again: they would wait out request_timeout.
+  // Node calls OnHoldReleased after this.
   UpdateRoute();
-  if (release) ReleaseHeld();
+}
+
+void WorkerNode::OnHoldReleased() {
+  DCHECK(loop()->InLoopThread());
+  ReleaseHeld();
 }
 
 void WorkerNode::OnMetadataApplied() {
   DCHECK(loop()->InLoopThread());
-  if (!holding_ && !held_.empty()) ReleaseHeld();
+  if (!scale().holding() && !held_.empty()) ReleaseHeld();
   UpdateRoute();
 }
 
@@ -302,7 +305,6 @@ void WorkerNode::OnScaleOutReady(const pb::SendMetadataMessage&, std::function<v
 
 void WorkerNode::OnScaleInStart(const pb::ScaleInMessage&, std::function<void()> done) {
   DCHECK(loop()->InLoopThread());
-  holding_ = true;
   UpdateRoute();
   done();
 }
@@ -351,7 +353,7 @@ void WorkerNode::UpdateRoute() {
   for (const pb::ServersMeta& s : md.servers_meta()) {
     if (s.role() == pb::SERVER && s.rank_id() >= 0 && s.rank_id() < n) live_[s.rank_id()] = s.is_alive() ? 1 : 0;
   }
-  bool usable = !holding_ && cluster_state() == pb::CLUSTER_READY;
+  bool usable = !scale().holding() && cluster_state() == pb::CLUSTER_READY;
   // server_num comes from the wire: walk only the ranks the metadata gave an address
   // (a count with no addresses behind it must not size anything here).
   std::vector<std::string> addrs;

@@ -109,6 +109,7 @@ class WorkerNode : public Node {
  protected:
   void OnMetadataApplied() override;
   void OnStateApplied(pb::ClusterState state) override;
+  void OnHoldReleased() override;  // parts held while the cluster scaled go out
   void OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) override;
   void OnScaleInStart(const pb::ScaleInMessage& msg, std::function<void()> done) override;
   // A server timed out by the scheduler: its link is closed (requests in flight on it are
@@ -166,7 +167,6 @@ class WorkerNode : public Node {
   int replicas_ = 1;        // loop thread: the metadata's replicas
   std::vector<char> live_;  // loop thread: by server rank, whether it is a live replica
 
-  bool holding_ = false;  // loop thread: the cluster is scaling, new key-value traffic waits
   // Push/Pull/PullInto calls not yet answered (shared with their requests, which count down).
   std::shared_ptr<std::atomic<int>> kv_in_flight_ = std::make_shared<std::atomic<int>>(0);
   std::atomic<uint64_t> in_place_pulls_{0};
