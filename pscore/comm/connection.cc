@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "pscore/comm/address.h"
-#include "pscore/comm/connection_internal.h"
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/tls.h"
 #include "pscore/comm/transport_ledger.h"
@@ -14,87 +13,19 @@
 
 namespace pscore::comm {
 
-void ConnectionCallbacks::OnAlloc(uv_handle_t* handle, size_t /*suggested*/, uv_buf_t* buf) {
-  auto* self = static_cast<Connection*>(handle->data);
-  if (self->tls_) {
-    *buf = uv_buf_init(CipherReadBuffer(), static_cast<unsigned>(kCipherReadBytes));
-    return;
-  }
-  size_t size = 0;
-  char* region = self->decoder_.ReadRegion(&size);
-  // uv_buf_t.len is size_t on Unix; reads of over 1 GiB at once gain nothing.
-  *buf = uv_buf_init(region, static_cast<unsigned>(std::min<size_t>(size, 1u << 30)));
-}
-
-void ConnectionCallbacks::OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
-  auto* self = static_cast<Connection*>(stream->data);
-  if (nread > 0) {
-    if (self->tls_) return self->OnCipher(buf->base, static_cast<size_t>(nread));
-    if (!self->any_read_ && LooksLikeTls(buf->base, static_cast<size_t>(nread))) {
-      Status why(Code::kPermissionDenied, "the peer speaks TLS and this side has no TLS (--tls_cert, --tls_key, --tls_ca)");
-      LOG(ERROR) << "conn " << self->id_ << " " << self->peer_ << ": " << why.message();
-      self->decoder_.Commit(0, &self->decoded_).IgnoreError();
-      return self->Close(why);
-    }
-    self->any_read_ = true;
-    self->OnBytes(static_cast<size_t>(nread));
-    return;
-  }
-  if (nread == 0) {
-    if (self->tls_) return;
-    // EAGAIN: tell the decoder nothing arrived so the handed-out region is released.
-    self->decoder_.Commit(0, &self->decoded_).IgnoreError();
-    return;
-  }
-  Status why = nread == UV_EOF ? Status(Code::kUnavailable, "peer closed the connection")
-                               : UvStatus(static_cast<int>(nread), "read");
-  if (self->tls_ && !self->tls_->established()) {
-    why = Status(why.code(), why.message() + " during the TLS handshake (the peer refused it, or it does not speak TLS)");
-    LOG(ERROR) << "conn " << self->id_ << " " << self->peer_ << ": " << why.message();
-  } else if (self->decoder_.mid_frame()) {
-    why = Status(why.code(), why.message() + " in the middle of a frame");
-    LOG(WARNING) << "conn " << self->id_ << " " << self->peer_ << ": " << why;
-  }
-  self->Close(why);
-}
-
-void ConnectionCallbacks::OnWriteDone(uv_write_t* req, int status) {
-  std::unique_ptr<WriteBatch> batch(static_cast<WriteBatch*>(req->data));
-  Connection* self = batch->conn;
-  if (batch->tls_chunk) {
-    self->tls_writing_ = false;
-    if (status < 0) {
-      if (status != UV_ECANCELED) self->Close(UvStatus(status, "write"));
-      return;
-    }
-    self->tls_chunk_ = std::move(batch);
-    self->PumpTls();
-    return;
-  }
-  self->DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
-  if (status < 0 && status != UV_ECANCELED) self->Close(UvStatus(status, "write"));
-}
-
-void ConnectionCallbacks::OnClosed(uv_handle_t* handle) {
-  auto* self = static_cast<Connection*>(handle->data);
-  delete self;  // Released from the table at Close(); touch nothing after this line.
-}
-
 Connection::Connection(ConnectionOwner* owner, EventLoop* loop, ConnId id, uv_tcp_t* tcp,
                        const TransportOptions& options, bool accepted)
     : owner_(owner),
       ledger_(&owner->ledger()),
       loop_(loop),
       id_(id),
-      tcp_(tcp),
+      stream_(this, loop, tcp, StreamConn::Options{}),
       options_(options),
       decoder_(options.limits),
-      last_read_(std::chrono::steady_clock::now()),
-      opened_(last_read_),
+      opened_(stream_.last_read()),
       accepted_(accepted) {
-  tcp_->data = this;
   decoder_.set_budget(options.incomplete_frame_budget);
-  if (options.tcp_nodelay) uv_tcp_nodelay(tcp_, 1);
+  if (options.tcp_nodelay) uv_tcp_nodelay(tcp, 1);
   if (owner_->has_sink()) {
     decoder_.set_sink([this](const pb::MessageMeta& meta, uint64_t tail) -> char* {
       return owner_ != nullptr ? owner_->SinkFor(id_, meta, tail) : nullptr;
@@ -105,21 +36,76 @@ Connection::Connection(ConnectionOwner* owner, EventLoop* loop, ConnId id, uv_tc
       return owner_ != nullptr ? owner_->StreamFor(id_, meta, tail) : nullptr;
     });
   }
-  peer_ = PeerName(tcp_);
+  peer_ = PeerName(tcp);
 }
 
-Connection::~Connection() { delete tcp_; }
+Connection::~Connection() = default;
 
-Status Connection::StartReading() {
+Status Connection::StartReading() { return stream_.StartReading(); }
+
+void Connection::StartTls() {
   DCHECK(loop_->InLoopThread());
-  return UvStatus(uv_read_start(reinterpret_cast<uv_stream_t*>(tcp_), &ConnectionCallbacks::OnAlloc,
-                                &ConnectionCallbacks::OnRead),
-                  "uv_read_start");
+  Status st = stream_.StartTls(options_.tls, /*server=*/accepted_);
+  if (!st.ok()) Close(st);
+}
+
+const std::string& Connection::peer_identity() const { return stream_.peer_identity(); }
+
+void Connection::OnStreamBytes(const char* data, size_t n) {
+  if (n == 0) {
+    // Nothing arrived: the decoder's handed-out region is released.
+    decoder_.Commit(0, &decoded_).IgnoreError();
+    return;
+  }
+  if (!any_read_ && !stream_.tls() && LooksLikeTls(data, n)) {
+    Status why(Code::kPermissionDenied, "the peer speaks TLS and this side has no TLS (--tls_cert, --tls_key, --tls_ca)");
+    LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << why.message();
+    decoder_.Commit(0, &decoded_).IgnoreError();
+    return Close(why);
+  }
+  any_read_ = true;
+  OnBytes(n);
+}
+
+void Connection::OnStreamTls() {
+  VLOG(1) << "conn " << id_ << " " << peer_ << ": TLS established with " << stream_.peer_identity();
+  if (owner_ != nullptr) owner_->OnTlsEstablished(id_);
+}
+
+void Connection::OnStreamFailed(Failure what, const Status& why) {
+  switch (what) {
+    case Failure::kRead:
+      if (stream_.tls() && !stream_.tls_established()) {
+        Status st(why.code(), why.message() + " during the TLS handshake (the peer refused it, or it does not speak TLS)");
+        LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << st.message();
+        return Close(st);
+      }
+      if (decoder_.mid_frame()) {
+        Status st(why.code(), why.message() + " in the middle of a frame");
+        LOG(WARNING) << "conn " << id_ << " " << peer_ << ": " << st;
+        return Close(st);
+      }
+      return Close(why);
+    case Failure::kHandshake:
+      LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << why.message();
+      return Close(why);
+    case Failure::kTlsRead:
+      if (why.code() == Code::kUnavailable) {
+        VLOG(1) << "conn " << id_ << " " << peer_ << ": " << why;
+      } else {
+        LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << why.message();
+      }
+      return Close(why);
+    case Failure::kTlsWrite:
+      LOG(ERROR) << "conn " << id_ << " " << peer_ << ": " << why.message();
+      return Close(why);
+    case Failure::kWrite:
+      return Close(why);
+  }
 }
 
 void Connection::OnBytes(size_t n) {
   DCHECK(loop_->InLoopThread());
-  last_read_ = std::chrono::steady_clock::now();
   Status st = decoder_.Commit(n, &decoded_);
   for (;;) {
     if (owner_ != nullptr) {
@@ -220,20 +206,12 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
     *st = over;
     return nullptr;
   }
-  if (!pending_) {
-    pending_ = spare_ ? std::move(spare_) : std::make_unique<WriteBatch>();
-    pending_->conn = this;
-  }
-  WriteBatch& b = *pending_;
-  const size_t head_len = kHeaderBytes + meta_len + inline_bytes;
-  size_t off = b.head.size();
-  b.head.resize(off + head_len);
-  StoreHeader(FrameHeader{kMagic, static_cast<uint32_t>(meta_len), data_len}, &b.head[off]);
-  meta.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&b.head[off + kHeaderBytes]));
-  StoreMetaPad(pad_len, &b.head[off + kHeaderBytes + fields_len]);
-  b.head_spans.emplace_back(off, head_len);
+  WriteBatch& b = stream_.batch();
+  char* at = b.Add(kHeaderBytes + meta_len + inline_bytes, std::move(payload));
+  StoreHeader(FrameHeader{kMagic, static_cast<uint32_t>(meta_len), data_len}, at);
+  meta.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(at + kHeaderBytes));
+  StoreMetaPad(pad_len, at + kHeaderBytes + fields_len);
   out_offset_ += frame_bytes;
-  b.payloads.push_back(std::move(payload));
   b.bytes += frame_bytes;
   if (shared != nullptr) {
     b.shared_bytes += shared_bytes;
@@ -247,7 +225,7 @@ char* Connection::Append(const pb::MessageMeta& meta, uint64_t data_len, size_t 
     flush_scheduled_ = true;
     owner_->OnFramesQueued(id_);  // one before-poll pass per loop iteration flushes them all
   }
-  return &b.head[off + kHeaderBytes + meta_len];
+  return at + kHeaderBytes + meta_len;
 }
 
 // The per-connection cap, then the transport's total: past the total, only a connection
@@ -301,81 +279,8 @@ void Connection::Detach() {
 void Connection::Flush() {
   DCHECK(loop_->InLoopThread());
   flush_scheduled_ = false;
-  if (!pending_ || closing_) return;
-  if (tls_ && !tls_->established()) return;  // OnCipher flushes once it is
-  std::unique_ptr<WriteBatch> batch = std::move(pending_);
-  std::vector<uv_buf_t>& bufs = iov_;  // reused: no allocation per flush
-  bufs.clear();
-  for (size_t i = 0; i < batch->head_spans.size(); ++i) {
-    auto [off, len] = batch->head_spans[i];
-    if (!bufs.empty() && bufs.back().base + bufs.back().len == &batch->head[off]) {
-      bufs.back().len += len;  // head bytes follow head bytes (no payload between): one iovec
-    } else {
-      bufs.push_back(uv_buf_init(&batch->head[off], static_cast<unsigned>(len)));
-    }
-    const Payload& p = batch->payloads[i];
-    auto add = [&bufs](const char* data, size_t size) {
-      for (size_t at = 0; at < size; at += kMaxIovBytes) {
-        bufs.push_back(uv_buf_init(const_cast<char*>(data + at), static_cast<unsigned>(std::min(size - at, kMaxIovBytes))));
-      }
-    };
-    if (p.head) add(p.head->data(), p.head->size());
-    for (const Slice& s : p.tail) add(s.data, s.size);
-  }
-  if (tls_) {
-    batch->plain.assign(bufs.begin(), bufs.end());
-    tls_plain_.push_back(std::move(batch));
-    PumpTls();
-    return;
-  }
-  Write(std::move(batch), bufs);
-}
-
-void Connection::Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>& bufs) {
-  // Write what the socket takes at once; queue only the rest. On an idle socket this
-  // saves the write request, its deferred callback and an epoll_ctl per flush.
-  auto* stream = reinterpret_cast<uv_stream_t*>(tcp_);
-  int n = uv_try_write(stream, bufs.data(), static_cast<unsigned>(bufs.size()));
-  if (n < 0 && n != UV_EAGAIN) {
-    DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
-    Close(UvStatus(n, "write"));
-    return;
-  }
-  size_t first = 0;
-  for (size_t left = n > 0 ? static_cast<size_t>(n) : 0; left > 0;) {
-    size_t take = std::min<size_t>(left, bufs[first].len);
-    bufs[first].base += take;
-    bufs[first].len -= take;
-    left -= take;
-    if (bufs[first].len == 0) ++first;
-  }
-  while (first < bufs.size() && bufs[first].len == 0) ++first;
-  if (first == bufs.size()) {
-    DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
-    Recycle(std::move(batch));
-    return;
-  }
-  batch->req.data = batch.get();
-  int rc = uv_write(&batch->req, stream, bufs.data() + first,
-                    static_cast<unsigned>(bufs.size() - first), &ConnectionCallbacks::OnWriteDone);
-  if (rc < 0) {
-    DropQueued(batch->bytes, batch->shared_bytes, batch->shared_payloads);
-    Close(UvStatus(rc, "uv_write"));
-    return;
-  }
-  batch.release();  // Freed in OnWriteDone.
-}
-
-void Connection::Recycle(std::unique_ptr<WriteBatch> batch) {
-  // Drop the payload references, keep the storage.
-  batch->head.clear();
-  batch->head_spans.clear();
-  batch->payloads.clear();
-  batch->plain.clear();
-  batch->bytes = 0;
-  batch->shared_bytes = 0;
-  batch->shared_payloads = 0;
-  if (batch->head.capacity() <= (1u << 20)) spare_ = std::move(batch);  // Don't hoard big ones.
+  if (closing_) return;
+  stream_.Flush();
 }
 
 void Connection::CloseAfterFlush(const Status& why) {
@@ -390,9 +295,8 @@ void Connection::Close(const Status& why) {
   closing_ = true;
   close_reason_ = why;
   VLOG(1) << "conn " << id_ << " " << peer_ << " closing: " << why;
-  uv_read_stop(reinterpret_cast<uv_stream_t*>(tcp_));
   if (owner_ != nullptr) owner_->OnClosing(id_, why);  // Table lets go of *this.
-  uv_close(reinterpret_cast<uv_handle_t*>(tcp_), &ConnectionCallbacks::OnClosed);
+  stream_.Close();  // OnStreamClosed frees *this
 }
 
 }  // namespace pscore::comm

@@ -1,4 +1,5 @@
-// Connection: one TCP stream, its frame decoder and its write queue.
+// Connection: frames on one TCP stream (StreamConn: the socket, the write queue, TLS): the
+// frame decoder, frames encoded into the stream's write batches, the transport's ledger.
 // Internal to comm/: owned by its ConnectionOwner's table (the Transport's) while open, by
 // itself while closing (freed in the uv_close callback). Loop thread only. Nobody outside
 // comm/ holds one; they hold its ConnId.
@@ -14,30 +15,23 @@
 
 #include "pscore/comm/connection_owner.h"
 #include "pscore/comm/frame_decoder.h"
+#include "pscore/comm/stream_conn.h"
 #include "pscore/comm/transport_types.h"
 #include "pscore/core/buffer.h"
 #include "pscore/core/clock.h"
 
-struct uv_tcp_s;
-struct uv_buf_t;
-
 namespace pscore::comm {
 
 class EventLoop;
-class TlsSession;
 class TransportLedger;
-struct WriteBatch;
 
 // Payloads up to this size are copied into the write batch (one iovec per run of frames).
 inline constexpr uint64_t kInlinePayloadBytes = 512;
-// A payload part larger than this goes to writev as several iovecs (uv_buf_t's length is
-// an unsigned int: a part of 4 GiB or more would be cut short and break the stream).
-inline constexpr size_t kMaxIovBytes = size_t{256} << 20;
 
-class Connection {
+class Connection final : private StreamUser {
  public:
   // Takes an initialised uv_tcp_t (accepted or connected); ownership passes to *this.
-  Connection(ConnectionOwner* owner, EventLoop* loop, ConnId id, uv_tcp_s* tcp,
+  Connection(ConnectionOwner* owner, EventLoop* loop, ConnId id, uv_tcp_t* tcp,
              const TransportOptions& options, bool accepted);
   ~Connection();
 
@@ -61,7 +55,7 @@ class Connection {
   const std::string& peer() const { return peer_; }
   bool closing() const { return closing_; }
   bool mid_frame() const { return decoder_.mid_frame(); }
-  TimePoint last_read() const { return last_read_; }
+  TimePoint last_read() const { return stream_.last_read(); }
   bool accepted() const { return accepted_; }
   TimePoint opened() const { return opened_; }
   bool heard() const { return heard_; }  // at least one whole frame decoded
@@ -79,22 +73,18 @@ class Connection {
   void Flush();
 
  private:
-  friend struct ConnectionCallbacks;  // libuv trampolines, defined in connection.cc
+  // StreamUser: what the stream reports.
+  char* ReadRegion(size_t* size) override { return decoder_.ReadRegion(size); }
+  void OnStreamBytes(const char* data, size_t n) override;
+  void OnStreamTls() override;
+  void OnStreamFailed(Failure what, const Status& why) override;
+  void OnBatchDone(const WriteBatch& batch) override {
+    DropQueued(batch.bytes, batch.shared_bytes, batch.shared_payloads);
+  }
+  void OnStreamWritten() override {}
+  void OnStreamClosed() override { delete this; }  // released from the table at Close()
+  // Plaintext bytes decoded into frames and delivered.
   void OnBytes(size_t n);
-  // Ciphertext read from the socket: on with the handshake, then plaintext into the decoder.
-  void OnCipher(const char* data, size_t n);
-  void Decrypt();
-  // TLS: writes the ciphertext the session has produced (handshake messages, alerts), then
-  // encrypts the queued plaintext a chunk at a time while the socket takes it.
-  void PumpTls();
-  // TLS: encrypts up to kTlsChunkBytes of the queued plaintext. False when it failed (closed).
-  bool EncryptChunk();
-  // TLS: the gathered small pieces become one record.
-  bool WriteStage();
-  // Writes bufs[...] of `batch` (try first, then queue the rest); owns the batch till done.
-  void Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>& bufs);
-  // A batch written (or encrypted) whole: kept for reuse unless it grew big.
-  void Recycle(std::unique_ptr<WriteBatch> batch);
   // Checks the limits and appends a frame's header and meta plus `inline_bytes` of room to
   // the pending batch (`payload` is referenced after them when not empty). Returns the room,
   // or null with *st set.
@@ -113,15 +103,12 @@ class Connection {
   TransportLedger* ledger_;  // the owner's; null once detached
   EventLoop* loop_;
   ConnId id_;
-  uv_tcp_s* tcp_;
+  StreamConn stream_;
   TransportOptions options_;
   std::string peer_;
   FrameDecoder decoder_;
   uint64_t decoder_copied_ = 0;  // decoder_.copied_payload_bytes() already counted
   std::vector<Frame> decoded_;
-  std::unique_ptr<WriteBatch> pending_;  // frames queued this iteration, flushed before poll
-  std::unique_ptr<WriteBatch> spare_;    // a written batch kept for reuse (no allocation per flush)
-  std::vector<uv_buf_t> iov_;             // scratch scatter/gather list of Flush
   uint64_t queued_bytes_ = 0;            // queued or in flight
   uint64_t shared_queued_bytes_ = 0;     // of which shared payloads
   // The shared payloads queued or in flight, in queue order (batches complete in order):
@@ -131,20 +118,10 @@ class Connection {
   bool flush_scheduled_ = false;
   bool closing_ = false;
   Status close_reason_;
-  TimePoint last_read_;
   TimePoint opened_;
   bool accepted_;
   bool heard_ = false;
   bool any_read_ = false;  // a byte has arrived
-  std::unique_ptr<TlsSession> tls_;
-  // TLS: flushed batches waiting to be encrypted (front first); their plaintext is encrypted
-  // as the socket drains, so the ciphertext of one chunk at most is waiting in libuv.
-  std::deque<std::unique_ptr<WriteBatch>> tls_plain_;
-  size_t tls_iov_ = 0;     // the front batch's plaintext iovec reached
-  size_t tls_iov_at_ = 0;  // and how far into it
-  bool tls_writing_ = false;               // a ciphertext chunk is queued in libuv
-  std::unique_ptr<WriteBatch> tls_chunk_;  // the ciphertext buffer while not queued (reused)
-  std::string tls_stage_;                  // small plaintext pieces gathered into one record
 };
 
 }  // namespace pscore::comm

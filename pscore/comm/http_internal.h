@@ -1,5 +1,6 @@
 // Comm-internal: the HTTP server's connection state and request parsing, shared by
-// http_server.cc and http_request.cc. Included only by those.
+// http_server.cc and http_request.cc. Included only by those. A connection's bytes
+// (socket, write queue, TLS) are its StreamConn's; the requests and answers are its own.
 #pragma once
 
 #include <http_parser.h>
@@ -10,16 +11,25 @@
 #include <vector>
 
 #include "pscore/comm/http_server.h"
-#include "pscore/comm/tls.h"
-
-struct uv_tcp_s;
+#include "pscore/comm/stream_conn.h"
 
 namespace pscore::comm {
 
 // One accepted connection. Owned by the server through conns_; freed in the close callback.
-struct HttpServer::Conn {
-  ~Conn();
-  uv_tcp_s* tcp = nullptr;  // owned: freed with *this, in the close callback
+struct HttpServer::Conn final : StreamUser {
+  Conn(HttpServer* owner, EventLoop* loop, uv_tcp_t* tcp);
+  // StreamUser (http_server.cc): the stream's reports go to the server while it is there.
+  char* ReadRegion(size_t* size) override;
+  void OnStreamBytes(const char* data, size_t n) override;
+  void OnStreamTls() override {}
+  void OnStreamFailed(Failure what, const Status& why) override;
+  void OnBatchDone(const WriteBatch& batch) override;
+  void OnStreamWritten() override;
+  void OnStreamClosed() override;
+  // Output not yet written: queued answers, and under TLS the ciphertext in flight.
+  uint64_t unsent() const { return queued + stream.cipher_unsent(); }
+
+  StreamConn stream;
   HttpServer* server = nullptr;  // null once the server shut down
   HttpConnId id = 0;
   http_parser parser;
@@ -47,10 +57,9 @@ struct HttpServer::Conn {
   // they cannot keep an idle connection alive.
   TimePoint awaiting_since;
   std::string pending;  // received bytes not yet parsed
-  uint64_t queued = 0;  // bytes handed to uv_write and not yet written
-  TimePoint write_progress;  // when queued last went up from 0 or an answer was written
+  uint64_t queued = 0;  // answer bytes queued on the stream, not yet written (TLS: encrypted)
+  TimePoint write_progress;  // when output last went up from none or some was written
   std::vector<std::function<void()>> watchers;
-  std::unique_ptr<TlsSession> tls;  // HTTPS
 };
 
 // http-parser's callbacks, filling the Conn a parser's data points to.

@@ -17,22 +17,12 @@ namespace pscore::comm {
 
 namespace {
 
-struct WriteOp {
-  uv_write_t req;
-  std::string head;
-  std::shared_ptr<const std::string> body;
-  std::string tail;
-  std::string cipher;  // HTTPS: head, body and tail encrypted (what is written)
-  size_t bytes = 0;
-};
-
 // After a refusal is written, how long the client may take to stop sending and close.
 constexpr Duration kLinger = std::chrono::seconds(2);
 
-// One read buffer for all connections: libuv fills it and OnRead consumes it at once.
+// One read buffer for all connections: libuv fills it (HTTPS: the session decrypts into
+// it) and OnRead consumes it at once.
 thread_local char g_read_buf[64 << 10];
-// HTTPS: requests are decrypted here, then parsed like plaintext.
-thread_local char g_plain_buf[64 << 10];
 
 }  // namespace
 
@@ -58,7 +48,46 @@ HttpServer::~HttpServer() {
   loop_->RunAndWait([this] { Shutdown(); });
 }
 
-HttpServer::Conn::~Conn() { delete tcp; }
+// Every answer is queued through libuv, so it completes in a later callback (OnWritten),
+// never inside the Respond that wrote it.
+HttpServer::Conn::Conn(HttpServer* owner, EventLoop* loop, uv_tcp_t* tcp)
+    : stream(this, loop, tcp, StreamConn::Options{/*always_queue=*/true}), server(owner) {}
+
+char* HttpServer::Conn::ReadRegion(size_t* size) {
+  *size = sizeof(g_read_buf);
+  return g_read_buf;
+}
+
+void HttpServer::Conn::OnStreamBytes(const char* data, size_t n) {
+  if (n == 0 || server == nullptr || closing) return;
+  server->OnRead(this, data, n);
+}
+
+void HttpServer::Conn::OnStreamFailed(Failure what, const Status& why) {
+  if (server == nullptr) return stream.Close();
+  if (what == Failure::kHandshake) {
+    LOG(ERROR) << "https: conn " << id << ": " << why.message();
+    ++server->stats_.bad_requests;
+  } else if (what == Failure::kTlsRead && why.code() != Code::kUnavailable) {
+    LOG(ERROR) << "https: conn " << id << ": " << why.message();
+  }
+  server->CloseConn(this);
+}
+
+void HttpServer::Conn::OnBatchDone(const WriteBatch& batch) {
+  queued -= std::min<uint64_t>(queued, batch.bytes);
+  write_progress = SteadyClock().Now();
+}
+
+void HttpServer::Conn::OnStreamWritten() {
+  write_progress = SteadyClock().Now();
+  if (server != nullptr) server->OnWritten(this);
+}
+
+void HttpServer::Conn::OnStreamClosed() {
+  if (server != nullptr) server->OnConnClosed(this);
+  delete this;
+}
 
 Result<int> HttpServer::Listen(const std::string& host, int port) {
   DCHECK(loop_->InLoopThread());
@@ -73,9 +102,8 @@ Result<int> HttpServer::Listen(const std::string& host, int port) {
   Result<TcpListener*> l = TcpListener::Open(loop_, host, port, "http", std::move(cb));
   if (!l.ok()) return Status(l.status().code(), "http: " + l.status().message());
   listener_ = *l;
-  Duration shortest = std::min(options_.request_timeout, options_.idle_timeout);
-  Duration period = std::clamp<Duration>(shortest / 4, std::chrono::milliseconds(10), std::chrono::seconds(1));
-  sweep_timer_ = loop_->AddTimer(period, period, [this] { Sweep(); });
+  sweep_.Start(loop_, ConnSweep::Period(std::min(options_.request_timeout, options_.idle_timeout), std::chrono::seconds(1)),
+               [this] { Sweep(); });
   stop_hook_ = loop_->AddStopHook([this] {
     stop_hook_ = 0;
     Shutdown();
@@ -86,61 +114,20 @@ Result<int> HttpServer::Listen(const std::string& host, int port) {
 
 void HttpServer::OnAccept(uv_tcp_s* tcp) {
   DCHECK(loop_->InLoopThread());
-  auto* c = new Conn;
-  c->tcp = tcp;
-  c->tcp->data = c;
-  c->server = this;
+  auto* c = new Conn(this, loop_, tcp);
   c->id = next_id_++;
   c->awaiting_since = SteadyClock().Now();
   http_parser_init(&c->parser, HTTP_REQUEST);
   c->parser.data = c;
-  uv_tcp_nodelay(c->tcp, 1);
-  if (options_.tls != nullptr) c->tls = std::make_unique<TlsSession>(options_.tls, /*server=*/true);
+  uv_tcp_nodelay(tcp, 1);
   conns_[c->id] = c;
   ++stats_.connections_accepted;
-  uv_read_start(
-      reinterpret_cast<uv_stream_t*>(c->tcp),
-      [](uv_handle_t*, size_t, uv_buf_t* buf) { *buf = uv_buf_init(g_read_buf, sizeof(g_read_buf)); },
-      [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
-        auto* conn = static_cast<Conn*>(s->data);
-        if (conn->server == nullptr || conn->closing) return;
-        if (n < 0) return conn->server->CloseConn(conn);
-        if (n > 0 && conn->tls) return conn->server->OnCipher(conn, buf->base, static_cast<size_t>(n));
-        if (n > 0) conn->server->OnRead(conn, buf->base, static_cast<size_t>(n));
-      });
-}
-
-void HttpServer::OnCipher(Conn* c, const char* data, size_t n) {
-  DCHECK(loop_->InLoopThread());
-  c->tls->Feed(data, n);
-  if (!c->tls->established()) {
-    Status st = c->tls->Handshake();
-    SendCipher(c);  // the next handshake flight, or the alert saying why
-    if (!st.ok()) {
-      LOG(ERROR) << "https: conn " << c->id << ": " << st.message();
-      ++stats_.bad_requests;
-      return CloseConn(c);
-    }
-    if (!c->tls->established()) return;
+  if (options_.tls != nullptr) c->stream.StartTls(options_.tls, /*server=*/true).IgnoreError();  // server: waits
+  Status st = c->stream.StartReading();
+  if (!st.ok()) {
+    LOG(WARNING) << "http: conn " << c->id << ": " << st;
+    CloseConn(c);
   }
-  const HttpConnId id = c->id;
-  for (;;) {
-    Result<size_t> got = c->tls->Read(g_plain_buf, sizeof(g_plain_buf));
-    if (!got.ok()) {
-      if (got.status().code() != Code::kUnavailable) LOG(ERROR) << "https: conn " << id << ": " << got.status().message();
-      SendCipher(c);
-      return CloseConn(c);
-    }
-    if (*got == 0) break;
-    OnRead(c, g_plain_buf, *got);
-    if (Find(id) != c || c->closing) return;
-  }
-  SendCipher(c);
-}
-
-void HttpServer::SendCipher(Conn* c) {
-  if (c->closing || c->tls->pending_cipher() == 0) return;
-  Write(c, "", nullptr, "").IgnoreError();  // closes on error
 }
 
 void HttpServer::OnRead(Conn* c, const char* data, size_t n) {
@@ -189,7 +176,7 @@ void HttpServer::Feed(Conn* c) {
     }
     c->busy = true;
     ++stats_.requests;
-    if (c->tls) c->req.peer_identity = c->tls->peer_identity();
+    c->req.peer_identity = c->stream.peer_identity();
     handler_(id, std::move(c->req));
     if (Find(id) != c) return;  // closed inside the handler (c is still valid until its close callback)
   }
@@ -198,62 +185,34 @@ void HttpServer::Feed(Conn* c) {
 
 Status HttpServer::Write(Conn* c, std::string head, std::shared_ptr<const std::string> body, std::string tail) {
   DCHECK(loop_->InLoopThread());
-  auto* op = new WriteOp;
-  op->head = std::move(head);
-  op->body = std::move(body);
-  op->tail = std::move(tail);
-  uv_buf_t bufs[3];
-  int nbufs = 0;
-  bufs[nbufs++] = uv_buf_init(op->head.data(), op->head.size());
-  if (op->body && !op->body->empty()) {
-    bufs[nbufs++] = uv_buf_init(const_cast<char*>(op->body->data()), op->body->size());
-  }
-  if (!op->tail.empty()) bufs[nbufs++] = uv_buf_init(op->tail.data(), op->tail.size());
-  op->bytes = op->head.size() + (op->body ? op->body->size() : 0) + op->tail.size();
-  if (c->tls) {
-    for (int i = 0; i < nbufs; ++i) {
-      if (bufs[i].len == 0) continue;
-      Status st = c->tls->established() ? c->tls->Write(bufs[i].base, bufs[i].len)
-                                        : Status(Code::kFailedPrecondition, "https: answer before the TLS handshake");
-      if (!st.ok()) {
-        delete op;
-        CloseConn(c);
-        return st;
-      }
-    }
-    c->tls->TakeCipher(&op->cipher);
-    nbufs = 1;
-    bufs[0] = uv_buf_init(op->cipher.data(), op->cipher.size());
-  }
-  op->req.data = c;
-  int rc = uv_write(&op->req, reinterpret_cast<uv_stream_t*>(c->tcp), bufs, nbufs, [](uv_write_t* req, int) {
-    auto* w = reinterpret_cast<WriteOp*>(req);
-    auto* conn = static_cast<Conn*>(req->data);
-    size_t bytes = w->bytes;
-    delete w;
-    if (conn->server != nullptr) conn->server->OnWritten(conn, bytes);
-  });
-  if (rc != 0) {
-    delete op;
-    Status st = UvStatus(rc, "http write");
+  if (c->closing) return Status(Code::kUnavailable, "http connection " + std::to_string(c->id) + " is closing");
+  if (c->stream.tls() && !c->stream.tls_established()) {
     CloseConn(c);
-    return st;
+    return Status(Code::kFailedPrecondition, "https: answer before the TLS handshake");
   }
-  if (c->queued == 0) c->write_progress = SteadyClock().Now();
-  c->queued += op->bytes;
-  stats_.bytes_out += op->bytes;
-  if (c->queued > options_.max_queued_bytes) {
-    LOG(WARNING) << "http: conn " << c->id << " has " << c->queued << " unsent bytes; closing";
+  WriteBatch& b = c->stream.batch();
+  const uint64_t bytes = head.size() + (body ? body->size() : 0) + tail.size();
+  Payload payload;
+  if (body && !body->empty()) payload.tail.push_back(Slice{body, body->data(), body->size()});
+  char* at = b.Add(head.size(), std::move(payload));
+  if (!head.empty()) std::memcpy(at, head.data(), head.size());
+  if (!tail.empty()) std::memcpy(b.Add(tail.size(), Payload()), tail.data(), tail.size());
+  b.bytes += bytes;
+  if (c->unsent() == 0) c->write_progress = SteadyClock().Now();
+  c->queued += bytes;
+  stats_.bytes_out += bytes;
+  c->stream.Flush();
+  if (c->closing) return Status(Code::kUnavailable, "http connection " + std::to_string(c->id) + " failed writing");
+  if (c->unsent() > options_.max_queued_bytes) {
+    LOG(WARNING) << "http: conn " << c->id << " has " << c->unsent() << " unsent bytes; closing";
     CloseConn(c);
     return Status(Code::kResourceExhausted, "http peer not reading");
   }
   return Status::Ok();
 }
 
-void HttpServer::OnWritten(Conn* c, size_t bytes) {
-  c->queued -= std::min<uint64_t>(c->queued, bytes);
-  c->write_progress = SteadyClock().Now();
-  if (!c->close_after_write || c->queued != 0 || c->closing) return;
+void HttpServer::OnWritten(Conn* c) {
+  if (!c->close_after_write || !c->stream.drained() || c->closing) return;
   if (c->refused) return Linger(c);
   CloseConn(c);
 }
@@ -265,13 +224,7 @@ void HttpServer::OnWritten(Conn* c, size_t bytes) {
 void HttpServer::Linger(Conn* c) {
   c->lingering = true;
   c->linger_since = SteadyClock().Now();
-  auto* req = new uv_shutdown_t;
-  req->data = c;
-  int rc = uv_shutdown(req, reinterpret_cast<uv_stream_t*>(c->tcp), [](uv_shutdown_t* r, int) { delete r; });
-  if (rc != 0) {
-    delete req;
-    CloseConn(c);
-  }
+  if (!c->stream.ShutdownWrite()) CloseConn(c);
 }
 
 Status HttpServer::Respond(HttpConnId id, int status, const std::string& content_type, std::string body) {
@@ -351,7 +304,7 @@ Status HttpServer::EndStream(HttpConnId id) {
   if (c->close_after_write) return Status::Ok();  // already ending
   c->close_after_write = true;
   PSCORE_RETURN_IF_ERROR(Write(c, "0\r\n\r\n", nullptr, ""));
-  if (c->queued == 0 && !c->closing) CloseConn(c);
+  if (c->stream.drained() && !c->closing) CloseConn(c);
   return Status::Ok();
 }
 
@@ -382,11 +335,7 @@ void HttpServer::CloseConn(Conn* c) {
   DCHECK(loop_->InLoopThread());
   if (c->closing) return;
   c->closing = true;
-  uv_close(reinterpret_cast<uv_handle_t*>(c->tcp), [](uv_handle_t* h) {
-    auto* conn = static_cast<Conn*>(h->data);
-    if (conn->server != nullptr) conn->server->OnConnClosed(conn);
-    delete conn;
-  });
+  c->stream.Close();  // Conn::OnStreamClosed frees c
 }
 
 void HttpServer::OnConnClosed(Conn* c) {
@@ -405,7 +354,7 @@ void HttpServer::WatchClose(HttpConnId id, std::function<void()> fn) {
 
 uint64_t HttpServer::QueuedBytes(HttpConnId id) const {
   Conn* c = Find(id);
-  return c == nullptr ? 0 : c->queued;
+  return c == nullptr ? 0 : c->unsent();
 }
 
 HttpServer::Conn* HttpServer::Find(HttpConnId id) const {
@@ -424,7 +373,7 @@ void HttpServer::Sweep() {
   std::vector<Conn*> slow, idle, stalled;
   for (auto& [id, c] : conns_) {
     if (c->closing || c->streaming) continue;
-    if (c->tls && !c->tls->established() && now - c->awaiting_since > options_.request_timeout) {
+    if (c->stream.tls() && !c->stream.tls_established() && now - c->awaiting_since > options_.request_timeout) {
       LOG(ERROR) << "https: conn " << c->id << ": TLS handshake not finished within "
                  << ToMillis(options_.request_timeout) << " ms";
       idle.push_back(c);
@@ -434,7 +383,7 @@ void HttpServer::Sweep() {
       if (now - c->linger_since > kLinger) idle.push_back(c);
       continue;
     }
-    if (c->queued > 0 && now - c->write_progress > options_.request_timeout) {
+    if (c->unsent() > 0 && now - c->write_progress > options_.request_timeout) {
       stalled.push_back(c);
       continue;
     }
@@ -445,7 +394,7 @@ void HttpServer::Sweep() {
       // Unparsed input waits only while an answer's write is handed off (Respond posts a
       // Feed); it has the request timeout from the moment the connection began waiting.
       if (now - c->awaiting_since > options_.request_timeout) slow.push_back(c);
-    } else if (now - c->awaiting_since > options_.idle_timeout && c->queued == 0) {
+    } else if (now - c->awaiting_since > options_.idle_timeout && c->unsent() == 0) {
       idle.push_back(c);
     }
   }
@@ -454,7 +403,7 @@ void HttpServer::Sweep() {
   for (Conn* c : idle) CloseConn(c);
   for (Conn* c : stalled) {
     LOG(WARNING) << "http: conn " << c->id << " took no answer within " << ToMillis(options_.request_timeout) << " ms ("
-                 << c->queued << " bytes waiting); closing";
+                 << c->unsent() << " bytes waiting); closing";
     ++stats_.bad_requests;
     CloseConn(c);
   }
@@ -465,8 +414,7 @@ void HttpServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   alive_.Expire();
-  if (sweep_timer_ != 0) loop_->CancelTimer(sweep_timer_);
-  sweep_timer_ = 0;
+  sweep_.Stop();
   if (stop_hook_ != 0) loop_->RemoveStopHook(stop_hook_);
   stop_hook_ = 0;
   if (listener_ != nullptr) {
@@ -479,18 +427,12 @@ void HttpServer::Shutdown() {
     std::vector<std::function<void()>> watchers;
     watchers.swap(c->watchers);
     c->server = nullptr;
-    if (c->streaming && c->queued == 0 && !c->closing) {
+    if (c->streaming && c->stream.drained() && !c->closing) {
       // The stream ends here: its last chunk, so a client (curl) sees a complete answer.
       // Written now or never (the connection closes below); a reader that lags behind
       // (output still queued) is cut off.
-      char last[] = "0\r\n\r\n";
-      std::string cipher;
-      uv_buf_t buf = uv_buf_init(last, sizeof(last) - 1);
-      if (c->tls && c->tls->established() && c->tls->Write(last, sizeof(last) - 1).ok()) {
-        c->tls->TakeCipher(&cipher);
-        buf = uv_buf_init(cipher.data(), cipher.size());
-      }
-      uv_try_write(reinterpret_cast<uv_stream_t*>(c->tcp), &buf, 1);
+      static constexpr char kLast[] = "0\r\n\r\n";
+      c->stream.TryWriteNow(kLast, sizeof(kLast) - 1);
     }
     CloseConn(c);
     for (auto& fn : watchers) fn();

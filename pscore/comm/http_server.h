@@ -16,6 +16,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "pscore/comm/alive.h"
+#include "pscore/comm/conn_sweep.h"
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/tcp_listener.h"
 #include "pscore/core/status.h"
@@ -105,17 +106,15 @@ class HttpServer {
   // Internal (trampolines in the .cc).
   struct Conn;
   void OnAccept(uv_tcp_s* tcp);
+  // Plaintext received (HTTPS: decrypted).
   void OnRead(Conn* c, const char* data, size_t n);
-  // HTTPS: ciphertext read from the socket (handshake, then requests).
-  void OnCipher(Conn* c, const char* data, size_t n);
   void OnConnClosed(Conn* c);
-  void OnWritten(Conn* c, size_t bytes);
-  void OnMessage(Conn* c);
+  // Some output was written: a connection answered for good closes once all of it is.
+  void OnWritten(Conn* c);
 
  private:
+  // Queues head, body (shared, not copied) and tail on the connection's stream and writes.
   Status Write(Conn* c, std::string head, std::shared_ptr<const std::string> body, std::string tail);
-  // HTTPS: writes what the connection's TLS session has produced (handshake, alerts).
-  void SendCipher(Conn* c);
   void Feed(Conn* c);
   // Refuses the connection's request: the answer `status`, then the connection closes
   // (after a linger, see Linger); a late answer to the request is dropped.
@@ -131,7 +130,7 @@ class HttpServer {
   TcpListener* listener_ = nullptr;  // closes itself (Shutdown)
   std::unordered_map<HttpConnId, Conn*> conns_;  // owned; freed in the close callback
   HttpConnId next_id_ = 1;
-  TimerId sweep_timer_ = 0;
+  ConnSweep sweep_;
   uint64_t stop_hook_ = 0;
   bool shut_down_ = false;
   HttpServerStats stats_;

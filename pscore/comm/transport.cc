@@ -45,7 +45,7 @@ void Transport::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (stop_hook_ != 0) loop_->RemoveStopHook(stop_hook_);
-  if (sweep_timer_ != 0) loop_->CancelTimer(sweep_timer_);
+  sweep_.Stop();
   for (TcpListener* l : listeners_) l->Close();
   listeners_.clear();
   std::vector<Dialer*> dialers;
@@ -114,9 +114,7 @@ ConnId Transport::Adopt(uv_tcp_t* tcp, bool accepted, std::function<void(Result<
   ledger_.open_connections = conns_.size();
   ++ledger_.stats().connections_opened;
   if (accepted) ++num_accepted_;
-  if (sweep_timer_ == 0 && SweepPeriod().count() > 0) {
-    sweep_timer_ = loop_->AddTimer(SweepPeriod(), SweepPeriod(), [this] { SweepStalled(); });
-  }
+  if (!sweep_.running() && SweepPeriod().count() > 0) sweep_.Start(loop_, SweepPeriod(), [this] { SweepStalled(); });
   if (options_.tls != nullptr) {
     StartTls(id, accepted, std::move(ready));
   } else {
@@ -178,7 +176,7 @@ Duration Transport::SweepPeriod() const {
     if (d.count() > 0 && (shortest.count() == 0 || d < shortest)) shortest = d;
   }
   if (shortest.count() == 0) return shortest;
-  return std::max<Duration>(shortest / 4, std::chrono::milliseconds(10));
+  return ConnSweep::Period(shortest);
 }
 
 void Transport::SweepStalled() {

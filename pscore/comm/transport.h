@@ -13,6 +13,7 @@
 
 #include "pscore/comm/address.h"
 #include "pscore/comm/alive.h"
+#include "pscore/comm/conn_sweep.h"
 #include "pscore/comm/connection_owner.h"
 #include "pscore/comm/frame_decoder.h"
 #include "pscore/comm/tcp_listener.h"
@@ -124,6 +125,7 @@ class Transport final : private ConnectionOwner {
   ConnId Adopt(uv_tcp_s* tcp, bool accepted, std::function<void(Result<ConnId>)> ready = nullptr);
   void FlushQueued();
   void SweepStalled();
+  // The sweep period for the timeouts set, or zero when none is.
   Duration SweepPeriod() const;
   void StartAuth(ConnId id, bool accepted, std::function<void(Result<ConnId>)> ready);
   void OnAuthFrame(ConnId id, Frame&& frame);
@@ -153,7 +155,7 @@ class Transport final : private ConnectionOwner {
   size_t num_accepted_ = 0;  // open accepted connections (against max_accepted_connections)
   AcceptCap accept_cap_;
   uint64_t stop_hook_ = 0;
-  uint64_t sweep_timer_ = 0;
+  ConnSweep sweep_;
   bool shut_down_ = false;
   TransportLedger ledger_;
   AliveToken alive_;

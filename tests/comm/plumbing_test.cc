@@ -1,5 +1,5 @@
 // The small pieces comm's TCP plumbing shares: the address parser, the retry policy, the
-// liveness token and the accept cap.
+// liveness token, the accept cap and the connection sweep.
 #include "comm/test_util.h"  // first: sets up Catch's CHECK
 
 #include <sys/socket.h>
@@ -7,6 +7,7 @@
 #include "pscore/comm/address.h"
 #include "pscore/comm/alive.h"
 #include "pscore/comm/backoff.h"
+#include "pscore/comm/conn_sweep.h"
 #include "pscore/comm/tcp_listener.h"
 
 namespace pscore::comm {
@@ -119,6 +120,39 @@ TEST_CASE("listener: a bad host fails before anything is bound - port 0 reports 
   REQUIRE(port.ok());
   CHECK(*port > 0);
   CHECK(loop.Stop().ok());  // the listener's handle was closed: uv_loop_close succeeds
+}
+
+TEST_CASE("conn sweep: runs at a quarter of the shortest timeout within its bounds, and not after Stop",
+          "[comm][sweep]") {
+  using std::chrono::milliseconds;
+  using std::chrono::seconds;
+  CHECK(ConnSweep::Period(seconds(2)) == milliseconds(500));
+  CHECK(ConnSweep::Period(milliseconds(8)) == milliseconds(10));  // at least 10 ms
+  CHECK(ConnSweep::Period(seconds(10), seconds(1)) == seconds(1));
+  CHECK(ConnSweep::Period(milliseconds(1), milliseconds(1)) == milliseconds(10));
+
+  EventLoop loop("sweep-test");
+  REQUIRE(loop.Start().ok());
+  std::atomic<int> passes{0};
+  ConnSweep sweep;
+  OnLoop(loop, [&] {
+    sweep.Start(&loop, milliseconds(10), [&] { ++passes; });
+    sweep.Start(&loop, milliseconds(10), [&] { passes += 1000; });  // already running: ignored
+    return sweep.running();
+  });
+  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (passes.load() < 3 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(5));
+  const int at_stop = OnLoop(loop, [&] {
+    sweep.Stop();
+    sweep.Stop();  // idempotent
+    return passes.load();
+  });
+  CHECK(at_stop >= 3);
+  CHECK(at_stop < 1000);
+  std::this_thread::sleep_for(milliseconds(50));
+  CHECK(passes.load() == at_stop);
+  CHECK_FALSE(OnLoop(loop, [&] { return sweep.running(); }));
+  CHECK(loop.Stop().ok());
 }
 
 }  // namespace
