@@ -3,6 +3,10 @@
 // API (one round trip per call) from many threads. Figures:
 //   kv_small_pairs_per_s   KvSet + KvGet of 100-byte values, --clients nodes, each with
 //                          --threads_per_client threads (one call in flight per thread);
+//   kv_small_shared_*      the same threads, --shared_threads_per_node of them sharing one
+//                          node (and its link to the scheduler);
+//   kv_small_async_*       --async_depth set+get chains per client through the asynchronous
+//                          calls (the baseline of the *_vs_async_ratio figures);
 //   kv_1mib_mb_per_s       the same with 1 MiB values: value bytes moved (set + get) per s;
 //   kv_rtt_median_us       one KvTryGet at a time from one client (the round-trip floor);
 //   barrier64_release_*    64 nodes, 63 arrive and wait; then the last arrives: from just
@@ -47,8 +51,9 @@ using node::WorkerNode;
 
 struct Config {
   std::string mode = "all";  // all | kv | kvbig | barrier | fanout
-  int clients = 16;
+  int clients = 32;
   int threads_per_client = 1;
+  int shared_threads_per_node = 8;  // kv_small_shared: threads sharing one node
   int async_depth = 8;  // kv_small_async: set+get pairs in flight per client
   int client_loops = 2;
   double duration_s = 3;
@@ -123,17 +128,52 @@ class Job {
   std::vector<std::unique_ptr<Node>> nodes_;
 };
 
-// Set+get pairs per second with values of `bytes`, every thread on its own key.
-double KvPairsPerSecond(const Config& cfg, Job& job, size_t bytes, const char* prefix) {
+// What the whole process spent in a measured window (every thread: the callers, the client
+// loops and the scheduler's), per pair: CPU time and context switches. On a loaded machine
+// these move less than a rate does.
+struct Cost {
+  double cpu_us = 0;
+  double switches = 0;
+};
+
+class CostMeter {
+ public:
+  CostMeter() { getrusage(RUSAGE_SELF, &start_); }
+  Cost PerPair(uint64_t pairs) const {
+    rusage end{};
+    getrusage(RUSAGE_SELF, &end);
+    auto us = [](const timeval& t) { return t.tv_sec * 1e6 + t.tv_usec; };
+    const double cpu = us(end.ru_utime) - us(start_.ru_utime) + us(end.ru_stime) - us(start_.ru_stime);
+    const double sw = (end.ru_nvcsw - start_.ru_nvcsw) + (end.ru_nivcsw - start_.ru_nivcsw);
+    const double n = pairs == 0 ? 1 : static_cast<double>(pairs);
+    return Cost{cpu / n, sw / n};
+  }
+
+ private:
+  rusage start_{};
+};
+
+void PrintCost(const std::string& name, const Cost& c) {
+  Print((name + "_cpu_us_per_pair").c_str(), c.cpu_us, "us");
+  Print((name + "_switches_per_pair").c_str(), c.switches, "switches");
+}
+
+// Set+get pairs per second with values of `bytes`, every thread on its own key: the
+// clients x threads_per_client threads, each on node t / `threads_per_node` (0: thread
+// t of client c on node c).
+double KvPairsPerSecond(const Config& cfg, Job& job, size_t bytes, const char* prefix, int threads_per_node = 0,
+                        Cost* cost = nullptr) {
   const std::string value(bytes, 'v');
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> pairs{0}, errors{0};
   std::vector<std::thread> threads;
+  const CostMeter meter;
   const auto start = Clock::now();
   for (int c = 0; c < cfg.clients; ++c) {
     for (int t = 0; t < cfg.threads_per_client; ++t) {
-      threads.emplace_back([&, c, t] {
-        Node& n = job.node(c);
+      const int index = c * cfg.threads_per_client + t;
+      threads.emplace_back([&, c, t, index] {
+        Node& n = job.node(threads_per_node > 0 ? index / threads_per_node : c);
         const std::string key = std::string(prefix) + "/c" + std::to_string(c) + "/t" + std::to_string(t);
         while (!stop.load(std::memory_order_relaxed)) {
           Status st = n.KvSet(key, value);
@@ -151,6 +191,7 @@ double KvPairsPerSecond(const Config& cfg, Job& job, size_t bytes, const char* p
   stop = true;
   for (auto& t : threads) t.join();
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  if (cost != nullptr) *cost = meter.PerPair(pairs.load());
   if (errors.load() != 0) std::fprintf(stderr, "coord_bench: %llu failed pairs\n", (unsigned long long)errors.load());
   return pairs.load() / secs;
 }
@@ -158,7 +199,7 @@ double KvPairsPerSecond(const Config& cfg, Job& job, size_t bytes, const char* p
 // Set+get pairs per second through the asynchronous client: each client keeps `depth`
 // chains in flight (set, then get of the same key, then the next set), issued from the
 // callbacks on its loop thread; no user thread waits per call.
-double KvAsyncPairsPerSecond(const Config& cfg, Job& job, size_t bytes, const char* prefix) {
+double KvAsyncPairsPerSecond(const Config& cfg, Job& job, size_t bytes, const char* prefix, Cost* cost) {
   const std::string value(bytes, 'v');
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> pairs{0}, errors{0};
@@ -200,6 +241,7 @@ double KvAsyncPairsPerSecond(const Config& cfg, Job& job, size_t bytes, const ch
     }
   }
   chains = static_cast<int>(all.size());
+  const CostMeter meter;
   const auto start = Clock::now();
   for (auto& c : all) step(c.get());
   std::this_thread::sleep_for(std::chrono::duration<double>(cfg.duration_s));
@@ -210,6 +252,7 @@ double KvAsyncPairsPerSecond(const Config& cfg, Job& job, size_t bytes, const ch
     std::unique_lock<std::mutex> lock(mu);
     if (!cv.wait_for(lock, 30s, [&] { return chains.load() == 0; })) Job::Die("async chains did not end");
   }
+  *cost = meter.PerPair(pairs.load());
   if (errors.load() != 0) std::fprintf(stderr, "coord_bench: %llu failed async pairs\n", (unsigned long long)errors.load());
   return counted / secs;
 }
@@ -225,13 +268,27 @@ void RunKv(const Config& cfg, bool small, bool big) {
       rtt.push_back(Us(Clock::now() - t0));
     }
     Print("kv_rtt_median_us", Median(rtt), "us");
-    const double pairs = KvPairsPerSecond(cfg, job, 100, "small");
+    Cost own, shared_cost, async_cost;
+    const double pairs = KvPairsPerSecond(cfg, job, 100, "small", 0, &own);
     Print("kv_small_pairs_per_s", pairs, "pairs/s");
     std::printf("target kv_small_pairs_per_s >= 100000: %.2fx\n", pairs / 100000);
-    const double async_pairs = KvAsyncPairsPerSecond(cfg, job, 100, "async");
+    const int threads = cfg.clients * cfg.threads_per_client;
+    const int per_node = std::min(cfg.shared_threads_per_node, threads);
+    const double shared = KvPairsPerSecond(cfg, job, 100, "shared", per_node, &shared_cost);
+    std::printf("kv_small_shared_pairs_per_s %.3f pairs/s (%d threads on %d nodes)\n", shared, threads,
+                (threads + per_node - 1) / per_node);
+    std::printf("target kv_small_shared_pairs_per_s >= 100000: %.2fx\n", shared / 100000);
+    const double async_pairs = KvAsyncPairsPerSecond(cfg, job, 100, "async", &async_cost);
     std::printf("kv_small_async_pairs_per_s %.3f pairs/s (%d clients, %d pairs in flight each)\n", async_pairs,
                 cfg.clients, cfg.async_depth);
     std::printf("target kv_small_async_pairs_per_s >= 100000: %.2fx\n", async_pairs / 100000);
+    // The blocking calls against the asynchronous ones of the same run (1.0: no cost for
+    // the waiting threads).
+    Print("kv_small_blocking_vs_async_ratio", pairs / async_pairs, "x");
+    Print("kv_small_shared_vs_async_ratio", shared / async_pairs, "x");
+    PrintCost("kv_small", own);
+    PrintCost("kv_small_shared", shared_cost);
+    PrintCost("kv_small_async", async_cost);
   }
   if (big) {
     const double pairs = KvPairsPerSecond(cfg, job, 1u << 20, "big");
@@ -333,7 +390,10 @@ void RunBarrier(const Config& cfg) {
   constexpr int kNodes = 64;
   Job job(kNodes, cfg.client_loops, 1s);
   std::mutex mu;
-  std::condition_variable cv;
+  // Two condition variables: a returning thread wakes only the main thread, not the threads
+  // already back and waiting for the next round (their wake-ups would compete for the CPU
+  // with the threads still being released, inside the measured window).
+  std::condition_variable start_cv, done_cv;
   int round = -1, done = 0, failed = 0;
   std::vector<std::vector<Clock::time_point>> released(cfg.rounds, std::vector<Clock::time_point>(kNodes));
   std::vector<std::thread> threads;
@@ -342,15 +402,14 @@ void RunBarrier(const Config& cfg) {
       for (int r = 0; r < cfg.rounds; ++r) {
         {
           std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] { return round >= r; });
+          start_cv.wait(lock, [&] { return round >= r; });
         }
         Status st = job.node(i).Barrier("release", 30s);
         const auto t = Clock::now();
         std::lock_guard<std::mutex> lock(mu);
         released[r][i] = t;
         failed += st.ok() ? 0 : 1;
-        ++done;
-        cv.notify_all();
+        if (++done == (r + 1) * (kNodes - 1)) done_cv.notify_one();
       }
     });
   }
@@ -360,7 +419,7 @@ void RunBarrier(const Config& cfg) {
       std::lock_guard<std::mutex> lock(mu);
       round = r;
     }
-    cv.notify_all();
+    start_cv.notify_all();
     const auto deadline = Clock::now() + 30s;
     while (Arrived(job.sched(), "release") < kNodes - 1) {
       if (Clock::now() > deadline) Job::Die("barrier arrivals");
@@ -370,7 +429,7 @@ void RunBarrier(const Config& cfg) {
     if (!job.node(kNodes - 1).Barrier("release", 30s).ok()) ++failed;
     released[r][kNodes - 1] = Clock::now();
     std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done == (r + 1) * (kNodes - 1); });
+    done_cv.wait(lock, [&] { return done == (r + 1) * (kNodes - 1); });
     auto [lo, hi] = std::minmax_element(released[r].begin(), released[r].end());
     first.push_back(Us(*lo - t0));
     last.push_back(Us(*hi - t0));
@@ -394,7 +453,7 @@ void RunBarrier(const Config& cfg) {
         at[i] = t;
         failed += st.ok() ? 0 : 1;
         ++answered;
-        cv.notify_all();
+        done_cv.notify_all();
       });
     };
     for (int i = 0; i < kNodes - 1; ++i) arrive(i);
@@ -406,13 +465,16 @@ void RunBarrier(const Config& cfg) {
     const auto t0 = Clock::now();
     arrive(kNodes - 1);
     std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, 30s, [&] { return answered == kNodes; })) Job::Die("async barrier release");
+    if (!done_cv.wait_for(lock, 30s, [&] { return answered == kNodes; })) Job::Die("async barrier release");
     async_last.push_back(Us(*std::max_element(at.begin(), at.end()) - t0));
   }
   if (failed != 0) std::fprintf(stderr, "coord_bench: %d barrier calls failed\n", failed);
   Print("barrier64_async_release_median_us", Median(async_last), "us");
   Print("barrier64_async_release_max_us", *std::max_element(async_last.begin(), async_last.end()), "us");
   std::printf("target barrier64_async_release_median_us <= 500: %.2fx\n", 500 / Median(async_last));
+  // Blocking release time over asynchronous release time of the same run (1.0: waking the
+  // blocked threads costs nothing).
+  Print("barrier64_release_vs_async_ratio", Median(last) / Median(async_last), "x");
   std::vector<double> loop_rounds = LoopBarrierRounds(cfg, job, kNodes);
   Print("barrier64_loop_release_median_us", Median(loop_rounds), "us");
   Print("barrier64_loop_release_max_us", *std::max_element(loop_rounds.begin(), loop_rounds.end()), "us");
@@ -466,6 +528,7 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     auto val = [&a]() { return a.substr(a.find('=') + 1); };
     if (a.rfind("--clients=", 0) == 0) cfg.clients = std::stoi(val());
+    else if (a.rfind("--shared_threads_per_node=", 0) == 0) cfg.shared_threads_per_node = std::stoi(val());
     else if (a.rfind("--async_depth=", 0) == 0) cfg.async_depth = std::stoi(val());
     else if (a.rfind("--threads_per_client=", 0) == 0) cfg.threads_per_client = std::stoi(val());
     else if (a.rfind("--client_loops=", 0) == 0) cfg.client_loops = std::stoi(val());
@@ -475,7 +538,8 @@ int main(int argc, char** argv) {
     else if (a.rfind("--fanout_reps=", 0) == 0) cfg.fanout_reps = std::stoi(val());
     else if (a.rfind("--", 0) != 0) cfg.mode = a;
     else {
-      std::fprintf(stderr, "usage: coord_bench [all|kv|kvbig|barrier|fanout] [--clients=16] [--threads_per_client=1] [--async_depth=8]"
+      std::fprintf(stderr, "usage: coord_bench [all|kv|kvbig|barrier|fanout] [--clients=32] [--threads_per_client=1]"
+                           " [--shared_threads_per_node=8] [--async_depth=8]"
                            " [--client_loops=2] [--duration_s=3] [--rounds=100] [--fanout_nodes=256] [--fanout_reps=20]\n");
       return 2;
     }
