@@ -2,6 +2,7 @@
 #include <memory>
 
 #include "binding.h"
+#include "pscore/core/role_names.h"
 #include "pscore/node/common/admin_client.h"
 
 namespace pscore::python {
@@ -22,7 +23,7 @@ py::dict AdminDict(const pb::AdminResponse& r) {
   for (const auto& n : r.nodes()) {
     py::dict nd;
     nd["node_id"] = n.node_id();
-    nd["role"] = pb::NodeRole_Name(n.role());
+    nd["role"] = core::RoleLabel(n.role());  // as pscore-admin nodes --json writes it
     nd["rank"] = n.rank_id();
     nd["host"] = n.ip();
     nd["port"] = n.port();

@@ -247,6 +247,8 @@ def test_admin_client(job2):
         assert st["server_num"] == 2 and st["worker_num"] == 1
         ids = sorted(n["node_id"] for n in a.nodes())
         assert ids == ["s0", "s1", "w0"]
+        # Roles are spelled as pscore-admin nodes --json spells them.
+        assert {n["node_id"]: n["role"] for n in a.nodes()} == {"s0": "server", "s1": "server", "w0": "worker"}
 
 
 def test_gil_released_during_blocking_calls(job):

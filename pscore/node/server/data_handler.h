@@ -35,11 +35,12 @@ class Responder {
   void Reply(Payload payload = nullptr) const;
   void Fail(const Status& status) const;
 
- private:
-  friend class ServerNode;
-  // `send` runs on `loop`'s thread, once, unless `alive` has expired by then.
+  // For whoever hosts handlers (ServerNode; a test driving a service directly): `send`
+  // runs on `loop`'s thread, once, unless `alive` has expired by then.
   static Responder Make(comm::EventLoop* loop, comm::AliveToken::Watch alive,
                         std::function<void(const Status&, Payload)> send);
+
+ private:
   struct State;
   std::shared_ptr<State> state_;
 };

@@ -15,6 +15,7 @@ using comm::Frame;
 
 namespace {
 constexpr size_t kMigrateChunkBytes = 32u << 20;
+constexpr uint64_t kMigrationLane = 0;  // the executor affinity of the migration lane
 
 pb::MessageMeta HandlerMeta(const char* handler) {
   pb::MessageMeta meta;
@@ -35,6 +36,15 @@ KeyMigration::KeyMigration(std::string node_id, comm::EventLoop* loop, Executor*
       links_(links) {}
 
 void KeyMigration::HandleEntries(const DataRequest& req, Responder r) {
+  if (executor_ && drops_queued_.load(std::memory_order_acquire) > 0) {
+    // A drop for an earlier view is queued: these entries, perhaps of a range it would
+    // erase, are stored after it.
+    return OnLane([this, req, r] { HandleEntries(req, r); });
+  }
+  StoreEntries(req, r);
+}
+
+void KeyMigration::StoreEntries(const DataRequest& req, const Responder& r) {
   const char* data = req.payload ? req.payload->data() : "";
   size_t size = req.payload ? req.payload->size() : 0;
   Result<core::KvView> view = core::DecodeKvPairs(data, size, /*expect_values=*/true);
@@ -50,7 +60,27 @@ void KeyMigration::HandleWindow(const DataRequest& req, Responder r) {
   st.ok() ? r.Reply(nullptr) : r.Fail(st);
 }
 
-size_t KeyMigration::DropNotHeld(int rank, int n, int replicas, bool changed) {
+void KeyMigration::OnLane(std::function<void()> work) {
+  if (executor_) {
+    executor_->Submit(kMigrationLane, std::move(work));
+  } else {
+    work();
+  }
+}
+
+void KeyMigration::DropNotHeld(int rank, int n, int replicas, bool changed, std::function<void(size_t)> dropped) {
+  DCHECK(loop_->InLoopThread());
+  drops_queued_.fetch_add(1, std::memory_order_release);
+  // The scan, and the journal record with its compaction, keep off the loop thread.
+  OnLane([this, rank, n, replicas, changed, dropped = std::move(dropped)] {
+    params_->ConfirmRestored();  // this server is a member with this view: they are its own
+    const size_t count = Drop(rank, n, replicas, changed);
+    drops_queued_.fetch_sub(1, std::memory_order_release);
+    dropped(count);
+  });
+}
+
+size_t KeyMigration::Drop(int rank, int n, int replicas, bool changed) {
   core::ParamStore& store = params_->store();
   size_t dropped = 0;
   if (replicas <= 1 && store.HasNotOwned(rank, n)) {
@@ -94,7 +124,7 @@ void KeyMigration::OnScaleOutReady(const pb::SendMetadataMessage& md, std::funct
       auto lock = ownership_->Exclusive();
       ownership_->Adopt(md.rank_id(), old_n, /*replicas=*/1);
     }
-    params_->ConfirmRestored();
+    OnLane([this] { params_->ConfirmRestored(); });
     LOG(INFO) << "server " << node_id_ << " restarted during a scale-out: serves its old key range " << md.rank_id()
               << "/" << old_n << " and moves what it no longer owns";
     old_member = true;
@@ -102,16 +132,18 @@ void KeyMigration::OnScaleOutReady(const pb::SendMetadataMessage& md, std::funct
   if (!old_member) {
     // A new server: it receives entries (some may have arrived already); workers send
     // nothing until READY. Entries it restored from a journal of an earlier membership
-    // and no owner has sent again are stale.
-    if (size_t stale = params_->DropUnconfirmedRestored(); stale > 0) {
-      LOG(WARNING) << "server " << node_id_ << " joins as a new server: dropped " << stale
-                   << " keys restored from an earlier membership";
-    }
-    {
-      auto lock = ownership_->Exclusive();
-      ownership_->Adopt(md.rank_id(), md.server_num());
-    }
-    done();
+    // and no owner has sent again are stale: dropped before its part is done.
+    OnLane([this, rank = md.rank_id(), n = md.server_num(), done = std::move(done)] {
+      if (size_t stale = params_->DropUnconfirmedRestored(); stale > 0) {
+        LOG(WARNING) << "server " << node_id_ << " joins as a new server: dropped " << stale
+                     << " keys restored from an earlier membership";
+      }
+      {
+        auto lock = ownership_->Exclusive();
+        ownership_->Adopt(rank, n);
+      }
+      done();
+    });
     return;
   }
   // Scale-out keeps existing ranks: the new owner's rank is its rank in md.
@@ -169,11 +201,7 @@ void KeyMigration::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, 
     });
   };
   // Copying the entries may take a while: keep it off the loop thread when possible.
-  if (executor_) {
-    executor_->Submit(0, std::move(work));
-  } else {
-    work();
-  }
+  OnLane(std::move(work));
 }
 
 std::map<int, std::vector<uint64_t>> KeyMigration::PlanMoves(const KeyView& old, int rank, int n,

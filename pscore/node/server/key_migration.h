@@ -9,11 +9,15 @@
 // workers re-send them under the new metadata. Moved entries are erased only when the
 // cluster is READY under the new view (DropNotHeld), so a rollback needs no copying back.
 //
-// Threads: the switch and the encoding run on an executor thread (the loop thread without
-// one); sending runs on the loop thread; the handlers run where handlers run. State lives
-// in KeyOwnership and ParamService. Owned by ServerNode.
+// Threads: what scans or rewrites the store (the switch, the encoding, the drops) runs on
+// the migration lane, one executor thread (the loop thread without an executor), in the
+// order asked; sending runs on the loop thread; the handlers run where handlers run.
+// Entries that arrive while a drop is queued are stored after it, on the same lane, so a
+// drop computed for a view never erases what a later scale moved here. State lives in
+// KeyOwnership and ParamService. Owned by ServerNode.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -42,14 +46,20 @@ class KeyMigration {
   // Scale-in started under the metadata `md`; msg names the leaving nodes.
   void OnScaleInStart(const pb::SendMetadataMessage& md, const pb::ScaleInMessage& msg,
                       std::function<void()> done);
-  // Stable under the view (rank, n, replicas): entries moved away (or copied here by a
-  // rolled-back operation) are no longer needed here. `changed`: the view changed (with
-  // replicas the ranges held are then checked). Returns how many keys were dropped.
-  size_t DropNotHeld(int rank, int n, int replicas, bool changed);
+  // Loop thread. Stable under the view (rank, n, replicas): the entries restored from the
+  // journal are this server's, and entries moved away (or copied here by a rolled-back
+  // operation) are no longer needed here. `changed`: the view
+  // changed (with replicas the ranges held are then checked). Drops them on the migration
+  // lane, then calls dropped(how many keys) there.
+  void DropNotHeld(int rank, int n, int replicas, bool changed, std::function<void(size_t)> dropped);
 
  private:
   // Encoded entries by destination rank, each payload at most kMigrateChunkBytes of values.
   using Batches = std::map<int, std::vector<BufferPtr>>;
+  // Runs work on the migration lane (inline without an executor).
+  void OnLane(std::function<void()> work);
+  size_t Drop(int rank, int n, int replicas, bool changed);
+  void StoreEntries(const DataRequest& req, const Responder& r);
   // Switches the view to (rank, n) and ships the entries it no longer owns to
   // dest_rank(new range) (a rank of the current metadata); done() once all are stored.
   void MoveKeys(int rank, int n, std::function<int(int)> dest_rank, std::function<void()> done);
@@ -69,6 +79,7 @@ class KeyMigration {
   KeyOwnership* const ownership_;
   ParamService* const params_;
   ServerLinks* const links_;
+  std::atomic<int> drops_queued_{0};  // drops asked for and not yet done
 };
 
 }  // namespace pscore::node

@@ -259,13 +259,12 @@ void ServerNode::RefreshView() {
   }
   if (!fetches.empty()) resync_.StartFetches(std::move(fetches));
   mailbox_.OnServerCount(n);
-  params_.ConfirmRestored();  // this server is a member with this view: they are its own
-  const size_t dropped = migration_.DropNotHeld(rank, n, replicas, changed);
-  if (changed || dropped > 0) {
-    LOG(INFO) << "server " << options_.node_id << " serves key range " << rank << "/" << n
+  migration_.DropNotHeld(rank, n, replicas, changed, [id = options_.node_id, rank, n, replicas, changed](size_t dropped) {
+    if (!changed && dropped == 0) return;
+    LOG(INFO) << "server " << id << " serves key range " << rank << "/" << n
               << (replicas > 1 ? " (replicas " + std::to_string(replicas) + ")" : "")
               << (dropped ? " (dropped " + std::to_string(dropped) + " keys owned elsewhere)" : "");
-  }
+  });
 }
 
 void ServerNode::OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) {

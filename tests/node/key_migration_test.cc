@@ -1,0 +1,146 @@
+// KeyMigration without sockets: a drop computed for one view and entries moved here for
+// the next, in both orders the threads allow.
+#include <chrono>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "pscore/comm/event_loop.h"
+#include "pscore/core/key_range.h"
+#include "pscore/core/kv_codec.h"
+#include "pscore/node/common/executor.h"
+#include "pscore/node/server/key_migration.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::node {
+namespace {
+
+class NoLinks : public ServerLinks {
+ public:
+  void CallServer(int, pb::MessageMeta, BufferPtr, std::function<void(Result<comm::Frame>)> done) override {
+    done(Status(Code::kUnavailable, "test: no other servers"));
+  }
+};
+
+// The first key from `from` whose range is `range` of `n` and, when `then_n` > 0, range
+// `then_range` of `then_n`.
+uint64_t KeyIn(uint64_t from, int range, int n, int then_range = -1, int then_n = 0) {
+  for (uint64_t key = from; key < from + 1000000; ++key) {
+    if (core::ServerForKey(key, n) != range) continue;
+    if (then_n > 0 && core::ServerForKey(key, then_n) != then_range) continue;
+    return key;
+  }
+  FAIL("no key of range " << range << "/" << n << " then " << then_range << "/" << then_n);
+  return 0;
+}
+
+struct Server {
+  comm::EventLoop loop{"migration-test"};
+  KeyOwnership ownership{"s0"};
+  NoLinks links;
+  ParamService params{ParamService::Options{"s0", "", 0, 0}, core::ParamStore::Options{}, &loop, &ownership, &links,
+                      std::make_shared<std::atomic<uint64_t>>(0)};
+  Executor executor{2};
+  comm::AliveToken alive;
+  KeyMigration migration{"s0", &loop, &executor, alive.watch(), &ownership, &params, &links};
+
+  Server() {
+    REQUIRE(loop.Start().ok());
+    REQUIRE(params.Open().ok());
+    auto lock = ownership.Exclusive();
+    ownership.Adopt(/*rank=*/1, /*n=*/2, /*replicas=*/1);
+  }
+  ~Server() {
+    executor.Shutdown();
+    params.Stop();
+    loop.Stop().IgnoreError();
+  }
+  bool Has(uint64_t key) const {
+    uint32_t len = 0;
+    return params.store().Lens(&key, 1, &len).ok();
+  }
+};
+
+TEST_CASE("migration: entries moved here while a drop of an earlier view is queued survive it",
+          "[node][server][scaling]") {
+  Server s;
+  // Rank 1 of 2 holds a key of range 0 (moved away by the last scale): the drop takes it.
+  const uint64_t stale = KeyIn(0, /*range=*/0, /*n=*/2);
+  s.params.store().Insert(stale, std::vector<float>(4, 1.0f));
+  // The next scale-out (3 servers) gives rank 1 a key of what was range 0 of 2.
+  const uint64_t moved = KeyIn(stale + 1, /*range=*/0, /*n=*/2, /*then_range=*/1, /*then_n=*/3);
+
+  // The migration lane is busy (a long encoding, say) when the view settles.
+  std::promise<void> release;
+  std::shared_future<void> busy = release.get_future().share();
+  s.executor.Submit(0, [busy] { busy.wait(); });
+  std::promise<size_t> dropped;
+  s.loop.RunAndWait([&] {
+    s.migration.DropNotHeld(1, 2, 1, /*changed=*/true, [&](size_t count) { dropped.set_value(count); });
+  });
+
+  // Another server's entries for the next view arrive on a handler thread meanwhile.
+  std::promise<Status> answered;
+  Responder r = Responder::Make(&s.loop, s.alive.watch(),
+                                [&](const Status& st, Payload) { answered.set_value(st); });
+  const uint32_t len = 4;
+  const std::vector<float> values(len, 7.0f);
+  DataRequest req;
+  req.from_role = pb::SERVER;
+  req.handler = kMigrateHandler;
+  req.payload = core::EncodeKvPairs(&moved, 1, &len, values.data(), values.size());
+  s.migration.HandleEntries(req, r);
+  release.set_value();
+
+  std::future<size_t> drop_done = dropped.get_future();
+  std::future<Status> stored = answered.get_future();
+  REQUIRE(drop_done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  REQUIRE(stored.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(stored.get().ok());
+  CHECK(drop_done.get() == 1);
+  CHECK_FALSE(s.Has(stale));
+  REQUIRE(s.Has(moved));
+  std::vector<uint32_t> lens;
+  std::vector<float> got;
+  REQUIRE(s.params.store().Pull(&moved, 1, &lens, &got).ok());
+  CHECK(got == values);
+}
+
+TEST_CASE("migration: a drop runs off the loop thread and entries with no drop queued are stored at once",
+          "[node][server][scaling]") {
+  Server s;
+  const uint64_t stale = KeyIn(0, /*range=*/0, /*n=*/2);
+  s.params.store().Insert(stale, std::vector<float>(2, 1.0f));
+  std::promise<bool> on_loop;
+  std::promise<size_t> dropped;
+  s.loop.RunAndWait([&] {
+    s.migration.DropNotHeld(1, 2, 1, /*changed=*/true, [&](size_t count) {
+      on_loop.set_value(s.loop.InLoopThread());
+      dropped.set_value(count);
+    });
+  });
+  std::future<size_t> drop_done = dropped.get_future();
+  REQUIRE(drop_done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(drop_done.get() == 1);
+  CHECK_FALSE(on_loop.get_future().get());
+
+  // No drop queued: the entries are stored by the calling thread before it returns.
+  const uint64_t moved = KeyIn(stale + 1, /*range=*/0, /*n=*/2);
+  const uint32_t len = 2;
+  const std::vector<float> values(len, 3.0f);
+  DataRequest req;
+  req.from_role = pb::SERVER;
+  req.handler = kMigrateHandler;
+  req.payload = core::EncodeKvPairs(&moved, 1, &len, values.data(), values.size());
+  std::promise<Status> answered;
+  s.migration.HandleEntries(
+      req, Responder::Make(&s.loop, s.alive.watch(), [&](const Status& st, Payload) { answered.set_value(st); }));
+  CHECK(s.Has(moved));
+  std::future<Status> stored = answered.get_future();
+  REQUIRE(stored.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(stored.get().ok());
+}
+
+}  // namespace
+}  // namespace pscore::node
