@@ -48,9 +48,9 @@ class KeyMigration {
                       std::function<void()> done);
   // Loop thread. Stable under the view (rank, n, replicas): the entries restored from the
   // journal are this server's, and entries moved away (or copied here by a rolled-back
-  // operation) are no longer needed here. `changed`: the view
-  // changed (with replicas the ranges held are then checked). Drops them on the migration
-  // lane, then calls dropped(how many keys) there.
+  // operation) are no longer needed here. `changed`: the view changed (with replicas the
+  // ranges held are then checked). Drops them on the migration lane, then calls
+  // dropped(how many keys) there.
   void DropNotHeld(int rank, int n, int replicas, bool changed, std::function<void(size_t)> dropped);
 
  private:

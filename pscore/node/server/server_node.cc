@@ -259,12 +259,13 @@ void ServerNode::RefreshView() {
   }
   if (!fetches.empty()) resync_.StartFetches(std::move(fetches));
   mailbox_.OnServerCount(n);
-  migration_.DropNotHeld(rank, n, replicas, changed, [id = options_.node_id, rank, n, replicas, changed](size_t dropped) {
+  auto logged = [id = options_.node_id, rank, n, replicas, changed](size_t dropped) {
     if (!changed && dropped == 0) return;
     LOG(INFO) << "server " << id << " serves key range " << rank << "/" << n
               << (replicas > 1 ? " (replicas " + std::to_string(replicas) + ")" : "")
               << (dropped ? " (dropped " + std::to_string(dropped) + " keys owned elsewhere)" : "");
-  });
+  };
+  migration_.DropNotHeld(rank, n, replicas, changed, std::move(logged));
 }
 
 void ServerNode::OnScaleOutReady(const pb::SendMetadataMessage& md, std::function<void()> done) {
