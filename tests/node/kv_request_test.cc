@@ -2,6 +2,7 @@
 // memory may still be written, where answers may be read in place, and the learned sizes.
 #include <atomic>
 #include <memory>
+#include <numeric>
 #include <vector>
 
 #include "pscore/node/worker/learned_lens.h"
@@ -75,6 +76,27 @@ TEST_CASE("learned sizes give a layout, and a size found wrong is forgotten", "[
   const uint32_t small[] = {4};  // under 64 KiB per key: not learned
   learned.Learn({9}, {0}, small);
   CHECK_FALSE(learned.Layout({9}, &offsets, &total));
+}
+
+TEST_CASE("a layout asked for keys never learned allocates nothing of their size", "[node][worker]") {
+  LearnedLens learned;
+  std::vector<uint64_t> many(1 << 20);
+  std::iota(many.begin(), many.end(), 100);
+  std::vector<uint64_t> offsets;
+  uint64_t total = 1;
+  CHECK_FALSE(learned.Layout(many, &offsets, &total));  // nothing learned yet
+  CHECK(offsets.capacity() == 0);
+  CHECK(total == 0);
+  const uint32_t big[] = {1 << 15};
+  learned.Learn({5}, {0}, big);
+  CHECK_FALSE(learned.Layout(many, &offsets, &total));  // the first key is not known
+  CHECK(offsets.capacity() == 0);
+  many.front() = 5;
+  CHECK_FALSE(learned.Layout(many, &offsets, &total));  // the second is not
+  many.resize(1);
+  REQUIRE(learned.Layout(many, &offsets, &total));
+  CHECK(offsets == std::vector<uint64_t>{0});
+  CHECK(total == (1 << 15));
 }
 
 }  // namespace

@@ -6,16 +6,19 @@
 
 namespace pscore::node {
 
+// A pull of many small keys (never learned) asks too: the offsets are written only while
+// every key so far is known, so it costs a lookup, not a pass over memory of its size.
 bool LearnedLens::Layout(const std::vector<uint64_t>& keys, std::vector<uint64_t>* offsets, uint64_t* total) {
-  if (keys.empty()) return false;
-  offsets->resize(keys.size());
+  offsets->clear();
   *total = 0;
+  if (keys.empty()) return false;
   std::lock_guard<std::mutex> lock(mu_);
-  if (lens_.empty()) return false;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    auto it = lens_.find(keys[i]);
+  if (lens_.empty() || lens_.find(keys.front()) == lens_.end()) return false;
+  offsets->reserve(keys.size());
+  for (uint64_t key : keys) {
+    auto it = lens_.find(key);
     if (it == lens_.end()) return false;
-    (*offsets)[i] = *total;
+    offsets->push_back(*total);
     *total += it->second;
   }
   return true;

@@ -18,7 +18,7 @@ class LearnedLens {
   static constexpr size_t kMax = 1 << 16;
 
   // Any thread: every key's offset in a result of `keys` back to back, and the total;
-  // false when a key's size is not known.
+  // false when a key's size is not known (then *offsets holds no meaning).
   bool Layout(const std::vector<uint64_t>& keys, std::vector<uint64_t>* offsets, uint64_t* total);
   // Loop thread: remembers the sizes of the keys `indices` of `keys` from one answer (lens
   // in the same order) when the answer was written from the store.

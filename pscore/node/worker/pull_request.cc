@@ -67,10 +67,10 @@ void PullRequest::CopyRestIntoDest() {
   }
 }
 
-// Reserve + insert: the values are written once (resize would zero them first).
+// Reserve + insert: the values are written once (resize would zero them first). The
+// counts move into the result: the request is done with them.
 PullResult PullRequest::CopyResult() {
   PullResult out;
-  out.lens = src_lens;
   ReserveResult(out.values, Total(src_lens));
   // Keys whose values lie back to back in one answer are copied as one stretch.
   for (size_t i = 0; i < src.size();) {
@@ -80,6 +80,7 @@ PullResult PullRequest::CopyResult() {
     out.values.insert(out.values.end(), from, to);
   }
   CountCopied(out.values.size() * sizeof(float));
+  out.lens = std::move(src_lens);
   answers.clear();
   return out;
 }
@@ -160,7 +161,7 @@ void PullIntoRequest::Complete() {
     return;
   }
   CopyRestIntoDest();
-  if (dest_lens_ != nullptr) *dest_lens_ = src_lens;
+  if (dest_lens_ != nullptr) *dest_lens_ = std::move(src_lens);  // the request is done with them
   answers.clear();
   done_.set_value(Status::Ok());
 }
