@@ -15,7 +15,6 @@ using comm::Frame;
 
 namespace {
 constexpr size_t kMigrateChunkBytes = 32u << 20;
-constexpr uint64_t kMigrationLane = 0;  // the executor affinity of the migration lane
 
 pb::MessageMeta HandlerMeta(const char* handler) {
   pb::MessageMeta meta;
@@ -39,9 +38,12 @@ void KeyMigration::HandleEntries(const DataRequest& req, Responder r) {
   if (executor_ && drops_queued_.load(std::memory_order_acquire) > 0) {
     // A drop for an earlier view is queued: these entries, perhaps of a range it would
     // erase, are stored after it.
-    return OnLane([this, req, r] { HandleEntries(req, r); });
+    return OnLane(kDropLane, [this, req, r] { HandleEntries(req, r); });
   }
   StoreEntries(req, r);
+  // After storing: a drop that looked before these entries were in leaves the mark for the
+  // next one (entries of a scale rolled back are not held here).
+  maybe_stale_.store(true, std::memory_order_release);
 }
 
 void KeyMigration::StoreEntries(const DataRequest& req, const Responder& r) {
@@ -60,9 +62,9 @@ void KeyMigration::HandleWindow(const DataRequest& req, Responder r) {
   st.ok() ? r.Reply(nullptr) : r.Fail(st);
 }
 
-void KeyMigration::OnLane(std::function<void()> work) {
+void KeyMigration::OnLane(uint64_t lane, std::function<void()> work) {
   if (executor_) {
-    executor_->Submit(kMigrationLane, std::move(work));
+    executor_->Submit(lane, std::move(work));
   } else {
     work();
   }
@@ -72,7 +74,7 @@ void KeyMigration::DropNotHeld(int rank, int n, int replicas, bool changed, std:
   DCHECK(loop_->InLoopThread());
   drops_queued_.fetch_add(1, std::memory_order_release);
   // The scan, and the journal record with its compaction, keep off the loop thread.
-  OnLane([this, rank, n, replicas, changed, dropped = std::move(dropped)] {
+  OnLane(kDropLane, [this, rank, n, replicas, changed, dropped = std::move(dropped)] {
     params_->ConfirmRestored();  // this server is a member with this view: they are its own
     const size_t count = Drop(rank, n, replicas, changed);
     drops_queued_.fetch_sub(1, std::memory_order_release);
@@ -83,6 +85,10 @@ void KeyMigration::DropNotHeld(int rank, int n, int replicas, bool changed, std:
 size_t KeyMigration::Drop(int rank, int n, int replicas, bool changed) {
   core::ParamStore& store = params_->store();
   size_t dropped = 0;
+  // Entries not held appear only with a view change or entries moved here: without either
+  // since the last drop there is nothing to look for (no scan, no stripe lock).
+  const bool stale = maybe_stale_.exchange(false, std::memory_order_acq_rel);
+  if (!changed && !stale) return 0;
   if (replicas <= 1 && store.HasNotOwned(rank, n)) {
     Status st = params_->Journaled(core::JournalOp::kDrop, core::EncodeJournalDrop(rank, n), [&] {
       dropped = store.ExtractNotOwned(rank, n, /*erase=*/true).size();
@@ -124,7 +130,7 @@ void KeyMigration::OnScaleOutReady(const pb::SendMetadataMessage& md, std::funct
       auto lock = ownership_->Exclusive();
       ownership_->Adopt(md.rank_id(), old_n, /*replicas=*/1);
     }
-    OnLane([this] { params_->ConfirmRestored(); });
+    OnLane(kDropLane, [this] { params_->ConfirmRestored(); });
     LOG(INFO) << "server " << node_id_ << " restarted during a scale-out: serves its old key range " << md.rank_id()
               << "/" << old_n << " and moves what it no longer owns";
     old_member = true;
@@ -133,7 +139,7 @@ void KeyMigration::OnScaleOutReady(const pb::SendMetadataMessage& md, std::funct
     // A new server: it receives entries (some may have arrived already); workers send
     // nothing until READY. Entries it restored from a journal of an earlier membership
     // and no owner has sent again are stale: dropped before its part is done.
-    OnLane([this, rank = md.rank_id(), n = md.server_num(), done = std::move(done)] {
+    OnLane(kDropLane, [this, rank = md.rank_id(), n = md.server_num(), done = std::move(done)] {
       if (size_t stale = params_->DropUnconfirmedRestored(); stale > 0) {
         LOG(WARNING) << "server " << node_id_ << " joins as a new server: dropped " << stale
                      << " keys restored from an earlier membership";
@@ -201,7 +207,7 @@ void KeyMigration::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, 
     });
   };
   // Copying the entries may take a while: keep it off the loop thread when possible.
-  OnLane(std::move(work));
+  OnLane(kMoveLane, std::move(work));
 }
 
 std::map<int, std::vector<uint64_t>> KeyMigration::PlanMoves(const KeyView& old, int rank, int n,

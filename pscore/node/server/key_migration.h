@@ -9,12 +9,13 @@
 // workers re-send them under the new metadata. Moved entries are erased only when the
 // cluster is READY under the new view (DropNotHeld), so a rollback needs no copying back.
 //
-// Threads: what scans or rewrites the store (the switch, the encoding, the drops) runs on
-// the migration lane, one executor thread (the loop thread without an executor), in the
-// order asked; sending runs on the loop thread; the handlers run where handlers run.
-// Entries that arrive while a drop is queued are stored after it, on the same lane, so a
-// drop computed for a view never erases what a later scale moved here. State lives in
-// KeyOwnership and ParamService. Owned by ServerNode.
+// Threads: what scans or rewrites the whole store runs on executor threads (the loop
+// thread without an executor), each kind on its own lane in the order asked: the moves of
+// a scale (switch, plan, encode) on the move lane, the drops on the drop lane. Entries
+// that arrive while a drop is queued are stored after it, on the drop lane, so a drop
+// computed for a view never erases what a later scale moved here. Sending runs on the loop
+// thread; the handlers run where handlers run. State lives in KeyOwnership and
+// ParamService. Owned by ServerNode.
 #pragma once
 
 #include <atomic>
@@ -35,6 +36,13 @@ namespace pscore::node {
 
 class KeyMigration {
  public:
+  // Executor affinities: the moves of a scale, and the drops (with the entries that arrive
+  // while one is queued). Separate, so a drop waiting for a store stripe that a slow
+  // update holds does not delay the next scale's switch; one lane when the executor has
+  // one thread.
+  static constexpr uint64_t kMoveLane = 0;
+  static constexpr uint64_t kDropLane = 1;
+
   KeyMigration(std::string node_id, comm::EventLoop* loop, Executor* executor, comm::AliveToken::Watch alive,
                KeyOwnership* ownership, ParamService* params, ServerLinks* links);
 
@@ -48,16 +56,15 @@ class KeyMigration {
                       std::function<void()> done);
   // Loop thread. Stable under the view (rank, n, replicas): the entries restored from the
   // journal are this server's, and entries moved away (or copied here by a rolled-back
-  // operation) are no longer needed here. `changed`: the view changed (with replicas the
-  // ranges held are then checked). Drops them on the migration lane, then calls
-  // dropped(how many keys) there.
+  // operation) are no longer needed here. `changed`: the view changed. Drops them on the
+  // drop lane, then calls dropped(how many keys) there.
   void DropNotHeld(int rank, int n, int replicas, bool changed, std::function<void(size_t)> dropped);
 
  private:
   // Encoded entries by destination rank, each payload at most kMigrateChunkBytes of values.
   using Batches = std::map<int, std::vector<BufferPtr>>;
-  // Runs work on the migration lane (inline without an executor).
-  void OnLane(std::function<void()> work);
+  // Runs work on an executor lane (inline without an executor).
+  void OnLane(uint64_t lane, std::function<void()> work);
   size_t Drop(int rank, int n, int replicas, bool changed);
   void StoreEntries(const DataRequest& req, const Responder& r);
   // Switches the view to (rank, n) and ships the entries it no longer owns to
@@ -80,6 +87,8 @@ class KeyMigration {
   ParamService* const params_;
   ServerLinks* const links_;
   std::atomic<int> drops_queued_{0};  // drops asked for and not yet done
+  // Entries were moved here since the last drop (or none ran yet): it must look.
+  std::atomic<bool> maybe_stale_{true};
 };
 
 }  // namespace pscore::node
