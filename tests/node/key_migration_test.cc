@@ -1,6 +1,8 @@
 // KeyMigration without sockets: a drop computed for one view and entries moved here for
 // the next, in both orders the threads allow.
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
 #include <vector>
@@ -60,7 +62,39 @@ struct Server {
     uint32_t len = 0;
     return params.store().Lens(&key, 1, &len).ok();
   }
+  // Rank 1 of 2's view settles (asked on the loop thread); how many keys the drop took.
+  // `seen` runs where the drop reports.
+  std::future<size_t> AskDrop(bool changed, std::function<void()> seen = nullptr) {
+    auto dropped = std::make_shared<std::promise<size_t>>();
+    std::future<size_t> count = dropped->get_future();
+    loop.RunAndWait([&] {
+      migration.DropNotHeld(1, 2, 1, changed, [dropped, seen](size_t n) {
+        if (seen) seen();
+        dropped->set_value(n);
+      });
+    });
+    return count;
+  }
+  // Another server's entries for `key` reach this one on the calling thread; the answer.
+  std::future<Status> Deliver(uint64_t key, const std::vector<float>& values) {
+    auto answered = std::make_shared<std::promise<Status>>();
+    std::future<Status> answer = answered->get_future();
+    const auto len = static_cast<uint32_t>(values.size());
+    DataRequest req;
+    req.from_role = pb::SERVER;
+    req.handler = kMigrateHandler;
+    req.payload = core::EncodeKvPairs(&key, 1, &len, values.data(), values.size());
+    migration.HandleEntries(
+        req, Responder::Make(&loop, alive.watch(), [answered](const Status& st, Payload) { answered->set_value(st); }));
+    return answer;
+  }
 };
+
+template <typename T>
+T Within10s(std::future<T> f) {
+  REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  return f.get();
+}
 
 TEST_CASE("migration: entries moved here while a drop of an earlier view is queued survive it",
           "[node][server][scaling]") {
@@ -75,30 +109,14 @@ TEST_CASE("migration: entries moved here while a drop of an earlier view is queu
   std::promise<void> release;
   std::shared_future<void> busy = release.get_future().share();
   s.executor.Submit(KeyMigration::kDropLane, [busy] { busy.wait(); });
-  std::promise<size_t> dropped;
-  s.loop.RunAndWait([&] {
-    s.migration.DropNotHeld(1, 2, 1, /*changed=*/true, [&](size_t count) { dropped.set_value(count); });
-  });
-
+  std::future<size_t> dropped = s.AskDrop(/*changed=*/true);
   // Another server's entries for the next view arrive on a handler thread meanwhile.
-  std::promise<Status> answered;
-  Responder r = Responder::Make(&s.loop, s.alive.watch(),
-                                [&](const Status& st, Payload) { answered.set_value(st); });
-  const uint32_t len = 4;
-  const std::vector<float> values(len, 7.0f);
-  DataRequest req;
-  req.from_role = pb::SERVER;
-  req.handler = kMigrateHandler;
-  req.payload = core::EncodeKvPairs(&moved, 1, &len, values.data(), values.size());
-  s.migration.HandleEntries(req, r);
+  const std::vector<float> values(4, 7.0f);
+  std::future<Status> stored = s.Deliver(moved, values);
   release.set_value();
 
-  std::future<size_t> drop_done = dropped.get_future();
-  std::future<Status> stored = answered.get_future();
-  REQUIRE(drop_done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
-  REQUIRE(stored.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
-  CHECK(stored.get().ok());
-  CHECK(drop_done.get() == 1);
+  CHECK(Within10s(std::move(dropped)) == 1);
+  CHECK(Within10s(std::move(stored)).ok());
   CHECK_FALSE(s.Has(stale));
   REQUIRE(s.Has(moved));
   std::vector<uint32_t> lens;
@@ -112,70 +130,31 @@ TEST_CASE("migration: a drop runs off the loop thread and entries with no drop q
   Server s;
   const uint64_t stale = KeyIn(0, /*range=*/0, /*n=*/2);
   s.params.store().Insert(stale, std::vector<float>(2, 1.0f));
-  std::promise<bool> on_loop;
-  std::promise<size_t> dropped;
-  s.loop.RunAndWait([&] {
-    s.migration.DropNotHeld(1, 2, 1, /*changed=*/true, [&](size_t count) {
-      on_loop.set_value(s.loop.InLoopThread());
-      dropped.set_value(count);
-    });
-  });
-  std::future<size_t> drop_done = dropped.get_future();
-  REQUIRE(drop_done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
-  CHECK(drop_done.get() == 1);
-  CHECK_FALSE(on_loop.get_future().get());
+  std::atomic<bool> on_loop{true};
+  CHECK(Within10s(s.AskDrop(/*changed=*/true, [&] { on_loop = s.loop.InLoopThread(); })) == 1);
+  CHECK_FALSE(on_loop.load());
 
   // No drop queued: the entries are stored by the calling thread before it returns.
   const uint64_t moved = KeyIn(stale + 1, /*range=*/0, /*n=*/2);
-  const uint32_t len = 2;
-  const std::vector<float> values(len, 3.0f);
-  DataRequest req;
-  req.from_role = pb::SERVER;
-  req.handler = kMigrateHandler;
-  req.payload = core::EncodeKvPairs(&moved, 1, &len, values.data(), values.size());
-  std::promise<Status> answered;
-  s.migration.HandleEntries(
-      req, Responder::Make(&s.loop, s.alive.watch(), [&](const Status& st, Payload) { answered.set_value(st); }));
+  std::future<Status> stored = s.Deliver(moved, std::vector<float>(2, 3.0f));
   CHECK(s.Has(moved));
-  std::future<Status> stored = answered.get_future();
-  REQUIRE(stored.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
-  CHECK(stored.get().ok());
+  CHECK(Within10s(std::move(stored)).ok());
 }
 
 TEST_CASE("migration: a settled view looks for entries not held only after a change or entries moved here",
           "[node][server][scaling]") {
   Server s;
-  auto drop = [&](bool changed) {
-    std::promise<size_t> dropped;
-    s.loop.RunAndWait([&] {
-      s.migration.DropNotHeld(1, 2, 1, changed, [&](size_t count) { dropped.set_value(count); });
-    });
-    std::future<size_t> done = dropped.get_future();
-    REQUIRE(done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
-    return done.get();
-  };
-  CHECK(drop(/*changed=*/true) == 0);  // nothing here yet
+  CHECK(Within10s(s.AskDrop(/*changed=*/true)) == 0);  // nothing here yet
   // Entries of a range rank 1 of 2 does not hold (a scale-out rolled back after they were
   // sent): the next settle, though the view is the same, drops them.
   const uint64_t foreign = KeyIn(0, /*range=*/0, /*n=*/2);
-  const uint32_t len = 2;
-  const std::vector<float> values(len, 5.0f);
-  DataRequest req;
-  req.from_role = pb::SERVER;
-  req.handler = kMigrateHandler;
-  req.payload = core::EncodeKvPairs(&foreign, 1, &len, values.data(), values.size());
-  std::promise<Status> answered;
-  s.migration.HandleEntries(
-      req, Responder::Make(&s.loop, s.alive.watch(), [&](const Status& st, Payload) { answered.set_value(st); }));
-  std::future<Status> stored = answered.get_future();
-  REQUIRE(stored.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
-  REQUIRE(stored.get().ok());
+  REQUIRE(Within10s(s.Deliver(foreign, std::vector<float>(2, 5.0f))).ok());
   REQUIRE(s.Has(foreign));
-  CHECK(drop(/*changed=*/false) == 1);
+  CHECK(Within10s(s.AskDrop(/*changed=*/false)) == 1);
   CHECK_FALSE(s.Has(foreign));
   // A change of view looks again whatever came before.
   s.params.store().Insert(foreign, std::vector<float>(2, 1.0f));
-  CHECK(drop(/*changed=*/true) == 1);
+  CHECK(Within10s(s.AskDrop(/*changed=*/true)) == 1);
 }
 
 }  // namespace
