@@ -103,7 +103,10 @@ TrainJobOptions BaseJob() {
 TEST_CASE("the demo job with a worker SIGKILLed right after its pulled barrier, its push half applied, restarted: "
           "it redoes the push and the job ends as undisturbed",
           "[multiproc][net][demo][control]") {
-  const TrainJobOptions o = BaseJob();
+  TrainJobOptions o = BaseJob();
+  // A step takes milliseconds and the window probed for below is a part of one: the job
+  // must not end before the probe catches it.
+  o.steps = 150;
   const std::vector<TrainFinal> plain = UndisturbedFinals(o);
   TrainJob job(o);
   job.Start();
