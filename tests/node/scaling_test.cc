@@ -171,6 +171,7 @@ class PushingJob {
   ServerNode& server(size_t i) { return *servers_.at(i); }
   size_t num_servers() const { return servers_.size(); }
   WorkerNode& worker() { return *worker_; }
+  SchedulerNode& sched() { return sched_; }
   const std::vector<uint64_t>& keys() const { return pusher_.keys; }
 
  private:
@@ -332,6 +333,43 @@ TEST_CASE("a collective receive from a rank that a scale-in removes fails once t
   Result<BufferPtr> kept = from_staying.get();
   REQUIRE(kept.ok());
   CHECK((*kept)->view() == "still here");
+  job.FinishAndCheckSums();
+}
+
+TEST_CASE("a server that left by a scale-in serves none of its old range after the cluster is READY again",
+          "[node][net][scale]") {
+  // The leaving server's link is still up after its TERMINATE, so the state change to
+  // READY reaches it too. A terminated node applies nothing more: its view stays that of
+  // the hand-over (no range), so a push still on its way to it is refused and sent again
+  // to the new owner, not applied where it would be lost with the server.
+  PushingJob job(3);
+  pb::AdminRequest req;
+  req.set_op("scale_in");
+  req.add_node_ids("s2");
+  REQUIRE(job.Admin(req).ok());
+  REQUIRE(job.server(2).WaitForTermination(15s).ok());
+  REQUIRE(WaitState(job.sched(), pb::CLUSTER_READY, 15s));
+  uint64_t old_key = 0;
+  while (core::ServerForKey(old_key, 3) != 2) ++old_key;
+  pscore::node::testing::RawLink peer(job.server(2).listen_port(), "raw-peer");
+  pb::HelloMessage hello;
+  hello.set_node_id("w0");
+  hello.set_role(pb::WORKER);
+  peer.Notify(MakeMeta(pb::HELLO, pb::WORKER, -1), ToBuffer(hello));
+  pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
+  meta.set_handler(kPushHandler);
+  const uint32_t len = 4;
+  const std::vector<float> ones(len, 1.0f);
+  // Tried for a while: the state change may reach s2 after the scheduler is READY.
+  for (auto until = std::chrono::steady_clock::now() + 500ms; std::chrono::steady_clock::now() < until;) {
+    std::future<Result<comm::Frame>> push =
+        peer.CallAsync(meta, core::EncodeKvPairs(&old_key, 1, &len, ones.data(), len), 5s);
+    REQUIRE(push.wait_for(10s) == std::future_status::ready);
+    Result<comm::Frame> r = push.get();
+    INFO(r.status());
+    REQUIRE(r.status().code() == Code::kAborted);
+    std::this_thread::sleep_for(20ms);
+  }
   job.FinishAndCheckSums();
 }
 

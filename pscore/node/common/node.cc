@@ -184,6 +184,7 @@ bool Node::Terminate(const Status& why) {
     termination_ = why;
     cv_.notify_all();
   }
+  ended_ = true;
   if (heartbeat_timer_ != 0) loop_->CancelTimer(heartbeat_timer_);
   heartbeat_timer_ = 0;
   if (watch_timer_ != 0) loop_->CancelTimer(watch_timer_);

@@ -284,6 +284,11 @@ class Node {
   comm::TimerId watch_timer_ = 0;
   uint64_t stop_hook_ = 0;
   bool closed_ = false;  // loop thread: CloseOnLoop ran
+  // Loop thread: Terminate ran. The node's part in the job is over (the job ended, or it
+  // left by a scale-in): nothing the scheduler says afterwards is applied. A server that
+  // handed its keys over must not take back its old range from a state change broadcast
+  // after its TERMINATE.
+  bool ended_ = false;
   bool registered_ = false;
   bool registering_ = false;
   uint64_t session_id_ = 0;  // the scheduler's session, from the last registration (0: none yet)

@@ -28,6 +28,11 @@ bool PlausibleTotals(const pb::SendMetadataMessage& md) {
 
 void Node::HandleSchedulerPush(ConnId conn, Frame&& frame) {
   DCHECK(loop_->InLoopThread());
+  if (ended_) {
+    VLOG(1) << options_.node_id << ": terminated; ignored " << pb::NodeCommand_Name(frame.meta.cmd())
+            << " from the scheduler";
+    return;
+  }
   switch (frame.meta.cmd()) {
     case pb::SEND_METADATA: {
       pb::SendMetadataMessage md;
@@ -118,7 +123,7 @@ void Node::FetchMetadata(uint64_t epoch) {
   messenger_->Call(scheduler_->conn(), SchedulerMeta(pb::FETCH_METADATA), nullptr,
                    options_.heartbeat_interval * 3, [this, session = session_id_](Result<Frame> r) {
     metadata_fetching_ = false;
-    if (closed_) return;
+    if (closed_ || ended_) return;
     if (core::IsStaleSession(r.status())) return OnStaleSession(session, r.status());
     pb::SendMetadataMessage md;
     if (!r.ok() || !ParsePayload(*r, &md).ok()) {

@@ -133,6 +133,7 @@ void Node::Heartbeat() {
 // `session`: the one the heartbeat was sent under.
 void Node::OnHeartbeatAnswer(uint64_t session, Result<Frame> r) {
   DCHECK(loop_->InLoopThread());
+  if (ended_) return;  // an answer that was on its way when the node terminated
   const Code code = r.ok() ? Code::kOk : r.status().code();
   if (code == Code::kOk || code == Code::kNotFound || code == Code::kAborted || code == Code::kFailedPrecondition) {
     SchedulerAnswered();
