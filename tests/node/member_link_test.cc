@@ -21,12 +21,7 @@ using namespace std::chrono_literals;
 // A bare link to a server that says HELLO as `node_id`.
 class RawPeer : public testing::RawLink {
  public:
-  RawPeer(int port, const std::string& node_id) : RawLink(port, "raw-peer") {
-    pb::HelloMessage hello;
-    hello.set_node_id(node_id);
-    hello.set_role(pb::WORKER);
-    Notify(MakeMeta(pb::HELLO, pb::WORKER, -1), ToBuffer(hello));
-  }
+  RawPeer(int port, const std::string& node_id) : RawLink(port, "raw-peer") { HelloAsWorker(node_id); }
   // Sends a push of 3.0 to key 1 now; the future gets the answer.
   std::future<Result<comm::Frame>> Push() {
     const uint64_t key = 1;

@@ -66,6 +66,14 @@ class RawLink {
   void Notify(pb::MessageMeta meta, BufferPtr payload) {
     loop_.Post([this, meta, payload] { messenger_->Notify(conn_, meta, payload).IgnoreError(); });
   }
+  // Introduces the link to a server as the worker `node_id` (HELLO): a member's data
+  // requests are served on it.
+  void HelloAsWorker(const std::string& node_id) {
+    pb::HelloMessage hello;
+    hello.set_node_id(node_id);
+    hello.set_role(pb::WORKER);
+    Notify(MakeMeta(pb::HELLO, pb::WORKER, -1), ToBuffer(hello));
+  }
 
  private:
   comm::EventLoop loop_;

@@ -352,10 +352,7 @@ TEST_CASE("a server that left by a scale-in serves none of its old range after t
   uint64_t old_key = 0;
   while (core::ServerForKey(old_key, 3) != 2) ++old_key;
   pscore::node::testing::RawLink peer(job.server(2).listen_port(), "raw-peer");
-  pb::HelloMessage hello;
-  hello.set_node_id("w0");
-  hello.set_role(pb::WORKER);
-  peer.Notify(MakeMeta(pb::HELLO, pb::WORKER, -1), ToBuffer(hello));
+  peer.HelloAsWorker("w0");
   pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
   meta.set_handler(kPushHandler);
   const uint32_t len = 4;
@@ -751,10 +748,7 @@ TEST_CASE("a server copying the keys it gives up does not hold the view lock - i
     // at `held`: the scale cannot have ended. A copy under the view lock would keep the
     // pull waiting until the copy was done.
     pscore::node::testing::RawLink peer(s0.listen_port(), "raw-peer");
-    pb::HelloMessage hello;
-    hello.set_node_id("w0");
-    hello.set_role(pb::WORKER);
-    peer.Notify(MakeMeta(pb::HELLO, pb::WORKER, -1), ToBuffer(hello));
+    peer.HelloAsWorker("w0");
     pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
     meta.set_handler(kPullHandler);
     for (auto deadline = std::chrono::steady_clock::now() + 30s;
