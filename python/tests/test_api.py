@@ -134,6 +134,19 @@ def test_closed_worker_raises():
 
 
 def test_kv_and_barrier(job):
+    kv_and_barrier(job)
+
+
+def test_kv_and_barrier_through_the_loop():
+    # The same calls with direct_control_calls off: each through the node's loop thread.
+    j = Job(worker_opts=dict(direct_control_calls=False))
+    try:
+        kv_and_barrier(j)
+    finally:
+        j.close()
+
+
+def kv_and_barrier(job):
     w = job.worker
     w.kv_set("cfg/a", b"1")
     w.kv_set("cfg/b", "2")  # str: stored as UTF-8

@@ -8,9 +8,15 @@
 //   kv_small_async_*       --async_depth set+get chains per client through the asynchronous
 //                          calls (the baseline of the *_vs_async_ratio figures);
 //   kv_1mib_mb_per_s       the same with 1 MiB values: value bytes moved (set + get) per s;
-//   kv_rtt_median_us       one KvTryGet at a time from one client (the round-trip floor);
+//   kv_rtt_median_us       one KvTryGet at a time from one client;
+//   kv_small_raw_*         the same threads on raw blocking sockets to one epoll thread that
+//                          answers each request at once (raw_blocking.h): two round trips
+//                          per pair, no protocol;
+//   *_via_loop_*           blocking calls with NodeOptions::direct_control_calls off: each
+//                          handed to the node's loop thread and answered back through it;
 //   barrier64_release_*    64 nodes, 63 arrive and wait; then the last arrives: from just
 //                          before its call to the last of the 64 calls returning, per round;
+//   barrier64_raw_*        the same release on raw blocking sockets (raw_blocking.h);
 //   barrier64_async_*      the same rounds through BarrierAsync (callbacks on the client
 //                          loops): from just before the last call to the last callback;
 //   barrier64_loop_*       the same protocol without user threads: 64 connections on one
@@ -40,6 +46,7 @@
 #include "pscore/node/worker/worker_node.h"
 
 #include "bench/bench_util.h"
+#include "bench/raw_blocking.h"
 
 namespace pscore::bench {
 namespace {
@@ -76,7 +83,8 @@ void RaiseFdLimit() {
 // A scheduler expecting `n` workers, and those workers on `loops` shared client loops.
 class Job {
  public:
-  Job(int n, int loops, Duration interval, const std::function<void(int, Node::Callbacks*)>& cb = {}) {
+  Job(int n, int loops, Duration interval, const std::function<void(int, Node::Callbacks*)>& cb = {},
+      bool direct_calls = true) {
     node::SchedulerOptions so;
     so.worker_num = n;
     so.server_num = 0;
@@ -97,6 +105,7 @@ class Job {
       o.heartbeat_interval = interval;
       o.connect_timeout = 30s;
       o.handler_threads = 0;
+      o.direct_control_calls = direct_calls;
       nodes_.push_back(std::make_unique<WorkerNode>(o, loops_[i % loops].get()));
       Node::Callbacks callbacks;
       if (cb) cb(i, &callbacks);
@@ -257,17 +266,40 @@ double KvAsyncPairsPerSecond(const Config& cfg, Job& job, size_t bytes, const ch
   return counted / secs;
 }
 
+double KvRttMedianUs(Job& job) {
+  std::vector<double> rtt;
+  if (!job.node(0).KvSet("rtt", "x").ok()) Job::Die("kv set");
+  for (int i = 0; i < 2000; ++i) {
+    const auto t0 = Clock::now();
+    if (!job.node(0).KvTryGet("rtt").ok()) Job::Die("kv try-get");
+    rtt.push_back(Us(Clock::now() - t0));
+  }
+  return Median(rtt);
+}
+
+// The blocking calls through the loop thread (direct_control_calls off), and raw blocking
+// sockets with as many threads: the baselines of the blocking figures.
+void RunKvBaselines(const Config& cfg, double pairs, double rtt) {
+  const int threads = cfg.clients * cfg.threads_per_client;
+  {
+    Job via_loop(cfg.clients, cfg.client_loops, 1s, {}, /*direct_calls=*/false);
+    const double loop_rtt = KvRttMedianUs(via_loop);
+    const double loop_pairs = KvPairsPerSecond(cfg, via_loop, 100, "loop");
+    Print("kv_rtt_via_loop_median_us", loop_rtt, "us");
+    Print("kv_small_via_loop_pairs_per_s", loop_pairs, "pairs/s");
+    Print("kv_rtt_direct_vs_loop_ratio", rtt / loop_rtt, "x");
+    Print("kv_small_direct_vs_loop_ratio", pairs / loop_pairs, "x");
+  }
+  const double raw_pairs = RawBlockingCallsPerSecond(threads, 100, cfg.duration_s) / 2;
+  Print("kv_small_raw_pairs_per_s", raw_pairs, "pairs/s");
+  Print("kv_small_vs_raw_ratio", pairs / raw_pairs, "x");
+}
+
 void RunKv(const Config& cfg, bool small, bool big) {
   Job job(cfg.clients, cfg.client_loops, 1s);
   if (small) {
-    std::vector<double> rtt;
-    if (!job.node(0).KvSet("rtt", "x").ok()) Job::Die("kv set");
-    for (int i = 0; i < 2000; ++i) {
-      const auto t0 = Clock::now();
-      if (!job.node(0).KvTryGet("rtt").ok()) Job::Die("kv try-get");
-      rtt.push_back(Us(Clock::now() - t0));
-    }
-    Print("kv_rtt_median_us", Median(rtt), "us");
+    const double rtt = KvRttMedianUs(job);
+    Print("kv_rtt_median_us", rtt, "us");
     Cost own, shared_cost, async_cost;
     const double pairs = KvPairsPerSecond(cfg, job, 100, "small", 0, &own);
     Print("kv_small_pairs_per_s", pairs, "pairs/s");
@@ -289,6 +321,7 @@ void RunKv(const Config& cfg, bool small, bool big) {
     PrintCost("kv_small", own);
     PrintCost("kv_small_shared", shared_cost);
     PrintCost("kv_small_async", async_cost);
+    RunKvBaselines(cfg, pairs, rtt);
   }
   if (big) {
     const double pairs = KvPairsPerSecond(cfg, job, 1u << 20, "big");
@@ -440,6 +473,9 @@ void RunBarrier(const Config& cfg) {
   Print("barrier64_release_median_us", Median(last), "us");
   Print("barrier64_release_max_us", *std::max_element(last.begin(), last.end()), "us");
   std::printf("target barrier64_release_median_us <= 500: %.2fx\n", 500 / Median(last));
+  const std::vector<double> raw = RawBlockingReleaseUs(kNodes, cfg.rounds);
+  Print("barrier64_raw_release_median_us", Median(raw), "us");
+  Print("barrier64_release_vs_raw_ratio", Median(last) / Median(raw), "x");
   // The same rounds through BarrierAsync: each node's answer is handled by a callback on
   // its client loop (no user thread per node to wake).
   std::vector<double> async_last;

@@ -87,6 +87,7 @@ Status Node::StartOnLoop() {
   cb.on_lost = [this](const Status& why) {
     LOG(WARNING) << options_.node_id << ": lost the scheduler link (" << why << "); reconnecting";
     registered_ = false;
+    CloseDirectCalls("lost the scheduler link");
   };
   cb.on_failed = [this](const Status& why) { OnSchedulerFailed(why); };
   scheduler_ = std::make_unique<comm::TcpClient>(&messenger_->transport(), options_.scheduler_host,
@@ -102,6 +103,7 @@ Status Node::Stopped() const { return Status(Code::kCancelled, options_.node_id 
 void Node::CloseOnLoop() {
   DCHECK(loop_->InLoopThread());
   closed_ = true;
+  direct_calls_.Stop();
   auto parked = std::move(parked_calls_);
   parked_calls_.clear();
   for (auto& [serial, call] : parked) call->done(Stopped(), call->reissued);
@@ -128,6 +130,7 @@ void Node::Stop() {
     }
     cv_.notify_all();
   }
+  direct_calls_.Stop();  // a caller blocked on the direct way ends now, as any call after Stop
   OnStopCalled();
   if (owned_loop_) {
     owned_loop_->Stop().IgnoreError();  // The stop hook closes everything.

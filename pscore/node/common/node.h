@@ -24,6 +24,7 @@
 #include "pscore/comm/tcp_client.h"
 #include "pscore/core/scale_participant.h"
 #include "pscore/core/scheduler_watch.h"
+#include "pscore/node/common/direct_control.h"
 #include "pscore/node/common/options.h"
 
 namespace pscore::node {
@@ -71,6 +72,8 @@ class Node {
   // Node ids of one role in the current metadata, by rank (e.g. barrier participants). A
   // server's view lists the workers by id and rank only (worker_ids), a worker's none.
   std::vector<std::string> NodeIds(pb::NodeRole role) const;
+  // Coordination calls answered over the direct way so far (DirectControl; any thread).
+  uint64_t direct_control_calls() const { return direct_calls_.calls(); }
   int listen_port() const { return listen_port_; }
   comm::EventLoop* loop() const { return loop_; }
   // Loop thread: this node's transport, read for its counters (MemberHttp's /metrics).
@@ -307,6 +310,19 @@ class Node {
 
   std::map<uint64_t, std::shared_ptr<ControlCall>> parked_calls_;  // loop thread, by serial
   uint64_t parked_serial_ = 0;
+  // Blocking KV requests and barriers the calling thread sends itself; the loop opens and
+  // closes the way as the scheduler link comes and goes.
+  DirectControl direct_calls_{options_};
+  // Control calls handed to the loop and not answered yet (any thread). While one is out, a
+  // blocking call goes the loop's way too, so it cannot overtake an earlier asynchronous
+  // call of its thread on another link.
+  std::atomic<uint64_t> loop_calls_out_{0};
+  // A blocking KV or barrier call the direct way; nullopt: send it the loop's way.
+  std::optional<Result<comm::Frame>> CallDirect(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
+                                                Duration timeout);
+  // Loop thread: opens the direct way on the registered scheduler link, or closes it.
+  void OpenDirectCalls();
+  void CloseDirectCalls(const char* why);
   // Barrier round counters by id (any thread).
   uint64_t NextBarrierRound(const std::string& id);
   mutable std::mutex rounds_mu_;

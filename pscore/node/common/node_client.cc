@@ -57,6 +57,13 @@ pb::KvRequest KvRequestFor(pb::KvRequest::Op op, const std::string& key) {
   return req;
 }
 
+pb::KvRequest KvSetRequest(const std::string& key, const std::string& value, bool overwrite) {
+  pb::KvRequest req = KvRequestFor(pb::KvRequest::SET, key);
+  req.set_value(value);
+  req.set_overwrite(overwrite);
+  return req;
+}
+
 // The value of a GET or TRY_GET answer.
 Result<std::string> KvValue(Result<Frame> r) {
   if (!r.ok()) return r.status();
@@ -68,6 +75,9 @@ Result<std::string> KvValue(Result<Frame> r) {
 }  // namespace
 
 Status Node::KvSet(const std::string& key, const std::string& value, bool overwrite) {
+  if (overwrite) {  // the same again ends in the same state: any way may send it
+    return CallScheduler(pb::KV_REQUEST, KvSetRequest(key, value, overwrite), options_.request_timeout).status();
+  }
   auto promise = std::make_shared<std::promise<Status>>();
   auto fut = promise->get_future();
   CHECK(!loop_->OnRunningLoop()) << "blocking pscore call on the loop thread";
@@ -87,11 +97,8 @@ Result<std::string> Node::KvTryGet(const std::string& key) {
 
 void Node::KvSetAsync(const std::string& key, const std::string& value, bool overwrite,
                       std::function<void(Status)> done) {
-  pb::KvRequest req = KvRequestFor(pb::KvRequest::SET, key);
-  req.set_value(value);
-  req.set_overwrite(overwrite);
   CallSchedulerReissuable(
-      pb::KV_REQUEST, req, options_.request_timeout,
+      pb::KV_REQUEST, KvSetRequest(key, value, overwrite), options_.request_timeout,
       [this, key, value, overwrite, done = std::move(done)](Result<Frame> r, bool reissued) {
         if (overwrite || !reissued || r.status().code() != Code::kAlreadyExists) return done(r.status());
         // A re-issued SET that must not overwrite may find the value its first send stored:

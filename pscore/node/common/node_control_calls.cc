@@ -32,10 +32,40 @@ void Node::CallSchedulerReissuable(pb::NodeCommand cmd, const google::protobuf::
   call->cmd = cmd;
   call->payload = ToBuffer(msg);
   call->timeout = timeout;
-  call->done = std::move(done);
+  loop_calls_out_.fetch_add(1, std::memory_order_acq_rel);
+  call->done = [this, done = std::move(done)](Result<Frame> r, bool reissued) {
+    loop_calls_out_.fetch_sub(1, std::memory_order_acq_rel);
+    done(std::move(r), reissued);
+  };
   call->reissuable = Reissuable(cmd);
   bool queued = loop_->Run([this, call] { SendControlCall(call); });
   if (!queued) call->done(Stopped(), false);
+}
+
+std::optional<Result<Frame>> Node::CallDirect(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
+                                              Duration timeout) {
+  if (cmd != pb::KV_REQUEST && cmd != pb::BARRIER) return std::nullopt;
+  if (loop_calls_out_.load(std::memory_order_acquire) != 0) return std::nullopt;
+  uint64_t session = 0;
+  std::optional<Result<Frame>> answer = direct_calls_.TryCall(cmd, ToBuffer(msg), timeout, &session);
+  if (answer && core::IsStaleSession(answer->status())) {
+    // Nothing was done. The loop registers again before it takes the call, which it then
+    // parks and re-issues under the new session.
+    loop_->Run([this, session, why = answer->status()] { OnStaleSession(session, why); });
+    return std::nullopt;
+  }
+  return answer;
+}
+
+void Node::OpenDirectCalls() {
+  DCHECK(loop_->InLoopThread());
+  if (closed_ || !registered_ || scheduler_ == nullptr || !scheduler_->connected()) return;
+  direct_calls_.Open(SchedulerMeta(pb::KV_REQUEST));
+}
+
+void Node::CloseDirectCalls(const char* why) {
+  DCHECK(loop_->InLoopThread());
+  direct_calls_.Close(why);
 }
 
 void Node::SendControlCall(std::shared_ptr<ControlCall> call) {
@@ -123,6 +153,7 @@ void Node::FailParked(bool all, const std::string& why) {
 Result<Frame> Node::CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
                                   Duration timeout) {
   CHECK(!loop_->OnRunningLoop()) << "blocking pscore call on the loop thread";
+  if (std::optional<Result<Frame>> direct = CallDirect(cmd, msg, timeout)) return std::move(*direct);
   auto promise = std::make_shared<std::promise<Result<Frame>>>();
   auto fut = promise->get_future();
   CallSchedulerAsync(cmd, msg, timeout, [promise](Result<Frame> r) { promise->set_value(std::move(r)); });

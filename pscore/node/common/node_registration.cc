@@ -75,6 +75,7 @@ void Node::OnRegistered(const pb::RegisterRespMessage& resp) {
   LOG(INFO) << RoleLabel(options_.role) << " " << options_.node_id << " registered as rank " << rank_;
   PublishSnapshot();
   ReissueParked();
+  OpenDirectCalls();
   if (heartbeat_timer_ == 0) {
     heartbeat_timer_ = loop_->AddTimer(options_.heartbeat_interval, options_.heartbeat_interval,
                                        [this] { Heartbeat(); });
@@ -115,6 +116,7 @@ void Node::OnStaleSession(uint64_t carried, const Status& why) {
   if (closed_ || carried != session_id_) return;
   LOG(WARNING) << RoleLabel(options_.role) << " " << options_.node_id << ": " << why << "; registering again";
   registered_ = false;
+  CloseDirectCalls("the scheduler's session changed");
   Register();
 }
 
@@ -148,6 +150,7 @@ void Node::OnHeartbeatAnswer(uint64_t session, Result<Frame> r) {
     if (code == Code::kNotFound || code == Code::kFailedPrecondition) {
       LOG(WARNING) << options_.node_id << ": the scheduler does not know us (" << r.status() << "); registering again";
       registered_ = false;
+      CloseDirectCalls("the scheduler does not know this node");
       Register();
     }
     return;

@@ -84,6 +84,10 @@ struct NodeOptions {
   int64_t scheduler_timeout_ms = 0;
   Duration connect_timeout = std::chrono::seconds(30);
   Duration request_timeout = std::chrono::seconds(60);
+  // A blocking KV request or barrier goes over a link to the scheduler that the calling
+  // thread writes and reads itself, when no other thread has it (pscore/node/common/
+  // direct_control.h; never with TLS). false: every call goes through the loop thread.
+  bool direct_control_calls = true;
   // Worker: how long a push or pull part whose server link was lost is sent again (to the
   // address the metadata gives for its keys' owner) before it fails; 3x the default
   // heartbeat timeout, so a server restarted in that time is waited for. Every member: no
