@@ -82,7 +82,9 @@ void Node::SendControlCall(std::shared_ptr<ControlCall> call) {
   messenger_->Call(conn, SchedulerMeta(call->cmd), call->payload, call->timeout,
                    [this, call, sent, conn, session = session_id_](Result<Frame> r) {
                      if (core::IsStaleSession(r.status())) OnStaleSession(session, r.status());
-                     if (!r.ok() && !closed() && ParkControlCall(call, r.status(), sent, conn)) return;
+                     // Stop closed the link under it (kUnavailable): the call ends as stopped.
+                     if (!r.ok() && closed()) return call->done(Stopped(), call->reissued);
+                     if (!r.ok() && ParkControlCall(call, r.status(), sent, conn)) return;
                      call->done(std::move(r), call->reissued);
                    });
 }
