@@ -16,14 +16,25 @@ void ReserveResult(std::vector<float>& v, size_t floats) {
   AdviseHugePages(v.data(), floats * sizeof(float));
 }
 
+// v sized to n, its memory asked for in huge pages before the first write when large: a
+// pull of millions of keys holds several arrays of a few bytes per key.
+template <typename T>
+void ResizeAdvised(std::vector<T>& v, size_t n) {
+  v.reserve(n);
+  AdviseHugePages(v.data(), n * sizeof(T));
+  v.resize(n);
+}
+
 size_t Total(const std::vector<uint32_t>& lens) { return std::accumulate(lens.begin(), lens.end(), size_t{0}); }
 
 }  // namespace
 
 void PullRequest::Begin(const std::vector<uint64_t>& k) {
-  keys = k;
-  src.resize(keys.size());
-  src_lens.resize(keys.size());
+  keys.reserve(k.size());
+  AdviseHugePages(keys.data(), k.size() * sizeof(uint64_t));
+  keys.assign(k.begin(), k.end());
+  ResizeAdvised(src, keys.size());
+  ResizeAdvised(src_lens, keys.size());
   outstanding = keys.size();
 }
 
