@@ -234,7 +234,9 @@ void ClusterManager::Rollback(const std::string& reason) {
   AssignTopology();
   ++epoch_;
   LOG(WARNING) << "scale operation rolled back: " << reason;
-  state_ = pb::CLUSTER_READY;
+  // A node lost during the scale keeps the job waiting for it: one state change to where the
+  // job is, not READY and then NODE_TIMEOUT, which members would see as READY for a moment.
+  state_ = timed_out_count_ > 0 ? pb::NODE_TIMEOUT : pb::CLUSTER_READY;
   EmitRaw(Event::Kind::kRollback).message = reason;
   EmitRaw(Event::Kind::kMetadataChanged);
   EmitRaw(Event::Kind::kStateChanged);
