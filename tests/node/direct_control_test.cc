@@ -14,6 +14,7 @@
 #include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/worker/worker_node.h"
+#include "node/test_options.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
@@ -33,27 +34,25 @@ SchedulerOptions Sched(int workers, const std::string& token = "") {
 }
 
 NodeOptions Member(int sched_port, const std::string& id, const std::string& token = "") {
-  NodeOptions o;
-  o.role = pb::WORKER;
-  o.scheduler_port = sched_port;
-  o.node_id = id;
-  o.heartbeat_interval = 100ms;
-  o.connect_timeout = 10s;
-  o.request_timeout = 10s;
-  o.handler_threads = 0;
+  NodeOptions o = testing::TestWorkerOptions(sched_port, id);
   o.cluster_token = token;
   return o;
 }
 
 BufferPtr Kv(pb::KvRequest::Op op, const std::string& key, const std::string& value = "", int64_t timeout_ms = 0) {
-  pb::KvRequest req;
-  req.set_op(op);
-  req.set_key(key);
-  req.set_value(value);
-  req.set_overwrite(true);
-  req.set_timeout_ms(timeout_ms);
-  return ToBuffer(req);
+  return testing::KvPayload(op, key, value, timeout_ms);
 }
+
+// A scheduler for one worker, and the options of that worker, w0.
+struct OneWorker {
+  explicit OneWorker(const std::string& token = "") : sched(Sched(1, token)) {
+    REQUIRE(sched.Start().ok());
+    options = Member(sched.port(), "w0", token);
+  }
+  ~OneWorker() { sched.Stop(); }
+  SchedulerNode sched;
+  NodeOptions options;
+};
 
 std::string ValueOf(const Result<comm::Frame>& answer) {
   REQUIRE(answer.ok());
@@ -64,10 +63,8 @@ std::string ValueOf(const Result<comm::Frame>& answer) {
 
 TEST_CASE("direct control: closed until opened - answers, the scheduler's errors, a stale session left to the loop",
           "[node][net][coord]") {
-  SchedulerNode sched(Sched(1));
-  REQUIRE(sched.Start().ok());
-  NodeOptions o = Member(sched.port(), "w0");
-  DirectControl direct(o);
+  OneWorker f;
+  DirectControl direct(f.options);
 
   CHECK_FALSE(direct.TryCall(pb::KV_REQUEST, Kv(pb::KvRequest::SET, "k", "v"), 5s).has_value());
   direct.Open(MakeMeta(pb::KV_REQUEST, pb::WORKER, 0));
@@ -102,15 +99,12 @@ TEST_CASE("direct control: closed until opened - answers, the scheduler's errors
   direct.Open(MakeMeta(pb::KV_REQUEST, pb::WORKER, 0));  // never again after Stop
   CHECK_FALSE(direct.TryCall(pb::KV_REQUEST, Kv(pb::KvRequest::TRY_GET, "k"), 5s).has_value());
   CHECK(direct.calls() == 5);
-  sched.Stop();
 }
 
 TEST_CASE("direct control: Close ends a call waiting on the link at once - the next caller after Open gets a new one",
           "[node][net][coord]") {
-  SchedulerNode sched(Sched(1));
-  REQUIRE(sched.Start().ok());
-  NodeOptions o = Member(sched.port(), "w0");
-  DirectControl direct(o);
+  OneWorker f;
+  DirectControl direct(f.options);
   direct.Open(MakeMeta(pb::KV_REQUEST, pb::WORKER, 0));
   // A GET of a key nobody sets waits at the scheduler for 30 s.
   auto waiting = std::async(std::launch::async, [&] {
@@ -129,27 +123,23 @@ TEST_CASE("direct control: Close ends a call waiting on the link at once - the n
   REQUIRE(again.has_value());
   CHECK(again->ok());
   direct.Stop();
-  sched.Stop();
 }
 
 TEST_CASE("direct control: with a cluster token the link passes the handshake - a wrong token goes the loop's way",
           "[node][net][coord]") {
-  SchedulerNode sched(Sched(1, "s3cret"));
-  REQUIRE(sched.Start().ok());
-  NodeOptions good = Member(sched.port(), "w0", "s3cret");
-  DirectControl direct(good);
+  OneWorker f("s3cret");
+  DirectControl direct(f.options);
   direct.Open(MakeMeta(pb::KV_REQUEST, pb::WORKER, 0));
   auto set = direct.TryCall(pb::KV_REQUEST, Kv(pb::KvRequest::SET, "k", "v"), 5s);
   REQUIRE(set.has_value());
   CHECK(set->ok());
-  NodeOptions bad = Member(sched.port(), "w1", "wrong");
+  NodeOptions bad = Member(f.sched.port(), "w1", "wrong");
   DirectControl refused(bad);
   refused.Open(MakeMeta(pb::KV_REQUEST, pb::WORKER, 0));
   CHECK_FALSE(refused.TryCall(pb::KV_REQUEST, Kv(pb::KvRequest::TRY_GET, "k"), 5s).has_value());
   CHECK(refused.calls() == 0);
   direct.Stop();
   refused.Stop();
-  sched.Stop();
 }
 
 // Two workers: w0 with the direct way, w1 with every call through its loop.

@@ -22,6 +22,7 @@
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
 #include "node/node_probe.h"
+#include "node/test_options.h"
 
 #include "node/ranktable_fixture.h"  // last: pulls in Catch
 
@@ -704,15 +705,9 @@ TEST_CASE("http: /metrics counts the key-value store's keys and bytes and its wa
   o.max_kv_total_bytes = 4096;
   Stack st(o);
   auto kv = [&st](pb::KvRequest::Op op, const std::string& key, const std::string& value, int64_t timeout_ms = 0) {
-    pb::KvRequest req;
-    req.set_op(op);
-    req.set_key(key);
-    req.set_value(value);
-    req.set_overwrite(true);
-    req.set_timeout_ms(timeout_ms);
     comm::Frame f;
     f.meta = MakeMeta(pb::KV_REQUEST, pb::WORKER, 0);
-    f.payload = ToBuffer(req);
+    f.payload = testing::KvPayload(op, key, value, timeout_ms);
     NodeProbe::ToScheduler(st.sched, /*conn=*/0, std::move(f));  // its answer goes nowhere
   };
   kv(pb::KvRequest::SET, "job/a", "12345");

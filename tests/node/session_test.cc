@@ -18,6 +18,7 @@
 #include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/worker/worker_node.h"
+#include "node/test_options.h"
 
 #include "node/raw_link.h"  // last: pulls in Catch
 
@@ -36,15 +37,9 @@ SchedulerOptions SchedOpts(int workers) {
 }
 
 NodeOptions WorkerOpts(int sched_port, const std::string& id, Duration interval = 100ms) {
-  NodeOptions o;
-  o.role = pb::WORKER;
-  o.scheduler_port = sched_port;
-  o.node_id = id;
+  NodeOptions o = testing::TestWorkerOptions(sched_port, id);
   o.heartbeat_interval = interval;
-  o.connect_timeout = 10s;
-  o.request_timeout = 10s;
   o.recovery_timeout = 30s;
-  o.handler_threads = 0;
   return o;
 }
 

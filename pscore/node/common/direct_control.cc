@@ -6,6 +6,25 @@
 
 namespace pscore::node {
 
+Duration DirectConnectTimeout(const NodeOptions& options) {
+  return std::min<Duration>(options.connect_timeout, std::chrono::seconds(2));
+}
+
+std::unique_ptr<comm::BlockingLink> DialDirect(const NodeOptions& options, const std::string& host, int port,
+                                               const std::string& what) {
+  comm::BlockingLinkOptions lo;
+  lo.limits.max_message_bytes = options.max_message_bytes;
+  lo.auth_token = options.cluster_token;
+  lo.connect_timeout = DirectConnectTimeout(options);
+  Result<std::unique_ptr<comm::BlockingLink>> dialed = comm::BlockingLink::Dial(host, port, lo);
+  if (!dialed.ok()) {
+    VLOG(1) << options.node_id << ": direct link to " << what << " at " << comm::JoinHostPort(host, port) << ": "
+            << dialed.status();
+    return nullptr;
+  }
+  return std::move(*dialed);
+}
+
 std::optional<Result<comm::Frame>> DirectControl::TryCall(pb::NodeCommand cmd, const BufferPtr& payload,
                                                             Duration timeout, uint64_t* session) {
   if (options_.tls != nullptr || !options_.direct_control_calls) return std::nullopt;
@@ -40,7 +59,8 @@ std::unique_ptr<comm::BlockingLink> DirectControl::TakeOut(pb::MessageMeta* meta
     if (busy_.size() + dialing_ >= kMaxLinks || SteadyClock().Now() < way_.no_dial_until) return nullptr;
     ++dialing_;
   }
-  std::unique_ptr<comm::BlockingLink> link = Dial();  // blocking: not under mu_
+  std::unique_ptr<comm::BlockingLink> link =  // blocking: not under mu_
+      DialDirect(options_, options_.scheduler_host, options_.scheduler_port, "the scheduler");
   std::lock_guard<std::mutex> lock(mu_);
   --dialing_;
   if (!link) way_.no_dial_until = SteadyClock().Now() + kDialBackoff;
@@ -48,21 +68,6 @@ std::unique_ptr<comm::BlockingLink> DirectControl::TakeOut(pb::MessageMeta* meta
   if (!link || !way_.open || way_.generation != *generation) return nullptr;
   busy_.insert(link.get());
   return link;
-}
-
-std::unique_ptr<comm::BlockingLink> DirectControl::Dial() {
-  comm::BlockingLinkOptions lo;
-  lo.limits.max_message_bytes = options_.max_message_bytes;
-  lo.auth_token = options_.cluster_token;
-  lo.connect_timeout = std::min<Duration>(options_.connect_timeout, std::chrono::seconds(2));
-  Result<std::unique_ptr<comm::BlockingLink>> dialed =
-      comm::BlockingLink::Dial(options_.scheduler_host, options_.scheduler_port, lo);
-  if (!dialed.ok()) {
-    VLOG(1) << options_.node_id << ": direct link to the scheduler at "
-            << comm::JoinHostPort(options_.scheduler_host, options_.scheduler_port) << ": " << dialed.status();
-    return nullptr;
-  }
-  return std::move(*dialed);
 }
 
 void DirectControl::Bring(std::unique_ptr<comm::BlockingLink> link, uint64_t generation) {

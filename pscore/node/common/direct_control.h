@@ -23,12 +23,18 @@
 
 namespace pscore::node {
 
+// A node's direct links (DirectControl's to the scheduler, a worker's DirectPuller's to a
+// server) are dialed with the node's message limit and cluster token; the dial waits at
+// most DirectConnectTimeout, after which the caller goes the loop's way.
+Duration DirectConnectTimeout(const NodeOptions& options);
+// The link to host:port, or null (logged at VLOG 1, naming `what`) when it cannot be made.
+std::unique_ptr<comm::BlockingLink> DialDirect(const NodeOptions& options, const std::string& host, int port,
+                                               const std::string& what);
 class DirectControl {
  public:
   // One link to the scheduler, for one calling thread at a time: callers that find it out
   // go the loop's way, where the calls of many threads share writes, reads and the
-  // scheduler's wake-ups (coord_bench: 32 threads on 4 nodes, loop 48,706 pairs/s, one
-  // direct link per thread 40,137).
+  // scheduler's wake-ups.
   static constexpr size_t kMaxLinks = 1;
 
   explicit DirectControl(const NodeOptions& options) : options_(options) {}
@@ -64,7 +70,6 @@ class DirectControl {
   static constexpr Duration kDialBackoff = std::chrono::seconds(1);
   // A link out with this thread (an idle one or a new dial), or null when closed or full.
   std::unique_ptr<comm::BlockingLink> TakeOut(pb::MessageMeta* meta, uint64_t* generation);
-  std::unique_ptr<comm::BlockingLink> Dial();
   // Back from a call: kept idle when the way is still the one it was taken under.
   void Bring(std::unique_ptr<comm::BlockingLink> link, uint64_t generation);
   void CloseLocked(const char* why);  // mu_ held

@@ -5,6 +5,7 @@
 #include "pscore/comm/address.h"
 #include "pscore/core/key_range.h"
 #include "pscore/core/kv_codec.h"
+#include "pscore/node/common/direct_control.h"
 #include "pscore/node/common/wire.h"
 
 namespace pscore::node {
@@ -68,28 +69,23 @@ bool DirectPuller::Owner(const std::vector<uint64_t>& keys, std::string* addr,
 }
 
 std::unique_ptr<comm::BlockingLink> DirectPuller::Dial(const std::string& addr) {
-  comm::BlockingLinkOptions lo;
-  lo.limits.max_message_bytes = options_.max_message_bytes;
-  lo.auth_token = options_.cluster_token;
-  lo.connect_timeout = std::min<Duration>(options_.connect_timeout, std::chrono::seconds(2));
   Result<comm::HostPort> where = comm::ParseHostPort(addr);
-  Result<std::unique_ptr<comm::BlockingLink>> dialed =
-      where.ok() ? comm::BlockingLink::Dial(where->host, where->port, lo)
-                 : Result<std::unique_ptr<comm::BlockingLink>>(where.status());
-  if (!dialed.ok()) {
-    VLOG(1) << options_.node_id << ": direct link to " << addr << ": " << dialed.status();
+  if (!where.ok()) {
+    VLOG(1) << options_.node_id << ": direct link to " << addr << ": " << where.status();
     return nullptr;
   }
+  std::unique_ptr<comm::BlockingLink> link = DialDirect(options_, where->host, where->port, "a server");
+  if (!link) return nullptr;
   // Say who we are first, as on the loop's links: servers serve members only.
   pb::HelloMessage hello;
   hello.set_node_id(options_.node_id);
   hello.set_role(pb::WORKER);
   const int rank = rank_();
   hello.set_rank_id(rank);
-  if (!(*dialed)->Notify(MakeMeta(pb::HELLO, pb::WORKER, rank), ToBuffer(hello), lo.connect_timeout).ok()) {
+  if (!link->Notify(MakeMeta(pb::HELLO, pb::WORKER, rank), ToBuffer(hello), DirectConnectTimeout(options_)).ok()) {
     return nullptr;
   }
-  return std::move(*dialed);
+  return link;
 }
 
 // Out with this thread from here: the loop interrupts it once the server is timed out or
