@@ -141,7 +141,9 @@ Status Connection::Send(const pb::MessageMeta& meta, Payload payload) {
   const uint64_t data_len = payload.size();
   Status st;
   if (data_len > kInlinePayloadBytes) {
-    return Append(meta, data_len, 0, std::move(payload), &st) != nullptr ? Status::Ok() : st;
+    if (Append(meta, data_len, 0, std::move(payload), &st) == nullptr) return st;
+    SentSmall(data_len);
+    return Status::Ok();
   }
   char* room = Append(meta, data_len, data_len, Payload(), &st);
   if (room == nullptr) return st;
@@ -154,7 +156,12 @@ Status Connection::Send(const pb::MessageMeta& meta, Payload payload) {
     if (s.size > 0) std::memcpy(room, s.data, s.size);
     room += s.size;
   }
+  SentSmall(data_len);
   return Status::Ok();
+}
+
+void Connection::SentSmall(uint64_t data_len) {
+  if (data_len < kEarlyFlushBytes && stream_.batch().bytes >= kEarlyFlushBytes) stream_.StartFlush();
 }
 
 Status Connection::Send(const pb::MessageMeta& meta, const google::protobuf::MessageLite& body) {
@@ -168,6 +175,7 @@ Status Connection::Send(const pb::MessageMeta& meta, const google::protobuf::Mes
   char* room = Append(meta, data_len, data_len, nullptr, &st);
   if (room == nullptr) return st;
   body.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(room));
+  SentSmall(data_len);
   return Status::Ok();
 }
 

@@ -27,6 +27,10 @@ class TransportLedger;
 
 // Payloads up to this size are copied into the write batch (one iovec per run of frames).
 inline constexpr uint64_t kInlinePayloadBytes = 512;
+// Frames with smaller payloads, queued faster than the loop turns, go out once their batch
+// holds this much: the peer starts on them while the rest are queued (larger frames wait
+// for the turn's flush as before).
+inline constexpr uint64_t kEarlyFlushBytes = 16 << 10;
 
 class Connection final : private StreamUser {
  public:
@@ -85,6 +89,9 @@ class Connection final : private StreamUser {
   void OnStreamClosed() override { delete this; }  // released from the table at Close()
   // Plaintext bytes decoded into frames and delivered.
   void OnBytes(size_t n);
+  // A frame with a payload of `data_len` bytes is complete in the batch: a batch of small
+  // frames that reached kEarlyFlushBytes starts to go out.
+  void SentSmall(uint64_t data_len);
   // Checks the limits and appends a frame's header and meta plus `inline_bytes` of room to
   // the pending batch (`payload` is referenced after them when not empty). Returns the room,
   // or null with *st set.

@@ -175,6 +175,35 @@ void StreamConn::Flush() {
   DCHECK(loop_->InLoopThread());
   if (!pending_ || closing_) return;
   if (tls_ && !tls_->established()) return;  // OnCipher flushes once it is
+  std::unique_ptr<WriteBatch> batch = TakeBatch();
+  if (tls_) {
+    batch->plain.assign(iov_.begin(), iov_.end());
+    tls_plain_.push_back(std::move(batch));
+    PumpTls();
+    return;
+  }
+  Write(std::move(batch), iov_);
+}
+
+void StreamConn::StartFlush() {
+  DCHECK(loop_->InLoopThread());
+  if (!pending_ || closing_ || tls_) return;
+  std::unique_ptr<WriteBatch> batch = TakeBatch();
+  batch->req.data = batch.get();
+  // On an idle queue libuv writes at once, inside this call; an error it meets there
+  // comes back through OnWriteDone.
+  int rc = uv_write(&batch->req, reinterpret_cast<uv_stream_t*>(tcp_), iov_.data(), static_cast<unsigned>(iov_.size()),
+                    &StreamCallbacks::OnWriteDone);
+  if (rc < 0) {
+    // Refused before writing a byte (the stream is no longer writable): Flush meets it.
+    pending_ = std::move(batch);
+    return;
+  }
+  ++in_flight_;
+  batch.release();  // Freed in OnWriteDone.
+}
+
+std::unique_ptr<WriteBatch> StreamConn::TakeBatch() {
   std::unique_ptr<WriteBatch> batch = std::move(pending_);
   std::vector<uv_buf_t>& bufs = iov_;  // reused: no allocation per flush
   bufs.clear();
@@ -196,13 +225,7 @@ void StreamConn::Flush() {
     if (p.head) add(p.head->data(), p.head->size());
     for (const Slice& s : p.tail) add(s.data, s.size);
   }
-  if (tls_) {
-    batch->plain.assign(bufs.begin(), bufs.end());
-    tls_plain_.push_back(std::move(batch));
-    PumpTls();
-    return;
-  }
-  Write(std::move(batch), bufs);
+  return batch;
 }
 
 void StreamConn::Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>& bufs) {

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -361,6 +362,77 @@ TEST_CASE("transport: writing to a peer that is gone closes the connection with 
   Status why = watched.Get();
   INFO(why);
   CHECK(why.code() == Code::kUnavailable);
+  REQUIRE(client.Stop().ok());
+}
+
+TEST_CASE("transport: small frames queued in one turn start out once their batch fills - order and bytes intact",
+          "[comm][net][transport]") {
+  testing::RawListener listener;
+  const int port = listener.Start();
+  REQUIRE(port > 0);
+  Peer client("client");
+  Result<ConnId> conn = client.Connect(port);
+  REQUIRE(conn.ok());
+  RawSocket peer;
+  REQUIRE(listener.Accept(&peer));
+  // 4 KiB frames, a large and an inline one among them, all queued in one loop turn.
+  const size_t kFrames = 64;
+  auto payload_of = [](uint64_t id) {
+    const size_t n = id % 16 == 5 ? 70000 : id % 16 == 9 ? 40 : 4096;
+    std::string bytes(n, '\0');
+    for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<char>('a' + (i * 3 + id) % 26);
+    return bytes;
+  };
+  const bool out_in_turn = OnLoop(client.loop, [&] {
+    for (uint64_t id = 1; id <= kFrames; ++id) {
+      REQUIRE(client.transport->Send(*conn, TestMeta(id), Buffer::FromString(payload_of(id))).ok());
+    }
+    // Still inside the turn that queued them: the first frame is already on the socket.
+    pollfd p{peer.fd(), POLLIN, 0};
+    return ::poll(&p, 1, 5000) == 1;
+  });
+  CHECK(out_in_turn);
+  for (uint64_t id = 1; id <= kFrames; ++id) {
+    pb::MessageMeta meta;
+    std::string got;
+    REQUIRE(peer.RecvFrame(&meta, &got));
+    CHECK(meta.request_id() == id);
+    CHECK(got == payload_of(id));
+  }
+  REQUIRE(client.Stop().ok());
+}
+
+TEST_CASE("transport: small frames to a peer gone mid-turn - the close comes on a later turn, never inside Send",
+          "[comm][net][transport]") {
+  testing::RawListener listener;
+  const int port = listener.Start();
+  REQUIRE(port > 0);
+  Peer client("client");
+  Result<ConnId> conn = client.Connect(port);
+  REQUIRE(conn.ok());
+  RawSocket gone;
+  REQUIRE(listener.Accept(&gone));
+  bool sending = false, closed_while_sending = false;  // loop thread only
+  OneShot<Status> watched;
+  OnLoop(client.loop, [&] {
+    client.transport->WatchClose(*conn, [&](const Status& why) {
+      closed_while_sending = sending;
+      watched.Set(why);
+    });
+    sending = true;
+    for (uint64_t id = 1; id <= 64; ++id) {
+      // The peer goes away with unread bytes (a reset) after the first batches went out:
+      // the batches after it meet the reset while this turn still queues frames.
+      if (id == 9) gone.Close();
+      Status st = client.transport->Send(*conn, TestMeta(id), Buffer::Allocate(4096));
+      if (!st.ok()) break;
+    }
+    sending = false;
+  });
+  Status why = watched.Get();
+  INFO(why);
+  CHECK(why.code() == Code::kUnavailable);
+  CHECK_FALSE(OnLoop(client.loop, [&] { return closed_while_sending; }));
   REQUIRE(client.Stop().ok());
 }
 
