@@ -81,6 +81,7 @@ struct StreamCallbacks {
         if (status != UV_ECANCELED) self->Fail(StreamUser::Failure::kWrite, UvStatus(status, "write"));
         return;
       }
+      if (!self->spare_) self->Recycle(std::move(batch));
     }
     if (!self->closing_) self->user_->OnStreamWritten();
   }
@@ -182,25 +183,13 @@ void StreamConn::Flush() {
     PumpTls();
     return;
   }
-  Write(std::move(batch), iov_);
+  Write(std::move(batch), iov_, /*fail_now=*/true);
 }
 
 void StreamConn::StartFlush() {
   DCHECK(loop_->InLoopThread());
   if (!pending_ || closing_ || tls_) return;
-  std::unique_ptr<WriteBatch> batch = TakeBatch();
-  batch->req.data = batch.get();
-  // On an idle queue libuv writes at once, inside this call; an error it meets there
-  // comes back through OnWriteDone.
-  int rc = uv_write(&batch->req, reinterpret_cast<uv_stream_t*>(tcp_), iov_.data(), static_cast<unsigned>(iov_.size()),
-                    &StreamCallbacks::OnWriteDone);
-  if (rc < 0) {
-    // Refused before writing a byte (the stream is no longer writable): Flush meets it.
-    pending_ = std::move(batch);
-    return;
-  }
-  ++in_flight_;
-  batch.release();  // Freed in OnWriteDone.
+  Write(TakeBatch(), iov_, /*fail_now=*/false);
 }
 
 std::unique_ptr<WriteBatch> StreamConn::TakeBatch() {
@@ -228,7 +217,7 @@ std::unique_ptr<WriteBatch> StreamConn::TakeBatch() {
   return batch;
 }
 
-void StreamConn::Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>& bufs) {
+void StreamConn::Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>& bufs, bool fail_now) {
   // Write what the socket takes at once; queue only the rest. On an idle socket this
   // saves the write request, its deferred callback and an epoll_ctl per flush.
   auto* stream = reinterpret_cast<uv_stream_t*>(tcp_);
@@ -236,8 +225,11 @@ void StreamConn::Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>&
   if (!options_.always_queue) {
     n = uv_try_write(stream, bufs.data(), static_cast<unsigned>(bufs.size()));
     if (n < 0 && n != UV_EAGAIN) {
-      user_->OnBatchDone(*batch);
-      return Fail(StreamUser::Failure::kWrite, UvStatus(n, "write"));
+      if (fail_now) {
+        user_->OnBatchDone(*batch);
+        return Fail(StreamUser::Failure::kWrite, UvStatus(n, "write"));
+      }
+      n = 0;  // uv_write below meets the same error, and reports it from its callback
     }
   }
   size_t first = 0;
@@ -258,11 +250,15 @@ void StreamConn::Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>&
   int rc = uv_write(&batch->req, stream, bufs.data() + first, static_cast<unsigned>(bufs.size() - first),
                     &StreamCallbacks::OnWriteDone);
   if (rc < 0) {
+    if (!fail_now && n == 0) {
+      pending_ = std::move(batch);  // refused before a byte went out: the next Flush meets it
+      return;
+    }
     user_->OnBatchDone(*batch);
     return Fail(StreamUser::Failure::kWrite, UvStatus(rc, "uv_write"));
   }
   ++in_flight_;
-  batch.release();  // Freed in OnWriteDone.
+  batch.release();  // Freed, or kept for reuse, in OnWriteDone.
 }
 
 void StreamConn::Recycle(std::unique_ptr<WriteBatch> batch) {

@@ -119,9 +119,9 @@ class StreamConn {
   // Writes the queued batch (as far as the socket takes it now; the rest through libuv).
   // Under TLS nothing goes out before the handshake finished: it flushes then.
   void Flush();
-  // Starts writing the queued batch through libuv's queue (plaintext only: under TLS it
-  // stays queued for Flush). Never fails now: a failed write is reported from its callback
-  // on a later turn, so a frame's sender is not re-entered by a close.
+  // Writes the queued batch as Flush does (plaintext only: under TLS it stays queued for
+  // Flush), but a failed write is reported from libuv's callback on a later turn, so a
+  // frame's sender is not re-entered by a close.
   void StartFlush();
   // Nothing queued, nothing being encrypted, nothing waiting in libuv.
   bool drained() const { return !pending_ && tls_plain_.empty() && !tls_writing_ && in_flight_ == 0; }
@@ -155,7 +155,9 @@ class StreamConn {
   // The queued batch as iovecs (into iov_), and the batch taken out of pending_.
   std::unique_ptr<WriteBatch> TakeBatch();
   // Writes bufs of `batch` (try first, then queue the rest); owns the batch till done.
-  void Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>& bufs);
+  // Without `fail_now` a failed write is left to libuv's callback, on a later turn (short
+  // of libuv failing to allocate for the rest of a batch the socket took in part).
+  void Write(std::unique_ptr<WriteBatch> batch, std::vector<uv_buf_t>& bufs, bool fail_now);
   // A batch written (or encrypted) whole: kept for reuse unless it grew big.
   void Recycle(std::unique_ptr<WriteBatch> batch);
   void Fail(StreamUser::Failure what, const Status& why);
