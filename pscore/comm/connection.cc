@@ -142,7 +142,7 @@ Status Connection::Send(const pb::MessageMeta& meta, Payload payload) {
   Status st;
   if (data_len > kInlinePayloadBytes) {
     if (Append(meta, data_len, 0, std::move(payload), &st) == nullptr) return st;
-    SentSmall(data_len);
+    StartFlushIfFull(data_len);
     return Status::Ok();
   }
   char* room = Append(meta, data_len, data_len, Payload(), &st);
@@ -156,11 +156,11 @@ Status Connection::Send(const pb::MessageMeta& meta, Payload payload) {
     if (s.size > 0) std::memcpy(room, s.data, s.size);
     room += s.size;
   }
-  SentSmall(data_len);
+  StartFlushIfFull(data_len);
   return Status::Ok();
 }
 
-void Connection::SentSmall(uint64_t data_len) {
+void Connection::StartFlushIfFull(uint64_t data_len) {
   if (data_len < kEarlyFlushBytes && stream_.batch().bytes >= kEarlyFlushBytes) stream_.StartFlush();
 }
 
@@ -175,7 +175,7 @@ Status Connection::Send(const pb::MessageMeta& meta, const google::protobuf::Mes
   char* room = Append(meta, data_len, data_len, nullptr, &st);
   if (room == nullptr) return st;
   body.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(room));
-  SentSmall(data_len);
+  StartFlushIfFull(data_len);
   return Status::Ok();
 }
 

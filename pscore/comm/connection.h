@@ -91,7 +91,7 @@ class Connection final : private StreamUser {
   void OnBytes(size_t n);
   // A frame with a payload of `data_len` bytes is complete in the batch: a batch of small
   // frames that reached kEarlyFlushBytes starts to go out.
-  void SentSmall(uint64_t data_len);
+  void StartFlushIfFull(uint64_t data_len);
   // Checks the limits and appends a frame's header and meta plus `inline_bytes` of room to
   // the pending batch (`payload` is referenced after them when not empty). Returns the room,
   // or null with *st set.

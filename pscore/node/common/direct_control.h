@@ -30,6 +30,7 @@ Duration DirectConnectTimeout(const NodeOptions& options);
 // The link to host:port, or null (logged at VLOG 1, naming `what`) when it cannot be made.
 std::unique_ptr<comm::BlockingLink> DialDirect(const NodeOptions& options, const std::string& host, int port,
                                                const std::string& what);
+
 class DirectControl {
  public:
   // One link to the scheduler, for one calling thread at a time: callers that find it out
