@@ -65,6 +65,22 @@ struct Peer {
   }
 };
 
+// A Peer connected to a plain socket that the test reads from and closes by hand.
+struct ClientAndRaw {
+  ClientAndRaw() : client("client") {
+    const int port = listener.Start();
+    REQUIRE(port > 0);
+    Result<ConnId> c = client.Connect(port);
+    REQUIRE(c.ok());
+    conn = *c;
+    REQUIRE(listener.Accept(&raw));
+  }
+  testing::RawListener listener;
+  Peer client;
+  ConnId conn{};
+  RawSocket raw;
+};
+
 // `server` listens on an ephemeral port; `client` connects to it.
 Result<ConnId> ListenAndConnect(Peer& server, Peer& client) {
   Result<int> port = OnLoop(server.loop, [&] { return server.transport->Listen("127.0.0.1", 0); });
@@ -343,20 +359,15 @@ TEST_CASE("transport: writing to a peer that is gone closes the connection with 
   struct sigaction current {};
   REQUIRE(::sigaction(SIGPIPE, nullptr, &current) == 0);
   REQUIRE(current.sa_handler == SIG_DFL);  // as in a program that embeds pscore and never thought of it
-  testing::RawListener listener;
-  const int port = listener.Start();
-  REQUIRE(port > 0);
-  Peer client("client");
-  Result<ConnId> conn = client.Connect(port);
-  REQUIRE(conn.ok());
-  RawSocket gone;
-  REQUIRE(listener.Accept(&gone));
+  ClientAndRaw f;
+  Peer& client = f.client;
+  RawSocket& gone = f.raw;
   gone.Close();
   OneShot<Status> watched;
-  OnLoop(client.loop, [&] { client.transport->WatchClose(*conn, [&](const Status& why) { watched.Set(why); }); });
+  OnLoop(client.loop, [&] { client.transport->WatchClose(f.conn, [&](const Status& why) { watched.Set(why); }); });
   // The first writes may still be taken; a later one meets the peer's reset: EPIPE.
-  for (int i = 0; i < 200 && OnLoop(client.loop, [&] { return client.transport->IsOpen(*conn); }); ++i) {
-    OnLoop(client.loop, [&] { return client.transport->Send(*conn, TestMeta(1), Buffer::Allocate(1 << 20)); }).IgnoreError();  // may fail once closed
+  for (int i = 0; i < 200 && OnLoop(client.loop, [&] { return client.transport->IsOpen(f.conn); }); ++i) {
+    OnLoop(client.loop, [&] { return client.transport->Send(f.conn, TestMeta(1), Buffer::Allocate(1 << 20)); }).IgnoreError();  // may fail once closed
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   Status why = watched.Get();
@@ -367,14 +378,9 @@ TEST_CASE("transport: writing to a peer that is gone closes the connection with 
 
 TEST_CASE("transport: small frames queued in one turn start out once their batch fills - order and bytes intact",
           "[comm][net][transport]") {
-  testing::RawListener listener;
-  const int port = listener.Start();
-  REQUIRE(port > 0);
-  Peer client("client");
-  Result<ConnId> conn = client.Connect(port);
-  REQUIRE(conn.ok());
-  RawSocket peer;
-  REQUIRE(listener.Accept(&peer));
+  ClientAndRaw f;
+  Peer& client = f.client;
+  RawSocket& peer = f.raw;
   // 4 KiB frames, a large and an inline one among them, all queued in one loop turn.
   const size_t kFrames = 64;
   auto payload_of = [](uint64_t id) {
@@ -385,7 +391,7 @@ TEST_CASE("transport: small frames queued in one turn start out once their batch
   };
   const bool out_in_turn = OnLoop(client.loop, [&] {
     for (uint64_t id = 1; id <= kFrames; ++id) {
-      REQUIRE(client.transport->Send(*conn, TestMeta(id), Buffer::FromString(payload_of(id))).ok());
+      REQUIRE(client.transport->Send(f.conn, TestMeta(id), Buffer::FromString(payload_of(id))).ok());
     }
     // Still inside the turn that queued them: the first frame is already on the socket.
     pollfd p{peer.fd(), POLLIN, 0};
@@ -404,18 +410,13 @@ TEST_CASE("transport: small frames queued in one turn start out once their batch
 
 TEST_CASE("transport: small frames to a peer gone mid-turn - the close comes on a later turn, never inside Send",
           "[comm][net][transport]") {
-  testing::RawListener listener;
-  const int port = listener.Start();
-  REQUIRE(port > 0);
-  Peer client("client");
-  Result<ConnId> conn = client.Connect(port);
-  REQUIRE(conn.ok());
-  RawSocket gone;
-  REQUIRE(listener.Accept(&gone));
+  ClientAndRaw f;
+  Peer& client = f.client;
+  RawSocket& gone = f.raw;
   bool sending = false, closed_while_sending = false;  // loop thread only
   OneShot<Status> watched;
   OnLoop(client.loop, [&] {
-    client.transport->WatchClose(*conn, [&](const Status& why) {
+    client.transport->WatchClose(f.conn, [&](const Status& why) {
       closed_while_sending = sending;
       watched.Set(why);
     });
@@ -424,7 +425,7 @@ TEST_CASE("transport: small frames to a peer gone mid-turn - the close comes on 
       // The peer goes away with unread bytes (a reset) after the first batches went out:
       // the batches after it meet the reset while this turn still queues frames.
       if (id == 9) gone.Close();
-      Status st = client.transport->Send(*conn, TestMeta(id), Buffer::Allocate(4096));
+      Status st = client.transport->Send(f.conn, TestMeta(id), Buffer::Allocate(4096));
       if (!st.ok()) break;
     }
     sending = false;
