@@ -126,6 +126,9 @@ void FinishKvPairs(flatbuffers::FlatBufferBuilder* fbb, const uint64_t* keys, co
   fb::FinishKvPairsBuffer(*fbb, kv.Finish());
 }
 
+Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens, uint32_t uniform_len,
+                               size_t num_values, const std::function<Status(float*)>& fill);
+
 }  // namespace
 
 BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
@@ -232,6 +235,20 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
 
 Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
                                       size_t num_values, const std::function<Status(float*)>& fill) {
+  return EncodeFilled(keys, num_keys, lens, 0, num_values, fill);
+}
+
+Result<BufferPtr> EncodeKvPairsUniform(const uint64_t* keys, size_t num_keys, uint32_t len,
+                                       const std::function<Status(float*)>& fill) {
+  return EncodeFilled(keys, num_keys, nullptr, len, uint64_t{len} * num_keys, fill);
+}
+
+namespace {
+
+// EncodeKvPairsFilled, or with lens null every key's length `uniform_len`, written
+// straight into the buffer.
+Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens, uint32_t uniform_len,
+                               size_t num_values, const std::function<Status(float*)>& fill) {
   // flatbuffers keeps its size in 32 bits (and checks the 2 GiB limit only in debug
   // builds): past it the offsets would wrap and the fill write past the buffer.
   if (num_keys > FLATBUFFERS_MAX_BUFFER_SIZE || num_values > FLATBUFFERS_MAX_BUFFER_SIZE ||
@@ -251,9 +268,24 @@ Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, con
     h.fill = [&fill](char* dst) { return fill(reinterpret_cast<float*>(dst)); };
     holes.push_back(std::move(h));
   }
-  FinishKvPairs(&fbb, keys, lens, num_keys, values_off, /*op=*/0, &holes);
+  const size_t first = holes.size();
+  // Uniform: the lens hole is filled, not copied (its source only sizes it).
+  FinishKvPairs(&fbb, keys, lens != nullptr ? lens : &uniform_len, num_keys, values_off, /*op=*/0, &holes);
+  if (lens == nullptr) {
+    for (size_t h = first; h < holes.size(); ++h) {
+      Hole& hole = holes[h];
+      if (hole.segments.front().source == keys) continue;
+      hole.segments.clear();
+      hole.fill = [=](char* dst) {
+        std::fill_n(reinterpret_cast<uint32_t*>(dst), num_keys, uniform_len);
+        return Status::Ok();
+      };
+    }
+  }
   return Assemble(fbb, std::move(holes));
 }
+
+}  // namespace
 
 Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
                                     std::vector<Slice> values) {

@@ -44,6 +44,10 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
 // by fill(dst) (num_values floats; dst is 4-byte aligned). A fill error is returned.
 Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
                                       size_t num_values, const std::function<Status(float*)>& fill);
+// The same with every key `len` floats long (num_keys * len values): the lens are written
+// into the buffer, not copied from an array.
+Result<BufferPtr> EncodeKvPairsUniform(const uint64_t* keys, size_t num_keys, uint32_t len,
+                                       const std::function<Status(float*)>& fill);
 
 // Average value bytes per key from which writing values from where they live (tail slices,
 // one writev entry each) beats copying them into one buffer: zero-copy pulls and ZPush.

@@ -129,6 +129,11 @@ class ParamStore {
   // removed in between is kNotFound.
   Status Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const;
   Status CopyValues(const uint64_t* keys, size_t num_keys, const uint32_t* lens, float* out) const;
+  // Pull in one step when every key holds `len` floats (an embedding table's rows): the
+  // floats of key i go to out + i * len, which must hold num_keys * len. kNotFound names a
+  // missing key; kFailedPrecondition names the first key (in batch order) of another
+  // length, and then `out` holds no meaning: the two steps above serve such a batch.
+  Status CopyUniform(const uint64_t* keys, size_t num_keys, uint32_t len, float* out) const;
   // Pull without a copy: out[i] is the stored memory of keys[i] (its length times 4 bytes),
   // pinned while the slice's owner is held. A push to a pinned key writes a fresh copy and
   // leaves the pinned memory alone, so a slice keeps the values of the moment it was taken

@@ -110,6 +110,29 @@ Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, const uint3
   return st.ok() ? changed : st;
 }
 
+Status ParamStore::CopyUniform(const uint64_t* keys, size_t num_keys, uint32_t len, float* out) const {
+  size_t other_at = SIZE_MAX;  // the first key of another length, in batch order
+  uint32_t other_len = 0;
+  Status st = ForEachStored(keys, num_keys, false, [&](size_t i, const float* v, uint32_t got, const BlockPtr*) {
+    if (got != len) {
+      if (i < other_at) {
+        other_at = i;
+        other_len = got;
+      }
+      return;
+    }
+    float* dst = out + i * size_t{len};
+    if (len == 1) {
+      *dst = *v;  // one float a key: no call per key
+    } else if (len > 0) {
+      std::memcpy(dst, v, len * sizeof(float));
+    }
+  });
+  if (!st.ok() || other_at == SIZE_MAX) return st;
+  return Status(Code::kFailedPrecondition, "key " + std::to_string(keys[other_at]) + " holds " +
+                                               std::to_string(other_len) + " floats, not " + std::to_string(len));
+}
+
 namespace {
 // A slice reading a block's values, pinning the block (readers) until let go.
 template <typename BlockPtrT>

@@ -401,6 +401,34 @@ TEST_CASE("filled encoding writes values in place and passes fill errors on", "[
   CHECK(bad.status().code() == Code::kNotFound);
 }
 
+TEST_CASE("uniform filled encoding writes every key's length and the values in place", "[core][kvcodec]") {
+  std::vector<uint64_t> keys(1000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 7919;
+  Result<BufferPtr> b = EncodeKvPairsUniform(keys.data(), keys.size(), 3, [](float* dst) {
+    for (size_t i = 0; i < 3000; ++i) dst[i] = static_cast<float>(i) + 0.5f;
+    return Status::Ok();
+  });
+  REQUIRE(b.ok());
+  Result<KvView> v = DecodeKvPairs((*b)->data(), (*b)->size(), true);
+  REQUIRE(v.ok());
+  CHECK(std::vector<uint64_t>(v->keys, v->keys + v->num_keys) == keys);
+  CHECK(std::vector<uint32_t>(v->lens, v->lens + v->num_lens) == std::vector<uint32_t>(1000, 3));
+  REQUIRE(v->num_values == 3000);
+  CHECK(v->values[0] == 0.5f);
+  CHECK(v->values[2999] == 2999.5f);
+  // Zero floats a key: lens present, no values; a fill error is passed on.
+  Result<BufferPtr> empty = EncodeKvPairsUniform(keys.data(), 2, 0, [](float*) { return Status::Ok(); });
+  REQUIRE(empty.ok());
+  Result<KvView> e = DecodeKvPairs((*empty)->data(), (*empty)->size(), true);
+  REQUIRE(e.ok());
+  CHECK(e->num_lens == 2);
+  CHECK(e->lens[1] == 0);
+  CHECK(e->num_values == 0);
+  Result<BufferPtr> bad =
+      EncodeKvPairsUniform(keys.data(), keys.size(), 1, [](float*) { return Status(Code::kNotFound, "gone"); });
+  CHECK(bad.status().code() == Code::kNotFound);
+}
+
 TEST_CASE("filled encoding refuses what one flatbuffer cannot hold - before allocating or filling",
           "[core][kvcodec]") {
   std::vector<uint64_t> keys = {1};

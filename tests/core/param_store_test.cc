@@ -186,6 +186,44 @@ TEST_CASE("two-step pull gives lengths then the values back to back", "[core][pa
   CHECK(std::all_of(room.begin() + 5, room.end(), [](float f) { return f == -1.0f; }));
 }
 
+TEST_CASE("one-step pull of rows of one length equals the two steps, and names a key of another length",
+          "[core][paramstore]") {
+  ParamStore store(ParamStore::Options{UpdateRule::kAssign, 0.1f});
+  // Dense keys (runs) and a sparse spread, three floats each, pushed out of order.
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 5000; ++k) keys.push_back(k % 2 == 0 ? k : k * 0x9E3779B97F4A7C15ULL);
+  std::vector<uint32_t> lens(keys.size(), 3);
+  std::vector<float> vals(keys.size() * 3);
+  for (size_t i = 0; i < vals.size(); ++i) vals[i] = static_cast<float>(i);
+  REQUIRE(store.Push(keys.data(), lens.data(), vals.data(), keys.size()).ok());
+  // Asked in another order, some twice.
+  std::vector<uint64_t> ask(keys.rbegin(), keys.rend());
+  ask.push_back(keys[10]);
+  std::vector<uint32_t> two_lens;
+  std::vector<float> two_vals;
+  REQUIRE(store.Pull(ask.data(), ask.size(), &two_lens, &two_vals).ok());
+  std::vector<float> one(ask.size() * 3, -1.0f);
+  REQUIRE(store.CopyUniform(ask.data(), ask.size(), 3, one.data()).ok());
+  CHECK(one == two_vals);
+  // A key held as a block of its own (it was shared once) reads the same.
+  Slice pinned;
+  REQUIRE(store.ShareValues(&keys[7], 1, &pinned).ok());
+  pinned = Slice{};
+  std::fill(one.begin(), one.end(), -1.0f);
+  REQUIRE(store.CopyUniform(ask.data(), ask.size(), 3, one.data()).ok());
+  CHECK(one == two_vals);
+  // A key of another length is named (the first in batch order); a missing key is kNotFound.
+  store.Insert(keys[20], std::vector<float>(5, 1.0f));
+  store.Insert(keys[30], std::vector<float>(1, 1.0f));
+  std::vector<uint64_t> mixed = {keys[1], keys[30], keys[20]};
+  std::vector<float> room(9);
+  Status other = store.CopyUniform(mixed.data(), mixed.size(), 3, room.data());
+  CHECK(other.code() == Code::kFailedPrecondition);
+  CHECK_THAT(other.message(), Catch::Contains("key " + std::to_string(keys[30]) + " holds 1 floats, not 3"));
+  uint64_t missing = 1;
+  CHECK(store.CopyUniform(&missing, 1, 3, room.data()).code() == Code::kNotFound);
+}
+
 TEST_CASE("shared values are the stored memory and keep their contents while a push writes a copy",
           "[core][paramstore]") {
   ParamStore store(Rule(UpdateRule::kSum));

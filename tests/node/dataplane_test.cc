@@ -1385,6 +1385,55 @@ TEST_CASE("Pull of keys pulled before reads the answers into its result - sizes 
   CHECK(gone.status().code() == Code::kNotFound);
 }
 
+TEST_CASE("Pull of many rows of one length, with a row of another length or a missing key among them",
+          "[node][net][dataplane]") {
+  TestCluster c(TestCluster::Config{});
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  // 300 rows of 4 floats (dense and spread keys) and one row of 7.
+  std::vector<uint64_t> rows;
+  for (uint64_t k = 0; k < 300; ++k) rows.push_back(k < 150 ? 1000 + k : k * 0x9E3779B97F4A7C15ULL);
+  std::vector<float> row_values(rows.size() * 4);
+  for (size_t i = 0; i < row_values.size(); ++i) row_values[i] = static_cast<float>(i) * 0.25f;
+  REQUIRE(Await(w.Push(rows, row_values, std::vector<uint32_t>(rows.size(), 4))).ok());
+  const uint64_t odd = 77;
+  const std::vector<float> odd_values = {9, 8, 7, 6, 5, 4, 3};
+  REQUIRE(Await(w.Push({odd}, odd_values, {7})).ok());
+  auto row = [&](size_t i) { return std::vector<float>(row_values.begin() + i * 4, row_values.begin() + i * 4 + 4); };
+
+  Result<PullResult> all = Await(w.Pull(rows));
+  REQUIRE(all.ok());
+  CHECK(all->values == row_values);
+  CHECK(all->lens == std::vector<uint32_t>(rows.size(), 4));
+
+  // The odd row after the first, and first: each key's own length and values.
+  for (size_t at : {size_t{1}, size_t{0}, size_t{150}}) {
+    INFO("odd row at " << at);
+    std::vector<uint64_t> keys(rows.begin(), rows.begin() + 200);
+    keys.insert(keys.begin() + static_cast<std::ptrdiff_t>(at), odd);
+    Result<PullResult> r = Await(w.Pull(keys));
+    REQUIRE(r.ok());
+    std::vector<float> expect;
+    std::vector<uint32_t> expect_lens;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const std::vector<float> v = i == at ? odd_values : row(i < at ? i : i - 1);
+      expect.insert(expect.end(), v.begin(), v.end());
+      expect_lens.push_back(static_cast<uint32_t>(v.size()));
+    }
+    CHECK(r->values == expect);
+    CHECK(r->lens == expect_lens);
+  }
+
+  // A missing key among the rows is named, wherever it stands.
+  for (size_t at : {size_t{0}, size_t{120}}) {
+    std::vector<uint64_t> keys(rows.begin(), rows.end());
+    keys.insert(keys.begin() + static_cast<std::ptrdiff_t>(at), 5);
+    Result<PullResult> r = Await(w.Pull(keys));
+    CHECK(r.status().code() == Code::kNotFound);
+    CHECK_THAT(r.status().message(), Catch::Contains("unknown key 5"));
+  }
+}
+
 TEST_CASE("PullInto that fails on one server is ready only when no answer can still write into dest",
           "[node][net][dataplane]") {
   // Server 0 holds a large key, server 1 is asked for a key it does not have. Server 1's

@@ -58,6 +58,12 @@ void ParamService::HandlePull(const DataRequest& req, Responder r) {
   if (!view.ok()) return r.Fail(view.status());
   auto lock = ownership_->Share();
   PSCORE_RETURN_IF_ERROR_RESPOND(ownership_->CheckOwned(view->keys, view->num_keys), r);
+  Result<BufferPtr> uniform = PullUniform(*view);
+  if (!uniform.ok()) return r.Fail(uniform.status());
+  if (*uniform) {
+    lock.unlock();
+    return r.Reply(std::move(*uniform));
+  }
   std::vector<uint32_t> lens(view->num_keys);
   PSCORE_RETURN_IF_ERROR_RESPOND(store_.Lens(view->keys, view->num_keys, lens.data()), r);
   uint64_t total = 0;
@@ -65,7 +71,7 @@ void ParamService::HandlePull(const DataRequest& req, Responder r) {
   // An answer over the frame limit would be refused by the worker (its link closed), and
   // one of 2 GiB or more cannot be encoded at all: refused here, whole. Keys may repeat
   // in a request, so a small request can ask for a huge answer.
-  const uint64_t answer_bytes = total * sizeof(float) + uint64_t{view->num_keys} * (sizeof(uint64_t) + sizeof(uint32_t));
+  const uint64_t answer_bytes = AnswerBytes(view->num_keys, total);
   if (answer_bytes > options_.max_message_bytes) {
     return r.Fail(Status(Code::kResourceExhausted, "pull: the answer would hold " + std::to_string(answer_bytes) +
                                                        " bytes of keys and values, over max_message_bytes (" +
@@ -91,6 +97,34 @@ void ParamService::HandlePull(const DataRequest& req, Responder r) {
   if (!answer.ok()) return r.Fail(answer.status());
   copied_->fetch_add(total * sizeof(float), std::memory_order_relaxed);
   r.Reply(*answer);
+}
+
+uint64_t ParamService::AnswerBytes(size_t num_keys, uint64_t floats) {
+  return floats * sizeof(float) + uint64_t{num_keys} * (sizeof(uint64_t) + sizeof(uint32_t));
+}
+
+// Rows of one length (an embedding table's, a sparse model's floats) are copied in one walk
+// of the keys: the first key's length is looked up alone and taken for every key. Null
+// when that does not serve: a key of another length (found on the way), rows large enough
+// for the answer to share the store's memory, an answer over the limit (HandlePull's two
+// steps then answer, or refuse naming the size).
+Result<BufferPtr> ParamService::PullUniform(const core::KvView& view) const {
+  if (view.num_keys < 2) return BufferPtr();
+  uint32_t len = 0;
+  PSCORE_RETURN_IF_ERROR(store_.Lens(view.keys, 1, &len));
+  const uint64_t total = uint64_t{len} * view.num_keys;
+  if (len * sizeof(float) >= core::kSharedAnswerBytes || AnswerBytes(view.num_keys, total) > options_.max_message_bytes) {
+    return BufferPtr();
+  }
+  bool other_len = false;
+  Result<BufferPtr> answer = core::EncodeKvPairsUniform(view.keys, view.num_keys, len, [&](float* dst) {
+    Status st = store_.CopyUniform(view.keys, view.num_keys, len, dst);
+    other_len = st.code() == Code::kFailedPrecondition;
+    return other_len ? Status::Ok() : st;
+  });
+  if (other_len) return BufferPtr();
+  if (answer.ok()) copied_->fetch_add(total * sizeof(float), std::memory_order_relaxed);
+  return answer;
 }
 
 bool ParamService::SmallBuiltin(const pb::MessageMeta& meta, const BufferPtr& payload) const {

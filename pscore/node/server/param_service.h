@@ -96,6 +96,11 @@ class ParamService {
 
  private:
   class PushTail;
+  // A pull answer's bytes: its keys, their lengths and `floats` values.
+  static uint64_t AnswerBytes(size_t num_keys, uint64_t floats);
+  // A pull answer made in one walk when all keys hold as many floats as the first; null
+  // when HandlePull's two steps must serve (param_service.cc).
+  Result<BufferPtr> PullUniform(const core::KvView& view) const;
   // The same as Journaled with the record's head (header, and for kPushId the id) made.
   Status JournaledRecord(const std::string& head, std::string_view body, const std::function<Status()>& apply);
   // A push with an id: nullopt when it is new (claimed: apply it, then end the claim),
