@@ -23,7 +23,7 @@ TEST_CASE("a failed PullInto is answered only once no request sent can write int
   auto op = std::make_shared<PullIntoRequest>(c);
   std::future<Status> done = op->future();
   std::vector<float> dest(4);
-  op->Begin({1, 2});
+  op->Begin({1, 2}, std::make_shared<ScratchArrays>());
   REQUIRE(op->SetDest(dest.data(), dest.size(), nullptr, &learned).ok());
   CHECK(c.in_flight->load() == 1);
   op->parts_sent = 2;
@@ -37,10 +37,59 @@ TEST_CASE("a failed PullInto is answered only once no request sent can write int
   CHECK(c.in_flight->load() == 0);
 }
 
+TEST_CASE("a pull's large arrays are kept when it ends and the next pull writes into them", "[node][worker]") {
+  const size_t pool_limit = Buffer::PoolLimit();
+  Buffer::SetPoolLimit(size_t{64} << 20);  // on in every build here (off by default under ASan)
+  auto scratch = std::make_shared<ScratchArrays>();
+  std::vector<uint64_t> keys(400000);  // 3.2 MB of keys, 3.2 MB of pointers
+  std::iota(keys.begin(), keys.end(), 5);
+  const uint64_t* keys_at = nullptr;
+  const float* const* src_at = nullptr;
+  {
+    auto first = std::make_shared<PullCopyRequest>(Counters());
+    first->Begin(keys, scratch);
+    keys_at = first->keys.data();
+    src_at = first->src.data();
+    CHECK(scratch->kept_bytes() == 0);
+  }
+  CHECK(scratch->kept_bytes() >= keys.size() * (sizeof(uint64_t) + sizeof(const float*)));
+  std::vector<uint64_t> others(keys.rbegin(), keys.rend());
+  auto second = std::make_shared<PullCopyRequest>(Counters());
+  second->Begin(others, scratch);
+  CHECK(second->keys.data() == keys_at);
+  CHECK(second->src.data() == src_at);
+  CHECK(second->keys == others);
+  CHECK(second->src.size() == others.size());
+  CHECK(scratch->kept_bytes() == 0);
+  second.reset();
+
+  // A kept array serves a request of at least half its size only; small arrays are not kept.
+  std::vector<uint64_t> quarter(keys.begin(), keys.begin() + 150000);  // 1.2 MB: large, under half
+  auto small = std::make_shared<PullCopyRequest>(Counters());
+  small->Begin(quarter, scratch);
+  CHECK(small->keys.data() != keys_at);
+  small.reset();
+  const size_t kept = scratch->kept_bytes();
+  std::vector<uint64_t> few = {1, 2, 3};
+  auto tiny = std::make_shared<PullCopyRequest>(Counters());
+  tiny->Begin(few, scratch);
+  tiny.reset();
+  CHECK(scratch->kept_bytes() == kept);
+
+  // With the pool off nothing is kept.
+  Buffer::SetPoolLimit(0);
+  auto off = std::make_shared<PullCopyRequest>(Counters());
+  off->Begin(keys, std::make_shared<ScratchArrays>());
+  std::shared_ptr<ScratchArrays> arrays = off->scratch;
+  off.reset();
+  CHECK(arrays->kept_bytes() == 0);
+  Buffer::SetPoolLimit(pool_limit);
+}
+
 TEST_CASE("a PullInto with a null destination for some floats fails at once", "[node][worker]") {
   LearnedLens learned;
   auto op = std::make_shared<PullIntoRequest>(Counters());
-  op->Begin({1});
+  op->Begin({1}, std::make_shared<ScratchArrays>());
   CHECK(op->SetDest(nullptr, 3, nullptr, &learned).code() == Code::kInvalidArgument);
 }
 
@@ -49,7 +98,7 @@ TEST_CASE("a pull's answers are read in place only where the layout puts them", 
   auto op = std::make_shared<PullIntoRequest>(Counters());
   std::vector<float> dest(10);
   std::vector<uint32_t> lens = {2, 3, 5};
-  op->Begin({7, 8, 9});
+  op->Begin({7, 8, 9}, std::make_shared<ScratchArrays>());
   REQUIRE(op->SetDest(dest.data(), dest.size(), &lens, &learned).ok());
   uint64_t off = 0;
   uint64_t floats = 0;

@@ -16,25 +16,35 @@ void ReserveResult(std::vector<float>& v, size_t floats) {
   AdviseHugePages(v.data(), floats * sizeof(float));
 }
 
-// v sized to n, its memory asked for in huge pages before the first write when large: a
-// pull of millions of keys holds several arrays of a few bytes per key.
+// Room for n elements in v; fresh memory is asked for in huge pages before its first
+// write when large: a pull of millions of keys holds several arrays of a few bytes per key.
 template <typename T>
-void ResizeAdvised(std::vector<T>& v, size_t n) {
+void ReserveAdvised(std::vector<T>& v, size_t n) {
+  if (v.capacity() >= n) return;  // kept from an earlier request: already mapped
   v.reserve(n);
   AdviseHugePages(v.data(), n * sizeof(T));
-  v.resize(n);
 }
 
 size_t Total(const std::vector<uint32_t>& lens) { return std::accumulate(lens.begin(), lens.end(), size_t{0}); }
 
 }  // namespace
 
-void PullRequest::Begin(const std::vector<uint64_t>& k) {
-  keys.reserve(k.size());
-  AdviseHugePages(keys.data(), k.size() * sizeof(uint64_t));
+PullRequest::~PullRequest() {
+  if (!scratch) return;
+  scratch->Give(std::move(keys));
+  scratch->Give(std::move(src));
+}
+
+void PullRequest::Begin(const std::vector<uint64_t>& k, std::shared_ptr<ScratchArrays> arrays) {
+  scratch = std::move(arrays);
+  keys = scratch->TakeWords(k.size());
+  ReserveAdvised(keys, k.size());
   keys.assign(k.begin(), k.end());
-  ResizeAdvised(src, keys.size());
-  ResizeAdvised(src_lens, keys.size());
+  src = scratch->TakePointers(k.size());
+  ReserveAdvised(src, k.size());
+  src.resize(k.size());
+  ReserveAdvised(src_lens, k.size());  // the result's: not kept
+  src_lens.resize(k.size());
   outstanding = keys.size();
 }
 

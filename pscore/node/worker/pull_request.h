@@ -11,6 +11,7 @@
 #include "pscore/node/worker/kv_request.h"
 #include "pscore/node/worker/learned_lens.h"
 #include "pscore/node/worker/pull_result.h"
+#include "pscore/node/worker/scratch_arrays.h"
 
 namespace pscore::node {
 
@@ -34,9 +35,12 @@ class PullRequest : public KvRequest {
   bool no_sinks = false;
   // Set when expect_off came from the learned sizes: forgets those found wrong.
   LearnedLens* learner = nullptr;
+  std::shared_ptr<ScratchArrays> scratch;
 
-  // The keys are set and every key awaits its answer.
-  void Begin(const std::vector<uint64_t>& k);
+  ~PullRequest() override;
+  // The keys are set and every key awaits its answer. Large arrays are taken from
+  // `scratch` and given back when the request is done.
+  void Begin(const std::vector<uint64_t>& k, std::shared_ptr<ScratchArrays> scratch);
   // The span of dest (float offset and count) an answer to the keys `indices` (increasing)
   // may be read into, or false.
   bool SinkRegion(const std::vector<size_t>& indices, uint64_t* off, uint64_t* floats) const;

@@ -72,10 +72,12 @@ void WorkerNode::SplitPull(const std::shared_ptr<KvRequest>& op, KvPart part, in
     KvPart sub = part.Successor();
     sub.server = s;
     sub.for_servers = servers;
+    sub.indices = scratch_->TakeWords(groups[s].size());
     sub.indices.reserve(groups[s].size());
     for (size_t j : groups[s]) sub.indices.push_back(part.indices[j]);
     Send(op, std::move(sub));
   }
+  scratch_->Give(std::move(part.indices));
 }
 
 Payload WorkerNode::PullPayload(const PullRequest& op, const KvPart& part, comm::AnswerSink* sink) const {
@@ -237,6 +239,7 @@ void WorkerNode::OnPullAnswer(const std::shared_ptr<KvRequest>& req, KvPart part
     return Dispatch(req, std::move(all));
   }
   op.Acked(keys);
+  scratch_->Give(std::move(part.indices));
 }
 
 // Keeps a part to send again; held parts go out 50 ms later (or when the scale that holds

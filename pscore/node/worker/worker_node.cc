@@ -201,7 +201,7 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
 std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& keys) {
   auto op = std::make_shared<PullCopyRequest>(counters());
   auto fut = op->future();
-  op->Begin(keys);
+  op->Begin(keys, scratch_);
   // Keys whose sizes earlier answers written from the store told: the result is allocated
   // before sending and the answers are read into it. No more than the answers can bring
   // (one message per server): a larger request fails as it would otherwise, not by
@@ -221,7 +221,7 @@ std::future<Result<PullResult>> WorkerNode::Pull(const std::vector<uint64_t>& ke
 std::future<Result<PullView>> WorkerNode::ZPull(const std::vector<uint64_t>& keys) {
   auto op = std::make_shared<PullViewRequest>(counters());
   auto fut = op->future();
-  op->Begin(keys);
+  op->Begin(keys, scratch_);
   StartPull(std::move(op));
   return fut;
 }
@@ -230,7 +230,7 @@ std::future<Status> WorkerNode::PullInto(const std::vector<uint64_t>& keys, floa
                                          std::vector<uint32_t>* lens) {
   auto op = std::make_shared<PullIntoRequest>(counters());
   auto fut = op->future();
-  op->Begin(keys);
+  op->Begin(keys, scratch_);
   const Status st = op->SetDest(dest, dest_floats, lens, &learned_);
   if (!st.ok()) {
     op->Fail(st);
@@ -250,6 +250,7 @@ void WorkerNode::StartPull(std::shared_ptr<PullRequest> op) {
   bool queued = loop()->Run([this, req] {
     req->seq = ++op_seq_;
     KvPart all;
+    all.indices = scratch_->TakeWords(static_cast<const PullRequest&>(*req).keys.size());
     all.indices.resize(static_cast<const PullRequest&>(*req).keys.size());
     std::iota(all.indices.begin(), all.indices.end(), 0);
     Dispatch(req, std::move(all));

@@ -19,6 +19,7 @@
 #include "pscore/node/worker/kv_request.h"
 #include "pscore/node/worker/learned_lens.h"
 #include "pscore/node/worker/pull_result.h"
+#include "pscore/node/worker/scratch_arrays.h"
 
 namespace pscore::node {
 
@@ -172,6 +173,7 @@ class WorkerNode : public Node {
   std::atomic<uint64_t> in_place_pulls_{0};
   DirectPuller direct_;  // PullSync's direct way
   LearnedLens learned_;
+  const std::shared_ptr<ScratchArrays> scratch_ = std::make_shared<ScratchArrays>();  // pulls' large arrays
   // Parts held for a re-send (loop thread).
   std::vector<Held> held_;
   // Issue order of pushes and pulls on the loop (loop thread): parts held for a re-send go
