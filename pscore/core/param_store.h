@@ -131,8 +131,9 @@ class ParamStore {
   Status CopyValues(const uint64_t* keys, size_t num_keys, const uint32_t* lens, float* out) const;
   // Pull in one step when every key holds `len` floats (an embedding table's rows): the
   // floats of key i go to out + i * len, which must hold num_keys * len. kNotFound names a
-  // missing key; kFailedPrecondition names the first key (in batch order) of another
-  // length, and then `out` holds no meaning: the two steps above serve such a batch.
+  // missing key; kFailedPrecondition names a key of another length, found on the way (the
+  // walk ends soon after), and then `out` holds no meaning: the two steps above serve such
+  // a batch (and name a missing key the walk did not reach).
   Status CopyUniform(const uint64_t* keys, size_t num_keys, uint32_t len, float* out) const;
   // Pull without a copy: out[i] is the stored memory of keys[i] (its length times 4 bytes),
   // pinned while the slice's owner is held. A push to a pinned key writes a fresh copy and
@@ -315,9 +316,10 @@ class ParamStore {
 
   // ---- reads (param_store_read.cc) ----
   // fn(i, values, len, block or null) for each key under its stripe's lock; kNotFound names
-  // the first missing key. With `share`, a key in a run is moved to a block first.
+  // the first missing key. With `share`, a key in a run is moved to a block first. Once
+  // *stop (when given) is true the walk ends at the next stripe of its window.
   template <typename Fn>
-  Status ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn) const;
+  Status ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn, const bool* stop = nullptr) const;
 
   // ---- streams (param_store_stream.cc) ----
   // Waits (stripe lock held) until no stream holds `block`; revokes a stalled one.

@@ -12,7 +12,7 @@ namespace pscore {
 namespace core {
 
 template <typename Fn>
-Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn) const {
+Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn, const bool* stop) const {
   if (num_keys == 0) return Status::Ok();
   if (keys == nullptr) return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " null keys");
   if (num_keys > UINT32_MAX) {
@@ -25,6 +25,7 @@ Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, bool sha
     GroupByStripe(keys, begin, std::min(num_keys, begin + kWindowKeys), &g);
     for (size_t s = 0; s < kStripes; ++s) {
       if (g.starts[s] == g.starts[s + 1]) continue;
+      if (stop != nullptr && *stop) return Status::Ok();
       Stripe& stripe = stripes_[s];
       std::lock_guard<std::mutex> lock(stripe.mu);
       Cursor& c = cursors[s];
@@ -113,8 +114,10 @@ Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, const uint3
 Status ParamStore::CopyUniform(const uint64_t* keys, size_t num_keys, uint32_t len, float* out) const {
   size_t other_at = SIZE_MAX;  // the first key of another length, in batch order
   uint32_t other_len = 0;
-  Status st = ForEachStored(keys, num_keys, false, [&](size_t i, const float* v, uint32_t got, const BlockPtr*) {
+  bool other = false;  // ends the walk: the batch goes the two-step way
+  auto copy = [&](size_t i, const float* v, uint32_t got, const BlockPtr*) {
     if (got != len) {
+      other = true;
       if (i < other_at) {
         other_at = i;
         other_len = got;
@@ -127,8 +130,9 @@ Status ParamStore::CopyUniform(const uint64_t* keys, size_t num_keys, uint32_t l
     } else if (len > 0) {
       std::memcpy(dst, v, len * sizeof(float));
     }
-  });
-  if (!st.ok() || other_at == SIZE_MAX) return st;
+  };
+  Status st = ForEachStored(keys, num_keys, false, copy, &other);
+  if (other_at == SIZE_MAX) return st;
   return Status(Code::kFailedPrecondition, "key " + std::to_string(keys[other_at]) + " holds " +
                                                std::to_string(other_len) + " floats, not " + std::to_string(len));
 }
