@@ -1424,6 +1424,20 @@ TEST_CASE("Pull of many rows of one length, with a row of another length or a mi
     CHECK(r->lens == expect_lens);
   }
 
+  // Rows of no floats: a first one among rows of 4, two alone, and one with a missing key.
+  REQUIRE(Await(w.Push({78, 79, 80}, std::vector<float>{1.0f, 2.0f}, {0, 0, 2})).ok());
+  Result<PullResult> empty_first = Await(w.Pull({78, rows[0], 79, rows[1]}));
+  REQUIRE(empty_first.ok());
+  CHECK(empty_first->lens == std::vector<uint32_t>{0, 4, 0, 4});
+  std::vector<float> two_rows = row(0);
+  for (float f : row(1)) two_rows.push_back(f);
+  CHECK(empty_first->values == two_rows);
+  Result<PullResult> empties = Await(w.Pull({78, 79}));
+  REQUIRE(empties.ok());
+  CHECK(empties->lens == std::vector<uint32_t>{0, 0});
+  CHECK(empties->values.empty());
+  CHECK(Await(w.Pull({78, 5})).status().code() == Code::kNotFound);
+
   // A missing key among the rows is named, wherever it stands.
   for (size_t at : {size_t{0}, size_t{120}}) {
     std::vector<uint64_t> keys(rows.begin(), rows.end());

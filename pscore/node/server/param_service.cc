@@ -107,13 +107,15 @@ uint64_t ParamService::AnswerBytes(size_t num_keys, uint64_t floats) {
 // of the keys: the first key's length is looked up alone and taken for every key. Null
 // when that does not serve: a key of another length (found on the way), rows large enough
 // for the answer to share the store's memory, an answer over the limit (HandlePull's two
-// steps then answer, or refuse naming the size).
+// steps then answer, or refuse naming the size), keys of no floats (there would be no
+// values to fill, so no walk to check the other keys).
 Result<BufferPtr> ParamService::PullUniform(const core::KvView& view) const {
   if (view.num_keys < 2) return BufferPtr();
   uint32_t len = 0;
   PSCORE_RETURN_IF_ERROR(store_.Lens(view.keys, 1, &len));
   const uint64_t total = uint64_t{len} * view.num_keys;
-  if (len * sizeof(float) >= core::kSharedAnswerBytes || AnswerBytes(view.num_keys, total) > options_.max_message_bytes) {
+  if (len == 0 || len * sizeof(float) >= core::kSharedAnswerBytes ||
+      AnswerBytes(view.num_keys, total) > options_.max_message_bytes) {
     return BufferPtr();
   }
   bool other_len = false;
