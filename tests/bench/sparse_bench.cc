@@ -168,8 +168,8 @@ void RunCase(size_t num_keys, size_t floats, int workers, int servers) {
   report("push_new", AllWorkers(workers, push, &cpu), ps_lite_shape ? kTargetPushSecs : 0);
   report("push_present", AllWorkers(workers, push, &cpu), ps_lite_shape ? kTargetPushSecs : 0);
 
-  // The first pull of the keys, then the same again: a training loop's every later step
-  // (the worker knows the keys' sizes by then).
+  // The first pull of the keys, then the same again, as a training loop's later steps pull
+  // (memory the first one mapped can serve them).
   for (const char* what : {"pull", "pull_again"}) {
     std::vector<PullResult> results(workers);
     const double pull_secs = AllWorkers(workers, [&](size_t i) {
