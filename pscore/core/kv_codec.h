@@ -86,7 +86,8 @@ struct KvView {
 
 // Verifies `data` with the flatbuffers Verifier, then checks consistency:
 // - keys present; lens absent or exactly one per key;
-// - expect_values (push, pull response): lens present, sum(lens) == num_values;
+// - expect_values (push, pull response): lens present, sum(lens) == num_values (values
+//   may be absent when that sum is 0);
 // - !expect_values (pull request): values absent or empty.
 // `data` must be 8-byte aligned (a Buffer's data is). Failures are
 // kInvalidArgument (unaligned, not a KvPairs buffer) or kProtocol

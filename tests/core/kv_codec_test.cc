@@ -98,6 +98,18 @@ TEST_CASE("sum of lens must equal the value count", "[core][kvcodec]") {
   BufferPtr big = EncodeKvPairs(keys.data(), keys.size(), huge.data(), values.data(), 3);
   CHECK(DecodeKvPairs(big->data(), big->size(), true).status().code() == Code::kProtocol);
 
+  // Values absent: keys that hold no floats decode, keys that hold some do not.
+  const std::vector<uint32_t> zeros = {0, 0};
+  BufferPtr empty_rows = RawKvPairs(&keys, &zeros, nullptr);
+  Result<KvView> er = DecodeKvPairs(empty_rows->data(), empty_rows->size(), true);
+  REQUIRE(er.ok());
+  CHECK(er->num_keys == 2);
+  CHECK(er->num_values == 0);
+  BufferPtr absent = RawKvPairs(&keys, &lens, nullptr);
+  Result<KvView> ab = DecodeKvPairs(absent->data(), absent->size(), true);
+  CHECK(ab.status().code() == Code::kProtocol);
+  CHECK_THAT(ab.status().message(), Catch::Contains("values absent for a sum of lens 4"));
+
   BufferPtr no_keys = RawKvPairs(nullptr, &lens, &values);
   Result<KvView> nk = DecodeKvPairs(no_keys->data(), no_keys->size(), true);
   CHECK_THAT(nk.status().message(), Catch::Contains("keys absent"));

@@ -1437,6 +1437,12 @@ TEST_CASE("Pull of many rows of one length, with a row of another length or a mi
   CHECK(empties->lens == std::vector<uint32_t>{0, 0});
   CHECK(empties->values.empty());
   CHECK(Await(w.Pull({78, 5})).status().code() == Code::kNotFound);
+  // A push whose every row holds no floats carries no values at all.
+  REQUIRE(Await(w.Push({81, 82}, std::vector<float>{}, {0, 0})).ok());
+  Result<PullResult> no_floats = Await(w.Pull({82, 81}));
+  REQUIRE(no_floats.ok());
+  CHECK(no_floats->lens == std::vector<uint32_t>{0, 0});
+  CHECK(no_floats->values.empty());
 
   // A missing key among the rows is named, wherever it stands.
   for (size_t at : {size_t{0}, size_t{120}}) {
