@@ -81,16 +81,29 @@ void TrimLocked(LargeBlockPool& pool, size_t limit, std::vector<Block>* evicted)
   }
 }
 
-// Large blocks are anonymous mappings of their own, so one that is still being filled can
-// grow without a copy (Buffer::Grow moves its pages with mremap).
-char* Map(size_t capacity) {
+// Blocks from kMappedBytes on are anonymous mappings of their own, so one that is still
+// being filled can grow without a copy (Buffer::Grow moves its pages with mremap). Smaller
+// ones come from the heap (one mapping each would spend the process's mappings).
+bool Mapped(size_t capacity) { return capacity >= Buffer::kMappedBytes; }
+
+char* NewBlock(size_t capacity) {
+  if (!Mapped(capacity)) return new char[capacity];  // 16-byte aligned, as malloc is
   void* p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();  // as new[] would: fatal (docs/design.md, Layers (errors))
+  AdviseHugePages(p, capacity);  // not written yet: the reader fills it
   return static_cast<char*>(p);
 }
 
+void FreeBlock(char* block, size_t capacity) {
+  if (Mapped(capacity)) {
+    munmap(block, capacity);
+  } else {
+    delete[] block;
+  }
+}
+
 void FreeAll(const std::vector<Block>& blocks) {
-  for (const Block& b : blocks) munmap(b.first, b.second);
+  for (const Block& b : blocks) FreeBlock(b.first, b.second);
 }
 
 }  // namespace
@@ -130,6 +143,7 @@ std::shared_ptr<Buffer> Buffer::TakePooled(size_t size) {
 bool Buffer::Grow(size_t size) {
   if (capacity_ == 0 || size < size_) return false;
   if (size > capacity_) {
+    if (!Mapped(capacity_)) return false;
     const size_t capacity = PooledCapacity(size);
 #ifdef PSCORE_TSAN
     void* fresh = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -153,10 +167,8 @@ bool Buffer::Grow(size_t size) {
 
 char* Buffer::AcquireLarge(size_t capacity, size_t* got) {
   if (char* pooled = TakePooledBlock(capacity, got)) return pooled;
-  char* block = Map(capacity);
-  AdviseHugePages(block, capacity);  // not written yet: the reader fills it
   *got = capacity;
-  return block;
+  return NewBlock(capacity);
 }
 
 void Buffer::ReleaseLarge(char* block, size_t capacity) {
@@ -188,7 +200,7 @@ void Buffer::ReleaseLarge(char* block, size_t capacity) {
     }
   }
   FreeAll(evicted);
-  if (block != nullptr) munmap(block, capacity);
+  if (block != nullptr) FreeBlock(block, capacity);
 }
 
 void Buffer::SetPoolLimit(size_t bytes) {

@@ -5,8 +5,11 @@
 // Up to kSmallBytes live inside the object (one allocation with the reference count).
 // From kPooledBytes on, storage comes from a process-wide pool of released blocks (sizes
 // rounded up to a quarter of their power of two; a request takes the smallest pooled block
-// that holds it, up to twice its size), so a stream of large payloads reuses mapped memory
-// instead of faulting in (and the kernel zeroing) fresh pages for each one.
+// that holds it, up to twice its size), so a stream of large payloads reuses memory
+// instead of faulting in (and the kernel zeroing) fresh pages for each one. Blocks from
+// kMappedBytes on are anonymous mappings of their own; smaller ones come from the heap,
+// where freeing them would let malloc hand their pages back (madvise, then a TLB flush on
+// every core) and fault them in again for the next payload.
 // The pool keeps at most PoolLimit() bytes (SetPoolLimit; 0 turns it off; 0 by default in
 // AddressSanitizer builds, where reuse would hide a use after free); a released
 // block that does not fit frees blocks of other sizes first. Storage is 16-byte aligned
@@ -52,7 +55,8 @@ class Buffer {
   static std::shared_ptr<Buffer> TakePooled(size_t size);
 
   static constexpr size_t kSmallBytes = 64;
-  static constexpr size_t kPooledBytes = 128 * 1024;
+  static constexpr size_t kPooledBytes = 16 * 1024;
+  static constexpr size_t kMappedBytes = 128 * 1024;
   static constexpr size_t kDefaultPoolLimit = size_t{256} << 20;
 
   // The pool of released large blocks (thread-safe). Lowering the limit frees at once.
@@ -67,8 +71,9 @@ class Buffer {
   size_t size() const { return size_; }
   std::string_view view() const { return std::string_view(data_, size_); }
   // While its only holder still fills it: makes the buffer `size` bytes long (not less
-  // than now), its bytes kept, without a copy (a large block's pages are moved by
-  // mremap). False when it cannot: not a large block of its own, or no memory.
+  // than now), its bytes kept, without a copy (within its pooled block's capacity, or a
+  // mapped block's pages moved by mremap). False when it cannot: not a pooled block, a
+  // heap block too small, or no memory.
   bool Grow(size_t size);
 
   Buffer(const Buffer&) = delete;

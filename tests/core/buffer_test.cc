@@ -33,7 +33,8 @@ bool Holds(const Buffer& b, uint8_t seed) {
 TEST_CASE("buffer: every size is 16-byte aligned and keeps its bytes", "[core][buffer]") {
   std::vector<BufferPtr> held;
   for (size_t size : {size_t{0}, size_t{1}, Buffer::kSmallBytes, Buffer::kSmallBytes + 1, size_t{4096},
-                      Buffer::kPooledBytes - 1, Buffer::kPooledBytes, size_t{3} << 20}) {
+                      Buffer::kPooledBytes - 1, Buffer::kPooledBytes, Buffer::kMappedBytes - 1,
+                      Buffer::kMappedBytes, size_t{3} << 20}) {
     BufferPtr b = Buffer::Allocate(size);
     REQUIRE(b->size() == size);
     CHECK(reinterpret_cast<uintptr_t>(b->data()) % 16 == 0);
@@ -150,6 +151,41 @@ TEST_CASE("buffer: a pooled block serves a request of half its size or more, one
   for (size_t i = 0; i < size * 5 / 8; ++i) {
     if (grows->data()[i] != static_cast<char>(5 + i * 31)) FAIL("byte " << i << " changed by Grow");
   }
+}
+
+TEST_CASE("buffer: a pooled heap block below kMappedBytes is reused, and grows only within its capacity",
+          "[core][buffer]") {
+  PoolLimitGuard guard;
+  Buffer::SetPoolLimit(0);  // empty: earlier tests may have left blocks in it
+  Buffer::SetPoolLimit(Buffer::kDefaultPoolLimit);
+  const size_t size = Buffer::kPooledBytes * 3 - 40;  // a 64 KiB push's frame, say
+  REQUIRE(Buffer::PooledCapacity(size) < Buffer::kMappedBytes);
+  const char* first = nullptr;
+  {
+    BufferPtr b = Buffer::Allocate(size);
+    Fill(*b, 1);
+    CHECK(Holds(*b, 1));
+    first = b->data();
+  }
+  CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(size));
+  BufferPtr again = Buffer::Allocate(size - 8);
+  CHECK(again->data() == first);
+  CHECK(Buffer::PooledBytes() == 0);
+  // Within the block's capacity it grows in place; past it, not (no pages of its own to
+  // move), and the caller copies into a larger buffer.
+  Fill(*again, 4);
+  REQUIRE(again->Grow(Buffer::PooledCapacity(size)));
+  CHECK(again->data() == first);
+  CHECK_FALSE(again->Grow(Buffer::kMappedBytes * 2));
+  CHECK(again->size() == Buffer::PooledCapacity(size));
+  for (size_t i = 0; i < size - 8; ++i) {
+    if (again->data()[i] != static_cast<char>(4 + i * 31)) FAIL("byte " << i << " changed by Grow");
+  }
+  // Lowering the limit hands heap blocks back as it unmaps mapped ones.
+  again.reset();
+  CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(size));
+  Buffer::SetPoolLimit(0);
+  CHECK(Buffer::PooledBytes() == 0);
 }
 
 }  // namespace pscore
