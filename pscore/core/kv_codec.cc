@@ -115,11 +115,13 @@ Result<BufferPtr> Assemble(const flatbuffers::FlatBufferBuilder& fbb, std::vecto
 // Lays out lens and keys (holes that Assemble fills from the caller's arrays), then the
 // table over them and values_off, and finishes the buffer.
 void FinishKvPairs(flatbuffers::FlatBufferBuilder* fbb, const uint64_t* keys, const uint32_t* lens, size_t num_keys,
-                   flatbuffers::Offset<flatbuffers::Vector<float>> values_off, uint8_t op, std::vector<Hole>* holes) {
+                   flatbuffers::Offset<flatbuffers::Vector<float>> values_off, uint8_t op, std::vector<Hole>* holes,
+                   Keys written = Keys::kWritten) {
   auto lens_off = Reserve(fbb, lens, num_keys, holes);
-  auto keys_off = Reserve(fbb, keys, num_keys, holes);
+  flatbuffers::Offset<flatbuffers::Vector<uint64_t>> keys_off;
+  if (written == Keys::kWritten) keys_off = Reserve(fbb, keys, num_keys, holes);
   fb::KvPairsBuilder kv(*fbb);
-  kv.add_keys(keys_off);
+  if (written == Keys::kWritten) kv.add_keys(keys_off);
   kv.add_lens(lens_off);
   kv.add_values(values_off);
   kv.add_op(op);
@@ -127,7 +129,7 @@ void FinishKvPairs(flatbuffers::FlatBufferBuilder* fbb, const uint64_t* keys, co
 }
 
 Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens, uint32_t uniform_len,
-                               size_t num_values, const std::function<Status(float*)>& fill);
+                               size_t num_values, const std::function<Status(float*)>& fill, Keys written);
 
 }  // namespace
 
@@ -234,13 +236,25 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
 }
 
 Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
-                                      size_t num_values, const std::function<Status(float*)>& fill) {
-  return EncodeFilled(keys, num_keys, lens, 0, num_values, fill);
+                                      size_t num_values, const std::function<Status(float*)>& fill, Keys written) {
+  return EncodeFilled(keys, num_keys, lens, 0, num_values, fill, written);
 }
 
 Result<BufferPtr> EncodeKvPairsUniform(const uint64_t* keys, size_t num_keys, uint32_t len,
-                                       const std::function<Status(float*)>& fill) {
-  return EncodeFilled(keys, num_keys, nullptr, len, uint64_t{len} * num_keys, fill);
+                                       const std::function<Status(float*)>& fill, Keys written) {
+  return EncodeFilled(keys, num_keys, nullptr, len, uint64_t{len} * num_keys, fill, written);
+}
+
+BufferPtr EncodePullRequest(const uint64_t* keys, size_t num_keys) {
+  if (keys == nullptr) num_keys = 0;
+  flatbuffers::FlatBufferBuilder fbb(128 + num_keys * sizeof(uint64_t));
+  std::vector<Hole> holes;
+  auto keys_off = Reserve(&fbb, keys, num_keys, &holes);
+  fb::KvPairsBuilder kv(fbb);
+  kv.add_keys(keys_off);
+  kv.add_keyless_answer(true);
+  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  return *Assemble(fbb, std::move(holes));
 }
 
 namespace {
@@ -248,7 +262,7 @@ namespace {
 // EncodeKvPairsFilled, or with lens null every key's length `uniform_len`, written
 // straight into the buffer.
 Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens, uint32_t uniform_len,
-                               size_t num_values, const std::function<Status(float*)>& fill) {
+                               size_t num_values, const std::function<Status(float*)>& fill, Keys written) {
   // flatbuffers keeps its size in 32 bits (and checks the 2 GiB limit only in debug
   // builds): past it the offsets would wrap and the fill write past the buffer.
   if (num_keys > FLATBUFFERS_MAX_BUFFER_SIZE || num_values > FLATBUFFERS_MAX_BUFFER_SIZE ||
@@ -270,7 +284,7 @@ Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint
   }
   const size_t first = holes.size();
   // Uniform: the lens hole is filled, not copied (its source only sizes it).
-  FinishKvPairs(&fbb, keys, lens != nullptr ? lens : &uniform_len, num_keys, values_off, /*op=*/0, &holes);
+  FinishKvPairs(&fbb, keys, lens != nullptr ? lens : &uniform_len, num_keys, values_off, /*op=*/0, &holes, written);
   if (lens == nullptr) {
     for (size_t h = first; h < holes.size(); ++h) {
       Hole& hole = holes[h];
@@ -366,7 +380,7 @@ Status CheckConsistency(const KvView& v, bool has_values, bool expect_values) {
 
 }  // namespace
 
-Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values) {
+Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values, bool answer) {
   if (data == nullptr || size == 0) return Status(Code::kInvalidArgument, "KvPairs: empty buffer");
   if (reinterpret_cast<uintptr_t>(data) % alignof(uint64_t) != 0) {
     return Status(Code::kInvalidArgument, "KvPairs: buffer not 8-byte aligned");
@@ -378,13 +392,18 @@ Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values) 
                   "KvPairs: " + std::to_string(size) + " bytes fail flatbuffers verification");
   }
   const fb::KvPairs* kv = fb::GetKvPairs(bytes);
-  if (kv->keys() == nullptr) return Inconsistent("keys absent");
   KvView v;
-  v.keys = kv->keys()->data();
-  v.num_keys = kv->keys()->size();
+  if (kv->keys() != nullptr) {
+    v.keys = kv->keys()->data();
+    v.num_keys = kv->keys()->size();
+  } else if (!answer || kv->lens() == nullptr) {
+    return Inconsistent(answer ? "keys and lens absent" : "keys absent");
+  } else {
+    v.num_keys = kv->lens()->size();  // an answer without keys: one len per key asked
+  }
   // The verifier only aligns a vector's length field to 4; uint64 keys need 8. An empty
   // vector reads nothing (and flatbuffers does not pad one), so only keys are checked.
-  if (v.num_keys > 0 && reinterpret_cast<uintptr_t>(v.keys) % alignof(uint64_t) != 0) {
+  if (v.keys != nullptr && v.num_keys > 0 && reinterpret_cast<uintptr_t>(v.keys) % alignof(uint64_t) != 0) {
     return Inconsistent("keys not 8-byte aligned");
   }
   if (kv->lens() != nullptr) {
@@ -396,11 +415,12 @@ Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values) 
     v.num_values = kv->values()->size();
   }
   v.op = kv->op();
+  v.keyless_answer = kv->keyless_answer();
   PSCORE_RETURN_IF_ERROR(CheckConsistency(v, kv->values() != nullptr, expect_values));
   return v;
 }
 
-Result<KvView> DecodeKvPairsHead(char* head, size_t size, uint64_t tail_bytes) {
+Result<KvView> DecodeKvPairsHead(char* head, size_t size, uint64_t tail_bytes, bool answer) {
   if (head == nullptr || size < sizeof(uint32_t)) return Status(Code::kInvalidArgument, "KvPairs head: too short");
   if (tail_bytes % sizeof(float) != 0 || tail_bytes / sizeof(float) > UINT32_MAX) {
     return Inconsistent("head followed by " + std::to_string(tail_bytes) + " bytes, not a float count");
@@ -414,7 +434,7 @@ Result<KvView> DecodeKvPairsHead(char* head, size_t size, uint64_t tail_bytes) {
                         " bytes after it");
   }
   PutLe(0, sizeof(uint32_t), count_field);
-  Result<KvView> v = DecodeKvPairs(head, size, /*expect_values=*/false);
+  Result<KvView> v = DecodeKvPairs(head, size, /*expect_values=*/false, answer);
   PutLe(count, sizeof(uint32_t), count_field);
   if (!v.ok()) return v.status();
   if (v->values != reinterpret_cast<const float*>(head + size)) {

@@ -6,6 +6,9 @@
 //   lens:   [uint32]  absent, or one per key: the float count of each key
 //   values: [float]   sum(lens) floats back to back; absent in a pull request
 //   op:     uint8     update rule selector for a push (0 = the store's default)
+//   keyless_answer: bool  a pull request: the sender reads answers without keys
+// A pull answer to a request that set keyless_answer may leave keys out: it answers the
+// request's keys in their order, one len each.
 // Limits: the flatbuffers verifier bounds every offset and vector by the buffer
 // size (and the 2 GiB flatbuffers limit), so a hostile buffer cannot make the
 // decoder read outside it.
@@ -42,12 +45,19 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
 
 // A KvPairs with keys and lens copied from the caller and the values written in place
 // by fill(dst) (num_values floats; dst is 4-byte aligned). A fill error is returned.
+// With Keys::kLeftOut (a pull answer to a keyless_answer request) the keys are not
+// written: num_keys only counts the lens.
+enum class Keys { kWritten, kLeftOut };
 Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
-                                      size_t num_values, const std::function<Status(float*)>& fill);
+                                      size_t num_values, const std::function<Status(float*)>& fill,
+                                      Keys written = Keys::kWritten);
 // The same with every key `len` floats long (num_keys * len values): the lens are written
 // into the buffer, not copied from an array.
 Result<BufferPtr> EncodeKvPairsUniform(const uint64_t* keys, size_t num_keys, uint32_t len,
-                                       const std::function<Status(float*)>& fill);
+                                       const std::function<Status(float*)>& fill, Keys written = Keys::kWritten);
+
+// A pull request for `keys` that asks for answers without keys (keyless_answer).
+BufferPtr EncodePullRequest(const uint64_t* keys, size_t num_keys);
 
 // Average value bytes per key from which writing values from where they live (tail slices,
 // one writev entry each) beats copying them into one buffer: zero-copy pulls and ZPush.
@@ -82,17 +92,19 @@ struct KvView {
   const float* values = nullptr;
   size_t num_values = 0;
   uint8_t op = 0;
+  bool keyless_answer = false;
 };
 
 // Verifies `data` with the flatbuffers Verifier, then checks consistency:
-// - keys present; lens absent or exactly one per key;
+// - keys present (an `answer` to a pull may leave them out when it has lens: num_keys is
+//   then the lens' count and keys null); lens absent or exactly one per key;
 // - expect_values (push, pull response): lens present, sum(lens) == num_values (values
 //   may be absent when that sum is 0);
 // - !expect_values (pull request): values absent or empty.
 // `data` must be 8-byte aligned (a Buffer's data is). Failures are
 // kInvalidArgument (unaligned, not a KvPairs buffer) or kProtocol
 // (inconsistent), with a message naming the numbers.
-Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values);
+Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values, bool answer = false);
 
 // A KvPairs whose values were received apart from the rest: `head` holds every byte
 // before the first value (it ends with the values' length field, as EncodeKvPairsShared's
@@ -100,8 +112,9 @@ Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values);
 // (comm::AnswerSink). Verified as DecodeKvPairs verifies a whole buffer with
 // expect_values, reading only the head; the view's values is null (the caller knows
 // where they are) and num_values their count. The count field is zeroed while the
-// verifier runs and restored before returning. Same alignment rule and error codes.
-Result<KvView> DecodeKvPairsHead(char* head, size_t size, uint64_t tail_bytes);
+// verifier runs and restored before returning. Same alignment rule, `answer` and error
+// codes.
+Result<KvView> DecodeKvPairsHead(char* head, size_t size, uint64_t tail_bytes, bool answer = false);
 
 }  // namespace core
 }  // namespace pscore

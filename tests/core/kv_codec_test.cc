@@ -441,6 +441,65 @@ TEST_CASE("uniform filled encoding writes every key's length and the values in p
   CHECK(bad.status().code() == Code::kNotFound);
 }
 
+TEST_CASE("a pull request may ask for answers without keys - only an answer may leave them out",
+          "[core][kvcodec]") {
+  const std::vector<uint64_t> keys = {5, 9, 1ull << 40};
+  BufferPtr asks = EncodePullRequest(keys.data(), keys.size());
+  Result<KvView> req = DecodeKvPairs(asks->data(), asks->size(), /*expect_values=*/false);
+  REQUIRE(req.ok());
+  CHECK(req->keyless_answer);
+  CHECK(std::vector<uint64_t>(req->keys, req->keys + req->num_keys) == keys);
+  BufferPtr plain = EncodeKvPairs(keys.data(), keys.size(), nullptr, nullptr, 0);
+  Result<KvView> old = DecodeKvPairs(plain->data(), plain->size(), false);
+  REQUIRE(old.ok());
+  CHECK_FALSE(old->keyless_answer);
+
+  // Copied answers of both kinds, keys left out: the lens count the keys.
+  const std::vector<uint32_t> lens = {2, 0, 1};
+  auto fill3 = [](float* dst) {
+    dst[0] = 1.5f;
+    dst[1] = 2.5f;
+    dst[2] = 3.5f;
+    return Status::Ok();
+  };
+  Result<BufferPtr> filled = EncodeKvPairsFilled(keys.data(), keys.size(), lens.data(), 3, fill3, Keys::kLeftOut);
+  Result<BufferPtr> uniform = EncodeKvPairsUniform(keys.data(), keys.size(), 1, fill3, Keys::kLeftOut);
+  Result<BufferPtr> with_keys = EncodeKvPairsFilled(keys.data(), keys.size(), lens.data(), 3, fill3);
+  REQUIRE(filled.ok());
+  REQUIRE(uniform.ok());
+  REQUIRE(with_keys.ok());
+  CHECK((*filled)->size() + keys.size() * sizeof(uint64_t) <= (*with_keys)->size());
+  for (const BufferPtr& b : {*filled, *uniform}) {
+    Result<KvView> v = DecodeKvPairs(b->data(), b->size(), /*expect_values=*/true, /*answer=*/true);
+    REQUIRE(v.ok());
+    CHECK(v->keys == nullptr);
+    CHECK(v->num_keys == 3);
+    REQUIRE(v->num_lens == 3);
+    CHECK(std::vector<float>(v->values, v->values + v->num_values) == std::vector<float>{1.5f, 2.5f, 3.5f});
+    // Anything but an answer needs its keys: a push without keys is refused.
+    Result<KvView> as_push = DecodeKvPairs(b->data(), b->size(), true);
+    CHECK(as_push.status().code() == Code::kProtocol);
+    CHECK(as_push.status().message().find("keys absent") != std::string::npos);
+  }
+  Result<KvView> u = DecodeKvPairs((*uniform)->data(), (*uniform)->size(), true, true);
+  REQUIRE(u.ok());
+  CHECK(std::vector<uint32_t>(u->lens, u->lens + u->num_lens) == std::vector<uint32_t>(3, 1));
+  // An answer that keeps its keys decodes as an answer too (a server that predates the flag).
+  Result<KvView> k = DecodeKvPairs((*with_keys)->data(), (*with_keys)->size(), true, true);
+  REQUIRE(k.ok());
+  CHECK(std::vector<uint64_t>(k->keys, k->keys + k->num_keys) == keys);
+  // Without keys and lens there is nothing to count the keys by.
+  const std::vector<float> values = {1.0f};
+  BufferPtr bare = RawKvPairs(nullptr, nullptr, &values);
+  Result<KvView> none = DecodeKvPairs(bare->data(), bare->size(), true, true);
+  CHECK(none.status().code() == Code::kProtocol);
+  CHECK(none.status().message().find("keys and lens absent") != std::string::npos);
+  // Lens that do not sum to the values are refused as with keys.
+  const std::vector<uint32_t> two = {1, 1};
+  BufferPtr short_values = RawKvPairs(nullptr, &two, &values);
+  CHECK(DecodeKvPairs(short_values->data(), short_values->size(), true, true).status().code() == Code::kProtocol);
+}
+
 TEST_CASE("filled encoding refuses what one flatbuffer cannot hold - before allocating or filling",
           "[core][kvcodec]") {
   std::vector<uint64_t> keys = {1};

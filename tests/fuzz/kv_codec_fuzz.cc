@@ -1,7 +1,7 @@
 // libFuzzer target: the push/pull payload reader (core::DecodeKvPairs) and the parameter
 // store behind it. The input is one payload, copied into an 8-byte aligned buffer as a
-// received payload is. It is decoded as a pull request (expect_values false) and as a push
-// (true); whatever decodes is read in full, re-encoded and decoded again (must round-trip),
+// received payload is. It is decoded as a pull request (expect_values false), as a push
+// (true) and as a pull answer, which may leave its keys out; whatever decodes is read in full, re-encoded and decoded again (must round-trip),
 // and a push is applied to a fresh core::ParamStore and pulled back, copied and shared
 // (the zero-copy answer must be the copying encoder's bytes, and its head alone must decode
 // to the same keys and lens). Every split of the input where a head may end (the values'
@@ -24,8 +24,8 @@ using pscore::core::KvView;
 
 // Reads every element the view points at, so ASan sees any read outside the buffer.
 uint64_t Touch(const KvView& v) {
-  uint64_t acc = v.op;
-  for (size_t i = 0; i < v.num_keys; ++i) acc += v.keys[i];
+  uint64_t acc = v.op + v.keyless_answer;
+  for (size_t i = 0; v.keys != nullptr && i < v.num_keys; ++i) acc += v.keys[i];
   for (size_t i = 0; i < v.num_lens; ++i) acc += v.lens[i];
   for (size_t i = 0; i < v.num_values; ++i) {
     uint32_t bits;
@@ -127,6 +127,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     sink = sink + Touch(*view);
     CheckRoundTrip(*view, expect_values);
     if (expect_values) PushAndPull(*view);
+  }
+  // As a pull answer: with keys it is what a push decodes to; without, one len per key.
+  auto answer = DecodeKvPairs(p, size, /*expect_values=*/true, /*answer=*/true);
+  if (answer.ok()) {
+    sink = sink + Touch(*answer);
+    auto push = DecodeKvPairs(p, size, /*expect_values=*/true);
+    if (answer->keys != nullptr ? !push.ok() || push->num_keys != answer->num_keys
+                                : push.ok() || answer->lens == nullptr || answer->num_lens != answer->num_keys) {
+      __builtin_trap();
+    }
   }
   for (size_t cut = 4; cut < size; cut += 4) {
     uint32_t count;

@@ -1698,6 +1698,54 @@ TEST_CASE("malformed pscore.push payloads are refused with an error answer and t
   CHECK(r->values == std::vector<float>(values, values + 6));
 }
 
+TEST_CASE("a pull request that asks for answers without keys gets them, one that does not gets the keys",
+          "[node][net][dataplane]") {
+  TestCluster c(TestCluster::Config{});
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  // Rows of one length (the one-walk answer) and of two lengths (the two walks); one
+  // server, so every key is its own.
+  const std::vector<uint64_t> keys = {11, 12, 13};
+  REQUIRE(Await(w.Push(keys, std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 2, 2})).ok());
+  REQUIRE(Await(w.Push({14}, std::vector<float>{7}, {1})).ok());
+  for (const std::vector<uint64_t>& ask : {keys, std::vector<uint64_t>{11, 14, 13}}) {
+    INFO(ask.size() << " keys, the second " << ask[1]);
+    std::vector<float> expect;
+    for (uint64_t k : ask) {
+      if (k == 14) {
+        expect.push_back(7);
+      } else {
+        expect.push_back(static_cast<float>(2 * (k - 11) + 1));
+        expect.push_back(static_cast<float>(2 * (k - 11) + 2));
+      }
+    }
+    Result<BufferPtr> keyless = Await(w.Call(0, kPullHandler, core::EncodePullRequest(ask.data(), ask.size())));
+    REQUIRE(keyless.ok());
+    Result<core::KvView> a = core::DecodeKvPairs((*keyless)->data(), (*keyless)->size(), true, /*answer=*/true);
+    REQUIRE(a.ok());
+    CHECK(a->keys == nullptr);
+    CHECK(a->num_keys == ask.size());
+    CHECK(std::vector<float>(a->values, a->values + a->num_values) == expect);
+    // A requester that does not ask (one that predates the flag) reads the keys.
+    Result<BufferPtr> full =
+        Await(w.Call(0, kPullHandler, core::EncodeKvPairs(ask.data(), ask.size(), nullptr, nullptr, 0)));
+    REQUIRE(full.ok());
+    Result<core::KvView> b = core::DecodeKvPairs((*full)->data(), (*full)->size(), true);
+    REQUIRE(b.ok());
+    CHECK(std::vector<uint64_t>(b->keys, b->keys + b->num_keys) == ask);
+    CHECK(std::vector<float>(b->values, b->values + b->num_values) == expect);
+    CHECK((*keyless)->size() + ask.size() * sizeof(uint64_t) <= (*full)->size());
+  }
+  // The worker's own pulls (loop and direct link) read the keyless answers.
+  Result<PullResult> p = Await(w.Pull({13, 14, 11}));
+  REQUIRE(p.ok());
+  CHECK(p->values == std::vector<float>{5, 6, 7, 1, 2});
+  CHECK(p->lens == std::vector<uint32_t>{2, 1, 2});
+  Result<PullResult> s = w.PullSync({12, 13});
+  REQUIRE(s.ok());
+  CHECK(s->values == std::vector<float>{3, 4, 5, 6});
+}
+
 TEST_CASE("a Pull whose answer would pass max_message_bytes is refused kResourceExhausted - repeated keys included - and the server stays up",
           "[node][net][dataplane]") {
   TestCluster::Config config;

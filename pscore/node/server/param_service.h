@@ -98,6 +98,8 @@ class ParamService {
   class PushTail;
   // A pull answer's bytes: its keys, their lengths and `floats` values.
   static uint64_t AnswerBytes(size_t num_keys, uint64_t floats);
+  // Whether a copied answer to `request` writes its keys.
+  static core::Keys AnswerKeys(const core::KvView& request);
   // A pull answer made in one walk when all keys hold as many floats as the first; null
   // when HandlePull's two steps must serve (param_service.cc).
   Result<BufferPtr> PullUniform(const core::KvView& view) const;

@@ -34,7 +34,7 @@ std::optional<Result<PullResult>> DirectPuller::TryPull(const std::vector<uint64
   meta.set_handler(kPullHandler);
   const uint64_t copied_before = link->payload_bytes_copied();
   Result<comm::Frame> answer =
-      link->Call(meta, core::EncodeKvPairs(keys.data(), keys.size(), nullptr, nullptr, 0), options_.request_timeout);
+      link->Call(meta, core::EncodePullRequest(keys.data(), keys.size()), options_.request_timeout);
   Bring(addr, link.get());
   copied_->fetch_add(link->payload_bytes_copied() - copied_before, std::memory_order_relaxed);
   if (!answer.ok()) {
@@ -119,7 +119,8 @@ void DirectPuller::KeepIdle(const std::string& addr, std::unique_ptr<comm::Block
 
 Result<PullResult> DirectPuller::Decode(const comm::Frame& answer, size_t keys) {
   const BufferPtr& b = answer.payload;
-  Result<core::KvView> view = core::DecodeKvPairs(b ? b->data() : "", b ? b->size() : 0, /*expect_values=*/true);
+  Result<core::KvView> view =
+      core::DecodeKvPairs(b ? b->data() : "", b ? b->size() : 0, /*expect_values=*/true, /*answer=*/true);
   if (!view.ok()) return view.status();
   if (view->num_keys != keys) {
     return Status(Code::kProtocol,

@@ -88,12 +88,12 @@ Payload WorkerNode::PullPayload(const PullRequest& op, const KvPart& part, comm:
       std::adjacent_find(idx.begin(), idx.end(), [](size_t a, size_t b) { return b != a + 1; }) == idx.end();
   if (consecutive) {
     // Consecutive keys (all of them, for one server): encoded from op.keys as they are.
-    payload = core::EncodeKvPairs(op.keys.data() + idx.front(), idx.size(), nullptr, nullptr, 0);
+    payload = core::EncodePullRequest(op.keys.data() + idx.front(), idx.size());
   } else {
     std::vector<uint64_t> ks;
     ks.reserve(idx.size());
     for (size_t i : idx) ks.push_back(op.keys[i]);
-    payload = core::EncodeKvPairs(ks.data(), ks.size(), nullptr, nullptr, 0);
+    payload = core::EncodePullRequest(ks.data(), ks.size());
   }
   // An answer written from the store (head + values) whose place in dest is known has its
   // values read straight into it.
@@ -197,8 +197,9 @@ void WorkerNode::OnPullAnswer(const std::shared_ptr<KvRequest>& req, KvPart part
   BufferPtr b = frame.payload ? std::move(frame.payload) : Buffer::Allocate(0);
   // Values read into dest (the sink) leave only the head here.
   const bool in_dest = frame.tail_bytes > 0;
-  Result<core::KvView> view = in_dest ? core::DecodeKvPairsHead(b->data(), b->size(), frame.tail_bytes)
-                                      : core::DecodeKvPairs(b->data(), b->size(), /*expect_values=*/true);
+  Result<core::KvView> view = in_dest
+                                   ? core::DecodeKvPairsHead(b->data(), b->size(), frame.tail_bytes, /*answer=*/true)
+                                   : core::DecodeKvPairs(b->data(), b->size(), /*expect_values=*/true, /*answer=*/true);
   if (!view.ok()) return op.Fail(view.status());
   if (view->num_keys != keys) {
     return op.Fail(Status(Code::kProtocol, "pull: answer has " + std::to_string(view->num_keys) + " keys, asked " +
