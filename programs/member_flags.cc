@@ -27,7 +27,7 @@ DEFINE_int64(recovery_timeout_ms, 15000, "Worker/server: how long a push or pull
              "how long the scheduler may stay silent (at least --scheduler_timeout_ms) before the node exits with code 4.");
 DEFINE_string(devices, "", "Local devices: comma-separated ordinals, each optionally id@device_ip (e.g. 0@10.0.0.1,1@10.0.0.2).");
 DEFINE_string(super_pod_id, "", "Super-pod of this node's devices (rank table 1.2).");
-DEFINE_uint64(buffer_pool_mb, 256, "Released payload buffers of 128 KiB and more are kept for reuse up to this many "
+DEFINE_uint64(buffer_pool_mb, 256, "Released payload buffers of 16 KiB and more are kept for reuse up to this many "
               "MiB (0: none), so large transfers do not fault in fresh pages for every message.");
 
 namespace pscore::node::flags {

@@ -116,13 +116,18 @@ Result<BufferPtr> Assemble(const flatbuffers::FlatBufferBuilder& fbb, std::vecto
 // table over them and values_off, and finishes the buffer.
 void FinishKvPairs(flatbuffers::FlatBufferBuilder* fbb, const uint64_t* keys, const uint32_t* lens, size_t num_keys,
                    flatbuffers::Offset<flatbuffers::Vector<float>> values_off, uint8_t op, std::vector<Hole>* holes,
-                   Keys written = Keys::kWritten) {
-  auto lens_off = Reserve(fbb, lens, num_keys, holes);
+                   Keys written = Keys::kWritten, uint32_t row_len = 0) {
+  flatbuffers::Offset<flatbuffers::Vector<uint32_t>> lens_off;
+  if (row_len == 0) lens_off = Reserve(fbb, lens, num_keys, holes);
   flatbuffers::Offset<flatbuffers::Vector<uint64_t>> keys_off;
   if (written == Keys::kWritten) keys_off = Reserve(fbb, keys, num_keys, holes);
   fb::KvPairsBuilder kv(*fbb);
   if (written == Keys::kWritten) kv.add_keys(keys_off);
-  kv.add_lens(lens_off);
+  if (row_len == 0) {
+    kv.add_lens(lens_off);
+  } else {
+    kv.add_row_len(row_len);
+  }
   kv.add_values(values_off);
   kv.add_op(op);
   fb::FinishKvPairsBuffer(*fbb, kv.Finish());
@@ -284,7 +289,10 @@ Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint
   }
   const size_t first = holes.size();
   // Uniform: the lens hole is filled, not copied (its source only sizes it).
-  FinishKvPairs(&fbb, keys, lens != nullptr ? lens : &uniform_len, num_keys, values_off, /*op=*/0, &holes, written);
+  // Rows of one length without keys: row_len says it once (len(values) / row_len keys).
+  const uint32_t row_len = lens == nullptr && written == Keys::kLeftOut ? uniform_len : 0;
+  FinishKvPairs(&fbb, keys, lens != nullptr ? lens : &uniform_len, num_keys, values_off, /*op=*/0, &holes, written,
+                row_len);
   if (lens == nullptr) {
     for (size_t h = first; h < holes.size(); ++h) {
       Hole& hole = holes[h];
@@ -361,10 +369,10 @@ Status CheckConsistency(const KvView& v, bool has_values, bool expect_values) {
     }
     return Status::Ok();
   }
-  if (v.lens == nullptr) {
+  if (v.lens == nullptr && v.row_len == 0) {
     return Inconsistent("lens absent for " + std::to_string(v.num_keys) + " keys with values");
   }
-  uint64_t sum = 0;
+  uint64_t sum = uint64_t{v.row_len} * v.num_keys;  // rows of one length: num_values by construction
   for (size_t i = 0; i < v.num_lens; ++i) {
     if (sum > UINT64_MAX - v.lens[i]) return Inconsistent("sum of lens overflows");
     sum += v.lens[i];
@@ -396,10 +404,16 @@ Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values, 
   if (kv->keys() != nullptr) {
     v.keys = kv->keys()->data();
     v.num_keys = kv->keys()->size();
-  } else if (!answer || kv->lens() == nullptr) {
-    return Inconsistent(answer ? "keys and lens absent" : "keys absent");
-  } else {
+  } else if (!answer) {
+    return Inconsistent("keys absent");
+  } else if (kv->lens() != nullptr) {
     v.num_keys = kv->lens()->size();  // an answer without keys: one len per key asked
+  } else if (kv->row_len() > 0 && kv->values() != nullptr && kv->values()->size() % kv->row_len() == 0) {
+    v.row_len = kv->row_len();  // ... or rows of one length
+    v.num_keys = kv->values()->size() / v.row_len;
+  } else {
+    return Inconsistent("keys and lens absent, and no row_len that divides " +
+                        std::to_string(kv->values() ? kv->values()->size() : 0) + " values");
   }
   // The verifier only aligns a vector's length field to 4; uint64 keys need 8. An empty
   // vector reads nothing (and flatbuffers does not pad one), so only keys are checked.

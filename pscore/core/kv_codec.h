@@ -7,8 +7,10 @@
 //   values: [float]   sum(lens) floats back to back; absent in a pull request
 //   op:     uint8     update rule selector for a push (0 = the store's default)
 //   keyless_answer: bool  a pull request: the sender reads answers without keys
+//   row_len: uint32   an answer without keys or lens: every key holds row_len floats
 // A pull answer to a request that set keyless_answer may leave keys out: it answers the
-// request's keys in their order, one len each.
+// request's keys in their order, one len each, or, when all hold as many floats, with
+// row_len in place of lens (len(values) / row_len keys).
 // Limits: the flatbuffers verifier bounds every offset and vector by the buffer
 // size (and the 2 GiB flatbuffers limit), so a hostile buffer cannot make the
 // decoder read outside it.
@@ -46,7 +48,7 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
 // A KvPairs with keys and lens copied from the caller and the values written in place
 // by fill(dst) (num_values floats; dst is 4-byte aligned). A fill error is returned.
 // With Keys::kLeftOut (a pull answer to a keyless_answer request) the keys are not
-// written: num_keys only counts the lens.
+// written: num_keys only counts the lens (Uniform, len > 0: no lens either, row_len).
 enum class Keys { kWritten, kLeftOut };
 Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
                                       size_t num_values, const std::function<Status(float*)>& fill,
@@ -93,11 +95,16 @@ struct KvView {
   size_t num_values = 0;
   uint8_t op = 0;
   bool keyless_answer = false;
+  uint32_t row_len = 0;  // an answer without keys or lens: every key's length
+
+  uint32_t Len(size_t i) const { return lens != nullptr ? lens[i] : row_len; }
 };
 
 // Verifies `data` with the flatbuffers Verifier, then checks consistency:
 // - keys present (an `answer` to a pull may leave them out when it has lens: num_keys is
-//   then the lens' count and keys null); lens absent or exactly one per key;
+//   then the lens' count and keys null; or with neither keys nor lens, row_len > 0 and
+//   len(values) a multiple of it: num_keys len(values) / row_len, read lens with Len);
+//   lens absent or exactly one per key;
 // - expect_values (push, pull response): lens present, sum(lens) == num_values (values
 //   may be absent when that sum is 0);
 // - !expect_values (pull request): values absent or empty.

@@ -474,16 +474,55 @@ TEST_CASE("a pull request may ask for answers without keys - only an answer may 
     REQUIRE(v.ok());
     CHECK(v->keys == nullptr);
     CHECK(v->num_keys == 3);
-    REQUIRE(v->num_lens == 3);
     CHECK(std::vector<float>(v->values, v->values + v->num_values) == std::vector<float>{1.5f, 2.5f, 3.5f});
     // Anything but an answer needs its keys: a push without keys is refused.
     Result<KvView> as_push = DecodeKvPairs(b->data(), b->size(), true);
     CHECK(as_push.status().code() == Code::kProtocol);
     CHECK(as_push.status().message().find("keys absent") != std::string::npos);
   }
+  Result<KvView> f = DecodeKvPairs((*filled)->data(), (*filled)->size(), true, true);
+  REQUIRE(f.ok());
+  CHECK(std::vector<uint32_t>(f->lens, f->lens + f->num_lens) == lens);
+  CHECK(f->row_len == 0);
+  // Rows of one length leave the lens out too: row_len says it once.
   Result<KvView> u = DecodeKvPairs((*uniform)->data(), (*uniform)->size(), true, true);
   REQUIRE(u.ok());
-  CHECK(std::vector<uint32_t>(u->lens, u->lens + u->num_lens) == std::vector<uint32_t>(3, 1));
+  CHECK(u->lens == nullptr);
+  CHECK(u->row_len == 1);
+  CHECK((u->Len(0) == 1 && u->Len(2) == 1));
+  Result<BufferPtr> rows = EncodeKvPairsUniform(keys.data(), 2, 4, [](float* dst) {
+    for (int i = 0; i < 8; ++i) dst[i] = static_cast<float>(i);
+    return Status::Ok();
+  }, Keys::kLeftOut);
+  REQUIRE(rows.ok());
+  CHECK((*rows)->size() < 8 * sizeof(float) + 64);  // values, a few fields, no arrays of keys or lens
+  Result<KvView> r = DecodeKvPairs((*rows)->data(), (*rows)->size(), true, true);
+  REQUIRE(r.ok());
+  CHECK((r->num_keys == 2 && r->row_len == 4 && r->num_values == 8));
+  // Rows of no floats cannot be counted from the values: their lens are written.
+  Result<BufferPtr> zero = EncodeKvPairsUniform(keys.data(), 2, 0, [](float*) { return Status::Ok(); }, Keys::kLeftOut);
+  REQUIRE(zero.ok());
+  Result<KvView> z = DecodeKvPairs((*zero)->data(), (*zero)->size(), true, true);
+  REQUIRE(z.ok());
+  CHECK((z->num_keys == 2 && z->num_lens == 2 && z->lens[0] == 0 && z->num_values == 0));
+  // A row_len that does not divide the values, or none, is refused; beside keys it is
+  // not read (a push still needs its lens).
+  auto with_row_len = [](const std::vector<uint64_t>* k, uint32_t row_len, const std::vector<float>& vals) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto ko = k ? fbb.CreateVector(*k) : 0;
+    auto vo = fbb.CreateVector(vals);
+    fb::FinishKvPairsBuffer(fbb, fb::CreateKvPairs(fbb, ko, 0, vo, 0, false, row_len));
+    return Buffer::Copy(fbb.GetBufferPointer(), fbb.GetSize());
+  };
+  const std::vector<float> three = {1, 2, 3};
+  for (uint32_t row_len : {0u, 2u}) {
+    BufferPtr b = with_row_len(nullptr, row_len, three);
+    CHECK(DecodeKvPairs(b->data(), b->size(), true, true).status().code() == Code::kProtocol);
+  }
+  const std::vector<uint64_t> one_key = {7};
+  BufferPtr keyed = with_row_len(&one_key, 3, three);
+  CHECK(DecodeKvPairs(keyed->data(), keyed->size(), true, true).status().code() == Code::kProtocol);
+  CHECK(DecodeKvPairs(keyed->data(), keyed->size(), true).status().code() == Code::kProtocol);
   // An answer that keeps its keys decodes as an answer too (a server that predates the flag).
   Result<KvView> k = DecodeKvPairs((*with_keys)->data(), (*with_keys)->size(), true, true);
   REQUIRE(k.ok());

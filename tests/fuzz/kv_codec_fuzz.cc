@@ -128,15 +128,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CheckRoundTrip(*view, expect_values);
     if (expect_values) PushAndPull(*view);
   }
-  // As a pull answer: with keys it is what a push decodes to; without, one len per key.
+  // As a pull answer: with keys it is what a push decodes to; without, one len per key,
+  // or rows of row_len floats that make up the values exactly.
   auto answer = DecodeKvPairs(p, size, /*expect_values=*/true, /*answer=*/true);
   if (answer.ok()) {
     sink = sink + Touch(*answer);
     auto push = DecodeKvPairs(p, size, /*expect_values=*/true);
-    if (answer->keys != nullptr ? !push.ok() || push->num_keys != answer->num_keys
-                                : push.ok() || answer->lens == nullptr || answer->num_lens != answer->num_keys) {
+    const KvView& a = *answer;
+    const bool rows = a.lens == nullptr && a.row_len > 0 && uint64_t{a.row_len} * a.num_keys == a.num_values;
+    if (a.keys != nullptr ? !push.ok() || push->num_keys != a.num_keys || a.row_len != 0
+                          : push.ok() || !(rows || (a.lens != nullptr && a.num_lens == a.num_keys))) {
       __builtin_trap();
     }
+    uint64_t sum = 0;
+    for (size_t i = 0; i < a.num_keys; ++i) sum += a.Len(i);
+    if (sum != a.num_values) __builtin_trap();
   }
   for (size_t cut = 4; cut < size; cut += 4) {
     uint32_t count;

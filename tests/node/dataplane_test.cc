@@ -1725,6 +1725,11 @@ TEST_CASE("a pull request that asks for answers without keys gets them, one that
     REQUIRE(a.ok());
     CHECK(a->keys == nullptr);
     CHECK(a->num_keys == ask.size());
+    if (ask == keys) {
+      CHECK((a->lens == nullptr && a->row_len == 2));  // rows of one length: no lens either
+    } else {
+      CHECK(a->num_lens == ask.size());
+    }
     CHECK(std::vector<float>(a->values, a->values + a->num_values) == expect);
     // A requester that does not ask (one that predates the flag) reads the keys.
     Result<BufferPtr> full =

@@ -127,7 +127,11 @@ Result<PullResult> DirectPuller::Decode(const comm::Frame& answer, size_t keys) 
                   "pull: answer has " + std::to_string(view->num_keys) + " keys, asked " + std::to_string(keys));
   }
   PullResult out;
-  out.lens.assign(view->lens, view->lens + view->num_keys);
+  if (view->lens != nullptr) {
+    out.lens.assign(view->lens, view->lens + view->num_keys);
+  } else {
+    out.lens.assign(view->num_keys, view->row_len);
+  }
   out.values.assign(view->values, view->values + view->num_values);
   copied_->fetch_add(view->num_values * sizeof(float), std::memory_order_relaxed);
   pulls_.fetch_add(1, std::memory_order_relaxed);

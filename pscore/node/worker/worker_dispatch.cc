@@ -217,12 +217,14 @@ void WorkerNode::OnPullAnswer(const std::shared_ptr<KvRequest>& req, KvPart part
     in_place_pulls_.fetch_add(1, std::memory_order_relaxed);
   }
   for (size_t j = 0; j < keys; ++j) {
+    const uint32_t len = view->Len(j);
     op.src[part.indices[j]] = p;
-    op.src_lens[part.indices[j]] = view->lens[j];
+    op.src_lens[part.indices[j]] = len;
     if (in_dest) op.in_dest[part.indices[j]] = 1;
-    p += view->lens[j];
+    p += len;
   }
-  learned_.Learn(op.keys, part.indices, view->lens);
+  // Rows of one length (row_len) come only in answers of small rows, which are not learned.
+  if (view->lens != nullptr) learned_.Learn(op.keys, part.indices, view->lens);
   op.answers.push_back(std::move(b));
   if (op.caller_dest() && op.outstanding == keys && op.Misplaced() &&
       std::accumulate(op.src_lens.begin(), op.src_lens.end(), uint64_t{0}) == op.dest_floats) {
