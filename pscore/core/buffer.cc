@@ -1,6 +1,7 @@
 #include "pscore/core/buffer.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <map>
@@ -86,6 +87,11 @@ void TrimLocked(LargeBlockPool& pool, size_t limit, std::vector<Block>* evicted)
 // ones come from the heap (one mapping each would spend the process's mappings).
 bool Mapped(size_t capacity) { return capacity >= Buffer::kMappedBytes; }
 
+size_t RoundUpToPage(size_t bytes) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
 char* NewBlock(size_t capacity) {
   if (!Mapped(capacity)) return new char[capacity];  // 16-byte aligned, as malloc is
   void* p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -118,17 +124,31 @@ size_t Buffer::PooledCapacity(size_t size) {
 
 char* Buffer::TakePooledBlock(size_t capacity, size_t* got) {
   LargeBlockPool& pool = Pool();
-  std::lock_guard<std::mutex> lock(pool.mu);
-  // The smallest block that holds `capacity`, up to twice as large: a message of a size
-  // between the ones in use (a pull's request beside the pushes' payloads) reuses mapped
-  // memory instead of faulting in fresh pages, and never pins a block much larger.
-  auto it = pool.free_blocks.lower_bound(capacity);
-  if (it == pool.free_blocks.end() || it->first / 2 > capacity) return nullptr;
-  char* block = it->second.back();
-  *got = it->first;
-  it->second.pop_back();
-  pool.pooled -= it->first;
-  if (it->second.empty()) pool.free_blocks.erase(it);
+  char* block = nullptr;
+  size_t had = 0;
+  size_t keep = 0;
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    // The smallest block that holds `capacity`: a message of a size between the ones in
+    // use (a pull's request beside the pushes' payloads) reuses mapped memory instead of
+    // faulting in fresh pages. One more than twice as large is cut down to the need when
+    // both are mappings (its tail goes back to the kernel, its head is warm), so a buffer
+    // never pins a block much larger; a heap block cannot be cut and stays for others.
+    auto it = pool.free_blocks.lower_bound(capacity);
+    if (it == pool.free_blocks.end()) return nullptr;
+    had = keep = it->first;
+    if (had / 2 > capacity) {
+      if (!Mapped(capacity)) return nullptr;
+      keep = RoundUpToPage(capacity);
+    }
+    block = it->second.back();
+    it->second.pop_back();
+    pool.pooled -= had;
+    if (it->second.empty()) pool.free_blocks.erase(it);
+  }
+  // The pool no longer lists the block; unmapping its tail is slow, so outside mu.
+  if (keep < had) munmap(block + keep, had - keep);
+  *got = keep;
   return block;
 }
 

@@ -5,11 +5,13 @@
 // Up to kSmallBytes live inside the object (one allocation with the reference count).
 // From kPooledBytes on, storage comes from a process-wide pool of released blocks (sizes
 // rounded up to a quarter of their power of two; a request takes the smallest pooled block
-// that holds it, up to twice its size), so a stream of large payloads reuses memory
-// instead of faulting in (and the kernel zeroing) fresh pages for each one. Blocks from
-// kMappedBytes on are anonymous mappings of their own; smaller ones come from the heap,
-// where freeing them would let malloc hand their pages back (madvise, then a TLB flush on
-// every core) and fault them in again for the next payload.
+// that holds it), so a stream of large payloads reuses memory instead of faulting in (and
+// the kernel zeroing) fresh pages for each one. Blocks from kMappedBytes on are anonymous
+// mappings of their own; one more than twice a mapped request's size is cut down to it
+// (the tail unmapped, so no buffer pins much more than it holds). Smaller blocks come
+// from the heap, where freeing them would let malloc hand their pages back (madvise, then
+// a TLB flush on every core) and fault them in again for the next payload; a heap-sized
+// request takes a pooled block of up to twice its size, never a mapping.
 // The pool keeps at most PoolLimit() bytes (SetPoolLimit; 0 turns it off; 0 by default in
 // AddressSanitizer builds, where reuse would hide a use after free); a released
 // block that does not fit frees blocks of other sizes first. Storage is 16-byte aligned
@@ -107,7 +109,8 @@ class Buffer {
  private:
   // A block of at least `capacity` bytes (its capacity in *got): pooled, or mapped fresh.
   static char* AcquireLarge(size_t capacity, size_t* got);
-  // A pooled block of `capacity` to twice as many bytes (its capacity in *got), or null.
+  // A pooled block of at least `capacity` bytes (its capacity in *got), cut down when it is
+  // a mapping over twice as large, or null (none, or a heap-sized request over half).
   static char* TakePooledBlock(size_t capacity, size_t* got);
   static void ReleaseLarge(char* block, size_t capacity);
 

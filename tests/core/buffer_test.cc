@@ -104,8 +104,7 @@ TEST_CASE("buffer: a released large block is reused, within the pool limit", "[c
   CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(size));
 }
 
-TEST_CASE("buffer: a pooled block serves a request of half its size or more, one request at a time",
-          "[core][buffer]") {
+TEST_CASE("buffer: a pooled block serves a smaller request, one request at a time", "[core][buffer]") {
   PoolLimitGuard guard;
   Buffer::SetPoolLimit(0);  // empty: earlier tests may have left blocks in it
   Buffer::SetPoolLimit(Buffer::kDefaultPoolLimit);
@@ -117,12 +116,8 @@ TEST_CASE("buffer: a pooled block serves a request of half its size or more, one
     first = b->data();
   }
   REQUIRE(Buffer::PooledBytes() == Buffer::PooledCapacity(size));
-  // A request under half the block's size gets a fresh block; the pooled one stays.
-  BufferPtr small = Buffer::Allocate(size / 2 - (size_t{1} << 20));
-  CHECK(small->data() != first);
-  CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(size));
-  // A smaller request of at least half takes it: its size is its own, the old bytes past
-  // it are not part of it.
+  // A smaller request of at least half takes it whole: its size is its own, the old bytes
+  // past it are not part of it.
   BufferPtr reused = Buffer::Allocate(size * 5 / 8);
   CHECK(reused->data() == first);
   CHECK(reused->size() == size * 5 / 8);
@@ -184,6 +179,68 @@ TEST_CASE("buffer: a pooled heap block below kMappedBytes is reused, and grows o
   // Lowering the limit hands heap blocks back as it unmaps mapped ones.
   again.reset();
   CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(size));
+  Buffer::SetPoolLimit(0);
+  CHECK(Buffer::PooledBytes() == 0);
+}
+
+TEST_CASE("buffer: a pooled mapping more than twice a mapped request's size is cut down to it",
+          "[core][buffer]") {
+  PoolLimitGuard guard;
+  Buffer::SetPoolLimit(0);  // empty: earlier tests may have left blocks in it
+  Buffer::SetPoolLimit(Buffer::kDefaultPoolLimit);
+  const size_t big = size_t{32} << 20;  // a step's large push, say
+  const size_t small = size_t{3} << 20;  // and its pull's answer
+  const char* first = nullptr;
+  {
+    BufferPtr b = Buffer::Allocate(big);
+    first = b->data();
+  }
+  REQUIRE(Buffer::PooledBytes() == Buffer::PooledCapacity(big));
+  // A request under Buffer::kMappedBytes gets a heap block; the mapping stays for others.
+  {
+    BufferPtr heap = Buffer::Allocate(Buffer::kPooledBytes * 2);
+    CHECK(heap->data() != first);
+    CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(big));
+  }
+  // A mapped request takes the warm head of the mapping; the rest is unmapped, not kept.
+  const size_t pooled_heap = Buffer::PooledBytes() - Buffer::PooledCapacity(big);
+  BufferPtr answer = Buffer::Allocate(small);
+  CHECK(answer->data() == first);
+  CHECK(Buffer::PooledBytes() == pooled_heap);
+  Fill(*answer, 13);
+  CHECK(Holds(*answer, 13));
+  // The next large request is fresh; both go back under their own capacities.
+  BufferPtr push = Buffer::Allocate(big);
+  CHECK(push->data() != first);
+  const char* big_block = push->data();
+  answer.reset();
+  push.reset();
+  CHECK(Buffer::PooledBytes() == pooled_heap + Buffer::PooledCapacity(small) + Buffer::PooledCapacity(big));
+  // From then on a step of the two, in either order, takes both from the pool: the small
+  // request's own block fits it best, so it never cuts the large one again.
+  for (int step = 0; step < 4; ++step) {
+    BufferPtr a, b;
+    if (step % 2 == 0) {
+      a = Buffer::Allocate(small);
+      b = Buffer::Allocate(big);
+    } else {
+      b = Buffer::Allocate(big);
+      a = Buffer::Allocate(small);
+    }
+    CHECK(a->data() == first);
+    CHECK(b->data() == big_block);
+    Fill(*b, static_cast<uint8_t>(step));
+    CHECK(Holds(*b, static_cast<uint8_t>(step)));
+  }
+  CHECK(Buffer::PooledBytes() == pooled_heap + Buffer::PooledCapacity(small) + Buffer::PooledCapacity(big));
+  // A cut block still grows in place (its pages move by mremap) and frees cleanly.
+  BufferPtr grows = Buffer::Allocate(small);
+  Fill(*grows, 21);
+  REQUIRE(grows->Grow(small * 3));
+  for (size_t i = 0; i < small; ++i) {
+    if (grows->data()[i] != static_cast<char>(21 + i * 31)) FAIL("byte " << i << " changed by Grow");
+  }
+  grows.reset();
   Buffer::SetPoolLimit(0);
   CHECK(Buffer::PooledBytes() == 0);
 }
