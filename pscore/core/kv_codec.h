@@ -105,8 +105,8 @@ struct KvView {
 //   then the lens' count and keys null; or with neither keys nor lens, row_len > 0 and
 //   len(values) a multiple of it: num_keys len(values) / row_len, read lens with Len);
 //   lens absent or exactly one per key;
-// - expect_values (push, pull response): lens present, sum(lens) == num_values (values
-//   may be absent when that sum is 0);
+// - expect_values (push, pull response): lens present (or an answer's row_len in their
+//   place), sum(lens) == num_values (values may be absent when that sum is 0);
 // - !expect_values (pull request): values absent or empty.
 // `data` must be 8-byte aligned (a Buffer's data is). Failures are
 // kInvalidArgument (unaligned, not a KvPairs buffer) or kProtocol

@@ -1775,6 +1775,54 @@ TEST_CASE("a Pull whose answer would pass max_message_bytes is refused kResource
   CHECK(c.timeouts() == 0);
 }
 
+TEST_CASE("a Pull whose answer leaves keys (and one-length rows' lens) out is measured without them against max_message_bytes",
+          "[node][net][dataplane]") {
+  TestCluster::Config config;
+  config.max_message_bytes = 1 << 20;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  // 100,000 keys of one float: 400 KB of answer, where keys and lens would add 1.2 MB.
+  std::vector<uint64_t> rows(100000);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = 1000 + i;
+  for (size_t at = 0; at < rows.size(); at += 25000) {  // pushes carry keys and lens: in parts
+    std::vector<uint64_t> part(rows.begin() + at, rows.begin() + at + 25000);
+    std::vector<float> values(part.size());
+    for (size_t i = 0; i < part.size(); ++i) values[i] = static_cast<float>(part[i] % 977);
+    REQUIRE(Await(w.Push(part, values)).ok());
+  }
+  Result<PullResult> one = Await(w.Pull(rows));
+  REQUIRE(one.ok());
+  REQUIRE(one->values.size() == rows.size());
+  bool same = true;
+  for (size_t i = 0; i < rows.size() && same; ++i) same = one->values[i] == static_cast<float>(rows[i] % 977);
+  CHECK(same);
+  // 60,000 keys of 1 or 2 floats: 360 KB of values and 240 KB of lens; the keys would
+  // take the answer past 1 MiB.
+  std::vector<uint64_t> mixed(60000);
+  std::vector<uint32_t> lens(mixed.size());
+  for (size_t i = 0; i < mixed.size(); ++i) {
+    mixed[i] = 500000 + i;
+    lens[i] = 1 + static_cast<uint32_t>(i % 2);
+  }
+  std::vector<float> expect;
+  for (size_t at = 0; at < mixed.size(); at += 20000) {
+    std::vector<uint64_t> part(mixed.begin() + at, mixed.begin() + at + 20000);
+    std::vector<uint32_t> part_lens(lens.begin() + at, lens.begin() + at + 20000);
+    std::vector<float> values;
+    for (size_t i = 0; i < part.size(); ++i) {
+      for (uint32_t j = 0; j < part_lens[i]; ++j) values.push_back(static_cast<float>((part[i] + j) % 613));
+    }
+    expect.insert(expect.end(), values.begin(), values.end());
+    REQUIRE(Await(w.Push(part, values, part_lens)).ok());
+  }
+  Result<PullResult> two = Await(w.Pull(mixed));
+  REQUIRE(two.ok());
+  CHECK(two->lens == lens);
+  CHECK(two->values == expect);
+  CHECK(c.timeouts() == 0);
+}
+
 TEST_CASE("a 64 MiB Push/Pull round-trips and heartbeats stay on time", "[node][net][dataplane]") {
   TestCluster::Config config;
   config.heartbeat_timeout = 2s;

@@ -71,13 +71,15 @@ void ParamService::HandlePull(const DataRequest& req, Responder r) {
   // An answer over the frame limit would be refused by the worker (its link closed), and
   // one of 2 GiB or more cannot be encoded at all: refused here, whole. Keys may repeat
   // in a request, so a small request can ask for a huge answer.
-  const uint64_t answer_bytes = AnswerBytes(view->num_keys, total);
+  const bool shared = total * sizeof(float) >= core::kSharedAnswerBytes * view->num_keys;
+  const uint64_t answer_bytes =
+      AnswerBytes(view->num_keys, total, shared ? core::Keys::kWritten : AnswerKeys(*view), /*uniform=*/false);
   if (answer_bytes > options_.max_message_bytes) {
     return r.Fail(Status(Code::kResourceExhausted, "pull: the answer would hold " + std::to_string(answer_bytes) +
-                                                       " bytes of keys and values, over max_message_bytes (" +
+                                                       " bytes, over max_message_bytes (" +
                                                        std::to_string(options_.max_message_bytes) + ")"));
   }
-  if (total * sizeof(float) >= core::kSharedAnswerBytes * view->num_keys) {
+  if (shared) {
     // Values of a few KiB a key and more are not copied: the answer's tail is the stored
     // memory itself, pinned until the answer is written (a push meanwhile writes a fresh
     // copy of the key).
@@ -106,8 +108,10 @@ core::Keys ParamService::AnswerKeys(const core::KvView& request) {
   return request.keyless_answer ? core::Keys::kLeftOut : core::Keys::kWritten;
 }
 
-uint64_t ParamService::AnswerBytes(size_t num_keys, uint64_t floats) {
-  return floats * sizeof(float) + uint64_t{num_keys} * (sizeof(uint64_t) + sizeof(uint32_t));
+uint64_t ParamService::AnswerBytes(size_t num_keys, uint64_t floats, core::Keys keys, bool uniform) {
+  const bool keys_written = keys == core::Keys::kWritten;
+  const uint64_t per_key = (keys_written ? sizeof(uint64_t) : 0) + (keys_written || !uniform ? sizeof(uint32_t) : 0);
+  return floats * sizeof(float) + uint64_t{num_keys} * per_key;
 }
 
 // Rows of one length (an embedding table's, a sparse model's floats) are copied in one walk
@@ -122,7 +126,7 @@ Result<BufferPtr> ParamService::PullUniform(const core::KvView& view) const {
   PSCORE_RETURN_IF_ERROR(store_.Lens(view.keys, 1, &len));
   const uint64_t total = uint64_t{len} * view.num_keys;
   if (len == 0 || len * sizeof(float) >= core::kSharedAnswerBytes ||
-      AnswerBytes(view.num_keys, total) > options_.max_message_bytes) {
+      AnswerBytes(view.num_keys, total, AnswerKeys(view), /*uniform=*/true) > options_.max_message_bytes) {
     return BufferPtr();
   }
   bool other_len = false;

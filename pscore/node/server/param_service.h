@@ -96,8 +96,9 @@ class ParamService {
 
  private:
   class PushTail;
-  // A pull answer's bytes: its keys, their lengths and `floats` values.
-  static uint64_t AnswerBytes(size_t num_keys, uint64_t floats);
+  // A pull answer's bytes: `floats` values, a length per key unless `uniform` (an answer
+  // without keys then sends one row length), and the keys unless `keys` leaves them out.
+  static uint64_t AnswerBytes(size_t num_keys, uint64_t floats, core::Keys keys, bool uniform);
   // Whether a copied answer to `request` writes its keys.
   static core::Keys AnswerKeys(const core::KvView& request);
   // A pull answer made in one walk when all keys hold as many floats as the first; null
