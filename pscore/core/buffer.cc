@@ -87,6 +87,12 @@ void TrimLocked(LargeBlockPool& pool, size_t limit, std::vector<Block>* evicted)
 // ones come from the heap (one mapping each would spend the process's mappings).
 bool Mapped(size_t capacity) { return capacity >= Buffer::kMappedBytes; }
 
+// A pooled mapping is cut down for a request of at least 1/kMostCut of it. A smaller one
+// is mapped fresh, which costs little next to the warm memory a cut would give away: a
+// pull's 8 MiB of keys must not take the 256 MiB block its answer is about to need, nor a
+// frame decoder's first 256 KiB chunk an 8 MiB block.
+constexpr size_t kMostCut = 8;
+
 size_t RoundUpToPage(size_t bytes) {
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   return (bytes + page - 1) / page * page;
@@ -131,14 +137,14 @@ char* Buffer::TakePooledBlock(size_t capacity, size_t* got) {
     std::lock_guard<std::mutex> lock(pool.mu);
     // The smallest block that holds `capacity`: a message of a size between the ones in
     // use (a pull's request beside the pushes' payloads) reuses mapped memory instead of
-    // faulting in fresh pages. One more than twice as large is cut down to the need when
-    // both are mappings (its tail goes back to the kernel, its head is warm), so a buffer
-    // never pins a block much larger; a heap block cannot be cut and stays for others.
+    // faulting in fresh pages. One more than twice as large, up to kMostCut times, is cut
+    // down to the need when both are mappings (its tail goes back to the kernel, its head
+    // is warm), so a buffer never pins a block much larger; a heap block cannot be cut.
     auto it = pool.free_blocks.lower_bound(capacity);
     if (it == pool.free_blocks.end()) return nullptr;
     had = keep = it->first;
     if (had / 2 > capacity) {
-      if (!Mapped(capacity)) return nullptr;
+      if (!Mapped(capacity) || had / kMostCut > capacity) return nullptr;
       keep = RoundUpToPage(capacity);
     }
     block = it->second.back();

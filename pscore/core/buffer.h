@@ -7,8 +7,9 @@
 // rounded up to a quarter of their power of two; a request takes the smallest pooled block
 // that holds it), so a stream of large payloads reuses memory instead of faulting in (and
 // the kernel zeroing) fresh pages for each one. Blocks from kMappedBytes on are anonymous
-// mappings of their own; one more than twice a mapped request's size is cut down to it
-// (the tail unmapped, so no buffer pins much more than it holds). Smaller blocks come
+// mappings of their own; one more than twice a mapped request's size, up to 8 times, is
+// cut down to it (the tail unmapped, so no buffer pins much more than it holds; a request
+// under an eighth of every idle block is mapped fresh). Smaller blocks come
 // from the heap, where freeing them would let malloc hand their pages back (madvise, then
 // a TLB flush on every core) and fault them in again for the next payload; a heap-sized
 // request takes a pooled block of up to twice its size, never a mapping.
@@ -110,7 +111,8 @@ class Buffer {
   // A block of at least `capacity` bytes (its capacity in *got): pooled, or mapped fresh.
   static char* AcquireLarge(size_t capacity, size_t* got);
   // A pooled block of at least `capacity` bytes (its capacity in *got), cut down when it is
-  // a mapping over twice as large, or null (none, or a heap-sized request over half).
+  // a mapping over twice as large; null when none fits (a heap-sized request: up to twice
+  // its size; a mapped one: up to 8 times).
   static char* TakePooledBlock(size_t capacity, size_t* got);
   static void ReleaseLarge(char* block, size_t capacity);
 

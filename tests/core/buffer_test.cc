@@ -183,30 +183,38 @@ TEST_CASE("buffer: a pooled heap block below kMappedBytes is reused, and grows o
   CHECK(Buffer::PooledBytes() == 0);
 }
 
-TEST_CASE("buffer: a pooled mapping more than twice a mapped request's size is cut down to it",
+TEST_CASE("buffer: a pooled mapping 2 to 8 times a mapped request's size is cut down to it",
           "[core][buffer]") {
   PoolLimitGuard guard;
   Buffer::SetPoolLimit(0);  // empty: earlier tests may have left blocks in it
   Buffer::SetPoolLimit(Buffer::kDefaultPoolLimit);
   const size_t big = size_t{32} << 20;  // a step's large push, say
-  const size_t small = size_t{3} << 20;  // and its pull's answer
+  const size_t small = size_t{5} << 20;  // and its pull's answer
   const char* first = nullptr;
   {
     BufferPtr b = Buffer::Allocate(big);
     first = b->data();
   }
   REQUIRE(Buffer::PooledBytes() == Buffer::PooledCapacity(big));
-  // A request under Buffer::kMappedBytes gets a heap block; the mapping stays for others.
+  // A request under Buffer::kMappedBytes gets a heap block, and one under an eighth of
+  // the block a fresh mapping (a pull's keys before its answer): the block stays.
   {
     BufferPtr heap = Buffer::Allocate(Buffer::kPooledBytes * 2);
+    BufferPtr keys = Buffer::Allocate(big / 8 - (size_t{1} << 20));
     CHECK(heap->data() != first);
+    CHECK(keys->data() != first);
     CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(big));
   }
+  const size_t keys_pooled = Buffer::PooledCapacity(big / 8 - (size_t{1} << 20));
+  {  // the next request of that size takes that mapping, back in the pool, not the block
+    BufferPtr b = Buffer::Allocate(big / 8 - (size_t{1} << 20));
+    CHECK(b->data() != first);
+  }
   // A mapped request takes the warm head of the mapping; the rest is unmapped, not kept.
-  const size_t pooled_heap = Buffer::PooledBytes() - Buffer::PooledCapacity(big);
+  const size_t pooled_heap = Buffer::PooledBytes() - Buffer::PooledCapacity(big) - keys_pooled;
   BufferPtr answer = Buffer::Allocate(small);
   CHECK(answer->data() == first);
-  CHECK(Buffer::PooledBytes() == pooled_heap);
+  CHECK(Buffer::PooledBytes() == pooled_heap + keys_pooled);
   Fill(*answer, 13);
   CHECK(Holds(*answer, 13));
   // The next large request is fresh; both go back under their own capacities.
@@ -215,7 +223,8 @@ TEST_CASE("buffer: a pooled mapping more than twice a mapped request's size is c
   const char* big_block = push->data();
   answer.reset();
   push.reset();
-  CHECK(Buffer::PooledBytes() == pooled_heap + Buffer::PooledCapacity(small) + Buffer::PooledCapacity(big));
+  CHECK(Buffer::PooledBytes() ==
+        pooled_heap + keys_pooled + Buffer::PooledCapacity(small) + Buffer::PooledCapacity(big));
   // From then on a step of the two, in either order, takes both from the pool: the small
   // request's own block fits it best, so it never cuts the large one again.
   for (int step = 0; step < 4; ++step) {
@@ -232,7 +241,8 @@ TEST_CASE("buffer: a pooled mapping more than twice a mapped request's size is c
     Fill(*b, static_cast<uint8_t>(step));
     CHECK(Holds(*b, static_cast<uint8_t>(step)));
   }
-  CHECK(Buffer::PooledBytes() == pooled_heap + Buffer::PooledCapacity(small) + Buffer::PooledCapacity(big));
+  CHECK(Buffer::PooledBytes() ==
+        pooled_heap + keys_pooled + Buffer::PooledCapacity(small) + Buffer::PooledCapacity(big));
   // A cut block still grows in place (its pages move by mremap) and frees cleanly.
   BufferPtr grows = Buffer::Allocate(small);
   Fill(*grows, 21);
