@@ -50,10 +50,16 @@ namespace {
 #endif
 #endif
 
+struct IdleBlock {
+  char* data;
+  uint64_t released;  // the pool's release count when it came back
+};
+
 struct LargeBlockPool {
   std::mutex mu;
-  std::map<size_t, std::vector<char*>> free_blocks;  // guarded by mu
-  size_t pooled = 0;                                  // bytes in free_blocks; guarded by mu
+  std::map<size_t, std::vector<IdleBlock>> free_blocks;  // guarded by mu
+  size_t pooled = 0;                                      // bytes in free_blocks; guarded by mu
+  uint64_t releases = 0;                                  // guarded by mu
 #ifdef PSCORE_ASAN
   // Off by default under AddressSanitizer: a reused block would hide a use after free.
   size_t limit = 0;  // guarded by mu
@@ -75,7 +81,7 @@ using Block = std::pair<char*, size_t>;  // a mapping and its capacity
 void TrimLocked(LargeBlockPool& pool, size_t limit, std::vector<Block>* evicted) {
   while (pool.pooled > limit && !pool.free_blocks.empty()) {
     auto last = std::prev(pool.free_blocks.end());
-    evicted->emplace_back(last->second.back(), last->first);
+    evicted->emplace_back(last->second.back().data, last->first);
     last->second.pop_back();
     pool.pooled -= last->first;
     if (last->second.empty()) pool.free_blocks.erase(last);
@@ -147,7 +153,7 @@ char* Buffer::TakePooledBlock(size_t capacity, size_t* got) {
       if (!Mapped(capacity) || had / kMostCut > capacity) return nullptr;
       keep = RoundUpToPage(capacity);
     }
-    block = it->second.back();
+    block = it->second.back().data;
     it->second.pop_back();
     pool.pooled -= had;
     if (it->second.empty()) pool.free_blocks.erase(it);
@@ -202,27 +208,44 @@ void Buffer::ReleaseLarge(char* block, size_t capacity) {
   std::vector<Block> evicted;
   {
     std::lock_guard<std::mutex> lock(pool.mu);
-    if (capacity <= pool.limit) {
-      // The sizes in use now are the ones worth keeping: make room by freeing blocks of
-      // other capacities (a stream of 64 MiB pushes after one of 16 MiB ones must not
-      // find the pool full of 16 MiB blocks).
-      for (auto it = pool.free_blocks.begin(); pool.pooled + capacity > pool.limit && it != pool.free_blocks.end();) {
-        if (it->first == capacity) {
-          ++it;
-          continue;
+    const uint64_t now = ++pool.releases;
+    // The sizes in use now are the ones worth keeping: room is made by freeing blocks of
+    // other capacities. Smaller ones always (a stream of 64 MiB pushes after 16 MiB ones
+    // must not find the pool full of 16 MiB blocks); larger ones only once they have sat
+    // idle through kIdleReleases releases (a step's 8 MiB pull request must not push out
+    // the 256 MiB block its answer takes next, but a pool full of blocks of a size no
+    // longer used makes room). Without room enough that way, the released block is freed.
+    auto evictable = [&](size_t cap, const IdleBlock& b) {
+      return cap != capacity && (cap < capacity || now - b.released > kIdleReleases);
+    };
+    if (capacity <= pool.limit && pool.pooled + capacity > pool.limit) {
+      const size_t need = pool.pooled + capacity - pool.limit;
+      size_t can_free = 0;
+      for (auto it = pool.free_blocks.begin(); can_free < need && it != pool.free_blocks.end(); ++it) {
+        if (it->first == capacity) continue;
+        for (const IdleBlock& b : it->second) {
+          if (evictable(it->first, b)) can_free += it->first;
         }
-        while (!it->second.empty() && pool.pooled + capacity > pool.limit) {
-          evicted.emplace_back(it->second.back(), it->first);
-          it->second.pop_back();
+      }
+      for (auto it = pool.free_blocks.begin(); can_free >= need && pool.pooled + capacity > pool.limit &&
+                                               it != pool.free_blocks.end();) {
+        std::vector<IdleBlock>& blocks = it->second;
+        for (size_t i = 0; i < blocks.size() && pool.pooled + capacity > pool.limit;) {
+          if (!evictable(it->first, blocks[i])) {
+            ++i;
+            continue;
+          }
+          evicted.emplace_back(blocks[i].data, it->first);
           pool.pooled -= it->first;
+          blocks.erase(blocks.begin() + static_cast<std::ptrdiff_t>(i));
         }
-        it = it->second.empty() ? pool.free_blocks.erase(it) : std::next(it);
+        it = blocks.empty() ? pool.free_blocks.erase(it) : std::next(it);
       }
-      if (pool.pooled + capacity <= pool.limit) {
-        pool.free_blocks[capacity].push_back(block);
-        pool.pooled += capacity;
-        block = nullptr;
-      }
+    }
+    if (capacity <= pool.limit && pool.pooled + capacity <= pool.limit) {
+      pool.free_blocks[capacity].push_back(IdleBlock{block, now});
+      pool.pooled += capacity;
+      block = nullptr;
     }
   }
   FreeAll(evicted);

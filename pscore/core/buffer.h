@@ -12,14 +12,16 @@
 // under an eighth of every idle block is mapped fresh). Smaller blocks come
 // from the heap, where freeing them would let malloc hand their pages back (madvise, then
 // a TLB flush on every core) and fault them in again for the next payload; a heap-sized
-// request takes a pooled block of up to twice its size, never a mapping.
+// request takes a pooled block of up to twice its size, and is never given a cut one.
 // The pool keeps at most PoolLimit() bytes (SetPoolLimit; 0 turns it off; 0 by default in
 // AddressSanitizer builds, where reuse would hide a use after free); a released
-// block that does not fit frees blocks of other sizes first. Storage is 16-byte aligned
-// either way (a View's bytes are where its owner has them).
+// block that does not fit frees smaller idle blocks first, and larger ones only once they
+// have gone unused for kIdleReleases releases (else it is freed itself). Storage is
+// 16-byte aligned either way (a View's bytes are where its owner has them).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -61,6 +63,10 @@ class Buffer {
   static constexpr size_t kPooledBytes = 16 * 1024;
   static constexpr size_t kMappedBytes = 128 * 1024;
   static constexpr size_t kDefaultPoolLimit = size_t{256} << 20;
+  // A full pool makes room for a released block by freeing smaller idle blocks, and
+  // larger ones only once they have sat idle through this many releases; else the
+  // released block is freed.
+  static constexpr uint64_t kIdleReleases = 32;
 
   // The pool of released large blocks (thread-safe). Lowering the limit frees at once.
   static void SetPoolLimit(size_t bytes);

@@ -255,4 +255,42 @@ TEST_CASE("buffer: a pooled mapping 2 to 8 times a mapped request's size is cut 
   CHECK(Buffer::PooledBytes() == 0);
 }
 
+TEST_CASE("buffer: a full pool keeps a recently used larger block over a smaller one released now",
+          "[core][buffer]") {
+  PoolLimitGuard guard;
+  Buffer::SetPoolLimit(0);  // empty: earlier tests may have left blocks in it
+  const size_t big = size_t{32} << 20;  // a step's push and its pull's answer, say
+  const size_t keys = size_t{2} << 20;  // and the pull's keys (a fresh mapping: under 1/8)
+  Buffer::SetPoolLimit(2 * Buffer::PooledCapacity(big));
+  const char* first = nullptr;
+  const char* second = nullptr;
+  {
+    BufferPtr a = Buffer::Allocate(big), b = Buffer::Allocate(big);
+    first = a->data();
+    second = b->data();
+  }
+  REQUIRE(Buffer::PooledBytes() == 2 * Buffer::PooledCapacity(big));
+  // Steps of a small request and the two large ones: the small one, released into the
+  // full pool, is freed; both large blocks stay and serve every step.
+  for (int step = 0; step < 3 * static_cast<int>(Buffer::kIdleReleases); ++step) {
+    { BufferPtr k = Buffer::Allocate(keys); }
+    CHECK(Buffer::PooledBytes() == 2 * Buffer::PooledCapacity(big));
+    BufferPtr a = Buffer::Allocate(big), b = Buffer::Allocate(big);
+    const std::set<const char*> got = {a->data(), b->data()};
+    CHECK(got == std::set<const char*>{first, second});
+  }
+  // Larger blocks left unused while more than kIdleReleases blocks come back make room
+  // for the size in use now, the longest unused first, one at a time as needed.
+  for (uint64_t i = 0; i + 1 < Buffer::kIdleReleases; ++i) {
+    BufferPtr k = Buffer::Allocate(keys);
+    k.reset();
+    CHECK(Buffer::PooledBytes() == 2 * Buffer::PooledCapacity(big));
+  }
+  { BufferPtr k = Buffer::Allocate(keys); }
+  CHECK(Buffer::PooledBytes() == Buffer::PooledCapacity(big) + Buffer::PooledCapacity(keys));
+  // A larger block released into a full pool still frees smaller ones at once.
+  { BufferPtr a = Buffer::Allocate(big), b = Buffer::Allocate(big); }
+  CHECK(Buffer::PooledBytes() == 2 * Buffer::PooledCapacity(big));
+}
+
 }  // namespace pscore

@@ -96,8 +96,9 @@ class ParamService {
 
  private:
   class PushTail;
-  // A pull answer's bytes: `floats` values, a length per key unless `uniform` (an answer
-  // without keys then sends one row length), and the keys unless `keys` leaves them out.
+  // A pull answer's bytes: `floats` values, the keys unless `keys` leaves them out, and a
+  // length per key unless the keys are left out of a `uniform` answer (one row length
+  // stands for the lengths then).
   static uint64_t AnswerBytes(size_t num_keys, uint64_t floats, core::Keys keys, bool uniform);
   // Whether a copied answer to `request` writes its keys.
   static core::Keys AnswerKeys(const core::KvView& request);
