@@ -46,6 +46,7 @@ struct CommandLine {
   std::string update_rule;
   float learning_rate = 0.1f;
   uint64_t stream_spare_bytes = 512ull << 20;  // server: ParamStore::Options::stream_spare_bytes
+  unsigned store_threads = 0;                  // server: ParamStore::Options::batch_threads
   TrainOptions train;
   AdminFlags admin;
 };

@@ -55,6 +55,8 @@ DEFINE_string(update_rule, "sum", "Server parameter store rule: assign, sum or s
 DEFINE_double(learning_rate, 0.1, "Learning rate of the sgd update rule.");
 DEFINE_uint64(stream_spare_mb, 512, "Server: MiB of spare blocks kept for pushes folded into the store as they "
               "arrive (large ZPushes); a key larger than this is applied whole instead (0: never folded in).");
+DEFINE_uint32(store_threads, 0, "Server: threads that apply or read one push or pull of many keys (64 Ki keys each, "
+              "the handler's own one of them; 0: the machine's cores, at most 4; 1: the handler alone).");
 
 namespace pscore::node {
 namespace {
@@ -81,6 +83,7 @@ void CheckJobShape(const std::string& prog) {
 // accepted connections.
 void CheckLimits(const std::string& prog) {
   if (FLAGS_stream_spare_mb > (1ull << 20)) Die(prog, "--stream_spare_mb must be <= 1048576");
+  if (FLAGS_store_threads > 64) Die(prog, "--store_threads must be in [0, 64]");
   if (FLAGS_max_kv_value_bytes < 1 || FLAGS_max_kv_value_bytes > FLAGS_max_message_bytes) {
     Die(prog, "--max_kv_value_bytes must be in [1, --max_message_bytes]");
   }
@@ -178,6 +181,7 @@ void FillServerAndRun(CommandLine* cl) {
   cl->update_rule = FLAGS_update_rule;
   cl->learning_rate = static_cast<float>(FLAGS_learning_rate);
   cl->stream_spare_bytes = FLAGS_stream_spare_mb << 20;
+  cl->store_threads = FLAGS_store_threads;
 }
 
 }  // namespace

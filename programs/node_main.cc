@@ -134,6 +134,7 @@ int RunMember(const node::CommandLine& cl, pb::NodeRole role) {
                                          : core::UpdateRule::kSum;
     so.learning_rate = cl.learning_rate;
     so.stream_spare_bytes = cl.stream_spare_bytes;
+    so.batch_threads = cl.store_threads;
     n = std::make_unique<node::ServerNode>(opts, so);
   } else {
     n = std::make_unique<node::WorkerNode>(opts);

@@ -5,6 +5,8 @@
 #include "pscore/core/param_store.h"
 
 #include <algorithm>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "pscore/core/key_range.h"
@@ -13,6 +15,27 @@ namespace pscore {
 namespace core {
 
 ParamStore::ParamStore(Options opts) : opts_(opts) {}
+
+size_t ParamStore::LanesFor(size_t num_keys) const {
+  size_t threads = opts_.batch_threads;
+  if (threads == 0) threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), kMostBatchThreads);
+  return std::max<size_t>(1, std::min(threads, num_keys / kLaneKeys));
+}
+
+void ParamStore::RunLanes(size_t lanes, const std::function<void(size_t, size_t, size_t)>& lane) {
+  auto run = [&lane, lanes](size_t l) { lane(l, kStripes * l / lanes, kStripes * (l + 1) / lanes); };
+  std::vector<std::thread> threads;
+  std::vector<size_t> here{0};  // lanes run on this thread
+  for (size_t l = 1; l < lanes; ++l) {
+    try {
+      threads.emplace_back(run, l);
+    } catch (const std::system_error&) {
+      here.push_back(l);
+    }
+  }
+  for (size_t l : here) run(l);
+  for (std::thread& t : threads) t.join();
+}
 
 void ParamStore::SetUpdater(Updater u) {
   std::shared_ptr<const Updater> next;

@@ -50,10 +50,20 @@ class ParamStore {
     uint64_t stream_spare_bytes = 512ull << 20;
     std::chrono::milliseconds stream_stall{2000};
     std::chrono::milliseconds stream_hold{10000};
+    // Threads that take one batch of many keys (Push, Insert, Lens, CopyValues,
+    // CopyUniform, ShareValues of at least 2 x kLaneKeys keys), each a share of the stripes,
+    // the caller's thread one of them: 0 picks the machine's cores (at most
+    // kMostBatchThreads); 1 keeps every batch on the caller's thread.
+    unsigned batch_threads = 0;
   };
+  // A batch gets one thread for each kLaneKeys of its keys, within Options::batch_threads.
+  static constexpr size_t kLaneKeys = 64 * 1024;
+  static constexpr unsigned kMostBatchThreads = 4;
   class PushStream;
   // A user rule: fold `incoming` (n floats) into `stored` (n floats). Called
-  // with the key's shard lock held, so it must not call back into the store.
+  // with the key's shard lock held, so it must not call back into the store; called
+  // on several threads at once for keys of different shards (concurrent pushes, and the
+  // lanes of one batch of many keys: Options::batch_threads).
   using Updater = std::function<void(uint64_t key, float* stored, const float* incoming, size_t n)>;
 
   explicit ParamStore(Options opts);
@@ -244,7 +254,14 @@ class ParamStore {
     std::vector<uint32_t> order;
     std::array<size_t, kStripes + 1> starts{};
   };
-  static void GroupByStripe(const uint64_t* keys, size_t begin, size_t end, Groups* g);
+  // Only the keys of stripes [first, last) are grouped (the others' groups are empty).
+  static void GroupByStripe(const uint64_t* keys, size_t begin, size_t end, size_t first, size_t last, Groups* g);
+  // A batch of num_keys keys is split into this many lanes (param_store.cc).
+  size_t LanesFor(size_t num_keys) const;
+  // Runs lane(l, first stripe, end stripe) for each of `lanes` lanes, the stripes split
+  // evenly between them: lane 0 on the caller's thread, the others on threads of their own
+  // (on the caller's when a thread cannot be started), all done when it returns.
+  static void RunLanes(size_t lanes, const std::function<void(size_t lane, size_t first, size_t end)>& lane);
   // Where each key's values start among a batch's values, back to back: i * lens[0] when
   // all keys have one length, else offs[i].
   struct Offsets {
@@ -304,6 +321,8 @@ class ParamStore {
                     uint64_t key, const float* incoming, uint32_t len, Cursor* c, Status* refused,
                     bool* wants_spare);
   Status Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
+  // The batch's keys of stripes [first, end), window by window (one lane of Apply).
+  void ApplyLane(Batch& b, size_t first, size_t end);
   // The keys [begin, end) of the batch (indices) that fall in one stripe, walked with *c.
   void ApplyToStripe(Batch& b, Stripe& stripe, Cursor* c, const uint32_t* begin, const uint32_t* end);
   // Key i of the batch when it is in a run with the pushed length, the common case: folded
@@ -315,11 +334,14 @@ class ParamStore {
   void CreateMissing(Batch& b, std::unique_lock<std::mutex>& lock, Stripe& stripe, Cursor* c, bool may_wait);
 
   // ---- reads (param_store_read.cc) ----
-  // fn(i, values, len, block or null) for each key under its stripe's lock; kNotFound names
-  // the first missing key. With `share`, a key in a run is moved to a block first. Once
-  // *stop (when given) is true the walk ends at the next stripe of its window.
+  // fn(lane, i, values, len, block or null) for each key under its stripe's lock; kNotFound
+  // names the first missing key. With `share`, a key in a run is moved to a block first.
+  // Once *stop (when given) is true the walk ends at the next stripe of its window. With
+  // `lanes` (LanesFor), fn runs on as many threads at once, for distinct keys: whatever it
+  // writes besides key i's own places must be the lane's own.
   template <typename Fn>
-  Status ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn, const bool* stop = nullptr) const;
+  Status ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn, size_t lanes = 1,
+                       const std::atomic<bool>* stop = nullptr) const;
 
   // ---- streams (param_store_stream.cc) ----
   // Waits (stripe lock held) until no stream holds `block`; revokes a stalled one.

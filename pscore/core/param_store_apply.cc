@@ -5,6 +5,7 @@
 #include "pscore/core/param_store.h"
 
 #include <algorithm>
+#include <deque>
 #include <string>
 #include <utility>
 
@@ -20,10 +21,12 @@ Status LengthRefused(const char* what, uint64_t key, uint32_t len, size_t stored
 
 }  // namespace
 
-// One batch of Push or Insert on its way through the stripes.
+// One lane of a batch of Push or Insert on its way through its stripes: what it reads is
+// the whole batch's, what it writes its own.
 struct ParamStore::Batch {
-  Batch(Mode m, const uint64_t* k, const uint32_t* l, const float* v, size_t n)
-      : mode(m), keys(k), lens(l), values(v), offsets(l, n) {}
+  Batch(Mode m, const uint64_t* k, const uint32_t* l, const float* v, size_t n, const Offsets& o,
+        std::shared_ptr<const Updater> u)
+      : mode(m), keys(k), lens(l), values(v), num_keys(n), offsets(o), updater(std::move(u)) {}
   const float* At(size_t i) const { return values + offsets[i]; }
   // Key i was refused (a length other than the stored one): counted, and named when it is
   // the first in batch order.
@@ -39,9 +42,10 @@ struct ParamStore::Batch {
   const uint64_t* const keys;
   const uint32_t* const lens;
   const float* const values;
-  const Offsets offsets;
+  const size_t num_keys;
+  const Offsets& offsets;
   // One snapshot of the user rule for the whole batch (a push); keeps it alive meanwhile.
-  std::shared_ptr<const Updater> updater;
+  const std::shared_ptr<const Updater> updater;
   std::array<Cursor, kStripes> cursors{};  // hints only: FindInRuns checks them
   Status first_error;
   size_t first_refused = SIZE_MAX;
@@ -192,24 +196,37 @@ Status ParamStore::Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, 
   if (num_keys > UINT32_MAX) {
     return Status(Code::kInvalidArgument, std::string(what) + " of " + std::to_string(num_keys) + " keys: over 2^32");
   }
-  Batch b(mode, keys, lens, values, num_keys);
-  if (b.offsets.total > 0 && values == nullptr) {
+  const Offsets offsets(lens, num_keys);
+  if (offsets.total > 0 && values == nullptr) {
     return Status(Code::kInvalidArgument,
-                  std::string(what) + " of " + std::to_string(b.offsets.total) + " floats without values");
+                  std::string(what) + " of " + std::to_string(offsets.total) + " floats without values");
   }
-  if (mode == Mode::kPush) b.updater = std::atomic_load(&updater_);
+  std::shared_ptr<const Updater> updater;
+  if (mode == Mode::kPush) updater = std::atomic_load(&updater_);
+  std::deque<Batch> lanes;
+  for (size_t l = LanesFor(num_keys); l > 0; --l) lanes.emplace_back(mode, keys, lens, values, num_keys, offsets, updater);
+  RunLanes(lanes.size(), [&](size_t l, size_t first, size_t end) { ApplyLane(lanes[l], first, end); });
+  const Batch* first = nullptr;  // the lane with the first refused key in batch order
+  size_t refused = 0;
+  for (const Batch& b : lanes) {
+    for (const auto& k : b.spares) PrepareSpare(k.first, k.second);
+    refused += b.refused;
+    if (b.refused > 0 && (first == nullptr || b.first_refused < first->first_refused)) first = &b;
+  }
+  if (refused == 0) return Status::Ok();
+  return Status(first->first_error.code(), first->first_error.message() + " (" + std::to_string(refused) + " of " +
+                                               std::to_string(num_keys) + " keys refused)");
+}
+
+void ParamStore::ApplyLane(Batch& b, size_t first, size_t end) {
   Groups g;
-  for (size_t begin = 0; begin < num_keys; begin += kWindowKeys) {
-    GroupByStripe(keys, begin, std::min(num_keys, begin + kWindowKeys), &g);
-    for (size_t s = 0; s < kStripes; ++s) {
+  for (size_t begin = 0; begin < b.num_keys; begin += kWindowKeys) {
+    GroupByStripe(b.keys, begin, std::min(b.num_keys, begin + kWindowKeys), first, end, &g);
+    for (size_t s = first; s < end; ++s) {
       if (g.starts[s] == g.starts[s + 1]) continue;
       ApplyToStripe(b, stripes_[s], &b.cursors[s], g.order.data() + g.starts[s], g.order.data() + g.starts[s + 1]);
     }
   }
-  for (const auto& k : b.spares) PrepareSpare(k.first, k.second);
-  if (b.refused == 0) return Status::Ok();
-  return Status(b.first_error.code(), b.first_error.message() + " (" + std::to_string(b.refused) + " of " +
-                                          std::to_string(num_keys) + " keys refused)");
 }
 
 Status ParamStore::Push(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys) {

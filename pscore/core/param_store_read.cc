@@ -12,48 +12,57 @@ namespace pscore {
 namespace core {
 
 template <typename Fn>
-Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn, const bool* stop) const {
+Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, bool share, Fn fn, size_t lanes,
+                                 const std::atomic<bool>* stop) const {
   if (num_keys == 0) return Status::Ok();
   if (keys == nullptr) return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " null keys");
   if (num_keys > UINT32_MAX) {
     return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " keys: over 2^32");
   }
-  Groups g;
-  std::array<Cursor, kStripes> cursors{};  // hints only: FindInRuns checks them
-  size_t missing = SIZE_MAX;  // the first missing key, in batch order
-  for (size_t begin = 0; begin < num_keys; begin += kWindowKeys) {
-    GroupByStripe(keys, begin, std::min(num_keys, begin + kWindowKeys), &g);
-    for (size_t s = 0; s < kStripes; ++s) {
-      if (g.starts[s] == g.starts[s + 1]) continue;
-      if (stop != nullptr && *stop) return Status::Ok();
-      Stripe& stripe = stripes_[s];
-      std::lock_guard<std::mutex> lock(stripe.mu);
-      Cursor& c = cursors[s];
-      for (size_t j = g.starts[s]; j < g.starts[s + 1]; ++j) {
-        const uint32_t i = g.order[j];
-        if (FindInRuns(stripe, keys[i], &c)) {
-          if (missing != SIZE_MAX) continue;
-          if (!share) {
-            const Run& run = stripe.runs[c.run];
-            fn(i, run.At(c.pos), run.LenAt(c.pos), nullptr);
+  std::vector<size_t> missing(lanes, SIZE_MAX);  // per lane: its first missing key, in batch order
+  RunLanes(lanes, [&](size_t l, size_t first, size_t end) {
+    Groups g;
+    std::array<Cursor, kStripes> cursors{};  // hints only: FindInRuns checks them
+    size_t lane_missing = SIZE_MAX;
+    for (size_t begin = 0; begin < num_keys; begin += kWindowKeys) {
+      GroupByStripe(keys, begin, std::min(num_keys, begin + kWindowKeys), first, end, &g);
+      for (size_t s = first; s < end; ++s) {
+        if (g.starts[s] == g.starts[s + 1]) continue;
+        if (stop != nullptr && stop->load(std::memory_order_relaxed)) {
+          missing[l] = lane_missing;
+          return;
+        }
+        Stripe& stripe = stripes_[s];
+        std::lock_guard<std::mutex> lock(stripe.mu);
+        Cursor& c = cursors[s];
+        for (size_t j = g.starts[s]; j < g.starts[s + 1]; ++j) {
+          const uint32_t i = g.order[j];
+          if (FindInRuns(stripe, keys[i], &c)) {
+            if (lane_missing != SIZE_MAX) continue;
+            if (!share) {
+              const Run& run = stripe.runs[c.run];
+              fn(l, i, run.At(c.pos), run.LenAt(c.pos), nullptr);
+              continue;
+            }
+            auto it = MoveToBlock(stripe, c);
+            c = Cursor{};
+            fn(l, i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
             continue;
           }
-          auto it = MoveToBlock(stripe, c);
-          c = Cursor{};
-          fn(i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
-          continue;
-        }
-        auto it = stripe.entries.find(keys[i]);
-        if (it == stripe.entries.end()) {
-          missing = std::min<size_t>(missing, i);
-        } else if (missing == SIZE_MAX) {
-          fn(i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
+          auto it = stripe.entries.find(keys[i]);
+          if (it == stripe.entries.end()) {
+            lane_missing = std::min<size_t>(lane_missing, i);
+          } else if (lane_missing == SIZE_MAX) {
+            fn(l, i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
+          }
         }
       }
     }
-  }
-  if (missing == SIZE_MAX) return Status::Ok();
-  return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[missing]));
+    missing[l] = lane_missing;
+  });
+  const size_t first_missing = *std::min_element(missing.begin(), missing.end());
+  if (first_missing == SIZE_MAX) return Status::Ok();
+  return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[first_missing]));
 }
 
 Status ParamStore::Pull(const uint64_t* keys, size_t num_keys, std::vector<uint32_t>* lens,
@@ -82,22 +91,20 @@ Status ParamStore::Pull(const uint64_t* keys, size_t num_keys, std::vector<uint3
 }
 
 Status ParamStore::Lens(const uint64_t* keys, size_t num_keys, uint32_t* lens) const {
-  return ForEachStored(keys, num_keys, false,
-                       [&](size_t i, const float*, uint32_t len, const BlockPtr*) { lens[i] = len; });
+  return ForEachStored(
+      keys, num_keys, false, [&](size_t, size_t i, const float*, uint32_t len, const BlockPtr*) { lens[i] = len; },
+      LanesFor(num_keys));
 }
 
 Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, const uint32_t* lens, float* out) const {
   const Offsets offsets(lens, num_keys);
-  Status changed = Status::Ok();
-  size_t changed_at = SIZE_MAX;
-  Status st = ForEachStored(keys, num_keys, false, [&](size_t i, const float* v, uint32_t len, const BlockPtr*) {
-    if (len != lens[i]) {  // replaced by Insert since Lens: out has no room for it
-      if (i < changed_at) {
-        changed_at = i;
-        changed = Status(Code::kAborted, "key " + std::to_string(keys[i]) + " changed from " +
-                                             std::to_string(lens[i]) + " to " + std::to_string(len) +
-                                             " floats while being read");
-      }
+  const size_t lanes = LanesFor(num_keys);
+  // Per lane: the first key replaced by Insert since Lens (out has no room for it), and its
+  // length now.
+  std::vector<std::pair<size_t, uint32_t>> changed(lanes, {SIZE_MAX, 0});
+  auto copy = [&](size_t l, size_t i, const float* v, uint32_t len, const BlockPtr*) {
+    if (len != lens[i]) {
+      if (i < changed[l].first) changed[l] = {i, len};
       return;
     }
     if (len == 0) return;  // memcpy from an empty vector's null data is undefined
@@ -107,21 +114,24 @@ Status ParamStore::CopyValues(const uint64_t* keys, size_t num_keys, const uint3
     } else {
       std::memcpy(dst, v, len * sizeof(float));
     }
-  });
-  return st.ok() ? changed : st;
+  };
+  Status st = ForEachStored(keys, num_keys, false, copy, lanes);
+  const auto first = *std::min_element(changed.begin(), changed.end());
+  if (!st.ok() || first.first == SIZE_MAX) return st;
+  return Status(Code::kAborted, "key " + std::to_string(keys[first.first]) + " changed from " +
+                                    std::to_string(lens[first.first]) + " to " + std::to_string(first.second) +
+                                    " floats while being read");
 }
 
 Status ParamStore::CopyUniform(const uint64_t* keys, size_t num_keys, uint32_t len, float* out) const {
-  size_t other_at = SIZE_MAX;  // the first key of another length, in batch order
-  uint32_t other_len = 0;
-  bool other = false;  // ends the walk: the batch goes the two-step way
-  auto copy = [&](size_t i, const float* v, uint32_t got, const BlockPtr*) {
+  const size_t lanes = LanesFor(num_keys);
+  // Per lane: the first key of another length, in batch order, and its length.
+  std::vector<std::pair<size_t, uint32_t>> other_at(lanes, {SIZE_MAX, 0});
+  std::atomic<bool> other{false};  // ends the walk: the batch goes the two-step way
+  auto copy = [&](size_t l, size_t i, const float* v, uint32_t got, const BlockPtr*) {
     if (got != len) {
-      other = true;
-      if (i < other_at) {
-        other_at = i;
-        other_len = got;
-      }
+      other.store(true, std::memory_order_relaxed);
+      if (i < other_at[l].first) other_at[l] = {i, got};
       return;
     }
     float* dst = out + i * size_t{len};
@@ -131,10 +141,11 @@ Status ParamStore::CopyUniform(const uint64_t* keys, size_t num_keys, uint32_t l
       std::memcpy(dst, v, len * sizeof(float));
     }
   };
-  Status st = ForEachStored(keys, num_keys, false, copy, &other);
-  if (other_at == SIZE_MAX) return st;
-  return Status(Code::kFailedPrecondition, "key " + std::to_string(keys[other_at]) + " holds " +
-                                               std::to_string(other_len) + " floats, not " + std::to_string(len));
+  Status st = ForEachStored(keys, num_keys, false, copy, lanes, &other);
+  const auto first = *std::min_element(other_at.begin(), other_at.end());
+  if (first.first == SIZE_MAX) return st;
+  return Status(Code::kFailedPrecondition, "key " + std::to_string(keys[first.first]) + " holds " +
+                                               std::to_string(first.second) + " floats, not " + std::to_string(len));
 }
 
 namespace {
@@ -153,14 +164,15 @@ Slice PinnedSlice(const BlockPtrT& b) {
 }  // namespace
 
 Status ParamStore::ShareValues(const uint64_t* keys, size_t num_keys, Slice* out) const {
-  return ForEachStored(keys, num_keys, true,
-                       [&](size_t i, const float*, uint32_t, const BlockPtr* b) { out[i] = PinnedSlice(*b); });
+  return ForEachStored(
+      keys, num_keys, true, [&](size_t, size_t i, const float*, uint32_t, const BlockPtr* b) { out[i] = PinnedSlice(*b); },
+      LanesFor(num_keys));
 }
 
 Status ParamStore::ShareOrCopyValues(const uint64_t* keys, size_t num_keys, Slice* out) const {
   auto copies = std::make_shared<std::vector<float>>();
   std::vector<uint64_t> copied_at;  // per key: its place in copies, or UINT64_MAX
-  Status st = ForEachStored(keys, num_keys, false, [&](size_t i, const float* v, uint32_t len, const BlockPtr* b) {
+  Status st = ForEachStored(keys, num_keys, false, [&](size_t, size_t i, const float* v, uint32_t len, const BlockPtr* b) {
     if (b != nullptr) {
       out[i] = PinnedSlice(*b);
       return;

@@ -15,14 +15,21 @@ namespace {
 size_t StripeIndex(uint64_t key, int bits) { return KeyPosition(key) >> (64 - bits); }
 }  // namespace
 
-void ParamStore::GroupByStripe(const uint64_t* keys, size_t begin, size_t end, Groups* g) {
-  g->order.resize(end - begin);
+void ParamStore::GroupByStripe(const uint64_t* keys, size_t begin, size_t end, size_t first, size_t last,
+                               Groups* g) {
   g->starts.fill(0);
   for (size_t i = begin; i < end; ++i) ++g->starts[StripeIndex(keys[i], kStripeBits) + 1];
-  for (size_t s = 0; s < kStripes; ++s) g->starts[s + 1] += g->starts[s];
+  for (size_t s = 0; s < kStripes; ++s) {
+    if (s < first || s >= last) g->starts[s + 1] = 0;
+    g->starts[s + 1] += g->starts[s];
+  }
+  g->order.resize(g->starts[kStripes]);
   std::array<size_t, kStripes> fill;
   std::copy(g->starts.begin(), g->starts.begin() + kStripes, fill.begin());
-  for (size_t i = begin; i < end; ++i) g->order[fill[StripeIndex(keys[i], kStripeBits)]++] = static_cast<uint32_t>(i);
+  for (size_t i = begin; i < end; ++i) {
+    const size_t s = StripeIndex(keys[i], kStripeBits);
+    if (s >= first && s < last) g->order[fill[s]++] = static_cast<uint32_t>(i);
+  }
 }
 
 // Writes keys in key order into runs of at most kRunMaxKeys keys and kRunMaxFloats floats,

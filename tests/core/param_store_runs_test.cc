@@ -82,13 +82,14 @@ void RequireEqual(const ParamStore& store, const Model& m) {
   std::vector<uint32_t> lens;
   std::vector<float> values;
   REQUIRE(store.Pull(want.data(), want.size(), &lens, &values).ok());
-  size_t off = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const std::vector<float>& v = m.at(want[i]);
-    REQUIRE(lens[i] == v.size());
-    REQUIRE(std::equal(v.begin(), v.end(), values.begin() + off));
-    off += lens[i];
+  std::vector<uint32_t> want_lens;
+  std::vector<float> want_values;
+  for (const auto& e : m) {
+    want_lens.push_back(static_cast<uint32_t>(e.second.size()));
+    want_values.insert(want_values.end(), e.second.begin(), e.second.end());
   }
+  REQUIRE(lens == want_lens);
+  REQUIRE(values == want_values);
 }
 
 class Gen {
@@ -382,6 +383,147 @@ TEST_CASE("runs: journal replay of random pushes and inserts gives the reference
   ParamStore restored(Rule(UpdateRule::kSum));
   restored.Insert(snap.keys.data(), snap.lens.data(), snap.values.data(), snap.keys.size());
   RequireEqual(restored, ref.m);
+}
+
+}  // namespace pscore::core
+
+namespace pscore::core {
+namespace {
+
+size_t StripeOf(uint64_t key) { return KeyPosition(key) >> 58; }  // ParamStore's 64 stripes
+
+// The first key of `keys` (from `from` on) whose stripe is in [lo, hi).
+size_t FindInStripes(const std::vector<uint64_t>& keys, size_t from, size_t lo, size_t hi) {
+  for (size_t i = from; i < keys.size(); ++i) {
+    if (StripeOf(keys[i]) >= lo && StripeOf(keys[i]) < hi) return i;
+  }
+  FAIL("no key in stripes " << lo << ".." << hi);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("runs: batches split over threads give the one-thread store's results, errors naming the first key",
+          "[core][paramstore]") {
+  // Batches of many keys are taken by several threads, each a share of the stripes
+  // (Options::batch_threads; 4 lanes from 4 x kLaneKeys keys). Dense and sparse keys,
+  // repeats, large keys, refused lengths, unsorted batches: the same store, statuses and
+  // errors as one thread.
+  Gen gen(13);
+  ParamStore::Options four = Rule(UpdateRule::kSum);
+  four.batch_threads = 4;
+  ParamStore::Options one = four;
+  one.batch_threads = 1;
+  ParamStore split(four);
+  ParamStore single(one);
+  Reference ref{UpdateRule::kSum, 0, {}};
+  const size_t n = 4 * ParamStore::kLaneKeys + 1000;
+  // Pushes b into both stores and the model; the same status from both.
+  auto push = [&](const Batch& b) {
+    const size_t refused = ref.Push(b);
+    const Status a = split.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size());
+    const Status c = single.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size());
+    CHECK(a.message() == c.message());
+    CHECK(a.ok() == (refused == 0));
+    if (refused > 0) {
+      CHECK(a.code() == Code::kInvalidArgument);
+      CHECK(a.message().find("(" + std::to_string(refused) + " of " + std::to_string(b.keys.size()) +
+                             " keys refused)") != std::string::npos);
+    }
+    return a;
+  };
+  for (int round = 0; round < 3; ++round) push(gen.Make(n, round != 2)).IgnoreError();
+  // Every stored key with its length, and repeats, sorted; two keys with another length:
+  // the first in batch order in the last lane's stripes, the second in the first lane's.
+  Batch b;
+  for (const auto& e : ref.m) b.keys.push_back(e.first);
+  while (b.keys.size() < n) b.keys.push_back(b.keys[gen.Pick(b.keys.size())]);
+  std::sort(b.keys.begin(), b.keys.end());
+  const size_t early = FindInStripes(b.keys, n / 4, 48, 64);
+  const size_t late = FindInStripes(b.keys, n / 2, 0, 16);
+  for (size_t i = 0; i < b.keys.size(); ++i) {
+    const size_t stored = ref.m.at(b.keys[i]).size();
+    b.lens.push_back(static_cast<uint32_t>(i == early || i == late ? stored + 1 : stored));
+    for (uint32_t j = 0; j < b.lens.back(); ++j) b.values.push_back(static_cast<float>(gen.Pick(9)));
+  }
+  const Status st2 = push(b);
+  CHECK(st2.message().find("push of key " + std::to_string(b.keys[early]) + ": length ") == 0);
+  CHECK(st2.message().find("(2 of ") != std::string::npos);
+  RequireEqual(split, ref.m);
+  RequireEqual(single, ref.m);
+  Batch ins = gen.Make(n, true);
+  split.Insert(ins.keys.data(), ins.lens.data(), ins.values.data(), n);
+  ref.Insert(ins);
+  RequireEqual(split, ref.m);
+
+  std::vector<uint64_t> all;
+  for (const auto& e : ref.m) all.push_back(e.first);
+  std::shuffle(all.begin(), all.end(), gen.rng());
+  REQUIRE(all.size() >= 4 * ParamStore::kLaneKeys);
+  // Two steps, and shared slices, of every key in a shuffled order.
+  std::vector<uint32_t> want_lens;
+  std::vector<float> want_values;
+  for (uint64_t k : all) {
+    const std::vector<float>& v = ref.m.at(k);
+    want_lens.push_back(static_cast<uint32_t>(v.size()));
+    want_values.insert(want_values.end(), v.begin(), v.end());
+  }
+  std::vector<uint32_t> lens(all.size());
+  REQUIRE(split.Lens(all.data(), all.size(), lens.data()).ok());
+  REQUIRE(lens == want_lens);
+  std::vector<float> values(want_values.size());
+  REQUIRE(split.CopyValues(all.data(), all.size(), lens.data(), values.data()).ok());
+  REQUIRE(values == want_values);
+  std::vector<Slice> slices(all.size());
+  REQUIRE(split.ShareValues(all.data(), all.size(), slices.data()).ok());
+  std::vector<float> shared;
+  for (const Slice& sl : slices) {
+    const float* f = reinterpret_cast<const float*>(sl.data);
+    shared.insert(shared.end(), f, f + sl.size / sizeof(float));
+  }
+  REQUIRE(shared == want_values);
+  slices.clear();
+  // One step over the keys of one float; then with two of 4 floats among them; then two
+  // steps with two missing keys: kNotFound names the first in batch order, found by a later
+  // lane than the one that finds the second.
+  std::vector<uint64_t> ones;
+  for (uint64_t k : all) {
+    if (ref.m.at(k).size() == 1) ones.push_back(k);
+  }
+  for (size_t i = 0; ones.size() < 4 * ParamStore::kLaneKeys; ++i) ones.push_back(ones[i]);  // keys asked twice
+  std::vector<float> rows(ones.size());
+  REQUIRE(split.CopyUniform(ones.data(), ones.size(), 1, rows.data()).ok());
+  std::vector<float> want_rows;
+  for (uint64_t k : ones) want_rows.push_back(ref.m.at(k)[0]);
+  REQUIRE(rows == want_rows);
+  std::vector<uint64_t> fours;
+  for (const auto& e : ref.m) {
+    if (e.second.size() == 4) fours.push_back(e.first);
+  }
+  const uint64_t four_early = fours[FindInStripes(fours, 0, 48, 64)];
+  const uint64_t four_late = fours[FindInStripes(fours, 0, 0, 16)];
+  std::vector<uint64_t> mixed = ones;
+  mixed.insert(mixed.begin() + mixed.size() / 3, four_early);
+  mixed.insert(mixed.begin() + 2 * mixed.size() / 3, four_late);
+  Status st = split.CopyUniform(mixed.data(), mixed.size(), 1, rows.data());
+  CHECK(st.code() == Code::kFailedPrecondition);
+  // The walk ends at the first such key a lane finds (the two steps serve such a batch).
+  CHECK((st.message() == "key " + std::to_string(four_early) + " holds 4 floats, not 1" ||
+         st.message() == "key " + std::to_string(four_late) + " holds 4 floats, not 1"));
+  std::vector<uint64_t> gone;
+  for (uint64_t k = 1ull << 62; gone.size() < 2; ++k) {
+    if (ref.m.count(k) == 0 && StripeOf(k) >= (gone.empty() ? 48u : 0u) && StripeOf(k) < (gone.empty() ? 64u : 16u)) {
+      gone.push_back(k);
+    }
+  }
+  std::vector<uint64_t> ask = all;
+  ask.insert(ask.begin() + ask.size() / 3, gone[0]);
+  ask.insert(ask.begin() + 2 * ask.size() / 3, gone[1]);
+  std::vector<float> pulled;
+  st = split.Pull(ask.data(), ask.size(), &lens, &pulled);
+  CHECK(st.code() == Code::kNotFound);
+  CHECK(st.message() == "pull of unknown key " + std::to_string(gone[0]));
+  CHECK(pulled.empty());
 }
 
 }  // namespace pscore::core
