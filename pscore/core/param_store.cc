@@ -22,7 +22,13 @@ size_t ParamStore::LanesFor(size_t num_keys) const {
   return std::max<size_t>(1, std::min(threads, num_keys / kLaneKeys));
 }
 
-void ParamStore::RunLanes(size_t lanes, const std::function<void(size_t, size_t, size_t)>& lane) {
+void ParamStore::RunLanes(size_t most, const std::function<void(size_t, size_t, size_t)>& lane) {
+  if (most <= 1) return lane(0, 0, kStripes);
+  static std::atomic<size_t> running{0};  // batches running lanes now, in this process
+  const size_t lanes = std::max<size_t>(1, most / (running.fetch_add(1, std::memory_order_relaxed) + 1));
+  struct Leave {
+    ~Leave() { running.fetch_sub(1, std::memory_order_relaxed); }
+  } leave;
   auto run = [&lane, lanes](size_t l) { lane(l, kStripes * l / lanes, kStripes * (l + 1) / lanes); };
   std::vector<std::thread> threads;
   std::vector<size_t> here{0};  // lanes run on this thread

@@ -53,7 +53,8 @@ class ParamStore {
     // Threads that take one batch of many keys (Push, Insert, Lens, CopyValues,
     // CopyUniform, ShareValues of at least 2 x kLaneKeys keys), each a share of the stripes,
     // the caller's thread one of them: 0 picks the machine's cores (at most
-    // kMostBatchThreads); 1 keeps every batch on the caller's thread.
+    // kMostBatchThreads); 1 keeps every batch on the caller's thread. Batches taken at the
+    // same time (in any store of the process) share them (RunLanes).
     unsigned batch_threads = 0;
   };
   // A batch gets one thread for each kLaneKeys of its keys, within Options::batch_threads.
@@ -256,12 +257,14 @@ class ParamStore {
   };
   // Only the keys of stripes [first, last) are grouped (the others' groups are empty).
   static void GroupByStripe(const uint64_t* keys, size_t begin, size_t end, size_t first, size_t last, Groups* g);
-  // A batch of num_keys keys is split into this many lanes (param_store.cc).
+  // A batch of num_keys keys is split into at most this many lanes (param_store.cc).
   size_t LanesFor(size_t num_keys) const;
-  // Runs lane(l, first stripe, end stripe) for each of `lanes` lanes, the stripes split
-  // evenly between them: lane 0 on the caller's thread, the others on threads of their own
-  // (on the caller's when a thread cannot be started), all done when it returns.
-  static void RunLanes(size_t lanes, const std::function<void(size_t lane, size_t first, size_t end)>& lane);
+  // Runs lane(l, first stripe, end stripe) for each of at most `most` lanes, the stripes
+  // split evenly between them: lane 0 on the caller's thread, the others on threads of
+  // their own (on the caller's when a thread cannot be started), all done when it returns.
+  // Batches that run lanes at the same time (in any store of the process) share the
+  // threads: with k of them, each takes most / k lanes (at least one).
+  static void RunLanes(size_t most, const std::function<void(size_t lane, size_t first, size_t end)>& lane);
   // Where each key's values start among a batch's values, back to back: i * lens[0] when
   // all keys have one length, else offs[i].
   struct Offsets {
