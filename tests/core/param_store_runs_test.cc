@@ -406,18 +406,21 @@ size_t FindInStripes(const std::vector<uint64_t>& keys, size_t from, size_t lo, 
 TEST_CASE("runs: batches split over threads give the one-thread store's results, errors naming the first key",
           "[core][paramstore]") {
   // Batches of many keys are taken by several threads, each a share of the stripes
-  // (Options::batch_threads; 4 lanes from 4 x kLaneKeys keys). Dense and sparse keys,
+  // (Options::batch_threads; two lanes from 2 x kLaneKeys keys). Dense and sparse keys,
   // repeats, large keys, refused lengths, unsorted batches: the same store, statuses and
   // errors as one thread.
   Gen gen(13);
-  ParamStore::Options four = Rule(UpdateRule::kSum);
-  four.batch_threads = 4;
-  ParamStore::Options one = four;
+  constexpr size_t kLanes = 2;
+  // The stripes of the first lane and of the last (ParamStore's 64 stripes split evenly).
+  constexpr size_t kFirstEnd = 64 / kLanes, kLastBegin = 64 - 64 / kLanes;
+  ParamStore::Options lanes = Rule(UpdateRule::kSum);
+  lanes.batch_threads = kLanes;
+  ParamStore::Options one = lanes;
   one.batch_threads = 1;
-  ParamStore split(four);
+  ParamStore split(lanes);
   ParamStore single(one);
   Reference ref{UpdateRule::kSum, 0, {}};
-  const size_t n = 4 * ParamStore::kLaneKeys + 1000;
+  const size_t n = kLanes * ParamStore::kLaneKeys + 1000;
   // Pushes b into both stores and the model; the same status from both.
   auto push = [&](const Batch& b) {
     const size_t refused = ref.Push(b);
@@ -439,8 +442,8 @@ TEST_CASE("runs: batches split over threads give the one-thread store's results,
   for (const auto& e : ref.m) b.keys.push_back(e.first);
   while (b.keys.size() < n) b.keys.push_back(b.keys[gen.Pick(b.keys.size())]);
   std::sort(b.keys.begin(), b.keys.end());
-  const size_t early = FindInStripes(b.keys, n / 4, 48, 64);
-  const size_t late = FindInStripes(b.keys, n / 2, 0, 16);
+  const size_t early = FindInStripes(b.keys, n / 4, kLastBegin, 64);
+  const size_t late = FindInStripes(b.keys, n / 2, 0, kFirstEnd);
   for (size_t i = 0; i < b.keys.size(); ++i) {
     const size_t stored = ref.m.at(b.keys[i]).size();
     b.lens.push_back(static_cast<uint32_t>(i == early || i == late ? stored + 1 : stored));
@@ -459,7 +462,7 @@ TEST_CASE("runs: batches split over threads give the one-thread store's results,
   std::vector<uint64_t> all;
   for (const auto& e : ref.m) all.push_back(e.first);
   std::shuffle(all.begin(), all.end(), gen.rng());
-  REQUIRE(all.size() >= 4 * ParamStore::kLaneKeys);
+  REQUIRE(all.size() >= kLanes * ParamStore::kLaneKeys);
   // Two steps, and shared slices, of every key in a shuffled order.
   std::vector<uint32_t> want_lens;
   std::vector<float> want_values;
@@ -490,7 +493,7 @@ TEST_CASE("runs: batches split over threads give the one-thread store's results,
   for (uint64_t k : all) {
     if (ref.m.at(k).size() == 1) ones.push_back(k);
   }
-  for (size_t i = 0; ones.size() < 4 * ParamStore::kLaneKeys; ++i) ones.push_back(ones[i]);  // keys asked twice
+  for (size_t i = 0; ones.size() < kLanes * ParamStore::kLaneKeys; ++i) ones.push_back(ones[i]);  // keys asked twice
   std::vector<float> rows(ones.size());
   REQUIRE(split.CopyUniform(ones.data(), ones.size(), 1, rows.data()).ok());
   std::vector<float> want_rows;
@@ -500,8 +503,8 @@ TEST_CASE("runs: batches split over threads give the one-thread store's results,
   for (const auto& e : ref.m) {
     if (e.second.size() == 4) fours.push_back(e.first);
   }
-  const uint64_t four_early = fours[FindInStripes(fours, 0, 48, 64)];
-  const uint64_t four_late = fours[FindInStripes(fours, 0, 0, 16)];
+  const uint64_t four_early = fours[FindInStripes(fours, 0, kLastBegin, 64)];
+  const uint64_t four_late = fours[FindInStripes(fours, 0, 0, kFirstEnd)];
   std::vector<uint64_t> mixed = ones;
   mixed.insert(mixed.begin() + mixed.size() / 3, four_early);
   mixed.insert(mixed.begin() + 2 * mixed.size() / 3, four_late);
@@ -512,7 +515,8 @@ TEST_CASE("runs: batches split over threads give the one-thread store's results,
          st.message() == "key " + std::to_string(four_late) + " holds 4 floats, not 1"));
   std::vector<uint64_t> gone;
   for (uint64_t k = 1ull << 62; gone.size() < 2; ++k) {
-    if (ref.m.count(k) == 0 && StripeOf(k) >= (gone.empty() ? 48u : 0u) && StripeOf(k) < (gone.empty() ? 64u : 16u)) {
+    const bool first = gone.empty();  // the first missing key in the last lane's stripes
+    if (ref.m.count(k) == 0 && StripeOf(k) >= (first ? kLastBegin : 0) && StripeOf(k) < (first ? 64 : kFirstEnd)) {
       gone.push_back(k);
     }
   }
