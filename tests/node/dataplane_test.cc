@@ -9,7 +9,9 @@
 #include <deque>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -1451,6 +1453,77 @@ TEST_CASE("Pull of many rows of one length, with a row of another length or a mi
     Result<PullResult> r = Await(w.Pull(keys));
     CHECK(r.status().code() == Code::kNotFound);
     CHECK_THAT(r.status().message(), Catch::Contains("unknown key 5"));
+  }
+}
+
+TEST_CASE("Pull over three servers: runs of consecutive keys, keys interleaved between servers, or both, in one result",
+          "[node][net][dataplane]") {
+  // An answer to a run of consecutive keys of the request is kept whole until the result is
+  // copied out; others are placed key by key. Whichever way each server's answer went, and
+  // in whatever order they arrive, the result is in the order of the keys asked.
+  TestCluster::Config config;
+  config.servers = 3;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  std::vector<uint64_t> keys(3000);
+  std::iota(keys.begin(), keys.end(), uint64_t{1});
+  core::SortKeysByPosition(&keys);  // each server's keys one run
+  std::map<uint64_t, std::vector<float>> stored;
+  std::vector<float> values;
+  std::vector<uint32_t> lens;
+  for (uint64_t k : keys) {
+    const uint32_t len = k % 7 == 0 ? 3 : 2;
+    lens.push_back(len);
+    for (uint32_t j = 0; j < len; ++j) stored[k].push_back(static_cast<float>(k * 10 + j));
+    values.insert(values.end(), stored[k].begin(), stored[k].end());
+  }
+  REQUIRE(Await(w.Push(keys, values, lens)).ok());
+  std::vector<std::vector<uint64_t>> owned(3);
+  for (uint64_t k : keys) owned[core::ServerForKey(k, 3)].push_back(k);
+  REQUIRE(!owned[0].empty());
+  REQUIRE(!owned[1].empty());
+  REQUIRE(!owned[2].empty());
+  auto check = [&](const std::vector<uint64_t>& ask) {
+    std::vector<float> want;
+    std::vector<uint32_t> want_lens;
+    for (uint64_t k : ask) {
+      want.insert(want.end(), stored[k].begin(), stored[k].end());
+      want_lens.push_back(static_cast<uint32_t>(stored[k].size()));
+    }
+    Result<PullResult> r = Await(w.Pull(ask));
+    REQUIRE(r.ok());
+    CHECK(r->values == want);
+    CHECK(r->lens == want_lens);
+    Result<PullView> v = Await(w.ZPull(ask));
+    REQUIRE(v.ok());
+    CHECK(v->lens == want_lens);
+    std::vector<float> seen;
+    for (size_t i = 0; i < ask.size(); ++i) seen.insert(seen.end(), v->values[i], v->values[i] + v->lens[i]);
+    CHECK(seen == want);
+  };
+  SECTION("every server's keys a run, of mixed lengths") { check(keys); }
+  SECTION("rows of one length, a run per server, servers in reverse order") {
+    std::vector<uint64_t> ask;
+    for (int s = 2; s >= 0; --s) {
+      for (uint64_t k : owned[s]) {
+        if (stored[k].size() == 2) ask.push_back(k);
+      }
+    }
+    check(ask);
+  }
+  SECTION("server 0's keys a run, then servers 1 and 2 interleaved") {
+    std::vector<uint64_t> ask = owned[0];
+    for (size_t i = 0; i < std::max(owned[1].size(), owned[2].size()); ++i) {
+      if (i < owned[1].size()) ask.push_back(owned[1][i]);
+      if (i < owned[2].size()) ask.push_back(owned[2][i]);
+    }
+    check(ask);
+  }
+  SECTION("every key's place shuffled") {
+    std::vector<uint64_t> ask = keys;
+    std::shuffle(ask.begin(), ask.end(), std::mt19937_64(5));
+    check(ask);
   }
 }
 

@@ -59,7 +59,10 @@ TEST_CASE("a pull's large arrays are kept when it ends and the next pull writes 
   CHECK(second->keys.data() == keys_at);
   CHECK(second->src.data() == src_at);
   CHECK(second->keys == others);
+  CHECK(second->src.empty());  // sized when an answer writes it, in place
+  second->NeedSrc();
   CHECK(second->src.size() == others.size());
+  CHECK(second->src.data() == src_at);
   CHECK(scratch->kept_bytes() == 0);
   second.reset();
 

@@ -1,5 +1,6 @@
 #include "pscore/node/worker/pull_request.h"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -41,8 +42,8 @@ void PullRequest::Begin(const std::vector<uint64_t>& k, std::shared_ptr<ScratchA
   ReserveAdvised(keys, k.size());
   keys.assign(k.begin(), k.end());
   src = scratch->TakePointers(k.size());
+  src.clear();  // sized by NeedSrc, if an answer writes it
   ReserveAdvised(src, k.size());
-  src.resize(k.size());
   ReserveAdvised(src_lens, k.size());  // the result's: not kept
   src_lens.resize(k.size());
   outstanding = keys.size();
@@ -88,10 +89,52 @@ void PullRequest::CopyRestIntoDest() {
   }
 }
 
+void PullRequest::SpreadStretches() {
+  if (stretches.empty()) return;
+  NeedSrc();
+  for (const Stretch& s : stretches) {
+    const float* p = s.values;
+    for (size_t j = 0; j < s.count; ++j) {
+      const uint32_t len = s.lens != nullptr ? s.lens[j] : s.row_len;
+      src[s.first + j] = p;
+      src_lens[s.first + j] = len;
+      p += len;
+    }
+  }
+  stretches.clear();
+}
+
 // Reserve + insert: the values are written once (resize would zero them first). The
 // counts move into the result: the request is done with them.
 PullResult PullRequest::CopyResult() {
   PullResult out;
+  size_t covered = 0;
+  for (const Stretch& s : stretches) covered += s.count;
+  if (covered == keys.size() && covered > 0) {
+    // Every answer kept whole: each stretch's lens and values in key order, no walk per key
+    // through src.
+    std::sort(stretches.begin(), stretches.end(), [](const Stretch& a, const Stretch& b) { return a.first < b.first; });
+    uint64_t total = 0;
+    for (const Stretch& s : stretches) {
+      uint32_t* lens = src_lens.data() + s.first;
+      if (s.lens != nullptr) {
+        std::memcpy(lens, s.lens, s.count * sizeof(uint32_t));
+      } else {
+        std::fill(lens, lens + s.count, s.row_len);
+      }
+      total += s.floats;
+    }
+    ReserveResult(out.values, total);
+    for (const Stretch& s : stretches) {
+      if (s.floats > 0) out.values.insert(out.values.end(), s.values, s.values + s.floats);
+    }
+    CountCopied(out.values.size() * sizeof(float));
+    out.lens = std::move(src_lens);
+    stretches.clear();
+    answers.clear();
+    return out;
+  }
+  SpreadStretches();
   ReserveResult(out.values, Total(src_lens));
   // Keys whose values lie back to back in one answer are copied as one stretch.
   for (size_t i = 0; i < src.size();) {

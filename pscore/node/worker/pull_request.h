@@ -20,8 +20,21 @@ class PullRequest : public KvRequest {
   std::vector<uint64_t> keys;
   // The answers stay alive until the result is assembled (with one copy at most).
   std::vector<BufferPtr> answers;
-  std::vector<const float*> src;  // per requested key: its floats inside an answer (or dest)
+  // Per requested key: its floats inside an answer (or dest), and their count. src is
+  // sized by the first answer that writes it (NeedSrc).
+  std::vector<const float*> src;
   std::vector<uint32_t> src_lens;
+  // Answers to runs of consecutive keys, kept whole where the values are copied out only at
+  // the end (takes_stretches): their keys' src and src_lens are not written one by one.
+  struct Stretch {
+    size_t first = 0;                // the first key's index
+    size_t count = 0;                // keys
+    const float* values = nullptr;   // their floats back to back, inside an answer
+    uint64_t floats = 0;
+    const uint32_t* lens = nullptr;  // per key, or null: every key holds row_len floats
+    uint32_t row_len = 0;
+  };
+  std::vector<Stretch> stretches;
 
   // Memory answers may be read into from the socket (an AnswerSink per request) where their
   // place is known: all the keys (the whole of dest), or a run of consecutive keys when
@@ -49,17 +62,29 @@ class PullRequest : public KvRequest {
   bool Misplaced() const;
   // True when dest is the caller's (PullInto): a misplaced answer means pulling again.
   virtual bool caller_dest() const { return false; }
+  // True when answers to consecutive keys may be kept as stretches (nothing reads src
+  // before the result is copied).
+  virtual bool takes_stretches() const { return false; }
+  // src sized for every key (before an answer writes its keys' places).
+  void NeedSrc() {
+    if (src.size() != keys.size()) src.resize(keys.size());
+  }
   // Forgets the learned sizes that laid out dest wrongly (when they did).
   void ForgetLearned();
 
  protected:
   explicit PullRequest(KvCounters counters) : KvRequest(Kind::kPull, std::move(counters)) {}
-  void Abandon() override { answers.clear(); }
+  void Abandon() override {
+    stretches.clear();
+    answers.clear();
+  }
   // Copies the values not read into dest to their place there (those that were are
   // already in place: checked by Misplaced; the total matches dest_floats).
   void CopyRestIntoDest();
   // Pull's result, every value copied once out of where it arrived.
   PullResult CopyResult();
+  // The stretches' keys' src and src_lens written, as the other answers' are.
+  void SpreadStretches();
 };
 
 // Pull: the values copied into a result of their own; when the keys' sizes were learned,
@@ -70,6 +95,7 @@ class PullCopyRequest final : public PullRequest {
   std::future<Result<PullResult>> future() { return done_.get_future(); }
   // Calling thread, before sending: the result laid out by `offsets` (total floats).
   void AllocateResult(uint64_t total, std::vector<uint64_t> offsets, LearnedLens* lens);
+  bool takes_stretches() const override { return !into_result_; }
 
  private:
   void Complete() override;

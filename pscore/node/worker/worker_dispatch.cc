@@ -83,10 +83,7 @@ void WorkerNode::SplitPull(const std::shared_ptr<KvRequest>& op, KvPart part, in
 Payload WorkerNode::PullPayload(const PullRequest& op, const KvPart& part, comm::AnswerSink* sink) const {
   const std::vector<size_t>& idx = part.indices;
   Payload payload;
-  const bool consecutive =
-      !idx.empty() &&
-      std::adjacent_find(idx.begin(), idx.end(), [](size_t a, size_t b) { return b != a + 1; }) == idx.end();
-  if (consecutive) {
+  if (part.consecutive) {
     // Consecutive keys (all of them, for one server): encoded from op.keys as they are.
     payload = core::EncodePullRequest(op.keys.data() + idx.front(), idx.size());
   } else {
@@ -108,6 +105,12 @@ Payload WorkerNode::PullPayload(const PullRequest& op, const KvPart& part, comm:
 void WorkerNode::Send(const std::shared_ptr<KvRequest>& op, KvPart part) {
   DCHECK(loop()->InLoopThread());
   comm::AnswerSink sink;
+  if (!op->is_push()) {
+    const std::vector<size_t>& idx = part.indices;
+    part.consecutive =
+        !idx.empty() &&
+        std::adjacent_find(idx.begin(), idx.end(), [](size_t a, size_t b) { return b != a + 1; }) == idx.end();
+  }
   Payload payload = op->is_push() ? part.payload : PullPayload(AsPull(*op), part, &sink);
   // The range's primary under the current metadata (with replicas, the first live copy);
   // with every copy down, the range's own rank (the send fails and is retried).
@@ -215,7 +218,17 @@ void WorkerNode::OnPullAnswer(const std::shared_ptr<KvRequest>& req, KvPart part
     p = op.dest + off;
     if (op.in_dest.empty()) op.in_dest.assign(op.keys.size(), 0);
     in_place_pulls_.fetch_add(1, std::memory_order_relaxed);
+  } else if (part.consecutive && op.takes_stretches()) {
+    // Kept whole until the result is copied out (PullRequest::CopyResult).
+    op.stretches.push_back(PullRequest::Stretch{part.indices.front(), keys, p, view->num_values, view->lens,
+                                                view->row_len});
+    if (view->lens != nullptr) learned_.Learn(op.keys, part.indices, view->lens);
+    op.answers.push_back(std::move(b));
+    op.Acked(keys);
+    scratch_->Give(std::move(part.indices));
+    return;
   }
+  op.NeedSrc();
   for (size_t j = 0; j < keys; ++j) {
     const uint32_t len = view->Len(j);
     op.src[part.indices[j]] = p;
