@@ -14,12 +14,22 @@
 namespace pscore {
 namespace core {
 
-ParamStore::ParamStore(Options opts) : opts_(opts) {}
+namespace {
+
+// hardware_concurrency reads /sys on every call: the machine's cores are asked once, here.
+ParamStore::Options WithBatchThreads(ParamStore::Options opts) {
+  if (opts.batch_threads == 0) {
+    opts.batch_threads = std::min(std::max(1u, std::thread::hardware_concurrency()), ParamStore::kMostBatchThreads);
+  }
+  return opts;
+}
+
+}  // namespace
+
+ParamStore::ParamStore(Options opts) : opts_(WithBatchThreads(opts)) {}
 
 size_t ParamStore::LanesFor(size_t num_keys) const {
-  size_t threads = opts_.batch_threads;
-  if (threads == 0) threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), kMostBatchThreads);
-  return std::max<size_t>(1, std::min(threads, num_keys / kLaneKeys));
+  return std::max<size_t>(1, std::min<size_t>(opts_.batch_threads, num_keys / kLaneKeys));
 }
 
 void ParamStore::RunLanes(size_t most, const std::function<void(size_t, size_t, size_t)>& lane) {
