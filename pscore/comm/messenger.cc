@@ -107,6 +107,15 @@ pb::MessageMeta AnswerMeta(const pb::MessageMeta& request, const Status& status)
 
 }  // namespace
 
+pb::MessageMeta Messenger::ReplyTo(const pb::MessageMeta& request) {
+  pb::MessageMeta kept;
+  kept.set_cmd(request.cmd());
+  kept.set_request_id(request.request_id());
+  kept.set_user_cmd(request.user_cmd());
+  kept.set_oneway(request.oneway());
+  return kept;
+}
+
 Status Messenger::Reply(ConnId conn, const pb::MessageMeta& request, const Status& status,
                         Payload payload) {
   if (request.oneway()) return Status::Ok();

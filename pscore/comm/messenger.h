@@ -46,6 +46,9 @@ class Messenger {
   // requester may read the tail into memory of its own (AnswerSink).
   Status Reply(ConnId conn, const pb::MessageMeta& request, const Status& status,
                Payload payload = nullptr);
+  // The fields of `request` that Reply reads (cmd, request id, user cmd, oneway): what an
+  // answer given later needs to keep, without the request's strings and push id.
+  static pb::MessageMeta ReplyTo(const pb::MessageMeta& request);
   // The same with a protobuf answer, serialised straight into the write batch when small.
   Status Reply(ConnId conn, const pb::MessageMeta& request, const google::protobuf::MessageLite& body);
   // Fails pending requests and closes all connections. Idempotent.

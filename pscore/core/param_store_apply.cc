@@ -5,7 +5,7 @@
 #include "pscore/core/param_store.h"
 
 #include <algorithm>
-#include <deque>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -203,12 +203,19 @@ Status ParamStore::Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, 
   }
   std::shared_ptr<const Updater> updater;
   if (mode == Mode::kPush) updater = std::atomic_load(&updater_);
-  std::deque<Batch> lanes;
-  for (size_t l = LanesFor(num_keys); l > 0; --l) lanes.emplace_back(mode, keys, lens, values, num_keys, offsets, updater);
-  RunLanes(lanes.size(), [&](size_t l, size_t first, size_t end) { ApplyLane(lanes[l], first, end); });
+  // Lane 0's Batch lives here; the others' only when a batch has more than one (a small
+  // push allocates none).
+  Batch lane0(mode, keys, lens, values, num_keys, offsets, updater);
+  std::vector<std::unique_ptr<Batch>> more;
+  for (size_t l = LanesFor(num_keys); l > 1; --l) {
+    more.push_back(std::make_unique<Batch>(mode, keys, lens, values, num_keys, offsets, updater));
+  }
+  auto lane = [&lane0, &more](size_t l) -> Batch& { return l == 0 ? lane0 : *more[l - 1]; };
+  RunLanes(1 + more.size(), [&](size_t l, size_t first, size_t end) { ApplyLane(lane(l), first, end); });
   const Batch* first = nullptr;  // the lane with the first refused key in batch order
   size_t refused = 0;
-  for (const Batch& b : lanes) {
+  for (size_t l = 0; l <= more.size(); ++l) {
+    const Batch& b = lane(l);
     for (const auto& k : b.spares) PrepareSpare(k.first, k.second);
     refused += b.refused;
     if (b.refused > 0 && (first == nullptr || b.first_refused < first->first_refused)) first = &b;

@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "pscore/core/key_range.h"
+
 namespace pscore {
 namespace core {
 
@@ -18,6 +20,39 @@ Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, bool sha
   if (keys == nullptr) return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " null keys");
   if (num_keys > UINT32_MAX) {
     return Status(Code::kInvalidArgument, "pull of " + std::to_string(num_keys) + " keys: over 2^32");
+  }
+  // Key i of the batch in its stripe (lock held), walked on with c: fn once it is found,
+  // or the first missing key kept in *lane_missing (then fn is not called again).
+  auto visit = [&](size_t l, Stripe& stripe, Cursor& c, uint32_t i, size_t* lane_missing) {
+    if (FindInRuns(stripe, keys[i], &c)) {
+      if (*lane_missing != SIZE_MAX) return;
+      if (!share) {
+        const Run& run = stripe.runs[c.run];
+        fn(l, i, run.At(c.pos), run.LenAt(c.pos), nullptr);
+        return;
+      }
+      auto it = MoveToBlock(stripe, c);
+      c = Cursor{};
+      fn(l, i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
+      return;
+    }
+    auto it = stripe.entries.find(keys[i]);
+    if (it == stripe.entries.end()) {
+      *lane_missing = std::min<size_t>(*lane_missing, i);
+    } else if (*lane_missing == SIZE_MAX) {
+      fn(l, i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
+    }
+  };
+  auto not_found = [&](size_t i) {
+    return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[i]));
+  };
+  if (num_keys == 1) {  // a single key (the small pulls): no grouping, no lanes
+    Stripe& stripe = stripes_[KeyPosition(keys[0]) >> (64 - kStripeBits)];  // as StripeFor
+    std::lock_guard<std::mutex> lock(stripe.mu);
+    Cursor c;
+    size_t missing = SIZE_MAX;
+    visit(0, stripe, c, 0, &missing);
+    return missing == SIZE_MAX ? Status::Ok() : not_found(missing);
   }
   std::vector<size_t> missing(lanes, SIZE_MAX);  // per lane: its first missing key, in batch order
   RunLanes(lanes, [&](size_t l, size_t first, size_t end) {
@@ -35,34 +70,13 @@ Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, bool sha
         Stripe& stripe = stripes_[s];
         std::lock_guard<std::mutex> lock(stripe.mu);
         Cursor& c = cursors[s];
-        for (size_t j = g.starts[s]; j < g.starts[s + 1]; ++j) {
-          const uint32_t i = g.order[j];
-          if (FindInRuns(stripe, keys[i], &c)) {
-            if (lane_missing != SIZE_MAX) continue;
-            if (!share) {
-              const Run& run = stripe.runs[c.run];
-              fn(l, i, run.At(c.pos), run.LenAt(c.pos), nullptr);
-              continue;
-            }
-            auto it = MoveToBlock(stripe, c);
-            c = Cursor{};
-            fn(l, i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
-            continue;
-          }
-          auto it = stripe.entries.find(keys[i]);
-          if (it == stripe.entries.end()) {
-            lane_missing = std::min<size_t>(lane_missing, i);
-          } else if (lane_missing == SIZE_MAX) {
-            fn(l, i, it->second->values.data(), static_cast<uint32_t>(it->second->values.size()), &it->second);
-          }
-        }
+        for (size_t j = g.starts[s]; j < g.starts[s + 1]; ++j) visit(l, stripe, c, g.order[j], &lane_missing);
       }
     }
     missing[l] = lane_missing;
   });
   const size_t first_missing = *std::min_element(missing.begin(), missing.end());
-  if (first_missing == SIZE_MAX) return Status::Ok();
-  return Status(Code::kNotFound, "pull of unknown key " + std::to_string(keys[first_missing]));
+  return first_missing == SIZE_MAX ? Status::Ok() : not_found(first_missing);
 }
 
 Status ParamStore::Pull(const uint64_t* keys, size_t num_keys, std::vector<uint32_t>* lens,

@@ -230,7 +230,7 @@ void BindNodeCommon(py::class_<P>& c) {
       .def_property_readonly("node_id", [](P& p) { return p.get().node_id(); })
       .def_property_readonly("epoch", [](P& p) { return p.get().epoch(); })
       .def_property_readonly("port", [](P& p) { return p.get().listen_port(); })
-      .def_property_readonly("server_count", [](P& p) { return p.get().metadata().server_num(); })
+      .def_property_readonly("server_count", [](P& p) { return p.get().server_num(); })
       .def_property_readonly("worker_count", [](P& p) { return p.get().metadata().worker_num(); })
       .def_property_readonly("cluster_state",
                              [](P& p) { return pb::ClusterState_Name(p.get().cluster_state()); })

@@ -131,6 +131,57 @@ TEST_CASE("pull of a missing key is NotFound naming the key", "[core][paramstore
   CHECK(values.empty());
 }
 
+TEST_CASE("every read of one key: in a run, in a block, shared out, and missing", "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  // Keys 10 and 11 of 3 floats go into a run; key 12 of kRunFloats + 1 floats is a block.
+  const uint64_t small[] = {10, 11};
+  const uint32_t small_lens[] = {3, 3};
+  const float small_values[] = {1, 2, 3, 4, 5, 6};
+  store.Insert(small, small_lens, small_values, 2);
+  std::vector<float> big(ParamStore::kRunFloats + 1);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i);
+  store.Insert(12, big);
+  const std::map<uint64_t, std::vector<float>> want = {{10, {1, 2, 3}}, {11, {4, 5, 6}}, {12, big}};
+  // Key 11 is read in a run first, then shared out (which makes it a block), then again.
+  for (uint64_t key : {10, 11, 12, 11}) {
+    INFO("key " << key);
+    const std::vector<float>& w = want.at(key);
+    CHECK(PullOne(store, key) == w);
+    uint32_t len = 0;
+    REQUIRE(store.Lens(&key, 1, &len).ok());
+    CHECK(len == w.size());
+    std::vector<float> out(len, -1.0f);
+    REQUIRE(store.CopyValues(&key, 1, &len, out.data()).ok());
+    CHECK(out == w);
+    std::fill(out.begin(), out.end(), -1.0f);
+    REQUIRE(store.CopyUniform(&key, 1, len, out.data()).ok());
+    CHECK(out == w);
+    Slice slice;
+    REQUIRE(store.ShareValues(&key, 1, &slice).ok());
+    REQUIRE(slice.size == w.size() * sizeof(float));
+    CHECK(std::equal(w.begin(), w.end(), reinterpret_cast<const float*>(slice.data)));
+  }
+  // A missing key: every read names it.
+  const uint64_t gone = 13;
+  uint32_t len = 7;
+  float out[3] = {};
+  Slice slice;
+  std::vector<uint32_t> lens;
+  std::vector<float> values;
+  for (Status st : {store.Lens(&gone, 1, &len), store.CopyValues(&gone, 1, small_lens, out),
+                    store.CopyUniform(&gone, 1, 3, out), store.ShareValues(&gone, 1, &slice),
+                    store.Pull(&gone, 1, &lens, &values)}) {
+    CHECK(st.code() == Code::kNotFound);
+    CHECK(st.message() == "pull of unknown key 13");
+  }
+  // A key stored with another length than asked for.
+  const uint64_t ten = 10;
+  const uint32_t wrong = 4;
+  float four[4] = {};
+  CHECK(store.CopyValues(&ten, 1, &wrong, four).code() == Code::kAborted);
+  CHECK(store.CopyUniform(&ten, 1, wrong, four).code() == Code::kFailedPrecondition);
+}
+
 TEST_CASE("ExtractNotOwned moves exactly the keys another server owns", "[core][paramstore]") {
   ParamStore store(Rule(UpdateRule::kSum));
   for (uint64_t k = 0; k < 100; ++k) store.Insert(k, {static_cast<float>(k), 1.0f});

@@ -174,6 +174,7 @@ void Node::PublishSnapshot() {
   state_snapshot_ = scale_.state();
   epoch_snapshot_ = scale_.epoch();
   metadata_snapshot_ = metadata_;
+  server_num_snapshot_ = metadata_.server_num();
   if (scale_.state() == pb::CLUSTER_READY) ready_seen_ = true;
   cv_.notify_all();
 }
@@ -230,6 +231,11 @@ uint64_t Node::epoch() const {
 pb::SendMetadataMessage Node::metadata() const {
   std::lock_guard<std::mutex> lock(mu_);
   return metadata_snapshot_;
+}
+
+int Node::server_num() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return server_num_snapshot_;
 }
 
 std::vector<std::string> Node::NodeIds(pb::NodeRole role) const {

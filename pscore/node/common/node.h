@@ -68,7 +68,10 @@ class Node {
   int rank() const;
   pb::ClusterState cluster_state() const;
   uint64_t epoch() const;
+  // A copy of the whole metadata (every member's entry): server_num() where the count is all
+  // a caller needs, as on each Push and Pull.
   pb::SendMetadataMessage metadata() const;
+  int server_num() const;
   // Node ids of one role in the current metadata, by rank (e.g. barrier participants). A
   // server's view lists the workers by id and rank only (worker_ids), a worker's none.
   std::vector<std::string> NodeIds(pb::NodeRole role) const;
@@ -335,6 +338,7 @@ class Node {
   pb::ClusterState state_snapshot_ = pb::ClUSTER_STARTING;
   uint64_t epoch_snapshot_ = 0;
   pb::SendMetadataMessage metadata_snapshot_;
+  int server_num_snapshot_ = 0;
   bool ready_seen_ = false;
   bool terminated_ = false;
   Status termination_;

@@ -9,10 +9,8 @@ struct Responder::State {
   std::atomic<bool> answered{false};
 
   void Answer(const Status& st, Payload payload) {
-    if (answered.exchange(true)) return;
-    auto fn = send;
-    comm::AliveToken::Watch watch = alive;
-    loop->Run([watch, fn, st, payload = std::move(payload)]() mutable {
+    if (answered.exchange(true)) return;  // send is taken once, here
+    loop->Run([watch = alive, fn = std::move(send), st, payload = std::move(payload)]() mutable {
       if (watch) fn(st, std::move(payload));
     });
   }

@@ -88,8 +88,9 @@ void ServerNode::StopRole() {
 }
 
 Responder ServerNode::MakeResponder(ConnId conn, const pb::MessageMeta& meta) {
-  return Responder::Make(loop(), alive_.watch(), [this, conn, meta](const Status& st, Payload payload) {
-    Status sent = messenger().Reply(conn, meta, st, std::move(payload));
+  return Responder::Make(loop(), alive_.watch(), [this, conn, request = comm::Messenger::ReplyTo(meta)](
+                                                     const Status& st, Payload payload) {
+    Status sent = messenger().Reply(conn, request, st, std::move(payload));
     if (!sent.ok()) VLOG(1) << "server " << options_.node_id << ": answer not sent: " << sent;
   });
 }
@@ -313,7 +314,7 @@ std::future<Result<BufferPtr>> ServerNode::CollectiveRecv(int rank, const std::s
 }
 
 Status ServerNode::AllReduce(const std::string& tag, std::vector<float>* data, Duration timeout) {
-  return mailbox_.AllReduce(rank(), metadata().server_num(), tag, data, timeout);
+  return mailbox_.AllReduce(rank(), server_num(), tag, data, timeout);
 }
 
 }  // namespace pscore::node

@@ -105,7 +105,7 @@ class WorkerNode : public Node {
   // or a Pull's result.
   uint64_t in_place_pulls() const { return in_place_pulls_.load(std::memory_order_relaxed); }
   void AppendRoleMetrics(MetricsText* m) const override;
-  int server_count() const { return metadata().server_num(); }
+  int server_count() const { return server_num(); }
 
  protected:
   void OnMetadataApplied() override;
