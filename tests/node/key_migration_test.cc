@@ -1,10 +1,12 @@
-// KeyMigration without sockets: a drop computed for one view and entries moved here for
-// the next, in both orders the threads allow.
+// KeyMigration and KeyOwnership without sockets: which keys a view owns; a drop computed
+// for one view and entries moved here for the next, in both orders the threads allow.
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <future>
 #include <memory>
+#include <numeric>
+#include <string>
 #include <vector>
 
 #include "pscore/comm/event_loop.h"
@@ -12,6 +14,7 @@
 #include "pscore/core/kv_codec.h"
 #include "pscore/node/common/executor.h"
 #include "pscore/node/server/key_migration.h"
+#include "pscore/node/server/key_ownership.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
@@ -94,6 +97,31 @@ template <typename T>
 T Within10s(std::future<T> f) {
   REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   return f.get();
+}
+
+TEST_CASE("ownership: the one server of a job owns every key; rank 0 of 2 refuses rank 1's, naming it",
+          "[node][server][scaling]") {
+  std::vector<uint64_t> keys(100000);
+  std::iota(keys.begin(), keys.end(), uint64_t{0});
+  keys.push_back(UINT64_MAX);
+  KeyOwnership one{"s0"};
+  {
+    auto lock = one.Exclusive();
+    one.Adopt(/*rank=*/0, /*n=*/1, /*replicas=*/1);
+  }
+  CHECK(one.CheckOwned(keys.data(), keys.size()).ok());
+  for (uint64_t key : keys) REQUIRE(core::ServerForKey(key, 1) == 0);
+  KeyOwnership two{"s0"};
+  {
+    auto lock = two.Exclusive();
+    two.Adopt(/*rank=*/0, /*n=*/2, /*replicas=*/1);
+  }
+  const uint64_t mine = KeyIn(0, 0, 2), theirs = KeyIn(0, 1, 2);
+  CHECK(two.CheckOwned(&mine, 1).ok());
+  const uint64_t both[] = {mine, theirs};
+  const Status st = two.CheckOwned(both, 2);
+  CHECK(st.code() == Code::kAborted);
+  CHECK(st.message() == "key " + std::to_string(theirs) + " is owned by server rank 1 of 2, not 0");
 }
 
 TEST_CASE("migration: entries moved here while a drop of an earlier view is queued survive it",
