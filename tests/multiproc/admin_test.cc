@@ -134,22 +134,31 @@ class Job {
 
 bool Has(const AdminRun& run, const std::string& text) { return run.out.find(text) != std::string::npos; }
 
-// A port that nobody listens on: bound and closed again.
-int ClosedPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+// A port that nobody listens on, for as long as this is held: bound, never listening. A
+// port closed again at once could be bound by another test's node meanwhile, or taken by
+// the dialer itself as its own end (a connection to itself); neither can take a port
+// that stays bound.
+class ClosedPort {
+ public:
+  ClosedPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    port_ = ntohs(addr.sin_port);
   }
-  ::close(fd);
-  return port;
-}
+  ~ClosedPort() { ::close(fd_); }
+  ClosedPort(const ClosedPort&) = delete;
+  ClosedPort& operator=(const ClosedPort&) = delete;
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
 
 }  // namespace
 
@@ -270,7 +279,8 @@ TEST_CASE("pscore-admin refuses bad commands with a reason and exit code", "[mul
 
   Process offline;
   TempDir tmp;
-  REQUIRE(offline.Start({AdminBinary(), "--scheduler_port=" + std::to_string(ClosedPort()), "--timeout_ms=1000", "status"},
+  const ClosedPort closed;
+  REQUIRE(offline.Start({AdminBinary(), "--scheduler_port=" + std::to_string(closed.port()), "--timeout_ms=1000", "status"},
                         tmp.File("offline.log")));
   AdminRun unreachable = Job::Finish(offline);
   CHECK(unreachable.code == 3);
