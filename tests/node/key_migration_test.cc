@@ -99,7 +99,7 @@ T Within10s(std::future<T> f) {
   return f.get();
 }
 
-TEST_CASE("ownership: the one server of a job owns every key; rank 0 of 2 refuses rank 1's, naming it",
+TEST_CASE("ownership: the one server of a job owns every key - rank 0 of 2 refuses a key of rank 1, naming it",
           "[node][server][scaling]") {
   std::vector<uint64_t> keys(100000);
   std::iota(keys.begin(), keys.end(), uint64_t{0});
