@@ -174,7 +174,6 @@ void Node::PublishSnapshot() {
   state_snapshot_ = scale_.state();
   epoch_snapshot_ = scale_.epoch();
   metadata_snapshot_ = metadata_;
-  server_num_snapshot_ = metadata_.server_num();
   if (scale_.state() == pb::CLUSTER_READY) ready_seen_ = true;
   cv_.notify_all();
 }
@@ -235,7 +234,7 @@ pb::SendMetadataMessage Node::metadata() const {
 
 int Node::server_num() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return server_num_snapshot_;
+  return metadata_snapshot_.server_num();  // read in place: no copy of the entries
 }
 
 std::vector<std::string> Node::NodeIds(pb::NodeRole role) const {

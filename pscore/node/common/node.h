@@ -338,7 +338,6 @@ class Node {
   pb::ClusterState state_snapshot_ = pb::ClUSTER_STARTING;
   uint64_t epoch_snapshot_ = 0;
   pb::SendMetadataMessage metadata_snapshot_;
-  int server_num_snapshot_ = 0;
   bool ready_seen_ = false;
   bool terminated_ = false;
   Status termination_;
