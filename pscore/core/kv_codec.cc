@@ -136,6 +136,25 @@ void FinishKvPairs(flatbuffers::FlatBufferBuilder* fbb, const uint64_t* keys, co
 Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens, uint32_t uniform_len,
                                size_t num_values, const std::function<Status(float*)>& fill, Keys written);
 
+// The head of a buffer whose first vector built, of `count` elements of T, is left out:
+// the builder laid out a stand-in of `stand_in` elements in its place (from_end: the
+// stand-in's bytes after its length field), and the length field, the head's last 4
+// bytes, is set to count. The stand-in must be a whole number of 8-byte words shorter
+// than the real vector (8, the largest alignment here), so every pad the builder added is
+// the one it would add for the real vector; a stand-in that does not end the buffer is
+// kInternal.
+template <typename T>
+Result<BufferPtr> HeadBeforeTail(const flatbuffers::FlatBufferBuilder& fbb, std::vector<Hole> holes, size_t stand_in,
+                                 size_t from_end, size_t count) {
+  if (from_end != stand_in * sizeof(T)) return Status(Code::kInternal, "KvPairs: the tail vector does not end the buffer");
+  Result<BufferPtr> head = Assemble(fbb, std::move(holes), fbb.GetSize() - from_end);
+  if (!head.ok()) return head.status();
+  // Little-endian like all of flatbuffers.
+  flatbuffers::WriteScalar<flatbuffers::uoffset_t>((*head)->data() + (*head)->size() - sizeof(flatbuffers::uoffset_t),
+                                                   static_cast<flatbuffers::uoffset_t>(count));
+  return head;
+}
+
 }  // namespace
 
 BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
@@ -262,6 +281,28 @@ BufferPtr EncodePullRequest(const uint64_t* keys, size_t num_keys) {
   return *Assemble(fbb, std::move(holes));
 }
 
+Payload EncodePullRequestShared(const uint64_t* keys, size_t num_keys, std::shared_ptr<const void> owner) {
+  if (keys == nullptr || num_keys == 0 || num_keys > FLATBUFFERS_MAX_BUFFER_SIZE / sizeof(uint64_t)) {
+    return EncodePullRequest(keys, num_keys);
+  }
+  flatbuffers::FlatBufferBuilder fbb(128);
+  uint64_t* unused = nullptr;
+  // The first vector built ends the buffer (flatbuffers builds back to front): the keys
+  // are the tail, laid out by a stand-in of one key (HeadBeforeTail; of none, the builder
+  // would not align the buffer for keys at all).
+  auto keys_off = fbb.CreateUninitializedVector<uint64_t>(1, &unused);
+  const size_t from_end = keys_off.o - sizeof(flatbuffers::uoffset_t);
+  fb::KvPairsBuilder kv(fbb);
+  kv.add_keys(keys_off);
+  kv.add_keyless_answer(true);
+  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  Result<BufferPtr> head = HeadBeforeTail<uint64_t>(fbb, {}, 1, from_end, num_keys);
+  if (!head.ok()) return EncodePullRequest(keys, num_keys);
+  Payload out(std::move(*head));
+  out.tail.push_back(Slice{std::move(owner), reinterpret_cast<const char*>(keys), num_keys * sizeof(uint64_t)});
+  return out;
+}
+
 namespace {
 
 // EncodeKvPairsFilled, or with lens null every key's length `uniform_len`, written
@@ -324,22 +365,14 @@ Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const
   std::vector<Hole> holes;
   float* unused = nullptr;
   // The first vector built ends the buffer (flatbuffers builds back to front and floats
-  // need no padding after them), so the values are the buffer's last bytes: the tail. The
-  // builder never holds them: it lays out a stand-in of num_values % 2 floats (the same
-  // size modulo 8, the largest alignment here, so every pad the builder adds is the one it
-  // would add for the real vector), and the length field is set to num_values afterwards.
+  // need no padding after them): the values are the tail, laid out by a stand-in of
+  // num_values % 2 floats, the same size modulo 8 (HeadBeforeTail).
   const size_t stand_in = num_values % 2;
   auto values_off = fbb.CreateUninitializedVector<float>(stand_in, &unused);
   const size_t values_from_end = values_off.o - sizeof(flatbuffers::uoffset_t);
-  if (values_from_end != stand_in * sizeof(float)) {
-    return Status(Code::kInternal, "KvPairs: values vector does not end the buffer");
-  }
   FinishKvPairs(&fbb, keys, lens, num_keys, values_off, /*op=*/0, &holes);
-  Result<BufferPtr> head = Assemble(fbb, std::move(holes), fbb.GetSize() - values_from_end);
+  Result<BufferPtr> head = HeadBeforeTail<float>(fbb, std::move(holes), stand_in, values_from_end, num_values);
   if (!head.ok()) return head.status();
-  // The values' length field: the head's last 4 bytes, little-endian like all of flatbuffers.
-  flatbuffers::WriteScalar<flatbuffers::uoffset_t>((*head)->data() + (*head)->size() - sizeof(flatbuffers::uoffset_t),
-                                                   static_cast<flatbuffers::uoffset_t>(num_values));
   Payload out(std::move(*head));
   out.tail = std::move(values);
   return out;

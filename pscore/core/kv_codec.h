@@ -60,6 +60,11 @@ Result<BufferPtr> EncodeKvPairsUniform(const uint64_t* keys, size_t num_keys, ui
 
 // A pull request for `keys` that asks for answers without keys (keyless_answer).
 BufferPtr EncodePullRequest(const uint64_t* keys, size_t num_keys);
+// The same request with the keys not copied: the head holds everything up to the first
+// key, and the keys follow it as the payload's tail (a slice of `keys`, held alive by
+// `owner`), so the sender writes them from where they live. A receiver sees the same
+// bytes as EncodePullRequest's.
+Payload EncodePullRequestShared(const uint64_t* keys, size_t num_keys, std::shared_ptr<const void> owner);
 
 // Average value bytes per key from which writing values from where they live (tail slices,
 // one writev entry each) beats copying them into one buffer: zero-copy pulls and ZPush.

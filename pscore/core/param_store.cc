@@ -32,14 +32,14 @@ size_t ParamStore::LanesFor(size_t num_keys) const {
   return std::max<size_t>(1, std::min<size_t>(opts_.batch_threads, num_keys / kLaneKeys));
 }
 
-void ParamStore::RunLanes(size_t most, const std::function<void(size_t, size_t, size_t)>& lane) {
-  if (most <= 1) return lane(0, 0, kStripes);
+void ParamStore::RunLanes(size_t most, const std::function<void(size_t, size_t)>& lane) {
+  if (most <= 1) return lane(0, 1);
   static std::atomic<size_t> running{0};  // batches running lanes now, in this process
   const size_t lanes = std::max<size_t>(1, most / (running.fetch_add(1, std::memory_order_relaxed) + 1));
   struct Leave {
     ~Leave() { running.fetch_sub(1, std::memory_order_relaxed); }
   } leave;
-  auto run = [&lane, lanes](size_t l) { lane(l, kStripes * l / lanes, kStripes * (l + 1) / lanes); };
+  auto run = [&lane, lanes](size_t l) { lane(l, lanes); };
   std::vector<std::thread> threads;
   std::vector<size_t> here{0};  // lanes run on this thread
   for (size_t l = 1; l < lanes; ++l) {

@@ -51,8 +51,8 @@ class ParamStore {
     std::chrono::milliseconds stream_stall{2000};
     std::chrono::milliseconds stream_hold{10000};
     // Threads that take one batch of many keys (Push, Insert, Lens, CopyValues,
-    // CopyUniform, ShareValues of at least 2 x kLaneKeys keys), each a share of the stripes,
-    // the caller's thread one of them: 0 picks the machine's cores (at most
+    // CopyUniform, ShareValues of at least 2 x kLaneKeys keys), each a share of the stripes
+    // (a push or insert) or of the keys (a read), the caller's thread one of them: 0 picks the machine's cores (at most
     // kMostBatchThreads); 1 keeps every batch on the caller's thread. Batches taken at the
     // same time (in any store of the process) share them (RunLanes).
     unsigned batch_threads = 0;
@@ -259,12 +259,17 @@ class ParamStore {
   static void GroupByStripe(const uint64_t* keys, size_t begin, size_t end, size_t first, size_t last, Groups* g);
   // A batch of num_keys keys is split into at most this many lanes (param_store.cc).
   size_t LanesFor(size_t num_keys) const;
-  // Runs lane(l, first stripe, end stripe) for each of at most `most` lanes, the stripes
-  // split evenly between them: lane 0 on the caller's thread, the others on threads of
-  // their own (on the caller's when a thread cannot be started), all done when it returns.
-  // Batches that run lanes at the same time (in any store of the process) share the
-  // threads: with k of them, each takes most / k lanes (at least one).
-  static void RunLanes(size_t most, const std::function<void(size_t lane, size_t first, size_t end)>& lane);
+  // Runs lane(l, lanes) for each l < lanes, lanes at most `most`: lane 0 on the caller's
+  // thread, the others on threads of their own (on the caller's when a thread cannot be
+  // started), all done when it returns. Batches that run lanes at the same time (in any
+  // store of the process) share the threads: with k of them, each takes most / k lanes
+  // (at least one).
+  static void RunLanes(size_t most, const std::function<void(size_t lane, size_t lanes)>& lane);
+  // Lane l's even share [*first, *end) of n things (stripes, or a batch's keys).
+  static void ShareOf(size_t l, size_t lanes, size_t n, size_t* first, size_t* end) {
+    *first = n * l / lanes;
+    *end = n * (l + 1) / lanes;
+  }
   // Where each key's values start among a batch's values, back to back: i * lens[0] when
   // all keys have one length, else offs[i].
   struct Offsets {
@@ -372,6 +377,14 @@ class ParamStore {
 
 inline bool ParamStore::FindInRuns(const Stripe& stripe, uint64_t key, Cursor* c) {
   const std::vector<Run>& runs = stripe.runs;
+  if (c->run < runs.size()) {
+    const std::vector<uint64_t>& ks = runs[c->run].keys;
+    const size_t next = c->pos + 1;
+    if (next < ks.size() && ks[next] == key) {
+      c->pos = next;
+      return true;
+    }
+  }
   if (runs.empty() || key < runs.front().keys.front()) {
     *c = Cursor{};
     return false;

@@ -211,7 +211,14 @@ Status ParamStore::Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, 
     more.push_back(std::make_unique<Batch>(mode, keys, lens, values, num_keys, offsets, updater));
   }
   auto lane = [&lane0, &more](size_t l) -> Batch& { return l == 0 ? lane0 : *more[l - 1]; };
-  RunLanes(1 + more.size(), [&](size_t l, size_t first, size_t end) { ApplyLane(lane(l), first, end); });
+  // Each lane its share of the stripes: a key's every occurrence in the batch is applied by
+  // one lane, in batch order.
+  RunLanes(1 + more.size(), [&](size_t l, size_t lanes) {
+    size_t first = 0;
+    size_t end = 0;
+    ShareOf(l, lanes, kStripes, &first, &end);
+    ApplyLane(lane(l), first, end);
+  });
   const Batch* first = nullptr;  // the lane with the first refused key in batch order
   size_t refused = 0;
   for (size_t l = 0; l <= more.size(); ++l) {

@@ -55,13 +55,23 @@ Status ParamStore::ForEachStored(const uint64_t* keys, size_t num_keys, bool sha
     return missing == SIZE_MAX ? Status::Ok() : not_found(missing);
   }
   std::vector<size_t> missing(lanes, SIZE_MAX);  // per lane: its first missing key, in batch order
-  RunLanes(lanes, [&](size_t l, size_t first, size_t end) {
+  // Each lane its share of the batch's keys, through every stripe (a read changes no
+  // value: the lanes need not split the stripes, and each groups only its own keys). Lane
+  // l starts at its share of the stripes, so the lanes rarely wait for one stripe's lock.
+  RunLanes(lanes, [&](size_t l, size_t lanes_run) {
+    size_t key_begin = 0;
+    size_t key_end = 0;
+    ShareOf(l, lanes_run, num_keys, &key_begin, &key_end);
+    size_t stripe0 = 0;
+    size_t unused = 0;
+    ShareOf(l, lanes_run, kStripes, &stripe0, &unused);
     Groups g;
     std::array<Cursor, kStripes> cursors{};  // hints only: FindInRuns checks them
     size_t lane_missing = SIZE_MAX;
-    for (size_t begin = 0; begin < num_keys; begin += kWindowKeys) {
-      GroupByStripe(keys, begin, std::min(num_keys, begin + kWindowKeys), first, end, &g);
-      for (size_t s = first; s < end; ++s) {
+    for (size_t begin = key_begin; begin < key_end; begin += kWindowKeys) {
+      GroupByStripe(keys, begin, std::min(key_end, begin + kWindowKeys), 0, kStripes, &g);
+      for (size_t k = 0; k < kStripes; ++k) {
+        const size_t s = (stripe0 + k) % kStripes;
         if (g.starts[s] == g.starts[s + 1]) continue;
         if (stop != nullptr && stop->load(std::memory_order_relaxed)) {
           missing[l] = lane_missing;

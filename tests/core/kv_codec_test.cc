@@ -1,5 +1,6 @@
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -300,6 +301,36 @@ TEST_CASE("shared encoding puts the values after the head and decodes as an ordi
       CHECK(shared->Flatten()->view() == want->view());
     }
   }
+}
+
+TEST_CASE("a pull request written from the caller's keys has the copying encoder's bytes", "[core][kvcodec]") {
+  for (size_t nkeys : {1, 2, 3, 8, 9, 8192, 100001}) {
+    INFO(nkeys << " keys");
+    auto keys = std::make_shared<std::vector<uint64_t>>(nkeys);
+    for (size_t i = 0; i < nkeys; ++i) (*keys)[i] = i * 0x9E3779B97F4A7C15ULL + 3;
+    Payload shared = EncodePullRequestShared(keys->data(), nkeys, std::shared_ptr<const void>(keys, keys->data()));
+    REQUIRE(shared.tail.size() == 1);
+    CHECK(shared.tail[0].data == reinterpret_cast<const char*>(keys->data()));  // not copied
+    CHECK(shared.tail[0].size == nkeys * sizeof(uint64_t));
+    CHECK(shared.head->size() < 64);
+    BufferPtr want = EncodePullRequest(keys->data(), nkeys);
+    BufferPtr flat = shared.Flatten();
+    CHECK(flat->view() == want->view());
+    Result<KvView> v = DecodeKvPairs(flat->data(), flat->size(), /*expect_values=*/false);
+    REQUIRE(v.ok());
+    CHECK(v->keyless_answer);
+    CHECK(std::vector<uint64_t>(v->keys, v->keys + v->num_keys) == *keys);
+    // The slice holds the keys alive.
+    std::weak_ptr<std::vector<uint64_t>> gone = keys;
+    keys.reset();
+    CHECK_FALSE(gone.expired());
+    shared = Payload();
+    CHECK(gone.expired());
+  }
+  // No keys: the copying encoder's request, without a tail.
+  Payload none = EncodePullRequestShared(nullptr, 0, nullptr);
+  CHECK(none.tail.empty());
+  CHECK(none.head->view() == EncodePullRequest(nullptr, 0)->view());
 }
 
 TEST_CASE("a copied encoding split before its values has the head of the shared encoding - without a copy",

@@ -405,8 +405,9 @@ size_t FindInStripes(const std::vector<uint64_t>& keys, size_t from, size_t lo, 
 
 TEST_CASE("runs: batches split over threads give the one-thread store's results, errors naming the first key",
           "[core][paramstore]") {
-  // Batches of many keys are taken by several threads, each a share of the stripes
-  // (Options::batch_threads; two lanes from 2 x kLaneKeys keys). Dense and sparse keys,
+  // Batches of many keys are taken by several threads (Options::batch_threads; two lanes
+  // from 2 x kLaneKeys keys): a push or insert each a share of the stripes, a read each a
+  // share of the keys. Dense and sparse keys,
   // repeats, large keys, refused lengths, unsorted batches: the same store, statuses and
   // errors as one thread.
   Gen gen(13);
@@ -487,8 +488,7 @@ TEST_CASE("runs: batches split over threads give the one-thread store's results,
   REQUIRE(shared == want_values);
   slices.clear();
   // One step over the keys of one float; then with two of 4 floats among them; then two
-  // steps with two missing keys: kNotFound names the first in batch order, found by a later
-  // lane than the one that finds the second.
+  // steps with missing keys: kNotFound names the first in batch order.
   std::vector<uint64_t> ones;
   for (uint64_t k : all) {
     if (ref.m.at(k).size() == 1) ones.push_back(k);
@@ -513,16 +513,24 @@ TEST_CASE("runs: batches split over threads give the one-thread store's results,
   // The walk ends at the first such key a lane finds (the two steps serve such a batch).
   CHECK((st.message() == "key " + std::to_string(four_early) + " holds 4 floats, not 1" ||
          st.message() == "key " + std::to_string(four_late) + " holds 4 floats, not 1"));
+  // A read's lane takes its keys a window of 16 Ki keys at a time, stripe by stripe from
+  // its first stripe on (the first lane's: 0). So in one window of the first lane's share,
+  // a missing key in a last-lane stripe, then shortly after it one in a first-lane stripe
+  // (found first), and one more missing key in the last lane's share.
   std::vector<uint64_t> gone;
-  for (uint64_t k = 1ull << 62; gone.size() < 2; ++k) {
-    const bool first = gone.empty();  // the first missing key in the last lane's stripes
-    if (ref.m.count(k) == 0 && StripeOf(k) >= (first ? kLastBegin : 0) && StripeOf(k) < (first ? 64 : kFirstEnd)) {
+  for (uint64_t k = 1ull << 62; gone.size() < 3; ++k) {
+    const bool late_stripe = gone.size() == 0;
+    if (ref.m.count(k) == 0 && StripeOf(k) >= (late_stripe ? kLastBegin : 0) &&
+        StripeOf(k) < (late_stripe ? 64 : kFirstEnd)) {
       gone.push_back(k);
     }
   }
   std::vector<uint64_t> ask = all;
-  ask.insert(ask.begin() + ask.size() / 3, gone[0]);
-  ask.insert(ask.begin() + 2 * ask.size() / 3, gone[1]);
+  const size_t at = 16 * 1024 + 100;  // one window of the first lane's share
+  REQUIRE(at + 10 < ask.size() / kLanes);
+  ask.insert(ask.begin() + at, gone[0]);
+  ask.insert(ask.begin() + at + 10, gone[1]);
+  ask.insert(ask.begin() + 3 * ask.size() / 4, gone[2]);
   std::vector<float> pulled;
   st = split.Pull(ask.data(), ask.size(), &lens, &pulled);
   CHECK(st.code() == Code::kNotFound);

@@ -17,6 +17,30 @@ KvCounters Counters() {
   return KvCounters{std::make_shared<std::atomic<int>>(0), std::make_shared<std::atomic<uint64_t>>(0)};
 }
 
+TEST_CASE("a part's keys are a run of two numbers or a list, and either says whether it is consecutive",
+          "[node][worker]") {
+  KeyIndices run = KeyIndices::Run(7, 3);
+  CHECK(run.size() == 3);
+  CHECK(run.front() == 7);
+  CHECK(run[1] == 8);
+  CHECK(run.back() == 9);
+  CHECK(run.consecutive());
+  CHECK(run.Release().empty());  // nothing listed to reuse
+  CHECK(run.empty());
+  CHECK_FALSE(run.consecutive());
+
+  KeyIndices gaps = KeyIndices::Listed({2, 3, 5});
+  CHECK(gaps.size() == 3);
+  CHECK(gaps[2] == 5);
+  CHECK_FALSE(gaps.consecutive());
+  CHECK(KeyIndices::Listed({4, 5, 6}).consecutive());
+  CHECK(KeyIndices::Listed({4}).consecutive());
+  CHECK_FALSE(KeyIndices::Listed({}).consecutive());
+  std::vector<size_t> back = gaps.Release();
+  CHECK(back == std::vector<size_t>{2, 3, 5});
+  CHECK(gaps.empty());
+}
+
 TEST_CASE("a failed PullInto is answered only once no request sent can write into dest", "[node][worker]") {
   KvCounters c = Counters();
   LearnedLens learned;
@@ -105,18 +129,18 @@ TEST_CASE("a pull's answers are read in place only where the layout puts them", 
   REQUIRE(op->SetDest(dest.data(), dest.size(), &lens, &learned).ok());
   uint64_t off = 0;
   uint64_t floats = 0;
-  REQUIRE(op->SinkRegion({0, 1, 2}, &off, &floats));  // all the keys: the whole of dest
+  REQUIRE(op->SinkRegion(KeyIndices::Run(0, 3), &off, &floats));  // all the keys: the whole of dest
   CHECK((off == 0 && floats == 10));
-  REQUIRE(op->SinkRegion({1, 2}, &off, &floats));  // consecutive keys: their span
+  REQUIRE(op->SinkRegion(KeyIndices::Listed({1, 2}), &off, &floats));  // consecutive keys: their span
   CHECK((off == 2 && floats == 8));
-  CHECK_FALSE(op->SinkRegion({0, 2}, &off, &floats));  // not consecutive
+  CHECK_FALSE(op->SinkRegion(KeyIndices::Listed({0, 2}), &off, &floats));  // not consecutive
 }
 
 TEST_CASE("learned sizes give a layout, and a size found wrong is forgotten", "[node][worker]") {
   LearnedLens learned;
   std::vector<uint64_t> keys = {5, 6};
   const uint32_t big[] = {1 << 15, 1 << 16};  // 128 KiB and 256 KiB of floats: learned
-  learned.Learn(keys, {0, 1}, big);
+  learned.Learn(keys, KeyIndices::Run(0, 2), big);
   std::vector<uint64_t> offsets;
   uint64_t total = 0;
   REQUIRE(learned.Layout(keys, &offsets, &total));
@@ -126,7 +150,7 @@ TEST_CASE("learned sizes give a layout, and a size found wrong is forgotten", "[
   CHECK_FALSE(learned.Layout(keys, &offsets, &total));
   CHECK(learned.Layout({5}, &offsets, &total));
   const uint32_t small[] = {4};  // under 64 KiB per key: not learned
-  learned.Learn({9}, {0}, small);
+  learned.Learn({9}, KeyIndices::Run(0, 1), small);
   CHECK_FALSE(learned.Layout({9}, &offsets, &total));
 }
 
@@ -140,7 +164,7 @@ TEST_CASE("a layout asked for keys never learned allocates nothing of their size
   CHECK(offsets.capacity() == 0);
   CHECK(total == 0);
   const uint32_t big[] = {1 << 15};
-  learned.Learn({5}, {0}, big);
+  learned.Learn({5}, KeyIndices::Listed({0}), big);
   CHECK_FALSE(learned.Layout(many, &offsets, &total));  // the first key is not known
   CHECK(offsets.capacity() == 0);
   many.front() = 5;

@@ -15,6 +15,7 @@
 #include "pscore/core/buffer.h"
 #include "pscore/core/clock.h"
 #include "pscore/core/status.h"
+#include "pscore/node/worker/key_indices.h"
 
 namespace pscore::node {
 
@@ -104,8 +105,7 @@ struct KvPart {
   uint64_t push_seq = 0;     // its id's seq once sent (kept when sent again)
   uint64_t origin_seq = 0;   // the sent part it was split from (PushId.origin_seq)
   // Pull.
-  std::vector<size_t> indices;  // of the request's keys, increasing
-  bool consecutive = false;     // indices are a run of consecutive keys (set when sent)
+  KeyIndices indices;  // of the request's keys
 
   // A part made of some of this one's keys for a new split: no payload or id of its own
   // yet, but the same recovery clock (a loss is not forgotten by re-splitting).

@@ -26,7 +26,7 @@ bool LearnedLens::Layout(const std::vector<uint64_t>& keys, std::vector<uint64_t
 
 // Only answers of at least 64 KiB per key on average are learned: a lookup per key is
 // nothing beside their values.
-void LearnedLens::Learn(const std::vector<uint64_t>& keys, const std::vector<size_t>& indices, const uint32_t* lens) {
+void LearnedLens::Learn(const std::vector<uint64_t>& keys, const KeyIndices& indices, const uint32_t* lens) {
   const size_t n = indices.size();
   if (n == 0 || std::accumulate(lens, lens + n, uint64_t{0}) * sizeof(float) < core::kZeroCopyBytes * n) return;
   std::lock_guard<std::mutex> lock(mu_);

@@ -10,6 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pscore/node/worker/key_indices.h"
+
 namespace pscore::node {
 
 class LearnedLens {
@@ -22,7 +24,7 @@ class LearnedLens {
   bool Layout(const std::vector<uint64_t>& keys, std::vector<uint64_t>* offsets, uint64_t* total);
   // Loop thread: remembers the sizes of the keys `indices` of `keys` from one answer (lens
   // in the same order) when the answer was written from the store.
-  void Learn(const std::vector<uint64_t>& keys, const std::vector<size_t>& indices, const uint32_t* lens);
+  void Learn(const std::vector<uint64_t>& keys, const KeyIndices& indices, const uint32_t* lens);
   // Loop thread: a result laid out by `expect_off` (total floats) got `lens`. A key whose
   // answer did not teach its new size (a small one) has the old one forgotten.
   void Forget(const std::vector<uint64_t>& keys, const std::vector<uint64_t>& expect_off, uint64_t total,

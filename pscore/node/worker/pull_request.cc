@@ -49,7 +49,7 @@ void PullRequest::Begin(const std::vector<uint64_t>& k, std::shared_ptr<ScratchA
   outstanding = keys.size();
 }
 
-bool PullRequest::SinkRegion(const std::vector<size_t>& indices, uint64_t* off, uint64_t* floats) const {
+bool PullRequest::SinkRegion(const KeyIndices& indices, uint64_t* off, uint64_t* floats) const {
   if (dest == nullptr || no_sinks || dest_floats == 0 || indices.empty()) return false;
   if (indices.size() == keys.size()) {
     *off = 0;

@@ -56,7 +56,7 @@ class PullRequest : public KvRequest {
   void Begin(const std::vector<uint64_t>& k, std::shared_ptr<ScratchArrays> scratch);
   // The span of dest (float offset and count) an answer to the keys `indices` (increasing)
   // may be read into, or false.
-  bool SinkRegion(const std::vector<size_t>& indices, uint64_t* off, uint64_t* floats) const;
+  bool SinkRegion(const KeyIndices& indices, uint64_t* off, uint64_t* floats) const;
   // True when some values were read into dest where the answers' lens do not put them
   // (the layout was wrong before them while the totals still matched).
   bool Misplaced() const;

@@ -63,33 +63,44 @@ void WorkerNode::Resplit(const std::shared_ptr<KvRequest>& op, KvPart part, int 
 
 void WorkerNode::SplitPull(const std::shared_ptr<KvRequest>& op, KvPart part, int servers) {
   const PullRequest& pull = AsPull(*op);
-  std::vector<uint64_t> ks;
-  ks.reserve(part.indices.size());
-  for (size_t i : part.indices) ks.push_back(pull.keys[i]);
-  const std::vector<std::vector<size_t>> groups = ByOwner(ks.data(), ks.size(), servers);
+  const size_t n = part.indices.size();
+  std::vector<uint64_t> listed_keys;  // the part's keys, unless they are a run of pull.keys
+  const uint64_t* ks = n > 0 && part.indices.consecutive() ? pull.keys.data() + part.indices.front() : nullptr;
+  if (ks == nullptr) {
+    listed_keys.reserve(n);
+    for (size_t j = 0; j < n; ++j) listed_keys.push_back(pull.keys[part.indices[j]]);
+    ks = listed_keys.data();
+  }
+  const std::vector<std::vector<size_t>> groups = ByOwner(ks, n, servers);
   for (int s = 0; s < servers; ++s) {
     if (groups[s].empty()) continue;
     KvPart sub = part.Successor();
     sub.server = s;
     sub.for_servers = servers;
-    sub.indices = scratch_->TakeWords(groups[s].size());
-    sub.indices.reserve(groups[s].size());
-    for (size_t j : groups[s]) sub.indices.push_back(part.indices[j]);
+    std::vector<size_t> listed = scratch_->TakeWords(groups[s].size());
+    listed.reserve(groups[s].size());
+    for (size_t j : groups[s]) listed.push_back(part.indices[j]);
+    sub.indices = KeyIndices::Listed(std::move(listed));
     Send(op, std::move(sub));
   }
-  scratch_->Give(std::move(part.indices));
+  scratch_->Give(part.indices.Release());
 }
 
-Payload WorkerNode::PullPayload(const PullRequest& op, const KvPart& part, comm::AnswerSink* sink) const {
-  const std::vector<size_t>& idx = part.indices;
+Payload WorkerNode::PullPayload(const std::shared_ptr<KvRequest>& req, const KvPart& part, comm::AnswerSink* sink) {
+  const PullRequest& op = AsPull(*req);
+  const KeyIndices& idx = part.indices;
   Payload payload;
-  if (part.consecutive) {
-    // Consecutive keys (all of them, for one server): encoded from op.keys as they are.
-    payload = core::EncodePullRequest(op.keys.data() + idx.front(), idx.size());
+  if (idx.consecutive()) {
+    // Consecutive keys (all of them, for one server): many are written from op.keys, which
+    // stay as they are while the request lives; a few are copied.
+    const uint64_t* keys = op.keys.data() + idx.front();
+    payload = idx.size() * sizeof(uint64_t) >= core::kZeroCopyBytes
+                  ? core::EncodePullRequestShared(keys, idx.size(), std::shared_ptr<const void>(req, keys))
+                  : Payload(core::EncodePullRequest(keys, idx.size()));
   } else {
     std::vector<uint64_t> ks;
     ks.reserve(idx.size());
-    for (size_t i : idx) ks.push_back(op.keys[i]);
+    for (size_t j = 0; j < idx.size(); ++j) ks.push_back(op.keys[idx[j]]);
     payload = core::EncodePullRequest(ks.data(), ks.size());
   }
   // An answer written from the store (head + values) whose place in dest is known has its
@@ -105,13 +116,7 @@ Payload WorkerNode::PullPayload(const PullRequest& op, const KvPart& part, comm:
 void WorkerNode::Send(const std::shared_ptr<KvRequest>& op, KvPart part) {
   DCHECK(loop()->InLoopThread());
   comm::AnswerSink sink;
-  if (!op->is_push()) {
-    const std::vector<size_t>& idx = part.indices;
-    part.consecutive =
-        !idx.empty() &&
-        std::adjacent_find(idx.begin(), idx.end(), [](size_t a, size_t b) { return b != a + 1; }) == idx.end();
-  }
-  Payload payload = op->is_push() ? part.payload : PullPayload(AsPull(*op), part, &sink);
+  Payload payload = op->is_push() ? part.payload : PullPayload(op, part, &sink);
   // The range's primary under the current metadata (with replicas, the first live copy);
   // with every copy down, the range's own rank (the send fails and is retried).
   int server = Primary(part.server);
@@ -218,14 +223,14 @@ void WorkerNode::OnPullAnswer(const std::shared_ptr<KvRequest>& req, KvPart part
     p = op.dest + off;
     if (op.in_dest.empty()) op.in_dest.assign(op.keys.size(), 0);
     in_place_pulls_.fetch_add(1, std::memory_order_relaxed);
-  } else if (part.consecutive && op.takes_stretches()) {
+  } else if (part.indices.consecutive() && op.takes_stretches()) {
     // Kept whole until the result is copied out (PullRequest::CopyResult).
     op.stretches.push_back(PullRequest::Stretch{part.indices.front(), keys, p, view->num_values, view->lens,
                                                 view->row_len});
     if (view->lens != nullptr) learned_.Learn(op.keys, part.indices, view->lens);
     op.answers.push_back(std::move(b));
     op.Acked(keys);
-    scratch_->Give(std::move(part.indices));
+    scratch_->Give(part.indices.Release());
     return;
   }
   op.NeedSrc();
@@ -250,12 +255,11 @@ void WorkerNode::OnPullAnswer(const std::shared_ptr<KvRequest>& req, KvPart part
     op.in_dest.clear();
     op.outstanding = op.keys.size();
     KvPart all;
-    all.indices.resize(op.keys.size());
-    std::iota(all.indices.begin(), all.indices.end(), 0);
+    all.indices = KeyIndices::Run(0, op.keys.size());
     return Dispatch(req, std::move(all));
   }
   op.Acked(keys);
-  scratch_->Give(std::move(part.indices));
+  scratch_->Give(part.indices.Release());
 }
 
 // Keeps a part to send again; held parts go out 50 ms later (or when the scale that holds

@@ -250,9 +250,7 @@ void WorkerNode::StartPull(std::shared_ptr<PullRequest> op) {
   bool queued = loop()->Run([this, req] {
     req->seq = ++op_seq_;
     KvPart all;
-    all.indices = scratch_->TakeWords(static_cast<const PullRequest&>(*req).keys.size());
-    all.indices.resize(static_cast<const PullRequest&>(*req).keys.size());
-    std::iota(all.indices.begin(), all.indices.end(), 0);
+    all.indices = KeyIndices::Run(0, static_cast<const PullRequest&>(*req).keys.size());
     Dispatch(req, std::move(all));
   });
   if (!queued) req->Fail(Stopped());

@@ -139,8 +139,9 @@ class WorkerNode : public Node {
   void SplitPull(const std::shared_ptr<KvRequest>& op, KvPart part, int servers);
   void Send(const std::shared_ptr<KvRequest>& op, KvPart part);
   // A pull part's request (its keys) and, where its values' place in dest is known, the
-  // sink they are read into.
-  Payload PullPayload(const PullRequest& op, const KvPart& part, comm::AnswerSink* sink) const;
+  // sink they are read into. `req` is the pull (op), kept alive while the request is
+  // written from its keys.
+  static Payload PullPayload(const std::shared_ptr<KvRequest>& req, const KvPart& part, comm::AnswerSink* sink);
   // A part sent again while its server is lost ends at its recovery deadline (a timer).
   void WatchRecovery(const std::shared_ptr<KvRequest>& op, const KvPart& part, const Status& last,
                      const std::shared_ptr<comm::TimerId>& timer);
