@@ -34,16 +34,6 @@ std::vector<KeyRange> PartitionKeys(int num_servers) {
   return ranges;
 }
 
-int ServerForPosition(uint64_t position, int num_servers) {
-  if (num_servers <= 0) return -1;
-  const Uint128 scaled = static_cast<Uint128>(position) * static_cast<uint64_t>(num_servers);
-  return static_cast<int>(scaled >> 64);
-}
-
-int ServerForKey(uint64_t key, int num_servers) {
-  return ServerForPosition(KeyPosition(key), num_servers);
-}
-
 std::vector<std::pair<int, int>> SliceByServer(const std::vector<uint64_t>& sorted_keys,
                                                int num_servers) {
   std::vector<std::pair<int, int>> slices;

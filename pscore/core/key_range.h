@@ -51,12 +51,18 @@ struct KeyRange {
 // at most one. Empty for num_servers <= 0.
 std::vector<KeyRange> PartitionKeys(int num_servers);
 
-// The rank of the server owning `key`, in O(1); agrees with PartitionKeys.
-// Returns -1 when num_servers <= 0.
-int ServerForKey(uint64_t key, int num_servers);
+// The rank of the server owning a key position: floor(position * n / 2^64), in O(1);
+// agrees with PartitionKeys. Returns -1 when num_servers <= 0. Inline: a worker asks it
+// for every key of a push or pull.
+inline int ServerForPosition(uint64_t position, int num_servers) {
+  if (num_servers <= 0) return -1;
+  __extension__ typedef unsigned __int128 Uint128;
+  const Uint128 scaled = static_cast<Uint128>(position) * static_cast<uint64_t>(num_servers);
+  return static_cast<int>(scaled >> 64);
+}
 
-// Same, for a precomputed position.
-int ServerForPosition(uint64_t position, int num_servers);
+// The same for a key.
+inline int ServerForKey(uint64_t key, int num_servers) { return ServerForPosition(KeyPosition(key), num_servers); }
 
 // Per server, the [first, last) index range of `keys` it owns. `keys` must be
 // sorted by KeyPosition (SortKeysByPosition does that); for such a list the

@@ -269,15 +269,40 @@ Result<BufferPtr> EncodeKvPairsUniform(const uint64_t* keys, size_t num_keys, ui
   return EncodeFilled(keys, num_keys, nullptr, len, uint64_t{len} * num_keys, fill, written);
 }
 
+namespace {
+// A pull request's table over its keys vector (keys_off), finished.
+void FinishPullRequest(flatbuffers::FlatBufferBuilder* fbb, flatbuffers::Offset<flatbuffers::Vector<uint64_t>> keys_off) {
+  fb::KvPairsBuilder kv(*fbb);
+  kv.add_keys(keys_off);
+  kv.add_keyless_answer(true);
+  fb::FinishKvPairsBuffer(*fbb, kv.Finish());
+}
+}  // namespace
+
 BufferPtr EncodePullRequest(const uint64_t* keys, size_t num_keys) {
   if (keys == nullptr) num_keys = 0;
   flatbuffers::FlatBufferBuilder fbb(128 + num_keys * sizeof(uint64_t));
   std::vector<Hole> holes;
-  auto keys_off = Reserve(&fbb, keys, num_keys, &holes);
-  fb::KvPairsBuilder kv(fbb);
-  kv.add_keys(keys_off);
-  kv.add_keyless_answer(true);
-  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  FinishPullRequest(&fbb, Reserve(&fbb, keys, num_keys, &holes));
+  return *Assemble(fbb, std::move(holes));
+}
+
+BufferPtr EncodePullRequestFilled(size_t num_keys, const std::function<void(uint64_t*)>& fill) {
+  flatbuffers::FlatBufferBuilder fbb(128 + num_keys * sizeof(uint64_t));
+  std::vector<Hole> holes;
+  uint64_t* unused = nullptr;
+  auto keys_off = fbb.CreateUninitializedVector<uint64_t>(num_keys, &unused);
+  if (num_keys > 0) {
+    Hole h;
+    h.offset_from_end = keys_off.o - sizeof(flatbuffers::uoffset_t);
+    h.bytes = num_keys * sizeof(uint64_t);
+    h.fill = [&fill](char* dst) {
+      fill(reinterpret_cast<uint64_t*>(dst));
+      return Status::Ok();
+    };
+    holes.push_back(std::move(h));
+  }
+  FinishPullRequest(&fbb, keys_off);
   return *Assemble(fbb, std::move(holes));
 }
 
@@ -292,10 +317,7 @@ Payload EncodePullRequestShared(const uint64_t* keys, size_t num_keys, std::shar
   // would not align the buffer for keys at all).
   auto keys_off = fbb.CreateUninitializedVector<uint64_t>(1, &unused);
   const size_t from_end = keys_off.o - sizeof(flatbuffers::uoffset_t);
-  fb::KvPairsBuilder kv(fbb);
-  kv.add_keys(keys_off);
-  kv.add_keyless_answer(true);
-  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  FinishPullRequest(&fbb, keys_off);
   Result<BufferPtr> head = HeadBeforeTail<uint64_t>(fbb, {}, 1, from_end, num_keys);
   if (!head.ok()) return EncodePullRequest(keys, num_keys);
   Payload out(std::move(*head));

@@ -60,6 +60,9 @@ Result<BufferPtr> EncodeKvPairsUniform(const uint64_t* keys, size_t num_keys, ui
 
 // A pull request for `keys` that asks for answers without keys (keyless_answer).
 BufferPtr EncodePullRequest(const uint64_t* keys, size_t num_keys);
+// The same request with its num_keys keys written in place by fill(dst) (dst is 8-byte
+// aligned): keys gathered from a larger array are copied once.
+BufferPtr EncodePullRequestFilled(size_t num_keys, const std::function<void(uint64_t*)>& fill);
 // The same request with the keys not copied: the head holds everything up to the first
 // key, and the keys follow it as the payload's tail (a slice of `keys`, held alive by
 // `owner`), so the sender writes them from where they live. A receiver sees the same

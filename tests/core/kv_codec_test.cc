@@ -303,7 +303,8 @@ TEST_CASE("shared encoding puts the values after the head and decodes as an ordi
   }
 }
 
-TEST_CASE("a pull request written from the caller's keys has the copying encoder's bytes", "[core][kvcodec]") {
+TEST_CASE("a pull request written from the caller's keys, or gathered into place, has the copying encoder's bytes",
+          "[core][kvcodec]") {
   for (size_t nkeys : {1, 2, 3, 8, 9, 8192, 100001}) {
     INFO(nkeys << " keys");
     auto keys = std::make_shared<std::vector<uint64_t>>(nkeys);
@@ -316,6 +317,14 @@ TEST_CASE("a pull request written from the caller's keys has the copying encoder
     BufferPtr want = EncodePullRequest(keys->data(), nkeys);
     BufferPtr flat = shared.Flatten();
     CHECK(flat->view() == want->view());
+    // Every other key of a twice larger array, gathered by the fill.
+    std::vector<uint64_t> larger(2 * nkeys);
+    for (size_t i = 0; i < nkeys; ++i) larger[2 * i + 1] = (*keys)[i];
+    BufferPtr gathered = EncodePullRequestFilled(nkeys, [&](uint64_t* dst) {
+      CHECK(reinterpret_cast<uintptr_t>(dst) % alignof(uint64_t) == 0);
+      for (size_t i = 0; i < nkeys; ++i) dst[i] = larger[2 * i + 1];
+    });
+    CHECK(gathered->view() == want->view());
     Result<KvView> v = DecodeKvPairs(flat->data(), flat->size(), /*expect_values=*/false);
     REQUIRE(v.ok());
     CHECK(v->keyless_answer);
@@ -331,6 +340,7 @@ TEST_CASE("a pull request written from the caller's keys has the copying encoder
   Payload none = EncodePullRequestShared(nullptr, 0, nullptr);
   CHECK(none.tail.empty());
   CHECK(none.head->view() == EncodePullRequest(nullptr, 0)->view());
+  CHECK(EncodePullRequestFilled(0, [](uint64_t*) { FAIL("no keys to fill"); })->view() == none.head->view());
 }
 
 TEST_CASE("a copied encoding split before its values has the head of the shared encoding - without a copy",

@@ -71,16 +71,14 @@ void WorkerNode::SplitPull(const std::shared_ptr<KvRequest>& op, KvPart part, in
     for (size_t j = 0; j < n; ++j) listed_keys.push_back(pull.keys[part.indices[j]]);
     ks = listed_keys.data();
   }
-  const std::vector<std::vector<size_t>> groups = ByOwner(ks, n, servers);
+  std::vector<std::vector<size_t>> groups = ByOwner(ks, n, servers);
   for (int s = 0; s < servers; ++s) {
     if (groups[s].empty()) continue;
     KvPart sub = part.Successor();
     sub.server = s;
     sub.for_servers = servers;
-    std::vector<size_t> listed = scratch_->TakeWords(groups[s].size());
-    listed.reserve(groups[s].size());
-    for (size_t j : groups[s]) listed.push_back(part.indices[j]);
-    sub.indices = KeyIndices::Listed(std::move(listed));
+    for (size_t& j : groups[s]) j = part.indices[j];  // the part's j-th key: the op's
+    sub.indices = KeyIndices::Listed(std::move(groups[s]));
     Send(op, std::move(sub));
   }
   scratch_->Give(part.indices.Release());
@@ -98,10 +96,9 @@ Payload WorkerNode::PullPayload(const std::shared_ptr<KvRequest>& req, const KvP
                   ? core::EncodePullRequestShared(keys, idx.size(), std::shared_ptr<const void>(req, keys))
                   : Payload(core::EncodePullRequest(keys, idx.size()));
   } else {
-    std::vector<uint64_t> ks;
-    ks.reserve(idx.size());
-    for (size_t j = 0; j < idx.size(); ++j) ks.push_back(op.keys[idx[j]]);
-    payload = core::EncodePullRequest(ks.data(), ks.size());
+    payload = core::EncodePullRequestFilled(idx.size(), [&](uint64_t* dst) {
+      for (size_t j = 0; j < idx.size(); ++j) dst[j] = op.keys[idx[j]];
+    });
   }
   // An answer written from the store (head + values) whose place in dest is known has its
   // values read straight into it.
