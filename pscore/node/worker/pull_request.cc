@@ -44,8 +44,8 @@ void PullRequest::Begin(const std::vector<uint64_t>& k, std::shared_ptr<ScratchA
   src = scratch->TakePointers(k.size());
   src.clear();  // sized by NeedSrc, if an answer writes it
   ReserveAdvised(src, k.size());
+  src_lens.clear();
   ReserveAdvised(src_lens, k.size());  // the result's: not kept
-  src_lens.resize(k.size());
   outstanding = keys.size();
 }
 
@@ -113,14 +113,16 @@ PullResult PullRequest::CopyResult() {
   if (covered == keys.size() && covered > 0) {
     // Every answer kept whole: each stretch's lens and values in key order, no walk per key
     // through src.
+    // They cover the keys once each, so in key order their counts are the result's,
+    // appended (written once: not zero-filled first).
     std::sort(stretches.begin(), stretches.end(), [](const Stretch& a, const Stretch& b) { return a.first < b.first; });
     uint64_t total = 0;
+    src_lens.clear();
     for (const Stretch& s : stretches) {
-      uint32_t* lens = src_lens.data() + s.first;
       if (s.lens != nullptr) {
-        std::memcpy(lens, s.lens, s.count * sizeof(uint32_t));
+        src_lens.insert(src_lens.end(), s.lens, s.lens + s.count);
       } else {
-        std::fill(lens, lens + s.count, s.row_len);
+        src_lens.insert(src_lens.end(), s.count, s.row_len);
       }
       total += s.floats;
     }

@@ -20,8 +20,9 @@ class PullRequest : public KvRequest {
   std::vector<uint64_t> keys;
   // The answers stay alive until the result is assembled (with one copy at most).
   std::vector<BufferPtr> answers;
-  // Per requested key: its floats inside an answer (or dest), and their count. src is
-  // sized by the first answer that writes it (NeedSrc).
+  // Per requested key: its floats inside an answer (or dest), and their count. Both are
+  // sized by the first answer that writes them (NeedSrc); a result made of stretches only
+  // has its counts written once, in CopyResult.
   std::vector<const float*> src;
   std::vector<uint32_t> src_lens;
   // Answers to runs of consecutive keys, kept whole where the values are copied out only at
@@ -65,9 +66,10 @@ class PullRequest : public KvRequest {
   // True when answers to consecutive keys may be kept as stretches (nothing reads src
   // before the result is copied).
   virtual bool takes_stretches() const { return false; }
-  // src sized for every key (before an answer writes its keys' places).
+  // src and src_lens sized for every key (before an answer writes its keys' places).
   void NeedSrc() {
     if (src.size() != keys.size()) src.resize(keys.size());
+    if (src_lens.size() != keys.size()) src_lens.resize(keys.size());
   }
   // Forgets the learned sizes that laid out dest wrongly (when they did).
   void ForgetLearned();
