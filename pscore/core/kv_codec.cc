@@ -136,6 +136,27 @@ void FinishKvPairs(flatbuffers::FlatBufferBuilder* fbb, const uint64_t* keys, co
 Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens, uint32_t uniform_len,
                                size_t num_values, const std::function<Status(float*)>& fill, Keys written);
 
+// A pull request's table over its keys vector (keys_off), finished.
+void FinishPullRequest(flatbuffers::FlatBufferBuilder* fbb, flatbuffers::Offset<flatbuffers::Vector<uint64_t>> keys_off) {
+  fb::KvPairsBuilder kv(*fbb);
+  kv.add_keys(keys_off);
+  kv.add_keyless_answer(true);
+  fb::FinishKvPairsBuffer(*fbb, kv.Finish());
+}
+
+// Marks the builder's uninitialized vector `off` of `count` elements as a hole that
+// Assemble fills by calling fill(where its elements go).
+template <typename T>
+void AddFilledHole(flatbuffers::Offset<flatbuffers::Vector<T>> off, size_t count, std::function<Status(char*)> fill,
+                   std::vector<Hole>* holes) {
+  if (count == 0) return;
+  Hole h;
+  h.offset_from_end = off.o - sizeof(flatbuffers::uoffset_t);
+  h.bytes = count * sizeof(T);
+  h.fill = std::move(fill);
+  holes->push_back(std::move(h));
+}
+
 // The head of a buffer whose first vector built, of `count` elements of T, is left out:
 // the builder laid out a stand-in of `stand_in` elements in its place (from_end: the
 // stand-in's bytes after its length field), and the length field, the head's last 4
@@ -179,6 +200,30 @@ BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* l
   kv.add_op(op);
   fb::FinishKvPairsBuffer(fbb, kv.Finish());
 
+  return *Assemble(fbb, std::move(holes));
+}
+
+BufferPtr EncodeKvPairsRows(const uint64_t* keys, size_t num_keys, uint32_t row_len, const float* values) {
+  if (keys == nullptr || (values == nullptr && row_len > 0)) num_keys = 0;
+  const size_t num_values = size_t{row_len} * num_keys;
+  flatbuffers::FlatBufferBuilder fbb(128 + num_keys * (sizeof(uint64_t) + sizeof(uint32_t)) +
+                                     num_values * sizeof(float));
+  std::vector<Hole> holes;
+  auto values_off = Reserve(&fbb, values, num_values, &holes);
+  uint32_t* unused = nullptr;
+  auto lens_off = fbb.CreateUninitializedVector<uint32_t>(num_keys, &unused);
+  AddFilledHole(lens_off, num_keys,
+                [num_keys, row_len](char* dst) {
+                  std::fill_n(reinterpret_cast<uint32_t*>(dst), num_keys, row_len);
+                  return Status::Ok();
+                },
+                &holes);
+  auto keys_off = Reserve(&fbb, keys, num_keys, &holes);
+  fb::KvPairsBuilder kv(fbb);
+  kv.add_keys(keys_off);
+  kv.add_lens(lens_off);
+  kv.add_values(values_off);
+  fb::FinishKvPairsBuffer(fbb, kv.Finish());
   return *Assemble(fbb, std::move(holes));
 }
 
@@ -269,16 +314,6 @@ Result<BufferPtr> EncodeKvPairsUniform(const uint64_t* keys, size_t num_keys, ui
   return EncodeFilled(keys, num_keys, nullptr, len, uint64_t{len} * num_keys, fill, written);
 }
 
-namespace {
-// A pull request's table over its keys vector (keys_off), finished.
-void FinishPullRequest(flatbuffers::FlatBufferBuilder* fbb, flatbuffers::Offset<flatbuffers::Vector<uint64_t>> keys_off) {
-  fb::KvPairsBuilder kv(*fbb);
-  kv.add_keys(keys_off);
-  kv.add_keyless_answer(true);
-  fb::FinishKvPairsBuffer(*fbb, kv.Finish());
-}
-}  // namespace
-
 BufferPtr EncodePullRequest(const uint64_t* keys, size_t num_keys) {
   if (keys == nullptr) num_keys = 0;
   flatbuffers::FlatBufferBuilder fbb(128 + num_keys * sizeof(uint64_t));
@@ -292,16 +327,12 @@ BufferPtr EncodePullRequestFilled(size_t num_keys, const std::function<void(uint
   std::vector<Hole> holes;
   uint64_t* unused = nullptr;
   auto keys_off = fbb.CreateUninitializedVector<uint64_t>(num_keys, &unused);
-  if (num_keys > 0) {
-    Hole h;
-    h.offset_from_end = keys_off.o - sizeof(flatbuffers::uoffset_t);
-    h.bytes = num_keys * sizeof(uint64_t);
-    h.fill = [&fill](char* dst) {
-      fill(reinterpret_cast<uint64_t*>(dst));
-      return Status::Ok();
-    };
-    holes.push_back(std::move(h));
-  }
+  AddFilledHole(keys_off, num_keys,
+                [&fill](char* dst) {
+                  fill(reinterpret_cast<uint64_t*>(dst));
+                  return Status::Ok();
+                },
+                &holes);
   FinishPullRequest(&fbb, keys_off);
   return *Assemble(fbb, std::move(holes));
 }
@@ -343,13 +374,7 @@ Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint
   std::vector<Hole> holes;
   float* unused = nullptr;
   auto values_off = fbb.CreateUninitializedVector<float>(num_values, &unused);
-  if (num_values > 0) {
-    Hole h;
-    h.offset_from_end = values_off.o - sizeof(flatbuffers::uoffset_t);
-    h.bytes = num_values * sizeof(float);
-    h.fill = [&fill](char* dst) { return fill(reinterpret_cast<float*>(dst)); };
-    holes.push_back(std::move(h));
-  }
+  AddFilledHole(values_off, num_values, [&fill](char* dst) { return fill(reinterpret_cast<float*>(dst)); }, &holes);
   const size_t first = holes.size();
   // Uniform: the lens hole is filled, not copied (its source only sizes it).
   // Rows of one length without keys: row_len says it once (len(values) / row_len keys).

@@ -36,6 +36,10 @@ namespace core {
 // does not check sum(lens) == num_values; the decoder does.
 BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
                         const float* values, size_t num_values, uint8_t op = 0);
+// The same bytes for rows of one length: every key holds row_len floats, taken back to
+// back from values (row_len x num_keys of them); the lens are written into the buffer,
+// not copied from an array.
+BufferPtr EncodeKvPairsRows(const uint64_t* keys, size_t num_keys, uint32_t row_len, const float* values);
 
 // Points into the decoded buffer: valid while that buffer lives; no copy.
 // Absent vectors are null pointers with a zero count.

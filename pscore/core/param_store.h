@@ -52,9 +52,10 @@ class ParamStore {
     std::chrono::milliseconds stream_hold{10000};
     // Threads that take one batch of many keys (Push, Insert, Lens, CopyValues,
     // CopyUniform, ShareValues of at least 2 x kLaneKeys keys), each a share of the stripes
-    // (a push or insert) or of the keys (a read), the caller's thread one of them: 0 picks the machine's cores (at most
-    // kMostBatchThreads); 1 keeps every batch on the caller's thread. Batches taken at the
-    // same time (in any store of the process) share them (RunLanes).
+    // (a push or insert) or of the keys (a read), the caller's thread one of them: 0 picks
+    // the machine's cores (at most kMostBatchThreads); 1 keeps every batch on the caller's
+    // thread. Batches taken at the same time (in any store of the process) share them
+    // (RunLanes).
     unsigned batch_threads = 0;
   };
   // A batch gets one thread for each kLaneKeys of its keys, within Options::batch_threads.

@@ -158,6 +158,29 @@ TEST_CASE("random bytes are refused", "[core][kvcodec]") {
 
 namespace pscore::core {
 
+TEST_CASE("rows of one length encode as the lens array would, without one", "[core][kvcodec]") {
+  for (size_t nkeys : {0, 1, 2, 3, 7, 100001}) {
+    for (uint32_t row : {0u, 1u, 3u, 64u}) {
+      INFO(nkeys << " keys of " << row << " floats");
+      std::vector<uint64_t> keys(nkeys);
+      for (size_t i = 0; i < nkeys; ++i) keys[i] = i * 7919 + 1;
+      std::vector<float> values(nkeys * row);
+      for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1001) * 0.5f;
+      const std::vector<uint32_t> lens(nkeys, row);
+      const float none = 0;  // present but empty, as a caller's empty vector may give
+      const float* v = values.empty() ? &none : values.data();
+      BufferPtr rows = EncodeKvPairsRows(keys.data(), nkeys, row, v);
+      BufferPtr want = EncodeKvPairs(keys.data(), nkeys, lens.data(), v, values.size());
+      if (nkeys > 0) CHECK(rows->view() == want->view());  // no keys: lens.data() is null, absent there
+      Result<KvView> d = DecodeKvPairs(rows->data(), rows->size(), /*expect_values=*/true);
+      REQUIRE(d.ok());
+      CHECK(d->num_keys == nkeys);
+      CHECK(std::vector<uint32_t>(d->lens, d->lens + d->num_lens) == lens);
+      CHECK(std::vector<float>(d->values, d->values + d->num_values) == values);
+    }
+  }
+}
+
 TEST_CASE("gather encoding of a subset equals encoding the gathered arrays", "[core][kvcodec]") {
   std::vector<uint64_t> keys = {10, 11, 12, 13};
   std::vector<uint32_t> lens = {1, 3, 0, 2};

@@ -518,6 +518,38 @@ TEST_CASE("a Pull issued after a Push sees it even when the server refused that 
   }
 }
 
+TEST_CASE("a Push without lens gives every key an equal share of the values, which must divide",
+          "[node][net][dataplane]") {
+  for (int servers : {1, 2}) {
+    INFO(servers << " servers");
+    TestCluster c(Nodes(1, servers));
+    c.Start();
+    WorkerNode& w = c.worker(0);
+    std::vector<uint64_t> keys(1000);
+    std::vector<float> values(keys.size() * 3);
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 104729 + 11;
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 997);
+    REQUIRE(Await(w.Push(keys, values)).ok());
+    Result<PullResult> r = Await(w.Pull(keys));
+    REQUIRE(r.ok());
+    CHECK(r->lens == std::vector<uint32_t>(keys.size(), 3));
+    CHECK(r->values == values);
+    // Values that do not divide among the keys, or lens that do not add up to them: refused
+    // before anything is sent.
+    std::vector<float> short_by_one(values.begin(), values.end() - 1);
+    Status uneven = Await(w.Push(keys, short_by_one));
+    CHECK(uneven.code() == Code::kInvalidArgument);
+    CHECK_THAT(uneven.message(), Catch::Contains("1000 keys, 0 lens and 2999 values do not match"));
+    Status wrong = Await(w.Push(keys, values, std::vector<uint32_t>(keys.size(), 2)));
+    CHECK(wrong.code() == Code::kInvalidArgument);
+    CHECK_THAT(wrong.message(), Catch::Contains("1000 keys, 1000 lens and 3000 values do not match"));
+    CHECK(Await(w.Push({}, {1.0f})).code() == Code::kInvalidArgument);  // values for no key
+    Result<PullResult> again = Await(w.Pull(keys));
+    REQUIRE(again.ok());
+    CHECK(again->values == values);  // the refused pushes changed nothing
+  }
+}
+
 TEST_CASE("large Pulls answered from the store's memory see each Push whole and in order",
           "[node][net][dataplane]") {
   // Keys of 128 KiB: the server answers them with the stored memory itself (no copy), so

@@ -78,11 +78,16 @@ Status SplitPush(const PushInput& in, int servers, KvRequest& op, std::vector<Kv
     part.for_servers = for_servers;
     part.num_keys = in.keys.size();
     part.payload = PushPayload(
-        core::EncodeKvPairs(in.keys.data(), in.keys.size(), in.lens.data(), in.values, in.num_values),
+        in.lens.empty() ? core::EncodeKvPairsRows(in.keys.data(), in.keys.size(), in.row_len, in.values)
+                        : core::EncodeKvPairs(in.keys.data(), in.keys.size(), in.lens.data(), in.values, in.num_values),
         in.num_values, in.keys.size());
     op.CountCopied(in.num_values * sizeof(float));
     parts->push_back(std::move(part));
     return Status::Ok();
+  }
+  if (in.lens.empty() && !in.keys.empty()) {  // the ways below read a len per key
+    const std::vector<uint32_t> lens(in.keys.size(), in.row_len);
+    return SplitPush(PushInput{in.keys, lens, 0, in.values, in.num_values, in.shared}, servers, op, parts);
   }
   uint64_t total = 0;
   const std::vector<uint64_t> offsets = Offsets(in.lens.data(), in.keys.size(), &total);

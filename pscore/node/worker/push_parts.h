@@ -14,11 +14,13 @@ namespace pscore::node {
 // Groups indices [0, n) of keys by owner among `servers`.
 std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int servers);
 
-// A push's arrays: lens[i] floats of values belong to keys[i]; `shared`, when set, owns
-// values, which may then be written to the sockets without a copy.
+// A push's arrays: lens[i] floats of values belong to keys[i] (lens empty: row_len floats
+// each); `shared`, when set, owns values, which may then be written to the sockets
+// without a copy.
 struct PushInput {
   const std::vector<uint64_t>& keys;
   const std::vector<uint32_t>& lens;
+  uint32_t row_len;
   const float* values;
   size_t num_values;
   const std::shared_ptr<const void>& shared;

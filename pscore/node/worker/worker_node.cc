@@ -168,10 +168,12 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
                                           std::shared_ptr<const void> shared) {
   auto op = std::make_shared<PushRequest>(counters());
   std::future<Status> fut = op->future();
-  std::vector<uint32_t> even_lens;  // no lens given: every key has the same length
-  if (lens_in.empty() && !keys.empty()) even_lens.assign(keys.size(), static_cast<uint32_t>(num_values / keys.size()));
-  const std::vector<uint32_t>& lens = lens_in.empty() ? even_lens : lens_in;
-  if (lens.size() != keys.size() || std::accumulate(lens.begin(), lens.end(), uint64_t{0}) != num_values) {
+  // No lens given: every key holds as many floats (rows of one length), which must divide.
+  const uint64_t row_len = keys.empty() ? 0 : num_values / keys.size();
+  const bool match = lens_in.empty() ? row_len <= UINT32_MAX && row_len * keys.size() == num_values
+                                     : lens_in.size() == keys.size() &&
+                                           std::accumulate(lens_in.begin(), lens_in.end(), uint64_t{0}) == num_values;
+  if (!match) {
     op->Fail(Status(Code::kInvalidArgument, "push: " + std::to_string(keys.size()) + " keys, " +
                                                 std::to_string(lens_in.size()) + " lens and " +
                                                 std::to_string(num_values) + " values do not match"));
@@ -184,7 +186,8 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
     return fut;
   }
   std::vector<KvPart> parts;
-  const Status split = SplitPush(PushInput{keys, lens, values, num_values, shared}, server_count(), *op, &parts);
+  const Status split = SplitPush(PushInput{keys, lens_in, static_cast<uint32_t>(row_len), values, num_values, shared},
+                                 server_count(), *op, &parts);
   if (!split.ok()) {
     op->Fail(split);
     return fut;
