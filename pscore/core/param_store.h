@@ -334,9 +334,9 @@ class ParamStore {
   void ApplyLane(Batch& b, size_t first, size_t end);
   // The keys [begin, end) of the batch (indices) that fall in one stripe, walked with *c.
   void ApplyToStripe(Batch& b, Stripe& stripe, Cursor* c, const uint32_t* begin, const uint32_t* end);
-  // Key i of the batch when it is in a run with the pushed length, the common case: folded
-  // in there (true). Every other case goes through ApplyKey.
-  inline bool FoldInRun(Batch& b, Stripe& stripe, Cursor* c, uint32_t i);
+  // Key i of the batch, found in a run at c: when it has the pushed length, the common case,
+  // folded in there (true). Every other case goes through ApplyKey.
+  inline bool FoldAt(Batch& b, Stripe& stripe, const Cursor& c, uint32_t i);
   // ApplyKey with the batch's bookkeeping (refusals, spares) for key i of the batch.
   bool ApplyOne(Batch& b, std::unique_lock<std::mutex>& lock, Stripe& stripe, Cursor* c, uint32_t i, bool create);
   // Creates the batch's keys new to the stripe (b.missing) and applies their pushes.

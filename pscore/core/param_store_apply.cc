@@ -55,11 +55,10 @@ struct ParamStore::Batch {
   KeyLens fresh;                  // of those, the ones created in bulk
 };
 
-inline bool ParamStore::FoldInRun(Batch& b, Stripe& stripe, Cursor* c, uint32_t i) {
-  if (!FindInRuns(stripe, b.keys[i], c)) return false;
-  Run& run = stripe.runs[c->run];
-  if (run.LenAt(c->pos) != b.lens[i]) return false;
-  Fold(b.mode, b.updater.get(), b.keys[i], run.At(c->pos), b.At(i), b.lens[i]);
+inline bool ParamStore::FoldAt(Batch& b, Stripe& stripe, const Cursor& c, uint32_t i) {
+  Run& run = stripe.runs[c.run];
+  if (run.LenAt(c.pos) != b.lens[i]) return false;
+  Fold(b.mode, b.updater.get(), b.keys[i], run.At(c.pos), b.At(i), b.lens[i]);
   return true;
 }
 
@@ -145,7 +144,12 @@ void ParamStore::ApplyToStripe(Batch& b, Stripe& stripe, Cursor* c, const uint32
   b.missing.clear();
   for (const uint32_t* it = begin; it != end; ++it) {
     const uint32_t i = *it;
-    if (FoldInRun(b, stripe, c, i)) continue;
+    if (FindInRuns(stripe, b.keys[i], c)) {
+      if (FoldAt(b, stripe, *c, i)) continue;
+    } else if (stripe.entries.empty()) {
+      b.missing.push_back(i);  // in neither layout
+      continue;
+    }
     may_wait = may_wait || !stripe.entries.empty();
     if (!ApplyOne(b, lock, stripe, c, i, false)) b.missing.push_back(i);
   }
@@ -159,7 +163,30 @@ void ParamStore::CreateMissing(Batch& b, std::unique_lock<std::mutex>& lock, Str
                                bool may_wait) {
   KeyLens& fresh = b.fresh;
   fresh.clear();
-  for (uint32_t i : b.missing) fresh.emplace_back(b.keys[i], b.lens[i]);
+  // The new keys of a sorted batch: increasing, each after every key of the stripe's runs,
+  // none larger than a run holds, and the lock kept since they were found missing.
+  std::vector<Run>& runs = stripe.runs;
+  bool in_order = !may_wait;
+  for (uint32_t i : b.missing) {
+    const uint64_t key = b.keys[i];
+    in_order = in_order && b.lens[i] <= kRunFloats &&
+               (fresh.empty() ? runs.empty() || key > runs.back().keys.back() : key > fresh.back().first);
+    fresh.emplace_back(key, b.lens[i]);
+  }
+  if (in_order) {
+    // Appended after the last stored key, then folded in walking on from there.
+    Cursor at;
+    if (!runs.empty()) at = Cursor{runs.size() - 1, runs.back().keys.size()};
+    AddToRuns(stripe, fresh);
+    for (uint32_t i : b.missing) {
+      if (at.pos == runs[at.run].keys.size()) at = Cursor{at.run + 1, 0};
+      Run& run = runs[at.run];
+      Fold(b.mode, b.updater.get(), b.keys[i], run.At(at.pos), b.At(i), b.lens[i]);
+      ++at.pos;
+    }
+    *c = Cursor{at.run, at.pos - 1};  // the next window's new keys start from here
+    return;
+  }
   auto by_key = [](const auto& x, const auto& y) { return x.first < y.first; };
   if (!std::is_sorted(fresh.begin(), fresh.end(), by_key)) std::stable_sort(fresh.begin(), fresh.end(), by_key);
   auto same_key = [](const auto& x, const auto& y) { return x.first == y.first; };
@@ -178,7 +205,9 @@ void ParamStore::CreateMissing(Batch& b, std::unique_lock<std::mutex>& lock, Str
   AddToRuns(stripe, fresh);
   *c = Cursor{};
   for (uint32_t i : b.missing) {
-    if (FoldInRun(b, stripe, c, i) || ApplyOne(b, lock, stripe, c, i, true)) continue;
+    if ((FindInRuns(stripe, b.keys[i], c) && FoldAt(b, stripe, *c, i)) || ApplyOne(b, lock, stripe, c, i, true)) {
+      continue;
+    }
     AddToRuns(stripe, {{b.keys[i], b.lens[i]}});  // erased meanwhile, or re-inserted with another length
     *c = Cursor{};
     ApplyOne(b, lock, stripe, c, i, true);

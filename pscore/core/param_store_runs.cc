@@ -71,7 +71,20 @@ class ParamStore::RunWriter {
   // Adds fresh[*f, end) zero-filled; *f ends at end.
   void AddFresh(const KeyLens& fresh, size_t* f, size_t end) {
     Expect(end - *f);
-    for (; *f < end; ++*f) Add(fresh[*f].first, fresh[*f].second, nullptr);
+    while (*f < end) {
+      Add(fresh[*f].first, fresh[*f].second, nullptr);
+      ++*f;
+      if (!cur_.offs.empty()) continue;
+      // The keys after it of the run's one length, as many as the run has room for: their
+      // values zero-filled at once.
+      const uint32_t len = cur_.len;
+      size_t room = kRunMaxKeys - cur_.keys.size();
+      if (len > 0) room = std::min(room, (kRunMaxFloats - cur_.values.size()) / len);
+      const size_t from = *f;
+      for (; *f < end && *f - from < room && fresh[*f].second == len; ++*f) cur_.keys.push_back(fresh[*f].first);
+      cur_.values.resize(cur_.values.size() + (*f - from) * len);
+      left_ -= std::min(left_, *f - from);
+    }
   }
   // Ends the run being written (if any).
   void Close() {

@@ -223,6 +223,33 @@ TEST_CASE("runs: a user rule sees each key's stored and incoming values, in batc
   CHECK(seen == std::vector<uint64_t>{3, 9, 9, 1ull << 60});
 }
 
+TEST_CASE("runs: a user rule folds new keys of a sorted batch after the stored ones, in batch order",
+          "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  std::vector<uint64_t> seen;
+  store.SetUpdater([&](uint64_t key, float* stored, const float* in, size_t n) {
+    seen.push_back(key);
+    for (size_t i = 0; i < n; ++i) stored[i] = stored[i] * 2 + in[i] + 1;
+  });
+  // Enough keys that every stripe's runs fill up and new ones open, in two pushes: the
+  // second's keys all above the first's.
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 200000; ++k) keys.push_back(k * 3);
+  std::vector<uint32_t> lens(keys.size(), 2);
+  std::vector<float> values(keys.size() * 2);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  const size_t half = keys.size() / 2;
+  REQUIRE(store.Push(keys.data(), lens.data(), values.data(), half).ok());
+  REQUIRE(store.Push(keys.data() + half, lens.data(), values.data() + half * 2, keys.size() - half).ok());
+  std::vector<uint32_t> got_lens;
+  std::vector<float> got;
+  REQUIRE(store.Pull(keys.data(), keys.size(), &got_lens, &got).ok());
+  REQUIRE(got.size() == values.size());
+  for (size_t i = 0; i < values.size(); ++i) REQUIRE(got[i] == values[i] + 1);  // 0 * 2 + in + 1
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == keys);
+}
+
 TEST_CASE("runs: a dense key set in many pushes, then pulled whole and in slices", "[core][paramstore]") {
   ParamStore store(Rule(UpdateRule::kSum));
   constexpr uint64_t kKeys = 20000;
@@ -256,7 +283,7 @@ TEST_CASE("runs: sorted batches of new keys after all stored ones, lengths chang
   // New keys above every stored one fill the last run in place and open runs after it; a
   // key of another length in the middle of a run gives that run offsets from there on.
   // Then keys between the stored ones (merged into runs) and present keys again.
-  for (UpdateRule rule : {UpdateRule::kSum, UpdateRule::kAssign}) {
+  for (UpdateRule rule : {UpdateRule::kSum, UpdateRule::kAssign, UpdateRule::kSgd}) {
     ParamStore store(Rule(rule));
     Reference ref{rule, 0.01f, {}};
     uint64_t next = 1000;
@@ -278,7 +305,12 @@ TEST_CASE("runs: sorted batches of new keys after all stored ones, lengths chang
       for (int i = 0; i < 3000; ++i) keys.push_back(next += 2);  // sorted, above every stored key
       all.insert(all.end(), keys.begin(), keys.end());
       Batch b = batch(keys, round % 3 == 0 ? 0 : 97);
-      REQUIRE(store.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size()).ok() == (ref.Push(b) == 0));
+      if (round % 4 == 3) {  // an insert creates its new keys the same way
+        store.Insert(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size());
+        ref.Insert(b);
+      } else {
+        REQUIRE(store.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size()).ok() == (ref.Push(b) == 0));
+      }
       RequireEqual(store, ref.m);
     }
     std::vector<uint64_t> between;  // the odd keys between the stored even ones
