@@ -4,6 +4,7 @@
 #include "pscore/core/param_store.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "pscore/core/key_range.h"
@@ -86,6 +87,23 @@ class ParamStore::RunWriter {
       left_ -= std::min(left_, *f - from);
     }
   }
+  // Adds keys [i, end) of `run` (stored ones, all below the keys still to come) with their
+  // values: a stretch of keys of one length that fits in the run being written in one go.
+  void AddStored(const Run& run, size_t i, size_t end) {
+    while (i < end) {
+      Add(run.keys[i], run.LenAt(i), run.At(i));
+      ++i;
+      if (!cur_.offs.empty() || !run.offs.empty()) continue;  // lengths differ: key by key
+      const uint32_t len = cur_.len;  // == run.len: the key just added has it
+      size_t room = kRunMaxKeys - cur_.keys.size();
+      if (len > 0) room = std::min(room, (kRunMaxFloats - cur_.values.size()) / len);
+      const size_t n = std::min(room, end - i);
+      cur_.keys.insert(cur_.keys.end(), run.keys.begin() + i, run.keys.begin() + i + n);
+      cur_.values.insert(cur_.values.end(), run.At(i), run.At(i) + n * len);
+      left_ -= std::min(left_, n);
+      i += n;
+    }
+  }
   // Ends the run being written (if any).
   void Close() {
     if (cur_.keys.empty()) return;
@@ -126,15 +144,23 @@ void ParamStore::AppendToRuns(std::vector<Run>& runs, const KeyLens& fresh) {
 }
 
 void ParamStore::MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh) {
+  // Only the runs from the one the first fresh key falls in to the one the last falls in
+  // are written anew; a fresh key below every run goes into the first.
+  auto run_of = [&runs](uint64_t key) {
+    auto it = std::upper_bound(runs.begin(), runs.end(), key,
+                               [](uint64_t k, const Run& run) { return k < run.keys.front(); });
+    return it == runs.begin() ? size_t{0} : static_cast<size_t>(it - runs.begin()) - 1;
+  };
+  const size_t first = run_of(fresh.front().first);
+  const size_t last = run_of(fresh.back().first);
   std::vector<Run> out;
-  out.reserve(runs.size() + fresh.size() / kRunMaxKeys + 2);
   RunWriter w(&out);
   size_t f = 0;
-  for (size_t r = 0; r < runs.size(); ++r) {
-    // Fresh keys below the next run's first key go into this run (into the first one also
-    // those below its own first key, into the last one all that are left).
+  for (size_t r = first; r <= last; ++r) {
+    // Fresh keys below the next run's first key go into this run (into the last one all
+    // that are left).
     size_t f_end = f;
-    if (r + 1 == runs.size()) {
+    if (r == last) {
       f_end = fresh.size();
     } else {
       while (f_end < fresh.size() && fresh[f_end].first < runs[r + 1].keys.front()) ++f_end;
@@ -155,8 +181,13 @@ void ParamStore::MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh) {
     size_t i = 0;
     while (i < old.keys.size() || f < f_end) {
       if (f == f_end || (i < old.keys.size() && old.keys[i] < fresh[f].first)) {
-        w.Add(old.keys[i], old.LenAt(i), old.At(i));
-        ++i;
+        // The stored keys below the next fresh one.
+        const size_t j = f == f_end ? old.keys.size()
+                                    : static_cast<size_t>(std::lower_bound(old.keys.begin() + i, old.keys.end(),
+                                                                           fresh[f].first) -
+                                                          old.keys.begin());
+        w.AddStored(old, i, j);
+        i = j;
       } else {
         w.Add(fresh[f].first, fresh[f].second, nullptr);
         ++f;
@@ -164,9 +195,16 @@ void ParamStore::MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh) {
     }
     w.Close();
   }
-  w.AddFresh(fresh, &f, fresh.size());  // no runs before
-  w.Close();
-  runs = std::move(out);
+  // The runs written take the place of runs [first, last].
+  const size_t replaced = last + 1 - first;
+  const size_t moved = std::min(out.size(), replaced);
+  std::move(out.begin(), out.begin() + moved, runs.begin() + first);
+  if (out.size() > replaced) {
+    runs.insert(runs.begin() + last + 1, std::make_move_iterator(out.begin() + moved),
+                std::make_move_iterator(out.end()));
+  } else {
+    runs.erase(runs.begin() + first + moved, runs.begin() + last + 1);
+  }
 }
 
 void ParamStore::RemoveFromRun(Stripe& stripe, const Cursor& c) {
