@@ -296,7 +296,8 @@ class ParamStore {
   // AddToRuns when every fresh key is after every stored one: the last run is filled up and
   // new runs follow it, in place.
   static void AppendToRuns(std::vector<Run>& runs, const KeyLens& fresh);
-  // AddToRuns otherwise: the runs are rebuilt, each run that takes fresh keys merged anew.
+  // AddToRuns otherwise: the runs from the one the first fresh key falls in to the one the
+  // last falls in are written anew, each that takes fresh keys merged, in place of the old.
   static void MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh);
   // Removes the key at *c from its run (stripe lock held).
   static void RemoveFromRun(Stripe& stripe, const Cursor& c);

@@ -111,10 +111,9 @@ PullResult PullRequest::CopyResult() {
   size_t covered = 0;
   for (const Stretch& s : stretches) covered += s.count;
   if (covered == keys.size() && covered > 0) {
-    // Every answer kept whole: each stretch's lens and values in key order, no walk per key
-    // through src.
-    // They cover the keys once each, so in key order their counts are the result's,
-    // appended (written once: not zero-filled first).
+    // Every answer kept whole, and together they cover the keys once each: each stretch's
+    // lens and values appended in key order (written once, not zero-filled first), no
+    // walk per key through src.
     std::sort(stretches.begin(), stretches.end(), [](const Stretch& a, const Stretch& b) { return a.first < b.first; });
     uint64_t total = 0;
     src_lens.clear();
