@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "pscore/core/endian.h"
@@ -231,23 +232,40 @@ BufferPtr EncodeKvPairsRows(const uint64_t* keys, size_t num_keys, uint32_t row_
 // own (copied with non-temporal stores when the values are large, kStreamingCopyBytes).
 constexpr size_t kGatherPieceBytes = 4096;
 
-BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
-                              const uint64_t* value_offsets, const size_t* indices,
-                              size_t num_indices, uint8_t op) {
+namespace {
+
+// Where key i's values lie in a batch: lens[i] floats at values + offsets[i].
+struct Listed {
+  const uint32_t* lens;
+  const uint64_t* offsets;
+  uint32_t Len(size_t i) const { return lens[i]; }
+  uint64_t Off(size_t i) const { return offsets[i]; }
+};
+// Rows of one length: row_len floats at values + i * row_len.
+struct Rows {
+  uint32_t row_len;
+  uint32_t Len(size_t) const { return row_len; }
+  uint64_t Off(size_t i) const { return uint64_t{i} * row_len; }
+};
+
+template <typename Layout>
+BufferPtr Gather(const uint64_t* keys, const Layout& at, const float* values, const size_t* indices,
+                 size_t num_indices, uint8_t op) {
+  constexpr bool kRows = std::is_same<Layout, Rows>::value;
   Hole value_hole;
   size_t num_values = 0;
   bool consecutive = true;  // indices i0, i0 + 1, ...: keys, lens and values are one stretch each
   for (size_t j = 0; j < num_indices; ++j) {
     const size_t i = indices[j];
-    num_values += lens[i];
+    num_values += at.Len(i);
     consecutive = consecutive && i == indices[0] + j;
   }
   if (num_indices > 0 && consecutive) {
-    value_hole.segments.push_back(Segment{values + value_offsets[indices[0]], num_values * sizeof(float)});
+    value_hole.segments.push_back(Segment{values + at.Off(indices[0]), num_values * sizeof(float)});
   } else if (num_values * sizeof(float) >= kGatherPieceBytes * num_indices) {
     for (size_t j = 0; j < num_indices; ++j) {
       const size_t i = indices[j];
-      value_hole.segments.push_back(Segment{values + value_offsets[i], lens[i] * sizeof(float)});
+      value_hole.segments.push_back(Segment{values + at.Off(i), at.Len(i) * sizeof(float)});
     }
   } else {
     // Small values: gathered key by key straight into the buffer (no list of pieces).
@@ -255,13 +273,14 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
       float* out = reinterpret_cast<float*>(dst);
       for (size_t j = 0; j < num_indices; ++j) {
         const size_t i = indices[j];
-        const float* from = values + value_offsets[i];
-        if (lens[i] == 1) {
+        const float* from = values + at.Off(i);
+        const uint32_t len = at.Len(i);
+        if (len == 1) {
           *out = *from;
-        } else if (lens[i] > 0) {
-          std::memcpy(out, from, lens[i] * sizeof(float));
+        } else if (len > 0) {
+          std::memcpy(out, from, len * sizeof(float));
         }
-        out += lens[i];
+        out += len;
       }
       return Status::Ok();
     };
@@ -276,32 +295,46 @@ BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const 
     value_hole.bytes = num_values * sizeof(float);
     holes.push_back(std::move(value_hole));
   }
-  if (num_indices > 0 && consecutive) {
-    FinishKvPairs(&fbb, keys + indices[0], lens + indices[0], num_indices, values_off, op, &holes);
-    return *Assemble(fbb, std::move(holes));
-  }
-  // Keys and lens gathered straight into the buffer too (no copy of them on the side).
+  const bool stretch = num_indices > 0 && consecutive;
+  const uint64_t* const keys_from = stretch ? keys + indices[0] : keys;
   const size_t first = holes.size();
-  FinishKvPairs(&fbb, keys, lens, num_indices, values_off, op, &holes);
+  // The holes of keys and lens name keys_from and nothing (rows, or lens gathered below).
+  const uint32_t* lens_from = nullptr;
+  if constexpr (!kRows) lens_from = stretch ? at.lens + indices[0] : nullptr;
+  FinishKvPairs(&fbb, keys_from, lens_from, num_indices, values_off, op, &holes);
   for (size_t h = first; h < holes.size(); ++h) {
     Hole& hole = holes[h];
-    const bool is_keys = hole.segments.front().source == keys;
-    hole.segments.clear();
-    if (is_keys) {
+    if (hole.segments.front().source == keys_from) {
+      if (stretch) continue;  // copied as one stretch
+      hole.segments.clear();
       hole.fill = [=](char* dst) {
         uint64_t* out = reinterpret_cast<uint64_t*>(dst);
         for (size_t j = 0; j < num_indices; ++j) out[j] = keys[indices[j]];
         return Status::Ok();
       };
-    } else {
+    } else if (lens_from == nullptr) {  // written straight into the buffer
+      hole.segments.clear();
       hole.fill = [=](char* dst) {
         uint32_t* out = reinterpret_cast<uint32_t*>(dst);
-        for (size_t j = 0; j < num_indices; ++j) out[j] = lens[indices[j]];
+        for (size_t j = 0; j < num_indices; ++j) out[j] = at.Len(indices[j]);
         return Status::Ok();
       };
     }
   }
   return *Assemble(fbb, std::move(holes));
+}
+
+}  // namespace
+
+BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
+                              const uint64_t* value_offsets, const size_t* indices,
+                              size_t num_indices, uint8_t op) {
+  return Gather(keys, Listed{lens, value_offsets}, values, indices, num_indices, op);
+}
+
+BufferPtr EncodeKvPairsGatherRows(const uint64_t* keys, uint32_t row_len, const float* values, const size_t* indices,
+                                  size_t num_indices) {
+  return Gather(keys, Rows{row_len}, values, indices, num_indices, 0);
 }
 
 Result<BufferPtr> EncodeKvPairsFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens,

@@ -48,6 +48,10 @@ BufferPtr EncodeKvPairsRows(const uint64_t* keys, size_t num_keys, uint32_t row_
 BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
                               const uint64_t* value_offsets, const size_t* indices,
                               size_t num_indices, uint8_t op = 0);
+// The same bytes for rows of one length: key i has row_len floats at values + i * row_len
+// (no arrays of lens or offsets); the lens are written into the buffer.
+BufferPtr EncodeKvPairsGatherRows(const uint64_t* keys, uint32_t row_len, const float* values, const size_t* indices,
+                                  size_t num_indices);
 
 // A KvPairs with keys and lens copied from the caller and the values written in place
 // by fill(dst) (num_values floats; dst is 4-byte aligned). A fill error is returned.

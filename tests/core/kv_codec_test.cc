@@ -1,6 +1,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -177,6 +178,42 @@ TEST_CASE("rows of one length encode as the lens array would, without one", "[co
       CHECK(d->num_keys == nkeys);
       CHECK(std::vector<uint32_t>(d->lens, d->lens + d->num_lens) == lens);
       CHECK(std::vector<float>(d->values, d->values + d->num_values) == values);
+    }
+  }
+}
+
+TEST_CASE("a gather of rows of one length encodes as the gather with lens and offsets arrays", "[core][kvcodec]") {
+  // Indices consecutive (one stretch), scattered, and rows small (gathered key by key) or
+  // large (a piece per key: 1,024 floats is kGatherPieceBytes).
+  const size_t nkeys = 3000;
+  std::vector<uint64_t> keys(nkeys);
+  for (size_t i = 0; i < nkeys; ++i) keys[i] = i * 7919 + 1;
+  for (uint32_t row : {0u, 1u, 3u, 1024u}) {
+    std::vector<float> values(nkeys * row);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1001) * 0.5f;
+    const float none = 0;
+    const float* v = values.empty() ? &none : values.data();
+    const std::vector<uint32_t> lens(nkeys, row);
+    std::vector<uint64_t> offsets(nkeys);
+    for (size_t i = 0; i < nkeys; ++i) offsets[i] = uint64_t{i} * row;
+    std::vector<size_t> stretch(500);
+    std::iota(stretch.begin(), stretch.end(), size_t{1200});
+    std::vector<size_t> scattered;
+    for (size_t i = 0; i < nkeys; i += 7) scattered.push_back((i * 13) % nkeys);
+    for (const std::vector<size_t>* pick : {&stretch, &scattered}) {
+      INFO(pick->size() << " keys of " << row << " floats");
+      BufferPtr got = EncodeKvPairsGatherRows(keys.data(), row, v, pick->data(), pick->size());
+      BufferPtr want =
+          EncodeKvPairsGather(keys.data(), lens.data(), v, offsets.data(), pick->data(), pick->size());
+      CHECK(got->view() == want->view());
+      Result<KvView> d = DecodeKvPairs(got->data(), got->size(), /*expect_values=*/true);
+      REQUIRE(d.ok());
+      REQUIRE(d->num_keys == pick->size());
+      for (size_t j = 0; j < pick->size(); ++j) {
+        REQUIRE(d->keys[j] == keys[(*pick)[j]]);
+        REQUIRE(d->lens[j] == row);
+        for (uint32_t f = 0; f < row; ++f) REQUIRE(d->values[j * row + f] == values[(*pick)[j] * row + f]);
+      }
     }
   }
 }

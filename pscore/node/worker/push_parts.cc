@@ -85,12 +85,13 @@ Status SplitPush(const PushInput& in, int servers, KvRequest& op, std::vector<Kv
     parts->push_back(std::move(part));
     return Status::Ok();
   }
-  if (in.lens.empty() && !in.keys.empty()) {  // the ways below read a len per key
+  const bool rows = in.lens.empty();
+  if (rows && zero_copy) {  // SharedPart reads a len per key
     const std::vector<uint32_t> lens(in.keys.size(), in.row_len);
     return SplitPush(PushInput{in.keys, lens, 0, in.values, in.num_values, in.shared}, servers, op, parts);
   }
   uint64_t total = 0;
-  const std::vector<uint64_t> offsets = Offsets(in.lens.data(), in.keys.size(), &total);
+  const std::vector<uint64_t> offsets = rows ? std::vector<uint64_t>() : Offsets(in.lens.data(), in.keys.size(), &total);
   const std::vector<std::vector<size_t>> groups = ByOwner(in.keys.data(), in.keys.size(), n);
   for (int s = 0; s < n; ++s) {
     const std::vector<size_t>& g = groups[s];
@@ -103,6 +104,11 @@ Status SplitPush(const PushInput& in, int servers, KvRequest& op, std::vector<Kv
       Result<Payload> p = SharedPart(in, offsets, g);
       if (!p.ok()) return p.status();
       part.payload = std::move(*p);
+    } else if (rows) {
+      const uint64_t floats = uint64_t{in.row_len} * g.size();
+      part.payload = PushPayload(core::EncodeKvPairsGatherRows(in.keys.data(), in.row_len, in.values, g.data(), g.size()),
+                                 floats, g.size());
+      op.CountCopied(floats * sizeof(float));
     } else {
       uint64_t floats = 0;
       for (size_t i : g) floats += in.lens[i];
