@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -23,6 +24,7 @@
 #include "pscore/node/server/server_journal.h"
 #include "pscore/node/server/server_node.h"
 #include "multiproc/process.h"  // TempDir
+#include "pscore/node/worker/push_parts.h"
 #include "pscore/node/worker/worker_node.h"
 #include "node/node_probe.h"
 
@@ -61,6 +63,7 @@ class TestCluster {
     std::function<void(ServerNode&)> setup;
     std::string data_dir;  // when set, server i journals in data_dir/s<i>
     uint64_t journal_compact_bytes = 64ull << 20;
+    uint64_t push_slice_bytes = NodeOptions{}.push_slice_bytes;
   };
 
   explicit TestCluster(Config c) : config_(std::move(c)) {
@@ -86,6 +89,7 @@ class TestCluster {
     o.connect_timeout = config_.connect_timeout;
     o.request_timeout = config_.request_timeout;
     o.max_message_bytes = config_.max_message_bytes;
+    o.push_slice_bytes = config_.push_slice_bytes;
     return o;
   }
 
@@ -548,6 +552,98 @@ TEST_CASE("a Push without lens gives every key an equal share of the values, whi
     REQUIRE(again.ok());
     CHECK(again->values == values);  // the refused pushes changed nothing
   }
+}
+
+TEST_CASE("a Push over push_slice_bytes goes in slices, one request each, every one applied once - with lens or rows",
+          "[node][net][dataplane]") {
+  for (int servers : {1, 2}) {
+    INFO(servers << " servers");
+    TestCluster::Config config = Nodes(1, servers);
+    config.store.rule = core::UpdateRule::kSum;
+    config.push_slice_bytes = 4096;
+    TestCluster c(config);
+    c.Start();
+    WorkerNode& w = c.worker(0);
+    w.SetPushIds(7, 1);
+    // Rows of two floats, keys in no order; then keys of 1 to 3 floats given by lens.
+    std::vector<uint64_t> keys(3000);
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 104729 + 11;
+    std::shuffle(keys.begin(), keys.end(), std::mt19937(5));
+    std::vector<float> rows(keys.size() * 2);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i % 1013);
+    std::vector<uint64_t> lens_keys(2000);
+    std::vector<uint32_t> lens(lens_keys.size());
+    for (size_t i = 0; i < lens_keys.size(); ++i) {
+      lens_keys[i] = i * 7919 + 5;
+      lens[i] = static_cast<uint32_t>(1 + i % 3);
+    }
+    std::vector<float> lens_values(std::accumulate(lens.begin(), lens.end(), size_t{0}));
+    for (size_t i = 0; i < lens_values.size(); ++i) lens_values[i] = static_cast<float>(i % 101);
+
+    // The requests each push makes: one per owning server of each slice.
+    size_t parts = 0;
+    auto count_parts = [&](const std::vector<uint64_t>& k, const uint32_t* l, size_t num_values) {
+      const std::shared_ptr<const void> none;
+      const PushInput in{k.data(), k.size(), l, l ? 0u : static_cast<uint32_t>(num_values / k.size()), nullptr,
+                         num_values, none};
+      const size_t slice = SliceKeys(in, config.push_slice_bytes);
+      REQUIRE(slice < k.size() / 8);  // many slices
+      for (size_t b = 0; b < k.size(); b += slice) {
+        std::set<int> owners;
+        for (size_t i = b; i < std::min(k.size(), b + slice); ++i) owners.insert(core::ServerForKey(k[i], servers));
+        parts += owners.size();
+      }
+    };
+    REQUIRE(Await(w.Push(keys, rows)).ok());
+    REQUIRE(Await(w.Push(keys, rows)).ok());
+    REQUIRE(Await(w.Push(lens_keys, lens_values, lens)).ok());
+    count_parts(keys, nullptr, rows.size());
+    count_parts(keys, nullptr, rows.size());
+    count_parts(lens_keys, lens.data(), lens_values.size());
+
+    Result<PullResult> r = Await(w.Pull(keys));
+    REQUIRE(r.ok());
+    CHECK(r->lens == std::vector<uint32_t>(keys.size(), 2));
+    std::vector<float> twice(rows);
+    for (float& v : twice) v *= 2;
+    CHECK(r->values == twice);
+    Result<PullResult> l = Await(w.Pull(lens_keys));
+    REQUIRE(l.ok());
+    CHECK(l->lens == lens);
+    CHECK(l->values == lens_values);
+    // Each request of the pushes had an id of its own, and each was applied by one server.
+    size_t applied = 0;
+    for (uint64_t seq = 1; seq <= parts + 10; ++seq) {
+      for (int s = 0; s < servers; ++s) {
+        applied += c.server(s).push_window().Applied(core::PushId{"w0", 7, seq}) ? 1 : 0;
+      }
+    }
+    CHECK(applied == parts);
+  }
+}
+
+TEST_CASE("a worker stopped while the slices of a Push are on the wire ends that Push - kCancelled or done, never a hang",
+          "[node][net][dataplane]") {
+  TestCluster::Config config = Nodes(1, 1);
+  config.push_slice_bytes = 64;  // four keys of one float a slice: 50,000 requests
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  w.SetPushIds(3, 1);
+  std::vector<uint64_t> keys(200000);
+  std::iota(keys.begin(), keys.end(), uint64_t{1});
+  std::future<Status> push = w.Push(keys, std::vector<float>(keys.size(), 1.0f));
+  // Stopped once the first slice was applied, with most still to be sent or answered.
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (!c.server(0).push_window().Applied(core::PushId{"w0", 3, 1})) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(1ms);
+  }
+  w.Stop();
+  REQUIRE(push.wait_for(10s) == std::future_status::ready);
+  Status st = push.get();
+  INFO(st.ToString());
+  CHECK((st.ok() || st.code() == Code::kCancelled));
 }
 
 TEST_CASE("large Pulls answered from the store's memory see each Push whole and in order",

@@ -1,5 +1,6 @@
 #include "pscore/node/worker/push_parts.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "pscore/core/key_range.h"
@@ -64,10 +65,38 @@ std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int ser
   return out;
 }
 
-Status SplitPush(const PushInput& in, int servers, KvRequest& op, std::vector<KvPart>* parts) {
+bool PushInput::ZeroCopy() const {
   // Shared values are written from where they are when that beats copying them
   // (core::kZeroCopyBytes per key on average).
-  const bool zero_copy = in.shared && in.num_values * sizeof(float) >= core::kZeroCopyBytes * in.keys.size();
+  return shared && num_values * sizeof(float) >= core::kZeroCopyBytes * num_keys;
+}
+
+PushInput PushInput::Keys(size_t begin, size_t end, uint64_t value_begin) const {
+  const uint64_t value_end =
+      lens ? std::accumulate(lens + begin, lens + end, value_begin) : uint64_t{row_len} * end;
+  return PushInput{keys + begin, end - begin, lens ? lens + begin : nullptr, row_len, values + value_begin,
+                   value_end - value_begin, shared};
+}
+
+size_t SliceKeys(const PushInput& in, uint64_t slice_bytes) {
+  const uint64_t bytes = in.num_keys * (sizeof(uint64_t) + sizeof(uint32_t)) + in.num_values * sizeof(float);
+  if (in.ZeroCopy() || slice_bytes == 0 || bytes <= slice_bytes || in.num_keys == 0) return in.num_keys;
+  return std::max<uint64_t>(1, slice_bytes / (bytes / in.num_keys));
+}
+
+Status SplitPush(const PushInput& in, int servers, uint64_t slice_bytes, KvRequest& op, std::vector<KvPart>* parts) {
+  const size_t slice = SliceKeys(in, slice_bytes);
+  if (slice < in.num_keys) {
+    uint64_t value_begin = 0;
+    for (size_t begin = 0; begin < in.num_keys; begin += slice) {
+      const PushInput keys_in = in.Keys(begin, std::min(in.num_keys, begin + slice), value_begin);
+      value_begin += keys_in.num_values;
+      const Status st = SplitPush(keys_in, servers, 0, op, parts);
+      if (!st.ok()) return st;
+    }
+    return Status::Ok();
+  }
+  const bool zero_copy = in.ZeroCopy();
   const int n = std::max(1, servers);
   const int for_servers = servers > 0 ? n : 0;  // 0: split again once servers are known
   if (n == 1 && !zero_copy) {
@@ -76,23 +105,24 @@ Status SplitPush(const PushInput& in, int servers, KvRequest& op, std::vector<Kv
     KvPart part;
     part.server = 0;
     part.for_servers = for_servers;
-    part.num_keys = in.keys.size();
+    part.num_keys = in.num_keys;
     part.payload = PushPayload(
-        in.lens.empty() ? core::EncodeKvPairsRows(in.keys.data(), in.keys.size(), in.row_len, in.values)
-                        : core::EncodeKvPairs(in.keys.data(), in.keys.size(), in.lens.data(), in.values, in.num_values),
-        in.num_values, in.keys.size());
+        in.lens == nullptr ? core::EncodeKvPairsRows(in.keys, in.num_keys, in.row_len, in.values)
+                        : core::EncodeKvPairs(in.keys, in.num_keys, in.lens, in.values, in.num_values),
+        in.num_values, in.num_keys);
     op.CountCopied(in.num_values * sizeof(float));
     parts->push_back(std::move(part));
     return Status::Ok();
   }
-  const bool rows = in.lens.empty();
+  const bool rows = in.lens == nullptr;
   if (rows && zero_copy) {  // SharedPart reads a len per key
-    const std::vector<uint32_t> lens(in.keys.size(), in.row_len);
-    return SplitPush(PushInput{in.keys, lens, 0, in.values, in.num_values, in.shared}, servers, op, parts);
+    const std::vector<uint32_t> lens(in.num_keys, in.row_len);
+    return SplitPush(PushInput{in.keys, in.num_keys, lens.data(), 0, in.values, in.num_values, in.shared}, servers, 0,
+                     op, parts);
   }
   uint64_t total = 0;
-  const std::vector<uint64_t> offsets = rows ? std::vector<uint64_t>() : Offsets(in.lens.data(), in.keys.size(), &total);
-  const std::vector<std::vector<size_t>> groups = ByOwner(in.keys.data(), in.keys.size(), n);
+  const std::vector<uint64_t> offsets = rows ? std::vector<uint64_t>() : Offsets(in.lens, in.num_keys, &total);
+  const std::vector<std::vector<size_t>> groups = ByOwner(in.keys, in.num_keys, n);
   for (int s = 0; s < n; ++s) {
     const std::vector<size_t>& g = groups[s];
     if (g.empty()) continue;
@@ -106,13 +136,13 @@ Status SplitPush(const PushInput& in, int servers, KvRequest& op, std::vector<Kv
       part.payload = std::move(*p);
     } else if (rows) {
       const uint64_t floats = uint64_t{in.row_len} * g.size();
-      part.payload = PushPayload(core::EncodeKvPairsGatherRows(in.keys.data(), in.row_len, in.values, g.data(), g.size()),
+      part.payload = PushPayload(core::EncodeKvPairsGatherRows(in.keys, in.row_len, in.values, g.data(), g.size()),
                                  floats, g.size());
       op.CountCopied(floats * sizeof(float));
     } else {
       uint64_t floats = 0;
       for (size_t i : g) floats += in.lens[i];
-      part.payload = PushPayload(core::EncodeKvPairsGather(in.keys.data(), in.lens.data(), in.values,
+      part.payload = PushPayload(core::EncodeKvPairsGather(in.keys, in.lens, in.values,
                                                            offsets.data(), g.data(), g.size()),
                                  floats, g.size());
       op.CountCopied(floats * sizeof(float));

@@ -18,17 +18,30 @@ std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int ser
 // each); `shared`, when set, owns values, which may then be written to the sockets
 // without a copy.
 struct PushInput {
-  const std::vector<uint64_t>& keys;
-  const std::vector<uint32_t>& lens;
+  const uint64_t* keys;
+  size_t num_keys;
+  const uint32_t* lens;  // null: rows of row_len floats
   uint32_t row_len;
   const float* values;
   size_t num_values;
   const std::shared_ptr<const void>& shared;
+
+  // Whether values go to the sockets from where they are (shared and large: no copy).
+  bool ZeroCopy() const;
+  // Keys [begin, end) with their values, which start at float `value_begin`.
+  PushInput Keys(size_t begin, size_t end, uint64_t value_begin) const;
 };
 
+// How many keys a slice of `in` holds: a push that copies its values and carries more than
+// slice_bytes (keys, lens and values) is cut into slices of about that size, sent as
+// requests of their own (NodeOptions::push_slice_bytes); all of its keys when it is not.
+size_t SliceKeys(const PushInput& in, uint64_t slice_bytes);
+
 // The parts of a push for `servers` servers (0: not yet known; one part, split again once
-// they are). Copies are counted on op.
-Status SplitPush(const PushInput& in, int servers, KvRequest& op, std::vector<KvPart>* parts);
+// they are): one per server for each slice (SliceKeys; slice_bytes 0: no slices), in key
+// order. A server applies a slice while the next arrives, and each slice's buffers come
+// from the pools rather than being fresh memory. Copies are counted on op.
+Status SplitPush(const PushInput& in, int servers, uint64_t slice_bytes, KvRequest& op, std::vector<KvPart>* parts);
 
 // `part`, encoded for another server count, split again from its own bytes for `servers`
 // (made contiguous first when its values are the caller's, sent without a copy).
