@@ -28,8 +28,9 @@ ParamStore::Options WithBatchThreads(ParamStore::Options opts) {
 
 ParamStore::ParamStore(Options opts) : opts_(WithBatchThreads(opts)) {}
 
-size_t ParamStore::LanesFor(size_t num_keys) const {
-  return std::max<size_t>(1, std::min<size_t>(opts_.batch_threads, num_keys / kLaneKeys));
+size_t ParamStore::LanesFor(size_t num_keys, uint64_t floats) const {
+  const uint64_t work = std::max<uint64_t>(num_keys / kLaneKeys, floats / kLaneFloats);
+  return std::max<size_t>(1, std::min<uint64_t>(opts_.batch_threads, work));
 }
 
 void ParamStore::RunLanes(size_t most, const std::function<void(size_t, size_t)>& lane) {

@@ -58,8 +58,10 @@ class ParamStore {
     // (RunLanes).
     unsigned batch_threads = 0;
   };
-  // A batch gets one thread for each kLaneKeys of its keys, within Options::batch_threads.
+  // A batch gets one thread for each kLaneKeys of its keys, or for each kLaneFloats of a
+  // push's floats if that gives more, within Options::batch_threads.
   static constexpr size_t kLaneKeys = 64 * 1024;
+  static constexpr uint64_t kLaneFloats = uint64_t{1} << 20;
   static constexpr unsigned kMostBatchThreads = 4;
   class PushStream;
   // A user rule: fold `incoming` (n floats) into `stored` (n floats). Called
@@ -258,8 +260,9 @@ class ParamStore {
   };
   // Only the keys of stripes [first, last) are grouped (the others' groups are empty).
   static void GroupByStripe(const uint64_t* keys, size_t begin, size_t end, size_t first, size_t last, Groups* g);
-  // A batch of num_keys keys is split into at most this many lanes (param_store.cc).
-  size_t LanesFor(size_t num_keys) const;
+  // A batch of num_keys keys (and `floats` floats of values, a push's) is split into at
+  // most this many lanes (param_store.cc).
+  size_t LanesFor(size_t num_keys, uint64_t floats = 0) const;
   // Runs lane(l, lanes) for each l < lanes, lanes at most `most`: lane 0 on the caller's
   // thread, the others on threads of their own (on the caller's when a thread cannot be
   // started), all done when it returns. Batches that run lanes at the same time (in any

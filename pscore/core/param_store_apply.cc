@@ -236,7 +236,7 @@ Status ParamStore::Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, 
   // push allocates none).
   Batch lane0(mode, keys, lens, values, num_keys, offsets, updater);
   std::vector<std::unique_ptr<Batch>> more;
-  for (size_t l = LanesFor(num_keys); l > 1; --l) {
+  for (size_t l = LanesFor(num_keys, offsets.total); l > 1; --l) {
     more.push_back(std::make_unique<Batch>(mode, keys, lens, values, num_keys, offsets, updater));
   }
   auto lane = [&lane0, &more](size_t l) -> Batch& { return l == 0 ? lane0 : *more[l - 1]; };

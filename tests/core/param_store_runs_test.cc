@@ -435,6 +435,32 @@ size_t FindInStripes(const std::vector<uint64_t>& keys, size_t from, size_t lo, 
 
 }  // namespace
 
+TEST_CASE("runs: a batch of few keys with many floats is split over threads and gives the one-thread store's results",
+          "[core][paramstore]") {
+  // Fewer than kLaneKeys keys, but more than 2 x kLaneFloats floats: two lanes by the
+  // floats (a slice of a push of long rows).
+  Gen gen(29);
+  ParamStore::Options lanes = Rule(UpdateRule::kSum);
+  lanes.batch_threads = 2;
+  ParamStore::Options one = lanes;
+  one.batch_threads = 1;
+  ParamStore split(lanes);
+  ParamStore single(one);
+  Reference ref{UpdateRule::kSum, 0, {}};
+  for (int round = 0; round < 4; ++round) {
+    const Batch b = gen.Make(12000, round % 2 == 0);
+    REQUIRE(b.keys.size() < ParamStore::kLaneKeys);
+    REQUIRE(b.values.size() > 2 * ParamStore::kLaneFloats);
+    const size_t refused = ref.Push(b);
+    const Status a = split.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size());
+    const Status c = single.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size());
+    CHECK(a.message() == c.message());
+    CHECK(a.ok() == (refused == 0));
+  }
+  RequireEqual(split, ref.m);
+  RequireEqual(single, ref.m);
+}
+
 TEST_CASE("runs: batches split over threads give the one-thread store's results, errors naming the first key",
           "[core][paramstore]") {
   // Batches of many keys are taken by several threads (Options::batch_threads; two lanes
