@@ -92,7 +92,7 @@ class Server(_pscore.Server):
     ``NodeOptions`` fields: node_id, scheduler_host, scheduler_port, host, port, rank,
     heartbeat_interval, heartbeat_timeout, scheduler_timeout, connect_timeout,
     request_timeout, recovery_timeout (seconds), host_name, max_message_bytes,
-    handler_threads (>= 1 for Python handlers), push_slice_bytes (worker), data_dir, journal_compact_bytes,
+    handler_threads (>= 1 for Python handlers), push_slice_keys (worker), data_dir, journal_compact_bytes,
     cluster_token, direct_control_calls, max_connections, tls_cert, tls_key, tls_ca (PEM files, all three or none;
     without node_id the certificate's CN is the node id).
     """

@@ -38,7 +38,7 @@ void ApplyNodeOptions(node::NodeOptions& o, const py::kwargs& kw) {
     else if (k == "host_name") o.host_name = v.cast<std::string>();
     else if (k == "max_message_bytes") o.max_message_bytes = v.cast<uint64_t>();
     else if (k == "handler_threads") o.handler_threads = v.cast<int>();
-    else if (k == "push_slice_bytes") o.push_slice_bytes = v.cast<uint64_t>();
+    else if (k == "push_slice_keys") o.push_slice_keys = v.cast<size_t>();
     else if (k == "data_dir") o.data_dir = v.cast<std::string>();
     else if (k == "journal_compact_bytes") o.journal_compact_bytes = v.cast<uint64_t>();
     else if (k == "cluster_token") o.cluster_token = v.cast<std::string>();

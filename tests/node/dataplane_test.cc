@@ -63,7 +63,7 @@ class TestCluster {
     std::function<void(ServerNode&)> setup;
     std::string data_dir;  // when set, server i journals in data_dir/s<i>
     uint64_t journal_compact_bytes = 64ull << 20;
-    uint64_t push_slice_bytes = NodeOptions{}.push_slice_bytes;
+    size_t push_slice_keys = NodeOptions{}.push_slice_keys;
   };
 
   explicit TestCluster(Config c) : config_(std::move(c)) {
@@ -89,7 +89,7 @@ class TestCluster {
     o.connect_timeout = config_.connect_timeout;
     o.request_timeout = config_.request_timeout;
     o.max_message_bytes = config_.max_message_bytes;
-    o.push_slice_bytes = config_.push_slice_bytes;
+    o.push_slice_keys = config_.push_slice_keys;
     return o;
   }
 
@@ -554,13 +554,13 @@ TEST_CASE("a Push without lens gives every key an equal share of the values, whi
   }
 }
 
-TEST_CASE("a Push over push_slice_bytes goes in slices, one request each, every one applied once - with lens or rows",
+TEST_CASE("a Push of more than push_slice_keys keys goes in slices, one request each, every one applied once - with lens or rows",
           "[node][net][dataplane]") {
   for (int servers : {1, 2}) {
     INFO(servers << " servers");
     TestCluster::Config config = Nodes(1, servers);
     config.store.rule = core::UpdateRule::kSum;
-    config.push_slice_bytes = 4096;
+    config.push_slice_keys = 200;
     TestCluster c(config);
     c.Start();
     WorkerNode& w = c.worker(0);
@@ -586,7 +586,7 @@ TEST_CASE("a Push over push_slice_bytes goes in slices, one request each, every 
       const std::shared_ptr<const void> none;
       const PushInput in{k.data(), k.size(), l, l ? 0u : static_cast<uint32_t>(num_values / k.size()), nullptr,
                          num_values, none};
-      const size_t slice = SliceKeys(in, config.push_slice_bytes);
+      const size_t slice = SliceKeys(in, config.push_slice_keys);
       REQUIRE(slice < k.size() / 8);  // many slices
       for (size_t b = 0; b < k.size(); b += slice) {
         std::set<int> owners;
@@ -625,7 +625,7 @@ TEST_CASE("a Push over push_slice_bytes goes in slices, one request each, every 
 TEST_CASE("a worker stopped while the slices of a Push are on the wire ends that Push - kCancelled or done, never a hang",
           "[node][net][dataplane]") {
   TestCluster::Config config = Nodes(1, 1);
-  config.push_slice_bytes = 64;  // four keys of one float a slice: 50,000 requests
+  config.push_slice_keys = 4;  // 50,000 requests
   TestCluster c(config);
   c.Start();
   WorkerNode& w = c.worker(0);

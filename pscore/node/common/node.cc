@@ -171,6 +171,7 @@ void Node::PublishSnapshot() {
   DCHECK(loop_->InLoopThread());
   std::lock_guard<std::mutex> lock(mu_);
   rank_snapshot_ = rank_;
+  session_snapshot_ = session_id_;
   state_snapshot_ = scale_.state();
   epoch_snapshot_ = scale_.epoch();
   metadata_snapshot_ = metadata_;
@@ -215,6 +216,11 @@ void Node::TerminateAsTold(const pb::ClusterEventMessage& end) {
 int Node::rank() const {
   std::lock_guard<std::mutex> lock(mu_);
   return rank_snapshot_;
+}
+
+uint64_t Node::session() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return session_snapshot_;
 }
 
 pb::ClusterState Node::cluster_state() const {

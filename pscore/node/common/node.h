@@ -66,6 +66,8 @@ class Node {
   const NodeOptions& options() const { return options_; }
   pb::NodeRole role() const { return options_.role; }
   int rank() const;
+  // The scheduler's session this node last registered under (0: none yet).
+  uint64_t session() const;
   pb::ClusterState cluster_state() const;
   uint64_t epoch() const;
   // A copy of the whole metadata (every member's entry): server_num() where the count is all
@@ -335,6 +337,7 @@ class Node {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int rank_snapshot_ = -1;
+  uint64_t session_snapshot_ = 0;
   pb::ClusterState state_snapshot_ = pb::ClUSTER_STARTING;
   uint64_t epoch_snapshot_ = 0;
   pb::SendMetadataMessage metadata_snapshot_;

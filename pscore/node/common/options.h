@@ -97,10 +97,10 @@ struct NodeOptions {
   std::vector<pb::Device> devices;
   std::string host_name;
   uint64_t max_message_bytes = 256ull << 20;
-  // Worker: a Push that copies its values and carries more than this many bytes (keys,
-  // lens, values) goes in slices of about this size, each sent as soon as it is encoded
-  // (pscore/node/worker/push_parts.h); 0: never sliced.
-  uint64_t push_slice_bytes = 16ull << 20;
+  // Worker: a Push that copies its values and has more keys than this goes in slices of
+  // this many keys, each a request of its own (pscore/node/worker/push_parts.h); 0: never
+  // sliced. A million keys of one float, with their lens, make 16 MB: one pooled size.
+  size_t push_slice_keys = 1000000;
   // Server handlers run on this many executor threads (0: on the loop thread).
   int handler_threads = 2;
   // Server: journal the built-in parameter store here (pscore/node/server/server_journal.h), so a

@@ -78,14 +78,13 @@ PushInput PushInput::Keys(size_t begin, size_t end, uint64_t value_begin) const 
                    value_end - value_begin, shared};
 }
 
-size_t SliceKeys(const PushInput& in, uint64_t slice_bytes) {
-  const uint64_t bytes = in.num_keys * (sizeof(uint64_t) + sizeof(uint32_t)) + in.num_values * sizeof(float);
-  if (in.ZeroCopy() || slice_bytes == 0 || bytes <= slice_bytes || in.num_keys == 0) return in.num_keys;
-  return std::max<uint64_t>(1, slice_bytes / (bytes / in.num_keys));
+size_t SliceKeys(const PushInput& in, size_t slice_keys) {
+  if (in.ZeroCopy() || slice_keys == 0 || in.num_keys <= slice_keys) return in.num_keys;
+  return slice_keys;
 }
 
-Status SplitPush(const PushInput& in, int servers, uint64_t slice_bytes, KvRequest& op, std::vector<KvPart>* parts) {
-  const size_t slice = SliceKeys(in, slice_bytes);
+Status SplitPush(const PushInput& in, int servers, size_t slice_keys, KvRequest& op, std::vector<KvPart>* parts) {
+  const size_t slice = SliceKeys(in, slice_keys);
   if (slice < in.num_keys) {
     uint64_t value_begin = 0;
     for (size_t begin = 0; begin < in.num_keys; begin += slice) {

@@ -32,16 +32,16 @@ struct PushInput {
   PushInput Keys(size_t begin, size_t end, uint64_t value_begin) const;
 };
 
-// How many keys a slice of `in` holds: a push that copies its values and carries more than
-// slice_bytes (keys, lens and values) is cut into slices of about that size, sent as
-// requests of their own (NodeOptions::push_slice_bytes); all of its keys when it is not.
-size_t SliceKeys(const PushInput& in, uint64_t slice_bytes);
+// How many keys a slice of `in` holds: a push that copies its values and has more than
+// slice_keys keys is cut into slices of that many consecutive keys, sent as requests of
+// their own (NodeOptions::push_slice_keys); all of its keys when it is not.
+size_t SliceKeys(const PushInput& in, size_t slice_keys);
 
 // The parts of a push for `servers` servers (0: not yet known; one part, split again once
-// they are): one per server for each slice (SliceKeys; slice_bytes 0: no slices), in key
+// they are): one per server for each slice (SliceKeys; slice_keys 0: no slices), in key
 // order. A server applies a slice while the next arrives, and each slice's buffers come
 // from the pools rather than being fresh memory. Copies are counted on op.
-Status SplitPush(const PushInput& in, int servers, uint64_t slice_bytes, KvRequest& op, std::vector<KvPart>* parts);
+Status SplitPush(const PushInput& in, int servers, size_t slice_keys, KvRequest& op, std::vector<KvPart>* parts);
 
 // `part`, encoded for another server count, split again from its own bytes for `servers`
 // (made contiguous first when its values are the caller's, sent without a copy).

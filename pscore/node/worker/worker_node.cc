@@ -188,7 +188,7 @@ std::future<Status> WorkerNode::StartPush(const std::vector<uint64_t>& keys, con
   std::vector<KvPart> parts;
   const PushInput in{keys.data(), keys.size(), lens_in.empty() ? nullptr : lens_in.data(),
                      static_cast<uint32_t>(row_len), values, num_values, shared};
-  const Status split = SplitPush(in, server_count(), options_.push_slice_bytes, *op, &parts);
+  const Status split = SplitPush(in, server_count(), options_.push_slice_keys, *op, &parts);
   if (!split.ok()) {
     op->Fail(split);
     return fut;
