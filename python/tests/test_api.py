@@ -37,6 +37,22 @@ def test_push_with_lens_and_pull_into(job):
     np.testing.assert_array_equal(out, [1, 2, 3, 4, 5])
 
 
+def test_push_in_slices():
+    # push_slice_keys=100: a push of 1,000 keys goes as ten slices, each split over both
+    # servers; the sums come out whole.
+    j = Job(servers=2, worker_opts=dict(push_slice_keys=100))
+    try:
+        keys = np.arange(1000, dtype=np.uint64) * 7919 + 3
+        values = np.arange(3000, dtype=np.float32)
+        j.worker.push(keys, values)
+        j.worker.push(keys, values)
+        np.testing.assert_array_equal(j.worker.pull(keys), 2 * values)
+    finally:
+        j.close()
+    with pytest.raises(pscore.InvalidArgument, match="unknown node option 'push_slice_bytes'"):
+        pscore.Worker(scheduler_port=1, node_id="w9", push_slice_bytes=100)
+
+
 def test_torch_tensors(job):
     w = job.worker
     t = torch.arange(8, dtype=torch.float32)
