@@ -107,7 +107,7 @@ Status SplitPush(const PushInput& in, int servers, size_t slice_keys, KvRequest&
     part.num_keys = in.num_keys;
     part.payload = PushPayload(
         in.lens == nullptr ? core::EncodeKvPairsRows(in.keys, in.num_keys, in.row_len, in.values)
-                        : core::EncodeKvPairs(in.keys, in.num_keys, in.lens, in.values, in.num_values),
+                           : core::EncodeKvPairs(in.keys, in.num_keys, in.lens, in.values, in.num_values),
         in.num_values, in.num_keys);
     op.CountCopied(in.num_values * sizeof(float));
     parts->push_back(std::move(part));
@@ -133,17 +133,17 @@ Status SplitPush(const PushInput& in, int servers, size_t slice_keys, KvRequest&
       Result<Payload> p = SharedPart(in, offsets, g);
       if (!p.ok()) return p.status();
       part.payload = std::move(*p);
-    } else if (rows) {
-      const uint64_t floats = uint64_t{in.row_len} * g.size();
-      part.payload = PushPayload(core::EncodeKvPairsGatherRows(in.keys, in.row_len, in.values, g.data(), g.size()),
-                                 floats, g.size());
-      op.CountCopied(floats * sizeof(float));
     } else {
-      uint64_t floats = 0;
-      for (size_t i : g) floats += in.lens[i];
-      part.payload = PushPayload(core::EncodeKvPairsGather(in.keys, in.lens, in.values,
-                                                           offsets.data(), g.data(), g.size()),
-                                 floats, g.size());
+      uint64_t floats = uint64_t{in.row_len} * g.size();
+      BufferPtr encoded;
+      if (rows) {
+        encoded = core::EncodeKvPairsGatherRows(in.keys, in.row_len, in.values, g.data(), g.size());
+      } else {
+        floats = 0;
+        for (size_t i : g) floats += in.lens[i];
+        encoded = core::EncodeKvPairsGather(in.keys, in.lens, in.values, offsets.data(), g.data(), g.size());
+      }
+      part.payload = PushPayload(std::move(encoded), floats, g.size());
       op.CountCopied(floats * sizeof(float));
     }
     parts->push_back(std::move(part));
