@@ -298,7 +298,10 @@ BufferPtr Gather(const uint64_t* keys, const Layout& at, const float* values, co
   const bool stretch = num_indices > 0 && consecutive;
   const uint64_t* const keys_from = stretch ? keys + indices[0] : keys;
   const size_t first = holes.size();
-  // The holes of keys and lens name keys_from and nothing (rows, or lens gathered below).
+  // FinishKvPairs reserves a hole for the keys and one for the lens, each naming where it
+  // would copy from. The keys' hole names keys_from: their one stretch (copied as it is)
+  // or `keys` (written below, key by key through indices). The lens' hole names lens_from:
+  // a stretch of Listed's lens, or null, and then it is written below (rows: the one length).
   const uint32_t* lens_from = nullptr;
   if constexpr (!kRows) lens_from = stretch ? at.lens + indices[0] : nullptr;
   FinishKvPairs(&fbb, keys_from, lens_from, num_indices, values_off, op, &holes);
