@@ -1655,6 +1655,45 @@ TEST_CASE("Pull over three servers: runs of consecutive keys, keys interleaved b
   }
 }
 
+TEST_CASE("Pull over two servers in shuffled order: empty, one-float and long keys side by side, in one result",
+          "[node][net][dataplane]") {
+  // Keys placed one by one (each server's keys spread through the request): short values
+  // are gathered and appended in batches, values longer than such a batch directly; both
+  // kinds and empty keys among each other, against the values pushed.
+  TestCluster::Config config;
+  config.servers = 2;
+  TestCluster c(config);
+  c.Start();
+  WorkerNode& w = c.worker(0);
+  std::vector<uint64_t> keys(500);
+  std::iota(keys.begin(), keys.end(), uint64_t{1});
+  const uint32_t kLens[] = {1, 0, 700, 1100, 3, 1, 1024};
+  std::map<uint64_t, std::vector<float>> stored;
+  std::vector<float> values;
+  std::vector<uint32_t> lens;
+  for (uint64_t k : keys) {
+    const uint32_t len = kLens[k % 7];
+    lens.push_back(len);
+    for (uint32_t j = 0; j < len; ++j) stored[k].push_back(static_cast<float>(k * 10000 + j));
+    values.insert(values.end(), stored[k].begin(), stored[k].end());
+  }
+  REQUIRE(Await(w.Push(keys, values, lens)).ok());
+  for (uint64_t seed : {1, 2, 3}) {
+    std::vector<uint64_t> ask = keys;
+    std::shuffle(ask.begin(), ask.end(), std::mt19937_64(seed));
+    std::vector<float> want;
+    std::vector<uint32_t> want_lens;
+    for (uint64_t k : ask) {
+      want.insert(want.end(), stored[k].begin(), stored[k].end());
+      want_lens.push_back(static_cast<uint32_t>(stored[k].size()));
+    }
+    Result<PullResult> r = Await(w.Pull(ask));
+    REQUIRE(r.ok());
+    CHECK(r->lens == want_lens);
+    CHECK(r->values == want);
+  }
+}
+
 TEST_CASE("PullInto that fails on one server is ready only when no answer can still write into dest",
           "[node][net][dataplane]") {
   // Server 0 holds a large key, server 1 is asked for a key it does not have. Server 1's

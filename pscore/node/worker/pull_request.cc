@@ -136,14 +136,36 @@ PullResult PullRequest::CopyResult() {
     return out;
   }
   SpreadStretches();
-  ReserveResult(out.values, Total(src_lens));
-  // Keys whose values lie back to back in one answer are copied as one stretch.
+  const size_t total = Total(src_lens);
+  ReserveResult(out.values, total);
+  // Keys whose values lie back to back in one answer are copied as one run. Where the
+  // keys' servers interleave, a run averages a key or two: short runs are gathered in a
+  // small buffer and appended a buffer at a time (an insert per run costs more than the
+  // copy), long ones appended directly.
+  constexpr size_t kStaged = 1024;
+  float staged[kStaged];
+  size_t held = 0;
   for (size_t i = 0; i < src.size();) {
     const float* from = src[i];
     const float* to = src[i] + src_lens[i];
     for (++i; i < src.size() && src[i] == to; ++i) to += src_lens[i];
-    out.values.insert(out.values.end(), from, to);
+    const size_t run = static_cast<size_t>(to - from);
+    if (run > kStaged - held) {
+      out.values.insert(out.values.end(), staged, staged + held);
+      held = 0;
+      if (run >= kStaged) {
+        out.values.insert(out.values.end(), from, to);
+        continue;
+      }
+    }
+    if (run == 1) {
+      staged[held++] = *from;
+    } else if (run > 0) {  // an empty key's src may be null
+      std::memcpy(staged + held, from, run * sizeof(float));
+      held += run;
+    }
   }
+  out.values.insert(out.values.end(), staged, staged + held);
   CountCopied(out.values.size() * sizeof(float));
   out.lens = std::move(src_lens);
   answers.clear();

@@ -50,9 +50,14 @@ Result<Payload> SharedPart(const PushInput& in, const std::vector<uint64_t>& off
 
 }  // namespace
 
-std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int servers) {
+std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int servers, ScratchArrays* scratch) {
   std::vector<std::vector<size_t>> out(servers);
+  auto room = [scratch](std::vector<size_t>& group, size_t count) {
+    if (scratch != nullptr) group = scratch->TakeWords(count);
+    group.reserve(count);
+  };
   if (servers == 1) {
+    room(out[0], n);
     out[0].resize(n);
     std::iota(out[0].begin(), out[0].end(), size_t{0});
     return out;
@@ -60,7 +65,7 @@ std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int ser
   // Counted first, so each group is allocated once at its size (millions of keys per call).
   std::vector<size_t> counts(servers);
   for (size_t i = 0; i < n; ++i) ++counts[core::ServerForKey(keys[i], servers)];
-  for (int s = 0; s < servers; ++s) out[s].reserve(counts[s]);
+  for (int s = 0; s < servers; ++s) room(out[s], counts[s]);
   for (size_t i = 0; i < n; ++i) out[core::ServerForKey(keys[i], servers)].push_back(i);
   return out;
 }

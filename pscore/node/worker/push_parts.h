@@ -8,11 +8,14 @@
 #include <vector>
 
 #include "pscore/node/worker/kv_request.h"
+#include "pscore/node/worker/scratch_arrays.h"
 
 namespace pscore::node {
 
-// Groups indices [0, n) of keys by owner among `servers`.
-std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int servers);
+// Groups indices [0, n) of keys by owner among `servers`; the groups' arrays are taken
+// from `scratch` when it keeps some of their size.
+std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int servers,
+                                         ScratchArrays* scratch = nullptr);
 
 // A push's arrays: lens[i] floats of values belong to keys[i] (lens empty: row_len floats
 // each); `shared`, when set, owns values, which may then be written to the sockets

@@ -71,7 +71,7 @@ void WorkerNode::SplitPull(const std::shared_ptr<KvRequest>& op, KvPart part, in
     for (size_t j = 0; j < n; ++j) listed_keys.push_back(pull.keys[part.indices[j]]);
     ks = listed_keys.data();
   }
-  std::vector<std::vector<size_t>> groups = ByOwner(ks, n, servers);
+  std::vector<std::vector<size_t>> groups = ByOwner(ks, n, servers, scratch_.get());
   for (int s = 0; s < servers; ++s) {
     if (groups[s].empty()) continue;
     KvPart sub = part.Successor();
