@@ -5,6 +5,7 @@
 #include "pscore/core/param_store.h"
 
 #include <algorithm>
+#include <exception>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -40,7 +41,16 @@ void ParamStore::RunLanes(size_t most, const std::function<void(size_t, size_t)>
   struct Leave {
     ~Leave() { running.fetch_sub(1, std::memory_order_relaxed); }
   } leave;
-  auto run = [&lane, lanes](size_t l) { lane(l, lanes); };
+  // An exception of a lane (a user's update rule may throw) is rethrown here once every
+  // lane is done, as the one-lane batch's reaches its caller; the first lane's wins.
+  std::vector<std::exception_ptr> thrown(lanes);
+  auto run = [&lane, &thrown, lanes](size_t l) {
+    try {
+      lane(l, lanes);
+    } catch (...) {
+      thrown[l] = std::current_exception();
+    }
+  };
   std::vector<std::thread> threads;
   std::vector<size_t> here{0};  // lanes run on this thread
   for (size_t l = 1; l < lanes; ++l) {
@@ -52,6 +62,9 @@ void ParamStore::RunLanes(size_t most, const std::function<void(size_t, size_t)>
   }
   for (size_t l : here) run(l);
   for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : thrown) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 void ParamStore::SetUpdater(Updater u) {

@@ -267,7 +267,7 @@ class ParamStore {
   // thread, the others on threads of their own (on the caller's when a thread cannot be
   // started), all done when it returns. Batches that run lanes at the same time (in any
   // store of the process) share the threads: with k of them, each takes most / k lanes
-  // (at least one).
+  // (at least one). A lane's exception is rethrown on the caller's thread once all are done.
   static void RunLanes(size_t most, const std::function<void(size_t lane, size_t lanes)>& lane);
   // Lane l's even share [*first, *end) of n things (stripes, or a batch's keys).
   static void ShareOf(size_t l, size_t lanes, size_t n, size_t* first, size_t* end) {

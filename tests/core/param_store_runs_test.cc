@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -594,6 +595,48 @@ TEST_CASE("runs: batches split over threads give the one-thread store's results,
   CHECK(st.code() == Code::kNotFound);
   CHECK(st.message() == "pull of unknown key " + std::to_string(gone[0]));
   CHECK(pulled.empty());
+}
+
+}  // namespace pscore::core
+
+namespace pscore::core {
+
+TEST_CASE("runs: an update rule's exception in any lane of a batch reaches the caller and the store stays usable",
+          "[core][paramstore]") {
+  // Two lanes (2 x kLaneKeys keys, two threads): lane 0 runs on the caller's thread and
+  // takes the first half of the stripes, lane 1 its own thread and the second half. A rule
+  // throwing for a key of either half is rethrown by Push once both lanes are done.
+  constexpr size_t kFirstEnd = 32, kLastBegin = 32;  // ParamStore's 64 stripes in two
+  ParamStore::Options o = Rule(UpdateRule::kSum);
+  o.batch_threads = 2;
+  ParamStore store(o);
+  const size_t n = 2 * ParamStore::kLaneKeys + 1000;
+  std::vector<uint64_t> keys(n);
+  for (size_t i = 0; i < n; ++i) keys[i] = i;
+  const std::vector<uint32_t> lens(n, 1);
+  const std::vector<float> ones(n, 1.0f);
+  store.Insert(keys.data(), lens.data(), ones.data(), n);
+  for (size_t at : {FindInStripes(keys, n / 2, 0, kFirstEnd), FindInStripes(keys, n / 2, kLastBegin, 64)}) {
+    const uint64_t bad = keys[at];
+    store.SetUpdater([bad](uint64_t key, float* stored, const float* incoming, size_t len) {
+      if (key == bad) throw std::runtime_error("rule refused key " + std::to_string(key));
+      for (size_t j = 0; j < len; ++j) stored[j] += incoming[j];
+    });
+    REQUIRE_THROWS_WITH(store.Push(keys.data(), lens.data(), ones.data(), n),
+                        "rule refused key " + std::to_string(bad));
+  }
+  // The rule no longer throws: the next push is whole, and every key reads back.
+  store.SetUpdater(nullptr);
+  REQUIRE(store.Push(keys.data(), lens.data(), ones.data(), n).ok());
+  std::vector<uint32_t> got_lens;
+  std::vector<float> got;
+  REQUIRE(store.Pull(keys.data(), n, &got_lens, &got).ok());
+  REQUIRE(got.size() == n);
+  // Each key: its insert, the last push, and the two throwing pushes' where they were applied.
+  for (float v : got) {
+    REQUIRE(v >= 2.0f);
+    REQUIRE(v <= 4.0f);
+  }
 }
 
 }  // namespace pscore::core
