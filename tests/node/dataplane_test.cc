@@ -1584,6 +1584,38 @@ TEST_CASE("Pull of many rows of one length, with a row of another length or a mi
   }
 }
 
+namespace {
+
+// Pushes `keys` from w, key k holding len_of(k) floats k * 2048 + j (exact in a float for
+// the few thousand keys and lengths under 2048 the tests use); returns what each holds.
+std::map<uint64_t, std::vector<float>> PushNumbered(WorkerNode& w, const std::vector<uint64_t>& keys,
+                                                    const std::function<uint32_t(uint64_t)>& len_of) {
+  std::map<uint64_t, std::vector<float>> stored;
+  std::vector<float> values;
+  std::vector<uint32_t> lens;
+  for (uint64_t k : keys) {
+    const uint32_t len = len_of(k);
+    lens.push_back(len);
+    for (uint32_t j = 0; j < len; ++j) stored[k].push_back(static_cast<float>(k * 2048 + j));
+    values.insert(values.end(), stored[k].begin(), stored[k].end());
+  }
+  REQUIRE(Await(w.Push(keys, values, lens)).ok());
+  return stored;
+}
+
+// What a pull of `ask` gives: the keys' values back to back and their lens, in ask's order.
+PullResult Expected(const std::map<uint64_t, std::vector<float>>& stored, const std::vector<uint64_t>& ask) {
+  PullResult want;
+  for (uint64_t k : ask) {
+    const std::vector<float>& v = stored.at(k);
+    want.values.insert(want.values.end(), v.begin(), v.end());
+    want.lens.push_back(static_cast<uint32_t>(v.size()));
+  }
+  return want;
+}
+
+}  // namespace
+
 TEST_CASE("Pull over three servers: runs of consecutive keys, keys interleaved between servers, or both, in one result",
           "[node][net][dataplane]") {
   // An answer to a run of consecutive keys of the request is kept whole until the result is
@@ -1597,38 +1629,25 @@ TEST_CASE("Pull over three servers: runs of consecutive keys, keys interleaved b
   std::vector<uint64_t> keys(3000);
   std::iota(keys.begin(), keys.end(), uint64_t{1});
   core::SortKeysByPosition(&keys);  // each server's keys one run
-  std::map<uint64_t, std::vector<float>> stored;
-  std::vector<float> values;
-  std::vector<uint32_t> lens;
-  for (uint64_t k : keys) {
-    const uint32_t len = k % 7 == 0 ? 3 : 2;
-    lens.push_back(len);
-    for (uint32_t j = 0; j < len; ++j) stored[k].push_back(static_cast<float>(k * 10 + j));
-    values.insert(values.end(), stored[k].begin(), stored[k].end());
-  }
-  REQUIRE(Await(w.Push(keys, values, lens)).ok());
+  std::map<uint64_t, std::vector<float>> stored =
+      PushNumbered(w, keys, [](uint64_t k) { return k % 7 == 0 ? 3u : 2u; });
   std::vector<std::vector<uint64_t>> owned(3);
   for (uint64_t k : keys) owned[core::ServerForKey(k, 3)].push_back(k);
   REQUIRE(!owned[0].empty());
   REQUIRE(!owned[1].empty());
   REQUIRE(!owned[2].empty());
   auto check = [&](const std::vector<uint64_t>& ask) {
-    std::vector<float> want;
-    std::vector<uint32_t> want_lens;
-    for (uint64_t k : ask) {
-      want.insert(want.end(), stored[k].begin(), stored[k].end());
-      want_lens.push_back(static_cast<uint32_t>(stored[k].size()));
-    }
+    const PullResult want = Expected(stored, ask);
     Result<PullResult> r = Await(w.Pull(ask));
     REQUIRE(r.ok());
-    CHECK(r->values == want);
-    CHECK(r->lens == want_lens);
+    CHECK(r->values == want.values);
+    CHECK(r->lens == want.lens);
     Result<PullView> v = Await(w.ZPull(ask));
     REQUIRE(v.ok());
-    CHECK(v->lens == want_lens);
+    CHECK(v->lens == want.lens);
     std::vector<float> seen;
     for (size_t i = 0; i < ask.size(); ++i) seen.insert(seen.end(), v->values[i], v->values[i] + v->lens[i]);
-    CHECK(seen == want);
+    CHECK(seen == want.values);
   };
   SECTION("every server's keys a run, of mixed lengths") { check(keys); }
   SECTION("rows of one length, a run per server, servers in reverse order") {
@@ -1668,29 +1687,15 @@ TEST_CASE("Pull over two servers in shuffled order: empty, one-float and long ke
   std::vector<uint64_t> keys(500);
   std::iota(keys.begin(), keys.end(), uint64_t{1});
   const uint32_t kLens[] = {1, 0, 700, 1100, 3, 1, 1024};
-  std::map<uint64_t, std::vector<float>> stored;
-  std::vector<float> values;
-  std::vector<uint32_t> lens;
-  for (uint64_t k : keys) {
-    const uint32_t len = kLens[k % 7];
-    lens.push_back(len);
-    for (uint32_t j = 0; j < len; ++j) stored[k].push_back(static_cast<float>(k * 10000 + j));
-    values.insert(values.end(), stored[k].begin(), stored[k].end());
-  }
-  REQUIRE(Await(w.Push(keys, values, lens)).ok());
+  const std::map<uint64_t, std::vector<float>> stored = PushNumbered(w, keys, [&](uint64_t k) { return kLens[k % 7]; });
   for (uint64_t seed : {1, 2, 3}) {
     std::vector<uint64_t> ask = keys;
     std::shuffle(ask.begin(), ask.end(), std::mt19937_64(seed));
-    std::vector<float> want;
-    std::vector<uint32_t> want_lens;
-    for (uint64_t k : ask) {
-      want.insert(want.end(), stored[k].begin(), stored[k].end());
-      want_lens.push_back(static_cast<uint32_t>(stored[k].size()));
-    }
+    const PullResult want = Expected(stored, ask);
     Result<PullResult> r = Await(w.Pull(ask));
     REQUIRE(r.ok());
-    CHECK(r->lens == want_lens);
-    CHECK(r->values == want);
+    CHECK(r->lens == want.lens);
+    CHECK(r->values == want.values);
   }
 }
 
