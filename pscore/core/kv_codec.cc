@@ -211,11 +211,16 @@ BufferPtr EncodeKvPairsRows(const uint64_t* keys, size_t num_keys, uint32_t row_
                                      num_values * sizeof(float));
   std::vector<Hole> holes;
   auto values_off = Reserve(&fbb, values, num_values, &holes);
+  if (row_len > 0) {  // row_len in place of lens
+    FinishKvPairs(&fbb, keys, nullptr, num_keys, values_off, 0, &holes, Keys::kWritten, row_len);
+    return *Assemble(fbb, std::move(holes));
+  }
+  // Keys of no floats: lens of zeros (a row_len of 0 would read as lens absent).
   uint32_t* unused = nullptr;
   auto lens_off = fbb.CreateUninitializedVector<uint32_t>(num_keys, &unused);
   AddFilledHole(lens_off, num_keys,
-                [num_keys, row_len](char* dst) {
-                  std::fill_n(reinterpret_cast<uint32_t*>(dst), num_keys, row_len);
+                [num_keys](char* dst) {
+                  std::fill_n(reinterpret_cast<uint32_t*>(dst), num_keys, 0u);
                   return Status::Ok();
                 },
                 &holes);
@@ -302,9 +307,15 @@ BufferPtr Gather(const uint64_t* keys, const Layout& at, const float* values, co
   // would copy from. The keys' hole names keys_from: their one stretch (copied as it is)
   // or `keys` (written below, key by key through indices). The lens' hole names lens_from:
   // a stretch of Listed's lens, or null, and then it is written below (rows: the one length).
+  // Rows of a length above 0 carry row_len in place of lens.
   const uint32_t* lens_from = nullptr;
-  if constexpr (!kRows) lens_from = stretch ? at.lens + indices[0] : nullptr;
-  FinishKvPairs(&fbb, keys_from, lens_from, num_indices, values_off, op, &holes);
+  uint32_t row_len = 0;
+  if constexpr (kRows) {
+    row_len = at.row_len;
+  } else {
+    lens_from = stretch ? at.lens + indices[0] : nullptr;
+  }
+  FinishKvPairs(&fbb, keys_from, lens_from, num_indices, values_off, op, &holes, Keys::kWritten, row_len);
   for (size_t h = first; h < holes.size(); ++h) {
     Hole& hole = holes[h];
     if (hole.segments.front().source == keys_from) {
@@ -488,7 +499,7 @@ Status CheckConsistency(const KvView& v, bool has_values, bool expect_values) {
   if (v.lens == nullptr && v.row_len == 0) {
     return Inconsistent("lens absent for " + std::to_string(v.num_keys) + " keys with values");
   }
-  uint64_t sum = uint64_t{v.row_len} * v.num_keys;  // rows of one length: num_values by construction
+  uint64_t sum = uint64_t{v.row_len} * v.num_keys;  // rows of one length (no lens then)
   for (size_t i = 0; i < v.num_lens; ++i) {
     if (sum > UINT64_MAX - v.lens[i]) return Inconsistent("sum of lens overflows");
     sum += v.lens[i];
@@ -539,6 +550,8 @@ Result<KvView> DecodeKvPairs(const char* data, size_t size, bool expect_values, 
   if (kv->lens() != nullptr) {
     v.lens = kv->lens()->data();
     v.num_lens = kv->lens()->size();
+  } else if (kv->keys() != nullptr) {
+    v.row_len = kv->row_len();  // a push of rows of one length (0: lens absent)
   }
   if (kv->values() != nullptr) {
     v.values = kv->values()->data();
@@ -570,8 +583,10 @@ Result<KvView> DecodeKvPairsHead(char* head, size_t size, uint64_t tail_bytes, b
   if (v->values != reinterpret_cast<const float*>(head + size)) {
     return Inconsistent("values do not end the head");
   }
-  if (v->lens == nullptr && v->num_keys > 0) return Inconsistent("lens absent for keys with values");
-  uint64_t sum = 0;
+  if (v->lens == nullptr && v->row_len == 0 && v->num_keys > 0) {
+    return Inconsistent("lens absent for keys with values");
+  }
+  uint64_t sum = uint64_t{v->row_len} * (v->lens == nullptr ? v->num_keys : 0);
   for (size_t i = 0; i < v->num_lens; ++i) sum += v->lens[i];
   if (sum != count) {
     return Inconsistent("lens sum to " + std::to_string(sum) + ", the tail holds " + std::to_string(count) +

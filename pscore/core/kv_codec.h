@@ -7,7 +7,8 @@
 //   values: [float]   sum(lens) floats back to back; absent in a pull request
 //   op:     uint8     update rule selector for a push (0 = the store's default)
 //   keyless_answer: bool  a pull request: the sender reads answers without keys
-//   row_len: uint32   an answer without keys or lens: every key holds row_len floats
+//   row_len: uint32   with lens absent: every key holds row_len (> 0) floats
+// A push of rows of one length carries row_len in place of lens (keys present).
 // A pull answer to a request that set keyless_answer may leave keys out: it answers the
 // request's keys in their order, one len each, or, when all hold as many floats, with
 // row_len in place of lens (len(values) / row_len keys).
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "pscore/core/buffer.h"
+#include "pscore/core/row_lens.h"
 #include "pscore/core/status.h"
 
 namespace pscore {
@@ -36,9 +38,9 @@ namespace core {
 // does not check sum(lens) == num_values; the decoder does.
 BufferPtr EncodeKvPairs(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
                         const float* values, size_t num_values, uint8_t op = 0);
-// The same bytes for rows of one length: every key holds row_len floats, taken back to
-// back from values (row_len x num_keys of them); the lens are written into the buffer,
-// not copied from an array.
+// A push of rows of one length: every key holds row_len floats, taken back to back from
+// values (row_len x num_keys of them); row_len stands in for lens (row_len 0: lens of
+// zeros, written into the buffer).
 BufferPtr EncodeKvPairsRows(const uint64_t* keys, size_t num_keys, uint32_t row_len, const float* values);
 
 // Points into the decoded buffer: valid while that buffer lives; no copy.
@@ -48,8 +50,8 @@ BufferPtr EncodeKvPairsRows(const uint64_t* keys, size_t num_keys, uint32_t row_
 BufferPtr EncodeKvPairsGather(const uint64_t* keys, const uint32_t* lens, const float* values,
                               const uint64_t* value_offsets, const size_t* indices,
                               size_t num_indices, uint8_t op = 0);
-// The same bytes for rows of one length: key i has row_len floats at values + i * row_len
-// (no arrays of lens or offsets); the lens are written into the buffer.
+// The same for rows of one length: key i has row_len floats at values + i * row_len (no
+// arrays of lens or offsets); row_len stands in for lens as in EncodeKvPairsRows.
 BufferPtr EncodeKvPairsGatherRows(const uint64_t* keys, uint32_t row_len, const float* values, const size_t* indices,
                                   size_t num_indices);
 
@@ -111,18 +113,24 @@ struct KvView {
   size_t num_values = 0;
   uint8_t op = 0;
   bool keyless_answer = false;
-  uint32_t row_len = 0;  // an answer without keys or lens: every key's length
+  uint32_t row_len = 0;  // with lens absent: every key's length (a push, or an answer)
 
   uint32_t Len(size_t i) const { return lens != nullptr ? lens[i] : row_len; }
+  // Every key's length as the store takes it (absent in a pull request).
+  RowLens Lengths() const {
+    if (lens != nullptr) return RowLens(lens);
+    return row_len > 0 ? RowLens::All(row_len) : RowLens();
+  }
 };
 
 // Verifies `data` with the flatbuffers Verifier, then checks consistency:
 // - keys present (an `answer` to a pull may leave them out when it has lens: num_keys is
 //   then the lens' count and keys null; or with neither keys nor lens, row_len > 0 and
 //   len(values) a multiple of it: num_keys len(values) / row_len, read lens with Len);
-//   lens absent or exactly one per key;
-// - expect_values (push, pull response): lens present (or an answer's row_len in their
-//   place), sum(lens) == num_values (values may be absent when that sum is 0);
+//   lens absent or exactly one per key; with keys and without lens, row_len (when > 0)
+//   is every key's length;
+// - expect_values (push, pull response): lens present or row_len in their place,
+//   sum(lens) == num_values (values may be absent when that sum is 0);
 // - !expect_values (pull request): values absent or empty.
 // `data` must be 8-byte aligned (a Buffer's data is). Failures are
 // kInvalidArgument (unaligned, not a KvPairs buffer) or kProtocol

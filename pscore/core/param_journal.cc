@@ -190,10 +190,10 @@ Status ReplayJournal(const std::vector<JournalRecord>& records, ParamStore* stor
       return Status(Code::kInvalidArgument, "journal record " + std::to_string(i) + ": " + view.status().message());
     }
     if (r.op == JournalOp::kPush || r.op == JournalOp::kPushId) {
-      store->Push(view->keys, view->lens, view->values, view->num_keys).IgnoreError();  // as when served
+      store->Push(view->keys, view->Lengths(), view->values, view->num_keys).IgnoreError();  // as when served
       continue;
     }
-    store->Insert(view->keys, view->lens, view->values, view->num_keys);
+    store->Insert(view->keys, view->Lengths(), view->values, view->num_keys);
   }
   return Status::Ok();
 }

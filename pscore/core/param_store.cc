@@ -105,9 +105,13 @@ std::vector<float>& ParamStore::Writable(BlockPtr& block) {
   return block->values;
 }
 
-ParamStore::Offsets::Offsets(const uint32_t* lens, size_t num_keys) {
+ParamStore::Offsets::Offsets(RowLens lens, size_t num_keys) {
   if (num_keys == 0) return;
   len0 = lens[0];
+  if (lens.uniform()) {
+    total = uint64_t{len0} * num_keys;
+    return;
+  }
   for (size_t i = 0; i < num_keys; ++i) {
     total += lens[i];
     uniform = uniform && lens[i] == len0;

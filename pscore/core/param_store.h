@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "pscore/core/buffer.h"
+#include "pscore/core/row_lens.h"
 #include "pscore/core/status.h"
 #include "pscore/core/update_rule.h"
 
@@ -77,13 +78,14 @@ class ParamStore {
   // Overrides the built-in rule for later pushes (an empty function restores it).
   void SetUpdater(Updater u);
 
-  // Applies keys[i] with lens[i] floats taken back to back from `values`. A key
+  // Applies keys[i] with lens[i] floats taken back to back from `values` (lens: an array, or
+  // RowLens::All for rows of one length). A key
   // first pushed is created zero-filled with the pushed length, then the rule
   // is applied (assign: copy; sum: +=; sgd: w -= lr * g). A length that differs
   // from the stored length is refused for that key (nothing applied to it) and
   // the other keys are still applied; the returned kInvalidArgument names the
   // first refused key. Null arrays with a non-zero count are kInvalidArgument.
-  Status Push(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
+  Status Push(const uint64_t* keys, RowLens lens, const float* values, size_t num_keys);
 
   // A push applied while its values arrive, for a server that reads a large push from
   // the socket piece by piece and folds each piece in while it is still in cache: the
@@ -103,7 +105,7 @@ class ParamStore {
   // zero-filling a large block: a server's loop thread), the stream is declined, and the
   // next Push of that key, on the caller's thread, prepares its spare (within the budget).
   enum class Targets { kAllocate, kSparesOnly };
-  std::unique_ptr<PushStream> BeginStream(const uint64_t* keys, const uint32_t* lens, size_t num_keys,
+  std::unique_ptr<PushStream> BeginStream(const uint64_t* keys, RowLens lens, size_t num_keys,
                                           Targets targets = Targets::kAllocate);
 
   // For a caller about to Push under a lock of its own that a stream's progress may need
@@ -123,7 +125,7 @@ class ParamStore {
     friend class ParamStore;
     std::vector<Stripe*> stripes_;
   };
-  StreamHold HoldStreamsOff(const uint64_t* keys, const uint32_t* lens, size_t num_keys);
+  StreamHold HoldStreamsOff(const uint64_t* keys, RowLens lens, size_t num_keys);
   // Keys held by streams right now (any thread; a snapshot).
   uint64_t keys_held_by_streams() const { return held_keys_.load(std::memory_order_relaxed); }
   // Bytes of spare blocks kept for streams right now (a snapshot).
@@ -174,7 +176,7 @@ class ParamStore {
   // Stores `value` under `key`, replacing any previous value.
   void Insert(uint64_t key, std::vector<float> value);
   // Insert of many keys at once: keys[i] gets lens[i] floats taken back to back from values.
-  void Insert(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
+  void Insert(const uint64_t* keys, RowLens lens, const float* values, size_t num_keys);
   // Removes the given keys (missing ones are fine); returns how many were present.
   size_t Erase(const uint64_t* keys, size_t num_keys);
   void Clear();
@@ -277,7 +279,7 @@ class ParamStore {
   // Where each key's values start among a batch's values, back to back: i * lens[0] when
   // all keys have one length, else offs[i].
   struct Offsets {
-    Offsets(const uint32_t* lens, size_t num_keys);
+    Offsets(RowLens lens, size_t num_keys);
     uint64_t operator[](size_t i) const { return uniform ? uint64_t{i} * len0 : offs[i]; }
     bool uniform = true;
     uint32_t len0 = 0;
@@ -333,7 +335,7 @@ class ParamStore {
   bool ApplyToBlock(std::unique_lock<std::mutex>& lock, Stripe& stripe, Mode mode, const Updater* updater,
                     uint64_t key, const float* incoming, uint32_t len, Cursor* c, Status* refused,
                     bool* wants_spare);
-  Status Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys);
+  Status Apply(Mode mode, const uint64_t* keys, RowLens lens, const float* values, size_t num_keys);
   // The batch's keys of stripes [first, end), window by window (one lane of Apply).
   void ApplyLane(Batch& b, size_t first, size_t end);
   // The keys [begin, end) of the batch (indices) that fall in one stripe, walked with *c.

@@ -24,7 +24,7 @@ Status LengthRefused(const char* what, uint64_t key, uint32_t len, size_t stored
 // One lane of a batch of Push or Insert on its way through its stripes: what it reads is
 // the whole batch's, what it writes its own.
 struct ParamStore::Batch {
-  Batch(Mode m, const uint64_t* k, const uint32_t* l, const float* v, size_t n, const Offsets& o,
+  Batch(Mode m, const uint64_t* k, RowLens l, const float* v, size_t n, const Offsets& o,
         std::shared_ptr<const Updater> u)
       : mode(m), keys(k), lens(l), values(v), num_keys(n), offsets(o), updater(std::move(u)) {}
   const float* At(size_t i) const { return values + offsets[i]; }
@@ -40,7 +40,7 @@ struct ParamStore::Batch {
 
   const Mode mode;
   const uint64_t* const keys;
-  const uint32_t* const lens;
+  const RowLens lens;
   const float* const values;
   const size_t num_keys;
   const Offsets& offsets;
@@ -214,11 +214,11 @@ void ParamStore::CreateMissing(Batch& b, std::unique_lock<std::mutex>& lock, Str
   }
 }
 
-Status ParamStore::Apply(Mode mode, const uint64_t* keys, const uint32_t* lens, const float* values,
+Status ParamStore::Apply(Mode mode, const uint64_t* keys, RowLens lens, const float* values,
                          size_t num_keys) {
   if (num_keys == 0) return Status::Ok();
   const char* what = mode == Mode::kPush ? "push" : "insert";
-  if (keys == nullptr || lens == nullptr) {
+  if (keys == nullptr || !lens.present()) {
     return Status(Code::kInvalidArgument,
                   std::string(what) + " of " + std::to_string(num_keys) + " keys without keys or lens");
   }
@@ -272,11 +272,11 @@ void ParamStore::ApplyLane(Batch& b, size_t first, size_t end) {
   }
 }
 
-Status ParamStore::Push(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys) {
+Status ParamStore::Push(const uint64_t* keys, RowLens lens, const float* values, size_t num_keys) {
   return Apply(Mode::kPush, keys, lens, values, num_keys);
 }
 
-void ParamStore::Insert(const uint64_t* keys, const uint32_t* lens, const float* values, size_t num_keys) {
+void ParamStore::Insert(const uint64_t* keys, RowLens lens, const float* values, size_t num_keys) {
   Apply(Mode::kInsert, keys, lens, values, num_keys).IgnoreError();
 }
 

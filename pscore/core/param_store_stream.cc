@@ -56,9 +56,9 @@ ParamStore::Entries::iterator ParamStore::FindUnheld(std::unique_lock<std::mutex
   return it;
 }
 
-ParamStore::StreamHold ParamStore::HoldStreamsOff(const uint64_t* keys, const uint32_t* lens, size_t num_keys) {
+ParamStore::StreamHold ParamStore::HoldStreamsOff(const uint64_t* keys, RowLens lens, size_t num_keys) {
   StreamHold hold;
-  if (keys == nullptr || lens == nullptr) return hold;
+  if (keys == nullptr || !lens.present()) return hold;
   hold.stripes_.reserve(num_keys);
   for (size_t i = 0; i < num_keys; ++i) {
     Stripe& stripe = StripeFor(keys[i]);
@@ -98,9 +98,9 @@ ParamStore::BlockPtr ParamStore::Spare::Take() {
 
 void ParamStore::Spare::Reset() { Take().reset(); }
 
-std::unique_ptr<ParamStore::PushStream> ParamStore::BeginStream(const uint64_t* keys, const uint32_t* lens,
+std::unique_ptr<ParamStore::PushStream> ParamStore::BeginStream(const uint64_t* keys, RowLens lens,
                                                                 size_t num_keys, Targets targets) {
-  if (num_keys == 0 || keys == nullptr || lens == nullptr || std::atomic_load(&updater_) != nullptr) return nullptr;
+  if (num_keys == 0 || keys == nullptr || !lens.present() || std::atomic_load(&updater_) != nullptr) return nullptr;
   std::unique_ptr<PushStream> s(new PushStream(this));
   s->keys_.reserve(num_keys);
   s->progress_ns_.store(NowNs(), std::memory_order_relaxed);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -159,7 +160,79 @@ TEST_CASE("random bytes are refused", "[core][kvcodec]") {
 
 namespace pscore::core {
 
-TEST_CASE("rows of one length encode as the lens array would, without one", "[core][kvcodec]") {
+namespace {
+
+// Rows of one length decode to the keys, lengths and values the encoding with a lens array
+// gives: with row_len in place of the lens (4 bytes a key less), or, for rows of no floats,
+// as the same bytes.
+void CheckRowsLike(const BufferPtr& rows, const BufferPtr& want, uint32_t row) {
+  Result<KvView> got = DecodeKvPairs(rows->data(), rows->size(), /*expect_values=*/true);
+  Result<KvView> ref = DecodeKvPairs(want->data(), want->size(), /*expect_values=*/true);
+  REQUIRE(got.ok());
+  REQUIRE(ref.ok());
+  REQUIRE(got->num_keys == ref->num_keys);
+  CHECK(std::equal(got->keys, got->keys + got->num_keys, ref->keys));
+  for (size_t i = 0; i < got->num_keys; ++i) REQUIRE(got->Len(i) == row);
+  REQUIRE(got->num_values == ref->num_values);
+  CHECK(std::equal(got->values, got->values + got->num_values, ref->values));
+  if (row == 0) {
+    CHECK(rows->view() == want->view());
+  } else {
+    CHECK(got->lens == nullptr);
+    CHECK(got->row_len == row);
+    CHECK(rows->size() <= want->size() - 4 * got->num_keys + 8);  // at most a pad apart
+  }
+}
+
+// A push of `keys` with row_len set and, optionally, lens and values, built by hand.
+BufferPtr HandMadePush(const std::vector<uint64_t>& keys, uint32_t row_len, const std::vector<uint32_t>* lens,
+                       const std::vector<float>& values) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto values_off = fbb.CreateVector(values);
+  flatbuffers::Offset<flatbuffers::Vector<uint32_t>> lens_off;
+  if (lens != nullptr) lens_off = fbb.CreateVector(*lens);
+  auto keys_off = fbb.CreateVector(keys);
+  fb::KvPairsBuilder kv(fbb);
+  kv.add_keys(keys_off);
+  if (lens != nullptr) kv.add_lens(lens_off);
+  kv.add_values(values_off);
+  kv.add_row_len(row_len);
+  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  return Buffer::Copy(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
+}
+
+}  // namespace
+
+TEST_CASE("a push's row_len must make up its values exactly, and lens win over it", "[core][kvcodec]") {
+  const std::vector<uint64_t> keys = {4, 9, 16};
+  const std::vector<float> six = {1, 2, 3, 4, 5, 6};
+  BufferPtr ok = HandMadePush(keys, 2, nullptr, six);
+  Result<KvView> v = DecodeKvPairs(ok->data(), ok->size(), /*expect_values=*/true);
+  REQUIRE(v.ok());
+  CHECK(v->lens == nullptr);
+  CHECK(v->row_len == 2);
+  CHECK(v->Len(2) == 2);
+  CHECK(v->Lengths().uniform());
+  // Too few and too many values for three rows of two.
+  for (const std::vector<float>& values : {std::vector<float>{1, 2, 3, 4, 5}, std::vector<float>{1, 2, 3, 4, 5, 6, 7}}) {
+    BufferPtr bad = HandMadePush(keys, 2, nullptr, values);
+    CHECK(DecodeKvPairs(bad->data(), bad->size(), true).status().code() == Code::kProtocol);
+  }
+  // A row_len of 0 is lens absent: refused for a push.
+  BufferPtr none = HandMadePush(keys, 0, nullptr, six);
+  CHECK(DecodeKvPairs(none->data(), none->size(), true).status().code() == Code::kProtocol);
+  // Lens present: they say each key's length, row_len is not read.
+  const std::vector<uint32_t> lens = {1, 2, 3};
+  BufferPtr both = HandMadePush(keys, 5, &lens, six);
+  Result<KvView> b = DecodeKvPairs(both->data(), both->size(), true);
+  REQUIRE(b.ok());
+  CHECK(b->row_len == 0);
+  CHECK(b->Len(2) == 3);
+  // The same bytes as a pull request: values must be absent or empty.
+  CHECK(DecodeKvPairs(ok->data(), ok->size(), /*expect_values=*/false).status().code() == Code::kProtocol);
+}
+
+TEST_CASE("a push of rows of one length carries row_len in place of lens", "[core][kvcodec]") {
   for (size_t nkeys : {0, 1, 2, 3, 7, 100001}) {
     for (uint32_t row : {0u, 1u, 3u, 64u}) {
       INFO(nkeys << " keys of " << row << " floats");
@@ -171,18 +244,18 @@ TEST_CASE("rows of one length encode as the lens array would, without one", "[co
       const float none = 0;  // present but empty, as a caller's empty vector may give
       const float* v = values.empty() ? &none : values.data();
       BufferPtr rows = EncodeKvPairsRows(keys.data(), nkeys, row, v);
-      BufferPtr want = EncodeKvPairs(keys.data(), nkeys, lens.data(), v, values.size());
-      if (nkeys > 0) CHECK(rows->view() == want->view());  // no keys: lens.data() is null, absent there
+      const uint32_t no_len = 0;  // no keys: lens.data() may be null, which leaves lens out
+      BufferPtr want = EncodeKvPairs(keys.data(), nkeys, nkeys > 0 ? lens.data() : &no_len, v, values.size());
+      CheckRowsLike(rows, want, row);
       Result<KvView> d = DecodeKvPairs(rows->data(), rows->size(), /*expect_values=*/true);
       REQUIRE(d.ok());
       CHECK(d->num_keys == nkeys);
-      CHECK(std::vector<uint32_t>(d->lens, d->lens + d->num_lens) == lens);
       CHECK(std::vector<float>(d->values, d->values + d->num_values) == values);
     }
   }
 }
 
-TEST_CASE("a gather of rows of one length encodes as the gather with lens and offsets arrays", "[core][kvcodec]") {
+TEST_CASE("a gather of rows of one length decodes as the gather with lens and offsets arrays", "[core][kvcodec]") {
   // Indices consecutive (one stretch), scattered, and rows small (gathered key by key) or
   // large (a piece per key: 1,024 floats is kGatherPieceBytes).
   const size_t nkeys = 3000;
@@ -205,13 +278,13 @@ TEST_CASE("a gather of rows of one length encodes as the gather with lens and of
       BufferPtr got = EncodeKvPairsGatherRows(keys.data(), row, v, pick->data(), pick->size());
       BufferPtr want =
           EncodeKvPairsGather(keys.data(), lens.data(), v, offsets.data(), pick->data(), pick->size());
-      CHECK(got->view() == want->view());
+      CheckRowsLike(got, want, row);
       Result<KvView> d = DecodeKvPairs(got->data(), got->size(), /*expect_values=*/true);
       REQUIRE(d.ok());
       REQUIRE(d->num_keys == pick->size());
       for (size_t j = 0; j < pick->size(); ++j) {
         REQUIRE(d->keys[j] == keys[(*pick)[j]]);
-        REQUIRE(d->lens[j] == row);
+        REQUIRE(d->Len(j) == row);
         for (uint32_t f = 0; f < row; ++f) REQUIRE(d->values[j * row + f] == values[(*pick)[j] * row + f]);
       }
     }
@@ -606,8 +679,8 @@ TEST_CASE("a pull request may ask for answers without keys - only an answer may 
   Result<KvView> z = DecodeKvPairs((*zero)->data(), (*zero)->size(), true, true);
   REQUIRE(z.ok());
   CHECK((z->num_keys == 2 && z->num_lens == 2 && z->lens[0] == 0 && z->num_values == 0));
-  // A row_len that does not divide the values, or none, is refused; beside keys it is
-  // not read (a push still needs its lens).
+  // A row_len that does not divide the values, or none, is refused; beside keys it must
+  // make up the values exactly (a push of rows of one length).
   auto with_row_len = [](const std::vector<uint64_t>* k, uint32_t row_len, const std::vector<float>& vals) {
     flatbuffers::FlatBufferBuilder fbb;
     auto ko = k ? fbb.CreateVector(*k) : 0;
@@ -622,8 +695,14 @@ TEST_CASE("a pull request may ask for answers without keys - only an answer may 
   }
   const std::vector<uint64_t> one_key = {7};
   BufferPtr keyed = with_row_len(&one_key, 3, three);
-  CHECK(DecodeKvPairs(keyed->data(), keyed->size(), true, true).status().code() == Code::kProtocol);
-  CHECK(DecodeKvPairs(keyed->data(), keyed->size(), true).status().code() == Code::kProtocol);
+  for (bool answer : {false, true}) {
+    Result<KvView> one = DecodeKvPairs(keyed->data(), keyed->size(), true, answer);
+    REQUIRE(one.ok());
+    CHECK((one->num_keys == 1 && one->lens == nullptr && one->row_len == 3 && one->num_values == 3));
+  }
+  BufferPtr short_row = with_row_len(&one_key, 2, three);
+  CHECK(DecodeKvPairs(short_row->data(), short_row->size(), true, true).status().code() == Code::kProtocol);
+  CHECK(DecodeKvPairs(short_row->data(), short_row->size(), true).status().code() == Code::kProtocol);
   // An answer that keeps its keys decodes as an answer too (a server that predates the flag).
   Result<KvView> k = DecodeKvPairs((*with_keys)->data(), (*with_keys)->size(), true, true);
   REQUIRE(k.ok());

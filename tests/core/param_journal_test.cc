@@ -59,6 +59,29 @@ TEST_CASE("journal: replay gives the store the changes gave when applied directl
   CHECK(store.num_keys() == 4);
 }
 
+TEST_CASE("journal: pushes and inserts of rows of one length (row_len, no lens) replay as those with lens",
+          "[core][journal]") {
+  auto rows = [](const std::vector<uint64_t>& keys, uint32_t row_len, const std::vector<float>& values) {
+    BufferPtr b = EncodeKvPairsRows(keys.data(), keys.size(), row_len, values.data());
+    return std::string(b->data(), b->size());
+  };
+  std::string f = JournalFileHeader();
+  Add(&f, JournalOp::kPush, rows({1, 2, 3}, 2, {1, 2, 3, 4, 5, 6}));
+  Add(&f, JournalOp::kPush, rows({3, 1}, 2, {10, 10, 20, 20}));
+  Add(&f, JournalOp::kInsert, rows({9}, 3, {7, 8, 9}));
+  Add(&f, JournalOp::kPush, rows({2, 9}, 3, {0, 0, 0, 1, 1, 1}));  // key 2 has length 2: skipped
+  Result<ParsedJournal> parsed = ParseJournal(f);
+  REQUIRE(parsed.ok());
+  REQUIRE(parsed->records.size() == 4);
+  ParamStore store({UpdateRule::kSum, 0.1f});
+  REQUIRE(ReplayJournal(parsed->records, &store).ok());
+  CHECK(Get(store, 1) == std::vector<float>{21, 22});
+  CHECK(Get(store, 2) == std::vector<float>{3, 4});
+  CHECK(Get(store, 3) == std::vector<float>{15, 16});
+  CHECK(Get(store, 9) == std::vector<float>{8, 9, 10});
+  CHECK(store.num_keys() == 4);
+}
+
 TEST_CASE("journal: a drop record removes the entries another server owns", "[core][journal]") {
   std::string f = JournalFileHeader();
   std::vector<uint64_t> keys;

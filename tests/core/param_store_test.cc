@@ -2,7 +2,9 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "pscore/core/key_range.h"
@@ -116,6 +118,49 @@ TEST_CASE("length mismatch is refused for that key only", "[core][paramstore]") 
 
   CHECK(store.Push(keys, nullptr, bad_values, 2).code() == Code::kInvalidArgument);
   CHECK(store.Push(keys, bad_lens, nullptr, 2).code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("a push of rows of one length (RowLens::All) applies as one with a lens array", "[core][paramstore]") {
+  // Rows small (in runs) and larger than a run holds (blocks); batches small and large
+  // enough for several lanes (kLaneKeys, kLaneFloats); keys new, then present, then of
+  // another length.
+  const std::pair<uint32_t, size_t> large[] = {{1u, 200007}, {3u, 140001}, {5000u, 447}};
+  for (const auto& [row, many] : large) {
+    for (size_t n : {size_t{5}, many}) {
+      INFO(n << " keys of " << row << " floats");
+      ParamStore rows(Rule(UpdateRule::kSum));
+      ParamStore listed(Rule(UpdateRule::kSum));
+      std::vector<uint64_t> keys(n);
+      for (size_t i = 0; i < n; ++i) keys[i] = i * 7919;
+      const std::vector<uint32_t> lens(n, row);
+      std::vector<float> values(n * row);
+      for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 97);
+      for (int round = 0; round < 2; ++round) {
+        REQUIRE(rows.Push(keys.data(), RowLens::All(row), values.data(), n).ok());
+        REQUIRE(listed.Push(keys.data(), lens.data(), values.data(), n).ok());
+      }
+      std::vector<uint32_t> got_lens;
+      std::vector<float> got;
+      std::vector<uint32_t> want_lens;
+      std::vector<float> want;
+      REQUIRE(rows.Pull(keys.data(), n, &got_lens, &got).ok());
+      REQUIRE(listed.Pull(keys.data(), n, &want_lens, &want).ok());
+      CHECK(got_lens == want_lens);
+      CHECK(got == want);
+      CHECK(got[row] == 2 * values[row]);  // key 1, pushed twice
+      // Another length for every key: refused, naming the first, nothing applied.
+      const std::vector<float> longer(n * (row + 1), 1.0f);
+      Status st = rows.Push(keys.data(), RowLens::All(row + 1), longer.data(), n);
+      CHECK(st.code() == Code::kInvalidArgument);
+      CHECK_THAT(st.message(), Catch::Contains("key " + std::to_string(keys[0])));
+      REQUIRE(rows.Pull(keys.data(), n, &got_lens, &got).ok());
+      CHECK(got == want);
+    }
+  }
+  ParamStore store(Rule(UpdateRule::kSum));
+  const uint64_t key = 1;
+  const float value = 1;
+  CHECK(store.Push(&key, RowLens(), &value, 1).code() == Code::kInvalidArgument);  // absent
 }
 
 TEST_CASE("pull of a missing key is NotFound naming the key", "[core][paramstore]") {

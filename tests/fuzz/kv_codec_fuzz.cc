@@ -4,7 +4,7 @@
 // (true) and as a pull answer, which may leave its keys out; whatever decodes is read in full, re-encoded and decoded again (must round-trip),
 // and a push is applied to a fresh core::ParamStore and pulled back, copied and shared
 // (the zero-copy answer must be the copying encoder's bytes, and its head alone must decode
-// to the same keys and lens). Every split of the input where a head may end (the values'
+// to the same keys and lens). A push may carry row_len in place of lens. Every split of the input where a head may end (the values'
 // count matches the bytes after it) is decoded as a head received apart from its values:
 // in a buffer of exactly its size (ASan sees any read past it), and when it decodes, the
 // whole input must decode as a push with the same keys, lens and value count.
@@ -36,11 +36,15 @@ uint64_t Touch(const KvView& v) {
 }
 
 void CheckRoundTrip(const KvView& v, bool expect_values) {
-  pscore::BufferPtr again = pscore::core::EncodeKvPairs(v.keys, v.num_keys, v.lens, v.values, v.num_values, v.op);
+  // A push of rows of one length (row_len in place of lens) through the rows encoder, which
+  // writes no op.
+  const bool rows = expect_values && v.lens == nullptr && v.row_len > 0;
+  pscore::BufferPtr again = rows ? pscore::core::EncodeKvPairsRows(v.keys, v.num_keys, v.row_len, v.values)
+                                 : pscore::core::EncodeKvPairs(v.keys, v.num_keys, v.lens, v.values, v.num_values, v.op);
   auto back = DecodeKvPairs(again->data(), again->size(), expect_values);
   if (!back.ok()) __builtin_trap();
   if (back->num_keys != v.num_keys || back->num_lens != v.num_lens || back->num_values != v.num_values ||
-      back->op != v.op) {
+      (!rows && back->op != v.op) || (rows && back->row_len != v.row_len)) {
     __builtin_trap();
   }
   if (v.num_keys && std::memcmp(back->keys, v.keys, v.num_keys * sizeof(uint64_t)) != 0) __builtin_trap();
@@ -89,7 +93,7 @@ void HeadApart(const char* p, size_t size, size_t cut) {
   if (!h.ok()) return;
   auto whole = DecodeKvPairs(p, size, /*expect_values=*/true);
   if (!whole.ok() || whole->num_keys != h->num_keys || whole->num_lens != h->num_lens ||
-      whole->num_values != h->num_values || whole->values != reinterpret_cast<const float*>(p + cut)) {
+      whole->row_len != h->row_len || whole->num_values != h->num_values || whole->values != reinterpret_cast<const float*>(p + cut)) {
     __builtin_trap();
   }
   if (h->num_keys && std::memcmp(whole->keys, h->keys, h->num_keys * sizeof(uint64_t)) != 0) __builtin_trap();
@@ -101,7 +105,7 @@ void PushAndPull(const KvView& v) {
   opts.rule = static_cast<pscore::core::UpdateRule>(v.op % 3);
   pscore::core::ParamStore store(opts);
   // A refused key (length mismatch) is an answer, not a failure.
-  store.Push(v.keys, v.lens, v.values, v.num_keys).IgnoreError();
+  store.Push(v.keys, v.Lengths(), v.values, v.num_keys).IgnoreError();
   std::vector<uint32_t> lens;
   std::vector<float> values;
   if (store.Pull(v.keys, v.num_keys, &lens, &values).ok()) {
@@ -128,15 +132,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CheckRoundTrip(*view, expect_values);
     if (expect_values) PushAndPull(*view);
   }
-  // As a pull answer: with keys it is what a push decodes to; without, one len per key,
-  // or rows of row_len floats that make up the values exactly.
+  // As a pull answer: with keys it is what a push decodes to (lens, or rows of row_len
+  // floats); without, one len per key, or rows of row_len floats that make up the values
+  // exactly.
   auto answer = DecodeKvPairs(p, size, /*expect_values=*/true, /*answer=*/true);
   if (answer.ok()) {
     sink = sink + Touch(*answer);
     auto push = DecodeKvPairs(p, size, /*expect_values=*/true);
     const KvView& a = *answer;
     const bool rows = a.lens == nullptr && a.row_len > 0 && uint64_t{a.row_len} * a.num_keys == a.num_values;
-    if (a.keys != nullptr ? !push.ok() || push->num_keys != a.num_keys || a.row_len != 0
+    if (a.keys != nullptr ? !push.ok() || push->num_keys != a.num_keys || push->row_len != a.row_len
                           : push.ok() || !(rows || (a.lens != nullptr && a.num_lens == a.num_keys))) {
       __builtin_trap();
     }

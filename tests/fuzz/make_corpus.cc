@@ -143,6 +143,9 @@ void BlockingLinkSeeds() {
 
 void KvSeeds() {
   Write("kv_codec_fuzz", "push", PushPayload());
+  const uint64_t keys[] = {3, 17, 1ull << 33};
+  const float values[] = {1, 2, 3, 4, 5, 6};
+  Write("kv_codec_fuzz", "push_rows", Str(pscore::core::EncodeKvPairsRows(keys, 3, 2, values)));  // row_len
   Write("kv_codec_fuzz", "pull", PullPayload());
   Write("kv_codec_fuzz", "empty", Str(pscore::core::EncodeKvPairs(nullptr, 0, nullptr, nullptr, 0)));
 }

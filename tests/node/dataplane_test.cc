@@ -501,7 +501,7 @@ TEST_CASE("a Pull issued after a Push sees it even when the server refused that 
       if (refuse->exchange(0) > 0) return r.Fail(Status(Code::kAborted, "test: these keys moved"));
       Result<core::KvView> v = core::DecodeKvPairs(req.payload->data(), req.payload->size(), true);
       if (!v.ok()) return r.Fail(v.status());
-      Status st = server->store().Push(v->keys, v->lens, v->values, v->num_keys);
+      Status st = server->store().Push(v->keys, v->Lengths(), v->values, v->num_keys);
       if (!st.ok()) return r.Fail(st);
       r.Reply(nullptr);
     });

@@ -34,11 +34,11 @@ class ParamService::PushTail : public comm::TailStream {
     // Large keys only: a push small enough for the loop thread (SmallBuiltin) can then
     // never wait there for a stream, which only the loop thread itself could finish.
     for (size_t i = 0; i < view->num_keys; ++i) {
-      if (uint64_t{view->lens[i]} * sizeof(float) < core::kZeroCopyBytes) return false;
+      if (uint64_t{view->Len(i)} * sizeof(float) < core::kZeroCopyBytes) return false;
     }
     auto lock = service_->ownership_->Share();
     if (!service_->ownership_->CheckOwned(view->keys, view->num_keys).ok()) return false;
-    stream_ = service_->store_.BeginStream(view->keys, view->lens, view->num_keys,
+    stream_ = service_->store_.BeginStream(view->keys, view->Lengths(), view->num_keys,
                                             core::ParamStore::Targets::kSparesOnly);
     if (stream_ != nullptr) keys_.assign(view->keys, view->keys + view->num_keys);
     return stream_ != nullptr;
@@ -97,10 +97,12 @@ void ParamService::HandlePush(const DataRequest& req, Responder r, bool replica)
   // A key held by a push being folded in as it arrives (PushTail: keys of 64 KiB or more)
   // is waited for here, not under the ownership lock: the loop thread, which feeds that push,
   // takes the ownership lock.
-  const bool large = std::any_of(view->lens, view->lens + view->num_keys,
-                                 [](uint32_t l) { return uint64_t{l} * sizeof(float) >= core::kZeroCopyBytes; });
+  const core::RowLens lens = view->Lengths();
+  auto is_large = [](uint32_t l) { return uint64_t{l} * sizeof(float) >= core::kZeroCopyBytes; };
+  const bool large = lens.each() != nullptr ? std::any_of(lens.each(), lens.each() + view->num_keys, is_large)
+                                            : view->num_keys > 0 && is_large(lens[0]);
   core::ParamStore::StreamHold hold =
-      large ? store_.HoldStreamsOff(view->keys, view->lens, view->num_keys) : core::ParamStore::StreamHold();
+      large ? store_.HoldStreamsOff(view->keys, lens, view->num_keys) : core::ParamStore::StreamHold();
   auto lock = ownership_->Share();
   // A worker's push is applied here and by each live backup of its keys' ranges, the
   // forwards sent before this server applies it (an answer only once all did:
@@ -125,7 +127,7 @@ void ParamService::HandlePush(const DataRequest& req, Responder r, bool replica)
     st.ok() ? r.Reply(nullptr) : r.Fail(st);
   };
   const std::string_view body(data, size);
-  auto apply = [&] { return store_.Push(view->keys, view->lens, view->values, view->num_keys); };
+  auto apply = [&] { return store_.Push(view->keys, lens, view->values, view->num_keys); };
   if (!req.push_id) {
     forward();
     return done(Journaled(core::JournalOp::kPush, body, apply));

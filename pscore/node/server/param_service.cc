@@ -189,7 +189,7 @@ Status ParamService::JournaledRecord(const std::string& header, std::string_view
 
 Status ParamService::InsertEntries(std::string_view body, const core::KvView& view) {
   return Journaled(core::JournalOp::kInsert, body, [&] {
-    store_.Insert(view.keys, view.lens, view.values, view.num_keys);
+    store_.Insert(view.keys, view.Lengths(), view.values, view.num_keys);
     if (journal_) {
       for (size_t i = 0; i < view.num_keys; ++i) restored_unconfirmed_.erase(view.keys[i]);  // journal_mu_ is held
     }

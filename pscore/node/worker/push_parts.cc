@@ -162,8 +162,9 @@ Status ResplitPush(const KvPart& part, int servers, KvRequest& op, std::vector<K
   if (!bytes) return Status(Code::kInternal, "push part without payload");
   Result<core::KvView> v = core::DecodeKvPairs(bytes->data(), bytes->size(), true);
   if (!v.ok()) return v.status();
-  uint64_t total = 0;
-  const std::vector<uint64_t> offsets = Offsets(v->lens, v->num_keys, &total);
+  const bool rows = v->lens == nullptr;  // row_len in place of lens
+  uint64_t total = v->num_values;
+  const std::vector<uint64_t> offsets = rows ? std::vector<uint64_t>() : Offsets(v->lens, v->num_keys, &total);
   op.CountCopied(total * sizeof(float));  // every value once, into the new parts
   const std::vector<std::vector<size_t>> groups = ByOwner(v->keys, v->num_keys, servers);
   for (int s = 0; s < servers; ++s) {
@@ -173,11 +174,16 @@ Status ResplitPush(const KvPart& part, int servers, KvRequest& op, std::vector<K
     sub.server = s;
     sub.for_servers = servers;
     sub.num_keys = g.size();
-    uint64_t floats = 0;
-    for (size_t i : g) floats += v->lens[i];
-    sub.payload = PushPayload(
-        core::EncodeKvPairsGather(v->keys, v->lens, v->values, offsets.data(), g.data(), g.size()), floats,
-        g.size());
+    uint64_t floats = uint64_t{v->row_len} * g.size();
+    BufferPtr encoded;
+    if (rows) {
+      encoded = core::EncodeKvPairsGatherRows(v->keys, v->row_len, v->values, g.data(), g.size());
+    } else {
+      floats = 0;
+      for (size_t i : g) floats += v->lens[i];
+      encoded = core::EncodeKvPairsGather(v->keys, v->lens, v->values, offsets.data(), g.data(), g.size());
+    }
+    sub.payload = PushPayload(std::move(encoded), floats, g.size());
     parts->push_back(std::move(sub));
   }
   return Status::Ok();
