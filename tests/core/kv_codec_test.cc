@@ -214,8 +214,10 @@ TEST_CASE("a push's row_len must make up its values exactly, and lens win over i
   CHECK(v->Len(2) == 2);
   CHECK(v->Lengths().uniform());
   // Too few and too many values for three rows of two.
-  for (const std::vector<float>& values : {std::vector<float>{1, 2, 3, 4, 5}, std::vector<float>{1, 2, 3, 4, 5, 6, 7}}) {
-    BufferPtr bad = HandMadePush(keys, 2, nullptr, values);
+  const std::vector<float> five = {1, 2, 3, 4, 5};
+  const std::vector<float> seven = {1, 2, 3, 4, 5, 6, 7};
+  for (const std::vector<float>* values : {&five, &seven}) {
+    BufferPtr bad = HandMadePush(keys, 2, nullptr, *values);
     CHECK(DecodeKvPairs(bad->data(), bad->size(), true).status().code() == Code::kProtocol);
   }
   // A row_len of 0 is lens absent: refused for a push.

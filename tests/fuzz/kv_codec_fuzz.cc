@@ -4,8 +4,8 @@
 // (true) and as a pull answer, which may leave its keys out; whatever decodes is read in full, re-encoded and decoded again (must round-trip),
 // and a push is applied to a fresh core::ParamStore and pulled back, copied and shared
 // (the zero-copy answer must be the copying encoder's bytes, and its head alone must decode
-// to the same keys and lens). A push may carry row_len in place of lens. Every split of the input where a head may end (the values'
-// count matches the bytes after it) is decoded as a head received apart from its values:
+// to the same keys and lens). A push may carry row_len in place of lens. Every split of
+// the input where a head may end (the values' count matches the bytes after it) is decoded as a head received apart from its values:
 // in a buffer of exactly its size (ASan sees any read past it), and when it decodes, the
 // whole input must decode as a push with the same keys, lens and value count.
 #include <cstddef>
@@ -39,8 +39,9 @@ void CheckRoundTrip(const KvView& v, bool expect_values) {
   // A push of rows of one length (row_len in place of lens) through the rows encoder, which
   // writes no op.
   const bool rows = expect_values && v.lens == nullptr && v.row_len > 0;
-  pscore::BufferPtr again = rows ? pscore::core::EncodeKvPairsRows(v.keys, v.num_keys, v.row_len, v.values)
-                                 : pscore::core::EncodeKvPairs(v.keys, v.num_keys, v.lens, v.values, v.num_values, v.op);
+  pscore::BufferPtr again =
+      rows ? pscore::core::EncodeKvPairsRows(v.keys, v.num_keys, v.row_len, v.values)
+           : pscore::core::EncodeKvPairs(v.keys, v.num_keys, v.lens, v.values, v.num_values, v.op);
   auto back = DecodeKvPairs(again->data(), again->size(), expect_values);
   if (!back.ok()) __builtin_trap();
   if (back->num_keys != v.num_keys || back->num_lens != v.num_lens || back->num_values != v.num_values ||
@@ -93,7 +94,8 @@ void HeadApart(const char* p, size_t size, size_t cut) {
   if (!h.ok()) return;
   auto whole = DecodeKvPairs(p, size, /*expect_values=*/true);
   if (!whole.ok() || whole->num_keys != h->num_keys || whole->num_lens != h->num_lens ||
-      whole->row_len != h->row_len || whole->num_values != h->num_values || whole->values != reinterpret_cast<const float*>(p + cut)) {
+      whole->row_len != h->row_len || whole->num_values != h->num_values ||
+      whole->values != reinterpret_cast<const float*>(p + cut)) {
     __builtin_trap();
   }
   if (h->num_keys && std::memcmp(whole->keys, h->keys, h->num_keys * sizeof(uint64_t)) != 0) __builtin_trap();

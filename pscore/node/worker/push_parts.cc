@@ -48,6 +48,23 @@ Result<Payload> SharedPart(const PushInput& in, const std::vector<uint64_t>& off
   return core::EncodeKvPairsShared(k.data(), k.size(), l.data(), std::move(tail));
 }
 
+// The copied part of the keys `g` of a push's arrays: key i has lens[i] floats at
+// values + offsets[i], or, with lens null, row_len floats at values + i * row_len (sent with
+// row_len in place of lens). Sets *floats to the part's value count.
+Payload CopiedPart(const uint64_t* keys, const uint32_t* lens, uint32_t row_len, const float* values,
+                   const std::vector<uint64_t>& offsets, const std::vector<size_t>& g, uint64_t* floats) {
+  BufferPtr encoded;
+  if (lens == nullptr) {
+    *floats = uint64_t{row_len} * g.size();
+    encoded = core::EncodeKvPairsGatherRows(keys, row_len, values, g.data(), g.size());
+  } else {
+    *floats = 0;
+    for (size_t i : g) *floats += lens[i];
+    encoded = core::EncodeKvPairsGather(keys, lens, values, offsets.data(), g.data(), g.size());
+  }
+  return PushPayload(std::move(encoded), *floats, g.size());
+}
+
 }  // namespace
 
 std::vector<std::vector<size_t>> ByOwner(const uint64_t* keys, size_t n, int servers, ScratchArrays* scratch) {
@@ -139,16 +156,8 @@ Status SplitPush(const PushInput& in, int servers, size_t slice_keys, KvRequest&
       if (!p.ok()) return p.status();
       part.payload = std::move(*p);
     } else {
-      uint64_t floats = uint64_t{in.row_len} * g.size();
-      BufferPtr encoded;
-      if (rows) {
-        encoded = core::EncodeKvPairsGatherRows(in.keys, in.row_len, in.values, g.data(), g.size());
-      } else {
-        floats = 0;
-        for (size_t i : g) floats += in.lens[i];
-        encoded = core::EncodeKvPairsGather(in.keys, in.lens, in.values, offsets.data(), g.data(), g.size());
-      }
-      part.payload = PushPayload(std::move(encoded), floats, g.size());
+      uint64_t floats = 0;
+      part.payload = CopiedPart(in.keys, in.lens, in.row_len, in.values, offsets, g, &floats);
       op.CountCopied(floats * sizeof(float));
     }
     parts->push_back(std::move(part));
@@ -174,16 +183,8 @@ Status ResplitPush(const KvPart& part, int servers, KvRequest& op, std::vector<K
     sub.server = s;
     sub.for_servers = servers;
     sub.num_keys = g.size();
-    uint64_t floats = uint64_t{v->row_len} * g.size();
-    BufferPtr encoded;
-    if (rows) {
-      encoded = core::EncodeKvPairsGatherRows(v->keys, v->row_len, v->values, g.data(), g.size());
-    } else {
-      floats = 0;
-      for (size_t i : g) floats += v->lens[i];
-      encoded = core::EncodeKvPairsGather(v->keys, v->lens, v->values, offsets.data(), g.data(), g.size());
-    }
-    sub.payload = PushPayload(std::move(encoded), floats, g.size());
+    uint64_t floats = 0;
+    sub.payload = CopiedPart(v->keys, v->lens, v->row_len, v->values, offsets, g, &floats);
     parts->push_back(std::move(sub));
   }
   return Status::Ok();
