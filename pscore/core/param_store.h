@@ -291,8 +291,11 @@ class ParamStore {
 
   // ---- runs (param_store_runs.cc) ----
   // Finds `key` in the runs (stripe lock held), walking on from *c; *c is left at the key or
-  // where it would go. Inline, below: every push and pull takes it per key.
+  // where it would go. Every push and pull takes it per key: the steps of a sorted batch
+  // walking on are inline, below; SeekInRuns takes the rest (another run, a batch going
+  // back, a key further on).
   static bool FindInRuns(const Stripe& stripe, uint64_t key, Cursor* c);
+  static bool SeekInRuns(const Stripe& stripe, uint64_t key, Cursor* c);
   // Keys with their lengths, sorted by key.
   using KeyLens = std::vector<std::pair<uint64_t, uint32_t>>;
   // Adds keys (sorted, distinct, in neither layout) to the runs, zero-filled (stripe lock held).
@@ -383,43 +386,23 @@ class ParamStore {
 };
 
 inline bool ParamStore::FindInRuns(const Stripe& stripe, uint64_t key, Cursor* c) {
-  const std::vector<Run>& runs = stripe.runs;
-  if (c->run < runs.size()) {
-    const std::vector<uint64_t>& ks = runs[c->run].keys;
-    const size_t next = c->pos + 1;
-    if (next < ks.size() && ks[next] == key) {
-      c->pos = next;
-      return true;
+  // A sorted batch walking on through the cursor's run: the key at most 4 places past the
+  // cursor, found by counting the keys before it among the next three (the three loads go
+  // at once, and no branch guesses the step: for a batch of every other stored key it is
+  // a coin toss). A key between two of the run's keys is in no run.
+  if (c->run < stripe.runs.size()) {
+    const std::vector<uint64_t>& ks = stripe.runs[c->run].keys;
+    const size_t p = c->pos;
+    if (p + 4 < ks.size() && ks[p] < key) {
+      const size_t i = p + 1 + static_cast<size_t>(ks[p + 1] < key) + static_cast<size_t>(ks[p + 2] < key) +
+                       static_cast<size_t>(ks[p + 3] < key);  // sorted: how many are before the key
+      if (ks[i] >= key) {
+        c->pos = i;
+        return ks[i] == key;
+      }
     }
   }
-  if (runs.empty() || key < runs.front().keys.front()) {
-    *c = Cursor{};
-    return false;
-  }
-  // The run whose range [first key, next run's first key) holds the key: the cursor's, the
-  // one after it (a sorted batch walking on), or found by binary search.
-  auto holds = [&](size_t r) {
-    return r < runs.size() && key >= runs[r].keys.front() && (r + 1 == runs.size() || key < runs[r + 1].keys.front());
-  };
-  if (!holds(c->run)) {
-    if (holds(c->run + 1)) {
-      ++c->run;
-    } else {
-      auto it = std::upper_bound(runs.begin(), runs.end(), key,
-                                 [](uint64_t k, const Run& run) { return k < run.keys.front(); });
-      c->run = static_cast<size_t>(it - runs.begin()) - 1;
-    }
-    c->pos = 0;
-  }
-  const std::vector<uint64_t>& ks = runs[c->run].keys;
-  size_t i = c->pos;
-  if (i > ks.size() || (i > 0 && ks[i - 1] >= key)) i = 0;  // the batch went back
-  for (int step = 0; step < 4 && i < ks.size() && ks[i] < key; ++step) ++i;
-  if (i < ks.size() && ks[i] < key) {
-    i = static_cast<size_t>(std::lower_bound(ks.begin() + i, ks.end(), key) - ks.begin());
-  }
-  c->pos = i;
-  return i < ks.size() && ks[i] == key;
+  return SeekInRuns(stripe, key, c);
 }
 
 // See ParamStore::BeginStream. Owned by one thread at a time (the one reading the push).

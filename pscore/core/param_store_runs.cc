@@ -117,6 +117,47 @@ class ParamStore::RunWriter {
   size_t left_ = 0;
 };
 
+bool ParamStore::SeekInRuns(const Stripe& stripe, uint64_t key, Cursor* c) {
+  const std::vector<Run>& runs = stripe.runs;
+  if (runs.empty() || key < runs.front().keys.front()) {
+    *c = Cursor{};
+    return false;
+  }
+  // The run whose range [first key, next run's first key) holds the key: the cursor's, the
+  // one after it (a sorted batch walking on), or found by binary search.
+  auto holds = [&](size_t r) {
+    return r < runs.size() && key >= runs[r].keys.front() && (r + 1 == runs.size() || key < runs[r + 1].keys.front());
+  };
+  if (!holds(c->run)) {
+    if (holds(c->run + 1)) {
+      ++c->run;
+    } else {
+      auto it = std::upper_bound(runs.begin(), runs.end(), key,
+                                 [](uint64_t k, const Run& run) { return k < run.keys.front(); });
+      c->run = static_cast<size_t>(it - runs.begin()) - 1;
+    }
+    c->pos = 0;
+  }
+  const std::vector<uint64_t>& ks = runs[c->run].keys;
+  size_t i = c->pos;
+  if (i > ks.size() || (i > 0 && ks[i - 1] >= key)) i = 0;  // the batch went back
+  for (int step = 0; step < 4 && i < ks.size() && ks[i] < key; ++step) ++i;
+  if (i < ks.size() && ks[i] < key) {
+    // Further on: bracket the key in steps that double (ks[lo] < key <= ks[hi]), then
+    // search the bracket, so a gap of g keys reads about 2 log g of them, near each other.
+    size_t lo = i;
+    size_t step = 8;
+    while (lo + step < ks.size() && ks[lo + step] < key) {
+      lo += step;
+      step *= 2;
+    }
+    const size_t hi = std::min(ks.size(), lo + step);
+    i = static_cast<size_t>(std::lower_bound(ks.begin() + lo + 1, ks.begin() + hi, key) - ks.begin());
+  }
+  c->pos = i;
+  return i < ks.size() && ks[i] == key;
+}
+
 void ParamStore::AddToRuns(Stripe& stripe, const KeyLens& fresh) {
   if (fresh.empty()) return;
   std::vector<Run>& runs = stripe.runs;

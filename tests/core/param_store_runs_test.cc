@@ -3,6 +3,7 @@
 // sets, mixed lengths, large values, length refusals, inserts, erases, shared slices,
 // moves of key ranges between servers (scale-out and back), and journal replay.
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <random>
@@ -277,6 +278,65 @@ TEST_CASE("runs: a dense key set in many pushes, then pulled whole and in slices
   }
   CHECK(store.num_keys() == kKeys);
   CHECK(store.num_floats() == kKeys * 3);
+}
+
+TEST_CASE("runs: sorted batches asking every k-th stored key, or keys between stored ones, find exactly those",
+          "[core][paramstore]") {
+  // Each stripe holds about 1,000 keys in runs; a batch of every k-th stored key walks
+  // each stripe's runs in steps of about k (near steps inline, far ones bracketed), across
+  // run ends. Every pull gets each key's own values and every push changes only its keys.
+  ParamStore store(Rule(UpdateRule::kSum));
+  constexpr size_t kKeys = 64 * 1000;
+  std::vector<uint64_t> stored(kKeys);
+  std::vector<float> want(kKeys * 2);
+  for (size_t i = 0; i < kKeys; ++i) {
+    stored[i] = i * 7919 + 3;  // spread: neighbours fall in different stripes
+    want[i * 2] = static_cast<float>(i);
+    want[i * 2 + 1] = -static_cast<float>(i);
+  }
+  REQUIRE(store.Push(stored.data(), RowLens::All(2), want.data(), kKeys).ok());
+  std::mt19937_64 gen(11);
+  std::vector<std::vector<size_t>> picks;  // indices into stored, ascending
+  for (size_t k : {1, 2, 3, 4, 5, 6, 7, 9, 16, 33, 200, 5000}) {
+    picks.emplace_back();
+    for (size_t i = k / 2; i < kKeys; i += k) picks.back().push_back(i);
+  }
+  for (unsigned shift : {1u, 3u}) {  // each key with chance 1/2, then 1/8
+    picks.emplace_back();
+    for (size_t i = 0; i < kKeys; ++i) {
+      if (gen() % (1u << shift) == 0) picks.back().push_back(i);
+    }
+  }
+  for (const std::vector<size_t>& pick : picks) {
+    INFO("a batch of " << pick.size() << " keys");
+    std::vector<uint64_t> keys;
+    std::vector<float> ones;
+    for (size_t i : pick) keys.push_back(stored[i]);
+    std::vector<float> got(keys.size() * 2);
+    REQUIRE(store.CopyUniform(keys.data(), keys.size(), 2, got.data()).ok());
+    for (size_t j = 0; j < pick.size(); ++j) {
+      REQUIRE(got[j * 2] == want[pick[j] * 2]);
+      REQUIRE(got[j * 2 + 1] == want[pick[j] * 2 + 1]);
+    }
+    ones.assign(keys.size() * 2, 1.0f);
+    REQUIRE(store.Push(keys.data(), RowLens::All(2), ones.data(), keys.size()).ok());
+    for (size_t i : pick) {
+      want[i * 2] += 1.0f;
+      want[i * 2 + 1] += 1.0f;
+    }
+    got.resize(kKeys * 2);
+    REQUIRE(store.CopyUniform(stored.data(), kKeys, 2, got.data()).ok());
+    REQUIRE(got == want);
+    // A key between two stored ones, in the batch's middle (still sorted), is in no run.
+    const size_t mid = pick.size() / 2;
+    const uint64_t absent = stored[pick[mid]] + 1;
+    keys.insert(keys.begin() + static_cast<std::ptrdiff_t>(mid + 1), absent);
+    std::vector<uint32_t> lens(keys.size());
+    Status st = store.Lens(keys.data(), keys.size(), lens.data());
+    REQUIRE(st.code() == Code::kNotFound);
+    REQUIRE(st.message().find(std::to_string(absent)) != std::string::npos);
+  }
+  CHECK(store.num_keys() == kKeys);
 }
 
 TEST_CASE("runs: sorted batches of new keys after all stored ones, lengths changing inside a run, equal the model",
