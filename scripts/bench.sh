@@ -144,7 +144,7 @@ case "$name" in
     build scale_bench
     exec "$BUILD/scale_bench" "$@"
     ;;
-  sparse)  # 10 M keys x 1 float and 1 M keys x 64 floats per call: push (new, present), pull vs memcpy
+  sparse)  # the store alone (ns per key), then 10 M keys x 1 float and 1 M keys x 64 floats per call: push (new, present), pull vs memcpy
     build sparse_bench
     exec "$BUILD/sparse_bench" "$@"
     ;;

@@ -8,8 +8,9 @@
 // figure's time over the memcpy's. ps-lite's own benchmark on this machine (issue 27:
 // 10 M keys x 1 float, one worker) took ~0.95 s to push and ~1.2 s to pull; the targets
 // are 1.5x better (push <= 0.63 s, pull <= 0.8 s), printed as `_vs_target` (<= 1 meets).
-// In-process nodes, each on its own loop thread. Usage: sparse_bench [smoke], or one case
-// for a profiler: sparse_bench KEYS FLOATS WORKERS SERVERS.
+// In-process nodes, each on its own loop thread. First, the store alone on one thread
+// (StoreCase: nanoseconds per key). Usage: sparse_bench [smoke], or one case for a
+// profiler: sparse_bench KEYS FLOATS WORKERS SERVERS, or sparse_bench store KEYS.
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -21,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "pscore/core/param_store.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
@@ -197,6 +199,65 @@ void RunCase(size_t num_keys, size_t floats, int workers, int servers) {
   report("pull_steady", steady[2].first, ps_lite_shape ? kTargetPullSecs : 0);
 }
 
+// The server's store alone, on one thread (batch_threads = 1): what a batch costs per key
+// before any transport. num_keys keys of one float, spread as RunCase's, created by one
+// push; then, each the median of five, a push and a pull (CopyUniform into a reused
+// buffer) of every key, and of every other key of the sorted order (the half that one of
+// two workers asks a server for). Baseline, in the same run: a memcpy of the same bytes
+// (keys and values) into memory written before, best of three.
+void StoreCase(size_t num_keys) {
+  const std::string name = "sparse_store_" + std::to_string(num_keys >= 1000000 ? num_keys / 1000000 : num_keys / 1000) +
+                           (num_keys >= 1000000 ? "M" : "K") + "x1";
+  std::vector<uint64_t> all;
+  for (size_t k = 0; k < num_keys; ++k) all.push_back(k * 0x9E3779B97F4A7C15ULL + 12345);
+  std::sort(all.begin(), all.end());
+  std::vector<uint64_t> half;
+  for (size_t i = 0; i < all.size(); i += 2) half.push_back(all[i]);
+  core::ParamStore::Options opts;
+  opts.rule = core::UpdateRule::kSum;
+  opts.batch_threads = 1;
+  core::ParamStore store(opts);
+  std::vector<float> ones(num_keys, 1.0f);
+  std::vector<float> out(num_keys);
+  CHECK(store.Push(all.data(), core::RowLens::All(1), ones.data(), all.size()).ok());
+  float pushes = 1;  // each key's value: the pushes it took
+  for (const auto* keys : {&all, &half}) {
+    const size_t n = keys->size();
+    const size_t bytes = n * (sizeof(uint64_t) + sizeof(float));
+    std::vector<char> src(bytes, 1);
+    std::vector<char> dst(bytes, 0);
+    double memcpy_secs = 1e9;
+    for (int rep = 0; rep < 3; ++rep) {
+      const Clock::time_point start = Clock::now();
+      std::memcpy(dst.data(), src.data(), bytes);
+      memcpy_secs = std::min(memcpy_secs, Seconds(Clock::now() - start));
+    }
+    CHECK_EQ(dst[bytes - 1], 1);
+    auto report = [&](const std::string& what, std::vector<double> secs) {
+      std::sort(secs.begin(), secs.end());
+      const std::string fig = name + "_" + what + (keys == &all ? "_all" : "_half");
+      Print(fig + "_ns_per_key", secs[secs.size() / 2] * 1e9 / static_cast<double>(n), "ns");
+      Print(fig + "_vs_memcpy", secs[secs.size() / 2] / memcpy_secs, "x");
+    };
+    std::vector<double> push_secs;
+    std::vector<double> pull_secs;
+    for (int rep = 0; rep < 5; ++rep) {
+      Clock::time_point start = Clock::now();
+      CHECK(store.Push(keys->data(), core::RowLens::All(1), ones.data(), n).ok());
+      push_secs.push_back(Seconds(Clock::now() - start));
+      start = Clock::now();
+      CHECK(store.CopyUniform(keys->data(), n, 1, out.data()).ok());
+      pull_secs.push_back(Seconds(Clock::now() - start));
+      if (keys == &all) pushes += 1;
+      // Every key asked holds its pushes (the half's keys 5 more per round of the half).
+      const float want = keys == &all ? pushes : pushes + static_cast<float>(rep + 1);
+      for (size_t i = 0; i < n; ++i) CHECK_EQ(out[i], want) << "a key lost or doubled a push";
+    }
+    report("push", push_secs);
+    report("pull", pull_secs);
+  }
+}
+
 }  // namespace
 }  // namespace pscore::node
 
@@ -206,16 +267,22 @@ int main(int argc, char** argv) {
   FLAGS_minloglevel = 2;
   const bool smoke = argc > 1 && std::string(argv[1]) == "smoke";
   std::printf("# pscore sparse benchmark (many small keys per call; in-process, loopback)\n");
+  if (argc == 3 && std::string(argv[1]) == "store") {
+    pscore::node::StoreCase(std::strtoull(argv[2], nullptr, 10));
+    return 0;
+  }
   if (argc == 5) {
     pscore::node::RunCase(std::strtoull(argv[1], nullptr, 10), std::strtoull(argv[2], nullptr, 10),
                           std::atoi(argv[3]), std::atoi(argv[4]));
     return 0;
   }
   if (smoke) {
+    pscore::node::StoreCase(100000);
     pscore::node::RunCase(100000, 1, 1, 1);
     pscore::node::RunCase(10000, 64, 2, 2);
     return 0;
   }
+  pscore::node::StoreCase(10000000);
   pscore::node::RunCase(10000000, 1, 1, 1);
   pscore::node::RunCase(1000000, 64, 1, 1);
   pscore::node::RunCase(10000000, 1, 2, 2);
