@@ -129,10 +129,14 @@ double AllWorkers(size_t workers, F call, double* cpu) {
   return secs;
 }
 
+// A key count in figure names: 10M, 100K.
+std::string KeysName(size_t n) {
+  return n >= 1000000 ? std::to_string(n / 1000000) + "M" : std::to_string(n / 1000) + "K";
+}
+
 void RunCase(size_t num_keys, size_t floats, int workers, int servers) {
-  const std::string name = std::to_string(num_keys >= 1000000 ? num_keys / 1000000 : num_keys / 1000) +
-                           (num_keys >= 1000000 ? "M" : "K") + "x" + std::to_string(floats) + "_" +
-                           std::to_string(workers) + "w" + std::to_string(servers) + "s";
+  const std::string name = KeysName(num_keys) + "x" + std::to_string(floats) + "_" + std::to_string(workers) + "w" +
+                           std::to_string(servers) + "s";
   // Keys spread over the whole id space (a hashed feature id), each worker a disjoint share.
   std::vector<Shard> shards(workers);
   for (size_t k = 0; k < num_keys; ++k) {
@@ -206,8 +210,7 @@ void RunCase(size_t num_keys, size_t floats, int workers, int servers) {
 // two workers asks a server for). Baseline, in the same run: a memcpy of the same bytes
 // (keys and values) into memory written before, best of three.
 void StoreCase(size_t num_keys) {
-  const std::string name = "sparse_store_" + std::to_string(num_keys >= 1000000 ? num_keys / 1000000 : num_keys / 1000) +
-                           (num_keys >= 1000000 ? "M" : "K") + "x1";
+  const std::string name = "sparse_store_" + KeysName(num_keys) + "x1";
   std::vector<uint64_t> all;
   for (size_t k = 0; k < num_keys; ++k) all.push_back(k * 0x9E3779B97F4A7C15ULL + 12345);
   std::sort(all.begin(), all.end());
@@ -249,7 +252,7 @@ void StoreCase(size_t num_keys) {
       CHECK(store.CopyUniform(keys->data(), n, 1, out.data()).ok());
       pull_secs.push_back(Seconds(Clock::now() - start));
       if (keys == &all) pushes += 1;
-      // Every key asked holds its pushes (the half's keys 5 more per round of the half).
+      // Every key asked holds the pushes it took (a key of the half also this round's).
       const float want = keys == &all ? pushes : pushes + static_cast<float>(rep + 1);
       for (size_t i = 0; i < n; ++i) CHECK_EQ(out[i], want) << "a key lost or doubled a push";
     }

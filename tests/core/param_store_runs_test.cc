@@ -282,11 +282,11 @@ TEST_CASE("runs: a dense key set in many pushes, then pulled whole and in slices
 
 TEST_CASE("runs: sorted batches asking every k-th stored key, or keys between stored ones, find exactly those",
           "[core][paramstore]") {
-  // Each stripe holds about 1,000 keys in runs; a batch of every k-th stored key walks
-  // each stripe's runs in steps of about k (near steps inline, far ones bracketed), across
-  // run ends. Every pull gets each key's own values and every push changes only its keys.
+  // Each stripe holds about 3,000 keys in three runs; a batch of every k-th stored key
+  // walks each stripe's runs in steps of about k (near steps inline, far ones bracketed),
+  // across run ends. Every pull gets each key's own values; every push changes only its keys.
   ParamStore store(Rule(UpdateRule::kSum));
-  constexpr size_t kKeys = 64 * 1000;
+  constexpr size_t kKeys = 64 * 3000;
   std::vector<uint64_t> stored(kKeys);
   std::vector<float> want(kKeys * 2);
   for (size_t i = 0; i < kKeys; ++i) {
