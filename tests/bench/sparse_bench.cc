@@ -252,7 +252,8 @@ void StoreCase(size_t num_keys) {
       CHECK(store.CopyUniform(keys->data(), n, 1, out.data()).ok());
       pull_secs.push_back(Seconds(Clock::now() - start));
       if (keys == &all) pushes += 1;
-      // Every key asked holds the pushes it took (a key of the half also this round's).
+      // A key's value counts its pushes: the first, one per push of all, and for a key of
+      // the half the rep + 1 pushes of the half so far.
       const float want = keys == &all ? pushes : pushes + static_cast<float>(rep + 1);
       for (size_t i = 0; i < n; ++i) CHECK_EQ(out[i], want) << "a key lost or doubled a push";
     }

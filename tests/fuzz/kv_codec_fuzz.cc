@@ -1,13 +1,14 @@
 // libFuzzer target: the push/pull payload reader (core::DecodeKvPairs) and the parameter
 // store behind it. The input is one payload, copied into an 8-byte aligned buffer as a
 // received payload is. It is decoded as a pull request (expect_values false), as a push
-// (true) and as a pull answer, which may leave its keys out; whatever decodes is read in full, re-encoded and decoded again (must round-trip),
-// and a push is applied to a fresh core::ParamStore and pulled back, copied and shared
-// (the zero-copy answer must be the copying encoder's bytes, and its head alone must decode
-// to the same keys and lens). A push may carry row_len in place of lens. Every split of
-// the input where a head may end (the values' count matches the bytes after it) is decoded as a head received apart from its values:
-// in a buffer of exactly its size (ASan sees any read past it), and when it decodes, the
-// whole input must decode as a push with the same keys, lens and value count.
+// (true) and as a pull answer, which may leave its keys out; whatever decodes is read in
+// full, re-encoded and decoded again (must round-trip), and a push is applied to a fresh
+// core::ParamStore and pulled back, copied and shared (the zero-copy answer must be the
+// copying encoder's bytes, and its head alone must decode to the same keys and lens). A
+// push may carry row_len in place of lens. Every split of the input where a head may end
+// (the values' count matches the bytes after it) is decoded as a head received apart from
+// its values: in a buffer of exactly its size (ASan sees any read past it), and when it
+// decodes, the whole input must decode as a push with the same keys, lens and value count.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
