@@ -209,11 +209,71 @@ void RunCase(size_t num_keys, size_t floats, int workers, int servers) {
 // buffer) of every key, and of every other key of the sorted order (the half that one of
 // two workers asks a server for). Baseline, in the same run: a memcpy of the same bytes
 // (keys and values) into memory written before, best of three.
+// Seconds of the best of three memcpys of `bytes` into memory written before (the store
+// case's baseline: its values live in memory the store has written).
+double WarmMemcpySecs(size_t bytes) {
+  std::vector<char> src(bytes, 1);
+  std::vector<char> dst(bytes, 0);
+  double best = 1e9;
+  for (int rep = 0; rep < 3; ++rep) {
+    const Clock::time_point start = Clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    best = std::min(best, Seconds(Clock::now() - start));
+  }
+  CHECK_EQ(dst[bytes - 1], 1);
+  return best;
+}
+
+// Prints `fig`_ns_per_key and `fig`_vs_memcpy: the median of secs over n keys, against
+// memcpy_secs for their bytes.
+void ReportPerKey(const std::string& fig, std::vector<double> secs, size_t n, double memcpy_secs) {
+  std::sort(secs.begin(), secs.end());
+  Print(fig + "_ns_per_key", secs[secs.size() / 2] * 1e9 / static_cast<double>(n), "ns");
+  Print(fig + "_vs_memcpy", secs[secs.size() / 2] / memcpy_secs, "x");
+}
+
+// The store creating keys (one thread, median of three fresh stores): `_push_new_all`
+// pushes every key into an empty store in one sorted batch (a first push of a 1w1s job);
+// `_push_new_between` pushes every other key into a store holding the rest, so each new
+// key falls between two stored ones (a 2w2s job's first push: the second worker's keys
+// arrive between the first's).
+void StoreNewKeys(const std::string& name, const std::vector<uint64_t>& all) {
+  std::vector<uint64_t> even;
+  std::vector<uint64_t> odd;
+  for (size_t i = 0; i < all.size(); ++i) (i % 2 == 0 ? even : odd).push_back(all[i]);
+  const std::vector<float> ones(all.size(), 1.0f);
+  core::ParamStore::Options opts;
+  opts.rule = core::UpdateRule::kSum;
+  opts.batch_threads = 1;
+  // Seconds to push `keys` into a fresh store holding `stored`; then every key holds 1.
+  auto create = [&](const std::vector<uint64_t>& stored, const std::vector<uint64_t>& keys) {
+    core::ParamStore store(opts);
+    if (!stored.empty()) CHECK(store.Push(stored.data(), core::RowLens::All(1), ones.data(), stored.size()).ok());
+    const Clock::time_point start = Clock::now();
+    CHECK(store.Push(keys.data(), core::RowLens::All(1), ones.data(), keys.size()).ok());
+    const double secs = Seconds(Clock::now() - start);
+    std::vector<float> out(all.size());
+    CHECK(store.CopyUniform(all.data(), all.size(), 1, out.data()).ok());
+    for (float v : out) CHECK_EQ(v, 1.0f) << "a new key lost or doubled its push";
+    return secs;
+  };
+  std::vector<double> all_secs;
+  std::vector<double> between_secs;
+  for (int rep = 0; rep < 3; ++rep) {
+    all_secs.push_back(create({}, all));
+    between_secs.push_back(create(even, odd));
+  }
+  const size_t key_bytes = sizeof(uint64_t) + sizeof(float);
+  ReportPerKey(name + "_push_new_all", all_secs, all.size(), WarmMemcpySecs(all.size() * key_bytes));
+  ReportPerKey(name + "_push_new_between", between_secs, odd.size(), WarmMemcpySecs(odd.size() * key_bytes));
+}
+
 void StoreCase(size_t num_keys) {
   const std::string name = "sparse_store_" + KeysName(num_keys) + "x1";
   std::vector<uint64_t> all;
   for (size_t k = 0; k < num_keys; ++k) all.push_back(k * 0x9E3779B97F4A7C15ULL + 12345);
   std::sort(all.begin(), all.end());
+  StoreNewKeys(name, all);
   std::vector<uint64_t> half;
   for (size_t i = 0; i < all.size(); i += 2) half.push_back(all[i]);
   core::ParamStore::Options opts;
@@ -226,22 +286,7 @@ void StoreCase(size_t num_keys) {
   float pushes = 1;  // each key's value: the pushes it took
   for (const auto* keys : {&all, &half}) {
     const size_t n = keys->size();
-    const size_t bytes = n * (sizeof(uint64_t) + sizeof(float));
-    std::vector<char> src(bytes, 1);
-    std::vector<char> dst(bytes, 0);
-    double memcpy_secs = 1e9;
-    for (int rep = 0; rep < 3; ++rep) {
-      const Clock::time_point start = Clock::now();
-      std::memcpy(dst.data(), src.data(), bytes);
-      memcpy_secs = std::min(memcpy_secs, Seconds(Clock::now() - start));
-    }
-    CHECK_EQ(dst[bytes - 1], 1);
-    auto report = [&](const std::string& what, std::vector<double> secs) {
-      std::sort(secs.begin(), secs.end());
-      const std::string fig = name + "_" + what + (keys == &all ? "_all" : "_half");
-      Print(fig + "_ns_per_key", secs[secs.size() / 2] * 1e9 / static_cast<double>(n), "ns");
-      Print(fig + "_vs_memcpy", secs[secs.size() / 2] / memcpy_secs, "x");
-    };
+    const double memcpy_secs = WarmMemcpySecs(n * (sizeof(uint64_t) + sizeof(float)));
     std::vector<double> push_secs;
     std::vector<double> pull_secs;
     for (int rep = 0; rep < 5; ++rep) {
@@ -257,8 +302,9 @@ void StoreCase(size_t num_keys) {
       const float want = keys == &all ? pushes : pushes + static_cast<float>(rep + 1);
       for (size_t i = 0; i < n; ++i) CHECK_EQ(out[i], want) << "a key lost or doubled a push";
     }
-    report("push", push_secs);
-    report("pull", pull_secs);
+    const std::string which = keys == &all ? "_all" : "_half";
+    ReportPerKey(name + "_push" + which, push_secs, n, memcpy_secs);
+    ReportPerKey(name + "_pull" + which, pull_secs, n, memcpy_secs);
   }
 }
 
