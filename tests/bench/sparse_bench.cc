@@ -203,12 +203,6 @@ void RunCase(size_t num_keys, size_t floats, int workers, int servers) {
   report("pull_steady", steady[2].first, ps_lite_shape ? kTargetPullSecs : 0);
 }
 
-// The server's store alone, on one thread (batch_threads = 1): what a batch costs per key
-// before any transport. num_keys keys of one float, spread as RunCase's, created by one
-// push; then, each the median of five, a push and a pull (CopyUniform into a reused
-// buffer) of every key, and of every other key of the sorted order (the half that one of
-// two workers asks a server for). Baseline, in the same run: a memcpy of the same bytes
-// (keys and values) into memory written before, best of three.
 // Seconds of the best of three memcpys of `bytes` into memory written before (the store
 // case's baseline: its values live in memory the store has written).
 double WarmMemcpySecs(size_t bytes) {
@@ -268,6 +262,13 @@ void StoreNewKeys(const std::string& name, const std::vector<uint64_t>& all) {
   ReportPerKey(name + "_push_new_between", between_secs, odd.size(), WarmMemcpySecs(odd.size() * key_bytes));
 }
 
+// The server's store alone, on one thread (batch_threads = 1): what a batch costs per key
+// before any transport. num_keys keys of one float, spread as RunCase's: first created
+// (StoreNewKeys), then, in a store one push created, each the median of five, a push and a
+// pull (CopyUniform into a reused buffer) of every key, and of every other key of the
+// sorted order (the half that one of two workers asks a server for). Baseline, in the
+// same run: a memcpy of the same bytes (keys and values) into memory written before, best
+// of three.
 void StoreCase(size_t num_keys) {
   const std::string name = "sparse_store_" + KeysName(num_keys) + "x1";
   std::vector<uint64_t> all;
