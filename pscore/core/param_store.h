@@ -298,15 +298,18 @@ class ParamStore {
   static bool SeekInRuns(const Stripe& stripe, uint64_t key, Cursor* c);
   // Keys with their lengths, sorted by key.
   using KeyLens = std::vector<std::pair<uint64_t, uint32_t>>;
-  // Adds keys (sorted, distinct, in neither layout) to the runs, zero-filled (stripe lock held).
-  static void AddToRuns(Stripe& stripe, const KeyLens& fresh);
+  // fill(f, values) fills fresh key f's values (zero-filled) where they were written.
+  using FreshFill = std::function<void(size_t f, float* values)>;
+  // Adds keys (sorted, distinct, in neither layout) to the runs, zero-filled, and filled by
+  // *fill when given, each as it is written (stripe lock held).
+  static void AddToRuns(Stripe& stripe, const KeyLens& fresh, const FreshFill* fill = nullptr);
   class RunWriter;
   // AddToRuns when every fresh key is after every stored one: the last run is filled up and
   // new runs follow it, in place.
-  static void AppendToRuns(std::vector<Run>& runs, const KeyLens& fresh);
+  static void AppendToRuns(std::vector<Run>& runs, const KeyLens& fresh, const FreshFill* fill);
   // AddToRuns otherwise: the runs from the one the first fresh key falls in to the one the
   // last falls in are written anew, each that takes fresh keys merged, in place of the old.
-  static void MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh);
+  static void MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh, const FreshFill* fill);
   // Removes the key at *c from its run (stripe lock held).
   static void RemoveFromRun(Stripe& stripe, const Cursor& c);
   // Moves the key at *c out of its run into a block of its own; returns the entry.

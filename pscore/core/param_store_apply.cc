@@ -158,33 +158,27 @@ void ParamStore::ApplyToStripe(Batch& b, Stripe& stripe, Cursor* c, const uint32
 
 // The keys new to the store are created with the length of their first push in the batch
 // (the small ones in bulk, into runs; the large ones at their turn), then pushed in batch
-// order.
+// order; those of a sorted batch are pushed as the runs take them.
 void ParamStore::CreateMissing(Batch& b, std::unique_lock<std::mutex>& lock, Stripe& stripe, Cursor* c,
                                bool may_wait) {
   KeyLens& fresh = b.fresh;
   fresh.clear();
-  // The new keys of a sorted batch: increasing, each after every key of the stripe's runs,
-  // none larger than a run holds, and the lock kept since they were found missing.
-  std::vector<Run>& runs = stripe.runs;
-  bool in_order = !may_wait;
+  // The new keys of a sorted batch: increasing, none larger than a run holds, and the lock
+  // kept since they were found missing.
+  bool sorted = !may_wait;
   for (uint32_t i : b.missing) {
     const uint64_t key = b.keys[i];
-    in_order = in_order && b.lens[i] <= kRunFloats &&
-               (fresh.empty() ? runs.empty() || key > runs.back().keys.back() : key > fresh.back().first);
+    sorted = sorted && b.lens[i] <= kRunFloats && (fresh.empty() || key > fresh.back().first);
     fresh.emplace_back(key, b.lens[i]);
   }
-  if (in_order) {
-    // Appended after the last stored key, then folded in walking on from there.
-    Cursor at;
-    if (!runs.empty()) at = Cursor{runs.size() - 1, runs.back().keys.size()};
-    AddToRuns(stripe, fresh);
-    for (uint32_t i : b.missing) {
-      if (at.pos == runs[at.run].keys.size()) at = Cursor{at.run + 1, 0};
-      Run& run = runs[at.run];
-      Fold(b.mode, b.updater.get(), b.keys[i], run.At(at.pos), b.At(i), b.lens[i]);
-      ++at.pos;
-    }
-    *c = Cursor{at.run, at.pos - 1};  // the next window's new keys start from here
+  if (sorted) {
+    // Each folded in as the runs take it, where it was written.
+    const FreshFill fold = [&b, this](size_t f, float* values) {
+      const uint32_t i = b.missing[f];
+      Fold(b.mode, b.updater.get(), b.keys[i], values, b.At(i), b.lens[i]);
+    };
+    AddToRuns(stripe, fresh, &fold);
+    *c = Cursor{};
     return;
   }
   auto by_key = [](const auto& x, const auto& y) { return x.first < y.first; };

@@ -38,7 +38,8 @@ void ParamStore::GroupByStripe(const uint64_t* keys, size_t begin, size_t end, s
 // has the run's one length.
 class ParamStore::RunWriter {
  public:
-  explicit RunWriter(std::vector<Run>* dest) : dest_(dest) {}
+  // Each fresh key's values, zero-filled, go through *fill (when given) as they are written.
+  RunWriter(std::vector<Run>* dest, const FreshFill* fill) : dest_(dest), fill_(fill) {}
   // The next keys go after `run`'s own (they are all larger), into it while it has room.
   void Continue(Run run) {
     Close();
@@ -69,11 +70,17 @@ class ParamStore::RunWriter {
     if (!cur_.offs.empty()) cur_.offs.push_back(cur_.values.size());
     if (left_ > 0) --left_;
   }
-  // Adds fresh[*f, end) zero-filled; *f ends at end.
+  // Adds fresh key f, zero-filled, then filled.
+  void AddFreshKey(const KeyLens& fresh, size_t f) {
+    const uint32_t len = fresh[f].second;
+    Add(fresh[f].first, len, nullptr);
+    if (fill_ != nullptr) (*fill_)(f, cur_.values.data() + cur_.values.size() - len);
+  }
+  // Adds fresh[*f, end) zero-filled, then filled; *f ends at end.
   void AddFresh(const KeyLens& fresh, size_t* f, size_t end) {
     Expect(end - *f);
     while (*f < end) {
-      Add(fresh[*f].first, fresh[*f].second, nullptr);
+      AddFreshKey(fresh, *f);
       ++*f;
       if (!cur_.offs.empty()) continue;
       // The keys after it of the run's one length, as many as the run has room for: their
@@ -82,8 +89,12 @@ class ParamStore::RunWriter {
       size_t room = kRunMaxKeys - cur_.keys.size();
       if (len > 0) room = std::min(room, (kRunMaxFloats - cur_.values.size()) / len);
       const size_t from = *f;
+      const size_t base = cur_.values.size();
       for (; *f < end && *f - from < room && fresh[*f].second == len; ++*f) cur_.keys.push_back(fresh[*f].first);
-      cur_.values.resize(cur_.values.size() + (*f - from) * len);
+      cur_.values.resize(base + (*f - from) * len);
+      if (fill_ != nullptr) {
+        for (size_t j = from; j < *f; ++j) (*fill_)(j, cur_.values.data() + base + (j - from) * len);
+      }
       left_ -= std::min(left_, *f - from);
     }
   }
@@ -113,6 +124,7 @@ class ParamStore::RunWriter {
 
  private:
   std::vector<Run>* dest_;
+  const FreshFill* fill_;
   Run cur_;
   size_t left_ = 0;
 };
@@ -158,33 +170,33 @@ bool ParamStore::SeekInRuns(const Stripe& stripe, uint64_t key, Cursor* c) {
   return i < ks.size() && ks[i] == key;
 }
 
-void ParamStore::AddToRuns(Stripe& stripe, const KeyLens& fresh) {
+void ParamStore::AddToRuns(Stripe& stripe, const KeyLens& fresh, const FreshFill* fill) {
   if (fresh.empty()) return;
   std::vector<Run>& runs = stripe.runs;
   // Every fresh key after every stored one: the new keys of a sorted batch.
   if (runs.empty() || fresh.front().first > runs.back().keys.back()) {
-    AppendToRuns(runs, fresh);
+    AppendToRuns(runs, fresh, fill);
   } else {
-    MergeIntoRuns(runs, fresh);
+    MergeIntoRuns(runs, fresh, fill);
   }
   stripe.run_keys += fresh.size();
   for (const auto& k : fresh) stripe.run_floats += k.second;
 }
 
-void ParamStore::AppendToRuns(std::vector<Run>& runs, const KeyLens& fresh) {
+void ParamStore::AppendToRuns(std::vector<Run>& runs, const KeyLens& fresh, const FreshFill* fill) {
   Run last;
   if (!runs.empty()) {
     last = std::move(runs.back());
     runs.pop_back();
   }
-  RunWriter w(&runs);
+  RunWriter w(&runs, fill);
   w.Continue(std::move(last));
   size_t f = 0;
   w.AddFresh(fresh, &f, fresh.size());
   w.Close();
 }
 
-void ParamStore::MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh) {
+void ParamStore::MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh, const FreshFill* fill) {
   // Only the runs from the one the first fresh key falls in to the one the last falls in
   // are written anew; a fresh key below every run goes into the first.
   auto run_of = [&runs](uint64_t key) {
@@ -195,7 +207,7 @@ void ParamStore::MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh) {
   const size_t first = run_of(fresh.front().first);
   const size_t last = run_of(fresh.back().first);
   std::vector<Run> out;
-  RunWriter w(&out);
+  RunWriter w(&out, fill);
   size_t f = 0;
   for (size_t r = first; r <= last; ++r) {
     // Fresh keys below the next run's first key go into this run (into the last one all
@@ -230,7 +242,7 @@ void ParamStore::MergeIntoRuns(std::vector<Run>& runs, const KeyLens& fresh) {
         w.AddStored(old, i, j);
         i = j;
       } else {
-        w.Add(fresh[f].first, fresh[f].second, nullptr);
+        w.AddFreshKey(fresh, f);
         ++f;
       }
     }

@@ -386,6 +386,72 @@ TEST_CASE("runs: sorted batches of new keys after all stored ones, lengths chang
   }
 }
 
+TEST_CASE("runs: sorted batches of new keys below, between and above stored ones, mixed with present ones, equal the model",
+          "[core][paramstore]") {
+  // Each batch is strictly increasing: its new keys are folded in as the runs take them
+  // (merged between stored keys, appended after them, put before the first), lengths
+  // changing inside a run, some present keys pushed with another length (refused).
+  for (UpdateRule rule : {UpdateRule::kSum, UpdateRule::kAssign, UpdateRule::kSgd}) {
+    ParamStore store(Rule(rule));
+    Reference ref{rule, 0.01f, {}};
+    std::mt19937_64 gen(static_cast<uint64_t>(rule) + 5);
+    float v = 1;
+    for (int round = 0; round < 10; ++round) {
+      Batch b;
+      for (uint64_t k = 1u << 20; b.keys.size() < 40000; k += 1 + gen() % (round + 3)) {
+        if (gen() % 3 == 0) b.keys.push_back(k);  // present or new, spread over every stripe
+      }
+      for (uint64_t& k : b.keys) k = k * 0x9E3779B97F4A7C15ULL >> 8 << 8 | (k & 0xff);
+      std::sort(b.keys.begin(), b.keys.end());
+      b.keys.erase(std::unique(b.keys.begin(), b.keys.end()), b.keys.end());
+      for (uint64_t k : b.keys) {
+        auto it = ref.m.find(k);
+        // Mostly a key's own length; now and then another one (refused when present).
+        uint32_t len = k % 11 == 0 ? static_cast<uint32_t>(k % 6) : 2;
+        if (it != ref.m.end() && gen() % 40 == 0) len = static_cast<uint32_t>(it->second.size()) + 1;
+        b.lens.push_back(len);
+        for (uint32_t j = 0; j < len; ++j) b.values.push_back(v++);
+      }
+      if (round % 4 == 3) {
+        store.Insert(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size());
+        ref.Insert(b);
+      } else {
+        const size_t refused = ref.Push(b);
+        REQUIRE(store.Push(b.keys.data(), b.lens.data(), b.values.data(), b.keys.size()).ok() == (refused == 0));
+      }
+      RequireEqual(store, ref.m);
+    }
+  }
+}
+
+TEST_CASE("runs: a user rule folds each new key between stored ones once, from zero", "[core][paramstore]") {
+  ParamStore store(Rule(UpdateRule::kSum));
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 100000; ++k) keys.push_back(k * 0x9E3779B97F4A7C15ULL);
+  std::sort(keys.begin(), keys.end());
+  std::vector<uint64_t> even;
+  std::vector<uint64_t> odd;
+  for (size_t i = 0; i < keys.size(); ++i) (i % 2 == 0 ? even : odd).push_back(keys[i]);
+  const std::vector<float> ones(even.size() * 3, 1.0f);
+  REQUIRE(store.Push(even.data(), RowLens::All(3), ones.data(), even.size()).ok());
+  std::map<uint64_t, int> calls;
+  store.SetUpdater([&](uint64_t key, float* stored, const float* in, size_t n) {
+    ++calls[key];
+    for (size_t i = 0; i < n; ++i) stored[i] = stored[i] * 2 + in[i] + 1;
+  });
+  std::vector<float> values(odd.size() * 3);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1000);
+  REQUIRE(store.Push(odd.data(), RowLens::All(3), values.data(), odd.size()).ok());
+  REQUIRE(calls.size() == odd.size());
+  for (const auto& c : calls) REQUIRE(c.second == 1);
+  std::vector<float> got(odd.size() * 3);
+  REQUIRE(store.CopyUniform(odd.data(), odd.size(), 3, got.data()).ok());
+  for (size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == values[i] + 1);  // 0 * 2 + in + 1
+  got.resize(even.size() * 3);
+  REQUIRE(store.CopyUniform(even.data(), even.size(), 3, got.data()).ok());
+  for (float g : got) REQUIRE(g == 1.0f);
+}
+
 TEST_CASE("runs: key ranges move out and back (scale-out, scale-in) with equal values", "[core][paramstore]") {
   Gen gen(7);
   ParamStore a(Rule(UpdateRule::kSum));
