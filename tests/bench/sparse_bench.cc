@@ -226,6 +226,14 @@ void ReportPerKey(const std::string& fig, std::vector<double> secs, size_t n, do
   Print(fig + "_vs_memcpy", secs[secs.size() / 2] / memcpy_secs, "x");
 }
 
+// The store of the store figures: the sum rule, on one thread.
+core::ParamStore::Options OneThreadSum() {
+  core::ParamStore::Options opts;
+  opts.rule = core::UpdateRule::kSum;
+  opts.batch_threads = 1;
+  return opts;
+}
+
 // The store creating keys (one thread, median of three fresh stores): `_push_new_all`
 // pushes every key into an empty store in one sorted batch (a first push of a 1w1s job);
 // `_push_new_between` pushes every other key into a store holding the rest, so each new
@@ -236,12 +244,9 @@ void StoreNewKeys(const std::string& name, const std::vector<uint64_t>& all) {
   std::vector<uint64_t> odd;
   for (size_t i = 0; i < all.size(); ++i) (i % 2 == 0 ? even : odd).push_back(all[i]);
   const std::vector<float> ones(all.size(), 1.0f);
-  core::ParamStore::Options opts;
-  opts.rule = core::UpdateRule::kSum;
-  opts.batch_threads = 1;
   // Seconds to push `keys` into a fresh store holding `stored`; then every key holds 1.
   auto create = [&](const std::vector<uint64_t>& stored, const std::vector<uint64_t>& keys) {
-    core::ParamStore store(opts);
+    core::ParamStore store(OneThreadSum());
     if (!stored.empty()) CHECK(store.Push(stored.data(), core::RowLens::All(1), ones.data(), stored.size()).ok());
     const Clock::time_point start = Clock::now();
     CHECK(store.Push(keys.data(), core::RowLens::All(1), ones.data(), keys.size()).ok());
@@ -277,10 +282,7 @@ void StoreCase(size_t num_keys) {
   StoreNewKeys(name, all);
   std::vector<uint64_t> half;
   for (size_t i = 0; i < all.size(); i += 2) half.push_back(all[i]);
-  core::ParamStore::Options opts;
-  opts.rule = core::UpdateRule::kSum;
-  opts.batch_threads = 1;
-  core::ParamStore store(opts);
+  core::ParamStore store(OneThreadSum());
   std::vector<float> ones(num_keys, 1.0f);
   std::vector<float> out(num_keys);
   CHECK(store.Push(all.data(), core::RowLens::All(1), ones.data(), all.size()).ok());
