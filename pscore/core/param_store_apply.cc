@@ -5,6 +5,7 @@
 #include "pscore/core/param_store.h"
 
 #include <algorithm>
+#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -172,13 +173,22 @@ void ParamStore::CreateMissing(Batch& b, std::unique_lock<std::mutex>& lock, Str
     fresh.emplace_back(key, b.lens[i]);
   }
   if (sorted) {
-    // Each folded in as the runs take it, where it was written.
-    const FreshFill fold = [&b, this](size_t f, float* values) {
+    // Each folded in as the runs take it, where it was written. A user rule that throws
+    // ends the folds there (the keys after it stay zero-filled, as keys created but not yet
+    // pushed); its exception goes on once the runs are whole again.
+    std::exception_ptr thrown;
+    const FreshFill fold = [&b, &thrown, this](size_t f, float* values) {
+      if (thrown) return;
       const uint32_t i = b.missing[f];
-      Fold(b.mode, b.updater.get(), b.keys[i], values, b.At(i), b.lens[i]);
+      try {
+        Fold(b.mode, b.updater.get(), b.keys[i], values, b.At(i), b.lens[i]);
+      } catch (...) {
+        thrown = std::current_exception();
+      }
     };
     AddToRuns(stripe, fresh, &fold);
     *c = Cursor{};
+    if (thrown) std::rethrow_exception(thrown);
     return;
   }
   auto by_key = [](const auto& x, const auto& y) { return x.first < y.first; };

@@ -452,6 +452,62 @@ TEST_CASE("runs: a user rule folds each new key between stored ones once, from z
   for (float g : got) REQUIRE(g == 1.0f);
 }
 
+TEST_CASE("runs: a user rule throwing on a new key of a sorted batch leaves whole runs and a usable store",
+          "[core][paramstore]") {
+  // The new keys go after the stored ones (appended) or between them (merged); the rule
+  // throws for one of them while the runs take them.
+  for (bool between : {false, true}) {
+    INFO((between ? "between stored keys" : "after stored keys"));
+    ParamStore store(Rule(UpdateRule::kSum));
+    std::vector<uint64_t> all;
+    for (uint64_t k = 0; k < 40000; ++k) all.push_back(k * 0x9E3779B97F4A7C15ULL);
+    std::sort(all.begin(), all.end());
+    std::vector<uint64_t> stored;
+    std::vector<uint64_t> fresh;
+    for (size_t i = 0; i < all.size(); ++i) {
+      const bool is_fresh = between ? i % 2 == 1 : i >= all.size() / 2;
+      (is_fresh ? fresh : stored).push_back(all[i]);
+    }
+    const std::vector<float> ones(all.size(), 1.0f);
+    REQUIRE(store.Push(stored.data(), RowLens::All(1), ones.data(), stored.size()).ok());
+    const uint64_t bad = fresh[fresh.size() / 2];
+    store.SetUpdater([bad](uint64_t key, float* s, const float* in, size_t n) {
+      if (key == bad) throw std::runtime_error("rule refused key " + std::to_string(key));
+      for (size_t j = 0; j < n; ++j) s[j] += in[j];
+    });
+    const std::vector<float> twos(fresh.size(), 2.0f);
+    REQUIRE_THROWS_WITH(store.Push(fresh.data(), RowLens::All(1), twos.data(), fresh.size()),
+                        "rule refused key " + std::to_string(bad));
+    store.SetUpdater(nullptr);
+    // The stored keys as they were. The new keys of the stripes and windows taken before the
+    // throw are stored, pushed (2) or not yet (0, the key the rule refused among them); the
+    // others are missing.
+    std::vector<float> got(stored.size());
+    REQUIRE(store.CopyUniform(stored.data(), stored.size(), 1, got.data()).ok());
+    for (float v : got) REQUIRE(v == 1.0f);
+    size_t created = 0;
+    for (uint64_t k : fresh) {
+      float v = -1;
+      const Status st = store.CopyUniform(&k, 1, 1, &v);
+      if (!st.ok()) {
+        REQUIRE(st.code() == Code::kNotFound);
+        continue;
+      }
+      ++created;
+      REQUIRE((v == 0.0f || v == 2.0f));
+      if (k == bad) REQUIRE(v == 0.0f);
+    }
+    REQUIRE(created > 0);
+    REQUIRE(store.num_keys() == stored.size() + created);
+    // The next push of every key is whole.
+    REQUIRE(store.Push(all.data(), RowLens::All(1), ones.data(), all.size()).ok());
+    got.resize(all.size());
+    REQUIRE(store.CopyUniform(all.data(), all.size(), 1, got.data()).ok());
+    for (float v : got) REQUIRE((v == 1.0f || v == 2.0f || v == 3.0f));
+    REQUIRE(store.num_keys() == all.size());
+  }
+}
+
 TEST_CASE("runs: key ranges move out and back (scale-out, scale-in) with equal values", "[core][paramstore]") {
   Gen gen(7);
   ParamStore a(Rule(UpdateRule::kSum));
