@@ -69,8 +69,8 @@ class ParamStore {
   // with the key's shard lock held, so it must not call back into the store; called
   // on several threads at once for keys of different shards (concurrent pushes, and the
   // lanes of one batch of many keys: Options::batch_threads). An exception it throws ends
-  // the batch's folds (keys the batch created and had not folded yet stay zero-filled) and
-  // reaches the caller once all of the batch's threads are done.
+  // its lane of the batch there (keys the lane created and had not folded yet stay
+  // zero-filled) and reaches the caller once all of the batch's lanes are done.
   using Updater = std::function<void(uint64_t key, float* stored, const float* incoming, size_t n)>;
 
   explicit ParamStore(Options opts);
