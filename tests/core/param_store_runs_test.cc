@@ -68,7 +68,17 @@ struct Reference {
   }
 };
 
-// Every key, length and value of the store equals the model's.
+// The first place two sorted key lists differ, for a failure message.
+std::string FirstKeyDifference(const std::vector<uint64_t>& got, const std::vector<uint64_t>& want) {
+  const auto at = std::mismatch(got.begin(), got.end(), want.begin(), want.end());
+  const auto name = [](auto it, auto end) { return it == end ? std::string("(none)") : std::to_string(*it); };
+  return "store has " + std::to_string(got.size()) + " keys, model " + std::to_string(want.size()) +
+         "; first difference at index " + std::to_string(at.first - got.begin()) + ": store " +
+         name(at.first, got.end()) + ", model " + name(at.second, want.end());
+}
+
+// Every key, length and value of the store equals the model's. A difference fails with
+// the first differing key, not with the whole store printed.
 void RequireEqual(const ParamStore& store, const Model& m) {
   std::vector<uint64_t> keys = store.Keys();
   std::sort(keys.begin(), keys.end());
@@ -78,20 +88,27 @@ void RequireEqual(const ParamStore& store, const Model& m) {
     want.push_back(e.first);
     floats += e.second.size();
   }
-  REQUIRE(keys == want);
+  if (keys != want) FAIL(FirstKeyDifference(keys, want));
   REQUIRE(store.num_keys() == m.size());
   REQUIRE(store.num_floats() == floats);
   std::vector<uint32_t> lens;
   std::vector<float> values;
   REQUIRE(store.Pull(want.data(), want.size(), &lens, &values).ok());
-  std::vector<uint32_t> want_lens;
-  std::vector<float> want_values;
+  REQUIRE(lens.size() == want.size());
+  REQUIRE(values.size() == floats);
+  size_t off = 0;
+  size_t i = 0;
   for (const auto& e : m) {
-    want_lens.push_back(static_cast<uint32_t>(e.second.size()));
-    want_values.insert(want_values.end(), e.second.begin(), e.second.end());
+    const std::vector<float>& w = e.second;
+    if (lens[i] != w.size()) FAIL("key " << e.first << ": store length " << lens[i] << ", model " << w.size());
+    const auto at = std::mismatch(w.begin(), w.end(), values.begin() + off);
+    if (at.first != w.end()) {
+      FAIL("key " << e.first << ", value " << at.first - w.begin() << " of " << w.size() << ": store "
+                  << *at.second << ", model " << *at.first);
+    }
+    off += w.size();
+    ++i;
   }
-  REQUIRE(lens == want_lens);
-  REQUIRE(values == want_values);
 }
 
 class Gen {
@@ -424,14 +441,30 @@ TEST_CASE("runs: sorted batches of new keys below, between and above stored ones
   }
 }
 
+// n keys spread over the id space (so over every stripe), sorted (all), dealt into the ones a
+// test stores first and the fresh ones it pushes after: every other key (fresh keys fall
+// between stored ones) or the upper half (fresh keys go after them).
+struct DealtKeys {
+  std::vector<uint64_t> all;
+  std::vector<uint64_t> stored;
+  std::vector<uint64_t> fresh;
+};
+DealtKeys DealKeys(uint64_t n, bool between) {
+  DealtKeys d;
+  for (uint64_t k = 0; k < n; ++k) d.all.push_back(k * 0x9E3779B97F4A7C15ULL);
+  std::sort(d.all.begin(), d.all.end());
+  for (size_t i = 0; i < d.all.size(); ++i) {
+    const bool is_fresh = between ? i % 2 == 1 : i >= d.all.size() / 2;
+    (is_fresh ? d.fresh : d.stored).push_back(d.all[i]);
+  }
+  return d;
+}
+
 TEST_CASE("runs: a user rule folds each new key between stored ones once, from zero", "[core][paramstore]") {
   ParamStore store(Rule(UpdateRule::kSum));
-  std::vector<uint64_t> keys;
-  for (uint64_t k = 0; k < 100000; ++k) keys.push_back(k * 0x9E3779B97F4A7C15ULL);
-  std::sort(keys.begin(), keys.end());
-  std::vector<uint64_t> even;
-  std::vector<uint64_t> odd;
-  for (size_t i = 0; i < keys.size(); ++i) (i % 2 == 0 ? even : odd).push_back(keys[i]);
+  const DealtKeys dealt = DealKeys(100000, true);
+  const std::vector<uint64_t>& even = dealt.stored;
+  const std::vector<uint64_t>& odd = dealt.fresh;
   const std::vector<float> ones(even.size() * 3, 1.0f);
   REQUIRE(store.Push(even.data(), RowLens::All(3), ones.data(), even.size()).ok());
   std::map<uint64_t, int> calls;
@@ -459,15 +492,10 @@ TEST_CASE("runs: a user rule throwing on a new key of a sorted batch leaves whol
   for (bool between : {false, true}) {
     INFO((between ? "between stored keys" : "after stored keys"));
     ParamStore store(Rule(UpdateRule::kSum));
-    std::vector<uint64_t> all;
-    for (uint64_t k = 0; k < 40000; ++k) all.push_back(k * 0x9E3779B97F4A7C15ULL);
-    std::sort(all.begin(), all.end());
-    std::vector<uint64_t> stored;
-    std::vector<uint64_t> fresh;
-    for (size_t i = 0; i < all.size(); ++i) {
-      const bool is_fresh = between ? i % 2 == 1 : i >= all.size() / 2;
-      (is_fresh ? fresh : stored).push_back(all[i]);
-    }
+    const DealtKeys dealt = DealKeys(40000, between);
+    const std::vector<uint64_t>& stored = dealt.stored;
+    const std::vector<uint64_t>& fresh = dealt.fresh;
+    const std::vector<uint64_t>& all = dealt.all;
     const std::vector<float> ones(all.size(), 1.0f);
     REQUIRE(store.Push(stored.data(), RowLens::All(1), ones.data(), stored.size()).ok());
     const uint64_t bad = fresh[fresh.size() / 2];
