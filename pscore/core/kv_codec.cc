@@ -445,7 +445,7 @@ Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint
 }  // namespace
 
 Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
-                                    std::vector<Slice> values) {
+                                    std::vector<Slice> values, uint32_t row_len) {
   size_t value_bytes = 0;
   for (const Slice& s : values) value_bytes += s.size;
   if (value_bytes % sizeof(float) != 0) {
@@ -455,6 +455,11 @@ Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const
   if (num_values > FLATBUFFERS_MAX_BUFFER_SIZE / sizeof(float)) {
     return Status(Code::kInvalidArgument, "KvPairs: " + std::to_string(num_values) + " values exceed the flatbuffers limit");
   }
+  if (lens == nullptr && num_keys > 0 && (row_len == 0 || uint64_t{row_len} * num_keys != num_values)) {
+    return Status(Code::kInvalidArgument, "KvPairs: " + std::to_string(num_values) + " values are not " +
+                                              std::to_string(num_keys) + " rows of " + std::to_string(row_len));
+  }
+  if (lens != nullptr) row_len = 0;
   flatbuffers::FlatBufferBuilder fbb(128 + num_keys * (sizeof(uint64_t) + sizeof(uint32_t)));
   std::vector<Hole> holes;
   float* unused = nullptr;
@@ -464,7 +469,7 @@ Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const
   const size_t stand_in = num_values % 2;
   auto values_off = fbb.CreateUninitializedVector<float>(stand_in, &unused);
   const size_t values_from_end = values_off.o - sizeof(flatbuffers::uoffset_t);
-  FinishKvPairs(&fbb, keys, lens, num_keys, values_off, /*op=*/0, &holes);
+  FinishKvPairs(&fbb, keys, lens, num_keys, values_off, /*op=*/0, &holes, Keys::kWritten, row_len);
   Result<BufferPtr> head = HeadBeforeTail<float>(fbb, std::move(holes), stand_in, values_from_end, num_values);
   if (!head.ok()) return head.status();
   Payload out(std::move(*head));

@@ -92,9 +92,11 @@ inline constexpr size_t kSharedAnswerBytes = 2 * 1024;
 // A KvPairs whose values are not copied: the returned head holds everything up to the
 // first value, and `values` (slices of sum(lens) floats in all, back to back) follow it
 // as the payload's tail, so the sender writes them from where they live. A receiver sees
-// an ordinary KvPairs buffer. kInvalidArgument when the slices are not whole floats.
+// an ordinary KvPairs buffer. With lens null, every key holds row_len floats, written as
+// row_len in place of lens (as EncodeKvPairsRows does). kInvalidArgument when the slices
+// are not whole floats, or, with lens null, not num_keys rows of row_len (row_len > 0).
 Result<Payload> EncodeKvPairsShared(const uint64_t* keys, size_t num_keys, const uint32_t* lens,
-                                    std::vector<Slice> values);
+                                    std::vector<Slice> values, uint32_t row_len = 0);
 
 // An encoded KvPairs (from EncodeKvPairs or EncodeKvPairsGather, whose values are its last
 // `value_bytes` bytes) as head and tail, without a copy: the head is a view of everything

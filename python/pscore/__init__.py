@@ -130,8 +130,9 @@ class Worker(_pscore.Worker):
         equal lengths) to the keys' servers; returns when every server applied it.
 
         The values are read from the caller's memory (C++ ``ZPush``): keys of 64 KiB or
-        more on average are written to the sockets from it, smaller ones are encoded from
-        it once. Do not change the array while the call runs."""
+        more on average are written to the sockets from it (in a job of one server, any
+        push of 64 KiB or more in all), smaller ones are encoded from it once. Do not
+        change the array while the call runs."""
         super().push(keys, as_buffer(values), None if lens is None else list(lens))
 
     def pull(self, keys: Any, with_lens: bool = False) -> Any:  # type: ignore[override]

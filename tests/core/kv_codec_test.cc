@@ -438,6 +438,45 @@ TEST_CASE("shared encoding puts the values after the head and decodes as an ordi
   }
 }
 
+TEST_CASE("shared encoding of rows of one length has the rows encoder's bytes - and refuses values that are not the rows",
+          "[core][kvcodec]") {
+  for (size_t nkeys : {1, 2, 3, 5, 1000}) {
+    for (uint32_t row_len : {1u, 2u, 3u, 64u}) {
+      std::vector<uint64_t> ks(nkeys);
+      std::vector<float> vs(nkeys * row_len);
+      for (size_t i = 0; i < ks.size(); ++i) ks[i] = i * 977 + 1;
+      for (size_t i = 0; i < vs.size(); ++i) vs[i] = static_cast<float>(i) * 0.25f;
+      // One slice for all the rows, as a ZPush to one server sends them.
+      Result<Payload> shared = EncodeKvPairsShared(
+          ks.data(), nkeys, nullptr, {Slice{nullptr, reinterpret_cast<const char*>(vs.data()), vs.size() * sizeof(float)}},
+          row_len);
+      REQUIRE(shared.ok());
+      REQUIRE(shared->tail.size() == 1);
+      CHECK(shared->tail[0].data == reinterpret_cast<const char*>(vs.data()));  // not copied
+      CHECK(shared->head->size() < 128 + nkeys * sizeof(uint64_t));  // keys, but no lens and no values
+      INFO(nkeys << " keys of " << row_len << " floats");
+      CHECK(shared->Flatten()->view() == EncodeKvPairsRows(ks.data(), nkeys, row_len, vs.data())->view());
+      Result<KvView> v = DecodeKvPairsHead(shared->head->data(), shared->head->size(), vs.size() * sizeof(float));
+      REQUIRE(v.ok());
+      CHECK(v->lens == nullptr);
+      CHECK(v->row_len == row_len);
+      CHECK(v->num_keys == nkeys);
+    }
+  }
+  const std::vector<uint64_t> keys = {1, 2, 3};
+  const std::vector<float> five(5, 1.0f);
+  const Slice slice{nullptr, reinterpret_cast<const char*>(five.data()), five.size() * sizeof(float)};
+  // Five floats are not three rows of 2, nor of anything when row_len is 0 and lens null.
+  CHECK(EncodeKvPairsShared(keys.data(), keys.size(), nullptr, {slice}, 2).status().code() == Code::kInvalidArgument);
+  CHECK(EncodeKvPairsShared(keys.data(), keys.size(), nullptr, {slice}, 0).status().code() == Code::kInvalidArgument);
+  // Lens given: row_len is not used.
+  const std::vector<uint32_t> lens = {2, 0, 3};
+  Result<Payload> with_lens = EncodeKvPairsShared(keys.data(), keys.size(), lens.data(), {slice}, 7);
+  REQUIRE(with_lens.ok());
+  CHECK(with_lens->Flatten()->view() ==
+        EncodeKvPairs(keys.data(), keys.size(), lens.data(), five.data(), five.size())->view());
+}
+
 TEST_CASE("a pull request written from the caller's keys, or gathered into place, has the copying encoder's bytes",
           "[core][kvcodec]") {
   for (size_t nkeys : {1, 2, 3, 8, 9, 8192, 100001}) {

@@ -1150,6 +1150,65 @@ TEST_CASE("each direction copies a large payload at most once in user space - co
   CHECK(std::all_of(dest.begin(), dest.end(), [](float x) { return x == 6.0f; }));  // six pushes of ones
 }
 
+TEST_CASE("a ZPush of many small rows to one server writes them from the caller's memory - each slice one range - exact sums",
+          "[node][net][dataplane][copies]") {
+  for (int servers : {1, 2}) {
+    INFO(servers << " servers");
+    TestCluster::Config config = Nodes(1, servers);
+    config.store.rule = core::UpdateRule::kSum;
+    config.push_slice_keys = 20000;
+    TestCluster c(config);
+    c.Start();
+    WorkerNode& w = c.worker(0);
+    // 100,000 keys of one float (400 KB in five slices of 80 KB, each over
+    // core::kZeroCopyBytes in all though 4 bytes a key), then keys of 1 to 3 floats by lens.
+    std::vector<uint64_t> keys(100000);
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 104729 + 3;
+    auto rows = std::make_shared<std::vector<float>>(keys.size());
+    for (size_t i = 0; i < rows->size(); ++i) (*rows)[i] = static_cast<float>(i % 1013);
+    std::shared_ptr<const std::vector<float>> shared_rows = std::move(rows);
+    std::vector<uint64_t> lens_keys(40000);
+    std::vector<uint32_t> lens(lens_keys.size());
+    for (size_t i = 0; i < lens_keys.size(); ++i) {
+      lens_keys[i] = (uint64_t{1} << 40) + i * 7919;  // apart from the rows' keys
+      lens[i] = static_cast<uint32_t>(1 + i % 3);
+    }
+    auto lv = std::make_shared<std::vector<float>>(std::accumulate(lens.begin(), lens.end(), size_t{0}));
+    for (size_t i = 0; i < lv->size(); ++i) (*lv)[i] = static_cast<float>(i % 101);
+    std::shared_ptr<const std::vector<float>> shared_lens = std::move(lv);
+
+    const uint64_t row_bytes = shared_rows->size() * sizeof(float);
+    const uint64_t lens_bytes = shared_lens->size() * sizeof(float);
+    Copies first = CopiesDuring(w, c.server(0), [&] { REQUIRE(Await(w.ZPush(keys, shared_rows)).ok()); });
+    Copies second = CopiesDuring(w, c.server(0), [&] { REQUIRE(Await(w.ZPush(keys, shared_rows)).ok()); });
+    Copies with_lens =
+        CopiesDuring(w, c.server(0), [&] { REQUIRE(Await(w.ZPush(lens_keys, shared_lens, lens)).ok()); });
+    if (servers == 1) {
+      // Written from the caller's vectors: no value copied into a request.
+      CHECK(first.worker < 4096);
+      CHECK(second.worker < 4096);
+      CHECK(with_lens.worker < 4096);
+    } else {
+      // Spread over two servers each key's 4 to 12 bytes lie apart from the next one's of
+      // the same server: gathered, a copy (under core::kZeroCopyBytes a key).
+      CHECK(first.worker >= row_bytes);
+      CHECK(with_lens.worker >= lens_bytes);
+    }
+    CHECK(Released(shared_rows));
+    CHECK(Released(shared_lens));
+
+    Result<PullResult> r = Await(w.Pull(keys));
+    REQUIRE(r.ok());
+    std::vector<float> twice(*shared_rows);
+    for (float& v : twice) v *= 2;
+    CHECK(r->values == twice);
+    Result<PullResult> l = Await(w.Pull(lens_keys));
+    REQUIRE(l.ok());
+    CHECK(l->lens == lens);
+    CHECK(l->values == *shared_lens);
+  }
+}
+
 TEST_CASE("each direction copies a small payload at most once in user space - counted where it happens",
           "[node][net][dataplane][copies]") {
   // 4 KiB values arrive in the connection's input buffer with other bytes; the sender pads

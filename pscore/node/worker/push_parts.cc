@@ -120,18 +120,29 @@ Status SplitPush(const PushInput& in, int servers, size_t slice_keys, KvRequest&
   const bool zero_copy = in.ZeroCopy();
   const int n = std::max(1, servers);
   const int for_servers = servers > 0 ? n : 0;  // 0: split again once servers are known
-  if (n == 1 && !zero_copy) {
-    // One server takes every key: the caller's arrays are copied into the request as they
-    // are (no index of the keys, no gathering).
+  const uint64_t value_bytes = uint64_t{in.num_values} * sizeof(float);
+  if (n == 1) {
+    // One server takes every key: the caller's arrays go into the request as they are (no
+    // index of the keys, no gathering). Shared values are one range of the caller's memory,
+    // written from there as one slice once they reach core::kZeroCopyBytes in all, however
+    // small each key's; otherwise they are copied into the request.
     KvPart part;
     part.server = 0;
     part.for_servers = for_servers;
     part.num_keys = in.num_keys;
-    part.payload = PushPayload(
-        in.lens == nullptr ? core::EncodeKvPairsRows(in.keys, in.num_keys, in.row_len, in.values)
-                           : core::EncodeKvPairs(in.keys, in.num_keys, in.lens, in.values, in.num_values),
-        in.num_values, in.num_keys);
-    op.CountCopied(in.num_values * sizeof(float));
+    if (in.shared && value_bytes >= core::kZeroCopyBytes) {
+      Result<Payload> p = core::EncodeKvPairsShared(
+          in.keys, in.num_keys, in.lens, {Slice{in.shared, reinterpret_cast<const char*>(in.values), value_bytes}},
+          in.row_len);
+      if (!p.ok()) return p.status();
+      part.payload = std::move(*p);
+    } else {
+      part.payload = PushPayload(
+          in.lens == nullptr ? core::EncodeKvPairsRows(in.keys, in.num_keys, in.row_len, in.values)
+                             : core::EncodeKvPairs(in.keys, in.num_keys, in.lens, in.values, in.num_values),
+          in.num_values, in.num_keys);
+      op.CountCopied(value_bytes);
+    }
     parts->push_back(std::move(part));
     return Status::Ok();
   }

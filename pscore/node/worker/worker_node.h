@@ -59,7 +59,9 @@ class WorkerNode : public Node {
   // sockets from *values itself, which the worker holds a reference to while it may still
   // read them. Do not change them before the future is ready; after an error, not before
   // values.use_count() is 1 again (a part may still be queued for writing). Otherwise like
-  // Push; values under core::kZeroCopyBytes per key on average are copied as Push does.
+  // Push. Values under core::kZeroCopyBytes per key on average are copied as Push does,
+  // except in a job of one server: there the values are one range of *values, written
+  // from there once they reach core::kZeroCopyBytes in all.
   std::future<Status> ZPush(const std::vector<uint64_t>& keys, std::shared_ptr<const std::vector<float>> values,
                             const std::vector<uint32_t>& lens = {});
   // ZPush of floats held by something other than a vector (a numpy array, a tensor):
