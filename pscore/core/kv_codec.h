@@ -82,6 +82,16 @@ Payload EncodePullRequestShared(const uint64_t* keys, size_t num_keys, std::shar
 // Average value bytes per key from which writing values from where they live (tail slices,
 // one writev entry each) beats copying them into one buffer: zero-copy pulls and ZPush.
 inline constexpr size_t kZeroCopyBytes = 64 * 1024;
+// The fewest keys a KvPairs head of `head_bytes` (EncodeKvPairsShared's, SplitValuesTail's)
+// holds: each key takes 8 bytes and at most 4 of lens, and the rest of a head made here is
+// under kKvHeadFixedBytes. A receiver may judge a head by its size before reading it; a
+// head padded past that counts as more keys than it holds, which errs only towards
+// receiving the push whole.
+inline constexpr size_t kKvHeadFixedBytes = 128;
+inline constexpr size_t FewestKeysInHead(uint64_t head_bytes) {
+  return head_bytes > kKvHeadFixedBytes ? static_cast<size_t>((head_bytes - kKvHeadFixedBytes) / 12) : 0;
+}
+
 // Average value bytes per key from which a server writes a pull answer from the store
 // itself (pinned slices) rather than copying the values into it. Lower than
 // kZeroCopyBytes: an answer's slices are the store's, so nothing is copied to make them;

@@ -477,6 +477,31 @@ TEST_CASE("shared encoding of rows of one length has the rows encoder's bytes - 
         EncodeKvPairs(keys.data(), keys.size(), lens.data(), five.data(), five.size())->view());
 }
 
+TEST_CASE("a head's size bounds its key count from below - for lens and rows, shared and split encodings",
+          "[core][kvcodec]") {
+  for (size_t nkeys : {0, 1, 2, 3, 5, 8, 100, 1001, 100000}) {
+    for (uint32_t per_key : {1u, 3u, 16384u}) {
+      if (uint64_t{nkeys} * per_key > (uint64_t{1} << 24)) continue;  // 64 MB of values at most
+      std::vector<uint64_t> ks(nkeys, 7);
+      std::vector<uint32_t> ls(nkeys, per_key);
+      std::vector<float> vs(nkeys * per_key + 1, 1.0f);
+      const Slice all{nullptr, reinterpret_cast<const char*>(vs.data()), nkeys * per_key * sizeof(float)};
+      Result<Payload> with_lens = EncodeKvPairsShared(ks.data(), nkeys, ls.data(), {all});
+      Result<Payload> rows = EncodeKvPairsShared(ks.data(), nkeys, nullptr, {all}, per_key);
+      REQUIRE(with_lens.ok());
+      REQUIRE(rows.ok());
+      Payload split = SplitValuesTail(EncodeKvPairs(ks.data(), nkeys, ls.data(), vs.data(), nkeys * per_key),
+                                      nkeys * per_key * sizeof(float));
+      INFO(nkeys << " keys of " << per_key << " floats");
+      for (const BufferPtr& head : {with_lens->head, rows->head, split.head}) {
+        CHECK(FewestKeysInHead(head->size()) <= nkeys);
+        // Tight enough to tell many small keys from a few large ones by the head alone.
+        CHECK(FewestKeysInHead(head->size()) >= (nkeys > 32 ? nkeys / 2 : 0));
+      }
+    }
+  }
+}
+
 TEST_CASE("a pull request written from the caller's keys, or gathered into place, has the copying encoder's bytes",
           "[core][kvcodec]") {
   for (size_t nkeys : {1, 2, 3, 8, 9, 8192, 100001}) {

@@ -1156,18 +1156,19 @@ TEST_CASE("a ZPush of many small rows to one server writes them from the caller'
     INFO(servers << " servers");
     TestCluster::Config config = Nodes(1, servers);
     config.store.rule = core::UpdateRule::kSum;
-    config.push_slice_keys = 20000;
+    config.push_slice_keys = 100000;
     TestCluster c(config);
     c.Start();
     WorkerNode& w = c.worker(0);
-    // 100,000 keys of one float (400 KB in five slices of 80 KB, each over
-    // core::kZeroCopyBytes in all though 4 bytes a key), then keys of 1 to 3 floats by lens.
-    std::vector<uint64_t> keys(100000);
+    // 300,000 keys of one float (three slices of 400 KB of values, each over
+    // core::kZeroCopyBytes in all though 4 bytes a key, and of 800 KB of keys, over what a
+    // server's read buffer grows by at once), then keys of 1 to 3 floats by lens.
+    std::vector<uint64_t> keys(300000);
     for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 104729 + 3;
     auto rows = std::make_shared<std::vector<float>>(keys.size());
     for (size_t i = 0; i < rows->size(); ++i) (*rows)[i] = static_cast<float>(i % 1013);
     std::shared_ptr<const std::vector<float>> shared_rows = std::move(rows);
-    std::vector<uint64_t> lens_keys(40000);
+    std::vector<uint64_t> lens_keys(120000);
     std::vector<uint32_t> lens(lens_keys.size());
     for (size_t i = 0; i < lens_keys.size(); ++i) {
       lens_keys[i] = (uint64_t{1} << 40) + i * 7919;  // apart from the rows' keys
@@ -1194,6 +1195,8 @@ TEST_CASE("a ZPush of many small rows to one server writes them from the caller'
       CHECK(first.worker >= row_bytes);
       CHECK(with_lens.worker >= lens_bytes);
     }
+    // Either way the servers apply the values from where they were read.
+    CHECK(first.server + second.server + with_lens.server < 64 * 1024);
     CHECK(Released(shared_rows));
     CHECK(Released(shared_lens));
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pscore/core/kv_codec.h"
 #include "pscore/node/common/wire.h"
 
 namespace pscore::node {
@@ -190,7 +191,14 @@ std::shared_ptr<comm::TailStream> ServerNode::OnRequestStream(ConnId conn, const
   DCHECK(loop()->InLoopThread());
   // Large pushes of the built-in store only, from a member, served in order: no earlier
   // request of the link still with the handler threads, no journal (it logs whole pushes).
-  if (meta.cmd() != pb::SEND_DATA || meta.handler() != kPushHandler || tail < core::kZeroCopyBytes) return nullptr;
+  // Every key of a streamed push holds core::kZeroCopyBytes or more (PushTail::Begin): a
+  // head of more keys than the tail could give that much (a ZPush of small rows to a job of
+  // one server) is declined before it is read, so the payload is received whole into one
+  // buffer instead of one grown past its head.
+  const uint64_t fewest_keys = std::max<uint64_t>(1, core::FewestKeysInHead(meta.payload_head()));
+  if (meta.cmd() != pb::SEND_DATA || meta.handler() != kPushHandler || tail / core::kZeroCopyBytes < fewest_keys) {
+    return nullptr;
+  }
   // Handlers on the loop thread (no executor) would wait there for the stream: none then.
   if (!executor_ || params_.journaled() || !admission_.IsMember(conn) || admission_.IsHeld(conn) ||
       cluster_state() == pb::CLUSTER_DISABLE_FLS) {
