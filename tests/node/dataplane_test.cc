@@ -1195,7 +1195,7 @@ TEST_CASE("a ZPush of many small rows to one server writes them from the caller'
       CHECK(first.worker >= row_bytes);
       CHECK(with_lens.worker >= lens_bytes);
     }
-    // Either way the servers apply the values from where they were read.
+    // Either way server 0 applies the values from where they were read.
     CHECK(first.server + second.server + with_lens.server < 64 * 1024);
     CHECK(Released(shared_rows));
     CHECK(Released(shared_lens));
