@@ -24,6 +24,8 @@ struct EventLoop::Impl {
   uv_prepare_t prepare;  // runs before_poll_ callbacks queued by timers
   uv_check_t check;      // runs before_poll_ callbacks queued by I/O callbacks
   std::map<TimerId, LoopTimer*> timers;
+  uv_idle_t spin;  // active while a SpinFor window is open: the poll does not block
+  uint64_t spin_until_ns = 0;  // uv_hrtime() at which the window closes
 };
 
 EventLoop::EventLoop(std::string name)
@@ -38,6 +40,8 @@ EventLoop::EventLoop(std::string name)
   CHECK_EQ(uv_prepare_init(loop_.get(), &impl_->prepare), 0);
   impl_->check.data = this;
   CHECK_EQ(uv_check_init(loop_.get(), &impl_->check), 0);
+  impl_->spin.data = this;
+  CHECK_EQ(uv_idle_init(loop_.get(), &impl_->spin), 0);
 }
 
 EventLoop::~EventLoop() {
@@ -180,6 +184,25 @@ void EventLoop::RunBeforePoll(std::function<void()> fn) {
   before_poll_.push_back(std::move(fn));
 }
 
+void EventLoop::SpinFor(Duration d) {
+  DCHECK(InLoopThread());
+  if (stopping_spin_) return;
+  const uint64_t until = uv_hrtime() + static_cast<uint64_t>(std::max<int64_t>(0, d.count()));
+  impl_->spin_until_ns = std::max(impl_->spin_until_ns, until);
+  if (spinning()) return;
+  // An active idle handle makes uv_run poll with a zero timeout; its callback runs once
+  // an iteration and closes the window when its time is up.
+  uv_idle_start(&impl_->spin, [](uv_idle_t* h) {
+    auto* loop = static_cast<EventLoop*>(h->data);
+    if (uv_hrtime() >= loop->impl_->spin_until_ns) uv_idle_stop(h);
+  });
+}
+
+bool EventLoop::spinning() const {
+  DCHECK(InLoopThread());
+  return uv_is_active(reinterpret_cast<const uv_handle_t*>(&impl_->spin)) != 0;
+}
+
 void EventLoop::RunQueuedBeforePoll() {
   // Callbacks may queue more work for this same phase; run until none is left.
   while (!before_poll_.empty()) {
@@ -206,6 +229,9 @@ void EventLoop::OnStop() {
   uv_check_stop(&impl_->check);
   uv_close(reinterpret_cast<uv_handle_t*>(&impl_->prepare), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&impl_->check), nullptr);
+  stopping_spin_ = true;  // close callbacks still to run must not open a window again
+  uv_idle_stop(&impl_->spin);
+  uv_close(reinterpret_cast<uv_handle_t*>(&impl_->spin), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&impl_->wakeup), nullptr);
 }
 

@@ -77,6 +77,7 @@ void Messenger::Call(ConnId conn, pb::MessageMeta meta, Payload payload, Duratio
     if (!transport_->IsOpen(conn)) tracker_.FailConnection(conn, st);
     return;
   }
+  if (poll_spin_.count() > 0 && tracker_.pending() == 1) loop_->SpinFor(poll_spin_);
   if (expiry_timer_ == 0) {
     expiry_timer_ = loop_->AddTimer(kExpiryPeriod, kExpiryPeriod, [this] {
       tracker_.Expire(std::chrono::steady_clock::now());
@@ -141,6 +142,7 @@ void Messenger::OnFrame(ConnId conn, Frame&& frame) {
     // Only the connection the request went out on may answer it.
     bool known = st.ok() ? tracker_.CompleteFrom(conn, id, std::move(frame)) : tracker_.CompleteFrom(conn, id, st);
     if (!known) VLOG(1) << "conn " << conn << ": late, unknown or foreign answer " << id;
+    if (known && poll_spin_.count() > 0 && tracker_.pending() == 0) loop_->SpinFor(poll_spin_);
     return;
   }
   if (handlers_.on_request) handlers_.on_request(conn, std::move(frame));

@@ -43,6 +43,7 @@ void ApplyNodeOptions(node::NodeOptions& o, const py::kwargs& kw) {
     else if (k == "journal_compact_bytes") o.journal_compact_bytes = v.cast<uint64_t>();
     else if (k == "cluster_token") o.cluster_token = v.cast<std::string>();
     else if (k == "direct_control_calls") o.direct_control_calls = v.cast<bool>();
+    else if (k == "poll_spin") o.poll_spin = Seconds(v.cast<double>());
     else if (k == "max_connections") o.accept.max_connections = v.cast<size_t>();
     else if (TlsOption(k, v, tls)) continue;
     else Raise(Status(Code::kInvalidArgument, "unknown node option '" + k + "'"));

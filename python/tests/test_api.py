@@ -53,6 +53,18 @@ def test_push_in_slices():
         pscore.Worker(scheduler_port=1, node_id="w9", push_slice_bytes=100)
 
 
+def test_poll_spin():
+    # A worker whose loop polls 200 us after each lone request: the same sums, call by call.
+    j = Job(worker_opts=dict(poll_spin=0.0002))
+    try:
+        keys = [5, 6, 7]
+        for r in range(1, 201):
+            j.worker.push(keys, np.full(3, r, dtype=np.float32))
+            np.testing.assert_array_equal(j.worker.pull(keys), np.full(3, r * (r + 1) / 2, dtype=np.float32))
+    finally:
+        j.close()
+
+
 def test_torch_tensors(job):
     w = job.worker
     t = torch.arange(8, dtype=torch.float32)

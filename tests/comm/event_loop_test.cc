@@ -3,7 +3,10 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <time.h>
+
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -225,6 +228,50 @@ TEST_CASE("loop: Run, InLoopThread and running from other threads while Stop run
     CHECK(ran.load() + refused.load() == 600);
     CHECK_FALSE(loop.running());
   }
+}
+
+// CPU time the calling thread has used so far.
+std::chrono::nanoseconds ThreadCpuTime() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
+
+TEST_CASE("loop: SpinFor polls without sleeping until the window ends, then the loop sleeps again", "[comm][loop]") {
+  using namespace std::chrono_literals;
+  EventLoop loop("spin");
+  REQUIRE(loop.Start().ok());
+  CHECK_FALSE(OnLoop(loop, [&] { return loop.spinning(); }));
+  // A window of 300 ms: the loop thread burns CPU through it (a tenth of it is a bound a
+  // thread meets with three others on the core), then stops polling on its own.
+  const auto opened = std::chrono::steady_clock::now();
+  const std::chrono::nanoseconds cpu_at_open = OnLoop(loop, [&] {
+    loop.SpinFor(300ms);
+    CHECK(loop.spinning());
+    return ThreadCpuTime();
+  });
+  std::this_thread::sleep_for(350ms);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (OnLoop(loop, [&] { return loop.spinning(); }) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE_FALSE(OnLoop(loop, [&] { return loop.spinning(); }));
+  CHECK(std::chrono::steady_clock::now() - opened >= 300ms);
+  const std::chrono::nanoseconds cpu_after = OnLoop(loop, [] { return ThreadCpuTime(); });
+  CHECK(cpu_after - cpu_at_open >= 30ms);
+  // Closed: 300 ms idle cost the loop thread next to nothing.
+  std::this_thread::sleep_for(300ms);
+  const std::chrono::nanoseconds cpu_idle = OnLoop(loop, [] { return ThreadCpuTime(); });
+  CHECK(cpu_idle - cpu_after < 30ms);
+  // Windows overlap and the latest end counts: a short one inside a long one ends nothing.
+  OnLoop(loop, [&] {
+    loop.SpinFor(60s);
+    loop.SpinFor(1ms);
+  });
+  std::this_thread::sleep_for(50ms);
+  CHECK(OnLoop(loop, [&] { return loop.spinning(); }));
+  // Stopping inside a window is clean: the spin handle is closed with the others.
+  REQUIRE(loop.Stop().ok());
 }
 
 }  // namespace pscore::comm

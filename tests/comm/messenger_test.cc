@@ -294,6 +294,76 @@ TEST_CASE("messenger: a request to a peer that never answers times out", "[comm]
   REQUIRE(server.Stop().ok());
 }
 
+TEST_CASE("messenger: poll_spin opens a window after a lone request and after the last answer only",
+          "[comm][net][messenger]") {
+  using namespace std::chrono_literals;
+  // A peer that holds its kCmdSilent request until told to answer, and echoes the rest.
+  EventLoop server_loop("holder");
+  std::unique_ptr<Messenger> server;
+  OneShot<std::pair<ConnId, pb::MessageMeta>> held;
+  Messenger::Handlers sh;
+  sh.on_request = [&](ConnId c, Frame&& f) {
+    if (f.meta.user_cmd() == testing::kCmdSilent) {
+      held.Set({c, f.meta});
+      return;
+    }
+    server->Reply(c, f.meta, Status::Ok(), std::move(f.payload)).IgnoreError();
+  };
+  server = std::make_unique<Messenger>(&server_loop, TransportOptions(), std::move(sh));
+  REQUIRE(server_loop.Start().ok());
+  const Result<int> port = OnLoop(server_loop, [&] { return server->transport().Listen("127.0.0.1", 0); });
+  REQUIRE(port.ok());
+  Client client;
+  const ConnId conn = client.Connect(*port);
+  auto spinning = [&client] { return OnLoop(client.loop, [&client] { return client.loop.spinning(); }); };
+  // With no poll_spin no window opens.
+  REQUIRE(EchoOnce(client, conn, "plain").ok());
+  CHECK_FALSE(spinning());
+  // The held request goes out with poll_spin off; then it is turned on (a minute, so no
+  // window closes on its own while the test looks).
+  OneShot<Result<std::string>> held_answer;
+  client.loop.Post([&] {
+    client.messenger->Call(conn, TestMeta(0, testing::kCmdSilent), Buffer::FromString("held"), 30s,
+                           [&](Result<Frame> r) {
+                             held_answer.Set(r.ok() ? Result<std::string>(std::string(r->payload->view()))
+                                                    : Result<std::string>(r.status()));
+                           });
+  });
+  const auto [held_conn, held_meta] = held.Get();
+  OnLoop(client.loop, [&] { client.messenger->set_poll_spin(60s); });
+  // A request in flight beside another opens no window, nor does its answer while the
+  // other is still pending.
+  OneShot<bool> echoed;
+  CHECK_FALSE(OnLoop(client.loop, [&] {
+    client.messenger->Call(conn, TestMeta(0), Buffer::FromString("beside"), 10s,
+                           [&](Result<Frame> r) { echoed.Set(r.ok()); });
+    return client.loop.spinning();
+  }));
+  CHECK(echoed.Get());
+  CHECK_FALSE(spinning());
+  // The last answer does.
+  OnLoop(server_loop, [&] {
+    CHECK(server->Reply(held_conn, held_meta, Status::Ok(), Buffer::FromString("released")).ok());
+  });
+  const Result<std::string> released = held_answer.Get();
+  REQUIRE(released.ok());
+  CHECK(*released == "released");
+  CHECK(spinning());
+  // So does a lone request, as it goes out.
+  Client lone;
+  const ConnId lone_conn = lone.Connect(*port);
+  CHECK(OnLoop(lone.loop, [&] {
+    lone.messenger->set_poll_spin(60s);
+    lone.messenger->Call(lone_conn, TestMeta(0), Buffer::FromString("alone"), 10s, [](Result<Frame>) {});
+    return lone.loop.spinning();
+  }));
+  // Stopped inside their windows, both loops close cleanly.
+  REQUIRE(lone.Stop().ok());
+  REQUIRE(client.Stop().ok());
+  REQUIRE(server_loop.Stop().ok());
+  server.reset();
+}
+
 TEST_CASE("messenger: all pending requests fail at once with kUnavailable when the peer closes",
           "[comm][net][messenger]") {
   EchoServer server;

@@ -146,6 +146,8 @@ TEST_CASE("pscore-node refuses bad flags with one line and exit code 2 - help ex
       {{"--role=scheduler", "--scale_timeout_ms=0"}, "--scale_timeout_ms must be > 0"},
       {{"--role=scheduler", "--recoverable_roles=worker,chief"}, "--recoverable_roles: unknown role 'chief' (worker, server)"},
       {{"--role=server", "--handler_threads=100000"}, "--handler_threads must be in [0, 1024]"},
+      {{"--role=worker", "--poll_spin_us=100001"}, "--poll_spin_us must be in [0, 100000]"},
+      {{"--role=server", "--poll_spin_us=-1"}, "--poll_spin_us must be in [0, 100000]"},
       // A negative value after a space is the flag's value, not a flag (before: "unknown flag -5").
       {{"--role=worker", "--rank", "-5"}, "--rank must be >= -1"},
       // A deadline of now + 2^63 ms would overflow the steady clock.

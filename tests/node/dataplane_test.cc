@@ -64,6 +64,7 @@ class TestCluster {
     std::string data_dir;  // when set, server i journals in data_dir/s<i>
     uint64_t journal_compact_bytes = 64ull << 20;
     size_t push_slice_keys = NodeOptions{}.push_slice_keys;
+    Duration worker_poll_spin{0};
   };
 
   explicit TestCluster(Config c) : config_(std::move(c)) {
@@ -110,7 +111,9 @@ class TestCluster {
       REQUIRE(servers_.back()->Start().ok());
     }
     for (int i = 0; i < config_.workers; ++i) {
-      workers_.push_back(std::make_unique<WorkerNode>(Opts("w" + std::to_string(i))));
+      NodeOptions o = Opts("w" + std::to_string(i));
+      o.poll_spin = config_.worker_poll_spin;
+      workers_.push_back(std::make_unique<WorkerNode>(o));
       workers_.back()->SetCallbacks(cb);
       REQUIRE(workers_.back()->Start().ok());
     }
@@ -464,6 +467,29 @@ TEST_CASE("Push/Pull: sums from 8 workers x 1000 pushes are exact", "[node][net]
   CHECK(c.server(0).store().num_keys() + c.server(1).store().num_keys() == keys.size());
   CHECK(c.server(0).store().num_keys() > 0);
   CHECK(c.server(1).store().num_keys() > 0);
+}
+
+TEST_CASE("a worker with poll_spin reads exact sums call by call - its loop polls, one without does not",
+          "[node][net][dataplane]") {
+  for (Duration spin : {Duration(0), Duration(std::chrono::seconds(60))}) {
+    INFO("poll_spin " << ToMillis(spin) << " ms");
+    TestCluster::Config cfg;
+    cfg.servers = 2;
+    cfg.worker_poll_spin = spin;
+    TestCluster c(cfg);
+    c.Start();
+    WorkerNode& w = c.worker(0);
+    const std::vector<uint64_t> keys = {3, 1000003, 2000003};  // spread over both servers
+    for (int r = 1; r <= 300; ++r) {
+      REQUIRE(Await(w.Push(keys, std::vector<float>(keys.size(), static_cast<float>(r)))).ok());
+      Result<PullResult> got = Await(w.Pull(keys));
+      REQUIRE(got.ok());
+      REQUIRE(got->values == std::vector<float>(keys.size(), static_cast<float>(r * (r + 1) / 2)));
+    }
+    bool spinning = false;
+    w.loop()->RunAndWait([&] { spinning = w.loop()->spinning(); });
+    CHECK(spinning == (spin.count() > 0));
+  }
 }
 
 // Regression: requests of one connection run on one executor lane, in order, so a pull

@@ -52,6 +52,7 @@ Node::Node(NodeOptions options, comm::EventLoop* loop)
   h.stream = [this](ConnId c, const pb::MessageMeta& meta, uint64_t tail) { return OnRequestStream(c, meta, tail); };
   messenger_ = std::make_unique<comm::Messenger>(
       loop_, MakeTransportOptions(options_.max_message_bytes, options_.cluster_token, options_.accept, options_.tls), std::move(h));
+  messenger_->set_poll_spin(options_.poll_spin);
   links_ = std::make_unique<PeerLinks>(options_, loop_, messenger_.get(), [this] { return rank_; });
 }
 

@@ -103,6 +103,11 @@ struct NodeOptions {
   size_t push_slice_keys = 1000000;
   // Server handlers run on this many executor threads (0: on the loop thread).
   int handler_threads = 2;
+  // After a lone request of this node goes out, or the last answer comes in, its loop polls
+  // without sleeping this long (comm::Messenger::set_poll_spin): lower latency for a
+  // caller that waits on one small request at a time, at the price of a core while the
+  // window is open. 0: the loop sleeps whenever it has nothing to do.
+  Duration poll_spin{0};
   // Server: journal the built-in parameter store here (pscore/node/server/server_journal.h), so a
   // restart with the same directory (and node_id) gets the parameters back. One directory
   // per server. Empty: parameters live in memory only.
