@@ -329,7 +329,7 @@ TEST_CASE("messenger: poll_spin opens a window after a lone request and after th
                                                     : Result<std::string>(r.status()));
                            });
   });
-  const auto [held_conn, held_meta] = held.Get();
+  const std::pair<ConnId, pb::MessageMeta> held_request = held.Get();
   OnLoop(client.loop, [&] { client.messenger->set_poll_spin(60s); });
   // A request in flight beside another opens no window, nor does its answer while the
   // other is still pending.
@@ -343,7 +343,7 @@ TEST_CASE("messenger: poll_spin opens a window after a lone request and after th
   CHECK_FALSE(spinning());
   // The last answer does.
   OnLoop(server_loop, [&] {
-    CHECK(server->Reply(held_conn, held_meta, Status::Ok(), Buffer::FromString("released")).ok());
+    CHECK(server->Reply(held_request.first, held_request.second, Status::Ok(), Buffer::FromString("released")).ok());
   });
   const Result<std::string> released = held_answer.Get();
   REQUIRE(released.ok());
