@@ -12,9 +12,12 @@
 
 namespace pscore {
 
+namespace {
+constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+}  // namespace
+
 void AdviseHugePages(void* data, size_t bytes) {
 #ifdef MADV_HUGEPAGE
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   if (bytes < 2 * kHuge) return;
   const auto begin = reinterpret_cast<uintptr_t>(data);
   const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1);
@@ -104,11 +107,23 @@ size_t RoundUpToPage(size_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
+// A mapped block is advised whole, not only where it covers whole huge pages: advice on
+// part of a mapping splits it in several, and mremap cannot move a range that spans more
+// than one (Buffer::Grow would fail with EFAULT and the payload be copied instead).
+void AdviseHugeMapping(char* block, size_t capacity) {
+#ifdef MADV_HUGEPAGE
+  if (capacity >= 2 * kHuge) madvise(block, capacity, MADV_HUGEPAGE);  // advice only
+#else
+  (void)block;
+  (void)capacity;
+#endif
+}
+
 char* NewBlock(size_t capacity) {
   if (!Mapped(capacity)) return new char[capacity];  // 16-byte aligned, as malloc is
   void* p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();  // as new[] would: fatal (docs/design.md, Layers (errors))
-  AdviseHugePages(p, capacity);  // not written yet: the reader fills it
+  AdviseHugeMapping(static_cast<char*>(p), capacity);  // not written yet: the reader fills it
   return static_cast<char*>(p);
 }
 
@@ -191,7 +206,7 @@ bool Buffer::Grow(size_t size) {
 #endif
     data_ = static_cast<char*>(moved);
     capacity_ = capacity;
-    AdviseHugePages(data_, capacity_);
+    AdviseHugeMapping(data_, capacity_);
   }
   size_ = size;
   return true;

@@ -148,6 +148,26 @@ TEST_CASE("buffer: a pooled block serves a smaller request, one request at a tim
   }
 }
 
+TEST_CASE("buffer: a mapped block grows step by step past the huge-page sizes - every step moves its pages, none refused",
+          "[core][buffer]") {
+  // As a frame decoder grows a payload: from a 256 KiB chunk, doubling, to 64 MiB. Huge-page
+  // advice on part of a block would split its mapping, and the next step's mremap fail.
+  PoolLimitGuard guard;
+  Buffer::SetPoolLimit(0);  // nothing pooled: every block is mapped fresh
+  BufferPtr b = Buffer::Allocate((size_t{256} << 10) + 40);
+  Fill(*b, 6);
+  size_t filled = b->size();
+  for (size_t size = (size_t{512} << 10) + 80; size <= (size_t{64} << 20); size = size * 2) {
+    INFO("grown to " << size);
+    REQUIRE(b->Grow(size));
+    CHECK(b->size() == size);
+    // Written as a payload is, so the pages the next step moves are in use.
+    for (size_t i = filled; i < size; ++i) b->data()[i] = static_cast<char>(6 + i * 31);
+    filled = size;
+  }
+  CHECK(Holds(*b, 6));
+}
+
 TEST_CASE("buffer: a pooled heap block below kMappedBytes is reused, and grows only within its capacity",
           "[core][buffer]") {
   PoolLimitGuard guard;
