@@ -48,13 +48,24 @@ Status FrameDecoder::StartPayload(size_t want) {
   payload_want_ = want;
   payload_filled_ = 0;
   payload_ = nullptr;
-  if (want > kPayloadChunk && (budget_ == nullptr || budget_->held() + want <= budget_->limit())) {
+  return TakePooledOrGrow();
+}
+
+Status FrameDecoder::TakePooledOrGrow() {
+  const size_t want = payload_want_;
+  // What this payload holds of the budget already (a head) is part of what it asks for.
+  if (want > kPayloadChunk && (budget_ == nullptr || budget_->held() - charged_ + want <= budget_->limit())) {
     // A block of this size the pool holds already is memory the process has anyway.
-    payload_ = Buffer::TakePooled(want);
-    if (payload_ != nullptr) {
-      const Status st = Charge(want);
-      if (st.ok()) return st;
-      payload_ = nullptr;  // lost a race for the budget: grow as the bytes come instead
+    BufferPtr pooled = Buffer::TakePooled(want);
+    // Charge fails only when another decoder took the budget meanwhile: grow as the bytes
+    // come instead (the block goes back to the pool).
+    if (pooled != nullptr && Charge(want).ok()) {
+      if (payload_filled_ > 0) {
+        std::memcpy(pooled->data(), payload_->data(), payload_filled_);
+        copied_payload_bytes_ += payload_filled_;
+      }
+      payload_ = std::move(pooled);
+      return Status::Ok();
     }
   }
   return Grow();
@@ -197,7 +208,7 @@ Status FrameDecoder::HeadDone() {
   payload_want_ += tail_len_;
   tail_len_ = 0;
   stream_.reset();
-  return Grow();
+  return TakePooledOrGrow();
 }
 
 bool FrameDecoder::ConsumeBuffered() {

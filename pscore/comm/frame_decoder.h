@@ -126,6 +126,9 @@ class FrameDecoder {
   bool Streaming() const { return stream_begun_ && payload_filled_ == payload_want_; }
   // Starts receiving a payload (or its head) of `want` bytes.
   [[nodiscard]] Status StartPayload(size_t want);
+  // Room for all payload_want_ bytes from a pooled block when the pool has one and the
+  // budget allows (the bytes received so far copied in), else as Grow gives it.
+  [[nodiscard]] Status TakePooledOrGrow();
   // Makes room for the payload's next bytes (see kPayloadChunk), drawn from the budget.
   [[nodiscard]] Status Grow();
   [[nodiscard]] Status Charge(size_t size);
