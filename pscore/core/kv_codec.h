@@ -88,8 +88,11 @@ inline constexpr size_t kZeroCopyBytes = 64 * 1024;
 // head padded past that counts as more keys than it holds, which errs only towards
 // receiving the push whole.
 inline constexpr size_t kKvHeadFixedBytes = 128;
+inline constexpr size_t kKvHeadMostBytesPerKey = sizeof(uint64_t) + sizeof(uint32_t);  // a key and its len
 inline constexpr size_t FewestKeysInHead(uint64_t head_bytes) {
-  return head_bytes > kKvHeadFixedBytes ? static_cast<size_t>((head_bytes - kKvHeadFixedBytes) / 12) : 0;
+  return head_bytes > kKvHeadFixedBytes
+             ? static_cast<size_t>((head_bytes - kKvHeadFixedBytes) / kKvHeadMostBytesPerKey)
+             : 0;
 }
 
 // Average value bytes per key from which a server writes a pull answer from the store
