@@ -34,6 +34,8 @@ namespace pscore {
 // where it covers whole 2 MiB pages (Linux transparent huge pages; nothing elsewhere,
 // and nothing for less than 4 MiB). The first write to a fresh 64 MiB block then costs
 // about a third of what 4 KiB page faults do (measured with dataplane_bench at 64 MiB).
+// For memory inside a larger allocation (a vector's); a Buffer's own mappings are advised
+// whole (buffer.cc), so that mremap can still move them.
 void AdviseHugePages(void* data, size_t bytes);
 
 class Buffer {
