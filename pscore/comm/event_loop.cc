@@ -186,7 +186,8 @@ void EventLoop::RunBeforePoll(std::function<void()> fn) {
 
 void EventLoop::SpinFor(Duration d) {
   DCHECK(InLoopThread());
-  if (stopping_spin_) return;
+  auto* handle = reinterpret_cast<uv_handle_t*>(&impl_->spin);
+  if (uv_is_closing(handle)) return;  // OnStop closed it: close callbacks still to run open nothing
   const uint64_t until = uv_hrtime() + static_cast<uint64_t>(std::max<int64_t>(0, d.count()));
   impl_->spin_until_ns = std::max(impl_->spin_until_ns, until);
   if (spinning()) return;
@@ -229,7 +230,6 @@ void EventLoop::OnStop() {
   uv_check_stop(&impl_->check);
   uv_close(reinterpret_cast<uv_handle_t*>(&impl_->prepare), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&impl_->check), nullptr);
-  stopping_spin_ = true;  // close callbacks still to run must not open a window again
   uv_idle_stop(&impl_->spin);
   uv_close(reinterpret_cast<uv_handle_t*>(&impl_->spin), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&impl_->wakeup), nullptr);

@@ -104,7 +104,6 @@ class EventLoop {
   std::map<uint64_t, std::function<void()>> stop_hooks_;
   uint64_t next_hook_id_ = 1;
   std::vector<std::function<void()>> before_poll_;
-  bool stopping_spin_ = false;  // OnStop closed the spin handle
   TimerId next_timer_id_ = 1;
 };
 
