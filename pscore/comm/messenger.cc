@@ -93,11 +93,17 @@ Status Messenger::Notify(ConnId conn, pb::MessageMeta meta, Payload payload) {
 
 namespace {
 
-pb::MessageMeta AnswerMeta(const pb::MessageMeta& request, const Status& status) {
+// What an answer echoes of its request: cmd, request id, user cmd.
+pb::MessageMeta Echo(const pb::MessageMeta& request) {
   pb::MessageMeta meta;
   meta.set_cmd(request.cmd());
   meta.set_request_id(request.request_id());
   meta.set_user_cmd(request.user_cmd());
+  return meta;
+}
+
+pb::MessageMeta AnswerMeta(const pb::MessageMeta& request, const Status& status) {
+  pb::MessageMeta meta = Echo(request);
   meta.set_is_response(true);
   if (!status.ok()) {
     meta.set_status_code(static_cast<int32_t>(status.code()));
@@ -109,10 +115,7 @@ pb::MessageMeta AnswerMeta(const pb::MessageMeta& request, const Status& status)
 }  // namespace
 
 pb::MessageMeta Messenger::ReplyTo(const pb::MessageMeta& request) {
-  pb::MessageMeta kept;
-  kept.set_cmd(request.cmd());
-  kept.set_request_id(request.request_id());
-  kept.set_user_cmd(request.user_cmd());
+  pb::MessageMeta kept = Echo(request);
   kept.set_oneway(request.oneway());
   return kept;
 }

@@ -137,6 +137,20 @@ void FinishKvPairs(flatbuffers::FlatBufferBuilder* fbb, const uint64_t* keys, co
 Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint32_t* lens, uint32_t uniform_len,
                                size_t num_values, const std::function<Status(float*)>& fill, Keys written);
 
+// Of the holes FinishKvPairs reserved (from holes[first] on), the lens' one (the one not
+// copying `keys`; its source only sized it) is filled with `len` per key instead.
+void FillLensWith(std::vector<Hole>* holes, size_t first, const uint64_t* keys, size_t num_keys, uint32_t len) {
+  for (size_t h = first; h < holes->size(); ++h) {
+    Hole& hole = (*holes)[h];
+    if (hole.segments.front().source == keys) continue;
+    hole.segments.clear();
+    hole.fill = [num_keys, len](char* dst) {
+      std::fill_n(reinterpret_cast<uint32_t*>(dst), num_keys, len);
+      return Status::Ok();
+    };
+  }
+}
+
 // A pull request's table over its keys vector (keys_off), finished.
 void FinishPullRequest(flatbuffers::FlatBufferBuilder* fbb, flatbuffers::Offset<flatbuffers::Vector<uint64_t>> keys_off) {
   fb::KvPairsBuilder kv(*fbb);
@@ -211,25 +225,12 @@ BufferPtr EncodeKvPairsRows(const uint64_t* keys, size_t num_keys, uint32_t row_
                                      num_values * sizeof(float));
   std::vector<Hole> holes;
   auto values_off = Reserve(&fbb, values, num_values, &holes);
-  if (row_len > 0) {  // row_len in place of lens
-    FinishKvPairs(&fbb, keys, nullptr, num_keys, values_off, 0, &holes, Keys::kWritten, row_len);
-    return *Assemble(fbb, std::move(holes));
-  }
-  // Keys of no floats: lens of zeros (a row_len of 0 would read as lens absent).
-  uint32_t* unused = nullptr;
-  auto lens_off = fbb.CreateUninitializedVector<uint32_t>(num_keys, &unused);
-  AddFilledHole(lens_off, num_keys,
-                [num_keys](char* dst) {
-                  std::fill_n(reinterpret_cast<uint32_t*>(dst), num_keys, 0u);
-                  return Status::Ok();
-                },
-                &holes);
-  auto keys_off = Reserve(&fbb, keys, num_keys, &holes);
-  fb::KvPairsBuilder kv(fbb);
-  kv.add_keys(keys_off);
-  kv.add_lens(lens_off);
-  kv.add_values(values_off);
-  fb::FinishKvPairsBuffer(fbb, kv.Finish());
+  const size_t first = holes.size();
+  // row_len in place of lens; keys of no floats carry lens of zeros (a row_len of 0 would
+  // read as lens absent).
+  const uint32_t no_floats = 0;
+  FinishKvPairs(&fbb, keys, &no_floats, num_keys, values_off, 0, &holes, Keys::kWritten, row_len);
+  if (row_len == 0) FillLensWith(&holes, first, keys, num_keys, 0);
   return *Assemble(fbb, std::move(holes));
 }
 
@@ -428,17 +429,7 @@ Result<BufferPtr> EncodeFilled(const uint64_t* keys, size_t num_keys, const uint
   const uint32_t row_len = lens == nullptr && written == Keys::kLeftOut ? uniform_len : 0;
   FinishKvPairs(&fbb, keys, lens != nullptr ? lens : &uniform_len, num_keys, values_off, /*op=*/0, &holes, written,
                 row_len);
-  if (lens == nullptr) {
-    for (size_t h = first; h < holes.size(); ++h) {
-      Hole& hole = holes[h];
-      if (hole.segments.front().source == keys) continue;
-      hole.segments.clear();
-      hole.fill = [=](char* dst) {
-        std::fill_n(reinterpret_cast<uint32_t*>(dst), num_keys, uniform_len);
-        return Status::Ok();
-      };
-    }
-  }
+  if (lens == nullptr) FillLensWith(&holes, first, keys, num_keys, uniform_len);
   return Assemble(fbb, std::move(holes));
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/pool_limit_guard.h"
 #include "pscore/comm/frame_decoder.h"
 
 namespace pscore::comm {
@@ -613,7 +614,7 @@ TEST_CASE("decoder: a stream that declines at the head gets nothing more - the p
 
 TEST_CASE("decoder: a payload whose stream declined at the head goes into a pooled block of its size when the pool has one",
           "[comm][decoder][stream]") {
-  const size_t pool_limit = Buffer::PoolLimit();
+  PoolLimitGuard guard;
   const size_t head_len = 40;
   const std::string payload = Pattern(head_len + (size_t{8} << 20), 7);
   auto budget = std::make_shared<MemoryBudget>(uint64_t{64} << 20);
@@ -643,7 +644,6 @@ TEST_CASE("decoder: a payload whose stream declined at the head goes into a pool
     got.clear();
     CHECK(budget->held() == 0);
   }
-  Buffer::SetPoolLimit(pool_limit);
 }
 
 TEST_CASE("decoder: a sink for the tail goes first - the stream is not asked", "[comm][decoder][stream]") {

@@ -4,18 +4,13 @@
 #include <set>
 #include <vector>
 
+#include "core/pool_limit_guard.h"
 #include "pscore/core/buffer.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
 namespace pscore {
 namespace {
-
-// Restores the process-wide pool limit when a test ends.
-struct PoolLimitGuard {
-  size_t saved = Buffer::PoolLimit();
-  ~PoolLimitGuard() { Buffer::SetPoolLimit(saved); }
-};
 
 void Fill(Buffer& b, uint8_t seed) {
   for (size_t i = 0; i < b.size(); ++i) b.data()[i] = static_cast<char>(seed + i * 31);

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/pool_limit_guard.h"
 #include "pscore/node/worker/learned_lens.h"
 #include "pscore/node/worker/pull_request.h"
 
@@ -62,7 +63,7 @@ TEST_CASE("a failed PullInto is answered only once no request sent can write int
 }
 
 TEST_CASE("a pull's large arrays are kept when it ends and the next pull writes into them", "[node][worker]") {
-  const size_t pool_limit = Buffer::PoolLimit();
+  PoolLimitGuard guard;
   Buffer::SetPoolLimit(size_t{64} << 20);  // on in every build here (off by default under ASan)
   auto scratch = std::make_shared<ScratchArrays>();
   std::vector<uint64_t> keys(400000);  // 3.2 MB of keys, 3.2 MB of pointers
@@ -110,7 +111,6 @@ TEST_CASE("a pull's large arrays are kept when it ends and the next pull writes 
   std::shared_ptr<ScratchArrays> arrays = off->scratch;
   off.reset();
   CHECK(arrays->kept_bytes() == 0);
-  Buffer::SetPoolLimit(pool_limit);
 }
 
 TEST_CASE("a PullInto with a null destination for some floats fails at once", "[node][worker]") {
