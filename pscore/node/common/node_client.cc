@@ -1,5 +1,6 @@
 // Node: the coordination client (ready, finish, KV, barriers, errors, events), blocking
 // and asynchronous, over the control calls of node_control_calls.cc.
+#include "pscore/node/common/handoff.h"
 #include "pscore/node/common/node.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/common/admin_ops.h"
@@ -78,11 +79,10 @@ Status Node::KvSet(const std::string& key, const std::string& value, bool overwr
   if (overwrite) {  // the same again ends in the same state: any way may send it
     return CallScheduler(pb::KV_REQUEST, KvSetRequest(key, value, overwrite), options_.request_timeout).status();
   }
-  auto promise = std::make_shared<std::promise<Status>>();
-  auto fut = promise->get_future();
+  auto answer = std::make_shared<Handoff<Status>>();
   CHECK(!loop_->OnRunningLoop()) << "blocking pscore call on the loop thread";
-  KvSetAsync(key, value, overwrite, [promise](Status st) { promise->set_value(std::move(st)); });
-  return fut.get();  // answered by the messenger's deadline, a re-issue's end or Stop
+  KvSetAsync(key, value, overwrite, [answer](Status st) { answer->Put(std::move(st)); });
+  return answer->Take();  // answered by the messenger's deadline, a re-issue's end or Stop
 }
 
 Result<std::string> Node::KvGet(const std::string& key, Duration timeout) {

@@ -2,6 +2,7 @@
 // the scheduler is parked and sent again once the node has registered again.
 #include "pscore/comm/address.h"
 #include "pscore/core/cluster_manager.h"
+#include "pscore/node/common/handoff.h"
 #include "pscore/node/common/node.h"
 #include "pscore/node/common/wire.h"
 
@@ -156,17 +157,15 @@ Result<Frame> Node::CallScheduler(pb::NodeCommand cmd, const google::protobuf::M
                                   Duration timeout) {
   CHECK(!loop_->OnRunningLoop()) << "blocking pscore call on the loop thread";
   if (std::optional<Result<Frame>> direct = CallDirect(cmd, msg, timeout)) return std::move(*direct);
-  auto promise = std::make_shared<std::promise<Result<Frame>>>();
-  auto fut = promise->get_future();
-  CallSchedulerAsync(cmd, msg, timeout, [promise](Result<Frame> r) { promise->set_value(std::move(r)); });
+  auto answer = std::make_shared<Handoff<Result<Frame>>>();
+  CallSchedulerAsync(cmd, msg, timeout, [answer](Result<Frame> r) { answer->Put(std::move(r)); });
   // A re-issued call is always answered: by the scheduler, at the recovery timeout, or when
   // the node terminates or stops.
-  if (Reissuable(cmd)) return fut.get();
+  if (Reissuable(cmd)) return answer->Take();
   // The messenger enforces the deadline; the margin only guards against a stopped loop.
-  if (fut.wait_for(timeout + std::chrono::seconds(5)) != std::future_status::ready) {
-    return Status(Code::kTimeout, pb::NodeCommand_Name(cmd) + " to the scheduler: no answer");
-  }
-  return fut.get();
+  std::optional<Result<Frame>> got = answer->TakeFor(timeout + std::chrono::seconds(5));
+  if (!got) return Status(Code::kTimeout, pb::NodeCommand_Name(cmd) + " to the scheduler: no answer");
+  return std::move(*got);
 }
 
 }  // namespace pscore::node
