@@ -6,7 +6,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "pscore/comm/event_loop.h"
+#include "pscore/node/common/handoff.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
@@ -53,29 +54,6 @@ std::vector<pb::Device> TwoDevices() {
   devs[1].set_device_ip("10.0.0.1");
   return devs;
 }
-
-// A value set once (any thread) and awaited with a deadline.
-template <typename T>
-class Latch {
- public:
-  void Set(T v) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (set_) return;
-    set_ = true;
-    p_.set_value(std::move(v));
-  }
-  bool Wait(Duration timeout, T* out) {
-    if (f_.wait_for(timeout) != std::future_status::ready) return false;
-    *out = f_.get();
-    return true;
-  }
-
- private:
-  std::mutex mu_;
-  bool set_ = false;
-  std::promise<T> p_;
-  std::future<T> f_ = p_.get_future();
-};
 
 }  // namespace
 
@@ -193,7 +171,7 @@ TEST_CASE("a reported error reaches every other node within one heartbeat interv
   REQUIRE(sched.Start().ok());
   struct Member {
     std::unique_ptr<Node> node;
-    Latch<pb::ClusterEventMessage> error;
+    Handoff<pb::ClusterEventMessage> error;
   };
   std::vector<std::unique_ptr<Member>> members;
   auto add = [&](pb::NodeRole role, const std::string& id) {
@@ -207,7 +185,7 @@ TEST_CASE("a reported error reaches every other node within one heartbeat interv
     Member* raw = m.get();
     Node::Callbacks cb;
     cb.on_cluster_event = [raw](const pb::ClusterEventMessage& ev) {
-      if (ev.kind() == pb::ClusterEventMessage::NODE_ERROR) raw->error.Set(ev);
+      if (ev.kind() == pb::ClusterEventMessage::NODE_ERROR) raw->error.Put(ev);
     };
     m->node->SetCallbacks(cb);
     members.push_back(std::move(m));
@@ -221,15 +199,15 @@ TEST_CASE("a reported error reaches every other node within one heartbeat interv
   const auto sent = std::chrono::steady_clock::now();
   REQUIRE(members[0]->node->ReportError(7, "disk full").ok());
   for (size_t i = 1; i < members.size(); ++i) {
-    pb::ClusterEventMessage ev;
     const Duration left = interval - (std::chrono::steady_clock::now() - sent);
     INFO("node " << members[i]->node->node_id());
-    REQUIRE(members[i]->error.Wait(std::max<Duration>(left, Duration::zero()), &ev));
-    CHECK(ev.node_id() == "w0");
-    CHECK(ev.role() == pb::WORKER);
-    CHECK(ev.rank_id() == members[0]->node->rank());
-    CHECK(ev.error_code() == 7);
-    CHECK(ev.message() == "disk full");
+    std::optional<pb::ClusterEventMessage> ev = members[i]->error.TakeFor(std::max<Duration>(left, Duration::zero()));
+    REQUIRE(ev.has_value());
+    CHECK(ev->node_id() == "w0");
+    CHECK(ev->role() == pb::WORKER);
+    CHECK(ev->rank_id() == members[0]->node->rank());
+    CHECK(ev->error_code() == 7);
+    CHECK(ev->message() == "disk full");
   }
   for (auto& m : members) m->node->Stop();
   sched.Stop();
