@@ -1,7 +1,8 @@
 // Data-plane benchmark on loopback: Push and Pull throughput through real WorkerNode /
 // ServerNode objects (1 worker/1 server and 2 workers/2 servers), 64 B Pull latency,
 // Send round trips with 1 and 64 in flight, each beside a blocking-socket baseline
-// measured in the same run (length prefix + writev/read: one-way rate and ping-pong).
+// measured in the same run (length prefix + writev/read: one-way rate and ping-pong), and
+// the thread wake-ups under those round trips (a condition variable, two CPUs and one).
 // Also prints the payload copies per direction. One figure per line: `name value unit`.
 // Run through `scripts/bench.sh dataplane [quick | smoke | latency | model | push|zpush|pull|pullinto|zpull MiB [N]]`
 // (Release build; N workers and N servers for the one-figure modes, default 1).
@@ -10,9 +11,13 @@
 // link (test certificates made at start) against a plaintext cluster in the same run,
 // measured alternately, with the TLS/plaintext ratios.
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +26,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -176,6 +182,59 @@ std::vector<double> BaselinePingPong(int rounds) {
   }
   echo.join();
   p.Close();
+  return us;
+}
+
+// The wake-ups under every round trip above, without sockets: two threads hand a turn back
+// and forth through a condition variable, pinned to two CPUs the process may use (or both
+// to the first); per-round-trip latencies in microseconds (two wake-ups each). Empty when
+// fewer CPUs than asked for are allowed.
+std::vector<double> WakeupRoundTrips(int rounds, bool same_cpu) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {};
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  if (cpus.size() < (same_cpu ? 1u : 2u)) return {};
+  auto pin = [](int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    CHECK_EQ(pthread_setaffinity_np(pthread_self(), sizeof(one), &one), 0);
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  bool theirs = false;  // mu
+  std::thread other([&] {
+    pin(same_cpu ? cpus[0] : cpus[1]);
+    for (int i = 0; i < rounds; ++i) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return theirs; });
+      theirs = false;
+      lock.unlock();
+      cv.notify_one();
+    }
+  });
+  std::vector<double> us;
+  us.reserve(rounds);
+  std::thread mine([&] {
+    pin(cpus[0]);
+    for (int i = 0; i < rounds; ++i) {
+      Clock::time_point t0 = Clock::now();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        theirs = true;
+      }
+      cv.notify_one();
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return !theirs; });
+      us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
+  });
+  mine.join();
+  other.join();
   return us;
 }
 
@@ -753,6 +812,15 @@ int Main(const std::string& mode, size_t size, int nodes) {
   Print("pullsync_64B_p50", Quantile(&sync, 0.5), "us");
   Print("pullsync_64B_p99", Quantile(&sync, 0.99), "us");
   Print("pullsync_64B_p50_vs_pingpong_p50", Quantile(&sync, 0.5) / Quantile(&base, 0.5), "x");
+  for (bool same_cpu : {false, true}) {
+    std::vector<double> wake = WakeupRoundTrips(rounds, same_cpu);
+    const std::string name = same_cpu ? "baseline_wakeup_rt_same_cpu_p50" : "baseline_wakeup_rt_two_cpus_p50";
+    if (wake.empty()) {
+      std::printf("%-40s %12s (fewer CPUs allowed)\n", name.c_str(), "-");
+    } else {
+      Print(name, Quantile(&wake, 0.5), "us");
+    }
+  }
   {
     // Pull with the worker's poll_spin at 100 us, in blocks interleaved with a ping-pong
     // of their own, after the figures above. Beside a polling loop the ping-pong's two
