@@ -126,6 +126,7 @@ TEST_CASE("a server and a worker started with --http_port serve their /metrics",
       CHECK(code == std::optional<int>(0));
     }
     if (role == "worker") CHECK(body.find("pscore_worker_direct_pulls_total") != std::string::npos);
+    if (role == "server") CHECK(body.find("pscore_server_journal_errors_total 0") != std::string::npos);
     const std::string other = HttpGet(http, "/v1/cluster");
     CHECK(other.rfind("HTTP/1.1 404", 0) == 0);
   }

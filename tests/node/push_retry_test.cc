@@ -14,6 +14,7 @@
 
 #include "pscore/core/key_range.h"
 #include "multiproc/process.h"  // TempDir
+#include "node/full_disk.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
@@ -246,6 +247,73 @@ TEST_CASE("a push applied by a server that died before answering is applied once
   CHECK(c.Value(5) == 1.0f);
   REQUIRE(Await(c.worker->Push({5}, Filled(2.0f))).ok());  // a new push is applied as usual
   CHECK(c.Value(5) == 3.0f);
+}
+
+// A server with a data_dir whose disk refuses the journal's next write.
+struct FullDiskServer {
+  FullDiskServer(Cluster& c, const testing::TempDir& dir, Duration recovery_timeout) {
+    NodeOptions so = c.Opts("s0");
+    so.data_dir = dir.File("s0");
+    data_dir = so.data_dir;
+    c.servers.push_back(std::make_unique<ServerNode>(so, SumStore()));
+    server = c.servers.back().get();
+    REQUIRE(server->Start().ok());
+    c.StartWorker(recovery_timeout);
+    REQUIRE(Await(c.worker->Push({5}, Filled(1.0f))).ok());
+    full = std::make_unique<testing::FileSizeLimit>(testing::NewestSegmentBytes(data_dir) + 1024);
+    REQUIRE(full->ok());
+  }
+  float Stored() const {
+    const uint64_t key = 5;
+    std::vector<uint32_t> lens;
+    std::vector<float> values;
+    REQUIRE(server->store().Pull(&key, 1, &lens, &values).ok());
+    return values[0];
+  }
+  std::string data_dir;
+  ServerNode* server = nullptr;
+  std::unique_ptr<testing::FileSizeLimit> full;
+};
+
+TEST_CASE("a push the server cannot journal - its disk refuses the write - is sent again and applied once the disk takes it",
+          "[node][net][retry][journal]") {
+  testing::TempDir dir;
+  Cluster c;
+  FullDiskServer s(c, dir, 30s);
+  std::future<Status> pushed = c.worker->Push({5}, Filled(2.0f));  // 32 KiB: past the room left
+  // Refused (nothing applied), sent again, refused again.
+  REQUIRE(WaitFor([&] { return s.server->journal_errors() >= 2; }));
+  CHECK(pushed.wait_for(0s) == std::future_status::timeout);  // not acknowledged
+  CHECK(s.Stored() == 1.0f);
+  s.full->Lift();
+  REQUIRE(Await(std::move(pushed)).ok());
+  CHECK(s.server->repeated_pushes() == 0);  // none of the refused sends had been applied
+  CHECK(c.Value(5) == 3.0f);
+  // The journal holds both pushes once: a restart from the data_dir serves their sum.
+  s.server->Stop();
+  NodeOptions again = c.Opts("s0");
+  again.data_dir = s.data_dir;
+  c.servers.push_back(std::make_unique<ServerNode>(again, SumStore()));
+  REQUIRE(c.servers.back()->Start().ok());
+  CHECK(c.Value(5) == 3.0f);
+}
+
+TEST_CASE("a push the disk keeps refusing fails after recovery_timeout - the status says the server cannot journal it",
+          "[node][net][retry][journal]") {
+  testing::TempDir dir;
+  Cluster c;
+  FullDiskServer s(c, dir, 1500ms);
+  Status push = Await(c.worker->Push({5}, Filled(2.0f)));
+  REQUIRE_FALSE(push.ok());
+  INFO("push: " << push);
+  CHECK(push.code() == Code::kUnavailable);
+  CHECK_THAT(push.message(), Catch::Contains("server s0 cannot journal the change"));
+  CHECK_THAT(push.message(), Catch::Contains("File too large"));
+  CHECK(s.server->journal_errors() >= 2);
+  CHECK(s.Stored() == 1.0f);  // nothing of it applied
+  s.full->Lift();
+  REQUIRE(Await(c.worker->Push({5}, Filled(4.0f))).ok());  // the disk takes writes again
+  CHECK(c.Value(5) == 5.0f);
 }
 
 TEST_CASE("a part whose server stays away fails after recovery_timeout - the status names the server and the tries",

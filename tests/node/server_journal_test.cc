@@ -17,6 +17,7 @@
 #include "pscore/core/param_store.h"
 #include "pscore/node/server/server_journal.h"
 #include "multiproc/process.h"
+#include "node/full_disk.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
@@ -264,6 +265,37 @@ TEST_CASE("a compaction that cannot be written leaves the journal whole - append
     want = Values(store);
   }
   REQUIRE(::rmdir(dir.File("params.journal.tmp").c_str()) == 0);
+  CHECK(Reopened(dir) == want);
+}
+
+TEST_CASE("an append the disk refuses leaves nothing of its record - the appends before and after it replay",
+          "[node][journal]") {
+  testing::TempDir dir;
+  REQUIRE(dir.ok());
+  std::vector<float> want;
+  {
+    core::ParamStore store(SumStore());
+    ServerJournal j(dir.path());
+    REQUIRE(j.Open(&store).ok());
+    JournaledPush(j, store, 1);
+    const uint64_t before = j.bytes();
+    REQUIRE(testing::NewestSegmentBytes(dir.path()) == before);
+    {
+      testing::FileSizeLimit full(before + 1024);  // room for the start of the next record only
+      REQUIRE(full.ok());
+      BufferPtr body = PushBody(2);
+      Status st = j.Append(core::JournalOp::kPush, body->view());
+      REQUIRE_FALSE(st.ok());
+      INFO(st);
+      CHECK_THAT(st.message(), Catch::Contains("params.journal."));
+      CHECK_THAT(st.message(), Catch::Contains("File too large"));
+    }
+    CHECK(j.bytes() == before);
+    CHECK(testing::NewestSegmentBytes(dir.path()) == before);  // the part that was written is cut
+    JournaledPush(j, store, 3);  // the disk takes writes again
+    want = Values(store);
+  }
+  for (size_t i = 0; i < kKeys; ++i) CHECK(want[i * kLen] == static_cast<float>(4 + 2 * i));  // rounds 1 and 3
   CHECK(Reopened(dir) == want);
 }
 

@@ -177,7 +177,10 @@ Status ParamService::JournaledRecord(const std::string& header, std::string_view
   std::lock_guard<std::mutex> lock(journal_mu_);
   Status logged = journal_->AppendRecord(header, body);
   if (!logged.ok()) {
-    LOG(ERROR) << "server " << options_.node_id << ": " << logged;
+    // A worker sends a refused push again every 50 ms: one line a second says it.
+    const uint64_t errors = journal_errors_.fetch_add(1, std::memory_order_relaxed) + 1;
+    LOG_EVERY_T(ERROR, 1.0) << "server " << options_.node_id << ": " << logged << " (" << errors
+                            << " changes refused so far)";
     return Status(Code::kUnavailable, "server " + options_.node_id + " cannot journal the change: " + logged.message());
   }
   Status st = apply();
@@ -211,6 +214,7 @@ size_t ParamService::DropUnconfirmedRestored() {
   restored_unconfirmed_.clear();
   Status logged = journal_->Append(core::JournalOp::kDropKeys, core::EncodeJournalDropKeys(keys));
   if (!logged.ok()) {
+    journal_errors_.fetch_add(1, std::memory_order_relaxed);
     LOG(ERROR) << "server " << options_.node_id << ": stale restored entries kept: " << logged;
     return 0;
   }

@@ -67,6 +67,8 @@ class ParamService {
   const core::PushDedup& dedup() const { return dedup_; }
   uint64_t repeated_pushes() const { return repeated_pushes_.load(std::memory_order_relaxed); }
   uint64_t streamed_pushes() const { return streamed_pushes_.load(std::memory_order_relaxed); }
+  // Changes the journal could not write (a full disk, a file size limit): each refused.
+  uint64_t journal_errors() const { return journal_errors_.load(std::memory_order_relaxed); }
   bool journaled() const { return journal_ != nullptr; }
   bool journal_compacting();
 
@@ -128,6 +130,7 @@ class ParamService {
   core::PushDedup dedup_;
   std::atomic<uint64_t> repeated_pushes_{0};
   std::atomic<uint64_t> streamed_pushes_{0};
+  std::atomic<uint64_t> journal_errors_{0};
   std::unique_ptr<ServerJournal> journal_;
   std::mutex journal_mu_;
   // Keys restored from the journal and not yet confirmed: by a view of this server as a

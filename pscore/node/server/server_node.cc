@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "pscore/core/kv_codec.h"
+#include "pscore/node/common/metrics_text.h"
 #include "pscore/node/common/wire.h"
 
 namespace pscore::node {
@@ -44,6 +45,15 @@ ServerNode::ServerNode(NodeOptions options, core::ParamStore::Options store, com
 ServerNode::~ServerNode() {
   Stop();
   alive_.Expire();
+}
+
+void ServerNode::AppendRoleMetrics(MetricsText* m) const {
+  m->Family("pscore_server_journal_errors_total", "counter",
+            "Changes refused because the journal (--data_dir) could not write them; a worker sends such a push again.");
+  m->Sample("pscore_server_journal_errors_total", "", journal_errors());
+  m->Family("pscore_server_repeated_pushes_total", "counter",
+            "Pushes that came again after they were applied, acknowledged without applying them again.");
+  m->Sample("pscore_server_repeated_pushes_total", "", repeated_pushes());
 }
 
 void ServerNode::RegisterBuiltins() {

@@ -51,6 +51,9 @@ class ServerNode : public Node, private ServerLinks {
   // again after they were applied and were acknowledged without being applied (any thread).
   const core::PushDedup& push_window() const { return params_.dedup(); }
   uint64_t repeated_pushes() const { return params_.repeated_pushes(); }
+  // Changes refused because the journal (data_dir) could not write them (any thread).
+  uint64_t journal_errors() const { return params_.journal_errors(); }
+  void AppendRoleMetrics(MetricsText* m) const override;
 
   // Server-to-server messages matched by (sender rank, tag), whatever the arrival order.
   std::future<Status> CollectiveSend(int rank, const std::string& tag, BufferPtr payload);
