@@ -673,6 +673,9 @@ TEST_CASE("http: /metrics is valid Prometheus text", "[node][net]") {
   CHECK(MetricValue(a.body, "pscore_kv_bytes_limit") == (1ll << 30));
   CHECK(MetricValue(a.body, "pscore_kv_gets_waiting") == 0);
   CHECK(MetricValue(a.body, "pscore_barrier_ids") == 0);
+  // No --state_dir: no state file written or refused.
+  CHECK(MetricValue(a.body, "pscore_state_writes_total{result=\"written\"}") == 0);
+  CHECK(MetricValue(a.body, "pscore_state_writes_total{result=\"failed\"}") == 0);
 }
 
 TEST_CASE("http: /metrics shows the native transport's memory caps - bytes held and connections closed at each",

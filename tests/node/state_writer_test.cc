@@ -17,6 +17,7 @@
 #include "pscore/node/scheduler/state_writer.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
+#include "node/full_disk.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
@@ -46,6 +47,45 @@ std::string Slurp(const std::string& path) {
   Result<std::string> r = ReadStateFile(path);
   return r.ok() ? *r : std::string();
 }
+
+// A scheduler with --state_dir `dir` and its job of one worker and one server, READY.
+struct StateJob {
+  static SchedulerOptions Options(const std::string& dir) {
+    SchedulerOptions so;
+    so.worker_num = 1;
+    so.server_num = 1;
+    so.heartbeat_interval = 50ms;
+    so.heartbeat_timeout = 2s;
+    so.state_dir = dir;
+    return so;
+  }
+  static NodeOptions Member(pb::NodeRole role, const std::string& id, int port) {
+    NodeOptions o;
+    o.role = role;
+    o.node_id = id;
+    o.scheduler_port = port;
+    o.heartbeat_interval = 50ms;
+    o.connect_timeout = 5s;
+    return o;
+  }
+  explicit StateJob(const std::string& dir) : sched(Options(dir)) {
+    REQUIRE(sched.Start().ok());
+    worker = std::make_unique<WorkerNode>(Member(pb::WORKER, "w0", sched.port()));
+    server = std::make_unique<ServerNode>(Member(pb::SERVER, "s0", sched.port()), core::ParamStore::Options());
+    REQUIRE(worker->Start().ok());
+    REQUIRE(server->Start().ok());
+    REQUIRE(worker->WaitForReady(5s).ok());
+  }
+  ~StateJob() { Stop(); }
+  void Stop() {
+    worker->Stop();
+    server->Stop();
+    sched.Stop();
+  }
+  SchedulerNode sched;
+  std::unique_ptr<WorkerNode> worker;
+  std::unique_ptr<ServerNode> server;
+};
 
 }  // namespace
 
@@ -112,39 +152,15 @@ TEST_CASE("an in-process scheduler with a state dir restores nodes and KV after 
           "[node][state][net]") {
   ScratchDir dir;
   REQUIRE_FALSE(dir.path().empty());
-  SchedulerOptions so;
-  so.worker_num = 1;
-  so.server_num = 1;
-  so.heartbeat_interval = 50ms;
-  so.heartbeat_timeout = 2s;
-  so.state_dir = dir.path();
-  int port = 0;
+  SchedulerOptions so = StateJob::Options(dir.path());
   uint64_t epoch = 0;
   {
-    SchedulerNode sched(so);
-    REQUIRE(sched.Start().ok());
-    port = sched.port();
-    NodeOptions wo;
-    wo.role = pb::WORKER;
-    wo.node_id = "w0";
-    wo.scheduler_port = port;
-    wo.heartbeat_interval = 50ms;
-    wo.connect_timeout = 5s;
-    NodeOptions ko = wo;
-    ko.role = pb::SERVER;
-    ko.node_id = "s0";
-    WorkerNode worker(wo);
-    ServerNode other(ko, core::ParamStore::Options());
-    REQUIRE(worker.Start().ok());
-    REQUIRE(other.Start().ok());
-    REQUIRE(worker.WaitForReady(5s).ok());
-    REQUIRE(worker.KvSet("a/b", "v1").ok());
-    REQUIRE(worker.KvSet("a/c", "v2").ok());
-    REQUIRE(worker.KvDelete("a/c").ok());
-    epoch = sched.epoch();
-    worker.Stop();
-    other.Stop();
-    sched.Stop();  // a clean stop has written what was pending when it returns
+    StateJob job(dir.path());
+    REQUIRE(job.worker->KvSet("a/b", "v1").ok());
+    REQUIRE(job.worker->KvSet("a/c", "v2").ok());
+    REQUIRE(job.worker->KvDelete("a/c").ok());
+    epoch = job.sched.epoch();
+    job.Stop();  // a clean stop has written what was pending when it returns
     Result<pb::PersistedState> st = core::ParseState(Slurp(StateFilePath(dir.path())));
     REQUIRE(st.ok());
     CHECK(st->nodes_size() == 2);
@@ -173,6 +189,56 @@ TEST_CASE("an in-process scheduler with a state dir restores nodes and KV after 
   Status bad = wrong.Start();
   CHECK(bad.code() == Code::kFailedPrecondition);
   CHECK_THAT(bad.message(), Catch::Contains(StateFilePath(dir.path())));
+}
+
+bool HasKey(const pb::PersistedState& st, const std::string& key) {
+  for (const pb::KvEntry& e : st.kv()) {
+    if (e.key() == key) return true;
+  }
+  return false;
+}
+
+template <typename Pred>
+bool WaitUntil(Pred pred, Duration timeout = 10s) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+TEST_CASE("a scheduler whose disk refuses the state file answers on, counts the refusals and writes the state once the disk has room",
+          "[node][state][net]") {
+  ScratchDir dir;
+  REQUIRE_FALSE(dir.path().empty());
+  StateJob job(dir.path());
+  SchedulerNode& sched = job.sched;
+  REQUIRE(job.worker->KvSet("before", "1").ok());
+  const std::string path = StateFilePath(dir.path());
+  CHECK(sched.state_write_failures() == 0);
+  uint64_t writes = 0;  // done while the disk refused them: none
+  {
+    testing::FileSizeLimit full(16);  // no state file fits
+    REQUIRE(full.ok());
+    // Answered, though not on disk: the job runs on.
+    REQUIRE(job.worker->KvSet("during", "2").ok());
+    const uint64_t refused = sched.state_write_failures();
+    CHECK(refused >= 1);
+    // Tried again at later ticks, with nothing else changing.
+    CHECK(WaitUntil([&] { return sched.state_write_failures() >= refused + 2; }));
+    Result<pb::PersistedState> on_disk = core::ParseState(Slurp(path));
+    REQUIRE(on_disk.ok());  // the last file written is whole
+    CHECK(HasKey(*on_disk, "before"));
+    CHECK_FALSE(HasKey(*on_disk, "during"));
+    writes = sched.state_writes();
+  }
+  // The disk has room again: a tick writes the state without any other change.
+  CHECK(WaitUntil([&] {
+    Result<pb::PersistedState> st = core::ParseState(Slurp(path));
+    return st.ok() && HasKey(*st, "during");
+  }));
+  CHECK(sched.state_writes() > writes);
 }
 
 TEST_CASE("a scheduler on a shared loop writes its last KV sets when stopped - before Stop returns",

@@ -38,6 +38,10 @@ void AppendClusterMetrics(SchedulerNode* sched, MetricsText* m) {
   m->Sample("pscore_nodes_expected", "role=\"worker\"", cluster.worker_num());
   m->Family("pscore_heartbeats_received_total", "counter", "Heartbeats received by the scheduler.");
   m->Sample("pscore_heartbeats_received_total", "", sched->heartbeats());
+  m->Family("pscore_state_writes_total", "counter",
+            "State file (--state_dir) writes by result; after a failed one the state is written again each tick.");
+  m->Sample("pscore_state_writes_total", "result=\"written\"", sched->state_writes());
+  m->Sample("pscore_state_writes_total", "result=\"failed\"", sched->state_write_failures());
 }
 
 void AppendCoordinationMetrics(const SchedulerNode& sched, MetricsText* m) {

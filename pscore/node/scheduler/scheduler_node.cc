@@ -295,6 +295,7 @@ void SchedulerNode::Tick() {
   kv_.Tick();
   barriers_.Tick();
   ExpireFinishWaiters();
+  RetryRefusedState();
   DrainEvents();
 }
 

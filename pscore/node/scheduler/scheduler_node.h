@@ -75,6 +75,9 @@ class SchedulerNode {
   comm::Messenger& messenger() { return *messenger_; }
   const SchedulerOptions& options() const { return options_; }
   uint64_t heartbeats() const { return heartbeats_; }
+  // State file writes (--state_dir) done and refused by the disk (any thread; 0 without).
+  uint64_t state_writes() const;
+  uint64_t state_write_failures() const;
   // Loop thread: how many times the metadata bytes were built (once per membership change
   // and tick at most, never per member), and the output queued on the members' links now.
   uint64_t metadata_builds() const { return metadata_.builds(); }
@@ -176,6 +179,8 @@ class SchedulerNode {
   Status RestoreState(const pb::PersistedState& state, const std::string& path);
   void MarkStateDirty(bool urgent);
   void PersistState();
+  // Loop thread, every tick: after a write the disk refused, the state is written again.
+  void RetryRefusedState();
   // Runs answer once the state as it is now is on disk (at once without --state_dir): a
   // barrier round's end and a KV change are answered only when a restart would keep them.
   void AnswerWhenDurable(std::function<void()> answer);
@@ -189,6 +194,7 @@ class SchedulerNode {
   bool state_dirty_ = false;   // changed since the last snapshot
   bool state_urgent_ = false;  // membership/state changed: write now, not when the writer is idle
   uint64_t state_sequence_ = 0;
+  uint64_t state_failures_seen_ = 0;  // loop thread: the writer's failures() at the last retry
 
   SchedulerOptions options_;
   std::unique_ptr<comm::EventLoop> owned_loop_;

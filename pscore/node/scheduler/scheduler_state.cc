@@ -108,6 +108,22 @@ Status SchedulerNode::RestoreState(const pb::PersistedState& state, const std::s
   return Status::Ok();
 }
 
+uint64_t SchedulerNode::state_writes() const { return state_writer_ ? state_writer_->writes() : 0; }
+
+uint64_t SchedulerNode::state_write_failures() const { return state_writer_ ? state_writer_->failures() : 0; }
+
+// A snapshot the disk refused (full, read-only) is not lost for good: the next tick writes
+// the state as it is then, and so on each tick until a write is done, so the file catches
+// up once the disk has room even if nothing changes meanwhile.
+void SchedulerNode::RetryRefusedState() {
+  DCHECK(loop_->InLoopThread());
+  if (!state_writer_) return;
+  const uint64_t failures = state_writer_->failures();
+  if (failures == state_failures_seen_) return;
+  state_failures_seen_ = failures;
+  MarkStateDirty(/*urgent=*/false);
+}
+
 void SchedulerNode::MarkStateDirty(bool urgent) {
   DCHECK(loop_->InLoopThread());
   if (!state_writer_) return;

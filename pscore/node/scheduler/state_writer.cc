@@ -116,8 +116,10 @@ void StateWriter::Run() {
     if (st.ok()) {
       writes_.fetch_add(1);
     } else {
-      failures_.fetch_add(1);
-      LOG(ERROR) << "scheduler state not persisted: " << st;
+      // Tried again at every scheduler tick while the disk refuses: a line every 10 s.
+      const uint64_t failures = failures_.fetch_add(1) + 1;
+      LOG_EVERY_T(ERROR, 10.0) << "scheduler state not persisted: " << st << " (" << failures
+                               << " writes failed so far; answers do not wait for it)";
     }
     written_through_.store(number);
     if (on_written_) on_written_();
