@@ -206,6 +206,9 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGPIPE, SIG_IGN);
+  // A file size limit (ulimit -f) reached by the journal or the state file fails that write
+  // (EFBIG), which is handled as a full disk is, instead of killing the process.
+  std::signal(SIGXFSZ, SIG_IGN);
   node::TlsReloader reloader(cl.node.tls);
   const std::optional<pb::NodeRole> role = core::ParseRoleLabel(cl.role);
   if (role == pb::SCHEDULER) return RunScheduler(cl);

@@ -11,9 +11,12 @@
 //   test starts it once the scheduler is scaling): a worker SIGKILLed and restarted, the
 //   scheduler SIGKILLed and restarted from --state_dir, a server SIGKILLed and restarted
 //   from --data_dir. Each ends as undisturbed (exit 0 everywhere, loss and weights
-//   checksum of an undisturbed run within 1e-6) or as the cell's test states.
+//   checksum of an undisturbed run within 1e-6) or as the cell's test states;
+// - a server whose disk fills for good (a file size limit set on the running process): the
+//   job fails loudly, the trainers naming the journal, every process exiting 3.
 // Every child is SIGKILLed by pid when a test ends; every wait has a deadline.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -171,6 +174,42 @@ TEST_CASE("the demo job with a worker and the scheduler SIGKILLed together, both
   const std::vector<TrainFinal> finals = job.RequireFinished(deadline);
   CheckSameFinals(plain, finals);
   CHECK_THAT(job.trainers[1]->Log(), Catch::Contains("restarted: resumes after step"));
+}
+
+TEST_CASE("the demo job with a server whose disk fills mid-training fails loudly: the trainers name the journal, every "
+          "process exits 3",
+          "[multiproc][net][journal]") {
+  TrainJobOptions o = BaseJob();
+  o.data_dir = true;
+  o.steps = 400;  // still training when the disk fills
+  o.recovery_timeout_ms = 3000;  // how long a trainer sends a refused push again
+  TrainJob job(o);
+  job.Start();
+  INFO("logs in " << job.dir.path());
+  const auto deadline = Clock::now() + 120s;
+  REQUIRE(job.WaitStep(3, deadline));
+  // server0's disk is full: no file of it grows any more (its journal; its log too).
+  rlimit full = {};
+  REQUIRE(::prlimit(job.servers[0]->pid(), RLIMIT_FSIZE, nullptr, &full) == 0);
+  full.rlim_cur = 1;
+  REQUIRE(::prlimit(job.servers[0]->pid(), RLIMIT_FSIZE, &full, nullptr) == 0);
+  TrainJob::Outcome out = job.WaitTrainers(deadline);
+  bool named = false;
+  for (size_t i = 0; i < out.codes.size(); ++i) {
+    INFO("trainer " << i << ": " << out.logs[i]);
+    REQUIRE(out.codes[i].has_value());
+    CHECK(*out.codes[i] == 3);
+    CHECK_FALSE(out.finals[i].found);
+    named = named || out.logs[i].find("server server0 cannot journal the change") != std::string::npos;
+  }
+  CHECK(named);
+  INFO(job.scheduler.Log());
+  CHECK(job.scheduler.Wait(60s) == std::optional<int>(3));
+  // Not killed by SIGXFSZ (exit 128 + 25): the refused writes were errors it handled.
+  for (int i = 0; i < 2; ++i) {
+    INFO("server " << i << ": " << job.servers[i]->Log());
+    CHECK(job.servers[i]->Wait(60s) == std::optional<int>(3));
+  }
 }
 
 namespace {
