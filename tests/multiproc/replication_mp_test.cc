@@ -8,8 +8,11 @@
 // rebuilt from its ranges' primaries while the job runs (it resyncs), and then the other
 // server is SIGKILLed: the rebuilt copy alone carries the job to the same weights; and when
 // the job scales out to 3 servers first (every new range's chain filled) and then loses a
-// server. Every child is SIGKILLed by pid when a test ends.
+// server; and when a server's disk fills for good (a file size limit of 1 byte set on it):
+// it steps down (exit 1) at its first refused journal write. Every child is SIGKILLed by
+// pid when a test ends.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cmath>
@@ -93,6 +96,7 @@ enum class Fault {
   kLost,     // `victim` SIGKILLed at step kSteps/2, its data directory deleted
   kRebuilt,  // the same, restarted empty and rebuilt; then the other server SIGKILLed
   kScaled,   // a scale-out to 3 servers at step kSteps/4, then `victim` lost as in kLost
+  kDiskFull,  // `victim`'s disk full for good at step kSteps/2 (no file of it grows): it steps down
 };
 
 // Waits until the scheduler's log holds `line` (false at the deadline).
@@ -155,7 +159,13 @@ std::vector<TrainFinal> RunJob(Fault fault, int victim) {
     REQUIRE(job.servers.back()->Start(job.ServerArgv(2), job.dir.File("server2.log")));
     REQUIRE(WaitSchedulerLog(job, "scale operation done: 2 workers, 3 servers", deadline));
   }
-  if (kill) {
+  if (fault == Fault::kDiskFull) {
+    REQUIRE(job.WaitStep(kSteps / 2, deadline));
+    rlimit full = {};
+    REQUIRE(::prlimit(job.servers[victim]->pid(), RLIMIT_FSIZE, nullptr, &full) == 0);
+    full.rlim_cur = 1;
+    REQUIRE(::prlimit(job.servers[victim]->pid(), RLIMIT_FSIZE, &full, nullptr) == 0);
+  } else if (kill) {
     REQUIRE(job.WaitStep(kSteps / 2, deadline));
     KillServer(job, victim);
   }
@@ -171,6 +181,10 @@ std::vector<TrainFinal> RunJob(Fault fault, int victim) {
     CHECK(*code == 0);
     finals.push_back(ParseTrainFinal(log));
     REQUIRE(finals.back().found);
+  }
+  if (fault == Fault::kDiskFull) {
+    // It left on its own at its first refused write (exit 1; its log cannot grow either).
+    CHECK(job.servers[victim]->Wait(60s) == std::optional<int>(1));
   }
   for (size_t i = 0; i < job.servers.size(); ++i) {
     if (kill && static_cast<int>(i) == gone) continue;
@@ -213,6 +227,16 @@ TEST_CASE("replicas=2: the demo job with a server SIGKILLed for good - its data 
   for (int victim : {0, 1}) {
     INFO("server" << victim << " killed");
     Compare(plain, RunJob(Fault::kLost, victim));
+  }
+}
+
+TEST_CASE("replicas=2: the demo job with a server's disk full for good mid-training ends as undisturbed - the server "
+          "steps down",
+          "[multiproc][net][demo][replication][journal]") {
+  std::vector<TrainFinal> plain = RunJob(Fault::kNone, 0);
+  for (int victim : {0, 1}) {
+    INFO("server" << victim << "'s disk full");
+    Compare(plain, RunJob(Fault::kDiskFull, victim));
   }
 }
 

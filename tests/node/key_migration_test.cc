@@ -124,6 +124,29 @@ TEST_CASE("ownership: the one server of a job owns every key - rank 0 of 2 refus
   CHECK(st.message() == "key " + std::to_string(theirs) + " is owned by server rank 1 of 2, not 0");
 }
 
+TEST_CASE("ownership: every range held elsewhere - only with another live replica of each, not one being rebuilt",
+          "[node][server][replication]") {
+  auto held_elsewhere = [](int rank, int n, int replicas, std::vector<char> live, std::vector<char> resyncing) {
+    KeyOwnership o{"s" + std::to_string(rank)};
+    auto lock = o.Exclusive();
+    KeyView v;
+    v.rank = rank;
+    v.n = n;
+    v.replicas = replicas;
+    v.live = std::move(live);
+    v.resyncing = std::move(resyncing);
+    o.Settle(v);
+    return o.EveryRangeHeldElsewhere();
+  };
+  CHECK_FALSE(held_elsewhere(0, 2, 1, {1, 1}, {0, 0}));   // one copy of each range
+  CHECK(held_elsewhere(0, 2, 2, {1, 1}, {0, 0}));         // the other server holds both ranges too
+  CHECK_FALSE(held_elsewhere(0, 2, 2, {1, 0}, {0, 0}));   // ... but it is down
+  CHECK_FALSE(held_elsewhere(0, 2, 2, {1, 1}, {0, 1}));   // ... or being rebuilt
+  CHECK(held_elsewhere(1, 3, 2, {1, 1, 1}, {0, 0, 0}));   // rank 1 holds ranges 0 and 1: ranks 0 and 2 too
+  CHECK_FALSE(held_elsewhere(1, 3, 2, {1, 1, 0}, {0, 0, 0}));  // range 1's other copy is on rank 2, down
+  CHECK_FALSE(held_elsewhere(1, 3, 2, {0, 1, 1}, {0, 0, 0}));  // range 0's other copy is on rank 0, down
+}
+
 TEST_CASE("migration: entries moved here while a drop of an earlier view is queued survive it",
           "[node][server][scaling]") {
   Server s;

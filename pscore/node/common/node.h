@@ -129,6 +129,10 @@ class Node {
   Status Stopped() const;
   // Loop thread: Stop has closed this node (its loop may be shared and run on).
   bool closed() const { return closed_; }
+  // Loop thread: this member ends its part in the job on its own, for `why` (what
+  // WaitForTermination returns, and on_fatal gets): it sends no more heartbeats, so the
+  // scheduler times it out as a lost member.
+  void StepDown(const Status& why) { Terminate(why); }
   // Role hooks, loop thread.
   virtual Status StartRole() { return Status::Ok(); }  // before registering (servers listen)
   virtual void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame);

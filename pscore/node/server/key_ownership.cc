@@ -59,6 +59,22 @@ void KeyOwnership::AddBackups(int range, std::vector<int>* backups) const {
   }
 }
 
+bool KeyOwnership::EveryRangeHeldElsewhere() const {
+  if (view_.replicas <= 1 || view_.n <= 0 || view_.rank < 0) return false;
+  for (int range = 0; range < view_.n; ++range) {
+    if (!core::HoldsRange(view_.rank, range, view_.n, view_.replicas)) continue;
+    bool elsewhere = false;
+    for (int rank : core::ReplicaChain(range, view_.n, view_.replicas)) {
+      const size_t at = static_cast<size_t>(rank);
+      const bool live = at >= view_.live.size() || view_.live[at];
+      const bool rebuilt = at < view_.resyncing.size() && view_.resyncing[at];
+      elsewhere = elsewhere || (rank != view_.rank && live && !rebuilt);
+    }
+    if (!elsewhere) return false;
+  }
+  return true;
+}
+
 bool KeyOwnership::HeldBeforeSwitch(uint64_t key) const {
   if (prev_.n <= 0 || prev_.rank < 0 || prev_.replicas <= 1) return false;
   return core::HoldsRange(prev_.rank, core::ServerForKey(key, prev_.n), prev_.n, prev_.replicas);

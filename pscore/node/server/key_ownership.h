@@ -43,6 +43,9 @@ class KeyOwnership {
   Status CheckOwned(const uint64_t* keys, size_t num_keys, bool as_primary = true,
                     std::vector<int>* backups = nullptr) const;
 
+  // Whether every key range this server holds has another copy that serves it: a live
+  // replica not being rebuilt (false with one replica).
+  bool EveryRangeHeldElsewhere() const;
   // ---- the lock held exclusively ----
   // The cluster is stable under `view`: it replaces the current one and the view before a
   // scale's switch is forgotten. True when anything changed (a switch counts).

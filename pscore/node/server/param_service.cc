@@ -181,6 +181,7 @@ Status ParamService::JournaledRecord(const std::string& header, std::string_view
     const uint64_t errors = journal_errors_.fetch_add(1, std::memory_order_relaxed) + 1;
     LOG_EVERY_T(ERROR, 1.0) << "server " << options_.node_id << ": " << logged << " (" << errors
                             << " changes refused so far)";
+    if (on_journal_error_) on_journal_error_(logged);
     return Status(Code::kUnavailable, "server " + options_.node_id + " cannot journal the change: " + logged.message());
   }
   Status st = apply();

@@ -55,6 +55,9 @@ class ParamService {
   ParamService(Options options, core::ParamStore::Options store, comm::EventLoop* loop, KeyOwnership* ownership,
                ServerLinks* links, std::shared_ptr<std::atomic<uint64_t>> copied);
   void set_gate(ReplicaGate* gate) { gate_ = gate; }  // before the first request
+  // Called (on the thread that journals, any) with each change the journal refused; set
+  // before the first request.
+  void set_on_journal_error(std::function<void(const Status&)> fn) { on_journal_error_ = std::move(fn); }
 
   // Opens the journal, when there is a data_dir, and restores what it holds.
   Status Open();
@@ -131,6 +134,7 @@ class ParamService {
   std::atomic<uint64_t> repeated_pushes_{0};
   std::atomic<uint64_t> streamed_pushes_{0};
   std::atomic<uint64_t> journal_errors_{0};
+  std::function<void(const Status&)> on_journal_error_;
   std::unique_ptr<ServerJournal> journal_;
   std::mutex journal_mu_;
   // Keys restored from the journal and not yet confirmed: by a view of this server as a

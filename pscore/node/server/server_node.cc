@@ -39,12 +39,33 @@ ServerNode::ServerNode(NodeOptions options, core::ParamStore::Options store, com
                  [this](ConnId conn, Frame&& frame) { OnPeerRequest(conn, std::move(frame)); }),
       mailbox_(options_.node_id, Node::loop(), this) {
   params_.set_gate(&resync_);
+  params_.set_on_journal_error([this, alive = alive_.watch()](const Status& why) {
+    Node::loop()->Post([this, alive, why] {
+      if (alive) OnJournalError(why);
+    });
+  });
   RegisterBuiltins();
 }
 
 ServerNode::~ServerNode() {
   Stop();
   alive_.Expire();
+}
+
+void ServerNode::OnJournalError(const Status& why) {
+  DCHECK(loop()->InLoopThread());
+  if (closed() || stepped_down_) return;
+  bool elsewhere = false;
+  {
+    auto lock = ownership_.Share();
+    elsewhere = ownership_.EveryRangeHeldElsewhere();
+  }
+  if (!elsewhere) return;  // the only copy of some range: refuse on, the disk may free up
+  stepped_down_ = true;
+  Status down(Code::kResourceExhausted, "server " + options_.node_id + " stepped down: its journal cannot write (" +
+                                            why.message() + "); the other replicas of its key ranges serve them");
+  LOG(ERROR) << down;
+  StepDown(down);
 }
 
 void ServerNode::AppendRoleMetrics(MetricsText* m) const {

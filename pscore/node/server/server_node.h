@@ -89,12 +89,17 @@ class ServerNode : public Node, private ServerLinks {
   void RefreshMemberIds();
   // Outside a scale operation, serve the key range of the current metadata (loop thread).
   void RefreshView();
+  // Loop thread: the journal refused a change (a full disk). With every key range this
+  // server holds served by another live replica, it steps down (exits its part in the job)
+  // so that they serve the ranges; otherwise it refuses on and the workers send again.
+  void OnJournalError(const Status& why);
   // The view the metadata gives; *self_resyncing: it marks this server resyncing.
   KeyView ViewOf(const pb::SendMetadataMessage& md, bool* self_resyncing) const;
   // Tells the scheduler this server's resync is done (loop thread).
   void ReportResynced(std::function<void(const Status&)> answered);
 
   comm::AliveToken alive_;  // expires as the node is destroyed: queued answers and closures check it
+  bool stepped_down_ = false;  // loop thread: OnJournalError ended this member
   std::unique_ptr<Executor> executor_;
   KeyOwnership ownership_;
   ParamService params_;
