@@ -58,7 +58,7 @@ wait
 failed=()
 for t in "${targets[@]}"; do
   if [ "$(cat "$work/$t.rc" 2>/dev/null)" = 0 ]; then
-    echo "$t: $(grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$work/$t.log" | tr '\n' ' ')corpus: $(ls "$work/$t" | wc -l) inputs"
+    echo "$t: $(grep -aE "^stat::number_of_executed_units|^stat::peak_rss_mb" "$work/$t.log" | tr '\n' ' ')corpus: $(ls "$work/$t" | wc -l) inputs"
   else
     echo "!! $t failed; log tail:"
     tail -60 "$work/$t.log" || true
