@@ -2,6 +2,7 @@
 a pull (its server is stopped by the test) until SIGINT. Prints what ended the pull."""
 
 import os
+import signal
 import sys
 import time
 
@@ -9,6 +10,10 @@ import numpy as np
 
 import pscore
 
+# Ctrl-C raises KeyboardInterrupt, as in a program started from a terminal: a launcher
+# that started the test run in the background (sh's `cmd &`) leaves SIGINT ignored, and
+# Python keeps an inherited SIG_IGN.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 port, go = int(sys.argv[1]), sys.argv[2]
 w = pscore.Worker(scheduler_port=port, node_id="w0", request_timeout=120.0, heartbeat_interval=0.2,
                   heartbeat_timeout=3.0)
