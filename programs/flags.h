@@ -19,6 +19,7 @@ struct TrainOptions {
   int keys = 8;
   uint64_t seed = 7;
   int scale_out_at = -1;
+  int scale_in_at = -1;
 };
 
 // pscore-admin only.

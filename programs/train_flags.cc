@@ -12,6 +12,8 @@ DEFINE_int32(dim, 64, "pscore-train: number of features.");
 DEFINE_int32(keys, 8, "pscore-train: parameter keys the weights are split into.");
 DEFINE_uint64(seed, 7, "pscore-train: seed of the synthetic data set.");
 DEFINE_int32(scale_out_at, -1, "pscore-train: step at which rank 0 asks for one more server (-1: never).");
+DEFINE_int32(scale_in_at, -1,
+             "pscore-train: step at which rank 0 asks for one server fewer, the highest rank leaving (-1: never).");
 
 namespace pscore::node {
 
@@ -36,7 +38,11 @@ CommandLine ParseTrainFlags(int* argc, char*** argv, const char* usage) {
   cl.train.dim = FLAGS_dim;
   cl.train.keys = FLAGS_keys;
   cl.train.seed = FLAGS_seed;
+  if (FLAGS_scale_out_at >= 0 && FLAGS_scale_out_at == FLAGS_scale_in_at) {
+    flags::Die(prog, "--scale_out_at and --scale_in_at name the same step");
+  }
   cl.train.scale_out_at = FLAGS_scale_out_at;
+  cl.train.scale_in_at = FLAGS_scale_in_at;
   return cl;
 }
 

@@ -3,9 +3,10 @@
 // Push/Pull on the job's servers (which run --update_rule=sgd). Prints one progress line
 // per step and ends comparing the final loss and accuracy with those of w*.
 // With --scale_out_at=STEP, worker rank 0 asks the scheduler for one more server right
-// after that step's barrier (the operator, e.g. scripts/demo.sh, starts the process); the
-// next Push/Pull of every worker holds until the cluster is READY again, so synchronous
-// SGD ends with the same weights as without the scale-out.
+// after that step's barrier (the operator, e.g. scripts/demo.sh, starts the process); with
+// --scale_in_at=STEP, for one server fewer (the highest rank leaves and exits 0). The next
+// Push/Pull of every worker holds until the cluster is READY again, so synchronous SGD
+// ends with the same weights as without the scale.
 // A worker restarted with its node id resumes the step its predecessor was in (the barrier
 // rounds it joined, from the scheduler; the push ids of a step are the same in every
 // process, so a redone push is applied once): docs/reliability.md, "Redoing a step".
@@ -89,9 +90,11 @@ Eval Evaluate(const DataSet& d, const std::vector<float>& w, size_t begin, size_
   return e;
 }
 
-// Asks the scheduler for one more server (same workers) and returns once it accepted the
-// operation; the new server registers when the operator starts it.
-Status RequestOneMoreServer(const node::NodeOptions& opts, int workers, int servers) {
+// Asks the scheduler for one server more (scale-out) or one fewer (scale-in: the highest
+// rank leaves), the same workers, and returns once it accepted the operation. A new server
+// registers when the operator starts it; a leaving one exits 0 when the scale-in ends.
+Status RequestServerCount(const node::NodeOptions& opts, int workers, int servers, int delta) {
+  const node::AdminOp op = delta > 0 ? node::AdminOp::kScaleOut : node::AdminOp::kScaleIn;
   node::AdminClientOptions ao;
   ao.scheduler_host = opts.scheduler_host;
   ao.scheduler_port = opts.scheduler_port;
@@ -101,12 +104,13 @@ Status RequestOneMoreServer(const node::NodeOptions& opts, int workers, int serv
   node::AdminClient admin(ao);
   PSCORE_RETURN_IF_ERROR(admin.Connect());
   pb::AdminRequest req;
-  req.set_op(node::AdminOpName(node::AdminOp::kScaleOut));
+  req.set_op(node::AdminOpName(op));
   req.set_worker_num(workers);
-  req.set_server_num(servers + 1);
+  req.set_server_num(servers + delta);
   Result<pb::AdminResponse> r = admin.Admin(req);
-  if (!r.ok()) return Status(r.status().code(), "scale-out request refused: " + r.status().message());
-  std::printf("worker 0 asked for a scale-out to %d servers (membership version %llu)\n", servers + 1,
+  const char* what = delta > 0 ? "scale-out" : "scale-in";
+  if (!r.ok()) return Status(r.status().code(), std::string(what) + " request refused: " + r.status().message());
+  std::printf("worker 0 asked for a %s to %d servers (membership version %llu)\n", what, servers + delta,
               static_cast<unsigned long long>(r->epoch()));
   std::fflush(stdout);
   return Status::Ok();
@@ -333,9 +337,12 @@ Status Trainer::Step(int step, int first) {
   worker_.SetPushIds(incarnation_, static_cast<uint64_t>(step) * kSeqsPerStep + 1);
   if (st.ok()) st = worker_.Push(keys_, g, lens_).get();
   if (st.ok()) st = worker_.Barrier("train/step", 60s, peers_);
-  // Every push of this step is acknowledged: the scale-out moves finished parameters.
+  // Every push of this step is acknowledged: the scale moves finished parameters.
   if (st.ok() && step == t_.scale_out_at && rank_ == 0) {
-    st = RequestOneMoreServer(opts_, workers_, worker_.server_count());
+    st = RequestServerCount(opts_, workers_, worker_.server_count(), +1);
+  }
+  if (st.ok() && step == t_.scale_in_at && rank_ == 0) {
+    st = RequestServerCount(opts_, workers_, worker_.server_count(), -1);
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::printf("worker %d step %3d loss %.5f acc %.4f throughput %.0f samples/s\n", rank_, step, e.loss,

@@ -103,7 +103,10 @@ Status ClusterManager::CheckReregister(const NodeRecord& rec,
     return Err(Code::kInvalidArgument, "node ", rec.node_id, " changed its device list (",
                devices.size(), " devices, was ", rec.devices.size(), ")");
   }
-  if (req.requested_rank >= 0 && req.requested_rank != rec.rank) {
+  // The same process asks for the rank it last heard of: a scale-in may have compacted it
+  // since (the link was lost before the new metadata came). Its rank is the record's.
+  const bool same_process = req.incarnation == rec.incarnation;
+  if (!same_process && req.requested_rank >= 0 && req.requested_rank != rec.rank) {
     return Err(Code::kInvalidArgument, "node ", rec.node_id, " holds ", RoleLabel(rec.role),
                " rank ", rec.rank, ", cannot re-register as rank ", req.requested_rank);
   }
@@ -170,7 +173,14 @@ Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const Regist
     LOG(WARNING) << Label(*rec) << " came back with replicas=" << config_.replicas
                  << ": resyncing (it missed pushes; rebuilt from its key ranges' primaries)";
   }
-  if ((moved || resync) && rec->in_metadata) PublishMetadata();  // peers need the new address
+  if (restarted && scaling_ && op_.kind == ScaleKind::kIn) {
+    // The old process's part of a scale-in (its hand-over, its DONE) went with it, and the
+    // new one never heard the SCALE_IN: undone at once rather than at the scale timeout.
+    // The rollback publishes the membership, the new address in it.
+    Rollback(Cat(Label(*rec), " restarted during scale-in"));
+  } else if ((moved || resync) && rec->in_metadata) {
+    PublishMetadata();  // peers need the new address
+  }
   RefreshTimeoutState();
   out.restarted = restarted;
   out.epoch = epoch_;

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <unordered_map>
 #include <set>
@@ -171,6 +172,11 @@ class ClusterManager {
   // replay when there are none.
   int flagged() const { return timed_out_count_ + in_error_count_; }
   const NodeRecord* Find(const std::string& node_id) const;
+  // True for the process (node id and incarnation) that a completed scale-in removed: it
+  // missed being told to end (its link was down) and registers again; it should end, not
+  // join. Remembered for the last kLeftRemembered such nodes, not persisted.
+  bool LeftInScaleIn(const std::string& node_id, uint64_t incarnation) const;
+  static constexpr size_t kLeftRemembered = 4096;
   std::vector<const NodeRecord*> Nodes() const;  // sorted by role (server, worker), then rank
   // Every node in no particular order (no sort, no allocation).
   template <typename Fn>
@@ -218,6 +224,7 @@ class ClusterManager {
   void CheckFinish();
   void SetOutcomeAtFinish();
   void CompleteScaleIn();
+  void RememberLeft(const NodeRecord& rec);
   void EndScale();
   bool AllDone() const;
   void Rollback(const std::string& reason);
@@ -241,6 +248,8 @@ class ClusterManager {
   bool scaling_ = false;
   ScaleOp op_;
   std::unordered_map<std::string, NodeRecord> nodes_;  // by node_id; pointers stay valid until removal
+  std::map<std::string, uint64_t> left_;  // node id -> incarnation, removed by a scale-in
+  std::deque<std::string> left_order_;    // left_'s ids, oldest first
   // No live node can time out before this (the earliest last_heartbeat + timeout at the
   // last scan; heartbeats only move deadlines later), so Tick skips the scan until then.
   // Reset whenever a node becomes live (AddNode, Reregister).

@@ -201,6 +201,7 @@ void ClusterManager::CompleteScaleIn() {
   for (NodeRecord* rec : MutableNodes()) {
     if (rec->leaving) {
       Emit(Event::Kind::kNodeLeft, rec);
+      RememberLeft(*rec);
       const std::string id = rec->node_id;
       RemoveNode(id);  // other records' pointers stay valid in a std::map
     } else {
@@ -211,6 +212,20 @@ void ClusterManager::CompleteScaleIn() {
   PublishMetadata();
   EndScale();
   CheckFinish();
+}
+
+void ClusterManager::RememberLeft(const NodeRecord& rec) {
+  if (left_.count(rec.node_id) == 0) left_order_.push_back(rec.node_id);
+  left_[rec.node_id] = rec.incarnation;
+  if (left_order_.size() > kLeftRemembered) {
+    left_.erase(left_order_.front());
+    left_order_.pop_front();
+  }
+}
+
+bool ClusterManager::LeftInScaleIn(const std::string& node_id, uint64_t incarnation) const {
+  auto it = left_.find(node_id);
+  return it != left_.end() && it->second == incarnation && Find(node_id) == nullptr;
 }
 
 void ClusterManager::EndScale() {

@@ -596,6 +596,70 @@ TEST_CASE("scale-in by ids: leaving nodes removed, ranks compacted, READY", "[co
   CHECK(f.cm->registered(pb::WORKER) == 2);
 }
 
+TEST_CASE("a member restarted during scale-in rolls it back at once, its new process in the old membership",
+          "[core][cluster]") {
+  Fixture f(/*workers=*/2, /*servers=*/2);
+  f.Recoverable({pb::WORKER, pb::SERVER});
+  f.StartAll();
+  REQUIRE(f.cm->ScaleInByIds({"s1"}).ok());
+  REQUIRE(f.cm->ScaleInDone("w1", 2).ok());
+  f.cm->TakeEvents();
+  RegisterRequest again = Req("s0", pb::SERVER, kInc + 1);
+  again.port = 7100;  // a new process listens elsewhere
+  Result<RegisterOutcome> out = f.cm->Register(again);
+  REQUIRE(out.ok());
+  CHECK(out->restarted);
+  CHECK(out->rank == 0);
+  std::vector<Event> events = f.cm->TakeEvents();
+  REQUIRE(Kinds(events) == std::vector<Kind>{Kind::kNodeRestarted, Kind::kRollback, Kind::kMetadataChanged,
+                                             Kind::kStateChanged});
+  CHECK(events[1].message == "server s0 (rank 0) restarted during scale-in");
+  CHECK(events[3].state == pb::CLUSTER_READY);
+  CHECK(out->epoch == f.cm->epoch());
+  CHECK(f.cm->server_num() == 2);
+  CHECK_FALSE(f.cm->Find("s1")->leaving);
+  pb::SendMetadataMessage md = f.cm->BuildMetadata();
+  REQUIRE(md.servers_meta_size() == 2);
+  CHECK(md.servers_meta(0).port() == 7100);
+  // Nothing of the undone operation is left: its DONE answers are refused.
+  CHECK(f.cm->ScaleInDone("w0", 2).code() == Code::kFailedPrecondition);
+}
+
+TEST_CASE("a member that missed a scale-in's new ranks registers again with its old one and gets the new",
+          "[core][cluster]") {
+  Fixture f(/*workers=*/2, /*servers=*/3);
+  f.StartAll();
+  REQUIRE(f.cm->ScaleInByIds({"s0"}).ok());
+  for (const char* id : {"s0", "s1", "s2", "w0", "w1"}) REQUIRE(f.cm->ScaleInDone(id, 2).ok());
+  REQUIRE(f.cm->Find("s2")->rank == 1);
+  f.cm->TakeEvents();
+  // The same process (its link lost before the new metadata came) asks for rank 2.
+  Result<RegisterOutcome> same = f.cm->Register(Req("s2", pb::SERVER, kInc, /*rank=*/2));
+  REQUIRE(same.ok());
+  CHECK(same->rank == 1);
+  CHECK(same->retry);
+  // A new process asking for a rank the member does not hold is still refused.
+  Result<RegisterOutcome> other = f.cm->Register(Req("s2", pb::SERVER, kInc + 1, /*rank=*/2));
+  CHECK(other.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(other.status().message(), Catch::Contains("holds server rank 1"));
+}
+
+TEST_CASE("a node removed by a scale-in is known as left to its own process only", "[core][cluster]") {
+  Fixture f(/*workers=*/2, /*servers=*/2);
+  f.StartAll();
+  CHECK_FALSE(f.cm->LeftInScaleIn("s1", kInc));  // a member
+  REQUIRE(f.cm->ScaleInByIds({"s1"}).ok());
+  for (const char* id : {"s0", "s1", "w0", "w1"}) REQUIRE(f.cm->ScaleInDone(id, 2).ok());
+  REQUIRE(f.cm->Find("s1") == nullptr);
+  CHECK(f.cm->LeftInScaleIn("s1", kInc));
+  CHECK_FALSE(f.cm->LeftInScaleIn("s1", kInc + 1));  // another process under its id
+  CHECK_FALSE(f.cm->LeftInScaleIn("s0", kInc));
+  // Readmitted by a later scale-out, it is a member again.
+  REQUIRE(f.cm->ScaleOut(2, 2).ok());
+  REQUIRE(f.cm->Register(Req("s1", pb::SERVER, kInc + 1)).ok());
+  CHECK_FALSE(f.cm->LeftInScaleIn("s1", kInc));
+}
+
 TEST_CASE("scale-in by counts removes the highest ranks", "[core][cluster]") {
   Fixture f(/*workers=*/4, /*servers=*/2);
   f.StartAll();

@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "pscore/node/common/admin_client.h"  // before train_job.h: Catch's CHECK must win over glog's
+#include "multiproc/job_admin.h"  // before train_job.h: Catch's CHECK must win over glog's
 #include "multiproc/train_job.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
@@ -36,18 +36,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = TrainJob::Clock;
-
-// One admin answer from a fresh connection (the scheduler may have been restarted).
-std::optional<pb::AdminResponse> AdminAsk(int port, const std::string& op) {
-  node::AdminClientOptions ao;
-  ao.scheduler_port = port;
-  ao.timeout = 3s;
-  node::AdminClient admin(ao);
-  if (!admin.Connect().ok()) return std::nullopt;
-  Result<pb::AdminResponse> r = admin.Admin(op);
-  if (!r.ok()) return std::nullopt;
-  return *r;
-}
 
 // The round of barrier `id` that waits for `missing` alone, if any.
 std::optional<pb::BarrierInfo> WaitingFor(int port, const std::string& id, const std::string& missing) {
@@ -78,15 +66,6 @@ bool RoundPassed(int port, const std::string& id, uint64_t generation) {
   if (!r) return false;
   for (const pb::BarrierInfo& b : r->barriers()) {
     if (b.id() == id && b.generation() == generation && b.state() == "passed") return true;
-  }
-  return false;
-}
-
-bool WaitState(int port, pb::ClusterState state, Clock::time_point deadline) {
-  while (Clock::now() < deadline) {
-    std::optional<pb::AdminResponse> r = AdminAsk(port, "status");
-    if (r && r->cluster_state() == state) return true;
-    std::this_thread::sleep_for(20ms);
   }
   return false;
 }

@@ -41,8 +41,10 @@ class TempDir {
     buf.push_back('\0');
     if (::mkdtemp(buf.data()) != nullptr) path_ = buf.data();
   }
+  // Removed with everything in it, unless PSCORE_KEEP_TEST_DIRS is set (to read the logs
+  // of a failed run).
   ~TempDir() {
-    if (path_.empty()) return;
+    if (path_.empty() || std::getenv("PSCORE_KEEP_TEST_DIRS") != nullptr) return;
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }

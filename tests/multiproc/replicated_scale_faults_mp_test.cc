@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "pscore/node/common/admin_client.h"  // before train_job.h: Catch's CHECK must win over glog's
+#include "multiproc/job_admin.h"  // before train_job.h: Catch's CHECK must win over glog's
 #include "multiproc/train_job.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
@@ -31,21 +31,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = TrainJob::Clock;
-
-bool WaitState(int port, pb::ClusterState state, Clock::time_point deadline) {
-  node::AdminClientOptions ao;
-  ao.scheduler_port = port;
-  ao.timeout = 3s;
-  while (Clock::now() < deadline) {
-    node::AdminClient admin(ao);
-    if (admin.Connect().ok()) {
-      Result<pb::AdminResponse> r = admin.Admin("status");
-      if (r.ok() && r->cluster_state() == state) return true;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
-}
 
 enum class Loss { kStopped, kHostLost };
 

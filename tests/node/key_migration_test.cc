@@ -208,5 +208,48 @@ TEST_CASE("migration: a settled view looks for entries not held only after a cha
   CHECK(Within10s(s.AskDrop(/*changed=*/true)) == 1);
 }
 
+// The scale-in's switch runs on the move lane; a rollback settles the view on the loop
+// thread. When the settle comes first, the switch belongs to a scale that is over: taken,
+// it would leave this server serving the ranges of a membership that is gone.
+TEST_CASE("migration: a scale's switch that runs after the view settled again (rolled back meanwhile) is not taken",
+          "[node][server][scaling]") {
+  Server s;  // s0, rank 1 of 2
+  const uint64_t own = KeyIn(0, /*range=*/1, /*n=*/2);
+  s.params.store().Insert(own, std::vector<float>(2, 1.0f));
+  std::promise<void> release;
+  std::shared_future<void> busy = release.get_future().share();
+  s.executor.Submit(KeyMigration::kMoveLane, [busy] { busy.wait(); });
+  pb::SendMetadataMessage md;
+  for (auto [id, rank] : {std::pair<const char*, int>{"s1", 0}, {"s0", 1}}) {
+    pb::ServersMeta* m = md.add_servers_meta();
+    m->set_node_id(id);
+    m->set_rank_id(rank);
+    m->set_role(pb::SERVER);
+  }
+  pb::ScaleInMessage leave;
+  leave.add_leaving_node_ids("s0");
+  std::atomic<bool> handed_over{false};
+  s.loop.RunAndWait([&] { s.migration.OnScaleInStart(md, leave, [&] { handed_over = true; }); });
+  {
+    KeyView before;
+    before.rank = 1;
+    before.n = 2;
+    auto lock = s.ownership.Exclusive();
+    s.ownership.Settle(before);
+  }
+  release.set_value();
+  auto lane_ran = std::make_shared<std::promise<void>>();
+  std::future<void> ran = lane_ran->get_future();
+  s.executor.Submit(KeyMigration::kMoveLane, [lane_ran] { lane_ran->set_value(); });
+  Within10s(std::move(ran));
+  {
+    auto lock = s.ownership.Share();
+    CHECK(s.ownership.view().rank == 1);
+    CHECK(s.ownership.view().n == 2);
+  }
+  CHECK(s.Has(own));
+  CHECK_FALSE(handed_over.load());
+}
+
 }  // namespace
 }  // namespace pscore::node

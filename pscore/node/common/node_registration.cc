@@ -50,6 +50,9 @@ void Node::Register() {
   messenger_->Call(scheduler_->conn(), MakeMeta(pb::REGISTER, options_.role, rank_), ToBuffer(msg),
                    options_.request_timeout, [this](Result<Frame> r) {
     registering_ = false;
+    if (ended_) {  // told to end meanwhile (a node that left in a scale-in)
+      return SettleStart(Status(Code::kCancelled, options_.node_id + " was told to end while registering"));
+    }
     pb::RegisterRespMessage resp;
     Status st = r.ok() ? ParsePayload(*r, &resp) : r.status();
     if (st.ok()) return OnRegistered(resp);

@@ -63,6 +63,15 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   }
   st = FitsStateFile(req);
   if (!st.ok()) return Reply(conn, frame.meta, st);
+  if (cluster_.LeftInScaleIn(req.node_id, req.incarnation)) {
+    // Removed by a scale-in while its link was down, so it missed the TERMINATE: told now,
+    // before the refusal on the same link, it ends as a node that left does (exit 0).
+    Status left(Code::kFailedPrecondition, "node " + req.node_id + " left the cluster in a scale-in");
+    LOG(INFO) << "scheduler: " << RoleLabel(req.role) << " " << req.node_id << " registered again after it left; "
+              << "telling it to end";
+    messenger_->Notify(conn, MakeMeta(pb::TERMINATE, pb::SCHEDULER, 0), nullptr).IgnoreError();
+    return Reply(conn, frame.meta, left);
+  }
   const uint64_t epoch_before = cluster_.epoch();
   Result<core::RegisterOutcome> out = cluster_.Register(req);
   if (!out.ok()) {

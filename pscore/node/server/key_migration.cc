@@ -176,7 +176,13 @@ void KeyMigration::OnScaleInStart(const pb::SendMetadataMessage& md, const pb::S
 }
 
 void KeyMigration::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, std::function<void()> done) {
-  auto work = [this, rank, n, dest_rank, done]() mutable {
+  DCHECK(loop_->InLoopThread());
+  uint64_t settles;
+  {
+    auto lock = ownership_->Share();
+    settles = ownership_->settles();
+  }
+  auto work = [this, rank, n, dest_rank, done, settles]() mutable {
     KeyView old;
     {
       // Once the view is switched no push or pull of a key this server gives up can be
@@ -184,6 +190,13 @@ void KeyMigration::MoveKeys(int rank, int n, std::function<int(int)> dest_rank, 
       // the lock covers only the switch; the copy below, which may take long, runs under
       // the store's own stripe locks while the loop thread goes on serving.
       auto lock = ownership_->Exclusive();
+      if (ownership_->settles() != settles) {
+        // The view settled since the scale started: it was rolled back (or ended) before
+        // this lane ran. Switching now would take the ranges of a membership that is gone.
+        LOG(INFO) << "server " << node_id_ << ": the scale ended before its switch to rank " << rank << " of " << n
+                  << "; nothing moved";
+        return;
+      }
       old = ownership_->Switch(rank, n);
     }
     const std::map<int, std::vector<uint64_t>> plan = PlanMoves(old, rank, n, dest_rank);

@@ -86,6 +86,7 @@ bool KeyOwnership::Settle(KeyView view) {
                        view.resyncing != view_.resyncing || prev_.n > 0;
   prev_ = KeyView();  // READY under this view: no primary applies under an older one
   view_ = std::move(view);
+  ++settles_;
   return changed;
 }
 

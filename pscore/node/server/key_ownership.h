@@ -46,6 +46,9 @@ class KeyOwnership {
   // Whether every key range this server holds has another copy that serves it: a live
   // replica not being rebuilt (false with one replica).
   bool EveryRangeHeldElsewhere() const;
+  // How many times the view settled: a scale whose switch runs after a Settle that came
+  // once it started has ended (done or rolled back) without it, so that switch is stale.
+  uint64_t settles() const { return settles_; }
   // ---- the lock held exclusively ----
   // The cluster is stable under `view`: it replaces the current one and the view before a
   // scale's switch is forgotten. True when anything changed (a switch counts).
@@ -65,6 +68,7 @@ class KeyOwnership {
   const std::string node_id_;
   mutable std::shared_mutex mu_;
   KeyView view_;
+  uint64_t settles_ = 0;
   // With replicas: the view this server held before it switched for a scale, kept until
   // the cluster is READY again (prev_.n 0: none). A primary that has not switched yet
   // applies a worker's push under that view and forwards it here: it is applied (the

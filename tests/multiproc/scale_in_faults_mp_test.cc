@@ -1,0 +1,185 @@
+// Fault-matrix cells of the demo job during a scale-in (real pscore-node and pscore-train
+// processes, tests/multiproc/train_job.h; docs/reliability.md, "Fault matrix"). Replicas=1,
+// servers with --data_dir, the scheduler with --state_dir. While the trainers run, the test
+// asks for a scale-in of server1 (of 2). So that the fault lands while the scale-in runs,
+// server1 is paused (SIGSTOP) from just before the request until the fault has struck, far
+// under its heartbeat timeout: a slow server, which the cluster does not count as a fault,
+// holds the scale-in open. Then one fault:
+// - a worker SIGKILLed and restarted with its node id;
+// - the scheduler SIGKILLed and restarted from --state_dir;
+// - the scheduler SIGSTOPped for 3 heartbeat timeouts, then SIGCONT;
+// - the server that stays (server0) SIGKILLed and restarted from --data_dir;
+// - the leaving server (server1) SIGKILLed and restarted from --data_dir.
+// Each cell asserts the job's outcome: both trainers exit 0 with the loss and weights
+// checksum of an undisturbed run within 1e-6 (no acknowledged push lost or applied twice),
+// every server and the scheduler exit 0, and the scale-in either completed or was rolled
+// back as the cell's test states.
+// Every child is SIGKILLed by pid when a test ends; every wait has a deadline.
+#include <signal.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "multiproc/job_admin.h"  // before train_job.h: Catch's CHECK must win over glog's
+#include "multiproc/train_job.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = TrainJob::Clock;
+
+enum class Fault { kWorkerKill, kSchedulerKill, kSchedulerStop, kStayingServerKill, kLeavingServerKill };
+
+// How the scale-in ends, from the scheduler's log: done, or rolled back with a reason that
+// starts with `who` (a member's label: its rank depends on the order of registration).
+struct Ends {
+  bool done = false;
+  std::string who;
+};
+const Ends kDone{true, ""};
+Ends RolledBack(const std::string& who) { return Ends{false, who}; }
+
+void RunScaleInFault(Fault fault, const Ends& expected) {
+  TrainJobOptions o;
+  o.steps = 30;
+  o.heartbeat_timeout_ms = 3000;
+  o.connect_timeout_ms = 20000;
+  o.recovery_timeout_ms = 40000;
+  o.state_dir = true;
+  o.data_dir = true;
+  const std::vector<TrainFinal> plain = UndisturbedFinals(o);
+  TrainJob job(o);
+  job.Start();
+  INFO("logs in " << job.dir.path());
+  const auto deadline = Clock::now() + 240s;
+  REQUIRE(job.WaitStep(8, deadline));
+  constexpr int kLeaving = 1;
+  job.servers[kLeaving]->Signal(SIGSTOP);
+  const auto paused = Clock::now();
+  pb::AdminRequest scale_in;
+  scale_in.set_op("scale_in");
+  scale_in.add_node_ids("server" + std::to_string(kLeaving));
+  std::optional<pb::AdminResponse> accepted = AdminAsk(job.port, scale_in);
+  REQUIRE(accepted.has_value());
+  std::optional<pb::AdminResponse> status = AdminAsk(job.port, "status");
+  REQUIRE(status.has_value());
+  // Held open: the paused server cannot have answered SCALE_IN_DONE.
+  REQUIRE(status->cluster_state() == pb::CLUSTER_SCALE_IN);
+  bool leaving_alive = true;
+  // A restarted member's new process registers before server1 runs again.
+  auto registered_again = [&](const std::string& id) {
+    REQUIRE(TrainJob::WaitLog([&] { return job.scheduler.Log(); }, "scheduler: " + id + " restarted (new incarnation)",
+                              deadline));
+  };
+  switch (fault) {
+    case Fault::kWorkerKill:
+      job.KillTrainer(1);
+      job.RestartTrainer(1);
+      registered_again("worker1");
+      break;
+    case Fault::kSchedulerKill:
+      job.KillScheduler();
+      job.RestartScheduler();
+      break;
+    case Fault::kSchedulerStop:
+      job.scheduler.Signal(SIGSTOP);
+      break;
+    case Fault::kStayingServerKill:
+      job.KillServer(0);
+      job.StartServer(0, ".restarted");
+      registered_again("server0");
+      break;
+    case Fault::kLeavingServerKill:
+      job.KillServer(kLeaving);
+      job.StartServer(kLeaving, ".restarted");
+      registered_again("server1");
+      leaving_alive = false;
+      break;
+  }
+  if (leaving_alive) job.servers[kLeaving]->Signal(SIGCONT);
+  const auto pause = Clock::now() - paused;
+  INFO("server" << kLeaving << " paused for "
+                << std::chrono::duration_cast<std::chrono::milliseconds>(pause).count() << " ms");
+  if (fault == Fault::kSchedulerStop) {
+    // Frozen for 3 heartbeat timeouts: on SIGCONT it sees its own stall and counts it
+    // against no heartbeat and not against the scale's deadline.
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 * o.heartbeat_timeout_ms));
+    job.scheduler.Signal(SIGCONT);
+  }
+  std::vector<TrainFinal> finals = job.RequireFinished(deadline);
+  CheckSameFinals(plain, finals);
+  std::string sched_log = job.scheduler.Log();
+  if (fault == Fault::kSchedulerKill) {
+    // The restarted scheduler's log: it does not persist a scale's progress.
+    sched_log = ReadFile(job.dir.File("scheduler.restarted.log"));
+  }
+  INFO(sched_log);
+  if (expected.done) {
+    CHECK_THAT(sched_log, Catch::Contains("scale operation done: 2 workers, 1 servers"));
+  } else {
+    CHECK_THAT(sched_log, Catch::Contains("scale operation rolled back: " + expected.who));
+    CHECK_THAT(sched_log, Catch::Contains("restarted during scale-in"));
+    CHECK_THAT(sched_log, !Catch::Contains("scale operation done"));
+  }
+}
+
+}  // namespace
+
+// No fault: worker rank 0 asks for the scale-in itself after a step's barrier, as
+// `pscore-train --scale_in_at` does for an operator.
+TEST_CASE("the demo scaled in mid-training (--scale_in_at) ends with the weights of the unscaled run, the "
+          "leaving server exits 0",
+          "[multiproc][net][demo][scale]") {
+  TrainJobOptions o;
+  o.steps = 30;
+  o.trainer_flags = {"--scale_in_at=12"};
+  const std::vector<TrainFinal> plain = UndisturbedFinals(o);
+  TrainJob job(o);
+  job.Start();
+  INFO("logs in " << job.dir.path());
+  std::vector<TrainFinal> finals = job.RequireFinished(Clock::now() + 240s);
+  CheckSameFinals(plain, finals);
+  // Rank 0 is whichever trainer registered first.
+  const std::string trainer_logs = job.trainers[0]->Log() + job.trainers[1]->Log();
+  INFO(trainer_logs);
+  CHECK_THAT(trainer_logs, Catch::Contains("worker 0 asked for a scale-in to 1 servers"));
+  const std::string sched_log = job.scheduler.Log();
+  INFO(sched_log);
+  CHECK_THAT(sched_log, Catch::Contains("scale operation done: 2 workers, 1 servers"));
+}
+
+TEST_CASE("during a scale-in: a worker SIGKILLed and restarted - the job ends as undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunScaleInFault(Fault::kWorkerKill, RolledBack("worker worker1 (rank "));
+}
+
+TEST_CASE("during a scale-in: the scheduler SIGKILLed and restarted from --state_dir - the job ends as undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunScaleInFault(Fault::kSchedulerKill, RolledBack("the scheduler"));
+}
+
+TEST_CASE("during a scale-in: the scheduler SIGSTOPped for 3 heartbeat timeouts, then SIGCONT - the job ends as "
+          "undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunScaleInFault(Fault::kSchedulerStop, kDone);
+}
+
+TEST_CASE("during a scale-in: the server that stays SIGKILLed and restarted from --data_dir - the job ends as "
+          "undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunScaleInFault(Fault::kStayingServerKill, RolledBack("server server0 (rank "));
+}
+
+TEST_CASE("during a scale-in: the leaving server SIGKILLed and restarted from --data_dir - the job ends as "
+          "undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunScaleInFault(Fault::kLeavingServerKill, RolledBack("server server1 (rank "));
+}
+
+}  // namespace pscore::testing
