@@ -10,14 +10,18 @@
 // - the scheduler SIGSTOPped for 3 heartbeat timeouts, then SIGCONT;
 // - the server that stays (server0) SIGKILLed and restarted from --data_dir;
 // - the leaving server (server1) SIGKILLed and restarted from --data_dir.
+// With replicas=2 and 3 servers, one server lost for good while the scale-in is held open:
+// - a server that stays SIGSTOPped and never resumed;
+// - the leaving server SIGKILLed with its data directory deleted (host loss).
 // Each cell asserts the job's outcome: both trainers exit 0 with the loss and weights
 // checksum of an undisturbed run within 1e-6 (no acknowledged push lost or applied twice),
-// every server and the scheduler exit 0, and the scale-in either completed or was rolled
-// back as the cell's test states.
+// every server (but one lost for good) and the scheduler exit 0, and the scale-in either
+// completed or was rolled back as the cell's test states.
 // Every child is SIGKILLed by pid when a test ends; every wait has a deadline.
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -45,32 +49,43 @@ struct Ends {
 const Ends kDone{true, ""};
 Ends RolledBack(const std::string& who) { return Ends{false, who}; }
 
-void RunScaleInFault(Fault fault, const Ends& expected) {
+constexpr int kLeaving = 1;
+
+TrainJobOptions ScaleInJob() {
   TrainJobOptions o;
   o.steps = 30;
   o.heartbeat_timeout_ms = 3000;
   o.connect_timeout_ms = 20000;
   o.recovery_timeout_ms = 40000;
-  o.state_dir = true;
   o.data_dir = true;
-  const std::vector<TrainFinal> plain = UndisturbedFinals(o);
-  TrainJob job(o);
-  job.Start();
-  INFO("logs in " << job.dir.path());
-  const auto deadline = Clock::now() + 240s;
+  return o;
+}
+
+// Once trainer 0 printed step 8, pauses server1 and asks for its removal; returns when the
+// scheduler is scaling in (held open: the paused server cannot have answered DONE).
+Clock::time_point StartHeldScaleIn(TrainJob& job, Clock::time_point deadline) {
   REQUIRE(job.WaitStep(8, deadline));
-  constexpr int kLeaving = 1;
   job.servers[kLeaving]->Signal(SIGSTOP);
   const auto paused = Clock::now();
   pb::AdminRequest scale_in;
   scale_in.set_op("scale_in");
   scale_in.add_node_ids("server" + std::to_string(kLeaving));
-  std::optional<pb::AdminResponse> accepted = AdminAsk(job.port, scale_in);
-  REQUIRE(accepted.has_value());
+  REQUIRE(AdminAsk(job.port, scale_in).has_value());
   std::optional<pb::AdminResponse> status = AdminAsk(job.port, "status");
   REQUIRE(status.has_value());
-  // Held open: the paused server cannot have answered SCALE_IN_DONE.
   REQUIRE(status->cluster_state() == pb::CLUSTER_SCALE_IN);
+  return paused;
+}
+
+void RunScaleInFault(Fault fault, const Ends& expected) {
+  TrainJobOptions o = ScaleInJob();
+  o.state_dir = true;
+  const std::vector<TrainFinal> plain = UndisturbedFinals(o);
+  TrainJob job(o);
+  job.Start();
+  INFO("logs in " << job.dir.path());
+  const auto deadline = Clock::now() + 240s;
+  const auto paused = StartHeldScaleIn(job, deadline);
   bool leaving_alive = true;
   // A restarted member's new process registers before server1 runs again.
   auto registered_again = [&](const std::string& id) {
@@ -129,6 +144,42 @@ void RunScaleInFault(Fault fault, const Ends& expected) {
   }
 }
 
+enum class Loss { kStayingStopped, kLeavingHostLost };
+
+// Replicas=2, 3 servers: one server is lost for good while the scale-in runs. The scheduler
+// times it out and rolls the scale-in back; the metadata marks it down and its ranges'
+// backups carry the job on.
+void RunReplicatedScaleInLoss(Loss loss) {
+  TrainJobOptions o = ScaleInJob();
+  o.servers = 3;
+  o.replicas = 2;
+  const std::vector<TrainFinal> plain = UndisturbedFinals(o);
+  TrainJob job(o);
+  job.Start();
+  INFO("logs in " << job.dir.path());
+  const auto deadline = Clock::now() + 240s;
+  StartHeldScaleIn(job, deadline);
+  int victim = kLeaving;
+  if (loss == Loss::kStayingStopped) {
+    victim = 0;
+    job.servers[victim]->Signal(SIGSTOP);
+    job.servers[kLeaving]->Signal(SIGCONT);
+  } else {
+    job.KillServer(kLeaving);
+    std::error_code ec;
+    std::filesystem::remove_all(job.dir.File("server" + std::to_string(kLeaving) + ".data"), ec);
+    REQUIRE(!ec);
+  }
+  std::vector<TrainFinal> finals = job.RequireFinished(deadline, /*except=*/{victim});
+  CheckSameFinals(plain, finals);
+  const std::string sched_log = job.scheduler.Log();
+  INFO(sched_log);
+  CHECK_THAT(sched_log, Catch::Contains("scale operation rolled back: server server" + std::to_string(victim) +
+                                        " (rank "));
+  CHECK_THAT(sched_log, Catch::Contains("timed out during scale-in"));
+  job.servers[victim]->Kill();  // a stopped one is told nothing and would wait for good
+}
+
 }  // namespace
 
 // No fault: worker rank 0 asks for the scale-in itself after a step's barrier, as
@@ -180,6 +231,18 @@ TEST_CASE("during a scale-in: the leaving server SIGKILLed and restarted from --
           "undisturbed",
           "[multiproc][net][demo][scale][control]") {
   RunScaleInFault(Fault::kLeavingServerKill, RolledBack("server server1 (rank "));
+}
+
+TEST_CASE("replicas=2 during a scale-in: a server that stays SIGSTOPped and never resumed - the job ends as "
+          "undisturbed",
+          "[multiproc][net][demo][scale][replication]") {
+  RunReplicatedScaleInLoss(Loss::kStayingStopped);
+}
+
+TEST_CASE("replicas=2 during a scale-in: the leaving server SIGKILLed with its data directory deleted - the job ends "
+          "as undisturbed",
+          "[multiproc][net][demo][scale][replication]") {
+  RunReplicatedScaleInLoss(Loss::kLeavingHostLost);
 }
 
 }  // namespace pscore::testing
