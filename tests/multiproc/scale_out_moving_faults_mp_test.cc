@@ -1,0 +1,167 @@
+// Fault-matrix cells of the demo job while a scale-out moves parameters (real pscore-node
+// and pscore-train processes, tests/multiproc/train_job.h; docs/reliability.md, "Fault
+// matrix"). Replicas=1, servers with --data_dir, the scheduler with --state_dir. Worker
+// rank 0 asks for a third server at step 10; once the scheduler is scaling, the test pauses
+// server1 (SIGSTOP) and starts server2. Its registration completes the membership, and the
+// old servers start moving what server2 now owns; the paused server1 cannot finish, which
+// holds the scale-out in that phase while one fault strikes (the pause stays far under the
+// heartbeat timeout: a slow server, not a fault):
+// - a worker SIGKILLed and restarted with its node id;
+// - the scheduler SIGKILLed and restarted from --state_dir;
+// - the scheduler SIGSTOPped for 3 heartbeat timeouts, then SIGCONT;
+// - server0 (old, not paused) SIGKILLed and restarted from --data_dir;
+// - server2 (new) SIGKILLed and restarted from --data_dir;
+// - server1 (old, paused) SIGKILLed and restarted from --data_dir.
+// Each cell asserts the job's outcome: both trainers exit 0 with the loss and weights
+// checksum of an undisturbed run within 1e-6 (no acknowledged push lost or applied twice),
+// the old servers and the scheduler exit 0, and the scale-out either completed (server2
+// exits 0) or was rolled back (server2, dropped, exits with the job) as the cell states.
+// Every child is SIGKILLed by pid when a test ends; every wait has a deadline.
+#include <signal.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "multiproc/job_admin.h"  // before train_job.h: Catch's CHECK must win over glog's
+#include "multiproc/train_job.h"
+
+#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+
+namespace pscore::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = TrainJob::Clock;
+
+enum class Fault { kWorkerKill, kSchedulerKill, kSchedulerStop, kServer0Kill, kNewServerKill, kPausedServerKill };
+
+constexpr int kPaused = 1;
+
+void RunMovingFault(Fault fault, bool completes) {
+  TrainJobOptions o;
+  o.steps = 30;
+  o.heartbeat_timeout_ms = 3000;
+  o.connect_timeout_ms = 20000;
+  o.recovery_timeout_ms = 40000;
+  o.state_dir = true;
+  o.data_dir = true;
+  o.trainer_flags = {"--scale_out_at=10"};
+  const std::vector<TrainFinal> plain = UndisturbedFinals(o);
+  TrainJob job(o);
+  job.Start();
+  INFO("logs in " << job.dir.path());
+  const auto deadline = Clock::now() + 240s;
+  REQUIRE(WaitState(job.port, pb::CLUSTER_SCALE_OUT, deadline));
+  job.servers[kPaused]->Signal(SIGSTOP);
+  job.StartServer(2, "");
+  auto scheduler_log = [&] { return job.scheduler.Log(); };
+  REQUIRE(TrainJob::WaitLog(scheduler_log, "scheduler: server server2 registered as rank 2", deadline));
+  // A restarted member's new process registers before server1 runs again.
+  auto registered_again = [&](const std::string& id) {
+    REQUIRE(TrainJob::WaitLog(scheduler_log, "scheduler: " + id + " restarted (new incarnation)", deadline));
+  };
+  bool paused_alive = true;
+  switch (fault) {
+    case Fault::kWorkerKill:
+      job.KillTrainer(1);
+      job.RestartTrainer(1);
+      registered_again("worker1");
+      break;
+    case Fault::kSchedulerKill:
+      job.KillScheduler();
+      job.RestartScheduler();
+      break;
+    case Fault::kSchedulerStop:
+      job.scheduler.Signal(SIGSTOP);
+      break;
+    case Fault::kServer0Kill:
+      job.KillServer(0);
+      job.StartServer(0, ".restarted");
+      registered_again("server0");
+      break;
+    case Fault::kNewServerKill:
+      job.KillServer(2);
+      job.StartServer(2, ".restarted");
+      registered_again("server2");
+      break;
+    case Fault::kPausedServerKill:
+      job.KillServer(kPaused);
+      job.StartServer(kPaused, ".restarted");
+      registered_again("server1");
+      paused_alive = false;
+      break;
+  }
+  if (paused_alive) job.servers[kPaused]->Signal(SIGCONT);
+  if (fault == Fault::kSchedulerStop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 * o.heartbeat_timeout_ms));
+    job.scheduler.Signal(SIGCONT);
+  }
+  TrainJob::Outcome out = job.WaitTrainers(deadline);
+  for (size_t i = 0; i < out.codes.size(); ++i) {
+    INFO("trainer " << i << ": " << out.logs[i]);
+    REQUIRE(out.codes[i].has_value());
+    CHECK(*out.codes[i] == 0);
+    REQUIRE(out.finals[i].found);
+  }
+  CheckSameFinals(plain, out.finals);
+  INFO(job.scheduler.Log());
+  CHECK(job.scheduler.Wait(60s) == std::optional<int>(0));
+  for (int i = 0; i < 2; ++i) {
+    INFO("server " << i << ": " << job.servers[i]->Log());
+    CHECK(job.servers[i]->Wait(60s) == std::optional<int>(0));
+  }
+  const std::optional<int> new_server = job.servers[2]->Wait(60s);
+  INFO("server 2: " << job.servers[2]->Log());
+  REQUIRE(new_server.has_value());
+  std::string sched_log = job.scheduler.Log();
+  if (fault == Fault::kSchedulerKill) sched_log = ReadFile(job.dir.File("scheduler.restarted.log"));
+  INFO(sched_log);
+  if (completes) {
+    CHECK(*new_server == 0);
+    CHECK_THAT(sched_log, Catch::Contains("scale operation done: 2 workers, 3 servers"));
+  } else {
+    CHECK_THAT(sched_log, Catch::Contains("scale operation rolled back"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("while a scale-out moves parameters: a worker SIGKILLed and restarted - the job ends as undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunMovingFault(Fault::kWorkerKill, /*completes=*/true);
+}
+
+TEST_CASE("while a scale-out moves parameters: the scheduler SIGKILLed and restarted from --state_dir - the job ends "
+          "as undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunMovingFault(Fault::kSchedulerKill, /*completes=*/false);
+}
+
+TEST_CASE("while a scale-out moves parameters: the scheduler SIGSTOPped for 3 heartbeat timeouts, then SIGCONT - the "
+          "job ends as undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunMovingFault(Fault::kSchedulerStop, /*completes=*/true);
+}
+
+TEST_CASE("while a scale-out moves parameters: an old server SIGKILLed and restarted from --data_dir - the job ends "
+          "as undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunMovingFault(Fault::kServer0Kill, /*completes=*/true);
+}
+
+TEST_CASE("while a scale-out moves parameters: the new server SIGKILLed and restarted from --data_dir - the job ends "
+          "as undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunMovingFault(Fault::kNewServerKill, /*completes=*/true);
+}
+
+TEST_CASE("while a scale-out moves parameters: the paused old server SIGKILLed and restarted from --data_dir - the "
+          "job ends as undisturbed",
+          "[multiproc][net][demo][scale][control]") {
+  RunMovingFault(Fault::kPausedServerKill, /*completes=*/true);
+}
+
+}  // namespace pscore::testing
