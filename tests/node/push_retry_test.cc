@@ -15,6 +15,7 @@
 #include "pscore/core/key_range.h"
 #include "multiproc/process.h"  // TempDir
 #include "node/full_disk.h"
+#include "node/poll_until.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
@@ -26,6 +27,7 @@ namespace pscore::node {
 namespace {
 
 using namespace std::chrono_literals;
+using pscore::testing::PollUntil;
 constexpr auto kDeadline = std::chrono::seconds(30);
 
 template <typename T>
@@ -186,16 +188,6 @@ Status Admin(SchedulerNode& s, pb::AdminRequest req) {
   return f.get();
 }
 
-template <typename Pred>
-bool WaitFor(Pred pred) {
-  const auto until = std::chrono::steady_clock::now() + kDeadline;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
 TEST_CASE("a push whose answer was lost with its link is sent again and applied once", "[node][net][retry]") {
   Cluster c;
   auto* server = new AnswerDroppingServer(c.Opts("s0"), SumStore(), /*apply_then_drop=*/1, /*refuse_after=*/false);
@@ -282,7 +274,7 @@ TEST_CASE("a push the server cannot journal - its disk refuses the write - is se
   FullDiskServer s(c, dir, 30s);
   std::future<Status> pushed = c.worker->Push({5}, Filled(2.0f));  // 32 KiB: past the room left
   // Refused (nothing applied), sent again, refused again.
-  REQUIRE(WaitFor([&] { return s.server->journal_errors() >= 2; }));
+  REQUIRE(PollUntil([&] { return s.server->journal_errors() >= 2; }, kDeadline));
   CHECK(pushed.wait_for(0s) == std::future_status::timeout);  // not acknowledged
   CHECK(s.Stored() == 1.0f);
   s.full->Lift();
@@ -374,16 +366,16 @@ TEST_CASE("a push whose answer was lost as a scale-out began is split for the ne
   }
   std::vector<float> ones(2 * kFloats, 1.0f);
   std::future<Status> pushed = c.worker->Push(keys, ones);
-  REQUIRE(WaitFor([&] { return s0->holding.load(); }));
+  REQUIRE(PollUntil([&] { return s0->holding.load(); }, kDeadline));
   pb::AdminRequest out;
   out.set_op("scale_out");
   out.set_worker_num(1);
   out.set_server_num(2);
   REQUIRE(Admin(c.sched(), out).ok());
-  REQUIRE(WaitFor([&] { return c.worker->cluster_state() == pb::CLUSTER_SCALE_OUT; }));
+  REQUIRE(PollUntil([&] { return c.worker->cluster_state() == pb::CLUSTER_SCALE_OUT; }, kDeadline));
   // Applied under the one-server view, its answer lost: the worker holds it for the scale.
   s0->Release();
-  REQUIRE(WaitFor([&] { return s0->dropped.load(); }));
+  REQUIRE(PollUntil([&] { return s0->dropped.load(); }, kDeadline));
   c.servers.push_back(std::make_unique<ServerNode>(c.Opts("s1"), SumStore()));
   REQUIRE(c.servers.back()->Start().ok());
   Status st = Await(std::move(pushed));

@@ -18,6 +18,7 @@
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
 #include "node/full_disk.h"
+#include "node/poll_until.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
@@ -25,6 +26,7 @@ namespace pscore::node {
 namespace {
 
 using namespace std::chrono_literals;
+using pscore::testing::PollUntil;
 
 class ScratchDir {
  public:
@@ -198,16 +200,6 @@ bool HasKey(const pb::PersistedState& st, const std::string& key) {
   return false;
 }
 
-template <typename Pred>
-bool WaitUntil(Pred pred, Duration timeout = 10s) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
 TEST_CASE("a scheduler whose disk refuses the state file answers on, counts the refusals and writes the state once the disk has room",
           "[node][state][net]") {
   ScratchDir dir;
@@ -226,7 +218,7 @@ TEST_CASE("a scheduler whose disk refuses the state file answers on, counts the 
     const uint64_t refused = sched.state_write_failures();
     CHECK(refused >= 1);
     // Tried again at later ticks, with nothing else changing.
-    CHECK(WaitUntil([&] { return sched.state_write_failures() >= refused + 2; }));
+    CHECK(PollUntil([&] { return sched.state_write_failures() >= refused + 2; }, 10s));
     Result<pb::PersistedState> on_disk = core::ParseState(Slurp(path));
     REQUIRE(on_disk.ok());  // the last file written is whole
     CHECK(HasKey(*on_disk, "before"));
@@ -234,10 +226,12 @@ TEST_CASE("a scheduler whose disk refuses the state file answers on, counts the 
     writes = sched.state_writes();
   }
   // The disk has room again: a tick writes the state without any other change.
-  CHECK(WaitUntil([&] {
-    Result<pb::PersistedState> st = core::ParseState(Slurp(path));
-    return st.ok() && HasKey(*st, "during");
-  }));
+  CHECK(PollUntil(
+      [&] {
+        Result<pb::PersistedState> st = core::ParseState(Slurp(path));
+        return st.ok() && HasKey(*st, "during");
+      },
+      10s));
   CHECK(sched.state_writes() > writes);
 }
 

@@ -305,7 +305,7 @@ void WorkerNode::RetryLost(const std::shared_ptr<KvRequest>& op, KvPart part, co
     part.lost_since = part.sent_at;
     part.lost_server = ServerName(part.target);
     LOG(WARNING) << options_.node_id << ": " << (op->is_push() ? "push" : "pull") << " to server "
-                 << part.lost_server << " lost (" << why << "); sending it again for up to "
+                 << part.lost_server << " failed (" << why << "); sending it again for up to "
                  << ToMillis(options_.recovery_timeout) << " ms";
   }
   part.lost = why;
