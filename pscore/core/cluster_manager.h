@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <unordered_map>
 #include <set>
 #include <sstream>
@@ -124,6 +125,13 @@ class ClusterManager {
   }
   // The same without the incarnation check, for a caller that vouches for the sender.
   Status Heartbeat(const std::string& node_id, NodeHint* hint = nullptr) { return Beat(node_id, nullptr, hint); }
+  // A member's heartbeat says it knows membership epoch `known`. Newer than the epoch of a
+  // restored scheduler, it was published by a predecessor whose state file had not caught
+  // up when it died: the epoch moves past it and the membership is published again, so
+  // that no member takes the restored membership for a stale one. Believed only after a
+  // Restore, and only up to kMaxEpochLead past the restored epoch (else logged, ignored).
+  void SeenEpoch(uint64_t known);
+  static constexpr uint64_t kMaxEpochLead = 1u << 16;
   bool Recoverable(pb::NodeRole role) const;
   // Applies timeouts: silent nodes, the scale-operation deadline, then the finish barrier.
   void Tick();
@@ -240,6 +248,7 @@ class ClusterManager {
   const Clock* clock_;
   pb::ClusterState state_ = pb::ClUSTER_STARTING;
   uint64_t epoch_ = 0;
+  std::optional<uint64_t> restored_epoch_;  // the state file's, after a Restore
   int worker_num_;
   int server_num_;
   bool finish_passed_ = false;

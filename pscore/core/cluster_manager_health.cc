@@ -44,6 +44,23 @@ Status ClusterManager::Beat(const std::string& node_id, const uint64_t* incarnat
   return Status::Ok();
 }
 
+void ClusterManager::SeenEpoch(uint64_t known) {
+  if (!restored_epoch_ || known <= epoch_) return;
+  if (known - *restored_epoch_ > kMaxEpochLead) {
+    LOG_EVERY_T(WARNING, 10.0) << "a member claims membership epoch " << known << ", " << known - *restored_epoch_
+                               << " past the restored " << *restored_epoch_ << "; not believed";
+    return;
+  }
+  LOG(WARNING) << "a member knows membership epoch " << known << ", newer than the restored " << epoch_
+               << " (published before the last state write): publishing the membership after it";
+  epoch_ = known;
+  if (state_ == pb::ClUSTER_STARTING) {
+    ++epoch_;
+    return;
+  }
+  PublishMetadata();
+}
+
 void ClusterManager::Pause(Duration stalled) {
   if (stalled <= Duration::zero()) return;
   const TimePoint now = clock_->Now();

@@ -69,6 +69,7 @@ Status ClusterManager::Restore(const pb::PersistedState& state) {
   worker_num_ = state.worker_num();
   server_num_ = state.server_num();
   epoch_ = state.epoch();
+  restored_epoch_ = epoch_;
   state_ = state.cluster_state();
   finish_passed_ = false;
   if (state.session_id() != 0) session_id_ = state.session_id();  // a file of an older build has none

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "pscore/core/cluster_manager.h"
 
@@ -118,6 +119,48 @@ TEST_CASE("sessions: 0 and the current one pass - another is refused failed_prec
   REQUIRE(older.Restore(state).ok());
   CHECK(older.session_id() == 99);
   CHECK(older.CheckSession(41).code() == Code::kFailedPrecondition);
+}
+
+// The state file lags the scheduler by a write: a predecessor may have published epochs it
+// did not persist. A member that knows one of them tells the restored scheduler in its
+// heartbeats, and the membership goes out again past it (else members would ignore it as
+// stale).
+TEST_CASE("a restored scheduler moves its epoch past one a member knows and publishes the membership again",
+          "[core][cluster]") {
+  FakeClock clock;
+  ClusterManager cm(Config(1, 1), &clock);
+  REQUIRE(cm.Register(Member("s0", pb::SERVER)).ok());
+  REQUIRE(cm.Register(Member("w0", pb::WORKER)).ok());
+  REQUIRE(cm.state() == pb::CLUSTER_READY);
+  cm.TakeEvents();
+  // A scheduler that was not restored published every epoch there is: no claim is believed.
+  cm.SeenEpoch(cm.epoch() + 5);
+  CHECK(cm.TakeEvents().empty());
+  const pb::PersistedState state = cm.Snapshot();
+  ClusterManager restored(Config(1, 1), &clock);
+  REQUIRE(restored.Restore(state).ok());
+  const uint64_t epoch = restored.epoch();
+  REQUIRE(epoch == state.epoch() + 1);
+  restored.TakeEvents();
+
+  restored.SeenEpoch(epoch);  // known: nothing to do
+  restored.SeenEpoch(epoch - 1);
+  CHECK(restored.epoch() == epoch);
+  CHECK(restored.TakeEvents().empty());
+
+  restored.SeenEpoch(epoch + 2);  // two epochs the file never held
+  CHECK(restored.epoch() == epoch + 3);
+  std::vector<Event> events = restored.TakeEvents();
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].kind == Event::Kind::kMetadataChanged);
+  CHECK(restored.BuildMetadata().epoch() == epoch + 3);
+
+  // A lead no lost write explains is not believed: at most kMaxEpochLead past the file's.
+  restored.SeenEpoch(state.epoch() + ClusterManager::kMaxEpochLead + 1);
+  CHECK(restored.epoch() == epoch + 3);
+  CHECK(restored.TakeEvents().empty());
+  restored.SeenEpoch(state.epoch() + ClusterManager::kMaxEpochLead);
+  CHECK(restored.epoch() == state.epoch() + ClusterManager::kMaxEpochLead + 1);
 }
 
 }  // namespace

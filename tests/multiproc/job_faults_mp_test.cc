@@ -209,10 +209,10 @@ void RunScaleFault(ScaleFault fault) {
   REQUIRE(WaitState(job.port, pb::CLUSTER_SCALE_OUT, deadline));
   switch (fault) {
     case ScaleFault::kWorkerKill:
-      job.KillTrainer(1);
-      job.RestartTrainer(1);
+      job.ReplaceTrainer(1, deadline);
       break;
     case ScaleFault::kSchedulerKill:
+      REQUIRE(job.WaitStateHoldsScale(deadline));  // the restart finds the scale under way
       job.KillScheduler();
       job.RestartScheduler();
       break;
@@ -224,19 +224,11 @@ void RunScaleFault(ScaleFault fault) {
       job.scheduler.Signal(SIGCONT);
       break;
     case ScaleFault::kServerKill:
-      job.KillServer(1);
-      job.StartServer(1, ".restarted");
+      job.ReplaceServer(1, deadline);
       break;
   }
   job.StartServer(2, "");
-  TrainJob::Outcome out = job.WaitTrainers(deadline);
-  for (size_t i = 0; i < out.codes.size(); ++i) {
-    INFO("trainer " << i << ": " << out.logs[i]);
-    REQUIRE(out.codes[i].has_value());
-    CHECK(*out.codes[i] == 0);
-    REQUIRE(out.finals[i].found);
-  }
-  CheckSameFinals(plain, out.finals);
+  CheckSameFinals(plain, job.RequireTrainersDone(deadline));
   INFO(job.scheduler.Log());
   CHECK(job.scheduler.Wait(60s) == std::optional<int>(0));
   const std::string sched_log = job.scheduler.Log();

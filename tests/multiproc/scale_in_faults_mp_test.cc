@@ -87,18 +87,13 @@ void RunScaleInFault(Fault fault, const Ends& expected) {
   const auto deadline = Clock::now() + 240s;
   const auto paused = StartHeldScaleIn(job, deadline);
   bool leaving_alive = true;
-  // A restarted member's new process registers before server1 runs again.
-  auto registered_again = [&](const std::string& id) {
-    REQUIRE(TrainJob::WaitLog([&] { return job.scheduler.Log(); }, "scheduler: " + id + " restarted (new incarnation)",
-                              deadline));
-  };
+  // A restarted member's new process registers before server1 runs again (Replace*).
   switch (fault) {
     case Fault::kWorkerKill:
-      job.KillTrainer(1);
-      job.RestartTrainer(1);
-      registered_again("worker1");
+      job.ReplaceTrainer(1, deadline);
       break;
     case Fault::kSchedulerKill:
+      REQUIRE(job.WaitStateHoldsScale(deadline));  // the restart finds the scale under way
       job.KillScheduler();
       job.RestartScheduler();
       break;
@@ -106,14 +101,10 @@ void RunScaleInFault(Fault fault, const Ends& expected) {
       job.scheduler.Signal(SIGSTOP);
       break;
     case Fault::kStayingServerKill:
-      job.KillServer(0);
-      job.StartServer(0, ".restarted");
-      registered_again("server0");
+      job.ReplaceServer(0, deadline);
       break;
     case Fault::kLeavingServerKill:
-      job.KillServer(kLeaving);
-      job.StartServer(kLeaving, ".restarted");
-      registered_again("server1");
+      job.ReplaceServer(kLeaving, deadline);
       leaving_alive = false;
       break;
   }

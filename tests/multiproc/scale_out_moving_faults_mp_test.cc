@@ -57,20 +57,16 @@ void RunMovingFault(Fault fault, bool completes) {
   REQUIRE(WaitState(job.port, pb::CLUSTER_SCALE_OUT, deadline));
   job.servers[kPaused]->Signal(SIGSTOP);
   job.StartServer(2, "");
-  auto scheduler_log = [&] { return job.scheduler.Log(); };
-  REQUIRE(TrainJob::WaitLog(scheduler_log, "scheduler: server server2 registered as rank 2", deadline));
-  // A restarted member's new process registers before server1 runs again.
-  auto registered_again = [&](const std::string& id) {
-    REQUIRE(TrainJob::WaitLog(scheduler_log, "scheduler: " + id + " restarted (new incarnation)", deadline));
-  };
+  REQUIRE(TrainJob::WaitLog([&] { return job.scheduler.Log(); }, "scheduler: server server2 registered as rank 2",
+                            deadline));
+  // A restarted member's new process registers before server1 runs again (Replace*).
   bool paused_alive = true;
   switch (fault) {
     case Fault::kWorkerKill:
-      job.KillTrainer(1);
-      job.RestartTrainer(1);
-      registered_again("worker1");
+      job.ReplaceTrainer(1, deadline);
       break;
     case Fault::kSchedulerKill:
+      REQUIRE(job.WaitStateHoldsScale(deadline));  // the restart finds the scale under way
       job.KillScheduler();
       job.RestartScheduler();
       break;
@@ -78,19 +74,13 @@ void RunMovingFault(Fault fault, bool completes) {
       job.scheduler.Signal(SIGSTOP);
       break;
     case Fault::kServer0Kill:
-      job.KillServer(0);
-      job.StartServer(0, ".restarted");
-      registered_again("server0");
+      job.ReplaceServer(0, deadline);
       break;
     case Fault::kNewServerKill:
-      job.KillServer(2);
-      job.StartServer(2, ".restarted");
-      registered_again("server2");
+      job.ReplaceServer(2, deadline);
       break;
     case Fault::kPausedServerKill:
-      job.KillServer(kPaused);
-      job.StartServer(kPaused, ".restarted");
-      registered_again("server1");
+      job.ReplaceServer(kPaused, deadline);
       paused_alive = false;
       break;
   }
@@ -99,14 +89,7 @@ void RunMovingFault(Fault fault, bool completes) {
     std::this_thread::sleep_for(std::chrono::milliseconds(3 * o.heartbeat_timeout_ms));
     job.scheduler.Signal(SIGCONT);
   }
-  TrainJob::Outcome out = job.WaitTrainers(deadline);
-  for (size_t i = 0; i < out.codes.size(); ++i) {
-    INFO("trainer " << i << ": " << out.logs[i]);
-    REQUIRE(out.codes[i].has_value());
-    CHECK(*out.codes[i] == 0);
-    REQUIRE(out.finals[i].found);
-  }
-  CheckSameFinals(plain, out.finals);
+  CheckSameFinals(plain, job.RequireTrainersDone(deadline));
   INFO(job.scheduler.Log());
   CHECK(job.scheduler.Wait(60s) == std::optional<int>(0));
   for (int i = 0; i < 2; ++i) {

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "pscore/core/state_file.h"
 #include "multiproc/process.h"
 #include "multiproc/train_log.h"
 
@@ -126,6 +127,17 @@ class TrainJob {
     return false;
   }
 
+  // Waits until the scheduler's state file (--state_dir) records a scale operation under
+  // way, so that a restart finds it (the file is written off the loop thread, a moment
+  // after the change). False at the deadline.
+  bool WaitStateHoldsScale(Clock::time_point deadline) const {
+    while (Clock::now() < deadline) {
+      Result<pb::PersistedState> st = core::ParseState(ReadFile(dir.File("state/scheduler.state")));
+      if (st.ok() && st->has_scale()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
   void KillScheduler() {
     scheduler.Signal(SIGKILL);
     REQUIRE(scheduler.Wait(std::chrono::seconds(20)).has_value());
@@ -147,6 +159,22 @@ class TrainJob {
     servers[i]->Signal(SIGKILL);
     REQUIRE(servers[i]->Wait(std::chrono::seconds(20)).has_value());
   }
+  // Waits until the scheduler admitted a new process of member `id` (false at the deadline).
+  bool WaitRestarted(const std::string& id, Clock::time_point deadline) {
+    return WaitLog([this] { return scheduler.Log(); }, "scheduler: " + id + " restarted (new incarnation)", deadline);
+  }
+  // SIGKILLs trainer / server i, starts it again with its node id (a server from its
+  // --data_dir), and returns once the scheduler admitted the new process.
+  void ReplaceTrainer(int i, Clock::time_point deadline) {
+    KillTrainer(i);
+    RestartTrainer(i);
+    REQUIRE(WaitRestarted("worker" + std::to_string(i), deadline));
+  }
+  void ReplaceServer(int i, Clock::time_point deadline) {
+    KillServer(i);
+    StartServer(i, ".restarted");
+    REQUIRE(WaitRestarted("server" + std::to_string(i), deadline));
+  }
 
   // Every trainer's exit code (nullopt: still running at the deadline) and final line.
   struct Outcome {
@@ -164,10 +192,8 @@ class TrainJob {
     }
     return out;
   }
-  // The trainers exited 0 with their final lines; then servers (but `except`) and the
-  // scheduler exit 0 too, each within `exit_wait`.
-  std::vector<TrainFinal> RequireFinished(Clock::time_point deadline, std::vector<int> except = {},
-                                          std::chrono::seconds exit_wait = std::chrono::seconds(60)) {
+  // Every trainer exited 0 with its final line; their finals.
+  std::vector<TrainFinal> RequireTrainersDone(Clock::time_point deadline) {
     Outcome out = WaitTrainers(deadline);
     for (size_t i = 0; i < out.codes.size(); ++i) {
       INFO("trainer " << i << ": " << out.logs[i]);
@@ -175,6 +201,13 @@ class TrainJob {
       CHECK(*out.codes[i] == 0);
       REQUIRE(out.finals[i].found);
     }
+    return out.finals;
+  }
+  // The trainers exited 0 with their final lines; then servers (but `except`) and the
+  // scheduler exit 0 too, each within `exit_wait`.
+  std::vector<TrainFinal> RequireFinished(Clock::time_point deadline, std::vector<int> except = {},
+                                          std::chrono::seconds exit_wait = std::chrono::seconds(60)) {
+    std::vector<TrainFinal> finals = RequireTrainersDone(deadline);
     for (size_t i = 0; i < servers.size(); ++i) {
       if (std::find(except.begin(), except.end(), static_cast<int>(i)) != except.end()) continue;
       INFO("server " << i << ": " << servers[i]->Log());
@@ -182,7 +215,7 @@ class TrainJob {
     }
     INFO(scheduler.Log());
     CHECK(scheduler.Wait(exit_wait) == std::optional<int>(0));
-    return out.finals;
+    return finals;
   }
 
  private:

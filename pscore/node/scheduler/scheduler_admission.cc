@@ -173,6 +173,7 @@ void SchedulerNode::HandleHeartbeat(ConnId conn, const Frame& frame) {
   }
   st = cluster_.Heartbeat(msg.node_id(), msg.incarnation(), hint);
   if (!st.ok()) return Reply(conn, frame.meta, st);
+  cluster_.SeenEpoch(msg.known_epoch());
   if (link == node_of_.end()) {
     // The node reconnected: this link now carries its pushes.
     conn_of_[msg.node_id()] = conn;
