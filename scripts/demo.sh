@@ -7,19 +7,21 @@
 #      servers, on generated data, a line per epoch (log loss, AUC).
 # Exit 0 when both reached their bound. Python is Debian's /usr/bin/python3.
 # --scale-out-at=STEP: the digits job adds a server after that training step (worker 0
-# asks; this script starts the server once the scale-out began); synchronous training ends
-# with the weights of the run without it.
-# Usage: scripts/demo.sh [--epochs=N] [--workers=N] [--servers=N] [--scale-out-at=STEP]
+# asks; this script starts the server once the scale-out began); --scale-in-at=STEP: it
+# removes one (the highest rank leaves). Synchronous training ends with the weights of the
+# run without it.
+# Usage: scripts/demo.sh [--epochs=N] [--workers=N] [--servers=N] [--scale-out-at=STEP] [--scale-in-at=STEP]
 #
 # scripts/demo.sh --cpp: the C++ job (pscore-train): logistic regression with synchronous
 # SGD over Push/Pull, a progress line per step and the final loss/accuracy against the
 # generating weights. Exit 0 when it converged.
-# Usage: scripts/demo.sh --cpp [--steps=N] [--workers=N] [--servers=N] [--scale-out-at=STEP] [--tls]
+# Usage: scripts/demo.sh --cpp [--steps=N] [--workers=N] [--servers=N] [--scale-out-at=STEP]
+#        [--scale-in-at=STEP] [--tls]
 # --tls (C++ job only): every process gets a certificate naming it (scripts/tls_certs.sh)
 # and every link, the HTTP port included, runs TLS 1.3 with mutual authentication.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-steps=60 workers=2 servers=2 scale_out_at=-1 cpp=0 epochs="" tls=0
+steps=60 workers=2 servers=2 scale_out_at=-1 scale_in_at=-1 cpp=0 epochs="" tls=0
 for arg in "$@"; do
   case $arg in
     --cpp) cpp=1 ;;
@@ -29,6 +31,7 @@ for arg in "$@"; do
     --workers=*) workers=${arg#*=} ;;
     --servers=*) servers=${arg#*=} ;;
     --scale-out-at=*) scale_out_at=${arg#*=} ;;
+    --scale-in-at=*) scale_in_at=${arg#*=} ;;
     *) echo "demo.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -92,7 +95,8 @@ if [ $cpp -eq 0 ]; then
   }
   rc=0
   scale=()
-  [ "$scale_out_at" -lt 0 ] || scale=(--scale-out-at="$scale_out_at")
+  [ "$scale_out_at" -lt 0 ] || scale+=(--scale-out-at="$scale_out_at")
+  [ "$scale_in_at" -lt 0 ] || scale+=(--scale-in-at="$scale_in_at")
   run_job digits digits_mlp.py ${epochs:+--epochs=$epochs} "${scale[@]}" || rc=1
   run_job ctr ctr.py ${epochs:+--epochs=$epochs} || rc=1
   if [ $rc -eq 0 ]; then echo "== demo reached its bounds; jobs finished"; else echo "== demo FAILED (logs in $JOB_DIR)"; fi
@@ -107,10 +111,11 @@ tls_flags() {
 }
 echo "== C++ job: 1 scheduler, $servers servers, $workers workers$([ $tls -eq 1 ] && echo ", TLS") (logs in $JOB_DIR)"
 # shellcheck disable=SC2046  # tls_flags prints separate flags
-# With --tls and --scale-out-at, worker0 asks for the scale-out with its own certificate:
-# the scheduler lets it (admin commands need a CN of --tls_admin_cns, docs/security.md).
+# With --tls and --scale-out-at or --scale-in-at, worker0 asks for the scale with its own
+# certificate: the scheduler lets it (admin commands need a CN of --tls_admin_cns,
+# docs/security.md).
 admin_cns=()
-[ $tls -eq 1 ] && [ "$scale_out_at" -ge 0 ] && admin_cns=(--tls_admin_cns=admin,worker0)
+[ $tls -eq 1 ] && { [ "$scale_out_at" -ge 0 ] || [ "$scale_in_at" -ge 0 ]; } && admin_cns=(--tls_admin_cns=admin,worker0)
 start_proc scheduler "$build/pscore-node" $(tls_flags scheduler) "${admin_cns[@]}" --role=scheduler --recoverable_roles=worker,server --worker_num="$workers" --server_num="$servers" \
   --scheduler_port=0 --port_file="$JOB_DIR/scheduler.port" "${common[@]}"
 wait_file "$JOB_DIR/scheduler.port" 10
@@ -124,7 +129,7 @@ worker_pids=()
 for i in $(seq 0 $((workers - 1))); do
   # shellcheck disable=SC2046
   start_proc "worker$i" "$build/pscore-train" $(tls_flags "worker$i") --node_id="worker$i" --scheduler_port="$port" --steps="$steps" \
-    --scale_out_at="$scale_out_at" "${common[@]}"
+    --scale_out_at="$scale_out_at" --scale_in_at="$scale_in_at" "${common[@]}"
   worker_pids+=("$(tail -n 1 "$JOB_DIR/pids" | cut -d' ' -f1)")
 done
 # --scale-out-at: worker 0 asks the scheduler for one more server after that step. A server

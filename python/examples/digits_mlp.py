@@ -56,6 +56,8 @@ def main(argv=None) -> int:
     p.add_argument("--local", action="store_true", help="one process, no servers (baseline)")
     p.add_argument("--scale-out-at", type=int, default=-1,
                    help="worker rank 0 asks for one more server after this step (the operator starts it)")
+    p.add_argument("--scale-in-at", type=int, default=-1,
+                   help="worker rank 0 asks for one server fewer after this step (the highest rank leaves)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     xtr, ytr, xte, yte = data(a.seed)
@@ -107,6 +109,11 @@ def main(argv=None) -> int:
                     with pscore.AdminClient(a.scheduler_port) as admin:
                         r = admin.scale_out(servers=worker.server_count + 1)
                     print(f"worker 0 asked for a scale-out to {worker.server_count + 1} servers "
+                          f"(membership version {r['epoch']})", flush=True)
+                if step_no == a.scale_in_at and rank == 0:
+                    with pscore.AdminClient(a.scheduler_port) as admin:
+                        r = admin.scale_in(servers=worker.server_count - 1)
+                    print(f"worker 0 asked for a scale-in to {worker.server_count - 1} servers "
                           f"(membership version {r['epoch']})", flush=True)
             total += float(loss)
         t_train += time.perf_counter() - t0

@@ -77,3 +77,27 @@ def test_digits_scale_out_mid_training_ends_as_unscaled(procs, tmp_path):
 
     for a, b in zip(final(plain), final(scaled)):
         assert abs(a - b) < 1e-3, (plain, scaled)
+
+
+def test_digits_scale_in_mid_training_ends_as_unscaled(procs):
+    """Worker 0 asks for one server fewer after step 10: server1 hands its parameters to
+    server0 and exits 0. Synchronous training ends with the weights of the unscaled run."""
+    args = ["--epochs=1", "--target=0"]
+    rcs, plain = run_job(procs, "digits_mlp.py", args)
+    assert rcs == [0, 0], plain
+    port = procs.scheduler(workers=2, servers=2)
+    servers = [procs.python(f"i-server{i}", ["-m", "pscore.run", "server", f"--scheduler-port={port}",
+                                             f"--node-id=server{i}"]) for i in range(2)]
+    ws = [procs.python(f"i-worker{i}", [str(EXAMPLES / "digits_mlp.py"), f"--scheduler-port={port}",
+                                        f"--node-id=worker{i}", "--scale-in-at=10", *args]) for i in range(2)]
+    rcs = [wait_exit(w, 240) for w in ws]
+    scaled = [procs.log(w) for w in ws]
+    assert rcs == [0, 0], scaled
+    assert "asked for a scale-in to 1 servers" in "".join(scaled)
+    assert [wait_exit(s, 60) for s in servers] == [0, 0], [procs.log(s) for s in servers]
+
+    def final(logs):
+        return sorted(float(re.search(r"weights_sum (\S+)", log).group(1)) for log in logs)
+
+    for a, b in zip(final(plain), final(scaled)):
+        assert abs(a - b) < 1e-3, (plain, scaled)
