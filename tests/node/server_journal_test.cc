@@ -299,6 +299,35 @@ TEST_CASE("an append the disk refuses leaves nothing of its record - the appends
   CHECK(Reopened(dir) == want);
 }
 
+// What a server restarted with its --data_dir on a disk that is still full meets: Open
+// compacts what it replays into a new file, which the disk refuses. It fails naming the
+// file and leaves the journal as it was, so a start once the disk has room restores all.
+TEST_CASE("a journal opened on a disk that refuses writes fails naming the file - and opens whole once it has room",
+          "[node][journal]") {
+  testing::TempDir dir;
+  REQUIRE(dir.ok());
+  std::vector<float> want;
+  {
+    core::ParamStore store(SumStore());
+    ServerJournal j(dir.path());
+    REQUIRE(j.Open(&store).ok());
+    for (int round = 1; round <= 3; ++round) JournaledPush(j, store, round);
+    want = Values(store);
+  }
+  {
+    testing::FileSizeLimit full(16);
+    REQUIRE(full.ok());
+    core::ParamStore store(SumStore());
+    ServerJournal j(dir.path());
+    Status st = j.Open(&store);
+    REQUIRE_FALSE(st.ok());
+    INFO(st);
+    CHECK_THAT(st.message(), Catch::Contains(dir.path()));
+    CHECK_THAT(st.message(), Catch::Contains("File too large"));
+  }
+  CHECK(Reopened(dir) == want);
+}
+
 }  // namespace pscore::node
 
 namespace pscore::node {
