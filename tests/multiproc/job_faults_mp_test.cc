@@ -71,11 +71,7 @@ bool RoundPassed(int port, const std::string& id, uint64_t generation) {
 }
 
 TrainJobOptions BaseJob() {
-  TrainJobOptions o;
-  o.steps = 30;
-  o.heartbeat_timeout_ms = 3000;
-  o.connect_timeout_ms = 20000;
-  o.recovery_timeout_ms = 40000;
+  TrainJobOptions o = FaultJob();
   o.state_dir = true;
   return o;
 }
@@ -212,9 +208,7 @@ void RunScaleFault(ScaleFault fault) {
       job.ReplaceTrainer(1, deadline);
       break;
     case ScaleFault::kSchedulerKill:
-      REQUIRE(job.WaitStateHoldsScale(deadline));  // the restart finds the scale under way
-      job.KillScheduler();
-      job.RestartScheduler();
+      job.ReplaceSchedulerMidScale(deadline);
       break;
     case ScaleFault::kSchedulerStop:
       // Frozen for 3 heartbeat timeouts: on SIGCONT it sees its own stall and counts it

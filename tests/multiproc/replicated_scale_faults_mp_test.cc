@@ -35,13 +35,9 @@ using Clock = TrainJob::Clock;
 enum class Loss { kStopped, kHostLost };
 
 void RunReplicatedScaleLoss(Loss loss) {
-  TrainJobOptions o;
+  TrainJobOptions o = FaultJob();
   o.replicas = 2;
   o.data_dir = true;
-  o.steps = 30;
-  o.heartbeat_timeout_ms = 3000;
-  o.connect_timeout_ms = 20000;
-  o.recovery_timeout_ms = 40000;
   o.trainer_flags = {"--scale_out_at=10"};
   const std::vector<TrainFinal> plain = UndisturbedFinals(o);
   TrainJob job(o);

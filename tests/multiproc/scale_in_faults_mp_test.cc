@@ -52,11 +52,7 @@ Ends RolledBack(const std::string& who) { return Ends{false, who}; }
 constexpr int kLeaving = 1;
 
 TrainJobOptions ScaleInJob() {
-  TrainJobOptions o;
-  o.steps = 30;
-  o.heartbeat_timeout_ms = 3000;
-  o.connect_timeout_ms = 20000;
-  o.recovery_timeout_ms = 40000;
+  TrainJobOptions o = FaultJob();
   o.data_dir = true;
   return o;
 }
@@ -93,9 +89,7 @@ void RunScaleInFault(Fault fault, const Ends& expected) {
       job.ReplaceTrainer(1, deadline);
       break;
     case Fault::kSchedulerKill:
-      REQUIRE(job.WaitStateHoldsScale(deadline));  // the restart finds the scale under way
-      job.KillScheduler();
-      job.RestartScheduler();
+      job.ReplaceSchedulerMidScale(deadline);
       break;
     case Fault::kSchedulerStop:
       job.scheduler.Signal(SIGSTOP);

@@ -41,11 +41,7 @@ enum class Fault { kWorkerKill, kSchedulerKill, kSchedulerStop, kServer0Kill, kN
 constexpr int kPaused = 1;
 
 void RunMovingFault(Fault fault, bool completes) {
-  TrainJobOptions o;
-  o.steps = 30;
-  o.heartbeat_timeout_ms = 3000;
-  o.connect_timeout_ms = 20000;
-  o.recovery_timeout_ms = 40000;
+  TrainJobOptions o = FaultJob();
   o.state_dir = true;
   o.data_dir = true;
   o.trainer_flags = {"--scale_out_at=10"};
@@ -66,9 +62,7 @@ void RunMovingFault(Fault fault, bool completes) {
       job.ReplaceTrainer(1, deadline);
       break;
     case Fault::kSchedulerKill:
-      REQUIRE(job.WaitStateHoldsScale(deadline));  // the restart finds the scale under way
-      job.KillScheduler();
-      job.RestartScheduler();
+      job.ReplaceSchedulerMidScale(deadline);
       break;
     case Fault::kSchedulerStop:
       job.scheduler.Signal(SIGSTOP);

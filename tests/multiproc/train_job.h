@@ -44,6 +44,15 @@ struct TrainJobOptions {
   std::vector<std::string> scheduler_flags;
 };
 
+// The demo job as the fault cells run it: connect and recovery timeouts (20 s, 40 s) with
+// room for a restarted scheduler or server under load. Callers add directories and flags.
+inline TrainJobOptions FaultJob() {
+  TrainJobOptions o;
+  o.connect_timeout_ms = 20000;
+  o.recovery_timeout_ms = 40000;
+  return o;
+}
+
 class TrainJob {
  public:
   using Clock = std::chrono::steady_clock;
@@ -145,6 +154,13 @@ class TrainJob {
   // On its port, from its --state_dir.
   void RestartScheduler(const std::string& tag = ".restarted") {
     REQUIRE(scheduler.Start(SchedulerArgv(port), dir.File("scheduler" + tag + ".log")));
+  }
+  // During a scale: once the state file records it, SIGKILLs the scheduler and restarts it
+  // (which then finds the scale under way and rolls it back).
+  void ReplaceSchedulerMidScale(Clock::time_point deadline) {
+    REQUIRE(WaitStateHoldsScale(deadline));
+    KillScheduler();
+    RestartScheduler();
   }
   void KillTrainer(int i) {
     trainers[i]->Signal(SIGKILL);
