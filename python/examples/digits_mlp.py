@@ -106,14 +106,17 @@ def main(argv=None) -> int:
                     # Every push of this step is in (dp.step passed its barrier): the
                     # scale-out moves finished parameters; the next push and pull of every
                     # worker wait until the cluster is READY again.
+                    servers = worker.server_count + 1
                     with pscore.AdminClient(a.scheduler_port) as admin:
-                        r = admin.scale_out(servers=worker.server_count + 1)
-                    print(f"worker 0 asked for a scale-out to {worker.server_count + 1} servers "
+                        r = admin.scale_out(servers=servers)
+                    print(f"worker 0 asked for a scale-out to {servers} servers "
                           f"(membership version {r['epoch']})", flush=True)
                 if step_no == a.scale_in_at and rank == 0:
+                    # The count before the request: a scale-in may be done before it returns.
+                    servers = worker.server_count - 1
                     with pscore.AdminClient(a.scheduler_port) as admin:
-                        r = admin.scale_in(servers=worker.server_count - 1)
-                    print(f"worker 0 asked for a scale-in to {worker.server_count - 1} servers "
+                        r = admin.scale_in(servers=servers)
+                    print(f"worker 0 asked for a scale-in to {servers} servers "
                           f"(membership version {r['epoch']})", flush=True)
             total += float(loss)
         t_train += time.perf_counter() - t0
