@@ -15,7 +15,9 @@ DEFINE_string(role, "", "Node role: scheduler, worker or server.");
 DEFINE_int32(worker_num, 1, "Number of workers in the job (scheduler).");
 DEFINE_int32(server_num, 1, "Number of servers in the job (scheduler).");
 DEFINE_int32(port, 0, "Port a server binds (0: a free port).");
-DEFINE_int32(scale_timeout_ms, 60000, "Rollback deadline of a scale operation (scheduler).");
+DEFINE_int32(scale_timeout_ms, 30000,
+             "Rollback deadline of a scale operation (scheduler). Keep it under the workers' "
+             "--request_timeout_ms, so calls held by a scale outlive its rollback.");
 DEFINE_string(recoverable_roles, "",
               "Scheduler: roles (worker, server; comma-separated) whose members may restart with a new "
               "incarnation without being recorded in error and told to the others (empty: none).");

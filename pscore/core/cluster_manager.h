@@ -52,7 +52,7 @@ struct ClusterConfig {
   int worker_num = 1;
   int server_num = 1;
   Duration heartbeat_timeout = std::chrono::seconds(30);
-  Duration scale_timeout = std::chrono::seconds(60);
+  Duration scale_timeout = std::chrono::seconds(30);
   // Copies of each server's key range (docs/reliability.md). With 2 or more, a server's
   // heartbeat timeout publishes new metadata (a new epoch) marking it down, so every
   // member routes its ranges to their next live replica.
@@ -182,7 +182,7 @@ class ClusterManager {
   const NodeRecord* Find(const std::string& node_id) const;
   // True for the process (node id and incarnation) that a completed scale-in removed: it
   // missed being told to end (its link was down) and registers again; it should end, not
-  // join. Remembered for the last kLeftRemembered such nodes, not persisted.
+  // join. Remembered (and persisted) for the last kLeftRemembered such nodes.
   bool LeftInScaleIn(const std::string& node_id, uint64_t incarnation) const;
   static constexpr size_t kLeftRemembered = 4096;
   std::vector<const NodeRecord*> Nodes() const;  // sorted by role (server, worker), then rank
@@ -232,7 +232,7 @@ class ClusterManager {
   void CheckFinish();
   void SetOutcomeAtFinish();
   void CompleteScaleIn();
-  void RememberLeft(const NodeRecord& rec);
+  void RememberLeft(const std::string& node_id, uint64_t incarnation);
   void EndScale();
   bool AllDone() const;
   void Rollback(const std::string& reason);

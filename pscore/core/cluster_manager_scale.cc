@@ -201,7 +201,7 @@ void ClusterManager::CompleteScaleIn() {
   for (NodeRecord* rec : MutableNodes()) {
     if (rec->leaving) {
       Emit(Event::Kind::kNodeLeft, rec);
-      RememberLeft(*rec);
+      RememberLeft(rec->node_id, rec->incarnation);
       const std::string id = rec->node_id;
       RemoveNode(id);  // other records' pointers stay valid in a std::map
     } else {
@@ -214,9 +214,9 @@ void ClusterManager::CompleteScaleIn() {
   CheckFinish();
 }
 
-void ClusterManager::RememberLeft(const NodeRecord& rec) {
-  if (left_.count(rec.node_id) == 0) left_order_.push_back(rec.node_id);
-  left_[rec.node_id] = rec.incarnation;
+void ClusterManager::RememberLeft(const std::string& node_id, uint64_t incarnation) {
+  if (left_.count(node_id) == 0) left_order_.push_back(node_id);
+  left_[node_id] = incarnation;
   if (left_order_.size() > kLeftRemembered) {
     left_.erase(left_order_.front());
     left_order_.pop_front();

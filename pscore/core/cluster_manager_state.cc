@@ -23,6 +23,11 @@ pb::PersistedState ClusterManager::Snapshot() const {
     for (const std::string& id : outcome_.failed_nodes) out.add_failed_nodes(id);
   }
   for (const NodeRecord* rec : Nodes()) ToPersisted(*rec, out.add_nodes());
+  for (const std::string& id : left_order_) {
+    pb::PersistedLeft* left = out.add_left();
+    left->set_node_id(id);
+    left->set_incarnation(left_.at(id));
+  }
   if (scaling_) {
     pb::PersistedScale* s = out.mutable_scale();
     s->set_scale_in(op_.kind == ScaleKind::kIn);
@@ -66,6 +71,7 @@ Status ClusterManager::Restore(const pb::PersistedState& state) {
     rec.last_heartbeat = now;
     AddNode(std::move(rec));
   }
+  for (const pb::PersistedLeft& left : state.left()) RememberLeft(left.node_id(), left.incarnation());
   worker_num_ = state.worker_num();
   server_num_ = state.server_num();
   epoch_ = state.epoch();

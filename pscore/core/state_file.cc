@@ -140,6 +140,24 @@ static Status ValidateBarriers(const pb::PersistedState& state) {
   return Status::Ok();
 }
 
+// The processes scale-ins removed: at most the manager's memory of them, each id once.
+static Status ValidateLeft(const pb::PersistedState& state) {
+  if (state.left_size() > static_cast<int>(ClusterManager::kLeftRemembered)) {
+    return Err(Code::kInvalidArgument, state.left_size(), " nodes that left (max ", ClusterManager::kLeftRemembered,
+               ")");
+  }
+  std::set<std::string> ids;
+  for (const pb::PersistedLeft& left : state.left()) {
+    if (left.node_id().empty() || left.node_id().size() > kMaxStateNodeIdBytes) {
+      return Err(Code::kInvalidArgument, "node that left: id of ", left.node_id().size(), " bytes");
+    }
+    if (!ids.insert(left.node_id()).second) {
+      return Err(Code::kInvalidArgument, "node ", left.node_id(), " listed twice as left");
+    }
+  }
+  return Status::Ok();
+}
+
 Status ValidateState(const pb::PersistedState& state) {
   if (!pb::ClusterState_IsValid(state.cluster_state())) {
     return Err(Code::kInvalidArgument, "unknown cluster state ", static_cast<int>(state.cluster_state()));
@@ -155,6 +173,7 @@ Status ValidateState(const pb::PersistedState& state) {
     return Err(Code::kInvalidArgument, state.kv_size(), " KV entries (max ", kMaxStateKvEntries, ")");
   }
   PSCORE_RETURN_IF_ERROR(ValidateBarriers(state));
+  PSCORE_RETURN_IF_ERROR(ValidateLeft(state));
   std::set<std::string> ids;
   std::set<std::pair<int, int>> ranks;
   std::map<int, int> per_role;

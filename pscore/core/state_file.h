@@ -38,7 +38,7 @@ inline constexpr uint64_t kMaxStateKvEntryOverheadBytes = 15;
 inline constexpr uint64_t kMaxStateKvBytes =
     kMaxKvTotalBytes + uint64_t{kMaxStateKvEntries} * kMaxStateKvEntryOverheadBytes;
 // Room for everything else: membership (up to kMaxStateNodes nodes with their devices),
-// cluster state, totals, the scale operation.
+// the last processes scale-ins removed, cluster state, totals, the scale operation.
 inline constexpr uint64_t kMaxStateMembershipBytes = 512ull << 20;
 inline constexpr uint64_t kMaxStateBodyBytes = kMaxStateKvBytes + kMaxStateMembershipBytes;
 static_assert(kMaxStateBodyBytes <= 0x7fffffff, "protobuf parses at most 2^31 - 1 bytes");

@@ -189,6 +189,19 @@ TEST_CASE("state file: an impossible registry is refused even with a good checks
   b->mutable_joined()->RemoveLast();
   j->set_node_id("");
   refused(st, "an empty node id");
+  st = good;
+  pb::PersistedLeft* left = st.add_left();
+  left->set_node_id("s9");
+  *st.add_left() = *left;
+  refused(st, "a node listed twice as left");
+  st.mutable_left()->RemoveLast();
+  left->set_node_id("");
+  refused(st, "a left node without an id");
+  left->set_node_id(std::string(300, 'n'));
+  refused(st, "a left node with a long id");
+  st = good;
+  for (size_t i = 0; i <= ClusterManager::kLeftRemembered; ++i) st.add_left()->set_node_id("s" + std::to_string(i));
+  refused(st, "more left nodes than a manager remembers");
 }
 
 TEST_CASE("state file keeps barriers' newest ended rounds and each node's round", "[core][state]") {
@@ -281,6 +294,48 @@ TEST_CASE("restore during a scale-out rolls it back - an ended job is not restor
   ClusterManager ended(Config(1, 1), &clock);
   CHECK(ended.Restore(cm.Snapshot()).code() == Code::kFailedPrecondition);
   CHECK(back.Restore(mid).code() == Code::kFailedPrecondition);  // not fresh
+}
+
+TEST_CASE("a restored cluster still knows the processes a scale-in removed - the oldest beyond its memory go",
+          "[core][state]") {
+  FakeClock clock;
+  ClusterManager cm(Config(1, 3), &clock);
+  REQUIRE(cm.Register(Req("s0", pb::SERVER)).ok());
+  REQUIRE(cm.Register(Req("s1", pb::SERVER)).ok());
+  REQUIRE(cm.Register(Req("s2", pb::SERVER)).ok());
+  REQUIRE(cm.Register(Req("w0", pb::WORKER)).ok());
+  REQUIRE(cm.ScaleInByIds({"s1"}).ok());
+  for (const char* id : {"s0", "s1", "s2", "w0"}) REQUIRE(cm.ScaleInDone(id, cm.epoch()).ok());
+  REQUIRE(cm.state() == pb::CLUSTER_READY);
+  REQUIRE(cm.LeftInScaleIn("s1", kInc));
+
+  Result<pb::PersistedState> file = ParseState(SerializeState(cm.Snapshot()));
+  REQUIRE(file.ok());
+  REQUIRE(file->left_size() == 1);
+  ClusterManager back(Config(1, 1), &clock);
+  REQUIRE(back.Restore(*file).ok());
+  CHECK(back.LeftInScaleIn("s1", kInc));
+  CHECK_FALSE(back.LeftInScaleIn("s1", kInc + 1));  // another process under its id
+  CHECK_FALSE(back.LeftInScaleIn("s0", kInc));      // a member
+
+  // A file listing as many as a manager remembers: one more scale-in forgets the oldest.
+  pb::PersistedState full = *file;
+  full.clear_left();
+  for (size_t i = 0; i < ClusterManager::kLeftRemembered; ++i) {
+    pb::PersistedLeft* left = full.add_left();
+    left->set_node_id("gone" + std::to_string(i));
+    left->set_incarnation(kInc);
+  }
+  ClusterManager remembers(Config(1, 1), &clock);
+  REQUIRE(remembers.Restore(full).ok());
+  CHECK(remembers.LeftInScaleIn("gone0", kInc));
+  REQUIRE(remembers.ScaleInByIds({"s2"}).ok());
+  for (const char* id : {"s0", "s2", "w0"}) REQUIRE(remembers.ScaleInDone(id, remembers.epoch()).ok());
+  REQUIRE(remembers.state() == pb::CLUSTER_READY);
+  CHECK(remembers.LeftInScaleIn("s2", kInc));
+  CHECK_FALSE(remembers.LeftInScaleIn("gone0", kInc));
+  CHECK(remembers.LeftInScaleIn("gone1", kInc));
+  CHECK(remembers.Snapshot().left_size() == static_cast<int>(ClusterManager::kLeftRemembered));
 }
 
 // The framing protobuf adds to one KvEntry inside PersistedState, computed from its

@@ -370,6 +370,68 @@ TEST_CASE("a server that left by a scale-in serves none of its old range after t
   job.FinishAndCheckSums();
 }
 
+// A process a scale-in removed, registering again after it missed the TERMINATE (its link
+// was down) with a scheduler restarted from --state_dir since: it is told to end, as that
+// scheduler's predecessor would have told it, and not refused as one too many.
+TEST_CASE("a scheduler restarted from its state dir still knows a process a scale-in removed - it is told it left",
+          "[node][net][scale][state]") {
+  pscore::testing::TempDir dir;
+  REQUIRE(dir.ok());
+  SchedulerOptions so = Sched(2, 1);
+  so.state_dir = dir.path();
+  auto sched = std::make_unique<SchedulerNode>(so);
+  REQUIRE(sched->Start().ok());
+  ServerNode server(Opts(pb::SERVER, sched->port(), "s0"));
+  REQUIRE(server.Start().ok());
+  WorkerNode w0(Opts(pb::WORKER, sched->port(), "w0"));
+  REQUIRE(w0.Start().ok());
+  WorkerNode w1(Opts(pb::WORKER, sched->port(), "w1"));
+  REQUIRE(w1.Start().ok());
+  REQUIRE(w0.WaitForReady(10s).ok());
+  REQUIRE(w1.WaitForReady(10s).ok());
+  std::promise<uint64_t> registered;  // w1's incarnation, as the scheduler holds it
+  sched->loop()->Post([&] { registered.set_value(sched->cluster().Find("w1")->incarnation); });
+  std::future<uint64_t> incarnation = registered.get_future();
+  REQUIRE(incarnation.wait_for(10s) == std::future_status::ready);
+  const uint64_t left_incarnation = incarnation.get();
+  pb::AdminRequest req;
+  req.set_op("scale_in");
+  req.add_node_ids("w1");
+  REQUIRE(AdminOp(*sched, req).ok());
+  REQUIRE(w1.WaitForTermination(15s).ok());
+  REQUIRE(WaitState(*sched, pb::CLUSTER_READY, 10s));
+  const int port = sched->port();
+  sched->Stop();  // a clean stop writes the newest state
+  sched.reset();
+
+  so.port = port;  // the members redial the same address
+  SchedulerNode restarted(so);
+  REQUIRE(restarted.Start().ok());
+  pscore::node::testing::RawLink stale(restarted.port(), "raw-stale");
+  pb::RegisterMessage reg;
+  reg.set_ip("127.0.0.1");
+  reg.set_port(1);
+  reg.set_node_id("w1");
+  reg.set_role(pb::WORKER);
+  reg.set_incarnation(left_incarnation);
+  reg.set_protocol_version(kProtocolVersion);
+  reg.set_requested_rank(-1);
+  Result<comm::Frame> stale_answer = stale.Call(pb::REGISTER, reg);
+  REQUIRE_FALSE(stale_answer.ok());
+  CHECK(stale_answer.status().code() == Code::kFailedPrecondition);
+  CHECK_THAT(stale_answer.status().message(), Catch::Contains("node w1 left the cluster in a scale-in"));
+  // A new process under that id is not the one that left: refused as one worker too many.
+  reg.set_incarnation(left_incarnation + 1);
+  Result<comm::Frame> other = stale.Call(pb::REGISTER, reg);
+  REQUIRE_FALSE(other.ok());
+  CHECK_THAT(other.status().message(), !Catch::Contains("left the cluster"));
+  REQUIRE(WaitState(restarted, pb::CLUSTER_READY, 10s));
+  CHECK(w0.Push({1, 2}, {1, 1}).get().ok());  // the job goes on with the worker that stayed
+  w0.Stop();
+  server.Stop();
+  restarted.Stop();
+}
+
 TEST_CASE("a worker on a shared loop destroyed after a scale-in leaves no timer behind that would use it",
           "[node][net][scale]") {
   // The link to a server that left is closed request_timeout later, by a timer on the
@@ -612,6 +674,12 @@ void ScaleOutToTwoServers(SchedulerNode& sched, WorkerNode& worker) {
     std::this_thread::sleep_for(5ms);
   }
   REQUIRE(worker.cluster_state() == pb::CLUSTER_SCALE_OUT);
+}
+
+TEST_CASE("by default a scale that times out is rolled back before the calls it holds reach their deadline",
+          "[node][scale]") {
+  CHECK(SchedulerOptions{}.scale_timeout < NodeOptions{}.request_timeout);
+  CHECK(core::ClusterConfig{}.scale_timeout == SchedulerOptions{}.scale_timeout);
 }
 
 TEST_CASE("a push or pull held while the cluster scales fails kTimeout at its request deadline - not at the scale's end",

@@ -32,7 +32,9 @@ struct SchedulerOptions {
   int server_num = 1;
   Duration heartbeat_interval = std::chrono::milliseconds(1000);
   Duration heartbeat_timeout = std::chrono::milliseconds(5000);
-  Duration scale_timeout = std::chrono::seconds(60);
+  // A scale not ended by then is rolled back. Under the members' request_timeout (60 s), so
+  // the pushes and pulls a scale holds are released before their deadline.
+  Duration scale_timeout = std::chrono::seconds(30);
   uint64_t max_message_bytes = 256ull << 20;
   size_t max_kv_value_bytes = 16u << 20;
   // Keys and values the KV store holds at most; a Set past it is kResourceExhausted (0: no cap).
