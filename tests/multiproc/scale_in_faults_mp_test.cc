@@ -69,6 +69,8 @@ Clock::time_point StartHeldScaleIn(TrainJob& job, Clock::time_point deadline) {
   REQUIRE(AdminAsk(job.port, scale_in).has_value());
   std::optional<pb::AdminResponse> status = AdminAsk(job.port, "status");
   REQUIRE(status.has_value());
+  INFO("last scale: " << status->last_scale_result() << "\nscheduler: " << job.scheduler.Log()
+                      << "\ntrainer 0: " << job.trainers[0]->Log());
   REQUIRE(status->cluster_state() == pb::CLUSTER_SCALE_IN);
   return paused;
 }

@@ -20,7 +20,7 @@
 
 #include "comm/test_util.h"  // last: Catch's CHECK wins over glog's
 
-namespace pscore::node::testing {
+namespace pscore::testing {
 
 using namespace std::chrono_literals;
 using comm::testing::Await;
@@ -93,8 +93,8 @@ class Registrar {
     }
     auto p = std::make_shared<std::promise<Status>>();
     auto f = p->get_future();
-    loop_.Post([this, p, payload = ToBuffer(msg)] {
-      messenger_->Call(conn_, MakeMeta(pb::REGISTER, pb::WORKER, 0), payload, 10s,
+    loop_.Post([this, p, payload = node::ToBuffer(msg)] {
+      messenger_->Call(conn_, node::MakeMeta(pb::REGISTER, pb::WORKER, 0), payload, 10s,
                        [p](Result<comm::Frame> r) { p->set_value(r.status()); });
     });
     return Await(f);
@@ -174,8 +174,8 @@ inline std::string TableStatus(const std::string& table) {
   return j.is_discarded() ? "" : j["status"].get<std::string>();
 }
 
-inline SchedulerOptions SchedOpts(int workers, int servers, std::string job = "job-7") {
-  SchedulerOptions o;
+inline node::SchedulerOptions SchedOpts(int workers, int servers, std::string job = "job-7") {
+  node::SchedulerOptions o;
   o.worker_num = workers;
   o.server_num = servers;
   o.heartbeat_interval = 50ms;
@@ -185,8 +185,8 @@ inline SchedulerOptions SchedOpts(int workers, int servers, std::string job = "j
 }
 
 // The hub's current table text, read on the loop.
-inline std::string CurrentTable(SchedulerNode& sched, RankTableHub& hub) {
+inline std::string CurrentTable(node::SchedulerNode& sched, node::RankTableHub& hub) {
   return OnLoop(*sched.loop(), [&] { return hub.current() ? hub.current()->table : std::string(); });
 }
 
-}  // namespace pscore::node::testing
+}  // namespace pscore::testing

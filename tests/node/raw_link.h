@@ -13,7 +13,7 @@
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
-namespace pscore::node::testing {
+namespace pscore::testing {
 
 class RawLink {
  public:
@@ -58,7 +58,7 @@ class RawLink {
   // A request as a worker with no rank; the answer within 10 s or kTimeout.
   Result<comm::Frame> Call(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg) {
     using namespace std::chrono_literals;
-    std::future<Result<comm::Frame>> fut = CallAsync(MakeMeta(cmd, pb::WORKER, -1), ToBuffer(msg), 5s);
+    std::future<Result<comm::Frame>> fut = CallAsync(node::MakeMeta(cmd, pb::WORKER, -1), node::ToBuffer(msg), 5s);
     if (fut.wait_for(10s) != std::future_status::ready) return Status(Code::kTimeout, "raw call: no answer");
     return fut.get();
   }
@@ -72,7 +72,7 @@ class RawLink {
     pb::HelloMessage hello;
     hello.set_node_id(node_id);
     hello.set_role(pb::WORKER);
-    Notify(MakeMeta(pb::HELLO, pb::WORKER, -1), ToBuffer(hello));
+    Notify(node::MakeMeta(pb::HELLO, pb::WORKER, -1), node::ToBuffer(hello));
   }
 
  private:
@@ -81,4 +81,4 @@ class RawLink {
   comm::ConnId conn_ = 0;
 };
 
-}  // namespace pscore::node::testing
+}  // namespace pscore::testing

@@ -351,7 +351,7 @@ TEST_CASE("a server that left by a scale-in serves none of its old range after t
   REQUIRE(WaitState(job.sched(), pb::CLUSTER_READY, 15s));
   uint64_t old_key = 0;
   while (core::ServerForKey(old_key, 3) != 2) ++old_key;
-  pscore::node::testing::RawLink peer(job.server(2).listen_port(), "raw-peer");
+  pscore::testing::RawLink peer(job.server(2).listen_port(), "raw-peer");
   peer.HelloAsWorker("w0");
   pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
   meta.set_handler(kPushHandler);
@@ -407,7 +407,7 @@ TEST_CASE("a scheduler restarted from its state dir still knows a process a scal
   so.port = port;  // the members redial the same address
   SchedulerNode restarted(so);
   REQUIRE(restarted.Start().ok());
-  pscore::node::testing::RawLink stale(restarted.port(), "raw-stale");
+  pscore::testing::RawLink stale(restarted.port(), "raw-stale");
   pb::RegisterMessage reg;
   reg.set_ip("127.0.0.1");
   reg.set_port(1);
@@ -815,7 +815,7 @@ TEST_CASE("a server copying the keys it gives up does not hold the view lock - i
     // view it refuses `moving` as owned by rank 1 of 2, while its copy is still stopped
     // at `held`: the scale cannot have ended. A copy under the view lock would keep the
     // pull waiting until the copy was done.
-    pscore::node::testing::RawLink peer(s0.listen_port(), "raw-peer");
+    pscore::testing::RawLink peer(s0.listen_port(), "raw-peer");
     peer.HelloAsWorker("w0");
     pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);
     meta.set_handler(kPullHandler);

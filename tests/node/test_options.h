@@ -8,13 +8,13 @@
 #include "pscore/node/common/options.h"
 #include "pscore/node/common/wire.h"
 
-namespace pscore::node::testing {
+namespace pscore::testing {
 
 // A worker as the tests start one: 100 ms heartbeats, 10 s connect and request deadlines,
 // handlers on the loop thread.
-inline NodeOptions TestWorkerOptions(int sched_port, const std::string& id) {
+inline node::NodeOptions TestWorkerOptions(int sched_port, const std::string& id) {
   using namespace std::chrono_literals;
-  NodeOptions o;
+  node::NodeOptions o;
   o.role = pb::WORKER;
   o.scheduler_port = sched_port;
   o.node_id = id;
@@ -34,7 +34,7 @@ inline BufferPtr KvPayload(pb::KvRequest::Op op, const std::string& key, const s
   req.set_value(value);
   req.set_overwrite(true);
   req.set_timeout_ms(timeout_ms);
-  return ToBuffer(req);
+  return node::ToBuffer(req);
 }
 
-}  // namespace pscore::node::testing
+}  // namespace pscore::testing
