@@ -18,6 +18,10 @@ DEFINE_int32(port, 0, "Port a server binds (0: a free port).");
 DEFINE_int32(scale_timeout_ms, 30000,
              "Rollback deadline of a scale operation (scheduler). Keep it under the workers' "
              "--request_timeout_ms, so calls held by a scale outlive its rollback.");
+DEFINE_int32(isolation_timeout_ms, 15000,
+             "Scheduler: every member silent past the heartbeat timeout at once is taken for the scheduler's "
+             "own network for this long before they time out (0: they time out at once). Keep it at the "
+             "members' --recovery_timeout_ms.");
 DEFINE_string(recoverable_roles, "",
               "Scheduler: roles (worker, server; comma-separated) whose members may restart with a new "
               "incarnation without being recorded in error and told to the others (empty: none).");
@@ -106,6 +110,7 @@ void CheckNodeFlags(const std::string& prog) {
   CheckJobShape(prog);
   flags::CheckHeartbeats(prog);
   if (FLAGS_scale_timeout_ms <= 0) Die(prog, "--scale_timeout_ms must be > 0");
+  if (FLAGS_isolation_timeout_ms < 0) Die(prog, "--isolation_timeout_ms must be >= 0");
   // Each is a thread of the server's executor.
   if (FLAGS_handler_threads < 0 || FLAGS_handler_threads > 1024) Die(prog, "--handler_threads must be in [0, 1024]");
   flags::CheckMs(prog, "finish_timeout_ms", FLAGS_finish_timeout_ms, 1);
@@ -151,6 +156,7 @@ void FillSchedulerOptions(const std::string& prog, SchedulerOptions* s) {
   s->heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_interval_ms);
   s->heartbeat_timeout = std::chrono::milliseconds(FLAGS_heartbeat_timeout_ms);
   s->scale_timeout = std::chrono::milliseconds(FLAGS_scale_timeout_ms);
+  s->isolation_timeout = std::chrono::milliseconds(FLAGS_isolation_timeout_ms);
   std::stringstream cns(FLAGS_tls_admin_cns);
   s->tls_admin_cns.clear();
   for (std::string cn; std::getline(cns, cn, ',');) {

@@ -53,6 +53,12 @@ struct ClusterConfig {
   int server_num = 1;
   Duration heartbeat_timeout = std::chrono::seconds(30);
   Duration scale_timeout = std::chrono::seconds(30);
+  // Every live member (2 or more) silent at once, some past heartbeat_timeout and none heard
+  // in its last half, is taken for this scheduler's own network (its link cut, its host partitioned), not for that
+  // many failures: their timeouts wait up to this long, counted from the last time any
+  // member was heard, for one of them to be heard again; then each gets a fresh
+  // heartbeat_timeout. 0: they time out at once.
+  Duration isolation_timeout = std::chrono::seconds(15);
   // Copies of each server's key range (docs/reliability.md). With 2 or more, a server's
   // heartbeat timeout publishes new metadata (a new epoch) marking it down, so every
   // member routes its ranges to their next live replica.
@@ -135,6 +141,9 @@ class ClusterManager {
   bool Recoverable(pb::NodeRole role) const;
   // Applies timeouts: silent nodes, the scale-operation deadline, then the finish barrier.
   void Tick();
+  // True while every live member's silence is taken for this scheduler's isolation
+  // (ClusterConfig::isolation_timeout).
+  bool isolated() const { return isolated_since_.has_value(); }
   // The scheduler itself did not run for `stalled` (stopped, swapped out): that time does
   // not count against nodes' heartbeats or the scale deadline, since their messages
   // were waiting in our sockets. Call before Tick.
@@ -229,6 +238,8 @@ class ClusterManager {
   void PublishMetadata();
   void RefreshNodeState(NodeRecord* rec) const;
   void RefreshTimeoutState();
+  bool HoldForIsolation(const std::vector<NodeRecord*>& expired, size_t live, TimePoint last_heard, TimePoint now);
+  void EndIsolationIfHeard(TimePoint now);
   void CheckFinish();
   void SetOutcomeAtFinish();
   void CompleteScaleIn();
@@ -249,6 +260,7 @@ class ClusterManager {
   pb::ClusterState state_ = pb::ClUSTER_STARTING;
   uint64_t epoch_ = 0;
   std::optional<uint64_t> restored_epoch_;  // the state file's, after a Restore
+  std::optional<TimePoint> isolated_since_;  // while isolated(): the last time a member was heard
   int worker_num_;
   int server_num_;
   bool finish_passed_ = false;

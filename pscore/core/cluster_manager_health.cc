@@ -70,17 +70,65 @@ void ClusterManager::Pause(Duration stalled) {
   if (scaling_) op_.started = std::min(now, op_.started + stalled);
 }
 
+// Every live member silent at once (some past the heartbeat timeout, none heard in the
+// last half of it): more likely this scheduler's link than that many failures. True while
+// their timeouts wait (the scan then runs at every tick).
+bool ClusterManager::HoldForIsolation(const std::vector<NodeRecord*>& expired, size_t live, TimePoint last_heard,
+                                      TimePoint now) {
+  if (config_.isolation_timeout <= Duration::zero() || live < 2 || expired.empty() ||
+      now - last_heard <= config_.heartbeat_timeout / 2) {
+    isolated_since_.reset();
+    return false;
+  }
+  if (!isolated_since_) {
+    isolated_since_ = last_heard;
+    LOG(WARNING) << "every member (" << live << ") silent at once, none heard for " << ToMillis(now - last_heard)
+                 << " ms: taken for this scheduler's own network, not " << live
+                 << " failures; their timeouts wait up to "
+                 << ToMillis(config_.isolation_timeout) << " ms from the last heartbeat for any of them";
+  }
+  if (now - *isolated_since_ <= config_.isolation_timeout) {
+    next_timeout_scan_ = TimePoint::min();
+    return true;
+  }
+  LOG(WARNING) << "no member heard for " << ToMillis(now - *isolated_since_) << " ms (isolation timeout "
+               << ToMillis(config_.isolation_timeout) << " ms): they time out";
+  isolated_since_.reset();
+  return false;
+}
+
+// A member heard again ends an isolation: the silence was this scheduler's network, so
+// it counts against no member (each still silent gets a fresh heartbeat timeout) and not
+// against a scale's deadline.
+void ClusterManager::EndIsolationIfHeard(TimePoint now) {
+  const NodeRecord* heard = nullptr;
+  for (const auto& [id, rec] : nodes_) {
+    if (!rec.timed_out && rec.last_heartbeat > *isolated_since_) heard = &rec;
+  }
+  if (heard == nullptr) return;
+  const Duration silent = now - *isolated_since_;
+  LOG(WARNING) << Label(*heard) << " heard again after every member was silent for " << ToMillis(silent)
+               << " ms: this scheduler's own network; every member gets a fresh heartbeat timeout";
+  isolated_since_.reset();
+  Pause(silent);
+}
+
 void ClusterManager::Tick() {
   if (state_ == pb::CLUSTER_EXIT) return;
   const TimePoint now = clock_->Now();
+  if (isolated_since_) EndIsolationIfHeard(now);
   std::string first_timeout;
   if (now > next_timeout_scan_) {
     // One pass over the records, in no order; the (rare) expired ones are then handled in
     // role, rank order so logs and events read the same every run.
     TimePoint earliest = TimePoint::max();
     std::vector<NodeRecord*> expired;
+    size_t live = 0;
+    TimePoint last_heard = TimePoint::min();
     for (auto& [id, rec] : nodes_) {
       if (rec.timed_out) continue;
+      ++live;
+      last_heard = std::max(last_heard, rec.last_heartbeat);
       const TimePoint deadline = rec.last_heartbeat + config_.heartbeat_timeout;
       if (now > deadline) {
         expired.push_back(&rec);
@@ -89,6 +137,7 @@ void ClusterManager::Tick() {
       }
     }
     next_timeout_scan_ = earliest;
+    if (HoldForIsolation(expired, live, last_heard, now)) expired.clear();
     std::sort(expired.begin(), expired.end(), [](const NodeRecord* a, const NodeRecord* b) {
       return std::tie(a->role, a->rank, a->node_id) < std::tie(b->role, b->rank, b->node_id);
     });
@@ -108,7 +157,7 @@ void ClusterManager::Tick() {
     });
     if (server_lost && config_.replicas >= 2 && !scaling_) PublishMetadata();
   }
-  if (scaling_) {
+  if (scaling_ && !isolated_since_) {
     const char* what = op_.kind == ScaleKind::kOut ? "scale-out" : "scale-in";
     if (!first_timeout.empty()) {
       Rollback(Cat(first_timeout, " timed out during ", what));

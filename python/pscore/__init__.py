@@ -70,8 +70,8 @@ class Scheduler(_pscore.Scheduler):
     """The job's scheduler (C++ ``SchedulerNode``).
 
     Keyword options (``SchedulerOptions``): host, port (0: a free port, read ``.port``),
-    worker_num, server_num, heartbeat_interval, heartbeat_timeout, scale_timeout (seconds),
-    max_message_bytes, max_kv_value_bytes, max_kv_total_bytes, job_id, http_host,
+    worker_num, server_num, heartbeat_interval, heartbeat_timeout, scale_timeout,
+    isolation_timeout (seconds), max_message_bytes, max_kv_value_bytes, max_kv_total_bytes, job_id, http_host,
     http_port, state_dir, cluster_token; tls_cert, tls_key, tls_ca (PEM files, all three or
     none: TLS 1.3 with mutual authentication, docs/security.md) and tls_admin_cns (the
     certificate CNs allowed admin commands, default ["admin"]).

@@ -60,6 +60,7 @@ node::SchedulerOptions SchedulerOpts(const py::kwargs& kw) {
     else if (k == "heartbeat_interval") o.heartbeat_interval = Seconds(v.cast<double>());
     else if (k == "heartbeat_timeout") o.heartbeat_timeout = Seconds(v.cast<double>());
     else if (k == "scale_timeout") o.scale_timeout = Seconds(v.cast<double>());
+    else if (k == "isolation_timeout") o.isolation_timeout = Seconds(v.cast<double>());
     else if (k == "max_message_bytes") o.max_message_bytes = v.cast<uint64_t>();
     else if (k == "max_kv_value_bytes") o.max_kv_value_bytes = v.cast<size_t>();
     else if (k == "max_kv_total_bytes") o.max_kv_total_bytes = v.cast<uint64_t>();

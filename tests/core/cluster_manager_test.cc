@@ -828,9 +828,158 @@ TEST_CASE("time the scheduler did not run does not time nodes out", "[core][clus
   cm.Tick();
   CHECK(cm.state() == pb::CLUSTER_READY);
   CHECK(cm.TakeEvents().empty());
-  clock.Advance(std::chrono::milliseconds(1500));  // Now really silent past the timeout.
+  clock.Advance(std::chrono::milliseconds(1500));  // Now s0 is really silent past the timeout.
+  REQUIRE(cm.Heartbeat("w0").ok());  // (every member silent at once is an isolation: below)
   cm.Tick();
   CHECK(cm.state() == pb::NODE_TIMEOUT);
+  CHECK(cm.Find("s0")->timed_out);
+}
+
+TEST_CASE("every member silent at once is taken for the scheduler's own network - one heard again ends it, the "
+          "others get a fresh heartbeat timeout",
+          "[core][cluster][isolation]") {
+  Fixture f(/*workers=*/2, /*servers=*/2);
+  f.config.heartbeat_timeout = std::chrono::seconds(2);
+  f.config.isolation_timeout = std::chrono::seconds(10);
+  f.cm = std::make_unique<ClusterManager>(f.config, &f.clock);
+  f.StartAll();
+  f.clock.Advance(std::chrono::seconds(3));  // nobody heard past the heartbeat timeout
+  f.cm->Tick();
+  CHECK(f.cm->isolated());
+  CHECK(f.cm->state() == pb::CLUSTER_READY);
+  CHECK(f.cm->TakeEvents().empty());
+  f.clock.Advance(std::chrono::seconds(6));  // 9 s since the last heartbeat: still held
+  f.cm->Tick();
+  CHECK(f.cm->isolated());
+  CHECK(f.cm->flagged() == 0);
+  REQUIRE(f.cm->Heartbeat("w1").ok());  // the link is back: one member is heard
+  f.cm->Tick();
+  CHECK_FALSE(f.cm->isolated());
+  CHECK(f.cm->state() == pb::CLUSTER_READY);
+  CHECK(f.cm->TakeEvents().empty());
+  // The others have a fresh heartbeat timeout from now; those heard in it stay members.
+  f.clock.Advance(std::chrono::milliseconds(1500));
+  for (const char* id : {"s0", "w0", "w1"}) REQUIRE(f.cm->Heartbeat(id).ok());
+  f.cm->Tick();
+  CHECK(f.cm->flagged() == 0);
+  f.clock.Advance(std::chrono::milliseconds(1500));  // s1 silent 3 s since the isolation ended
+  for (const char* id : {"s0", "w0", "w1"}) REQUIRE(f.cm->Heartbeat(id).ok());
+  f.cm->Tick();
+  CHECK(f.cm->state() == pb::NODE_TIMEOUT);
+  REQUIRE(f.cm->Find("s1")->timed_out);
+  CHECK(f.cm->flagged() == 1);
+}
+
+TEST_CASE("a member silent a little longer than the others is held with them - none heard in half the heartbeat "
+          "timeout is an isolation",
+          "[core][cluster][isolation]") {
+  Fixture f(/*workers=*/2, /*servers=*/1);
+  f.config.heartbeat_timeout = std::chrono::seconds(2);
+  f.config.isolation_timeout = std::chrono::seconds(10);
+  f.cm = std::make_unique<ClusterManager>(f.config, &f.clock);
+  f.StartAll();
+  f.clock.Advance(std::chrono::milliseconds(300));  // w1 is stopped a while before the cut
+  for (const char* id : {"s0", "w0"}) REQUIRE(f.cm->Heartbeat(id).ok());
+  f.clock.Advance(std::chrono::milliseconds(900));  // w1 silent 1.2 s, the others 0.9 s
+  f.cm->Tick();
+  CHECK_FALSE(f.cm->isolated());
+  f.clock.Advance(std::chrono::milliseconds(900));  // w1 2.1 s (past the timeout), the others 1.8 s
+  f.cm->Tick();
+  CHECK(f.cm->isolated());
+  CHECK(f.cm->flagged() == 0);
+  REQUIRE(f.cm->Heartbeat("s0").ok());
+  f.cm->Tick();
+  CHECK_FALSE(f.cm->isolated());
+  CHECK(f.cm->flagged() == 0);
+  // But one member silent past the timeout while another was heard within its last half
+  // is that member's failure.
+  f.clock.Advance(std::chrono::milliseconds(1500));
+  REQUIRE(f.cm->Heartbeat("w0").ok());
+  REQUIRE(f.cm->Heartbeat("w1").ok());
+  f.clock.Advance(std::chrono::milliseconds(900));  // s0 silent 2.4 s, w0 and w1 0.9 s
+  f.cm->Tick();
+  CHECK_FALSE(f.cm->isolated());
+  CHECK(f.cm->Find("s0")->timed_out);
+}
+
+TEST_CASE("every member silent past the isolation timeout times out - the job fails as it would have at once",
+          "[core][cluster][isolation]") {
+  Fixture f(/*workers=*/1, /*servers=*/1);
+  f.config.heartbeat_timeout = std::chrono::seconds(2);
+  f.config.isolation_timeout = std::chrono::seconds(10);
+  f.cm = std::make_unique<ClusterManager>(f.config, &f.clock);
+  f.StartAll();
+  for (int i = 0; i < 10; ++i) {  // 10 s since the last heartbeat: held
+    f.clock.Advance(std::chrono::seconds(1));
+    f.cm->Tick();
+  }
+  CHECK(f.cm->isolated());
+  CHECK(f.cm->flagged() == 0);
+  f.clock.Advance(std::chrono::milliseconds(100));
+  f.cm->Tick();
+  CHECK_FALSE(f.cm->isolated());
+  CHECK(f.cm->state() == pb::NODE_TIMEOUT);
+  CHECK(f.cm->flagged() == 2);
+  CHECK(f.cm->Find("w0")->lost_cause == "no heartbeat for 10100 ms");
+}
+
+TEST_CASE("a lone member silent, some of the members silent, or isolation_timeout 0 time out at once",
+          "[core][cluster][isolation]") {
+  SECTION("one member") {
+    Fixture f(/*workers=*/1, /*servers=*/0);
+    f.config.heartbeat_timeout = std::chrono::seconds(2);
+    f.cm = std::make_unique<ClusterManager>(f.config, &f.clock);
+    f.StartAll();
+    f.clock.Advance(std::chrono::seconds(3));
+    f.cm->Tick();
+    CHECK_FALSE(f.cm->isolated());
+    CHECK(f.cm->Find("w0")->timed_out);
+  }
+  SECTION("some members") {
+    Fixture f(/*workers=*/2, /*servers=*/1);
+    f.config.heartbeat_timeout = std::chrono::seconds(2);
+    f.cm = std::make_unique<ClusterManager>(f.config, &f.clock);
+    f.StartAll();
+    f.clock.Advance(std::chrono::seconds(3));
+    REQUIRE(f.cm->Heartbeat("w1").ok());
+    f.cm->Tick();
+    CHECK_FALSE(f.cm->isolated());
+    CHECK(f.cm->flagged() == 2);
+  }
+  SECTION("isolation_timeout 0") {
+    Fixture f(/*workers=*/2, /*servers=*/1);
+    f.config.heartbeat_timeout = std::chrono::seconds(2);
+    f.config.isolation_timeout = Duration::zero();
+    f.cm = std::make_unique<ClusterManager>(f.config, &f.clock);
+    f.StartAll();
+    f.clock.Advance(std::chrono::seconds(3));
+    f.cm->Tick();
+    CHECK_FALSE(f.cm->isolated());
+    CHECK(f.cm->flagged() == 3);
+  }
+}
+
+TEST_CASE("an isolation during a scale counts against neither the members nor the scale's deadline",
+          "[core][cluster][isolation][scale]") {
+  Fixture f(/*workers=*/1, /*servers=*/2);
+  f.config.heartbeat_timeout = std::chrono::seconds(2);
+  f.config.scale_timeout = std::chrono::seconds(5);
+  f.config.isolation_timeout = std::chrono::seconds(10);
+  f.cm = std::make_unique<ClusterManager>(f.config, &f.clock);
+  f.StartAll();
+  REQUIRE(f.cm->ScaleInByIds({"s1"}).ok());
+  f.cm->TakeEvents();
+  f.clock.Advance(std::chrono::seconds(8));  // past both the heartbeat and the scale timeout
+  f.cm->Tick();
+  CHECK(f.cm->isolated());
+  CHECK(f.cm->state() == pb::CLUSTER_SCALE_IN);
+  for (const char* id : {"s0", "s1", "w0"}) REQUIRE(f.cm->Heartbeat(id).ok());
+  f.cm->Tick();
+  CHECK_FALSE(f.cm->isolated());
+  CHECK(f.cm->state() == pb::CLUSTER_SCALE_IN);  // its deadline moved by the 8 s
+  for (const char* id : {"s0", "s1", "w0"}) REQUIRE(f.cm->ScaleInDone(id, f.cm->epoch()).ok());
+  CHECK(f.cm->state() == pb::CLUSTER_READY);
+  CHECK(f.cm->server_num() == 1);
 }
 
 }  // namespace pscore::core

@@ -13,7 +13,10 @@
 // A second job runs with --replicas=2 (no scale-out): a server's link is cut for longer
 // than the heartbeat timeout, then restored; the trainers' requests in flight to it go to
 // its ranges' other replica once the scheduler marks it down, and the job ends as an
-// undisturbed run (every trainer exits 0, loss and weights checksum within 1e-6).
+// undisturbed run (every trainer exits 0, loss and weights checksum within 1e-6). The same
+// job with --replicas=1 has the scheduler's link cut instead: the scheduler takes every
+// member's silence for its own isolation and times nobody out, the members redial it, and
+// the job ends as undisturbed with every process exiting 0.
 // A third job runs with --replicas=2 and a scale-out: once the scheduler is scaling, a
 // server's link is cut for good (never restored) before the new server's host is started;
 // the scheduler rolls the scale-out back and marks the server down, its ranges' backups
@@ -256,10 +259,13 @@ TEST_CASE("a demo job with every process on a host of its own: scale-out to a ne
 
 namespace {
 
-// replicas=2, each process on a host of its own: server1's link is cut for twice the
-// heartbeat timeout while the workers train, or (`in_barrier`) while worker 0 waits in a
-// barrier of its step (worker 1 held with SIGSTOP for 300 ms around the cut's start).
-void LinkCutJob(bool in_barrier) {
+enum class Cut { kServer1, kScheduler };
+
+// Each process on a host of its own: server1's link (replicas=2) or the scheduler's
+// (replicas=1) is cut for twice the heartbeat timeout while the workers train, or
+// (`in_barrier`) while worker 0 waits in a barrier of its step (worker 1 held with SIGSTOP
+// for 300 ms around the cut's start).
+void LinkCutJob(bool in_barrier, Cut cut = Cut::kServer1) {
   TempDir dir;
   REQUIRE(dir.ok());
   const std::string iplog = dir.File("ip.log");
@@ -297,7 +303,8 @@ void LinkCutJob(bool in_barrier) {
   Process scheduler;
   REQUIRE(scheduler.Start(sched_host.Exec(with({NodeBinary(), "--role=scheduler", "--host=" + sched_host.ip(),
                                                  "--scheduler_port=0", "--worker_num=2", "--server_num=2",
-                                                 "--replicas=2", "--recoverable_roles=worker,server",
+                                                 cut == Cut::kServer1 ? "--replicas=2" : "--replicas=1",
+                                                 "--recoverable_roles=worker,server",
                                                  "--port_file=" + dir.File("sched.port")})),
                           dir.File("scheduler.log")));
   const int port = ReadPortFile(dir.File("sched.port"), 10s);
@@ -321,7 +328,8 @@ void LinkCutJob(bool in_barrier) {
                                     "--steps=" + std::to_string(kSteps)})),
         dir.File("worker" + std::to_string(i) + ".log")));
   }
-  // Training, then the cut: server1's host is off for twice the heartbeat timeout.
+  // Training, then the cut: the host is off for twice the heartbeat timeout.
+  Host& cut_host = cut == Cut::kServer1 ? *server_hosts[1] : sched_host;
   const auto deadline = Clock::now() + 120s;
   bool training = false;
   while (Clock::now() < deadline && trainers[0].running() && !training) {
@@ -341,12 +349,12 @@ void LinkCutJob(bool in_barrier) {
     trainers[0].Signal(SIGCONT);
     std::this_thread::sleep_for(kHold);
   }
-  REQUIRE(server_hosts[1]->SetLink(false));
+  REQUIRE(cut_host.SetLink(false));
   if (in_barrier) std::this_thread::sleep_for(kHold);
   trainers[0].Signal(SIGCONT);
   trainers[1].Signal(SIGCONT);
   std::this_thread::sleep_for(std::chrono::milliseconds(2 * kHeartbeatTimeoutMs) - (in_barrier ? kHold : 0ms));
-  REQUIRE(server_hosts[1]->SetLink(true));
+  REQUIRE(cut_host.SetLink(true));
   std::vector<TrainFinal> finals;
   for (int i = 0; i < 2; ++i) {
     std::optional<int> code = trainers[i].Wait(120s);
@@ -359,9 +367,11 @@ void LinkCutJob(bool in_barrier) {
   CheckSameFinals(plain, finals);
   INFO(scheduler.Log());
   CHECK(scheduler.Wait(60s) == std::optional<int>(0));
-  CHECK_THAT(scheduler.Log(), Catch::Contains("scheduler: server server1 (rank "));
-  INFO(servers[0].Log());
-  CHECK(servers[0].Wait(60s) == std::optional<int>(0));
+  if (cut == Cut::kServer1) CHECK_THAT(scheduler.Log(), Catch::Contains("scheduler: server server1 (rank "));
+  for (int i = 0; i < (cut == Cut::kServer1 ? 1 : 2); ++i) {
+    INFO(servers[i].Log());
+    CHECK(servers[i].Wait(60s) == std::optional<int>(0));
+  }
 }
 
 }  // namespace
@@ -376,6 +386,18 @@ TEST_CASE("replicas=2: a demo job with every process on a host of its own rides 
           "while a worker waits in a barrier and ends as undisturbed",
           "[multiproc][net][netns][replication][failover]") {
   LinkCutJob(/*in_barrier=*/true);
+}
+
+TEST_CASE("a demo job with every process on a host of its own rides through the scheduler's link cut past the "
+          "heartbeat timeout and ends as undisturbed",
+          "[multiproc][net][netns][control]") {
+  LinkCutJob(/*in_barrier=*/false, Cut::kScheduler);
+}
+
+TEST_CASE("a demo job with every process on a host of its own rides through the scheduler's link cut while a "
+          "worker waits in a barrier and ends as undisturbed",
+          "[multiproc][net][netns][control]") {
+  LinkCutJob(/*in_barrier=*/true, Cut::kScheduler);
 }
 
 TEST_CASE("replicas=2: a demo job with every process on a host of its own and a server's link cut for good during a "

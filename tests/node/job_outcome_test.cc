@@ -6,6 +6,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "pscore/node/scheduler/scheduler_http.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 
+#include "node/raw_link.h"
 #include "comm/test_util.h"  // last: Catch's CHECK wins over glog's
 
 namespace pscore::node {
@@ -40,6 +42,29 @@ NodeOptions Opts(pb::NodeRole role, int sched_port, std::string id) {
   o.heartbeat_interval = 50ms;
   o.connect_timeout = 5s;
   return o;
+}
+
+// A member spoken by hand: registers as worker `id` (incarnation 7) and then says nothing.
+struct RawWorker {
+  RawWorker(int port, const std::string& id) : link(std::make_unique<pscore::testing::RawLink>(port, "raw-" + id)) {
+    reg.set_ip("127.0.0.1");
+    reg.set_port(1);
+    reg.set_node_id(id);
+    reg.set_role(pb::WORKER);
+    reg.set_incarnation(7);
+    reg.set_protocol_version(kProtocolVersion);
+    reg.set_requested_rank(-1);
+  }
+  Status Register() { return link->Call(pb::REGISTER, reg).status(); }
+  std::unique_ptr<pscore::testing::RawLink> link;
+  pb::RegisterMessage reg;
+};
+
+Status AdminStop(int port) {
+  pscore::testing::RawLink admin(port, "raw-admin");
+  pb::AdminRequest req;
+  req.set_op("stop");
+  return admin.Call(pb::ADMIN, req).status();
 }
 
 // GET over a fresh connection; the body of the answer ("" if none within 5 s).
@@ -145,6 +170,74 @@ TEST_CASE("a job every node finishes ends finished everywhere", "[node][net][out
   CHECK(sched.outcome().result == core::JobOutcome::Result::kFinished);
   CHECK(AdminStatus(sched).job_result() == "finished");
   for (Node* n : {&s0, &w0, &w1}) n->Stop();
+  sched.Stop();
+}
+
+// w0 a member that beats; w1 registered by hand, silent past half the heartbeat timeout
+// (4 s), then its link closes: a link that died quietly, as one its member gave up while
+// the network was cut. Then the job is stopped, before w1 would time out.
+struct QuietLinkJob {
+  QuietLinkJob() {
+    so.server_num = 0;
+    so.heartbeat_timeout = 4s;
+    sched = std::make_unique<SchedulerNode>(so);
+    REQUIRE(sched->Start().ok());
+    w0 = std::make_unique<Node>(Opts(pb::WORKER, sched->port(), "w0"), nullptr);
+    REQUIRE(w0->Start().ok());
+    w1 = std::make_unique<RawWorker>(sched->port(), "w1");
+    REQUIRE(w1->Register().ok());
+    REQUIRE(w0->WaitForReady(10s).ok());
+    std::this_thread::sleep_for(2200ms);
+    w1->link.reset();
+    REQUIRE(AdminStop(sched->port()).ok());
+  }
+  ~QuietLinkJob() {
+    w0->Stop();
+    sched->Stop();
+  }
+  SchedulerOptions so = SchedOpts();
+  std::unique_ptr<SchedulerNode> sched;
+  std::unique_ptr<Node> w0;
+  std::unique_ptr<RawWorker> w1;
+};
+
+TEST_CASE("a member whose link died quietly before the job ended is told when it comes back - the scheduler waits "
+          "for it",
+          "[node][net][outcome]") {
+  QuietLinkJob job;
+  CHECK(job.w0->WaitForTermination(5s).ok());
+  CHECK_FALSE(job.sched->WaitForExit(500ms).ok());  // waiting for w1 (at most 3 heartbeat timeouts)
+  CHECK(job.sched->cluster_state() == pb::CLUSTER_EXIT);
+  job.w1->link = std::make_unique<pscore::testing::RawLink>(job.sched->port(), "raw-w1-again");
+  Status again = job.w1->Register();
+  CHECK(again.code() == Code::kFailedPrecondition);
+  CHECK_THAT(again.message(), Catch::Contains("the job has ended"));
+  CHECK(job.sched->WaitForExit(5s).ok());
+}
+
+TEST_CASE("a member whose link died quietly before the job ended and that never comes back - the scheduler exits "
+          "after 3 heartbeat timeouts",
+          "[node][net][outcome]") {
+  QuietLinkJob job;
+  CHECK_FALSE(job.sched->WaitForExit(1s).ok());
+  CHECK(job.sched->WaitForExit(20s).ok());
+}
+
+TEST_CASE("a member that closed a live link before the job ended left by choice - the scheduler does not wait for it",
+          "[node][net][outcome]") {
+  SchedulerOptions so = SchedOpts();
+  so.server_num = 0;
+  so.heartbeat_timeout = 20s;
+  SchedulerNode sched(so);
+  REQUIRE(sched.Start().ok());
+  Node w0(Opts(pb::WORKER, sched.port(), "w0"), nullptr);
+  REQUIRE(w0.Start().ok());
+  RawWorker w1(sched.port(), "w1");
+  REQUIRE(w1.Register().ok());
+  w1.link.reset();  // just heard on: a close by choice
+  REQUIRE(AdminStop(sched.port()).ok());
+  CHECK(sched.WaitForExit(5s).ok());
+  w0.Stop();
   sched.Stop();
 }
 

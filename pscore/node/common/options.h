@@ -35,6 +35,9 @@ struct SchedulerOptions {
   // A scale not ended by then is rolled back. Under the members' request_timeout (60 s), so
   // the pushes and pulls a scale holds are released before their deadline.
   Duration scale_timeout = std::chrono::seconds(30);
+  // Every member silent at once is taken for the scheduler's own network for this long
+  // (core::ClusterConfig::isolation_timeout; the members' default recovery_timeout). 0: off.
+  Duration isolation_timeout = std::chrono::seconds(15);
   uint64_t max_message_bytes = 256ull << 20;
   size_t max_kv_value_bytes = 16u << 20;
   // Keys and values the KV store holds at most; a Set past it is kResourceExhausted (0: no cap).

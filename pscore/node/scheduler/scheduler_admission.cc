@@ -63,6 +63,9 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   }
   st = FitsStateFile(req);
   if (!st.ok()) return Reply(conn, frame.meta, st);
+  if (TellEndIfUntold(conn, req.node_id, req.incarnation)) {
+    return Reply(conn, frame.meta, Status(Code::kFailedPrecondition, "the job has ended"));
+  }
   if (cluster_.LeftInScaleIn(req.node_id, req.incarnation)) {
     // Removed by a scale-in while its link was down, so it missed the TERMINATE: told now,
     // before the refusal on the same link, it ends as a node that left does (exit 0).
@@ -115,7 +118,8 @@ bool SchedulerNode::LinkRegistered(ConnId conn, const std::string& node_id) {
                          link->second.node_id == node_id && link->second.registered;
   if (old != conn_of_.end() && old->second != conn) node_of_.erase(old->second);
   conn_of_[node_id] = conn;
-  node_of_[conn] = LinkNode{node_id, {}, /*registered=*/true};
+  node_of_[conn] = LinkNode{node_id, {}, /*registered=*/true, clock_.Now()};
+  quiet_close_.erase(node_id);
   return heard_all;
 }
 
@@ -160,6 +164,9 @@ void SchedulerNode::HandleHeartbeat(ConnId conn, const Frame& frame) {
   Status st = ParsePayload(frame, &msg);
   if (!st.ok()) return Reply(conn, frame.meta, st);
   ++heartbeats_;
+  if (!untold_.empty() && TellEndIfUntold(conn, msg.node_id(), msg.incarnation())) {
+    return Reply(conn, frame.meta, Status(Code::kFailedPrecondition, "the job has ended"));
+  }
   auto link = node_of_.find(conn);
   core::ClusterManager::NodeHint* hint = link == node_of_.end() ? nullptr : &link->second.hint;
   if (link == node_of_.end()) {
@@ -177,7 +184,10 @@ void SchedulerNode::HandleHeartbeat(ConnId conn, const Frame& frame) {
   if (link == node_of_.end()) {
     // The node reconnected: this link now carries its pushes.
     conn_of_[msg.node_id()] = conn;
-    node_of_[conn] = LinkNode{msg.node_id(), {}};
+    node_of_[conn] = LinkNode{msg.node_id(), {}, /*registered=*/false, clock_.Now()};
+    quiet_close_.erase(msg.node_id());
+  } else {
+    link->second.heard = clock_.Now();
   }
   // Constant-size whatever the cluster's size: a member whose known epoch is older fetches
   // the metadata itself (FETCH_METADATA), once, so no beat costs O(members).

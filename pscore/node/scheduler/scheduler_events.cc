@@ -60,11 +60,66 @@ void SchedulerNode::OnStateChanged(const core::Event& e) {
   end.set_error_code(e.error_code);
   end.set_message(e.message);
   Broadcast(MakeMeta(pb::TERMINATE, pb::SCHEDULER, 0), ToBuffer(end));
+  end_notice_ = end;
   {
     std::lock_guard<std::mutex> lock(mu_);
     outcome_snapshot_ = cluster_.outcome();
   }
-  MarkExited();
+  // Not reached: a live member whose link died quietly (closed after half a heartbeat
+  // timeout without a word), or whose link is that quiet now (its member may have closed it
+  // while the network was cut, the close not seen yet). A member that closed a live link
+  // left by choice (e.g. it finished and went).
+  std::set<std::string> untold;
+  const TimePoint recent = clock_.Now() - options_.heartbeat_timeout / 2;
+  for (const core::NodeRecord* rec : cluster_.Nodes()) {
+    if (rec->timed_out) continue;
+    auto c = conn_of_.find(rec->node_id);
+    auto link = c == conn_of_.end() ? node_of_.end() : node_of_.find(c->second);
+    const bool quiet = link == node_of_.end() ? quiet_close_.count(rec->node_id) > 0 : link->second.heard < recent;
+    if (quiet) untold.insert(rec->node_id);
+  }
+  if (untold.empty()) return MarkExited();
+  AwaitUntold(std::move(untold));
+}
+
+// Members that were live but whose link had died quietly, or was quiet, when the job ended
+// (a link being redialed after a cut) may have missed its end: each is told when it
+// registers or beats again (a second notice on a link that got the first is ignored). The scheduler
+// waits for them up to 3 heartbeat timeouts (a member notices a silent scheduler in 2 and
+// redials), then exits whether or not they came.
+void SchedulerNode::AwaitUntold(std::set<std::string> untold) {
+  DCHECK(loop_->InLoopThread());
+  const Duration bound = 3 * options_.heartbeat_timeout;
+  std::string names;
+  for (const std::string& id : untold) names += (names.empty() ? "" : ", ") + id;
+  LOG(WARNING) << "scheduler: the job ended while " << untold.size() << " member(s) had no live link (" << names
+               << "); telling them when they come back, for up to " << ToMillis(bound) << " ms";
+  untold_ = std::move(untold);
+  untold_timer_ = loop_->AddTimer(bound, Duration::zero(), [this] {
+    untold_timer_ = 0;
+    std::string missed;
+    for (const std::string& id : untold_) missed += (missed.empty() ? "" : ", ") + id;
+    LOG(WARNING) << "scheduler: not told that the job ended (no link): " << missed;
+    untold_.clear();
+    MarkExited();
+  });
+}
+
+bool SchedulerNode::TellEndIfUntold(ConnId conn, const std::string& node_id, uint64_t incarnation) {
+  DCHECK(loop_->InLoopThread());
+  if (untold_.count(node_id) == 0) return false;
+  const core::NodeRecord* rec = cluster_.Find(node_id);
+  if (rec == nullptr || rec->incarnation != incarnation) return false;
+  untold_.erase(node_id);
+  LOG(INFO) << "scheduler: " << node_id << " came back after the job ended; telling it";
+  messenger_->Notify(conn, MakeMeta(pb::TERMINATE, pb::SCHEDULER, 0), ToBuffer(end_notice_)).IgnoreError();
+  if (untold_.empty() && untold_timer_ != 0) {
+    loop_->CancelTimer(untold_timer_);
+    untold_timer_ = 0;
+    // The notice is queued on the link; node_main's pause before Stop lets it out.
+    MarkExited();
+  }
+  return true;
 }
 
 // Built and serialised once (the cache) into one buffer per view that every member's frame
@@ -128,6 +183,7 @@ void SchedulerNode::OnFinishPassed(const core::Event& e) {
 
 void SchedulerNode::OnNodeLeft(const core::Event& e) {
   DCHECK(loop_->InLoopThread());
+  quiet_close_.erase(e.node_id);
   barriers_.NodeFailed(e.node_id, "it left the cluster (scale-in)");
   auto c = conn_of_.find(e.node_id);
   if (c != conn_of_.end()) {

@@ -20,6 +20,7 @@ core::ClusterConfig MakeClusterConfig(const SchedulerOptions& o) {
   c.server_num = o.server_num;
   c.heartbeat_timeout = o.heartbeat_timeout;
   c.scale_timeout = o.scale_timeout;
+  c.isolation_timeout = o.isolation_timeout;
   c.replicas = o.replicas;
   c.recoverable_roles = o.recoverable_roles;
   return c;
@@ -88,6 +89,8 @@ Status SchedulerNode::Start() {
     stop_hook_ = loop_->AddStopHook([this] {
       if (tick_timer_ != 0) loop_->CancelTimer(tick_timer_);
       tick_timer_ = 0;
+      if (untold_timer_ != 0) loop_->CancelTimer(untold_timer_);
+      untold_timer_ = 0;
       messenger_->Shutdown();
     });
     LOG(INFO) << "scheduler listening on " << options_.host << ":" << port_ << " (expecting "
@@ -272,7 +275,10 @@ void SchedulerNode::OnClose(ConnId conn, const Status& why) {
   if (it == node_of_.end()) return;
   VLOG(1) << "scheduler: link of " << it->second.node_id << " (conn " << conn << ") closed: " << why;
   auto c = conn_of_.find(it->second.node_id);
-  if (c != conn_of_.end() && c->second == conn) conn_of_.erase(c);
+  if (c != conn_of_.end() && c->second == conn) {
+    conn_of_.erase(c);
+    if (clock_.Now() - it->second.heard > options_.heartbeat_timeout / 2) quiet_close_.insert(it->second.node_id);
+  }
   node_of_.erase(it);
   // Liveness is judged by heartbeats, not by the link: a node may reconnect in time.
 }

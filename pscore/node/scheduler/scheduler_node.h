@@ -144,6 +144,12 @@ class SchedulerNode {
   void DrainEvents();
   void HandleClusterEvent(const core::Event& e);
   void OnStateChanged(const core::Event& e);
+  // The job ended while members had no link (scheduler_events.cc): told when they come
+  // back, within a bound; the scheduler exits once none is left (or at the bound).
+  void AwaitUntold(std::set<std::string> untold);
+  // Loop thread: a member (this process of it) that missed the end is told it now, on
+  // `conn`. True if it was.
+  bool TellEndIfUntold(comm::ConnId conn, const std::string& node_id, uint64_t incarnation);
   // A node timed out, restarted, recovered or is in error: tell the members and the barriers.
   void OnNodeNotice(const core::Event& e);
   void OnFinishPassed(const core::Event& e);
@@ -206,6 +212,14 @@ class SchedulerNode {
   std::unique_ptr<comm::Messenger> messenger_;
   int port_ = 0;
   comm::TimerId tick_timer_ = 0;
+  // After the job ended: the notice, and the live members it did not reach (no link).
+  pb::ClusterEventMessage end_notice_;
+  std::set<std::string> untold_;
+  comm::TimerId untold_timer_ = 0;
+  // Members whose last link closed after half a heartbeat timeout without a word on it (a
+  // link that died, e.g. closed by the member while the network was cut): unlike a member
+  // that closed a live link, such a member may be redialing. Cleared when it links again.
+  std::unordered_set<std::string> quiet_close_;
   Duration tick_period_{};
   TimePoint last_tick_{};
   uint64_t stop_hook_ = 0;
@@ -216,6 +230,7 @@ class SchedulerNode {
     std::string node_id;
     core::ClusterManager::NodeHint hint;  // spares the registry lookup per heartbeat
     bool registered = false;  // the node registered on this link (not only beat on it)
+    TimePoint heard;          // its last registration or heartbeat on this link
   };
   std::unordered_map<comm::ConnId, LinkNode> node_of_;
   struct FinishWaiter {
