@@ -53,11 +53,11 @@ struct ClusterConfig {
   int server_num = 1;
   Duration heartbeat_timeout = std::chrono::seconds(30);
   Duration scale_timeout = std::chrono::seconds(30);
-  // Every live member (2 or more) silent at once, some past heartbeat_timeout and none heard
-  // in its last half, is taken for this scheduler's own network (its link cut, its host partitioned), not for that
-  // many failures: their timeouts wait up to this long, counted from the last time any
-  // member was heard, for one of them to be heard again; then each gets a fresh
-  // heartbeat_timeout. 0: they time out at once.
+  // Every live member (2 or more) silent at once, some past heartbeat_timeout and none
+  // heard in its last half, is taken for this scheduler's own network (its link cut, its
+  // host partitioned), not for that many failures: their timeouts wait up to this long,
+  // counted from the last time any member was heard, for one of them to be heard again;
+  // then each gets a fresh heartbeat_timeout. 0: they time out at once.
   Duration isolation_timeout = std::chrono::seconds(15);
   // Copies of each server's key range (docs/reliability.md). With 2 or more, a server's
   // heartbeat timeout publishes new metadata (a new epoch) marking it down, so every

@@ -84,9 +84,9 @@ void SchedulerNode::OnStateChanged(const core::Event& e) {
 
 // Members that were live but whose link had died quietly, or was quiet, when the job ended
 // (a link being redialed after a cut) may have missed its end: each is told when it
-// registers or beats again (a second notice on a link that got the first is ignored). The scheduler
-// waits for them up to 3 heartbeat timeouts (a member notices a silent scheduler in 2 and
-// redials), then exits whether or not they came.
+// registers or beats again (a second notice on a link that got the first is ignored). The
+// scheduler waits for them up to 3 heartbeat timeouts (a member notices a silent scheduler
+// in 2 and redials), then exits whether or not they came.
 void SchedulerNode::AwaitUntold(std::set<std::string> untold) {
   DCHECK(loop_->InLoopThread());
   const Duration bound = 3 * options_.heartbeat_timeout;
