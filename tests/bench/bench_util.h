@@ -1,12 +1,14 @@
 // What the figure-printing benchmarks share: one figure per line (`name value unit`,
 // which scripts/plot_dataplane.sh and readers split on whitespace), size names, seconds
-// of a duration, and a bounded wait on a future.
+// of a duration, a bounded wait on a future, `--name=N` flags and the binary's directory.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <future>
 #include <string>
 #include <vector>
@@ -49,6 +51,22 @@ template <typename T>
 T Wait(std::future<T>& f, std::chrono::minutes limit = std::chrono::minutes(10)) {
   CHECK(f.wait_for(limit) == std::future_status::ready) << "benchmark stuck";
   return f.get();
+}
+
+// The value of `--name=N` among the arguments, or `fallback`.
+inline int IntFlag(int argc, char** argv, const std::string& name, int fallback) {
+  const std::string prefix = "--" + name + "=";
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]).rfind(prefix, 0) == 0) return std::atoi(argv[i] + prefix.size());
+  }
+  return fallback;
+}
+
+// The directory of this binary (where the build put pscore-node beside it); "." if unknown.
+inline std::string SelfDir() {
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : self.parent_path().string();
 }
 
 }  // namespace pscore::bench

@@ -31,19 +31,8 @@ using namespace pscore;
 using namespace std::chrono_literals;
 using BenchClock = std::chrono::steady_clock;
 
-int IntFlag(int argc, char** argv, const std::string& name, int fallback) {
-  const std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]).rfind(prefix, 0) == 0) return std::atoi(argv[i] + prefix.size());
-  }
-  return fallback;
-}
-
-std::string SelfDir() {
-  std::error_code ec;
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : self.parent_path().string();
-}
+using bench::IntFlag;
+using bench::SelfDir;
 
 pid_t StartScheduler(const std::string& dir, int port, int hb_ms) {
   const std::string node = SelfDir() + "/pscore-node";

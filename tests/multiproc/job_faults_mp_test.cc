@@ -189,11 +189,9 @@ TEST_CASE("the demo job with a server whose disk fills mid-training fails loudly
 
 namespace {
 
-enum class ScaleFault { kWorkerKill, kSchedulerKill, kSchedulerStop, kServerKill };
-
 // The job scales out at step 10 (worker0 asks for a third server); `fault` strikes while
 // the scheduler is scaling, before the new server is started.
-void RunScaleFault(ScaleFault fault) {
+void RunScaleFault(MidScaleFault fault) {
   TrainJobOptions o = BaseJob();
   o.data_dir = true;
   o.trainer_flags = {"--scale_out_at=10"};
@@ -203,24 +201,8 @@ void RunScaleFault(ScaleFault fault) {
   INFO("logs in " << job.dir.path());
   const auto deadline = Clock::now() + 240s;
   REQUIRE(WaitState(job.port, pb::CLUSTER_SCALE_OUT, deadline));
-  switch (fault) {
-    case ScaleFault::kWorkerKill:
-      job.ReplaceTrainer(1, deadline);
-      break;
-    case ScaleFault::kSchedulerKill:
-      job.ReplaceSchedulerMidScale(deadline);
-      break;
-    case ScaleFault::kSchedulerStop:
-      // Frozen for 3 heartbeat timeouts: on SIGCONT it sees its own stall and counts it
-      // against no heartbeat and not against the scale's deadline.
-      job.scheduler.Signal(SIGSTOP);
-      std::this_thread::sleep_for(std::chrono::milliseconds(3 * o.heartbeat_timeout_ms));
-      job.scheduler.Signal(SIGCONT);
-      break;
-    case ScaleFault::kServerKill:
-      job.ReplaceServer(1, deadline);
-      break;
-  }
+  job.Strike(fault, deadline);
+  if (fault.kind == MidScaleFault::kSchedulerStop) job.ResumeStalledScheduler();
   job.StartServer(2, "");
   CheckSameFinals(plain, job.RequireTrainersDone(deadline));
   INFO(job.scheduler.Log());
@@ -233,7 +215,7 @@ void RunScaleFault(ScaleFault fault) {
   const std::optional<int> new_server = job.servers[2]->Wait(60s);
   INFO("server 2: " << job.servers[2]->Log());
   REQUIRE(new_server.has_value());
-  if (fault == ScaleFault::kSchedulerKill) {
+  if (fault.kind == MidScaleFault::kSchedulerKill) {
     // The restarted scheduler rolled the scale-out back (its progress is not persisted):
     // the job trained on with 2 servers and the third was refused.
     CHECK(*new_server != 0);
@@ -246,26 +228,26 @@ void RunScaleFault(ScaleFault fault) {
 
 TEST_CASE("during a scale-out: a worker SIGKILLed and restarted - the job ends as undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunScaleFault(ScaleFault::kWorkerKill);
+  RunScaleFault({MidScaleFault::kTrainerKill});
 }
 
 TEST_CASE("during a scale-out: the scheduler SIGKILLed and restarted from --state_dir - the job ends as undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunScaleFault(ScaleFault::kSchedulerKill);
+  RunScaleFault({MidScaleFault::kSchedulerKill});
 }
 
 // The scale-out completes once the scheduler runs again and the third server joins.
 TEST_CASE("during a scale-out: the scheduler SIGSTOPped for 3 heartbeat timeouts, then SIGCONT - the job ends as "
           "undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunScaleFault(ScaleFault::kSchedulerStop);
+  RunScaleFault({MidScaleFault::kSchedulerStop});
 }
 
 // The restarted server registers while the scale-out runs; the metadata's old server count
 // tells it that it was a member before, so it moves its restored range as the others do.
 TEST_CASE("during a scale-out: a server SIGKILLed and restarted from --data_dir - the job ends as undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunScaleFault(ScaleFault::kServerKill);
+  RunScaleFault({MidScaleFault::kServerKill, 1});
 }
 
 }  // namespace pscore::testing

@@ -24,7 +24,6 @@
 #include <filesystem>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "multiproc/job_admin.h"  // before train_job.h: Catch's CHECK must win over glog's
@@ -37,8 +36,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = TrainJob::Clock;
-
-enum class Fault { kWorkerKill, kSchedulerKill, kSchedulerStop, kStayingServerKill, kLeavingServerKill };
 
 // How the scale-in ends, from the scheduler's log: done, or rolled back with a reason that
 // starts with `who` (a member's label: its rank depends on the order of registration).
@@ -75,7 +72,7 @@ Clock::time_point StartHeldScaleIn(TrainJob& job, Clock::time_point deadline) {
   return paused;
 }
 
-void RunScaleInFault(Fault fault, const Ends& expected) {
+void RunScaleInFault(MidScaleFault fault, const Ends& expected) {
   TrainJobOptions o = ScaleInJob();
   o.state_dir = true;
   const std::vector<TrainFinal> plain = UndisturbedFinals(o);
@@ -84,40 +81,17 @@ void RunScaleInFault(Fault fault, const Ends& expected) {
   INFO("logs in " << job.dir.path());
   const auto deadline = Clock::now() + 240s;
   const auto paused = StartHeldScaleIn(job, deadline);
-  bool leaving_alive = true;
   // A restarted member's new process registers before server1 runs again (Replace*).
-  switch (fault) {
-    case Fault::kWorkerKill:
-      job.ReplaceTrainer(1, deadline);
-      break;
-    case Fault::kSchedulerKill:
-      job.ReplaceSchedulerMidScale(deadline);
-      break;
-    case Fault::kSchedulerStop:
-      job.scheduler.Signal(SIGSTOP);
-      break;
-    case Fault::kStayingServerKill:
-      job.ReplaceServer(0, deadline);
-      break;
-    case Fault::kLeavingServerKill:
-      job.ReplaceServer(kLeaving, deadline);
-      leaving_alive = false;
-      break;
-  }
-  if (leaving_alive) job.servers[kLeaving]->Signal(SIGCONT);
+  job.Strike(fault, deadline);
+  if (fault.kind != MidScaleFault::kServerKill || fault.server != kLeaving) job.servers[kLeaving]->Signal(SIGCONT);
   const auto pause = Clock::now() - paused;
   INFO("server" << kLeaving << " paused for "
                 << std::chrono::duration_cast<std::chrono::milliseconds>(pause).count() << " ms");
-  if (fault == Fault::kSchedulerStop) {
-    // Frozen for 3 heartbeat timeouts: on SIGCONT it sees its own stall and counts it
-    // against no heartbeat and not against the scale's deadline.
-    std::this_thread::sleep_for(std::chrono::milliseconds(3 * o.heartbeat_timeout_ms));
-    job.scheduler.Signal(SIGCONT);
-  }
+  if (fault.kind == MidScaleFault::kSchedulerStop) job.ResumeStalledScheduler();
   std::vector<TrainFinal> finals = job.RequireFinished(deadline);
   CheckSameFinals(plain, finals);
   std::string sched_log = job.scheduler.Log();
-  if (fault == Fault::kSchedulerKill) {
+  if (fault.kind == MidScaleFault::kSchedulerKill) {
     // The restarted scheduler's log: it does not persist a scale's progress.
     sched_log = ReadFile(job.dir.File("scheduler.restarted.log"));
   }
@@ -194,30 +168,30 @@ TEST_CASE("the demo scaled in mid-training (--scale_in_at) ends with the weights
 
 TEST_CASE("during a scale-in: a worker SIGKILLed and restarted - the job ends as undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunScaleInFault(Fault::kWorkerKill, RolledBack("worker worker1 (rank "));
+  RunScaleInFault({MidScaleFault::kTrainerKill}, RolledBack("worker worker1 (rank "));
 }
 
 TEST_CASE("during a scale-in: the scheduler SIGKILLed and restarted from --state_dir - the job ends as undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunScaleInFault(Fault::kSchedulerKill, RolledBack("the scheduler"));
+  RunScaleInFault({MidScaleFault::kSchedulerKill}, RolledBack("the scheduler"));
 }
 
 TEST_CASE("during a scale-in: the scheduler SIGSTOPped for 3 heartbeat timeouts, then SIGCONT - the job ends as "
           "undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunScaleInFault(Fault::kSchedulerStop, kDone);
+  RunScaleInFault({MidScaleFault::kSchedulerStop}, kDone);
 }
 
 TEST_CASE("during a scale-in: the server that stays SIGKILLed and restarted from --data_dir - the job ends as "
           "undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunScaleInFault(Fault::kStayingServerKill, RolledBack("server server0 (rank "));
+  RunScaleInFault({MidScaleFault::kServerKill, 0}, RolledBack("server server0 (rank "));
 }
 
 TEST_CASE("during a scale-in: the leaving server SIGKILLed and restarted from --data_dir - the job ends as "
           "undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunScaleInFault(Fault::kLeavingServerKill, RolledBack("server server1 (rank "));
+  RunScaleInFault({MidScaleFault::kServerKill, kLeaving}, RolledBack("server server1 (rank "));
 }
 
 TEST_CASE("replicas=2 during a scale-in: a server that stays SIGSTOPped and never resumed - the job ends as "

@@ -22,7 +22,6 @@
 #include <chrono>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "multiproc/job_admin.h"  // before train_job.h: Catch's CHECK must win over glog's
@@ -36,11 +35,9 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = TrainJob::Clock;
 
-enum class Fault { kWorkerKill, kSchedulerKill, kSchedulerStop, kServer0Kill, kNewServerKill, kPausedServerKill };
-
 constexpr int kPaused = 1;
 
-void RunMovingFault(Fault fault, bool completes) {
+void RunMovingFault(MidScaleFault fault, bool completes) {
   TrainJobOptions o = FaultJob();
   o.state_dir = true;
   o.data_dir = true;
@@ -56,33 +53,9 @@ void RunMovingFault(Fault fault, bool completes) {
   REQUIRE(TrainJob::WaitLog([&] { return job.scheduler.Log(); }, "scheduler: server server2 registered as rank 2",
                             deadline));
   // A restarted member's new process registers before server1 runs again (Replace*).
-  bool paused_alive = true;
-  switch (fault) {
-    case Fault::kWorkerKill:
-      job.ReplaceTrainer(1, deadline);
-      break;
-    case Fault::kSchedulerKill:
-      job.ReplaceSchedulerMidScale(deadline);
-      break;
-    case Fault::kSchedulerStop:
-      job.scheduler.Signal(SIGSTOP);
-      break;
-    case Fault::kServer0Kill:
-      job.ReplaceServer(0, deadline);
-      break;
-    case Fault::kNewServerKill:
-      job.ReplaceServer(2, deadline);
-      break;
-    case Fault::kPausedServerKill:
-      job.ReplaceServer(kPaused, deadline);
-      paused_alive = false;
-      break;
-  }
-  if (paused_alive) job.servers[kPaused]->Signal(SIGCONT);
-  if (fault == Fault::kSchedulerStop) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(3 * o.heartbeat_timeout_ms));
-    job.scheduler.Signal(SIGCONT);
-  }
+  job.Strike(fault, deadline);
+  if (fault.kind != MidScaleFault::kServerKill || fault.server != kPaused) job.servers[kPaused]->Signal(SIGCONT);
+  if (fault.kind == MidScaleFault::kSchedulerStop) job.ResumeStalledScheduler();
   CheckSameFinals(plain, job.RequireTrainersDone(deadline));
   INFO(job.scheduler.Log());
   CHECK(job.scheduler.Wait(60s) == std::optional<int>(0));
@@ -94,7 +67,7 @@ void RunMovingFault(Fault fault, bool completes) {
   INFO("server 2: " << job.servers[2]->Log());
   REQUIRE(new_server.has_value());
   std::string sched_log = job.scheduler.Log();
-  if (fault == Fault::kSchedulerKill) sched_log = ReadFile(job.dir.File("scheduler.restarted.log"));
+  if (fault.kind == MidScaleFault::kSchedulerKill) sched_log = ReadFile(job.dir.File("scheduler.restarted.log"));
   INFO(sched_log);
   if (completes) {
     CHECK(*new_server == 0);
@@ -108,37 +81,37 @@ void RunMovingFault(Fault fault, bool completes) {
 
 TEST_CASE("while a scale-out moves parameters: a worker SIGKILLed and restarted - the job ends as undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunMovingFault(Fault::kWorkerKill, /*completes=*/true);
+  RunMovingFault({MidScaleFault::kTrainerKill}, /*completes=*/true);
 }
 
 TEST_CASE("while a scale-out moves parameters: the scheduler SIGKILLed and restarted from --state_dir - the job ends "
           "as undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunMovingFault(Fault::kSchedulerKill, /*completes=*/false);
+  RunMovingFault({MidScaleFault::kSchedulerKill}, /*completes=*/false);
 }
 
 TEST_CASE("while a scale-out moves parameters: the scheduler SIGSTOPped for 3 heartbeat timeouts, then SIGCONT - the "
           "job ends as undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunMovingFault(Fault::kSchedulerStop, /*completes=*/true);
+  RunMovingFault({MidScaleFault::kSchedulerStop}, /*completes=*/true);
 }
 
 TEST_CASE("while a scale-out moves parameters: an old server SIGKILLed and restarted from --data_dir - the job ends "
           "as undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunMovingFault(Fault::kServer0Kill, /*completes=*/true);
+  RunMovingFault({MidScaleFault::kServerKill, 0}, /*completes=*/true);
 }
 
 TEST_CASE("while a scale-out moves parameters: the new server SIGKILLed and restarted from --data_dir - the job ends "
           "as undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunMovingFault(Fault::kNewServerKill, /*completes=*/true);
+  RunMovingFault({MidScaleFault::kServerKill, 2}, /*completes=*/true);
 }
 
 TEST_CASE("while a scale-out moves parameters: the paused old server SIGKILLed and restarted from --data_dir - the "
           "job ends as undisturbed",
           "[multiproc][net][demo][scale][control]") {
-  RunMovingFault(Fault::kPausedServerKill, /*completes=*/true);
+  RunMovingFault({MidScaleFault::kServerKill, kPaused}, /*completes=*/true);
 }
 
 }  // namespace pscore::testing

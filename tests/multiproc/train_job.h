@@ -53,6 +53,13 @@ inline TrainJobOptions FaultJob() {
   return o;
 }
 
+// One fault struck while a scale is under way (the scale cells of the fault matrix).
+struct MidScaleFault {
+  enum Kind { kTrainerKill, kSchedulerKill, kSchedulerStop, kServerKill };
+  Kind kind;
+  int server = 0;  // kServerKill: which server
+};
+
 class TrainJob {
  public:
   using Clock = std::chrono::steady_clock;
@@ -190,6 +197,31 @@ class TrainJob {
     KillServer(i);
     StartServer(i, ".restarted");
     REQUIRE(WaitRestarted("server" + std::to_string(i), deadline));
+  }
+  // Strikes `f`: trainer 1 or the server SIGKILLed and replaced (Replace*), the scheduler
+  // SIGKILLed and restarted once its state file holds the scale, or the scheduler SIGSTOPped
+  // (ResumeStalledScheduler sends the SIGCONT).
+  void Strike(MidScaleFault f, Clock::time_point deadline) {
+    switch (f.kind) {
+      case MidScaleFault::kTrainerKill:
+        ReplaceTrainer(1, deadline);
+        break;
+      case MidScaleFault::kSchedulerKill:
+        ReplaceSchedulerMidScale(deadline);
+        break;
+      case MidScaleFault::kSchedulerStop:
+        scheduler.Signal(SIGSTOP);
+        break;
+      case MidScaleFault::kServerKill:
+        ReplaceServer(f.server, deadline);
+        break;
+    }
+  }
+  // After 3 heartbeat timeouts of a SIGSTOPped scheduler, SIGCONT: it then sees its own
+  // stall and counts it against no heartbeat and not against a scale's deadline.
+  void ResumeStalledScheduler() {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 * o_.heartbeat_timeout_ms));
+    scheduler.Signal(SIGCONT);
   }
 
   // Every trainer's exit code (nullopt: still running at the deadline) and final line.
