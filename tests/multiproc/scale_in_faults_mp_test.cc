@@ -54,11 +54,13 @@ TrainJobOptions ScaleInJob() {
   return o;
 }
 
-// Once trainer 0 printed step 8, pauses server1 and asks for its removal; returns when the
-// scheduler is scaling in (held open: the paused server cannot have answered DONE).
-Clock::time_point StartHeldScaleIn(TrainJob& job, Clock::time_point deadline) {
+// Once trainer 0 printed step 8, pauses server1 (and the servers `paused_too`) and asks for
+// its removal; returns when the scheduler is scaling in (held open: a paused server cannot
+// have answered DONE).
+Clock::time_point StartHeldScaleIn(TrainJob& job, Clock::time_point deadline, const std::vector<int>& paused_too = {}) {
   REQUIRE(job.WaitStep(8, deadline));
   job.servers[kLeaving]->Signal(SIGSTOP);
+  for (int i : paused_too) job.servers[i]->Signal(SIGSTOP);
   const auto paused = Clock::now();
   pb::AdminRequest scale_in;
   scale_in.set_op("scale_in");
@@ -119,11 +121,11 @@ void RunReplicatedScaleInLoss(Loss loss) {
   job.Start();
   INFO("logs in " << job.dir.path());
   const auto deadline = Clock::now() + 240s;
-  StartHeldScaleIn(job, deadline);
-  int victim = kLeaving;
+  // The staying victim is paused before the scale starts: paused after, it may have
+  // answered the scale's DONE already, and the scale would end before it goes silent.
+  const int victim = loss == Loss::kStayingStopped ? 0 : kLeaving;
+  StartHeldScaleIn(job, deadline, loss == Loss::kStayingStopped ? std::vector<int>{victim} : std::vector<int>{});
   if (loss == Loss::kStayingStopped) {
-    victim = 0;
-    job.servers[victim]->Signal(SIGSTOP);
     job.servers[kLeaving]->Signal(SIGCONT);
   } else {
     job.KillServer(kLeaving);
