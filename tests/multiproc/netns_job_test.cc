@@ -122,6 +122,25 @@ class Host {
   bool created_ = false, wired_ = false;
 };
 
+// Hosts 2..n+1 on `bridge`, their `ip` commands logged to `iplog`; false, after a WARN that
+// says why, when this machine does not let the test create the bridge or a namespace.
+bool MakeHosts(const Bridge& bridge, int n, const std::string& iplog, std::vector<std::unique_ptr<Host>>* hosts) {
+  if (!bridge.ok()) {
+    WARN("netns job test skipped: cannot create a bridge (needs root / CAP_NET_ADMIN): " << ReadFile(iplog));
+    return false;
+  }
+  for (int i = 2; i <= n + 1; ++i) {
+    hosts->push_back(std::make_unique<Host>(bridge, i, iplog));
+    if (!hosts->back()->created()) {
+      WARN("netns job test skipped: `ip netns add` failed (needs root / CAP_SYS_ADMIN): " << ReadFile(iplog));
+      return false;
+    }
+    INFO(ReadFile(iplog));
+    REQUIRE(hosts->back()->ok());
+  }
+  return true;
+}
+
 std::string TrainBinary() { return std::string(PSCORE_BIN_DIR) + "/pscore-train"; }
 
 std::string StateLine(node::AdminClient& admin) {
@@ -139,20 +158,8 @@ TEST_CASE("a demo job with every process on a host of its own: scale-out to a ne
   REQUIRE(dir.ok());
   const std::string iplog = dir.File("ip.log");
   Bridge bridge(iplog);
-  if (!bridge.ok()) {
-    WARN("netns job test skipped: cannot create a bridge (needs root / CAP_NET_ADMIN): " << ReadFile(iplog));
-    return;
-  }
   std::vector<std::unique_ptr<Host>> hosts;
-  for (int i = 2; i <= 7; ++i) {
-    hosts.push_back(std::make_unique<Host>(bridge, i, iplog));
-    if (!hosts.back()->created()) {
-      WARN("netns job test skipped: `ip netns add` failed (needs root / CAP_SYS_ADMIN): " << ReadFile(iplog));
-      return;
-    }
-    INFO(ReadFile(iplog));
-    REQUIRE(hosts.back()->ok());
-  }
+  if (!MakeHosts(bridge, 6, iplog, &hosts)) return;
   Host& sched_host = *hosts[0];
   Host* server_hosts[3] = {hosts[1].get(), hosts[2].get(), hosts[5].get()};
   Host* worker_hosts[2] = {hosts[3].get(), hosts[4].get()};
@@ -270,20 +277,8 @@ void LinkCutJob(bool in_barrier, Cut cut = Cut::kServer1) {
   REQUIRE(dir.ok());
   const std::string iplog = dir.File("ip.log");
   Bridge bridge(iplog);
-  if (!bridge.ok()) {
-    WARN("netns job test skipped: cannot create a bridge (needs root / CAP_NET_ADMIN): " << ReadFile(iplog));
-    return;
-  }
   std::vector<std::unique_ptr<Host>> hosts;
-  for (int i = 2; i <= 6; ++i) {
-    hosts.push_back(std::make_unique<Host>(bridge, i, iplog));
-    if (!hosts.back()->created()) {
-      WARN("netns job test skipped: `ip netns add` failed (needs root / CAP_SYS_ADMIN): " << ReadFile(iplog));
-      return;
-    }
-    INFO(ReadFile(iplog));
-    REQUIRE(hosts.back()->ok());
-  }
+  if (!MakeHosts(bridge, 5, iplog, &hosts)) return;
   constexpr int kSteps = 40;
   constexpr int kHeartbeatTimeoutMs = 2000;
   TrainJobOptions plain_job;
@@ -407,20 +402,8 @@ TEST_CASE("replicas=2: a demo job with every process on a host of its own and a 
   REQUIRE(dir.ok());
   const std::string iplog = dir.File("ip.log");
   Bridge bridge(iplog);
-  if (!bridge.ok()) {
-    WARN("netns job test skipped: cannot create a bridge (needs root / CAP_NET_ADMIN): " << ReadFile(iplog));
-    return;
-  }
   std::vector<std::unique_ptr<Host>> hosts;
-  for (int i = 2; i <= 7; ++i) {
-    hosts.push_back(std::make_unique<Host>(bridge, i, iplog));
-    if (!hosts.back()->created()) {
-      WARN("netns job test skipped: `ip netns add` failed (needs root / CAP_SYS_ADMIN): " << ReadFile(iplog));
-      return;
-    }
-    INFO(ReadFile(iplog));
-    REQUIRE(hosts.back()->ok());
-  }
+  if (!MakeHosts(bridge, 6, iplog, &hosts)) return;
   constexpr int kSteps = 30;
   TrainJobOptions plain_job;
   plain_job.steps = kSteps;

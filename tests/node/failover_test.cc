@@ -19,12 +19,16 @@
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
 
-#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+#include "node/replicated_job.h"  // last: it pulls in Catch, whose CHECK must win over glog's
 
 namespace pscore::node {
 namespace {
 
 using namespace std::chrono_literals;
+using pscore::testing::Keys;
+using pscore::testing::ReplicatedJob;
+using pscore::testing::ReplicatedJobOptions;
+using pscore::testing::Stored;
 constexpr auto kDeadline = std::chrono::seconds(60);
 // Far beyond every bound a test here expects, and far below it: a request waiting out
 // request_timeout would show as a wait this long.
@@ -34,13 +38,6 @@ template <typename T>
 T Await(std::future<T>&& f, Duration timeout = kDeadline) {
   if (f.wait_for(timeout) != std::future_status::ready) FAIL("no answer within the deadline");
   return f.get();
-}
-
-std::vector<float> Stored(ServerNode& server, uint64_t key) {
-  std::vector<uint32_t> lens;
-  std::vector<float> values;
-  if (!server.store().Pull(&key, 1, &lens, &values).ok()) return {};
-  return values;
 }
 
 // Holds a node's loop thread (bounded) until released: the node neither reads nor beats.
@@ -68,66 +65,15 @@ class Freeze {
   bool released_ = false;
 };
 
-class Cluster {
- public:
-  Cluster(int servers, int replicas, Duration recovery_timeout) : recovery_timeout_(recovery_timeout) {
-    SchedulerOptions so;
-    so.server_num = servers;
-    so.worker_num = 1;
-    so.replicas = replicas;
-    so.heartbeat_interval = 100ms;
-    so.heartbeat_timeout = 1500ms;
-    so.recoverable_roles = {pb::SERVER, pb::WORKER};
-    sched = std::make_unique<SchedulerNode>(so);
-    REQUIRE(sched->Start().ok());
-    core::ParamStore::Options sum;
-    sum.rule = core::UpdateRule::kSum;
-    for (int i = 0; i < servers; ++i) {
-      NodeOptions o = Opts("s" + std::to_string(i));
-      o.rank = i;
-      this->servers.push_back(std::make_unique<ServerNode>(o, sum));
-    }
-    worker = std::make_unique<WorkerNode>(Opts("w0"));
-    for (auto& s : this->servers) REQUIRE(s->Start().ok());
-    REQUIRE(worker->Start().ok());
-    REQUIRE(worker->WaitForReady(kDeadline).ok());
-    for (auto& s : this->servers) REQUIRE(s->WaitForReady(kDeadline).ok());
-  }
-  ~Cluster() {
-    worker->Stop();
-    for (auto& s : servers) s->Stop();
-    sched->Stop();
-  }
-  NodeOptions Opts(const std::string& id) const {
-    NodeOptions o;
-    o.scheduler_port = sched->port();
-    o.node_id = id;
-    o.heartbeat_interval = 100ms;
-    o.heartbeat_timeout = 1500ms;
-    o.connect_timeout = 5s;
-    o.request_timeout = kRequestTimeout;
-    o.recovery_timeout = recovery_timeout_;
-    o.handler_threads = 1;
-    return o;
-  }
-  ServerNode& ByRank(int rank) {
-    for (auto& s : servers) {
-      if (s->rank() == rank) return *s;
-    }
-    FAIL("no server of rank " << rank);
-    return *servers[0];
-  }
-
-  Duration recovery_timeout_;
-  std::unique_ptr<SchedulerNode> sched;
-  std::vector<std::unique_ptr<ServerNode>> servers;
-  std::unique_ptr<WorkerNode> worker;
-};
-
-std::vector<uint64_t> Keys(size_t n) {
-  std::vector<uint64_t> keys(n);
-  for (size_t i = 0; i < n; ++i) keys[i] = i;  // spread over every range (pscore/core/key_range.h)
-  return keys;
+// Workers recover too; a request waits kRequestTimeout at most.
+ReplicatedJobOptions FailoverJob(int servers, int replicas, Duration recovery_timeout) {
+  ReplicatedJobOptions o;
+  o.servers = servers;
+  o.replicas = replicas;
+  o.recoverable_roles = {pb::SERVER, pb::WORKER};
+  o.recovery_timeout = recovery_timeout;
+  o.request_timeout = kRequestTimeout;
+  return o;
 }
 
 double Seconds(std::chrono::steady_clock::time_point since) {
@@ -138,7 +84,7 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 
 TEST_CASE("with replicas=2 pushes in flight to a silent primary go to the promoted backup and are applied once",
           "[replication][failover][net]") {
-  Cluster c(/*servers=*/2, /*replicas=*/2, /*recovery_timeout=*/30s);
+  ReplicatedJob c(FailoverJob(/*servers=*/2, /*replicas=*/2, /*recovery_timeout=*/30s));
   const std::vector<uint64_t> keys = Keys(16);
   const size_t len = GENERATE(size_t{8}, size_t{8192});  // applied on the loop, on the handler thread
   const std::vector<float> ones(keys.size() * len, 1.0f);
@@ -193,7 +139,7 @@ TEST_CASE("with replicas=2 pushes in flight to a silent primary go to the promot
 
 TEST_CASE("with replicas=1 a push in flight to a silent server fails after recovery_timeout naming it",
           "[failover][net]") {
-  Cluster c(/*servers=*/2, /*replicas=*/1, /*recovery_timeout=*/4s);
+  ReplicatedJob c(FailoverJob(/*servers=*/2, /*replicas=*/1, /*recovery_timeout=*/4s));
   const std::vector<uint64_t> keys = Keys(16);
   const std::vector<float> ones(keys.size() * 8, 1.0f);
   REQUIRE(Await(c.worker->Push(keys, ones)).ok());
@@ -213,7 +159,7 @@ TEST_CASE("with replicas=1 a push in flight to a silent server fails after recov
 
 TEST_CASE("with replicas=1 a push in flight to a server silent past its heartbeat timeout is applied once when it resumes",
           "[failover][net]") {
-  Cluster c(/*servers=*/2, /*replicas=*/1, /*recovery_timeout=*/30s);
+  ReplicatedJob c(FailoverJob(/*servers=*/2, /*replicas=*/1, /*recovery_timeout=*/30s));
   const std::vector<uint64_t> keys = Keys(16);
   const std::vector<float> ones(keys.size() * 8, 1.0f);
   REQUIRE(Await(c.worker->Push(keys, ones)).ok());
@@ -246,7 +192,7 @@ TEST_CASE("with replicas=1 a push in flight to a server silent past its heartbea
 TEST_CASE("with replicas=2 a PullSync in flight on its direct link to a silent primary is answered by the promoted "
           "backup before the request timeout",
           "[replication][failover][net]") {
-  Cluster c(/*servers=*/2, /*replicas=*/2, /*recovery_timeout=*/30s);
+  ReplicatedJob c(FailoverJob(/*servers=*/2, /*replicas=*/2, /*recovery_timeout=*/30s));
   // Keys of range 0 only: PullSync takes the direct way for keys on one server.
   std::vector<uint64_t> keys;
   for (uint64_t k = 0; keys.size() < 8 && k < 100000; ++k) {

@@ -23,32 +23,22 @@
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
 
-#include <catch2/catch.hpp>  // last: its CHECK must win over glog's
+#include "node/replicated_job.h"  // last: it pulls in Catch, whose CHECK must win over glog's
 
 namespace pscore::node {
 namespace {
 
 using namespace std::chrono_literals;
+using pscore::testing::Keys;
+using pscore::testing::ReplicatedJob;
+using pscore::testing::Stored;
+using pscore::testing::SumStore;
 constexpr auto kDeadline = std::chrono::seconds(60);
 
 template <typename T>
 T Await(std::future<T>&& f, Duration timeout = kDeadline) {
   if (f.wait_for(timeout) != std::future_status::ready) FAIL("no answer within the deadline");
   return f.get();
-}
-
-core::ParamStore::Options SumStore() {
-  core::ParamStore::Options o;
-  o.rule = core::UpdateRule::kSum;
-  return o;
-}
-
-// A value stored on `server` for `key`, or empty when it holds none.
-std::vector<float> Stored(ServerNode& server, uint64_t key) {
-  std::vector<uint32_t> lens;
-  std::vector<float> values;
-  if (!server.store().Pull(&key, 1, &lens, &values).ok()) return {};
-  return values;
 }
 
 // A server that closes a worker's link once the worker's first built-in push is applied,
@@ -93,66 +83,6 @@ class EarlySwitchServer : public ServerNode {
   }
 };
 
-class ReplicatedCluster {
- public:
-  using Factory = std::function<std::unique_ptr<ServerNode>(NodeOptions, int rank)>;
-  ReplicatedCluster(int servers, int replicas, Factory factory = nullptr) {
-    SchedulerOptions so;
-    so.server_num = servers;
-    so.worker_num = 1;
-    so.replicas = replicas;
-    so.heartbeat_interval = 100ms;
-    so.heartbeat_timeout = 1500ms;
-    so.recoverable_roles = {pb::SERVER};
-    sched_ = std::make_unique<SchedulerNode>(so);
-    REQUIRE(sched_->Start().ok());
-    std::vector<std::future<Status>> started;
-    for (int i = 0; i < servers; ++i) {
-      NodeOptions o = Opts("s" + std::to_string(i));
-      o.rank = i;
-      this->servers.push_back(factory ? factory(o, i) : std::make_unique<ServerNode>(o, SumStore()));
-    }
-    worker = std::make_unique<WorkerNode>(Opts("w0"));
-    for (auto& s : this->servers) REQUIRE(s->Start().ok());
-    REQUIRE(worker->Start().ok());
-    REQUIRE(worker->WaitForReady(kDeadline).ok());
-    for (auto& s : this->servers) REQUIRE(s->WaitForReady(kDeadline).ok());
-  }
-  ~ReplicatedCluster() {
-    worker->Stop();
-    for (auto& s : servers) s->Stop();
-    sched_->Stop();
-  }
-  NodeOptions Opts(const std::string& id) const {
-    NodeOptions o;
-    o.scheduler_port = sched_->port();
-    o.node_id = id;
-    o.heartbeat_interval = 100ms;
-    o.heartbeat_timeout = 1500ms;
-    o.connect_timeout = 5s;
-    o.recovery_timeout = 30s;
-    o.handler_threads = 1;
-    return o;
-  }
-  ServerNode& ByRank(int rank) {
-    for (auto& s : servers) {
-      if (s->rank() == rank) return *s;
-    }
-    FAIL("no server of rank " << rank);
-    return *servers[0];
-  }
-
-  std::unique_ptr<SchedulerNode> sched_;
-  std::vector<std::unique_ptr<ServerNode>> servers;
-  std::unique_ptr<WorkerNode> worker;
-};
-
-std::vector<uint64_t> Keys(size_t n) {
-  std::vector<uint64_t> keys(n);
-  for (size_t i = 0; i < n; ++i) keys[i] = i;
-  return keys;
-}
-
 }  // namespace
 
 TEST_CASE("replica chains: each range on R consecutive ranks and its primary the first live one", "[replication]") {
@@ -171,7 +101,7 @@ TEST_CASE("replica chains: each range on R consecutive ranks and its primary the
 
 TEST_CASE("with replicas=2 a push is on both replicas of its range before it is acknowledged",
           "[replication][net]") {
-  ReplicatedCluster c(/*servers=*/2, /*replicas=*/2);
+  ReplicatedJob c(/*servers=*/2, /*replicas=*/2);
   const std::vector<uint64_t> keys = Keys(16);
   for (int round = 1; round <= 3; ++round) {
     // Small values (applied on the loop thread) and large ones (on the handler thread).
@@ -200,7 +130,7 @@ TEST_CASE("with replicas=2 a push is on both replicas of its range before it is 
 
 TEST_CASE("with replicas=2 a server's loss promotes its backup and no acknowledged push is lost",
           "[replication][net]") {
-  ReplicatedCluster c(/*servers=*/3, /*replicas=*/2);
+  ReplicatedJob c(/*servers=*/3, /*replicas=*/2);
   const std::vector<uint64_t> keys = Keys(32);
   const std::vector<float> ones(keys.size() * 8, 1.0f);
   for (int i = 0; i < 5; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
@@ -228,7 +158,7 @@ TEST_CASE("a push whose answer was lost is sent again and applied once on the pr
           "[replication][net]") {
   const uint64_t key = 7;
   const int primary = core::ServerForKey(key, 2);
-  ReplicatedCluster c(/*servers=*/2, /*replicas=*/2, [&](NodeOptions o, int rank) -> std::unique_ptr<ServerNode> {
+  ReplicatedJob c(/*servers=*/2, /*replicas=*/2, [&](NodeOptions o, int rank) -> std::unique_ptr<ServerNode> {
     if (rank == primary) return std::make_unique<AnswerDroppingServer>(std::move(o), SumStore());
     return std::make_unique<ServerNode>(std::move(o), SumStore());
   });
@@ -253,7 +183,7 @@ TEST_CASE("a backup that switched for a scale before its primary applies the pri
   // scale-in, switches first; the primary, still on the old view, applies a worker's push
   // and forwards it. Refused there, the push would be answered unavailable although the
   // primary applied it, and the worker's re-send after the scale would apply it again.
-  ReplicatedCluster c(/*servers=*/3, /*replicas=*/2, [](NodeOptions o, int rank) -> std::unique_ptr<ServerNode> {
+  ReplicatedJob c(/*servers=*/3, /*replicas=*/2, [](NodeOptions o, int rank) -> std::unique_ptr<ServerNode> {
     if (rank == 2) return std::make_unique<EarlySwitchServer>(std::move(o), SumStore());
     return std::make_unique<ServerNode>(std::move(o), SumStore());
   });
@@ -294,7 +224,7 @@ bool AliveFor(WorkerNode& worker, const std::string& node_id) {
 
 TEST_CASE("with replicas=2 a server back empty is rebuilt while pushes go on, and its copy is complete",
           "[replication][resync][net]") {
-  ReplicatedCluster c(/*servers=*/3, /*replicas=*/2);
+  ReplicatedJob c(/*servers=*/3, /*replicas=*/2);
   const std::vector<uint64_t> keys = Keys(48);
   const std::vector<float> ones(keys.size() * 8, 1.0f);
   int acked = 0;
@@ -380,7 +310,7 @@ bool WaitReady(SchedulerNode& s, WorkerNode& w, int servers) {
 }
 
 // Every key is on each member of its range's chain under `n` servers with `sum`.
-void CheckChains(ReplicatedCluster& c, const std::vector<uint64_t>& keys, int n, float sum, size_t len) {
+void CheckChains(ReplicatedJob& c, const std::vector<uint64_t>& keys, int n, float sum, size_t len) {
   for (uint64_t k : keys) {
     for (int rank : core::ReplicaChain(core::ServerForKey(k, n), n, 2)) {
       INFO("key " << k << " on rank " << rank << " of " << n);
@@ -409,7 +339,7 @@ void CheckChains(ReplicatedCluster& c, const std::vector<uint64_t>& keys, int n,
 
 TEST_CASE("with replicas=2 a scale-out fills each range's new chain, and a server lost after it loses nothing",
           "[replication][scale][net]") {
-  ReplicatedCluster c(/*servers=*/2, /*replicas=*/2);
+  ReplicatedJob c(/*servers=*/2, /*replicas=*/2);
   const std::vector<uint64_t> keys = Keys(48);
   const std::vector<float> ones(keys.size() * 4, 1.0f);
   for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
@@ -417,11 +347,11 @@ TEST_CASE("with replicas=2 a scale-out fills each range's new chain, and a serve
   req.set_op("scale_out");
   req.set_worker_num(1);
   req.set_server_num(3);
-  REQUIRE(Admin(*c.sched_, req).ok());
+  REQUIRE(Admin(*c.sched, req).ok());
   NodeOptions o = c.Opts("s2");
   c.servers.push_back(std::make_unique<ServerNode>(o, SumStore()));
   REQUIRE(c.servers.back()->Start().ok());
-  REQUIRE(WaitReady(*c.sched_, *c.worker, 3));
+  REQUIRE(WaitReady(*c.sched, *c.worker, 3));
   for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
   CheckChains(c, keys, 3, 6.0f, 4);
   // Any one server lost now: every range keeps a full copy.
@@ -433,15 +363,15 @@ TEST_CASE("with replicas=2 a scale-out fills each range's new chain, and a serve
 
 TEST_CASE("with replicas=2 a scale-in fills each range's new chain, and a server lost after it loses nothing",
           "[replication][scale][net]") {
-  ReplicatedCluster c(/*servers=*/3, /*replicas=*/2);
+  ReplicatedJob c(/*servers=*/3, /*replicas=*/2);
   const std::vector<uint64_t> keys = Keys(48);
   const std::vector<float> ones(keys.size() * 4, 1.0f);
   for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
   pb::AdminRequest req;
   req.set_op("scale_in");
   req.add_node_ids("s2");
-  REQUIRE(Admin(*c.sched_, req).ok());
-  REQUIRE(WaitReady(*c.sched_, *c.worker, 2));
+  REQUIRE(Admin(*c.sched, req).ok());
+  REQUIRE(WaitReady(*c.sched, *c.worker, 2));
   for (int i = 0; i < 3; ++i) REQUIRE(Await(c.worker->Push(keys, ones)).ok());
   for (uint64_t k : keys) {
     INFO("key " << k);
