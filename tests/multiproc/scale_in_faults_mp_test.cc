@@ -11,7 +11,7 @@
 // - the server that stays (server0) SIGKILLed and restarted from --data_dir;
 // - the leaving server (server1) SIGKILLed and restarted from --data_dir.
 // With replicas=2 and 3 servers, one server lost for good while the scale-in is held open:
-// - a server that stays SIGSTOPped and never resumed;
+// - a server that stays, SIGSTOPped with server1 before the scale starts and never resumed;
 // - the leaving server SIGKILLed with its data directory deleted (host loss).
 // Each cell asserts the job's outcome: both trainers exit 0 with the loss and weights
 // checksum of an undisturbed run within 1e-6 (no acknowledged push lost or applied twice),
