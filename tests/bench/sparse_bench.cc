@@ -32,6 +32,7 @@
 #include "pscore/node/scheduler/scheduler_node.h"
 #include "pscore/node/server/server_node.h"
 #include "pscore/node/worker/worker_node.h"
+#include "bench/bench_job.h"
 #include "bench/bench_util.h"
 
 namespace pscore::node {
@@ -53,7 +54,7 @@ class Job {
     SchedulerOptions so;
     so.worker_num = workers;
     so.server_num = servers;
-    so.max_message_bytes = 2ull << 30;
+    so.max_message_bytes = bench::kJobMaxMessageBytes;
     so.heartbeat_interval = 200ms;
     so.heartbeat_timeout = 60s;  // a loop applying 10 M keys must not look dead
     sched_ = std::make_unique<SchedulerNode>(so);
@@ -78,15 +79,7 @@ class Job {
   std::vector<std::unique_ptr<WorkerNode>>& workers() { return workers_; }
 
  private:
-  NodeOptions Opts(const std::string& id) {
-    NodeOptions o;
-    o.scheduler_port = sched_->port();
-    o.node_id = id;
-    o.heartbeat_interval = 200ms;
-    o.request_timeout = std::chrono::minutes(10);
-    o.max_message_bytes = 2ull << 30;
-    return o;
-  }
+  NodeOptions Opts(const std::string& id) { return bench::JobNodeOptions(sched_->port(), id); }
 
   std::unique_ptr<SchedulerNode> sched_;
   std::vector<std::unique_ptr<ServerNode>> servers_;
