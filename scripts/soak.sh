@@ -165,7 +165,13 @@ while [ $SECONDS -lt $end ] || [ $server_kills -eq 0 ] || [ $scheduler_restarts 
       log "scale-out to 3 servers"
       adm scale-out --servers=3 --wait_timeout_ms=60000 >>"$dir/admin.log" 2>&1 &
       apid=$!
-      sleep 0.3
+      # s2 starts once the scale-out has begun: registering before it, s2 would be refused
+      # (the server quota is full) and exit.
+      scale_deadline=$((SECONDS + 30))
+      until adm status 2>/dev/null | grep -q "cluster CLUSTER_SCALE_OUT" || ! kill -0 "$apid" 2>/dev/null ||
+        [ $SECONDS -ge $scale_deadline ]; do
+        sleep 0.05
+      done
       start_server s2
       if wait "$apid"; then
         scale_ops=$((scale_ops + 1))
