@@ -1,5 +1,6 @@
 // Elastic scaling with real processes: a pscore-node scheduler and pscore-node servers
-// (--auto_finish=false, 100 ms heartbeats), and in-process WorkerNode pushers that add 1
+// (--auto_finish=false, 100 ms heartbeats timed out after 3 s: a TSan build under CI load
+// stalls a process for most of a second), and in-process WorkerNode pushers that add 1
 // to every key in rounds without pause while the admin scales the job. Checked: no
 // acknowledged push lost or applied twice (sums equal the acknowledged rounds), each key
 // answered by exactly one server, ranks kept on scale-out and compacted in old-rank order
@@ -46,7 +47,7 @@ class ScaleJob {
     REQUIRE(dir_.ok());
     REQUIRE(scheduler_.Start({testing::NodeBinary(), "--role=scheduler", "--recoverable_roles=worker,server", "--worker_num=" + std::to_string(workers),
                               "--server_num=" + std::to_string(servers), "--scale_timeout_ms=" + std::to_string(scale_timeout_ms),
-                              "--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=1000",
+                              "--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=3000",
                               "--port_file=" + dir_.File("sched.port")},
                              dir_.File("scheduler.log")));
     port_ = testing::ReadPortFile(dir_.File("sched.port"), 10s);
