@@ -21,6 +21,8 @@ DEFINE_string(host, "127.0.0.1", "Address this node binds and advertises.");
 DEFINE_int32(heartbeat_interval_ms, 1000, "Heartbeat period.");
 DEFINE_int32(heartbeat_timeout_ms, 5000, "A node silent this long is timed out (scheduler).");
 DEFINE_int32(connect_timeout_ms, 30000, "How long a node keeps retrying to reach the scheduler before it gives up.");
+DEFINE_int64(join_timeout_ms, 60000, "A new node refused because its role's quota is full (started before the scale-out "
+             "that makes room for it) registers again until this long after the first refusal, then exits 1 (0: at once).");
 DEFINE_int64(scheduler_timeout_ms, 0, "Worker/server: no answer from the scheduler for this long is logged and the "
              "link redialed (0: 2 x --heartbeat_timeout_ms).");
 DEFINE_int64(recovery_timeout_ms, 15000, "Worker/server: how long a push or pull whose server was lost is retried, and "
@@ -134,6 +136,7 @@ void CheckHeartbeats(const std::string& prog) {
 void CheckTimeoutsAndRank(const std::string& prog) {
   CheckMs(prog, "scheduler_timeout_ms", FLAGS_scheduler_timeout_ms, 0);
   CheckMs(prog, "recovery_timeout_ms", FLAGS_recovery_timeout_ms, 1);
+  CheckMs(prog, "join_timeout_ms", FLAGS_join_timeout_ms, 0);
   if (FLAGS_rank < -1) Die(prog, "--rank must be >= -1");
   if (FLAGS_poll_spin_us < 0 || FLAGS_poll_spin_us > 100000) Die(prog, "--poll_spin_us must be in [0, 100000]");
 }
@@ -157,6 +160,7 @@ void FillMemberOptions(const std::string& prog, CommandLine* cl) {
   n.heartbeat_timeout = std::chrono::milliseconds(FLAGS_heartbeat_timeout_ms);
   n.scheduler_timeout_ms = FLAGS_scheduler_timeout_ms;
   n.connect_timeout = std::chrono::milliseconds(FLAGS_connect_timeout_ms);
+  n.join_timeout = std::chrono::milliseconds(FLAGS_join_timeout_ms);
   n.recovery_timeout = std::chrono::milliseconds(FLAGS_recovery_timeout_ms);
   n.poll_spin = std::chrono::microseconds(FLAGS_poll_spin_us);
   n.devices = ParseDevices(prog, FLAGS_devices);

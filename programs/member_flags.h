@@ -17,6 +17,7 @@ DECLARE_string(host);
 DECLARE_int32(heartbeat_interval_ms);
 DECLARE_int32(heartbeat_timeout_ms);
 DECLARE_int32(connect_timeout_ms);
+DECLARE_int64(join_timeout_ms);
 DECLARE_int64(scheduler_timeout_ms);
 DECLARE_int64(recovery_timeout_ms);
 DECLARE_string(devices);

@@ -72,7 +72,8 @@ if [ $cpp -eq 0 ]; then
       pids+=("$(tail -n 1 "$JOB_DIR/pids" | cut -d' ' -f1)")
     done
     # A scale-out asked for by worker 0: start the new server once `pscore-admin status`
-    # shows CLUSTER_SCALE_OUT (a server registering before is refused: quota full).
+    # shows CLUSTER_SCALE_OUT (a server registering before is refused, quota full, and waits
+    # only --join_timeout_ms for it).
     if [ "$name" = digits ] && [ "$scale_out_at" -ge 0 ]; then
       (
         while kill -0 "${pids[0]}" 2>/dev/null; do
@@ -133,8 +134,9 @@ for i in $(seq 0 $((workers - 1))); do
   worker_pids+=("$(tail -n 1 "$JOB_DIR/pids" | cut -d' ' -f1)")
 done
 # --scale-out-at: worker 0 asks the scheduler for one more server after that step. A server
-# that registers before the scale-out starts is refused (quota full) and exits, so start it
-# only once `pscore-admin status` shows CLUSTER_SCALE_OUT (polled while the workers run).
+# that registers before the scale-out starts is refused (quota full) and waits only
+# --join_timeout_ms for it, so start it once `pscore-admin status` shows CLUSTER_SCALE_OUT
+# (polled while the workers run).
 if [ "$scale_out_at" -ge 0 ]; then
   (
     while kill -0 "${worker_pids[0]}" 2>/dev/null; do

@@ -165,8 +165,8 @@ while [ $SECONDS -lt $end ] || [ $server_kills -eq 0 ] || [ $scheduler_restarts 
       log "scale-out to 3 servers"
       adm scale-out --servers=3 --wait_timeout_ms=60000 >>"$dir/admin.log" 2>&1 &
       apid=$!
-      # s2 starts once the scale-out has begun: registering before it, s2 would be refused
-      # (the server quota is full) and exit.
+      # s2 starts once the scale-out has begun, as an operator orders the two steps (started
+      # before, it would be refused, the server quota full, and register again until then).
       scale_deadline=$((SECONDS + 30))
       until adm status 2>/dev/null | grep -q "cluster CLUSTER_SCALE_OUT" || ! kill -0 "$apid" 2>/dev/null ||
         [ $SECONDS -ge $scale_deadline ]; do

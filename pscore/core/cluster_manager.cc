@@ -194,8 +194,8 @@ Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
   const int total = Total(req.role);
   const int have = registered(req.role);
   if (have >= total) {
-    return Err(Code::kInvalidArgument, "node ", req.node_id, " is not in the cluster: ", RoleLabel(req.role),
-               " quota full (", have, "/", total, ")");
+    return Err(Code::kInvalidArgument, "node ", req.node_id, " is not in the cluster: ", RoleLabel(req.role), " ",
+               kQuotaFullMark, have, "/", total, ")");
   }
   Result<int> rank = PickRank(req.role, req.requested_rank);
   if (!rank.ok()) return rank.status();

@@ -107,6 +107,11 @@ const char* JobResultName(JobOutcome::Result result);
 // the member registers again (node::Node does it by itself).
 inline constexpr char kStaleSessionPrefix[] = "stale session";
 bool IsStaleSession(const Status& st);
+// A new node refused because its role has no free place (kInvalidArgument, "node X is not in
+// the cluster: server quota full (2/2)"): a scale-out asked later may make room, so
+// node::Node asks again for a while (NodeOptions::join_timeout).
+inline constexpr char kQuotaFullMark[] = "quota full (";
+bool IsQuotaFull(const Status& st);
 
 class ClusterManager {
  public:

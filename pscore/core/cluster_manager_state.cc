@@ -42,6 +42,10 @@ bool IsStaleSession(const Status& st) {
   return st.code() == Code::kFailedPrecondition && st.message().rfind(kStaleSessionPrefix, 0) == 0;
 }
 
+bool IsQuotaFull(const Status& st) {
+  return st.code() == Code::kInvalidArgument && st.message().find(kQuotaFullMark) != std::string::npos;
+}
+
 Status ClusterManager::CheckSession(uint64_t carried) const {
   if (carried == 0 || carried == session_id_) return Status::Ok();
   return internal::Err(Code::kFailedPrecondition, kStaleSessionPrefix, " ", carried, ": this scheduler's session is ",

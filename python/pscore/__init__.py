@@ -91,7 +91,7 @@ class Server(_pscore.Server):
     ``"assign"`` (w = v); ``learning_rate`` is sgd's lr. Other keyword options are
     ``NodeOptions`` fields: node_id, scheduler_host, scheduler_port, host, port, rank,
     heartbeat_interval, heartbeat_timeout, scheduler_timeout, connect_timeout,
-    request_timeout, recovery_timeout (seconds), host_name, max_message_bytes,
+    join_timeout, request_timeout, recovery_timeout (seconds), host_name, max_message_bytes,
     handler_threads (>= 1 for Python handlers), push_slice_keys (worker), data_dir, journal_compact_bytes,
     cluster_token, direct_control_calls, poll_spin (seconds the loop polls without sleeping
     after a lone request or the last answer; 0: off), max_connections, tls_cert, tls_key, tls_ca (PEM files, all three or none;

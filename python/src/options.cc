@@ -33,6 +33,7 @@ void ApplyNodeOptions(node::NodeOptions& o, const py::kwargs& kw) {
     else if (k == "heartbeat_timeout") o.heartbeat_timeout = Seconds(v.cast<double>());
     else if (k == "scheduler_timeout") o.scheduler_timeout_ms = static_cast<int64_t>(v.cast<double>() * 1000);
     else if (k == "connect_timeout") o.connect_timeout = Seconds(v.cast<double>());
+    else if (k == "join_timeout") o.join_timeout = Seconds(v.cast<double>());
     else if (k == "request_timeout") o.request_timeout = Seconds(v.cast<double>());
     else if (k == "recovery_timeout") o.recovery_timeout = Seconds(v.cast<double>());
     else if (k == "host_name") o.host_name = v.cast<std::string>();

@@ -292,6 +292,46 @@ def test_admin_client(job2):
         assert {n["node_id"]: n["role"] for n in a.nodes()} == {"s0": "server", "s1": "server", "w0": "worker"}
 
 
+def test_a_server_started_before_its_scale_out_joins_it(job):
+    port = job.scheduler.port
+    # The server quota (1) is full: a server that waits 0.5 s for a scale-out is refused then.
+    extra = pscore.Server(scheduler_port=port, node_id="s9", join_timeout=0.5, **HB)
+    t0 = time.monotonic()
+    with pytest.raises(pscore.InvalidArgument, match="quota full"):
+        extra.start()
+    assert time.monotonic() - t0 >= 0.5
+    extra.close()
+    # With the default join timeout one started before the scale-out joins it.
+    job.worker.push([1, 2, 3, 4], np.ones(4, dtype=np.float32))
+    s1 = pscore.Server(scheduler_port=port, node_id="s1", **HB)
+    errors = []
+
+    def start():
+        try:
+            s1.start()
+        except pscore.Error as e:  # reported by the assert below
+            errors.append(e)
+
+    t = threading.Thread(target=start)
+    t.start()
+    try:
+        time.sleep(0.5)
+        assert t.is_alive()  # refused "quota full", registering again
+        with pscore.AdminClient(port) as a:
+            a.scale_out(servers=2)
+            t.join(30)
+            assert not t.is_alive() and not errors
+            s1.wait_ready(30)
+            job.worker.wait_ready(30)
+            assert a.status()["server_num"] == 2
+            assert sorted(n["node_id"] for n in a.nodes()) == ["s0", "s1", "w0"]
+        # The keys pushed before the scale-out are still there, wherever they now live.
+        np.testing.assert_array_equal(job.worker.pull([1, 2, 3, 4]), np.ones(4, dtype=np.float32))
+    finally:
+        t.join(60)
+        s1.close()
+
+
 def test_gil_released_during_blocking_calls(job):
     """A Python thread keeps running while the main thread waits in a blocking call."""
     w = job.worker

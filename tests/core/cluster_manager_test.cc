@@ -101,6 +101,11 @@ TEST_CASE("register validates role, ranks and quota with named values", "[core][
   Result<RegisterOutcome> full = f.cm->Register(Req("s2", pb::SERVER));
   CHECK(full.status().code() == Code::kInvalidArgument);  // not in the cluster, whatever the quota
   CHECK_THAT(full.status().message(), Catch::Contains("node s2 is not in the cluster: server quota full (2/2)"));
+  // Only this refusal is one a scale-out may lift later (a node waits for it, join_timeout).
+  CHECK(IsQuotaFull(full.status()));
+  CHECK_FALSE(IsQuotaFull(bad.status()));
+  CHECK_FALSE(IsQuotaFull(taken.status()));
+  CHECK_FALSE(IsQuotaFull(range.status()));
   // Also with a requested rank the node id is what is refused.
   CHECK(f.cm->Register(Req("s3", pb::SERVER, kInc, /*rank=*/1)).status().code() == Code::kInvalidArgument);
   CHECK(f.cm->registered(pb::SERVER) == 2);

@@ -125,6 +125,8 @@ class Job {
                                      "--scheduler_port=" + std::to_string(port_),
                                      std::string("--auto_finish=") + (auto_finish ? "true" : "false")};
     for (auto& f : Timing()) argv.push_back(f);
+    // A new server refused once its scale-out rolled back waits 1 s for another, then exits 1.
+    argv.push_back("--join_timeout_ms=1000");
     procs_.push_back(std::make_unique<Process>());
     REQUIRE(procs_.back()->Start(argv, dir_.File(id + "." + std::to_string(procs_.size()) + ".log")));
     return *procs_.back();
@@ -471,7 +473,7 @@ void RunCell(const Cell& cell) {
     CHECK(after->last_scale_result().find(cell.scale_result) != std::string::npos);
     CHECK(after->server_num() == (scaled ? 3 : 2));
     if (!scaled) {
-      // The rolled-back operation's new server is refused and exits 1.
+      // The rolled-back operation's new server is refused and exits 1 after its join timeout.
       std::optional<int> code = s2->Wait(10s);
       INFO(s2->Log());
       REQUIRE(code.has_value());

@@ -61,12 +61,14 @@ class ScaleJob {
   }
 
   // A pscore-node server or worker; rank -1: any.
-  Process& Start(const std::string& role, const std::string& id, int rank = -1) {
+  Process& Start(const std::string& role, const std::string& id, int rank = -1,
+                 const std::vector<std::string>& extra = {}) {
     auto p = std::make_unique<Process>();
-    REQUIRE(p->Start({testing::NodeBinary(), "--role=" + role, "--node_id=" + id, "--rank=" + std::to_string(rank),
-                      "--scheduler_port=" + std::to_string(port_), "--auto_finish=false",
-                      "--heartbeat_interval_ms=100"},
-                     dir_.File(id + ".log")));
+    std::vector<std::string> argv = {testing::NodeBinary(), "--role=" + role, "--node_id=" + id,
+                                     "--rank=" + std::to_string(rank), "--scheduler_port=" + std::to_string(port_),
+                                     "--auto_finish=false", "--heartbeat_interval_ms=100"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    REQUIRE(p->Start(argv, dir_.File(id + ".log")));
     procs_[id] = std::move(p);
     return *procs_[id];
   }
@@ -377,7 +379,8 @@ TEST_CASE("a scale-out that times out drops the new server it admitted, which th
   req.set_worker_num(2);  // the second worker never comes
   req.set_server_num(2);
   job.Admin(req);
-  job.Start("server", "s1");
+  // Dropped by the rollback, it is refused "quota full" and waits 1 s for another scale-out.
+  job.Start("server", "s1", -1, {"--join_timeout_ms=1000"});
   REQUIRE(job.WaitRegistered("s1"));
   pb::AdminResponse ready = job.WaitReady();
   CHECK(ready.server_num() == 1);
@@ -389,8 +392,65 @@ TEST_CASE("a scale-out that times out drops the new server it admitted, which th
   INFO(log);
   CHECK(code == std::optional<int>(1));
   CHECK_THAT(log, Catch::Contains("quota full"));
+  CHECK_THAT(log, Catch::Contains("no scale-out made room"));
   CHECK(job.Ranks().count("s1") == 0);
   CHECK(job.proc("s0").running());
+}
+
+TEST_CASE("a server started before its scale-out waits and joins it - one that waits past --join_timeout_ms exits 1",
+          "[multiproc][net][scale][tlspass]") {
+  ScaleJob job(/*workers=*/1, /*servers=*/1);
+  job.Start("server", "s0");
+  node::WorkerNode w0(job.WorkerOptions("w0"));
+  REQUIRE(w0.Start().ok());
+  REQUIRE(w0.WaitForReady(20s).ok());
+  Pusher pusher(&w0);
+  pusher.Start();
+  // Started before the scale-out is asked (as an operator scaling a StatefulSet may): it is
+  // refused "quota full" and registers again instead of exiting.
+  Process& early = job.Start("server", "s1");
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (early.Log().find("registering again until a scale-out makes room") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  INFO(early.Log());
+  REQUIRE(early.Log().find("registering again until a scale-out makes room") != std::string::npos);
+  std::this_thread::sleep_for(500ms);
+  REQUIRE(early.running());
+  CHECK(job.Ranks().count("s1") == 0);
+
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(1);
+  req.set_server_num(2);
+  job.Admin(req);
+  pb::AdminResponse ready = job.WaitReady();
+  CHECK(ready.server_num() == 2);
+  CHECK(ready.registered_servers() == 2);
+  CHECK_THAT(ready.last_scale_result(), Catch::Contains("done"));
+  CHECK(job.Ranks()["s1"] == 1);
+  CHECK_THAT(early.Log(), Catch::Contains("admitted after"));
+  std::this_thread::sleep_for(300ms);  // pushes go on under the new membership
+  pusher.Stop();
+  INFO("last error: " << pusher.last_error());
+  CHECK(pusher.failed() == 0);
+  REQUIRE(pusher.acked() > 0);
+  CheckSums(w0, pusher.acked());
+  CheckExactlyOneOwner(w0, 2, pusher.acked());
+
+  // The quota is full again: a server that waits 1 s for a scale-out that never comes exits 1.
+  const auto started = std::chrono::steady_clock::now();
+  Process& late = job.Start("server", "s2", -1, {"--join_timeout_ms=1000"});
+  std::optional<int> code = late.Wait(20s);
+  const auto waited = std::chrono::steady_clock::now() - started;
+  INFO(late.Log());
+  CHECK(code == std::optional<int>(1));
+  CHECK(waited >= 1s);
+  CHECK_THAT(late.Log(), Catch::Contains("server quota full (2/2)") && Catch::Contains("no scale-out made room"));
+  CHECK(job.Ranks().count("s2") == 0);
+  CHECK(early.running());
+  w0.Stop();
 }
 
 }  // namespace pscore

@@ -71,7 +71,8 @@ Status Node::Start() {
   Status st(Code::kCancelled, "the event loop is stopping");
   loop_->RunAndWait([this, &st] { st = StartOnLoop(); });
   if (!st.ok()) return st;
-  if (registered.wait_for(options_.connect_timeout + std::chrono::seconds(5)) != std::future_status::ready) {
+  if (registered.wait_for(options_.connect_timeout + options_.join_timeout + std::chrono::seconds(5)) !=
+      std::future_status::ready) {
     return Status(Code::kTimeout, "registration with the scheduler did not finish in time");
   }
   return registered.get();

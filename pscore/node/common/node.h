@@ -232,6 +232,8 @@ class Node {
   void Register();
   void OnRegistered(const pb::RegisterRespMessage& resp);
   void RetryRegister(const Status& why);
+  bool WaitToJoin(const Status& refusal);
+  void RegisterAfter(Duration wait);
   void SettleStart(const Status& st);  // answers Start() once
   void Heartbeat();
   void OnHeartbeatAnswer(uint64_t session, Result<comm::Frame> r);
@@ -307,6 +309,9 @@ class Node {
   // A REGISTER that timed out on a live link is sent again after this backoff (loop thread).
   comm::TimerId register_retry_timer_ = 0;
   comm::Backoff register_backoff_{std::chrono::milliseconds(100), std::chrono::seconds(5)};
+  // The first "quota full" refusal of this node's registration (loop thread; WaitToJoin).
+  std::optional<TimePoint> refused_since_;
+  comm::Backoff join_backoff_{std::chrono::milliseconds(100), std::chrono::seconds(1)};
   std::promise<Status> start_promise_;
   bool start_done_ = false;
 

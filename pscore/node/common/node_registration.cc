@@ -58,6 +58,11 @@ void Node::Register() {
     if (st.ok()) return OnRegistered(resp);
     if (st.code() == Code::kUnavailable) return;  // the link is lost: it registers again when back
     if (st.code() == Code::kTimeout) return RetryRegister(st);
+    if (core::IsQuotaFull(st) && WaitToJoin(st)) return;
+    if (refused_since_) {
+      st = Status(st.code(), st.message() + " (registered again for " + std::to_string(ToMillis(clock_.Now() - *refused_since_)) +
+                                 " ms: no scale-out made room)");
+    }
     LOG(ERROR) << options_.node_id << ": registration refused: " << st;
     SettleStart(st);
     Terminate(st);
@@ -68,6 +73,12 @@ void Node::OnRegistered(const pb::RegisterRespMessage& resp) {
   DCHECK(loop_->InLoopThread());
   registered_ = true;
   register_backoff_.Reset();
+  if (refused_since_) {
+    LOG(INFO) << RoleLabel(options_.role) << " " << options_.node_id << ": admitted after "
+              << ToMillis(clock_.Now() - *refused_since_) << " ms of \"quota full\"";
+    refused_since_.reset();
+    join_backoff_.Reset();
+  }
   SchedulerAnswered();
   if (session_id_ != 0 && resp.session_id() != session_id_) {
     LOG(WARNING) << RoleLabel(options_.role) << " " << options_.node_id << ": the scheduler opened a new session ("
@@ -101,6 +112,31 @@ void Node::RetryRegister(const Status& why) {
   const Duration wait = register_backoff_.Next();
   LOG(WARNING) << RoleLabel(options_.role) << " " << options_.node_id << ": registration not answered (" << why
                << "); sending it again in " << ToMillis(wait) << " ms";
+  RegisterAfter(wait);
+}
+
+// A node started before the scale-out that makes room for it (an operator may start the new
+// processes first, as a rendezvous waits for late members) is refused "quota full": it
+// registers again, at waits doubling from 100 ms to 1 s, until join_timeout has passed
+// since the first refusal. False: the refusal stands.
+bool Node::WaitToJoin(const Status& refusal) {
+  DCHECK(loop_->InLoopThread());
+  const TimePoint now = clock_.Now();
+  if (!refused_since_) {
+    refused_since_ = now;
+    if (options_.join_timeout > Duration::zero()) {
+      LOG(WARNING) << RoleLabel(options_.role) << " " << options_.node_id << ": " << refusal
+                   << "; registering again until a scale-out makes room (up to " << ToMillis(options_.join_timeout)
+                   << " ms)";
+    }
+  }
+  if (closed_ || now - *refused_since_ >= options_.join_timeout) return false;
+  if (register_retry_timer_ == 0) RegisterAfter(join_backoff_.Next());
+  return true;
+}
+
+void Node::RegisterAfter(Duration wait) {
+  DCHECK(loop_->InLoopThread());
   register_retry_timer_ = loop_->AddTimer(wait, Duration::zero(), [this] {
     register_retry_timer_ = 0;
     if (!registered_) Register();
