@@ -58,10 +58,13 @@ void Node::Register() {
     if (st.ok()) return OnRegistered(resp);
     if (st.code() == Code::kUnavailable) return;  // the link is lost: it registers again when back
     if (st.code() == Code::kTimeout) return RetryRegister(st);
-    if (core::IsQuotaFull(st) && WaitToJoin(st)) return;
-    if (refused_since_) {
-      st = Status(st.code(), st.message() + " (registered again for " + std::to_string(ToMillis(clock_.Now() - *refused_since_)) +
-                                 " ms: no scale-out made room)");
+    if (core::IsQuotaFull(st)) {
+      if (WaitToJoin(st)) return;
+      const int64_t waited = ToMillis(clock_.Now() - *refused_since_);
+      if (waited > 0) {
+        st = Status(st.code(), st.message() + " (registered again for " + std::to_string(waited) +
+                                   " ms: no scale-out made room)");
+      }
     }
     LOG(ERROR) << options_.node_id << ": registration refused: " << st;
     SettleStart(st);
