@@ -22,7 +22,8 @@ DEFINE_int32(heartbeat_interval_ms, 1000, "Heartbeat period.");
 DEFINE_int32(heartbeat_timeout_ms, 5000, "A node silent this long is timed out (scheduler).");
 DEFINE_int32(connect_timeout_ms, 30000, "How long a node keeps retrying to reach the scheduler before it gives up.");
 DEFINE_int64(join_timeout_ms, 60000, "A new node refused because its role's quota is full (started before the scale-out "
-             "that makes room for it) registers again until this long after the first refusal, then exits 1 (0: at once).");
+             "that makes room for it) or because a scale-in runs registers again until this long after the first "
+             "refusal, then exits 1 (0: at once).");
 DEFINE_int64(scheduler_timeout_ms, 0, "Worker/server: no answer from the scheduler for this long is logged and the "
              "link redialed (0: 2 x --heartbeat_timeout_ms).");
 DEFINE_int64(recovery_timeout_ms, 15000, "Worker/server: how long a push or pull whose server was lost is retried, and "

@@ -189,7 +189,7 @@ Result<RegisterOutcome> ClusterManager::Reregister(NodeRecord* rec, const Regist
 
 Result<RegisterOutcome> ClusterManager::AdmitNew(const RegisterRequest& req) {
   if (scaling_ && op_.kind == ScaleKind::kIn) {
-    return Err(Code::kFailedPrecondition, "scale-in running; new node ", req.node_id, " refused");
+    return Err(Code::kFailedPrecondition, kScaleInRunningPrefix, "; new node ", req.node_id, " refused");
   }
   const int total = Total(req.role);
   const int have = registered(req.role);

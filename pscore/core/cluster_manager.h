@@ -112,6 +112,10 @@ bool IsStaleSession(const Status& st);
 // node::Node asks again for a while (NodeOptions::join_timeout).
 inline constexpr char kQuotaFullMark[] = "quota full (";
 bool IsQuotaFull(const Status& st);
+// A new node refused while a scale-in runs (kFailedPrecondition, "scale-in running; new node
+// X refused"): node::Node asks again as for "quota full".
+inline constexpr char kScaleInRunningPrefix[] = "scale-in running";
+bool IsScaleInRunning(const Status& st);
 
 class ClusterManager {
  public:

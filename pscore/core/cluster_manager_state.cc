@@ -46,6 +46,10 @@ bool IsQuotaFull(const Status& st) {
   return st.code() == Code::kInvalidArgument && st.message().find(kQuotaFullMark) != std::string::npos;
 }
 
+bool IsScaleInRunning(const Status& st) {
+  return st.code() == Code::kFailedPrecondition && st.message().rfind(kScaleInRunningPrefix, 0) == 0;
+}
+
 Status ClusterManager::CheckSession(uint64_t carried) const {
   if (carried == 0 || carried == session_id_) return Status::Ok();
   return internal::Err(Code::kFailedPrecondition, kStaleSessionPrefix, " ", carried, ": this scheduler's session is ",

@@ -101,11 +101,14 @@ TEST_CASE("register validates role, ranks and quota with named values", "[core][
   Result<RegisterOutcome> full = f.cm->Register(Req("s2", pb::SERVER));
   CHECK(full.status().code() == Code::kInvalidArgument);  // not in the cluster, whatever the quota
   CHECK_THAT(full.status().message(), Catch::Contains("node s2 is not in the cluster: server quota full (2/2)"));
-  // Only this refusal is one a scale-out may lift later (a node waits for it, join_timeout).
+  // Of these only this refusal is one a scale-out may lift later (a node waits for it,
+  // join_timeout).
   CHECK(IsQuotaFull(full.status()));
   CHECK_FALSE(IsQuotaFull(bad.status()));
   CHECK_FALSE(IsQuotaFull(taken.status()));
   CHECK_FALSE(IsQuotaFull(range.status()));
+  CHECK_FALSE(IsScaleInRunning(full.status()));
+  CHECK_FALSE(IsScaleInRunning(range.status()));
   // Also with a requested rank the node id is what is refused.
   CHECK(f.cm->Register(Req("s3", pb::SERVER, kInc, /*rank=*/1)).status().code() == Code::kInvalidArgument);
   CHECK(f.cm->registered(pb::SERVER) == 2);
@@ -582,7 +585,13 @@ TEST_CASE("scale-in by ids: leaving nodes removed, ranks compacted, READY", "[co
   CHECK(events[0].server_num == 2);
   CHECK(events[0].epoch == 2);
   CHECK(events[1].state == pb::CLUSTER_SCALE_IN);
-  CHECK(f.cm->Register(Req("w7", pb::WORKER)).status().code() == Code::kFailedPrecondition);
+  // A new node while the scale-in runs: refused, a refusal it waits out (join_timeout).
+  Status during = f.cm->Register(Req("w7", pb::WORKER)).status();
+  CHECK(during.code() == Code::kFailedPrecondition);
+  CHECK(during.message() == "scale-in running; new node w7 refused");
+  CHECK(IsScaleInRunning(during));
+  CHECK_FALSE(IsQuotaFull(during));
+  CHECK_FALSE(IsStaleSession(during));
 
   CHECK(f.cm->ScaleInDone("w1", 1).code() == Code::kAborted);
   for (const char* id : {"s0", "s1", "w0", "w1"}) REQUIRE(f.cm->ScaleInDone(id, 2).ok());

@@ -5,7 +5,8 @@
 // Checked: no acknowledged push lost or applied twice (sums equal the acknowledged rounds),
 // each key answered by exactly one server, ranks kept on scale-out and compacted in
 // old-rank order on scale-in, back-to-back operations, and rollback (with every node told)
-// when a new or an old server is SIGKILLed mid-scale.
+// when a new or an old server is SIGKILLed mid-scale; a new server refused (its role's quota
+// full, or a scale-in running) registering again until a scale-out admits it.
 // A new server that never starts (rollback after --scale_timeout_ms, reason to the admin)
 // and the admin's refusals are covered by admin_test.cc; here, a new server that did start
 // but whose operation timed out is dropped and exits 1.
@@ -43,11 +44,11 @@ constexpr int kFloatsPerKey = 4;
 // Scheduler plus named node processes; every process is SIGKILLed by pid at destruction.
 class ScaleJob {
  public:
-  ScaleJob(int workers, int servers, int scale_timeout_ms = 30000) {
+  ScaleJob(int workers, int servers, int scale_timeout_ms = 30000, int heartbeat_timeout_ms = 3000) {
     REQUIRE(dir_.ok());
     REQUIRE(scheduler_.Start({testing::NodeBinary(), "--role=scheduler", "--recoverable_roles=worker,server", "--worker_num=" + std::to_string(workers),
                               "--server_num=" + std::to_string(servers), "--scale_timeout_ms=" + std::to_string(scale_timeout_ms),
-                              "--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=3000",
+                              "--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=" + std::to_string(heartbeat_timeout_ms),
                               "--port_file=" + dir_.File("sched.port")},
                              dir_.File("scheduler.log")));
     port_ = testing::ReadPortFile(dir_.File("sched.port"), 10s);
@@ -123,6 +124,23 @@ class ScaleJob {
   std::unique_ptr<node::AdminClient> admin_;
   std::map<std::string, std::unique_ptr<Process>> procs_;
 };
+
+// Whether the process's log holds `text` within 20 s.
+bool WaitForLog(Process& p, const std::string& text) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (p.Log().find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+// How many times `text` occurs in `log`.
+size_t Occurrences(const std::string& log, const std::string& text) {
+  size_t n = 0;
+  for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+  return n;
+}
 
 // Pushes +1 to every key in rounds until stopped; counts acknowledged and failed rounds.
 class Pusher {
@@ -409,13 +427,9 @@ TEST_CASE("a server started before its scale-out waits and joins it - one that w
   // Started before the scale-out is asked (as an operator scaling a StatefulSet may): it is
   // refused "quota full" and registers again instead of exiting.
   Process& early = job.Start("server", "s1");
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (early.Log().find("registering again until a scale-out makes room") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(20ms);
-  }
+  const bool waits = WaitForLog(early, "registering again until a scale-out makes room");
   INFO(early.Log());
-  REQUIRE(early.Log().find("registering again until a scale-out makes room") != std::string::npos);
+  REQUIRE(waits);
   std::this_thread::sleep_for(500ms);
   REQUIRE(early.running());
   CHECK(job.Ranks().count("s1") == 0);
@@ -448,8 +462,67 @@ TEST_CASE("a server started before its scale-out waits and joins it - one that w
   CHECK(code == std::optional<int>(1));
   CHECK(waited >= 1s);
   CHECK_THAT(late.Log(), Catch::Contains("server quota full (2/2)") && Catch::Contains("no scale-out made room"));
+  // It asked at least 5 times (waits of 100, 200, 400, 800 ms); the scheduler wrote one line.
+  CHECK(Occurrences(job.SchedulerLog(), "refused server s2") == 1);
   CHECK(job.Ranks().count("s2") == 0);
   CHECK(early.running());
+  w0.Stop();
+}
+
+TEST_CASE("a server started while a scale-in runs waits through it and joins the next scale-out",
+          "[multiproc][net][scale]") {
+  // Members time out after 10 s: the leaving server is paused below that to hold the scale-in open.
+  ScaleJob job(/*workers=*/1, /*servers=*/2, /*scale_timeout_ms=*/30000, /*heartbeat_timeout_ms=*/10000);
+  job.Start("server", "s0", 0);
+  Process& leaving = job.Start("server", "s1", 1);
+  node::WorkerNode w0(job.WorkerOptions("w0"));
+  REQUIRE(w0.Start().ok());
+  REQUIRE(w0.WaitForReady(20s).ok());
+  Pusher pusher(&w0);
+  pusher.Start();
+  std::this_thread::sleep_for(200ms);
+
+  // Paused, the leaving server cannot hand its keys over: the scale-in stays open.
+  leaving.Signal(SIGSTOP);
+  pb::AdminRequest in;
+  in.set_op("scale_in");
+  in.add_node_ids("s1");
+  job.Admin(in);
+  Process& late = job.Start("server", "s2");
+  const bool waits = WaitForLog(late, "registering again until the scale-in ends");
+  leaving.Signal(SIGCONT);
+  INFO("s2:\n" << late.Log() << "\nscheduler:\n" << job.SchedulerLog());
+  REQUIRE(waits);
+  CHECK_THAT(late.Log(), Catch::Contains("scale-in running; new node s2 refused"));
+  CHECK(leaving.Wait(20s) == std::optional<int>(0));
+  pb::AdminResponse ready = job.WaitReady();
+  CHECK(ready.server_num() == 1);
+  CHECK_THAT(ready.last_scale_result(), Catch::Contains("done"));
+
+  // After the scale-in the quota is full (1/1): it goes on waiting, now for a scale-out.
+  REQUIRE(WaitForLog(late, "server quota full (1/1); registering again until a scale-out makes room"));
+  REQUIRE(late.running());
+  CHECK(job.Ranks().count("s2") == 0);
+  pb::AdminRequest out;
+  out.set_op("scale_out");
+  out.set_worker_num(1);
+  out.set_server_num(2);
+  job.Admin(out);
+  ready = job.WaitReady();
+  CHECK(ready.server_num() == 2);
+  CHECK(ready.registered_servers() == 2);
+  CHECK(job.Ranks()["s2"] == 1);
+  CHECK_THAT(late.Log(), Catch::Contains("admitted after") &&
+                             Catch::Contains("of \"scale-in running\", then \"quota full\""));
+  std::this_thread::sleep_for(300ms);  // pushes go on under the new membership
+  pusher.Stop();
+  INFO("last error: " << pusher.last_error());
+  CHECK(pusher.failed() == 0);
+  REQUIRE(pusher.acked() > 0);
+  CheckSums(w0, pusher.acked());
+  CheckExactlyOneOwner(w0, 2, pusher.acked());
+  // The scheduler logged each reason it refused the server for once.
+  CHECK(Occurrences(job.SchedulerLog(), "refused server s2") == 2);
   w0.Stop();
 }
 

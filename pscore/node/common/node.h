@@ -232,7 +232,10 @@ class Node {
   void Register();
   void OnRegistered(const pb::RegisterRespMessage& resp);
   void RetryRegister(const Status& why);
-  bool WaitToJoin(const Status& refusal);
+  // The refusals a new node waits out (NodeOptions::join_timeout).
+  enum class JoinRefusal { kNone, kQuotaFull, kScaleInRunning };
+  static JoinRefusal JoinRefusalOf(const Status& refusal);
+  bool WaitToJoin(const Status& refusal, JoinRefusal kind);
   void RegisterAfter(Duration wait);
   void SettleStart(const Status& st);  // answers Start() once
   void Heartbeat();
@@ -309,8 +312,11 @@ class Node {
   // A REGISTER that timed out on a live link is sent again after this backoff (loop thread).
   comm::TimerId register_retry_timer_ = 0;
   comm::Backoff register_backoff_{std::chrono::milliseconds(100), std::chrono::seconds(5)};
-  // The first "quota full" refusal of this node's registration (loop thread; WaitToJoin).
+  // The first refusal this node waits out ("quota full", "scale-in running"), and the kinds
+  // met since, in order, quoted (loop thread; WaitToJoin).
   std::optional<TimePoint> refused_since_;
+  std::string join_refusals_;
+  JoinRefusal last_join_refusal_ = JoinRefusal::kNone;
   comm::Backoff join_backoff_{std::chrono::milliseconds(100), std::chrono::seconds(1)};
   std::promise<Status> start_promise_;
   bool start_done_ = false;

@@ -58,12 +58,13 @@ void Node::Register() {
     if (st.ok()) return OnRegistered(resp);
     if (st.code() == Code::kUnavailable) return;  // the link is lost: it registers again when back
     if (st.code() == Code::kTimeout) return RetryRegister(st);
-    if (core::IsQuotaFull(st)) {
-      if (WaitToJoin(st)) return;
+    if (const JoinRefusal kind = JoinRefusalOf(st); kind != JoinRefusal::kNone) {
+      if (WaitToJoin(st, kind)) return;
       const int64_t waited = ToMillis(clock_.Now() - *refused_since_);
       if (waited > 0) {
-        st = Status(st.code(), st.message() + " (registered again for " + std::to_string(waited) +
-                                   " ms: no scale-out made room)");
+        st = Status(st.code(), st.message() + " (registered again for " + std::to_string(waited) + " ms: " +
+                                   (kind == JoinRefusal::kQuotaFull ? "no scale-out made room" : "the scale-in did not end") +
+                                   ")");
       }
     }
     LOG(ERROR) << options_.node_id << ": registration refused: " << st;
@@ -78,8 +79,10 @@ void Node::OnRegistered(const pb::RegisterRespMessage& resp) {
   register_backoff_.Reset();
   if (refused_since_) {
     LOG(INFO) << RoleLabel(options_.role) << " " << options_.node_id << ": admitted after "
-              << ToMillis(clock_.Now() - *refused_since_) << " ms of \"quota full\"";
+              << ToMillis(clock_.Now() - *refused_since_) << " ms of " << join_refusals_;
     refused_since_.reset();
+    join_refusals_.clear();
+    last_join_refusal_ = JoinRefusal::kNone;
     join_backoff_.Reset();
   }
   SchedulerAnswered();
@@ -119,21 +122,33 @@ void Node::RetryRegister(const Status& why) {
 }
 
 // A node started before the scale-out that makes room for it (an operator may start the new
-// processes first, as a rendezvous waits for late members) is refused "quota full": it
-// registers again, at waits doubling from 100 ms to 1 s, until join_timeout has passed
-// since the first refusal. False: the refusal stands.
-bool Node::WaitToJoin(const Status& refusal) {
+// processes first, as a rendezvous waits for late members) is refused "quota full"; one that
+// comes while a scale-in runs, "scale-in running" (and "quota full" after it, unless the
+// scale-in is rolled back). Either registers again, at waits doubling from 100 ms to 1 s,
+// until join_timeout has passed since the first refusal. False: the refusal stands.
+Node::JoinRefusal Node::JoinRefusalOf(const Status& refusal) {
+  if (core::IsQuotaFull(refusal)) return JoinRefusal::kQuotaFull;
+  if (core::IsScaleInRunning(refusal)) return JoinRefusal::kScaleInRunning;
+  return JoinRefusal::kNone;
+}
+
+bool Node::WaitToJoin(const Status& refusal, JoinRefusal kind) {
   DCHECK(loop_->InLoopThread());
   const TimePoint now = clock_.Now();
-  if (!refused_since_) {
-    refused_since_ = now;
-    if (options_.join_timeout > Duration::zero()) {
+  if (!refused_since_) refused_since_ = now;
+  const Duration left = options_.join_timeout - (now - *refused_since_);
+  if (last_join_refusal_ != kind) {
+    last_join_refusal_ = kind;
+    const bool quota = kind == JoinRefusal::kQuotaFull;
+    join_refusals_ += std::string(join_refusals_.empty() ? "" : ", then ") +
+                      (quota ? "\"quota full\"" : "\"scale-in running\"");
+    if (left > Duration::zero()) {
       LOG(WARNING) << RoleLabel(options_.role) << " " << options_.node_id << ": " << refusal
-                   << "; registering again until a scale-out makes room (up to " << ToMillis(options_.join_timeout)
-                   << " ms)";
+                   << "; registering again until " << (quota ? "a scale-out makes room" : "the scale-in ends")
+                   << " (up to " << ToMillis(left) << " ms)";
     }
   }
-  if (closed_ || now - *refused_since_ >= options_.join_timeout) return false;
+  if (closed_ || left <= Duration::zero()) return false;
   if (register_retry_timer_ == 0) RegisterAfter(join_backoff_.Next());
   return true;
 }

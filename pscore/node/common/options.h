@@ -89,8 +89,8 @@ struct NodeOptions {
   int64_t scheduler_timeout_ms = 0;
   Duration connect_timeout = std::chrono::seconds(30);
   // A new node refused because its role's quota is full (started before the scale-out that
-  // makes room for it was asked) registers again, every second at most, until this long
-  // after the first refusal; then the refusal stands (Start() returns it, pscore-node exits
+  // makes room for it was asked) or because a scale-in runs registers again, every second at
+  // most, until this long after the first refusal; then the refusal stands (Start() returns it, pscore-node exits
   // 1). 0: the first refusal stands.
   Duration join_timeout = std::chrono::seconds(60);
   Duration request_timeout = std::chrono::seconds(60);

@@ -78,10 +78,15 @@ void SchedulerNode::HandleRegister(ConnId conn, const Frame& frame) {
   const uint64_t epoch_before = cluster_.epoch();
   Result<core::RegisterOutcome> out = cluster_.Register(req);
   if (!out.ok()) {
-    LOG(WARNING) << "scheduler: refused " << RoleLabel(req.role) << " " << req.node_id << " from "
-                 << messenger_->transport().PeerAddress(conn) << ": " << out.status();
+    if (std::optional<int64_t> unlogged = refusals_.Admit(req.node_id, out.status().ToString(), clock_.Now())) {
+      LOG(WARNING) << "scheduler: refused " << RoleLabel(req.role) << " " << req.node_id << " from "
+                   << messenger_->transport().PeerAddress(conn) << ": " << out.status()
+                   << (*unlogged > 0 ? " (refused " + std::to_string(*unlogged) + " more times since its last line)"
+                                     : std::string());
+    }
     return Reply(conn, frame.meta, out.status());
   }
+  refusals_.Forget(req.node_id);
   const bool heard_all = LinkRegistered(conn, req.node_id);
   AnswerRegister(conn, frame.meta, req, *out);
   if (!out->retry) {

@@ -21,6 +21,7 @@
 #include "pscore/core/barrier_manager.h"
 #include "pscore/core/cluster_manager.h"
 #include "pscore/core/kv_store.h"
+#include "pscore/core/repeat_filter.h"
 #include "pscore/node/common/options.h"
 #include "pscore/node/scheduler/metadata_cache.h"
 
@@ -225,6 +226,9 @@ class SchedulerNode {
   uint64_t stop_hook_ = 0;
 
   std::unordered_map<std::string, comm::ConnId> conn_of_;  // node_id -> its scheduler link
+  // Refused REGISTERs are logged once per 30 s per node and reason: a new node waiting for a
+  // scale-out asks about once a second (NodeOptions::join_timeout).
+  core::RepeatFilter refusals_{std::chrono::seconds(30), 4096};
   std::vector<std::pair<std::string, comm::ConnId>> Links() const;  // conn_of_, copied
   struct LinkNode {
     std::string node_id;
