@@ -415,6 +415,33 @@ TEST_CASE("a scale-out that times out drops the new server it admitted, which th
   CHECK(job.proc("s0").running());
 }
 
+// Asks for a scale-out of the 1-worker job to 2 servers; `joining`, started before and
+// waiting, is admitted as server rank 1 and the scale-out ends done.
+void ScaleOutToTwoServers(ScaleJob& job, const std::string& joining) {
+  pb::AdminRequest req;
+  req.set_op("scale_out");
+  req.set_worker_num(1);
+  req.set_server_num(2);
+  job.Admin(req);
+  pb::AdminResponse ready = job.WaitReady();
+  CHECK(ready.server_num() == 2);
+  CHECK(ready.registered_servers() == 2);
+  CHECK_THAT(ready.last_scale_result(), Catch::Contains("done"));
+  CHECK(job.Ranks()[joining] == 1);
+}
+
+// Lets the pusher go on under the new membership, stops it, and checks that no push failed,
+// every key holds every acknowledged push, and one of `servers` owns each key.
+void StopAndCheck(Pusher& pusher, node::WorkerNode& w0, int servers) {
+  std::this_thread::sleep_for(300ms);
+  pusher.Stop();
+  INFO("last error: " << pusher.last_error());
+  CHECK(pusher.failed() == 0);
+  REQUIRE(pusher.acked() > 0);
+  CheckSums(w0, pusher.acked());
+  CheckExactlyOneOwner(w0, servers, pusher.acked());
+}
+
 TEST_CASE("a server started before its scale-out waits and joins it - one that waits past --join_timeout_ms exits 1",
           "[multiproc][net][scale][tlspass]") {
   ScaleJob job(/*workers=*/1, /*servers=*/1);
@@ -434,24 +461,9 @@ TEST_CASE("a server started before its scale-out waits and joins it - one that w
   REQUIRE(early.running());
   CHECK(job.Ranks().count("s1") == 0);
 
-  pb::AdminRequest req;
-  req.set_op("scale_out");
-  req.set_worker_num(1);
-  req.set_server_num(2);
-  job.Admin(req);
-  pb::AdminResponse ready = job.WaitReady();
-  CHECK(ready.server_num() == 2);
-  CHECK(ready.registered_servers() == 2);
-  CHECK_THAT(ready.last_scale_result(), Catch::Contains("done"));
-  CHECK(job.Ranks()["s1"] == 1);
+  ScaleOutToTwoServers(job, "s1");
   CHECK_THAT(early.Log(), Catch::Contains("admitted after"));
-  std::this_thread::sleep_for(300ms);  // pushes go on under the new membership
-  pusher.Stop();
-  INFO("last error: " << pusher.last_error());
-  CHECK(pusher.failed() == 0);
-  REQUIRE(pusher.acked() > 0);
-  CheckSums(w0, pusher.acked());
-  CheckExactlyOneOwner(w0, 2, pusher.acked());
+  StopAndCheck(pusher, w0, 2);
 
   // The quota is full again: a server that waits 1 s for a scale-out that never comes exits 1.
   const auto started = std::chrono::steady_clock::now();
@@ -495,7 +507,7 @@ TEST_CASE("a server started while a scale-in runs waits through it and joins the
   REQUIRE(waits);
   CHECK_THAT(late.Log(), Catch::Contains("scale-in running; new node s2 refused"));
   CHECK(leaving.Wait(20s) == std::optional<int>(0));
-  pb::AdminResponse ready = job.WaitReady();
+  const pb::AdminResponse ready = job.WaitReady();
   CHECK(ready.server_num() == 1);
   CHECK_THAT(ready.last_scale_result(), Catch::Contains("done"));
 
@@ -503,24 +515,10 @@ TEST_CASE("a server started while a scale-in runs waits through it and joins the
   REQUIRE(WaitForLog(late, "server quota full (1/1); registering again until a scale-out makes room"));
   REQUIRE(late.running());
   CHECK(job.Ranks().count("s2") == 0);
-  pb::AdminRequest out;
-  out.set_op("scale_out");
-  out.set_worker_num(1);
-  out.set_server_num(2);
-  job.Admin(out);
-  ready = job.WaitReady();
-  CHECK(ready.server_num() == 2);
-  CHECK(ready.registered_servers() == 2);
-  CHECK(job.Ranks()["s2"] == 1);
+  ScaleOutToTwoServers(job, "s2");
   CHECK_THAT(late.Log(), Catch::Contains("admitted after") &&
                              Catch::Contains("of \"scale-in running\", then \"quota full\""));
-  std::this_thread::sleep_for(300ms);  // pushes go on under the new membership
-  pusher.Stop();
-  INFO("last error: " << pusher.last_error());
-  CHECK(pusher.failed() == 0);
-  REQUIRE(pusher.acked() > 0);
-  CheckSums(w0, pusher.acked());
-  CheckExactlyOneOwner(w0, 2, pusher.acked());
+  StopAndCheck(pusher, w0, 2);
   // The scheduler logged each reason it refused the server for once.
   CHECK(Occurrences(job.SchedulerLog(), "refused server s2") == 2);
   w0.Stop();
