@@ -1029,6 +1029,28 @@ TEST_CASE("a REGISTER with a port out of range or too many devices is refused - 
   REQUIRE(reg(1, 2).ok());  // in range: registered
 }
 
+TEST_CASE("KV values of every length class come back byte for byte - blocking and asynchronous sets",
+          "[node][net][coord]") {
+  // A SET's value is appended to the encoded request by hand (its length a varint of 1, 2,
+  // 3 bytes): each length at a varint boundary, with every byte value, both ways of sending.
+  TestCluster c(SchedOpts(1, 0));
+  c.StartWorkers(1);
+  Node& a = c.node(0);
+  for (size_t len : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{16383}, size_t{16384}, size_t{1} << 20}) {
+    std::string value(len, '\0');
+    for (size_t i = 0; i < len; ++i) value[i] = static_cast<char>((i * 131 + len) & 0xff);
+    const std::string key = "len/" + std::to_string(len);
+    INFO("length " << len);
+    REQUIRE(a.KvSet(key, value).ok());
+    CHECK(Val(a.KvTryGet(key)) == value);
+    CHECK(a.KvSet(key, "other", /*overwrite=*/false).code() == Code::kAlreadyExists);
+    std::promise<Status> set;
+    a.KvSetAsync(key + "/async", value, /*overwrite=*/false, [&set](Status st) { set.set_value(st); });
+    REQUIRE(set.get_future().get().ok());
+    CHECK(Val(a.KvGet(key + "/async", 1s)) == value);
+  }
+}
+
 TEST_CASE("a peer that asks for large KV values and never reads is closed at the queued-output cap - the scheduler lives on",
           "[node][net][coord]") {
   // Each GET of "big" is answered at once with 1 MiB; the 4 MiB cap closes the connection

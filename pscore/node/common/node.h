@@ -171,6 +171,8 @@ class Node {
   // Blocking call to the scheduler from a user thread.
   Result<comm::Frame> CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
                                     Duration timeout);
+  // The same with the request already encoded (a large KV value copied once, into it).
+  Result<comm::Frame> CallScheduler(pb::NodeCommand cmd, BufferPtr payload, Duration timeout);
   // The same without waiting: any thread; done runs on the loop thread.
   // BARRIER, KV_REQUEST and FINISH calls that find no registered scheduler link, or lose it
   // (or time out while the scheduler answered nothing), are re-issued once the node has
@@ -180,6 +182,8 @@ class Node {
   // The same, telling done whether the answer is to a re-issued call (an idempotence check
   // may need it: a SET that must not overwrite finds its own value).
   void CallSchedulerReissuable(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
+                               std::function<void(Result<comm::Frame>, bool reissued)> done);
+  void CallSchedulerReissuable(pb::NodeCommand cmd, BufferPtr payload, Duration timeout,
                                std::function<void(Result<comm::Frame>, bool reissued)> done);
   // Loop thread: the address of server `rank` in the current metadata ("" if none), and
   // whether an address still belongs to a member.
@@ -338,8 +342,7 @@ class Node {
   // call of its thread on another link.
   std::atomic<uint64_t> loop_calls_out_{0};
   // A blocking KV or barrier call the direct way; nullopt: send it the loop's way.
-  std::optional<Result<comm::Frame>> CallDirect(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
-                                                Duration timeout);
+  std::optional<Result<comm::Frame>> CallDirect(pb::NodeCommand cmd, const BufferPtr& payload, Duration timeout);
   // Loop thread: opens the direct way on the registered scheduler link, or closes it.
   void OpenDirectCalls();
   void CloseDirectCalls(const char* why);

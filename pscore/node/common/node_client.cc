@@ -1,5 +1,7 @@
 // Node: the coordination client (ready, finish, KV, barriers, errors, events), blocking
 // and asynchronous, over the control calls of node_control_calls.cc.
+#include <cstring>
+
 #include "pscore/node/common/handoff.h"
 #include "pscore/node/common/node.h"
 #include "pscore/node/common/wire.h"
@@ -58,11 +60,26 @@ pb::KvRequest KvRequestFor(pb::KvRequest::Op op, const std::string& key) {
   return req;
 }
 
-pb::KvRequest KvSetRequest(const std::string& key, const std::string& value, bool overwrite) {
-  pb::KvRequest req = KvRequestFor(pb::KvRequest::SET, key);
-  req.set_value(value);
-  req.set_overwrite(overwrite);
-  return req;
+// A SET's KvRequest, encoded with the value copied once, straight into the payload: the
+// other fields are serialised first, then `value` (field 3) is appended as the wire format
+// allows (a parser takes fields in any order).
+BufferPtr KvSetPayload(const std::string& key, const std::string& value, bool overwrite) {
+  pb::KvRequest head = KvRequestFor(pb::KvRequest::SET, key);
+  head.set_overwrite(overwrite);
+  const size_t head_size = head.ByteSizeLong();
+  uint8_t field[1 + 10];
+  size_t field_size = 0;
+  field[field_size++] = (pb::KvRequest::kValueFieldNumber << 3) | 2;  // length-delimited
+  for (uint64_t n = value.size(); ; n >>= 7) {
+    field[field_size++] = static_cast<uint8_t>(n < 0x80 ? n : (n & 0x7f) | 0x80);
+    if (n < 0x80) break;
+  }
+  BufferPtr buf = Buffer::Allocate(head_size + field_size + value.size());
+  uint8_t* out = reinterpret_cast<uint8_t*>(buf->data());
+  head.SerializeWithCachedSizesToArray(out);
+  std::memcpy(out + head_size, field, field_size);
+  if (!value.empty()) std::memcpy(out + head_size + field_size, value.data(), value.size());
+  return buf;
 }
 
 // The value of a GET or TRY_GET answer.
@@ -77,7 +94,7 @@ Result<std::string> KvValue(Result<Frame> r) {
 
 Status Node::KvSet(const std::string& key, const std::string& value, bool overwrite) {
   if (overwrite) {  // the same again ends in the same state: any way may send it
-    return CallScheduler(pb::KV_REQUEST, KvSetRequest(key, value, overwrite), options_.request_timeout).status();
+    return CallScheduler(pb::KV_REQUEST, KvSetPayload(key, value, overwrite), options_.request_timeout).status();
   }
   auto answer = std::make_shared<Handoff<Status>>();
   CHECK(!loop_->OnRunningLoop()) << "blocking pscore call on the loop thread";
@@ -98,7 +115,7 @@ Result<std::string> Node::KvTryGet(const std::string& key) {
 void Node::KvSetAsync(const std::string& key, const std::string& value, bool overwrite,
                       std::function<void(Status)> done) {
   CallSchedulerReissuable(
-      pb::KV_REQUEST, KvSetRequest(key, value, overwrite), options_.request_timeout,
+      pb::KV_REQUEST, KvSetPayload(key, value, overwrite), options_.request_timeout,
       [this, key, value, overwrite, done = std::move(done)](Result<Frame> r, bool reissued) {
         if (overwrite || !reissued || r.status().code() != Code::kAlreadyExists) return done(r.status());
         // A re-issued SET that must not overwrite may find the value its first send stored:

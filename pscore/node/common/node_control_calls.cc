@@ -29,9 +29,14 @@ void Node::CallSchedulerAsync(pb::NodeCommand cmd, const google::protobuf::Messa
 
 void Node::CallSchedulerReissuable(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg, Duration timeout,
                                    std::function<void(Result<Frame>, bool reissued)> done) {
+  CallSchedulerReissuable(cmd, ToBuffer(msg), timeout, std::move(done));
+}
+
+void Node::CallSchedulerReissuable(pb::NodeCommand cmd, BufferPtr payload, Duration timeout,
+                                   std::function<void(Result<Frame>, bool reissued)> done) {
   auto call = std::make_shared<ControlCall>();
   call->cmd = cmd;
-  call->payload = ToBuffer(msg);
+  call->payload = std::move(payload);
   call->timeout = timeout;
   loop_calls_out_.fetch_add(1, std::memory_order_acq_rel);
   call->done = [this, done = std::move(done)](Result<Frame> r, bool reissued) {
@@ -43,12 +48,11 @@ void Node::CallSchedulerReissuable(pb::NodeCommand cmd, const google::protobuf::
   if (!queued) call->done(Stopped(), false);
 }
 
-std::optional<Result<Frame>> Node::CallDirect(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
-                                              Duration timeout) {
+std::optional<Result<Frame>> Node::CallDirect(pb::NodeCommand cmd, const BufferPtr& payload, Duration timeout) {
   if (cmd != pb::KV_REQUEST && cmd != pb::BARRIER) return std::nullopt;
   if (loop_calls_out_.load(std::memory_order_acquire) != 0) return std::nullopt;
   uint64_t session = 0;
-  std::optional<Result<Frame>> answer = direct_calls_.TryCall(cmd, ToBuffer(msg), timeout, &session);
+  std::optional<Result<Frame>> answer = direct_calls_.TryCall(cmd, payload, timeout, &session);
   if (answer && core::IsStaleSession(answer->status())) {
     // Nothing was done. The loop registers again before it takes the call, which it then
     // parks and re-issues under the new session.
@@ -155,10 +159,15 @@ void Node::FailParked(bool all, const std::string& why) {
 
 Result<Frame> Node::CallScheduler(pb::NodeCommand cmd, const google::protobuf::MessageLite& msg,
                                   Duration timeout) {
+  return CallScheduler(cmd, ToBuffer(msg), timeout);
+}
+
+Result<Frame> Node::CallScheduler(pb::NodeCommand cmd, BufferPtr payload, Duration timeout) {
   CHECK(!loop_->OnRunningLoop()) << "blocking pscore call on the loop thread";
-  if (std::optional<Result<Frame>> direct = CallDirect(cmd, msg, timeout)) return std::move(*direct);
+  if (std::optional<Result<Frame>> direct = CallDirect(cmd, payload, timeout)) return std::move(*direct);
   auto answer = std::make_shared<Handoff<Result<Frame>>>();
-  CallSchedulerAsync(cmd, msg, timeout, [answer](Result<Frame> r) { answer->Put(std::move(r)); });
+  CallSchedulerReissuable(cmd, std::move(payload), timeout,
+                          [answer](Result<Frame> r, bool) { answer->Put(std::move(r)); });
   // A re-issued call is always answered: by the scheduler, at the recovery timeout, or when
   // the node terminates or stops.
   if (Reissuable(cmd)) return answer->Take();

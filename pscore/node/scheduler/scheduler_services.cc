@@ -119,11 +119,11 @@ void SchedulerNode::HandleKv(ConnId conn, const Frame& frame) {
   pb::KvResponse resp;
   switch (req.op()) {
     case pb::KvRequest::SET:
-      st = kv_.Set(req.key(), req.value(), req.overwrite());
+      st = kv_.Set(req.key(), std::move(*req.mutable_value()), req.overwrite());
       break;
     case pb::KvRequest::TRY_GET: {
       Result<std::string> r = kv_.TryGet(req.key());
-      if (r.ok()) resp.set_value(*r);
+      if (r.ok()) resp.set_value(std::move(*r));
       st = r.status();
       break;
     }
@@ -164,7 +164,7 @@ void SchedulerNode::StartKvGet(ConnId conn, const pb::MessageMeta& meta, const p
   *id = kv_.Get(req.key(), WireMillis(req.timeout_ms()), [this, conn, meta, id](Result<std::string> r) {
     if (*id != 0) ForgetGet(conn, *id);
     pb::KvResponse out;
-    if (r.ok()) out.set_value(*r);
+    if (r.ok()) out.set_value(std::move(*r));
     Reply(conn, meta, r.status(), ToBuffer(out));
   });
   // Looked up again: an answer given at once may have closed the connection (a peer over
