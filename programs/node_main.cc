@@ -103,11 +103,11 @@ int RunScheduler(const node::CommandLine& cl) {
 }
 
 // Node::Start blocks until the scheduler admitted the node (up to --connect_timeout_ms, and
-// --join_timeout_ms more while its role's quota is full or a scale-in runs). It runs on a thread of its own so
-// that SIGINT/SIGTERM meanwhile ends the process at once (exit 1), without waiting for a
-// Start that would only return at its deadline. The node is not stopped: Stop must not run
-// while Start does, and the process ends as a SIGKILL would end it (the journal and state
-// files are written to survive that).
+// --join_timeout_ms more while its role's quota is full or a scale-in runs). It runs on a
+// thread of its own so that SIGINT/SIGTERM meanwhile ends the process at once (exit 1),
+// without waiting for a Start that would only return at its deadline. The node is not
+// stopped: Stop must not run while Start does, and the process ends as a SIGKILL would end
+// it (the journal and state files are written to survive that).
 Status StartOrSignal(node::Node* n) {
   std::promise<Status> started;
   std::future<Status> done = started.get_future();

@@ -1,8 +1,9 @@
 // RepeatFilter: decides which lines of a repeating log message to write. The same message
 // about the same subject (a node id) is written once per `period`; the repeats between are
 // counted and the subject's next line written carries their count. A subject whose message
-// changes is written at once. At most `max_subjects` subjects are remembered (the names come from the
-// wire): past that the memory is cleared, and each subject's next line is written.
+// changes is written at once. At most `max_subjects` subjects are remembered (the names
+// come from the wire): past that the memory is cleared, and each subject's next line is
+// written.
 // Single-threaded (the owner's loop thread).
 #pragma once
 

@@ -62,9 +62,8 @@ void Node::Register() {
       if (WaitToJoin(st, kind)) return;
       const int64_t waited = ToMillis(clock_.Now() - *refused_since_);
       if (waited > 0) {
-        st = Status(st.code(), st.message() + " (registered again for " + std::to_string(waited) + " ms: " +
-                                   (kind == JoinRefusal::kQuotaFull ? "no scale-out made room" : "the scale-in did not end") +
-                                   ")");
+        const char* why = kind == JoinRefusal::kQuotaFull ? "no scale-out made room" : "the scale-in did not end";
+        st = Status(st.code(), st.message() + " (registered again for " + std::to_string(waited) + " ms: " + why + ")");
       }
     }
     LOG(ERROR) << options_.node_id << ": registration refused: " << st;
