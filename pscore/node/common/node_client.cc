@@ -114,9 +114,10 @@ Result<std::string> Node::KvTryGet(const std::string& key) {
 
 void Node::KvSetAsync(const std::string& key, const std::string& value, bool overwrite,
                       std::function<void(Status)> done) {
+  std::string kept = overwrite ? std::string() : value;  // only the check below needs it
   CallSchedulerReissuable(
       pb::KV_REQUEST, KvSetPayload(key, value, overwrite), options_.request_timeout,
-      [this, key, value, overwrite, done = std::move(done)](Result<Frame> r, bool reissued) {
+      [this, key, value = std::move(kept), overwrite, done = std::move(done)](Result<Frame> r, bool reissued) {
         if (overwrite || !reissued || r.status().code() != Code::kAlreadyExists) return done(r.status());
         // A re-issued SET that must not overwrite may find the value its first send stored:
         // that is its own success, not a conflict.
