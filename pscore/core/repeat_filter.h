@@ -3,7 +3,8 @@
 // counted and the subject's next line written carries their count. A subject whose message
 // changes is written at once. At most `max_subjects` subjects are remembered (the names
 // come from the wire): past that the memory is cleared, and each subject's next line is
-// written.
+// written. (glog's LOG_EVERY_T throttles a call site across every subject: it would hide
+// the first refusal of a second node behind the first node's.)
 // Single-threaded (the owner's loop thread).
 #pragma once
 
