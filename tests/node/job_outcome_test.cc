@@ -223,6 +223,33 @@ TEST_CASE("a member whose link died quietly before the job ended and that never 
   CHECK(job.sched->WaitForExit(20s).ok());
 }
 
+// w1 beats once an hour: its link is up but has been quiet past half the heartbeat timeout
+// when the job is stopped, so the scheduler cannot tell whether the end reached it. w1
+// acknowledges the TERMINATE with a last heartbeat; the scheduler exits on it instead of
+// waiting 3 heartbeat timeouts (12 s).
+TEST_CASE("a member whose link was quiet when the job ended acknowledges the end - the scheduler exits without "
+          "waiting",
+          "[node][net][outcome]") {
+  SchedulerOptions so = SchedOpts();
+  so.server_num = 0;
+  so.heartbeat_timeout = 4s;
+  SchedulerNode sched(so);
+  REQUIRE(sched.Start().ok());
+  Node w0(Opts(pb::WORKER, sched.port(), "w0"), nullptr);
+  NodeOptions quiet = Opts(pb::WORKER, sched.port(), "w1");
+  quiet.heartbeat_interval = 1h;
+  Node w1(quiet, nullptr);
+  for (Node* n : {&w0, &w1}) REQUIRE(n->Start().ok());
+  for (Node* n : {&w0, &w1}) REQUIRE(n->WaitForReady(10s).ok());
+  std::this_thread::sleep_for(2200ms);
+  REQUIRE(AdminStop(sched.port()).ok());
+  for (Node* n : {&w0, &w1}) CHECK(n->WaitForTermination(5s).ok());
+  CHECK(sched.WaitForExit(3s).ok());
+  CHECK(sched.outcome().result == core::JobOutcome::Result::kStopped);
+  for (Node* n : {&w0, &w1}) n->Stop();
+  sched.Stop();
+}
+
 TEST_CASE("a member that closed a live link before the job ended left by choice - the scheduler does not wait for it",
           "[node][net][outcome]") {
   SchedulerOptions so = SchedOpts();

@@ -201,18 +201,21 @@ bool Node::Terminate(const Status& why) {
 }
 
 // The scheduler ends the job; error_code kAborted says it failed, and the message why
-// (bounded: it is shown in one log line).
+// (bounded: it is shown in one log line). One last heartbeat acknowledges the end: a
+// scheduler that had not heard from this member lately does not know the notice arrived,
+// and waits for a word from it (SchedulerNode::AwaitUntold) before it exits.
 void Node::TerminateAsTold(const pb::ClusterEventMessage& end) {
   DCHECK(loop_->InLoopThread());
-  if (end.error_code() != static_cast<int>(Code::kAborted)) {
-    Terminate(Status::Ok());
-    return;
+  Status outcome = Status::Ok();
+  if (end.error_code() == static_cast<int>(Code::kAborted)) {
+    constexpr size_t kMaxReason = 4096;
+    std::string why = end.message().substr(0, kMaxReason);
+    if (why.rfind("job failed", 0) != 0) why = "job failed: " + why;
+    outcome = Status(Code::kAborted, why);
   }
-  constexpr size_t kMaxReason = 4096;
-  std::string why = end.message().substr(0, kMaxReason);
-  if (why.rfind("job failed", 0) != 0) why = "job failed: " + why;
-  Status failed(Code::kAborted, why);
-  if (Terminate(failed)) LOG(ERROR) << RoleLabel(options_.role) << " " << options_.node_id << ": " << why;
+  if (!Terminate(outcome)) return;
+  if (!outcome.ok()) LOG(ERROR) << RoleLabel(options_.role) << " " << options_.node_id << ": " << outcome.message();
+  Heartbeat();
 }
 
 int Node::rank() const {

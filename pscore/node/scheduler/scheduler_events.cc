@@ -111,7 +111,14 @@ bool SchedulerNode::TellEndIfUntold(ConnId conn, const std::string& node_id, uin
   const core::NodeRecord* rec = cluster_.Find(node_id);
   if (rec == nullptr || rec->incarnation != incarnation) return false;
   untold_.erase(node_id);
-  LOG(INFO) << "scheduler: " << node_id << " came back after the job ended; telling it";
+  // On the link the end went out on: most likely the member's acknowledgement (a beat sent
+  // before the notice arrived gets the second notice, which it ignores if it had the first).
+  auto c = conn_of_.find(node_id);
+  if (c != conn_of_.end() && c->second == conn) {
+    LOG(INFO) << "scheduler: " << node_id << " acknowledged the end";
+  } else {
+    LOG(INFO) << "scheduler: " << node_id << " came back after the job ended; telling it";
+  }
   messenger_->Notify(conn, MakeMeta(pb::TERMINATE, pb::SCHEDULER, 0), ToBuffer(end_notice_)).IgnoreError();
   if (untold_.empty() && untold_timer_ != 0) {
     loop_->CancelTimer(untold_timer_);
