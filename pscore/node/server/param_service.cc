@@ -175,7 +175,8 @@ Status ParamService::Journaled(core::JournalOp op, std::string_view body, const 
 Status ParamService::JournaledRecord(const std::string& header, std::string_view body,
                                    const std::function<Status()>& apply) {
   std::lock_guard<std::mutex> lock(journal_mu_);
-  Status logged = journal_->AppendRecord(header, body);
+  Status logged = AppendPendingDropLocked();
+  if (logged.ok()) logged = journal_->AppendRecord(header, body);
   if (!logged.ok()) {
     // A worker sends a refused push again every 50 ms: one line a second says it.
     const uint64_t errors = journal_errors_.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -207,21 +208,35 @@ void ParamService::ConfirmRestored() {
   restored_unconfirmed_.clear();
 }
 
+// The entries leave the store whether or not the journal takes their drop now: they are
+// stale, and must not be served. A drop the journal refused is written before the next
+// record it takes (AppendPendingDropLocked), so a later insert of one of these keys follows
+// it on disk; a restart before then restores them as unconfirmed again.
 size_t ParamService::DropUnconfirmedRestored() {
   if (!journal_) return 0;
   std::lock_guard<std::mutex> lock(journal_mu_);
   if (restored_unconfirmed_.empty()) return 0;
   std::vector<uint64_t> keys(restored_unconfirmed_.begin(), restored_unconfirmed_.end());
   restored_unconfirmed_.clear();
-  Status logged = journal_->Append(core::JournalOp::kDropKeys, core::EncodeJournalDropKeys(keys));
+  const size_t dropped = store_.Erase(keys.data(), keys.size());
+  pending_drop_.insert(pending_drop_.end(), keys.begin(), keys.end());
+  Status logged = AppendPendingDropLocked();
   if (!logged.ok()) {
     journal_errors_.fetch_add(1, std::memory_order_relaxed);
-    LOG(ERROR) << "server " << options_.node_id << ": stale restored entries kept: " << logged;
-    return 0;
+    LOG(ERROR) << "server " << options_.node_id << ": the drop of " << keys.size()
+               << " stale restored entries is not journaled yet (" << logged << "); it goes before the next change";
+    if (on_journal_error_) on_journal_error_(logged);
+    return dropped;
   }
-  size_t dropped = store_.Erase(keys.data(), keys.size());
   journal_->MaybeCompact(/*may_wait=*/!loop_->InLoopThread());
   return dropped;
+}
+
+Status ParamService::AppendPendingDropLocked() {
+  if (pending_drop_.empty()) return Status::Ok();
+  PSCORE_RETURN_IF_ERROR(journal_->Append(core::JournalOp::kDropKeys, core::EncodeJournalDropKeys(pending_drop_)));
+  std::vector<uint64_t>().swap(pending_drop_);
+  return Status::Ok();
 }
 
 }  // namespace pscore::node

@@ -97,6 +97,7 @@ class ParamService {
   void ConfirmRestored();
   // A server joining a scale-out as a new member: drops the restored entries no
   // migration has overwritten (they belong to an earlier membership); returns how many.
+  // A journal that refuses the drop is reported as any refused change is.
   size_t DropUnconfirmedRestored();
 
  private:
@@ -115,6 +116,8 @@ class ParamService {
   // A push with an id: nullopt when it is new (claimed: apply it, then end the claim),
   // otherwise the answer to give without applying it (ok: it was applied already).
   std::optional<Status> ClaimPush(const core::PushId& id);
+  // journal_mu_ held: writes the drop of stale restored entries the journal refused before.
+  Status AppendPendingDropLocked();
   // Sends the push to the server ranks `backups` (kReplicateHandler, same push id) and
   // returns the callback through which this server reports its own apply (once): r is
   // answered ok when that and every backup's apply are, or fails at the first that is not
@@ -140,6 +143,7 @@ class ParamService {
   // Keys restored from the journal and not yet confirmed: by a view of this server as a
   // member or by a migration overwriting them (guarded by journal_mu_).
   std::unordered_set<uint64_t> restored_unconfirmed_;
+  std::vector<uint64_t> pending_drop_;  // journal_mu_: dropped from the store, not yet journaled
 };
 
 }  // namespace pscore::node
