@@ -155,11 +155,17 @@ void KvStore::Deliver(Answers* answers) {
 }
 
 Result<std::string> KvStore::TryGet(const std::string& key) const {
+  Result<std::string_view> view = TryGetView(key);
+  if (!view.ok()) return view.status();
+  return std::string(*view);
+}
+
+Result<std::string_view> KvStore::TryGetView(const std::string& key) const {
   Result<std::string> norm = NormalizeKey(key);
   if (!norm.ok()) return norm.status();
   auto it = entries_.find(*norm);
   if (it == entries_.end()) return Status(Code::kNotFound, "kv key " + *norm + " not found");
-  return it->second;
+  return std::string_view(it->second);
 }
 
 KvStore::Entries KvStore::List(const std::string& dir) const {

@@ -70,6 +70,8 @@ class KvStore {
 
   // The value, or kNotFound at once (kInvalidArgument for a bad key).
   Result<std::string> TryGet(const std::string& key) const;
+  // The same without a copy: the view holds until the store next changes.
+  Result<std::string_view> TryGetView(const std::string& key) const;
   // Every key strictly under dir/ (recursively), sorted bytewise. "" or "/" lists everything.
   Entries List(const std::string& dir) const;
   // Removes key and everything under key/ ("a/b" keeps "a/bc"). Missing or invalid key: no-op.

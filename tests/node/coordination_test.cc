@@ -959,34 +959,18 @@ TEST_CASE("a scheduler answer over max_message_bytes becomes an error answer - t
 // nothing else is answered.
 class SwallowingScheduler {
  public:
-  SwallowingScheduler() : loop_("fake-sched") {
-    comm::Messenger::Handlers h;
-    h.on_request = [this](comm::ConnId conn, comm::Frame&& frame) {
-      if (frame.meta.cmd() != pb::REGISTER) return;
-      if (registers_.fetch_add(1) == 0) return;
-      pb::RegisterRespMessage resp;
-      resp.set_rank_id(0);
-      messenger_->Reply(conn, frame.meta, resp).IgnoreError();
-    };
-    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), h);
-    REQUIRE(loop_.Start().ok());
-    Result<int> port = Status(Code::kInternal, "not listening");
-    loop_.RunAndWait([&] { port = messenger_->transport().Listen("127.0.0.1", 0); });
-    REQUIRE(port.ok());
-    port_ = *port;
-  }
-  ~SwallowingScheduler() {
-    loop_.RunAndWait([this] { messenger_->Shutdown(); });
-    loop_.Stop().IgnoreError();
-  }
-  int port() const { return port_; }
+  int port() const { return listener_.port(); }
   int registers() const { return registers_.load(); }
 
  private:
-  comm::EventLoop loop_;
-  std::unique_ptr<comm::Messenger> messenger_;
   std::atomic<int> registers_{0};
-  int port_ = 0;
+  testing::RawListener listener_{[this](comm::ConnId conn, comm::Frame&& frame) {
+    if (frame.meta.cmd() != pb::REGISTER) return;
+    if (registers_.fetch_add(1) == 0) return;
+    pb::RegisterRespMessage resp;
+    resp.set_rank_id(0);
+    listener_.messenger().Reply(conn, frame.meta, resp).IgnoreError();
+  }};
 };
 
 TEST_CASE("a REGISTER that times out while the link stays up is sent again - the node registers",
@@ -1029,10 +1013,11 @@ TEST_CASE("a REGISTER with a port out of range or too many devices is refused - 
   REQUIRE(reg(1, 2).ok());  // in range: registered
 }
 
-TEST_CASE("KV values of every length class come back byte for byte - blocking and asynchronous sets",
+TEST_CASE("KV values of every length class come back byte for byte - blocking and asynchronous sets, held and awaited gets",
           "[node][net][coord]") {
-  // A SET's value is appended to the encoded request by hand (its length a varint of 1, 2,
-  // 3 bytes): each length at a varint boundary, with every byte value, both ways of sending.
+  // A SET's value, and a GET answer's, is appended to the encoded message by hand (its
+  // length a varint of 1, 2, 3 bytes): each length at a varint boundary, with every byte
+  // value, both ways of sending, answered from the store and from the set that wakes a GET.
   TestCluster c(SchedOpts(1, 0));
   c.StartWorkers(1);
   Node& a = c.node(0);
@@ -1048,6 +1033,16 @@ TEST_CASE("KV values of every length class come back byte for byte - blocking an
     a.KvSetAsync(key + "/async", value, /*overwrite=*/false, [&set](Status st) { set.set_value(st); });
     REQUIRE(set.get_future().get().ok());
     CHECK(Val(a.KvGet(key + "/async", 1s)) == value);
+    // A GET that waits for the key is answered from the set that wakes it.
+    std::promise<Result<std::string>> later;
+    a.KvGetAsync(key + "/later", 10s, [&later](Result<std::string> got) { later.set_value(std::move(got)); });
+    for (auto deadline = std::chrono::steady_clock::now() + 10s;
+         c.sched().kv_gets_waiting() == 0 && std::chrono::steady_clock::now() < deadline;) {
+      std::this_thread::sleep_for(1ms);
+    }
+    REQUIRE(c.sched().kv_gets_waiting() == 1);
+    REQUIRE(a.KvSet(key + "/later", value).ok());
+    CHECK(Val(later.get_future().get()) == value);
   }
 }
 

@@ -15,18 +15,12 @@
 #include "pscore/node/common/executor.h"
 #include "pscore/node/server/key_migration.h"
 #include "pscore/node/server/key_ownership.h"
+#include "node/no_links.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
 namespace pscore::node {
 namespace {
-
-class NoLinks : public ServerLinks {
- public:
-  void CallServer(int, pb::MessageMeta, BufferPtr, std::function<void(Result<comm::Frame>)> done) override {
-    done(Status(Code::kUnavailable, "test: no other servers"));
-  }
-};
 
 // The first key from `from` whose range is `range` of `n` and, when `then_n` > 0, range
 // `then_range` of `then_n`.
@@ -43,7 +37,7 @@ uint64_t KeyIn(uint64_t from, int range, int n, int then_range = -1, int then_n 
 struct Server {
   comm::EventLoop loop{"migration-test"};
   KeyOwnership ownership{"s0"};
-  NoLinks links;
+  testing::NoLinks links;
   ParamService params{ParamService::Options{"s0", "", 0, 0}, core::ParamStore::Options{}, &loop, &ownership, &links,
                       std::make_shared<std::atomic<uint64_t>>(0)};
   Executor executor{2};

@@ -7,13 +7,11 @@
 #include <mutex>
 #include <string>
 
-#include "pscore/comm/event_loop.h"
-#include "pscore/comm/messenger.h"
 #include "pscore/node/common/wire.h"
 #include "pscore/node/worker/worker_node.h"
 #include "node/test_options.h"
 
-#include "comm/test_util.h"  // last: Catch's CHECK wins over glog's
+#include "node/raw_link.h"  // last: pulls in Catch
 
 namespace pscore::node {
 namespace {
@@ -25,22 +23,8 @@ using namespace std::chrono_literals;
 // first SET stores instead: another member's set that got there first.
 class AnswerLosingScheduler {
  public:
-  explicit AnswerLosingScheduler(std::string other_value = "")
-      : other_value_(std::move(other_value)), loop_("fake-sched") {
-    comm::Messenger::Handlers h;
-    h.on_request = [this](comm::ConnId conn, comm::Frame&& frame) { OnRequest(conn, frame); };
-    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), h);
-    REQUIRE(loop_.Start().ok());
-    Result<int> port = Status(Code::kInternal, "not listening");
-    loop_.RunAndWait([&] { port = messenger_->transport().Listen("127.0.0.1", 0); });
-    REQUIRE(port.ok());
-    port_ = *port;
-  }
-  ~AnswerLosingScheduler() {
-    loop_.RunAndWait([this] { messenger_->Shutdown(); });
-    loop_.Stop().IgnoreError();
-  }
-  int port() const { return port_; }
+  explicit AnswerLosingScheduler(std::string other_value = "") : other_value_(std::move(other_value)) {}
+  int port() const { return listener_.port(); }
   // SETs received, TRY_GETs received.
   int sets() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -62,18 +46,18 @@ class AnswerLosingScheduler {
       pb::RegisterRespMessage resp;
       resp.set_rank_id(0);
       resp.set_session_id(1);
-      messenger_->Reply(conn, frame.meta, resp).IgnoreError();
+      listener_.messenger().Reply(conn, frame.meta, resp).IgnoreError();
       return;
     }
     if (frame.meta.cmd() != pb::KV_REQUEST) {
-      messenger_->Reply(conn, frame.meta, Status::Ok()).IgnoreError();
+      listener_.messenger().Reply(conn, frame.meta, Status::Ok()).IgnoreError();
       return;
     }
     pb::KvRequest req;
     Status parsed = ParsePayload(frame, &req);
     if (!parsed.ok() || (req.op() != pb::KvRequest::TRY_GET && req.op() != pb::KvRequest::SET)) {
       // The cases below fail on this answer (no Catch macros off the test's thread).
-      messenger_->Reply(conn, frame.meta, Status(Code::kInvalidArgument, "not a SET or TRY_GET")).IgnoreError();
+      listener_.messenger().Reply(conn, frame.meta, Status(Code::kInvalidArgument, "not a SET or TRY_GET")).IgnoreError();
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -81,38 +65,36 @@ class AnswerLosingScheduler {
       ++reads_;
       auto it = store_.find(req.key());
       if (it == store_.end()) {
-        messenger_->Reply(conn, frame.meta, Status(Code::kNotFound, "no " + req.key())).IgnoreError();
+        listener_.messenger().Reply(conn, frame.meta, Status(Code::kNotFound, "no " + req.key())).IgnoreError();
         return;
       }
       pb::KvResponse resp;
       resp.set_value(it->second);
-      messenger_->Reply(conn, frame.meta, resp).IgnoreError();
+      listener_.messenger().Reply(conn, frame.meta, resp).IgnoreError();
       return;
     }
     ++sets_;
     if (sets_ == 1) {
       store_[req.key()] = other_value_.empty() ? req.value() : other_value_;
-      messenger_->transport().Close(conn, Status(Code::kUnavailable, "answer lost"));
+      listener_.messenger().transport().Close(conn, Status(Code::kUnavailable, "answer lost"));
       return;
     }
     auto [it, added] = store_.emplace(req.key(), req.value());
     if (!added && !req.overwrite()) {
-      messenger_->Reply(conn, frame.meta, Status(Code::kAlreadyExists, "kv key " + req.key() + " already exists"))
+      listener_.messenger().Reply(conn, frame.meta, Status(Code::kAlreadyExists, "kv key " + req.key() + " already exists"))
           .IgnoreError();
       return;
     }
     it->second = req.value();
-    messenger_->Reply(conn, frame.meta, Status::Ok()).IgnoreError();
+    listener_.messenger().Reply(conn, frame.meta, Status::Ok()).IgnoreError();
   }
 
   const std::string other_value_;
-  comm::EventLoop loop_;
-  std::unique_ptr<comm::Messenger> messenger_;
   mutable std::mutex mu_;
   std::map<std::string, std::string> store_;
   int sets_ = 0;
   int reads_ = 0;
-  int port_ = 0;
+  testing::RawListener listener_{[this](comm::ConnId conn, comm::Frame&& frame) { OnRequest(conn, frame); }};
 };
 
 NodeOptions WorkerOpts(int port) {

@@ -1,8 +1,10 @@
 // A bare messenger link to one port, for tests that speak the protocol without a node:
-// its own loop, one dialled connection, calls with deadlines. Include before Catch.
+// its own loop, one dialled connection, calls with deadlines; and a bare listener, the
+// same for the other end (a stand-in scheduler). Include before Catch.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -79,6 +81,38 @@ class RawLink {
   comm::EventLoop loop_;
   std::unique_ptr<comm::Messenger> messenger_;
   comm::ConnId conn_ = 0;
+};
+
+// A messenger listening on an ephemeral port of 127.0.0.1, on its own loop: every request
+// goes to `on_request` on that loop, which answers through messenger(). Declare it after
+// whatever the handler uses, so it stops first.
+class RawListener {
+ public:
+  using Handler = std::function<void(comm::ConnId, comm::Frame&&)>;
+  explicit RawListener(Handler on_request) : loop_("fake-sched") {
+    comm::Messenger::Handlers h;
+    h.on_request = std::move(on_request);
+    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), h);
+    REQUIRE(loop_.Start().ok());
+    Result<int> port = Status(Code::kInternal, "not listening");
+    loop_.RunAndWait([&] { port = messenger_->transport().Listen("127.0.0.1", 0); });
+    REQUIRE(port.ok());
+    port_ = *port;
+  }
+  ~RawListener() {
+    loop_.RunAndWait([this] { messenger_->Shutdown(); });
+    loop_.Stop().IgnoreError();
+  }
+  RawListener(const RawListener&) = delete;
+  RawListener& operator=(const RawListener&) = delete;
+
+  int port() const { return port_; }
+  comm::Messenger& messenger() { return *messenger_; }  // on the loop only
+
+ private:
+  comm::EventLoop loop_;
+  std::unique_ptr<comm::Messenger> messenger_;
+  int port_ = 0;
 };
 
 }  // namespace pscore::testing

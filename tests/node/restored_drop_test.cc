@@ -14,18 +14,12 @@
 
 #include "multiproc/process.h"  // TempDir
 #include "node/full_disk.h"
+#include "node/no_links.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
 
 namespace pscore::node {
 namespace {
-
-class NoLinks : public ServerLinks {
- public:
-  void CallServer(int, pb::MessageMeta, BufferPtr, std::function<void(Result<comm::Frame>)> done) override {
-    done(Status(Code::kUnavailable, "test: no other servers"));
-  }
-};
 
 // One server's parameter service over `data_dir`, opened (the journal restored).
 struct Params {
@@ -56,7 +50,7 @@ struct Params {
 
   comm::EventLoop loop{"restored-drop-test"};
   KeyOwnership ownership{"s0"};
-  NoLinks links;
+  testing::NoLinks links;
   ParamService params;
   std::atomic<int> reported{0};
 };

@@ -151,21 +151,7 @@ TEST_CASE("sessions: a scheduler restarted with --state_dir keeps its session - 
 // as the scheduler refuses it; KV_REQUEST and SEND_EVENT are answered OK and recorded.
 class SessionScheduler {
  public:
-  SessionScheduler() : loop_("fake-sched") {
-    comm::Messenger::Handlers h;
-    h.on_request = [this](comm::ConnId conn, comm::Frame&& frame) { OnRequest(conn, frame); };
-    messenger_ = std::make_unique<comm::Messenger>(&loop_, comm::TransportOptions(), h);
-    REQUIRE(loop_.Start().ok());
-    Result<int> port = Status(Code::kInternal, "not listening");
-    loop_.RunAndWait([&] { port = messenger_->transport().Listen("127.0.0.1", 0); });
-    REQUIRE(port.ok());
-    port_ = *port;
-  }
-  ~SessionScheduler() {
-    loop_.RunAndWait([this] { messenger_->Shutdown(); });
-    loop_.Stop().IgnoreError();
-  }
-  int port() const { return port_; }
+  int port() const { return listener_.port(); }
   int registers() const { return registers_.load(); }
   void NewSession() { session_.fetch_add(1); }
   // The sessions the KV requests came with, in order.
@@ -182,7 +168,7 @@ class SessionScheduler {
       pb::RegisterRespMessage resp;
       resp.set_rank_id(0);
       resp.set_session_id(session_.load());
-      messenger_->Reply(conn, frame.meta, resp).IgnoreError();
+      listener_.messenger().Reply(conn, frame.meta, resp).IgnoreError();
       return;
     }
     if (frame.meta.cmd() == pb::KV_REQUEST) {
@@ -191,25 +177,23 @@ class SessionScheduler {
     }
     Status st = rules_.CheckSession(frame.meta.session_id());
     if (!st.ok()) {
-      messenger_->Reply(conn, frame.meta, st).IgnoreError();
+      listener_.messenger().Reply(conn, frame.meta, st).IgnoreError();
       return;
     }
     if (frame.meta.cmd() == pb::HEARTBEAT) {
-      messenger_->Reply(conn, frame.meta, pb::HeartbeatRespMessage()).IgnoreError();
+      listener_.messenger().Reply(conn, frame.meta, pb::HeartbeatRespMessage()).IgnoreError();
       return;
     }
-    messenger_->Reply(conn, frame.meta, Status::Ok()).IgnoreError();
+    listener_.messenger().Reply(conn, frame.meta, Status::Ok()).IgnoreError();
   }
 
   SteadyClock clock_;
   core::ClusterManager rules_{core::ClusterConfig(), &clock_};  // loop thread
-  comm::EventLoop loop_;
-  std::unique_ptr<comm::Messenger> messenger_;
   std::atomic<int> registers_{0};
   std::atomic<uint64_t> session_{1};
   mutable std::mutex mu_;
   std::vector<uint64_t> kv_sessions_;
-  int port_ = 0;
+  testing::RawListener listener_{[this](comm::ConnId conn, comm::Frame&& frame) { OnRequest(conn, frame); }};
 };
 
 TEST_CASE("sessions: a member refused for a stale session registers again by itself - a KV call is re-issued, an event returns the refusal",

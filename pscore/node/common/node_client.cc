@@ -1,6 +1,5 @@
 // Node: the coordination client (ready, finish, KV, barriers, errors, events), blocking
 // and asynchronous, over the control calls of node_control_calls.cc.
-#include <cstring>
 
 #include "pscore/node/common/handoff.h"
 #include "pscore/node/common/node.h"
@@ -60,26 +59,11 @@ pb::KvRequest KvRequestFor(pb::KvRequest::Op op, const std::string& key) {
   return req;
 }
 
-// A SET's KvRequest, encoded with the value copied once, straight into the payload: the
-// other fields are serialised first, then `value` (field 3) is appended as the wire format
-// allows (a parser takes fields in any order).
+// A SET's KvRequest, encoded with the value copied once, straight into the payload.
 BufferPtr KvSetPayload(const std::string& key, const std::string& value, bool overwrite) {
   pb::KvRequest head = KvRequestFor(pb::KvRequest::SET, key);
   head.set_overwrite(overwrite);
-  const size_t head_size = head.ByteSizeLong();
-  uint8_t field[1 + 10];
-  size_t field_size = 0;
-  field[field_size++] = (pb::KvRequest::kValueFieldNumber << 3) | 2;  // length-delimited
-  for (uint64_t n = value.size(); ; n >>= 7) {
-    field[field_size++] = static_cast<uint8_t>(n < 0x80 ? n : (n & 0x7f) | 0x80);
-    if (n < 0x80) break;
-  }
-  BufferPtr buf = Buffer::Allocate(head_size + field_size + value.size());
-  uint8_t* out = reinterpret_cast<uint8_t*>(buf->data());
-  head.SerializeWithCachedSizesToArray(out);
-  std::memcpy(out + head_size, field, field_size);
-  if (!value.empty()) std::memcpy(out + head_size + field_size, value.data(), value.size());
-  return buf;
+  return ToBufferWithBytes(head, pb::KvRequest::kValueFieldNumber, value);
 }
 
 // The value of a GET or TRY_GET answer.

@@ -2,7 +2,9 @@
 // Parsing is bounded by the frame limits already checked by the decoder.
 #pragma once
 
+#include <cstring>
 #include <string>
+#include <string_view>
 
 #include <google/protobuf/message_lite.h>
 
@@ -30,6 +32,29 @@ inline Duration WireMillis(int64_t ms, Duration if_unset = Duration::zero()) {
 inline BufferPtr ToBuffer(const google::protobuf::MessageLite& msg) {
   auto buf = Buffer::Allocate(msg.ByteSizeLong());
   msg.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(buf->data()));
+  return buf;
+}
+
+// `head` serialised, then a length-delimited field `field` holding `bytes`, copied once
+// straight into the payload (the wire format lets a parser take fields in any order; `head`
+// must leave that field unset). For the large values of KV calls and answers.
+inline BufferPtr ToBufferWithBytes(const google::protobuf::MessageLite& head, int field, std::string_view bytes) {
+  const size_t head_size = head.ByteSizeLong();
+  uint8_t tag[1 + 5 + 10];  // a tag up to field 2^29, then the length's varint
+  size_t tag_size = 0;
+  for (uint64_t n = (static_cast<uint64_t>(field) << 3) | 2;; n >>= 7) {  // wire type 2
+    tag[tag_size++] = static_cast<uint8_t>(n < 0x80 ? n : (n & 0x7f) | 0x80);
+    if (n < 0x80) break;
+  }
+  for (uint64_t n = bytes.size();; n >>= 7) {
+    tag[tag_size++] = static_cast<uint8_t>(n < 0x80 ? n : (n & 0x7f) | 0x80);
+    if (n < 0x80) break;
+  }
+  BufferPtr buf = Buffer::Allocate(head_size + tag_size + bytes.size());
+  uint8_t* out = reinterpret_cast<uint8_t*>(buf->data());
+  head.SerializeWithCachedSizesToArray(out);
+  std::memcpy(out + head_size, tag, tag_size);
+  if (!bytes.empty()) std::memcpy(out + head_size + tag_size, bytes.data(), bytes.size());
   return buf;
 }
 

@@ -9,6 +9,15 @@ namespace pscore::node {
 using comm::ConnId;
 using comm::Frame;
 
+namespace {
+
+// A GET or TRY_GET answer holding `value` (KvResponse.value).
+BufferPtr KvValueAnswer(std::string_view value) {
+  return ToBufferWithBytes(pb::KvResponse(), pb::KvResponse::kValueFieldNumber, value);
+}
+
+}  // namespace
+
 void SchedulerNode::HandleFinish(ConnId conn, const Frame& frame) {
   DCHECK(loop_->InLoopThread());
   pb::FinishMessage msg;
@@ -121,14 +130,15 @@ void SchedulerNode::HandleKv(ConnId conn, const Frame& frame) {
     case pb::KvRequest::SET:
       st = kv_.Set(req.key(), std::move(*req.mutable_value()), req.overwrite());
       break;
-    case pb::KvRequest::TRY_GET: {
-      Result<std::string> r = kv_.TryGet(req.key());
-      if (r.ok()) resp.set_value(std::move(*r));
-      st = r.status();
+    case pb::KvRequest::TRY_GET:
+    case pb::KvRequest::GET: {
+      // A value held now is answered with it copied once, straight from the store.
+      Result<std::string_view> held = kv_.TryGetView(req.key());
+      if (held.ok()) return Reply(conn, frame.meta, Status::Ok(), KvValueAnswer(*held));
+      if (req.op() == pb::KvRequest::GET) return StartKvGet(conn, frame.meta, req);
+      st = held.status();
       break;
     }
-    case pb::KvRequest::GET:
-      return StartKvGet(conn, frame.meta, req);
     case pb::KvRequest::LIST:
       for (auto& [k, v] : kv_.List(req.key())) {
         pb::KvEntry* e = resp.add_entries();
@@ -163,9 +173,7 @@ void SchedulerNode::StartKvGet(ConnId conn, const pb::MessageMeta& meta, const p
   auto id = std::make_shared<uint64_t>(0);  // set once the get waits
   *id = kv_.Get(req.key(), WireMillis(req.timeout_ms()), [this, conn, meta, id](Result<std::string> r) {
     if (*id != 0) ForgetGet(conn, *id);
-    pb::KvResponse out;
-    if (r.ok()) out.set_value(std::move(*r));
-    Reply(conn, meta, r.status(), ToBuffer(out));
+    Reply(conn, meta, r.status(), r.ok() ? KvValueAnswer(*r) : ToBuffer(pb::KvResponse()));
   });
   // Looked up again: an answer given at once may have closed the connection (a peer over
   // the queued-output cap), and OnClose erased its set.
