@@ -150,6 +150,60 @@ std::string StateLine(node::AdminClient& admin) {
          std::to_string(r->server_num());
 }
 
+// A job whose processes each run on a host of their own with the same timing flags: the
+// scheduler on `sched_host`, servers (the sgd rule, learning rate 2) and trainers started
+// on theirs, each logging to <id>.log in `dir`; and admin clients from the root namespace.
+class HostJob {
+ public:
+  HostJob(const TempDir& dir, const Host& sched_host, std::vector<std::string> timing)
+      : dir_(dir), sched_host_(sched_host), timing_(std::move(timing)) {}
+
+  // The scheduler, with `flags` besides its host, port file and timing.
+  void StartScheduler(std::vector<std::string> flags) {
+    flags.insert(flags.begin(), {NodeBinary(), "--role=scheduler", "--host=" + sched_host_.ip(),
+                                 "--scheduler_port=0", "--port_file=" + dir_.File("sched.port")});
+    REQUIRE(scheduler.Start(sched_host_.Exec(Timed(std::move(flags))), dir_.File("scheduler.log")));
+    port_ = ReadPortFile(dir_.File("sched.port"), 10s);
+    INFO(scheduler.Log());
+    REQUIRE(port_ > 0);
+  }
+  bool StartServer(Process* p, const Host& host, const std::string& id) const {
+    return p->Start(host.Exec(Timed({NodeBinary(), "--role=server", "--node_id=" + id, "--host=" + host.ip(),
+                                     "--scheduler_host=" + sched_host_.ip(),
+                                     "--scheduler_port=" + std::to_string(port_), "--update_rule=sgd",
+                                     "--learning_rate=2"})),
+                    dir_.File(id + ".log"));
+  }
+  bool StartTrainer(Process* p, const Host& host, const std::string& id, std::vector<std::string> flags) const {
+    flags.insert(flags.begin(), {TrainBinary(), "--node_id=" + id, "--host=" + host.ip(),
+                                 "--scheduler_host=" + sched_host_.ip(), "--scheduler_port=" + std::to_string(port_)});
+    return p->Start(host.Exec(Timed(std::move(flags))), dir_.File(id + ".log"));
+  }
+  // An admin client of the scheduler, connected.
+  std::unique_ptr<node::AdminClient> Admin() const {
+    node::AdminClientOptions o;
+    o.scheduler_host = sched_host_.ip();  // the root namespace reaches it over the bridge
+    o.scheduler_port = port_;
+    o.timeout = 5s;
+    auto admin = std::make_unique<node::AdminClient>(o);
+    REQUIRE(admin->Connect().ok());
+    return admin;
+  }
+
+  Process scheduler;
+
+ private:
+  std::vector<std::string> Timed(std::vector<std::string> argv) const {
+    argv.insert(argv.end(), timing_.begin(), timing_.end());
+    return argv;
+  }
+
+  const TempDir& dir_;
+  const Host& sched_host_;
+  const std::vector<std::string> timing_;
+  int port_ = 0;
+};
+
 }  // namespace
 
 TEST_CASE("a demo job with every process on a host of its own: scale-out to a new host, then a server's link cut",
@@ -164,45 +218,21 @@ TEST_CASE("a demo job with every process on a host of its own: scale-out to a ne
   Host* server_hosts[3] = {hosts[1].get(), hosts[2].get(), hosts[5].get()};
   Host* worker_hosts[2] = {hosts[3].get(), hosts[4].get()};
 
-  const std::vector<std::string> timing = {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=2000",
-                                           "--connect_timeout_ms=30000"};
-  auto with = [&](std::vector<std::string> v) {
-    v.insert(v.end(), timing.begin(), timing.end());
-    return v;
-  };
-  Process scheduler;
-  REQUIRE(scheduler.Start(sched_host.Exec(with({NodeBinary(), "--role=scheduler", "--host=" + sched_host.ip(),
-                                                 "--scheduler_port=0", "--worker_num=2", "--server_num=2",
-                                                 "--port_file=" + dir.File("sched.port")})),
-                          dir.File("scheduler.log")));
-  const int port = ReadPortFile(dir.File("sched.port"), 10s);
-  INFO(scheduler.Log());
-  REQUIRE(port > 0);
-  const std::string sport = std::to_string(port);
-  auto server_argv = [&](int i) {
-    return server_hosts[i]->Exec(with({NodeBinary(), "--role=server", "--node_id=s" + std::to_string(i),
-                                       "--host=" + server_hosts[i]->ip(), "--scheduler_host=" + sched_host.ip(),
-                                       "--scheduler_port=" + sport, "--update_rule=sgd", "--learning_rate=2"}));
-  };
+  HostJob job(dir, sched_host,
+              {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=2000", "--connect_timeout_ms=30000"});
+  job.StartScheduler({"--worker_num=2", "--server_num=2"});
+  Process& scheduler = job.scheduler;
   Process servers[3];
-  for (int i = 0; i < 2; ++i) REQUIRE(servers[i].Start(server_argv(i), dir.File("s" + std::to_string(i) + ".log")));
+  for (int i = 0; i < 2; ++i) REQUIRE(job.StartServer(&servers[i], *server_hosts[i], "s" + std::to_string(i)));
   Process trainers[2];
   for (int i = 0; i < 2; ++i) {
     // Many steps: the job is still training when the link is cut. Rank 0 asks for a third
     // server at step 5. A lost server is retried for 3 s before the call fails.
-    REQUIRE(trainers[i].Start(
-        worker_hosts[i]->Exec(with({TrainBinary(), "--node_id=w" + std::to_string(i), "--host=" + worker_hosts[i]->ip(),
-                                    "--scheduler_host=" + sched_host.ip(), "--scheduler_port=" + sport,
-                                    "--steps=100000", "--scale_out_at=5", "--recovery_timeout_ms=3000"})),
-        dir.File("w" + std::to_string(i) + ".log")));
+    REQUIRE(job.StartTrainer(&trainers[i], *worker_hosts[i], "w" + std::to_string(i),
+                             {"--steps=100000", "--scale_out_at=5", "--recovery_timeout_ms=3000"}));
   }
-
-  node::AdminClientOptions o;
-  o.scheduler_host = sched_host.ip();  // the root namespace reaches it over the bridge
-  o.scheduler_port = port;
-  o.timeout = 5s;
-  node::AdminClient admin(o);
-  REQUIRE(admin.Connect().ok());
+  std::unique_ptr<node::AdminClient> admin_client = job.Admin();
+  node::AdminClient& admin = *admin_client;
 
   // The scale-out: the third server starts on its new host once the scheduler asks for it.
   auto deadline = Clock::now() + 90s;
@@ -214,7 +244,7 @@ TEST_CASE("a demo job with every process on a host of its own: scale-out to a ne
   }
   INFO(trainers[0].Log());
   REQUIRE(st.rfind("CLUSTER_SCALE_OUT", 0) == 0);
-  REQUIRE(servers[2].Start(server_argv(2), dir.File("s2.log")));
+  REQUIRE(job.StartServer(&servers[2], *server_hosts[2], "s2"));
   while (Clock::now() < deadline && st != "CLUSTER_READY servers 3/3") {
     std::this_thread::sleep_for(50ms);
     st = StateLine(admin);
@@ -288,40 +318,18 @@ void LinkCutJob(bool in_barrier, Cut cut = Cut::kServer1) {
   Host& sched_host = *hosts[0];
   Host* server_hosts[2] = {hosts[1].get(), hosts[2].get()};
   Host* worker_hosts[2] = {hosts[3].get(), hosts[4].get()};
-  const std::vector<std::string> timing = {"--heartbeat_interval_ms=200",
-                                           "--heartbeat_timeout_ms=" + std::to_string(kHeartbeatTimeoutMs),
-                                           "--connect_timeout_ms=30000", "--recovery_timeout_ms=30000"};
-  auto with = [&](std::vector<std::string> v) {
-    v.insert(v.end(), timing.begin(), timing.end());
-    return v;
-  };
-  Process scheduler;
-  REQUIRE(scheduler.Start(sched_host.Exec(with({NodeBinary(), "--role=scheduler", "--host=" + sched_host.ip(),
-                                                 "--scheduler_port=0", "--worker_num=2", "--server_num=2",
-                                                 cut == Cut::kServer1 ? "--replicas=2" : "--replicas=1",
-                                                 "--recoverable_roles=worker,server",
-                                                 "--port_file=" + dir.File("sched.port")})),
-                          dir.File("scheduler.log")));
-  const int port = ReadPortFile(dir.File("sched.port"), 10s);
-  INFO(scheduler.Log());
-  REQUIRE(port > 0);
-  const std::string sport = std::to_string(port);
+  HostJob job(dir, sched_host,
+              {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=" + std::to_string(kHeartbeatTimeoutMs),
+               "--connect_timeout_ms=30000", "--recovery_timeout_ms=30000"});
+  job.StartScheduler({"--worker_num=2", "--server_num=2", cut == Cut::kServer1 ? "--replicas=2" : "--replicas=1",
+                      "--recoverable_roles=worker,server"});
+  Process& scheduler = job.scheduler;
   Process servers[2];
-  for (int i = 0; i < 2; ++i) {
-    REQUIRE(servers[i].Start(
-        server_hosts[i]->Exec(with({NodeBinary(), "--role=server", "--node_id=server" + std::to_string(i),
-                                    "--host=" + server_hosts[i]->ip(), "--scheduler_host=" + sched_host.ip(),
-                                    "--scheduler_port=" + sport, "--update_rule=sgd", "--learning_rate=2"})),
-        dir.File("server" + std::to_string(i) + ".log")));
-  }
+  for (int i = 0; i < 2; ++i) REQUIRE(job.StartServer(&servers[i], *server_hosts[i], "server" + std::to_string(i)));
   Process trainers[2];
   for (int i = 0; i < 2; ++i) {
-    REQUIRE(trainers[i].Start(
-        worker_hosts[i]->Exec(with({std::string(PSCORE_BIN_DIR) + "/pscore-train",
-                                    "--node_id=worker" + std::to_string(i), "--host=" + worker_hosts[i]->ip(),
-                                    "--scheduler_host=" + sched_host.ip(), "--scheduler_port=" + sport,
-                                    "--steps=" + std::to_string(kSteps)})),
-        dir.File("worker" + std::to_string(i) + ".log")));
+    REQUIRE(job.StartTrainer(&trainers[i], *worker_hosts[i], "worker" + std::to_string(i),
+                             {"--steps=" + std::to_string(kSteps)}));
   }
   // Training, then the cut: the host is off for twice the heartbeat timeout.
   Host& cut_host = cut == Cut::kServer1 ? *server_hosts[1] : sched_host;
@@ -412,46 +420,20 @@ TEST_CASE("replicas=2: a demo job with every process on a host of its own and a 
   Host& sched_host = *hosts[0];
   Host* server_hosts[3] = {hosts[1].get(), hosts[2].get(), hosts[5].get()};
   Host* worker_hosts[2] = {hosts[3].get(), hosts[4].get()};
-  const std::vector<std::string> timing = {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=3000",
-                                           "--connect_timeout_ms=30000", "--recovery_timeout_ms=40000"};
-  auto with = [&](std::vector<std::string> v) {
-    v.insert(v.end(), timing.begin(), timing.end());
-    return v;
-  };
-  Process scheduler;
-  REQUIRE(scheduler.Start(sched_host.Exec(with({NodeBinary(), "--role=scheduler", "--host=" + sched_host.ip(),
-                                                 "--scheduler_port=0", "--worker_num=2", "--server_num=2",
-                                                 "--replicas=2", "--recoverable_roles=worker,server",
-                                                 "--port_file=" + dir.File("sched.port")})),
-                          dir.File("scheduler.log")));
-  const int port = ReadPortFile(dir.File("sched.port"), 10s);
-  INFO(scheduler.Log());
-  REQUIRE(port > 0);
-  const std::string sport = std::to_string(port);
-  auto server_argv = [&](int i) {
-    return server_hosts[i]->Exec(with({NodeBinary(), "--role=server", "--node_id=server" + std::to_string(i),
-                                       "--host=" + server_hosts[i]->ip(), "--scheduler_host=" + sched_host.ip(),
-                                       "--scheduler_port=" + sport, "--update_rule=sgd", "--learning_rate=2"}));
-  };
+  HostJob job(dir, sched_host,
+              {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=3000", "--connect_timeout_ms=30000",
+               "--recovery_timeout_ms=40000"});
+  job.StartScheduler({"--worker_num=2", "--server_num=2", "--replicas=2", "--recoverable_roles=worker,server"});
+  Process& scheduler = job.scheduler;
   Process servers[3];
-  for (int i = 0; i < 2; ++i) {
-    REQUIRE(servers[i].Start(server_argv(i), dir.File("server" + std::to_string(i) + ".log")));
-  }
+  for (int i = 0; i < 2; ++i) REQUIRE(job.StartServer(&servers[i], *server_hosts[i], "server" + std::to_string(i)));
   Process trainers[2];
   for (int i = 0; i < 2; ++i) {
-    REQUIRE(trainers[i].Start(
-        worker_hosts[i]->Exec(with({std::string(PSCORE_BIN_DIR) + "/pscore-train",
-                                    "--node_id=worker" + std::to_string(i), "--host=" + worker_hosts[i]->ip(),
-                                    "--scheduler_host=" + sched_host.ip(), "--scheduler_port=" + sport,
-                                    "--steps=" + std::to_string(kSteps), "--scale_out_at=10"})),
-        dir.File("worker" + std::to_string(i) + ".log")));
+    REQUIRE(job.StartTrainer(&trainers[i], *worker_hosts[i], "worker" + std::to_string(i),
+                             {"--steps=" + std::to_string(kSteps), "--scale_out_at=10"}));
   }
-  node::AdminClientOptions ao;
-  ao.scheduler_host = sched_host.ip();
-  ao.scheduler_port = port;
-  ao.timeout = 5s;
-  node::AdminClient admin(ao);
-  REQUIRE(admin.Connect().ok());
+  std::unique_ptr<node::AdminClient> admin_client = job.Admin();
+  node::AdminClient& admin = *admin_client;
   const auto deadline = Clock::now() + 90s;
   std::string st;
   while (Clock::now() < deadline && trainers[0].running()) {
@@ -463,7 +445,7 @@ TEST_CASE("replicas=2: a demo job with every process on a host of its own and a 
   REQUIRE(st.rfind("CLUSTER_SCALE_OUT", 0) == 0);
   // server1's host is cut off for good; then the new server's host comes up.
   REQUIRE(server_hosts[1]->SetLink(false));
-  REQUIRE(servers[2].Start(server_argv(2), dir.File("server2.log")));
+  REQUIRE(job.StartServer(&servers[2], *server_hosts[2], "server2"));
   std::vector<TrainFinal> finals;
   for (int i = 0; i < 2; ++i) {
     std::optional<int> code = trainers[i].Wait(120s);
