@@ -150,6 +150,21 @@ std::string StateLine(node::AdminClient& admin) {
          std::to_string(r->server_num());
 }
 
+// Both trainers exit 0 within 120 s, each with the final loss and weights of `plain` (the
+// same job run undisturbed).
+void CheckTrainersUndisturbed(Process (&trainers)[2], const std::vector<TrainFinal>& plain) {
+  std::vector<TrainFinal> finals;
+  for (int i = 0; i < 2; ++i) {
+    std::optional<int> code = trainers[i].Wait(120s);
+    INFO("worker" << i << ":\n" << trainers[i].Log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    finals.push_back(ParseTrainFinal(trainers[i].Log()));
+    REQUIRE(finals.back().found);
+  }
+  CheckSameFinals(plain, finals);
+}
+
 // A job whose processes each run on a host of their own with the same timing flags: the
 // scheduler on `sched_host`, servers (the sgd rule, learning rate 2) and trainers started
 // on theirs, each logging to <id>.log in `dir`; and admin clients from the root namespace.
@@ -358,16 +373,7 @@ void LinkCutJob(bool in_barrier, Cut cut = Cut::kServer1) {
   trainers[1].Signal(SIGCONT);
   std::this_thread::sleep_for(std::chrono::milliseconds(2 * kHeartbeatTimeoutMs) - (in_barrier ? kHold : 0ms));
   REQUIRE(cut_host.SetLink(true));
-  std::vector<TrainFinal> finals;
-  for (int i = 0; i < 2; ++i) {
-    std::optional<int> code = trainers[i].Wait(120s);
-    INFO("worker" << i << ":\n" << trainers[i].Log());
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
-    finals.push_back(ParseTrainFinal(trainers[i].Log()));
-    REQUIRE(finals.back().found);
-  }
-  CheckSameFinals(plain, finals);
+  CheckTrainersUndisturbed(trainers, plain);
   INFO(scheduler.Log());
   CHECK(scheduler.Wait(60s) == std::optional<int>(0));
   if (cut == Cut::kServer1) CHECK_THAT(scheduler.Log(), Catch::Contains("scheduler: server server1 (rank "));
@@ -446,16 +452,7 @@ TEST_CASE("replicas=2: a demo job with every process on a host of its own and a 
   // server1's host is cut off for good; then the new server's host comes up.
   REQUIRE(server_hosts[1]->SetLink(false));
   REQUIRE(job.StartServer(&servers[2], *server_hosts[2], "server2"));
-  std::vector<TrainFinal> finals;
-  for (int i = 0; i < 2; ++i) {
-    std::optional<int> code = trainers[i].Wait(120s);
-    INFO("worker" << i << ":\n" << trainers[i].Log());
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
-    finals.push_back(ParseTrainFinal(trainers[i].Log()));
-    REQUIRE(finals.back().found);
-  }
-  CheckSameFinals(plain, finals);
+  CheckTrainersUndisturbed(trainers, plain);
   INFO(scheduler.Log());
   CHECK(scheduler.Wait(60s) == std::optional<int>(0));
   CHECK_THAT(scheduler.Log(), Catch::Contains("scale operation rolled back: server server1 (rank "));
