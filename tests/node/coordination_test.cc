@@ -1031,7 +1031,9 @@ TEST_CASE("KV values of every length class come back byte for byte - blocking an
     CHECK(a.KvSet(key, "other", /*overwrite=*/false).code() == Code::kAlreadyExists);
     std::promise<Status> set;
     a.KvSetAsync(key + "/async", value, /*overwrite=*/false, [&set](Status st) { set.set_value(st); });
-    REQUIRE(set.get_future().get().ok());
+    std::future<Status> set_done = set.get_future();
+    REQUIRE(set_done.wait_for(15s) == std::future_status::ready);
+    REQUIRE(set_done.get().ok());
     CHECK(Val(a.KvGet(key + "/async", 1s)) == value);
     // A GET that waits for the key is answered from the set that wakes it.
     std::promise<Result<std::string>> later;
@@ -1042,7 +1044,9 @@ TEST_CASE("KV values of every length class come back byte for byte - blocking an
     }
     REQUIRE(c.sched().kv_gets_waiting() == 1);
     REQUIRE(a.KvSet(key + "/later", value).ok());
-    CHECK(Val(later.get_future().get()) == value);
+    std::future<Result<std::string>> got = later.get_future();
+    REQUIRE(got.wait_for(15s) == std::future_status::ready);
+    CHECK(Val(got.get()) == value);
   }
 }
 
