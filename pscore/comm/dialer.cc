@@ -1,6 +1,13 @@
 #include "pscore/comm/dialer.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <uv.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/uv_status.h"
@@ -58,6 +65,7 @@ void Dialer::Connected(uv_tcp_t* tcp, int status) {
     return;
   }
   if (status == 0) {
+    SetUserTimeout(tcp);
     // The dial ends when the connection reports itself ready (after the token handshake,
     // if any). A peer that closes it during the handshake with no verdict (it refused the
     // connection at accept, or it restarted) is one more failed attempt; a refused proof
@@ -73,6 +81,16 @@ void Dialer::Connected(uv_tcp_t* tcp, int status) {
   }
   CloseAndFree(tcp);
   RetryLater(UvStatus(status, "connect to " + target_));
+}
+
+void Dialer::SetUserTimeout(uv_tcp_t* tcp) const {
+  if (options_.user_timeout <= Duration::zero()) return;
+  uv_os_fd_t fd;
+  if (uv_fileno(reinterpret_cast<uv_handle_t*>(tcp), &fd) != 0) return;
+  const auto ms = static_cast<unsigned int>(std::min<int64_t>(ToMillis(options_.user_timeout), INT32_MAX));
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms)) != 0) {
+    LOG(WARNING) << "connect to " << target_ << ": TCP_USER_TIMEOUT not set: " << std::strerror(errno);
+  }
 }
 
 void Dialer::RetryLater(Status error) {

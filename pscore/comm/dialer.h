@@ -43,6 +43,7 @@ class Dialer {
   ~Dialer();
   static void OnConnect(uv_connect_s* req, int status);
   void Connected(uv_tcp_s* tcp, int status);
+  void SetUserTimeout(uv_tcp_s* tcp) const;  // ConnectOptions::user_timeout, when set
   void Attempt();
   // A failed attempt: another after the backoff, or the dial ends if that would pass the
   // deadline.

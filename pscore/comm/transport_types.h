@@ -60,6 +60,11 @@ struct ConnectOptions {
   Duration timeout = std::chrono::seconds(10);         // give up after this long
   Duration initial_backoff = std::chrono::milliseconds(20);
   Duration max_backoff = std::chrono::seconds(1);
+  // TCP_USER_TIMEOUT on the connection once it is open: data the peer has not acknowledged
+  // for this long closes it (kUnavailable), as a peer that went silent (a cut link, a
+  // blackholed route) otherwise leaves it open for the kernel's retries, about 15 minutes.
+  // Zero: the kernel's default.
+  Duration user_timeout = Duration::zero();
 };
 
 // Frames and bytes (whole frames: header, meta, payload) of one command number.

@@ -23,6 +23,12 @@
 // carry the job on, and it ends as an undisturbed run (trainers, the other server and the
 // scheduler exit 0; the server started for the scale-out, dropped by the rollback, exits
 // with the job).
+// A fourth job (replicas=1) cuts one trainer off from one server only: that server's host
+// drops what it sends to the trainer, everyone else hears everyone. The trainer's link to
+// the server stops carrying acknowledgements and closes after a heartbeat timeout; the
+// scheduler still hears the server, so the trainer sends that server's parts through the
+// other server, and once the cut is mended, straight to it again. The job ends as
+// undisturbed, every process exiting 0.
 // Without the privilege to create namespaces the test WARNs the reason and returns.
 // Namespaces, veth pairs and the bridge are removed by RAII guards; every child is
 // SIGKILLed by pid, even on failure.
@@ -31,6 +37,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -116,6 +123,11 @@ class Host {
     return argv;
   }
   bool SetLink(bool up) { return Run({kIp, "-n", ns_, "link", "set", "eth0", up ? "up" : "down"}, log_) == 0; }
+  // Drops (or, with on = false, stops dropping) what this host sends to `ip`: a peer there
+  // hears this host fall silent, everyone else still hears it.
+  bool Blackhole(const std::string& ip, bool on) {
+    return Run({kIp, "-n", ns_, "route", on ? "add" : "del", "blackhole", ip + "/32"}, log_) == 0;
+  }
 
  private:
   std::string log_, ns_, dev_, ip_;
@@ -219,6 +231,59 @@ class HostJob {
   int port_ = 0;
 };
 
+// A job of two servers and two trainers (`steps` steps), each process on a host of its own
+// (the scheduler, the servers, the trainers), started with `timing` and the scheduler's
+// `flags`; `plain` holds the finals of the same job run undisturbed. ok() is false, after a
+// WARN, where the test may not create namespaces.
+class TwoByTwoJob {
+  // First: destroyed last, after every process of the job has been stopped.
+  TempDir dir_;
+  const std::string iplog_;
+  Bridge bridge_;
+  std::vector<std::unique_ptr<Host>> hosts_;
+  std::unique_ptr<HostJob> job_;  // the scheduler
+
+ public:
+  TwoByTwoJob(int steps, std::vector<std::string> timing, std::vector<std::string> flags)
+      : iplog_(dir_.File("ip.log")), bridge_(iplog_) {
+    REQUIRE(dir_.ok());
+    if (!MakeHosts(bridge_, 5, iplog_, &hosts_)) return;
+    TrainJobOptions plain_job;
+    plain_job.steps = steps;
+    plain = UndisturbedFinals(plain_job);
+    job_ = std::make_unique<HostJob>(dir_, *hosts_[0], std::move(timing));
+    flags.insert(flags.begin(), {"--worker_num=2", "--server_num=2"});
+    job_->StartScheduler(std::move(flags));
+    for (int i = 0; i < 2; ++i) REQUIRE(job_->StartServer(&servers[i], server_host(i), "server" + std::to_string(i)));
+    for (int i = 0; i < 2; ++i) {
+      REQUIRE(job_->StartTrainer(&trainers[i], worker_host(i), "worker" + std::to_string(i),
+                                 {"--steps=" + std::to_string(steps)}));
+    }
+    ok_ = true;
+  }
+  bool ok() const { return ok_; }
+  Host& sched_host() { return *hosts_[0]; }
+  Host& server_host(int i) { return *hosts_[1 + i]; }
+  Host& worker_host(int i) { return *hosts_[3 + i]; }
+  Process& scheduler() { return job_->scheduler; }
+
+  std::vector<TrainFinal> plain;
+  Process servers[2];
+  Process trainers[2];
+
+ private:
+  bool ok_ = false;
+};
+
+// Whether `p` logged `what` within `timeout` (false as soon as it exits without).
+bool Logged(Process& p, const std::string& what, std::chrono::seconds timeout = 120s) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline && p.running() && p.Log().find(what) == std::string::npos) {
+    std::this_thread::sleep_for(5ms);
+  }
+  return p.Log().find(what) != std::string::npos;
+}
+
 }  // namespace
 
 TEST_CASE("a demo job with every process on a host of its own: scale-out to a new host, then a server's link cut",
@@ -318,44 +383,21 @@ enum class Cut { kServer1, kScheduler };
 // (`in_barrier`) while worker 0 waits in a barrier of its step (worker 1 held with SIGSTOP
 // for 300 ms around the cut's start).
 void LinkCutJob(bool in_barrier, Cut cut = Cut::kServer1) {
-  TempDir dir;
-  REQUIRE(dir.ok());
-  const std::string iplog = dir.File("ip.log");
-  Bridge bridge(iplog);
-  std::vector<std::unique_ptr<Host>> hosts;
-  if (!MakeHosts(bridge, 5, iplog, &hosts)) return;
-  constexpr int kSteps = 40;
   constexpr int kHeartbeatTimeoutMs = 2000;
-  TrainJobOptions plain_job;
-  plain_job.steps = kSteps;
-  const std::vector<TrainFinal> plain = UndisturbedFinals(plain_job);
-
-  Host& sched_host = *hosts[0];
-  Host* server_hosts[2] = {hosts[1].get(), hosts[2].get()};
-  Host* worker_hosts[2] = {hosts[3].get(), hosts[4].get()};
-  HostJob job(dir, sched_host,
-              {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=" + std::to_string(kHeartbeatTimeoutMs),
-               "--connect_timeout_ms=30000", "--recovery_timeout_ms=30000"});
-  job.StartScheduler({"--worker_num=2", "--server_num=2", cut == Cut::kServer1 ? "--replicas=2" : "--replicas=1",
-                      "--recoverable_roles=worker,server"});
-  Process& scheduler = job.scheduler;
-  Process servers[2];
-  for (int i = 0; i < 2; ++i) REQUIRE(job.StartServer(&servers[i], *server_hosts[i], "server" + std::to_string(i)));
-  Process trainers[2];
-  for (int i = 0; i < 2; ++i) {
-    REQUIRE(job.StartTrainer(&trainers[i], *worker_hosts[i], "worker" + std::to_string(i),
-                             {"--steps=" + std::to_string(kSteps)}));
-  }
+  TwoByTwoJob job(40,
+                  {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=" + std::to_string(kHeartbeatTimeoutMs),
+                   "--connect_timeout_ms=30000", "--recovery_timeout_ms=30000"},
+                  {cut == Cut::kServer1 ? "--replicas=2" : "--replicas=1", "--recoverable_roles=worker,server"});
+  if (!job.ok()) return;
+  Process& scheduler = job.scheduler();
+  Process(&servers)[2] = job.servers;
+  Process(&trainers)[2] = job.trainers;
   // Training, then the cut: the host is off for twice the heartbeat timeout.
-  Host& cut_host = cut == Cut::kServer1 ? *server_hosts[1] : sched_host;
-  const auto deadline = Clock::now() + 120s;
-  bool training = false;
-  while (Clock::now() < deadline && trainers[0].running() && !training) {
-    training = trainers[0].Log().find("step  10 ") != std::string::npos;
-    std::this_thread::sleep_for(5ms);
+  Host& cut_host = cut == Cut::kServer1 ? job.server_host(1) : job.sched_host();
+  {
+    INFO(trainers[0].Log());
+    REQUIRE(Logged(trainers[0], "step  10 "));
   }
-  INFO(trainers[0].Log());
-  REQUIRE(training);
   // Both trainers pause while the link goes down, so that the cut lands in the middle of
   // training however slowly this machine runs the test; then they train on against it.
   // In the barrier case trainer 0 goes on first and waits in the step's barrier for
@@ -373,7 +415,7 @@ void LinkCutJob(bool in_barrier, Cut cut = Cut::kServer1) {
   trainers[1].Signal(SIGCONT);
   std::this_thread::sleep_for(std::chrono::milliseconds(2 * kHeartbeatTimeoutMs) - (in_barrier ? kHold : 0ms));
   REQUIRE(cut_host.SetLink(true));
-  CheckTrainersUndisturbed(trainers, plain);
+  CheckTrainersUndisturbed(trainers, job.plain);
   INFO(scheduler.Log());
   CHECK(scheduler.Wait(60s) == std::optional<int>(0));
   if (cut == Cut::kServer1) CHECK_THAT(scheduler.Log(), Catch::Contains("scheduler: server server1 (rank "));
@@ -463,6 +505,64 @@ TEST_CASE("replicas=2: a demo job with every process on a host of its own and a 
   INFO(servers[2].Log());
   CHECK(servers[2].Wait(60s).has_value());  // dropped by the rollback, it leaves with the job
   servers[1].Kill();   // cut off, it hears nothing of the job's end
+}
+
+TEST_CASE("a demo job with one trainer cut off from one server only reaches that server through the other one "
+          "and ends as undisturbed",
+          "[multiproc][net][netns][partition]") {
+  TwoByTwoJob job(300,  // steps take milliseconds here
+                  {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=2000", "--connect_timeout_ms=30000",
+                   "--recovery_timeout_ms=30000"},
+                  {"--replicas=1"});
+  if (!job.ok()) return;
+  Process(&trainers)[2] = job.trainers;
+  {
+    INFO(trainers[0].Log());
+    REQUIRE(Logged(trainers[0], "step  10 "));
+  }
+  // server1 stops reaching worker0 (its answers and acknowledgements are dropped); the
+  // scheduler and the other trainer still hear both.
+  Host& cut_host = job.server_host(1);
+  const std::string worker0_ip = job.worker_host(0).ip();
+  REQUIRE(cut_host.Blackhole(worker0_ip, true));
+  {
+    INFO("worker0:\n" << trainers[0].Log());
+    REQUIRE(Logged(trainers[0], ") while the scheduler still hears it; its requests go through server server0"));
+    // Training goes on through the relay for ten steps, then the cut is mended.
+    const std::string relayed_at = trainers[0].Log();
+    const size_t at = relayed_at.rfind(" step ");
+    REQUIRE(at != std::string::npos);
+    const int step = std::stoi(relayed_at.substr(at + 6, 4));
+    REQUIRE(step < 150);
+    char later[32];
+    std::snprintf(later, sizeof(later), " step %3d ", step + 10);
+    REQUIRE(Logged(trainers[0], later));
+  }
+  REQUIRE(cut_host.Blackhole(worker0_ip, false));
+  {
+    // Trainer 1 is held in turns of 1.5 s (under the 2 s heartbeat timeout), so that the
+    // job still trains while trainer 0 probes the mended link: a probe started during the
+    // cut may take a heartbeat timeout to give up before the next one gets through.
+    const std::string back = "is reached directly again; its requests go to it directly";
+    for (int turn = 0; turn < 10 && trainers[1].running() && trainers[0].Log().find(back) == std::string::npos;
+         ++turn) {
+      trainers[1].Signal(SIGSTOP);
+      std::this_thread::sleep_for(1500ms);
+      trainers[1].Signal(SIGCONT);
+      std::this_thread::sleep_for(100ms);
+    }
+    INFO("worker0:\n" << trainers[0].Log());
+    CHECK(Logged(trainers[0], back));
+  }
+  CheckTrainersUndisturbed(trainers, job.plain);
+  Process& scheduler = job.scheduler();
+  INFO(scheduler.Log());
+  CHECK(scheduler.Wait(60s) == std::optional<int>(0));
+  CHECK(scheduler.Log().find("timed out") == std::string::npos);  // nobody was lost
+  for (Process& server : job.servers) {
+    INFO(server.Log());
+    CHECK(server.Wait(60s) == std::optional<int>(0));
+  }
 }
 
 }  // namespace pscore::testing

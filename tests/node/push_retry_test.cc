@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "pscore/core/key_range.h"
@@ -90,8 +91,9 @@ core::ParamStore::Options SumStore() {
 
 class Cluster {
  public:
-  Cluster() {
+  explicit Cluster(int server_num = 1) {
     SchedulerOptions so;
+    so.server_num = server_num;
     so.recoverable_roles = {pb::SERVER, pb::WORKER};  // servers restart with their node id here
     so.heartbeat_interval = 50ms;
     so.heartbeat_timeout = 3s;
@@ -177,6 +179,31 @@ class HeldPushServer : public ServerNode {
   bool taken_ = false;  // loop thread
   comm::ConnId held_conn_ = 0;
   comm::Frame held_;
+};
+
+// A server that a worker cannot reach while `cut` is set: every link a worker dialled (its
+// HELLO says WORKER) is closed at its first data request, unserved. Other servers' links to
+// it work, so the scheduler and they hear it.
+class WorkerCutServer : public ServerNode {
+ public:
+  WorkerCutServer(NodeOptions o, core::ParamStore::Options store) : ServerNode(std::move(o), store) {}
+  std::atomic<bool> cut{false};
+  std::atomic<int> dropped{0};
+
+ protected:
+  void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame) override {
+    if (frame.meta.cmd() == pb::HELLO) {
+      from_worker_[conn] = frame.meta.role() == pb::WORKER;
+    } else if (cut && frame.meta.cmd() == pb::SEND_DATA && from_worker_[conn]) {
+      ++dropped;
+      messenger().transport().Close(conn, Status(Code::kUnavailable, "test: link cut"));
+      return;
+    }
+    ServerNode::OnPeerRequest(conn, std::move(frame));
+  }
+
+ private:
+  std::unordered_map<comm::ConnId, bool> from_worker_;  // loop thread
 };
 
 // Runs an admin operation on the scheduler's loop; its answer, or kTimeout after kDeadline.
@@ -393,6 +420,70 @@ TEST_CASE("a push whose answer was lost as a scale-out began is split for the ne
   pulled = Await(c.worker->Pull(keys));
   REQUIRE(pulled.ok());
   CHECK(pulled->values == std::vector<float>(2 * kFloats, 2.0f));
+}
+
+TEST_CASE("a worker cut off from one server reaches it through another - pushes applied once, pulls exact - and "
+          "goes direct again once the cut ends",
+          "[node][net][retry][relay]") {
+  Cluster c(/*server_num=*/2);
+  c.servers.emplace_back(new ServerNode(c.Opts("s0"), SumStore()));
+  auto* cut = new WorkerCutServer(c.Opts("s1"), SumStore());
+  c.servers.emplace_back(cut);
+  for (auto& s : c.servers) REQUIRE(s->Start().ok());
+  c.StartWorker(10s);
+  ServerNode& relay = *c.servers[0];
+  // A key of the cut server's, and a large one (2 MiB ZPushes, written from the caller's
+  // vector: the relay receives them whole and forwards them).
+  const int target = cut->rank();
+  REQUIRE(target >= 0);
+  uint64_t key = 0;
+  while (core::ServerForKey(key, 2) != target) ++key;
+  uint64_t big = key + 1;
+  while (core::ServerForKey(big, 2) != target) ++big;
+  constexpr size_t kBig = 512 * 1024;
+  REQUIRE(Await(c.worker->Push({key}, Filled(1.0f))).ok());  // direct, before the cut
+  // The relay holds a stale copy of the large key (as a server may, of keys it owned
+  // before a scale): a relayed push must not be applied to it.
+  relay.store().Insert(big, std::vector<float>(kBig, 0.0f));
+
+  cut->cut = true;
+  for (int i = 0; i < 5; ++i) REQUIRE(Await(c.worker->Push({key}, Filled(1.0f))).ok());
+  auto threes = std::make_shared<const std::vector<float>>(kBig, 3.0f);
+  REQUIRE(Await(c.worker->ZPush({big}, threes)).ok());
+  REQUIRE(Await(c.worker->ZPush({big}, threes)).ok());
+  CHECK(c.Value(key) == 6.0f);  // each push applied once
+  Result<PullResult> pulled = Await(c.worker->Pull({big}));
+  REQUIRE(pulled.ok());
+  REQUIRE(pulled->values.size() == kBig);
+  CHECK(pulled->values.front() == 6.0f);
+  CHECK(pulled->values.back() == 6.0f);
+  CHECK(cut->dropped > 0);
+  // Nothing reached the cut server directly: every push went through the other server.
+  CHECK(relay.relayed_requests() >= 7);
+  CHECK(c.worker->relayed_parts() >= 7);
+  CHECK(relay.relay_failures() == 0);
+  // The relay applied none of it: its stale copy is as it was.
+  CHECK(relay.store().num_keys() == 1);
+  std::vector<uint32_t> lens;
+  std::vector<float> held;
+  REQUIRE(relay.store().Pull(&big, 1, &lens, &held).ok());
+  CHECK(held == std::vector<float>(kBig, 0.0f));
+  CHECK(cut->store().num_keys() == 2);
+
+  cut->cut = false;
+  // Within a few heartbeat intervals a probe finds the direct link and parts go there.
+  bool direct = false;
+  int pushes = 0;
+  const auto until = std::chrono::steady_clock::now() + kDeadline;
+  while (!direct && std::chrono::steady_clock::now() < until) {
+    const uint64_t before = c.worker->relayed_parts();
+    REQUIRE(Await(c.worker->Push({key}, Filled(1.0f))).ok());
+    ++pushes;
+    direct = c.worker->relayed_parts() == before;
+    if (!direct) std::this_thread::sleep_for(20ms);
+  }
+  CHECK(direct);
+  CHECK(c.Value(key) == 6.0f + pushes);
 }
 
 }  // namespace

@@ -267,13 +267,15 @@ std::string Node::ServerAddress(int rank) const { return links_->Address(rank); 
 
 bool Node::IsServerAddress(const std::string& addr) const { return links_->IsServerAddress(addr); }
 
-void Node::WithServerConn(int rank, std::function<void(Result<ConnId>)> cb) {
+void Node::WithServerConn(int rank, std::function<void(Result<ConnId>)> cb, Duration connect_timeout) {
   DCHECK(loop_->InLoopThread());
   if (closed()) return cb(Stopped());  // a shared loop runs on after Stop
-  links_->Link(rank, std::move(cb));
+  links_->Link(rank, std::move(cb), connect_timeout);
 }
 
 void Node::FailDialsNotIn(const std::set<std::string>& current) { links_->FailDialsNotIn(current); }
+
+bool Node::HasServerLink(const std::string& addr) const { return links_->Linked(addr); }
 
 void Node::CloseServerLink(const std::string& addr, const Status& why) { links_->Close(addr, why); }
 

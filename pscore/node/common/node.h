@@ -199,12 +199,16 @@ class Node {
     DCHECK(loop_->InLoopThread());
     return rank_;
   }
-  // Loop thread: the connection to server `rank` (dialled on first use); cb gets it or why not.
-  void WithServerConn(int rank, std::function<void(Result<comm::ConnId>)> cb);
+  // Loop thread: the connection to server `rank` (dialled on first use, giving up after
+  // `connect_timeout`, zero: NodeOptions::connect_timeout); cb gets it or why not.
+  void WithServerConn(int rank, std::function<void(Result<comm::ConnId>)> cb,
+                      Duration connect_timeout = Duration::zero());
   // Loop thread: dials to addresses not in `current` end now with kUnavailable, so their
   // callers retry at the address the membership names now instead of dialing a dead one
   // until connect_timeout.
   void FailDialsNotIn(const std::set<std::string>& current);
+  // Loop thread: whether a link to server address `addr` is open now.
+  bool HasServerLink(const std::string& addr) const;
   // Loop thread: closes the open link to server address `addr` now; the requests pending on
   // it fail with `why` (kUnavailable: their callers retry). A later request dials anew.
   void CloseServerLink(const std::string& addr, const Status& why);

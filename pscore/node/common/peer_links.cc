@@ -25,7 +25,13 @@ bool PeerLinks::IsServerAddress(const std::string& addr) const {
   return false;
 }
 
-void PeerLinks::Link(int rank, std::function<void(Result<ConnId>)> cb) {
+bool PeerLinks::Linked(const std::string& addr) const {
+  DCHECK(loop_->InLoopThread());
+  auto open = server_conn_.find(addr);
+  return open != server_conn_.end() && messenger_->transport().IsOpen(open->second);
+}
+
+void PeerLinks::Link(int rank, std::function<void(Result<ConnId>)> cb, Duration connect_timeout) {
   DCHECK(loop_->InLoopThread());
   auto a = server_addr_.find(rank);
   if (a == server_addr_.end()) {
@@ -45,7 +51,12 @@ void PeerLinks::Link(int rank, std::function<void(Result<ConnId>)> cb) {
   Result<comm::HostPort> where = comm::ParseHostPort(addr);
   if (!where.ok()) return OnDialed(addr, dial.serial, where.status());
   comm::ConnectOptions co;
-  co.timeout = options_.connect_timeout;
+  co.timeout = connect_timeout > Duration::zero() ? connect_timeout : options_.connect_timeout;
+  // A link that stops carrying acknowledgements for twice the heartbeat timeout is taken
+  // as cut and closed: the scheduler would have timed a silent server out by then, and a
+  // server it still hears is reached through another one (docs/reliability.md, Partial
+  // partitions). Twice: a server that drains its socket slowly for a while is not cut off.
+  co.user_timeout = 2 * options_.heartbeat_timeout;
   messenger_->transport().Connect(where->host, where->port, co, [this, addr, serial = dial.serial](Result<ConnId> r) {
     OnDialed(addr, serial, std::move(r));
   });

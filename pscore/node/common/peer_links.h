@@ -27,13 +27,17 @@ class PeerLinks {
   // The address of server `rank` ("" if none), and whether an address belongs to a server.
   std::string Address(int rank) const;
   bool IsServerAddress(const std::string& addr) const;
-  // The link to server `rank`, dialled on first use; cb gets it or why not.
-  void Link(int rank, std::function<void(Result<comm::ConnId>)> cb);
+  // The link to server `rank`, dialled on first use; cb gets it or why not. A dial gives up
+  // after `connect_timeout` (zero: NodeOptions::connect_timeout); a dial already under way
+  // is joined as it is.
+  void Link(int rank, std::function<void(Result<comm::ConnId>)> cb, Duration connect_timeout = Duration::zero());
   // Follows new metadata: its servers' addresses; links to servers marked down close now,
   // links to servers that left close after request_timeout; dials to addresses that left end.
   void Apply(const pb::SendMetadataMessage& md);
   // Dials to addresses not in `current` end now with kUnavailable.
   void FailDialsNotIn(const std::set<std::string>& current);
+  // Whether a link to `addr` is open now.
+  bool Linked(const std::string& addr) const;
   // Closes the open link to `addr` now; its pending requests fail with `why`.
   void Close(const std::string& addr, const Status& why);
   // The node closes: pending leave timers are cancelled (a shared loop runs on).

@@ -75,6 +75,12 @@ void ServerNode::AppendRoleMetrics(MetricsText* m) const {
   m->Family("pscore_server_repeated_pushes_total", "counter",
             "Pushes that came again after they were applied, acknowledged without applying them again.");
   m->Sample("pscore_server_repeated_pushes_total", "", repeated_pushes());
+  m->Family("pscore_server_relayed_requests_total", "counter",
+            "Pushes and pulls of workers that cannot reach their keys' server, forwarded there by this one.");
+  m->Sample("pscore_server_relayed_requests_total", "", relayed_requests());
+  m->Family("pscore_server_relay_failures_total", "counter",
+            "Relayed requests answered with an error (the target's, or its link's).");
+  m->Sample("pscore_server_relay_failures_total", "", relay_failures());
 }
 
 void ServerNode::RegisterBuiltins() {
@@ -134,7 +140,12 @@ void ServerNode::OnPeerRequest(ConnId conn, Frame&& frame) {
   switch (frame.meta.cmd()) {
     case pb::HELLO: admission_.HandleHello(conn, frame); break;
     case pb::SEND_DATA:
-      if (admission_.CheckMember(conn, frame.meta)) Dispatch(conn, std::move(frame));
+      if (!admission_.CheckMember(conn, frame.meta)) break;
+      if (frame.meta.has_relay_rank()) {
+        Relay(conn, std::move(frame));
+      } else {
+        Dispatch(conn, std::move(frame));
+      }
       break;
     case pb::COLLECTIVE_SEND_DATA:
       if (admission_.CheckMember(conn, frame.meta)) {
@@ -162,6 +173,48 @@ void ServerNode::CallServer(int rank, pb::MessageMeta meta, BufferPtr payload,
     meta.set_role(pb::SERVER);
     meta.set_rank_id(Node::rank());
     messenger().Call(*c, std::move(meta), payload, options_.request_timeout, std::move(done));
+  });
+}
+
+void ServerNode::Relay(ConnId conn, Frame&& frame) {
+  DCHECK(loop()->InLoopThread());
+  pb::MessageMeta meta = std::move(frame.meta);
+  const int target = meta.relay_rank();
+  meta.clear_relay_rank();
+  if (target == loop_rank()) {  // a worker's stale route: the keys are this server's own
+    frame.meta = std::move(meta);
+    return Dispatch(conn, std::move(frame));
+  }
+  if (meta.handler() != kPushHandler && meta.handler() != kPullHandler) {
+    messenger()
+        .Reply(conn, meta, Status(Code::kInvalidArgument, "server " + options_.node_id +
+                                                              " relays only built-in pushes and pulls, not '" +
+                                                              meta.handler() + "'"))
+        .IgnoreError();
+    return;
+  }
+  const pb::MessageMeta request = comm::Messenger::ReplyTo(meta);
+  meta.clear_request_id();
+  meta.clear_payload_head();
+  BufferPtr payload = frame.payload ? std::move(frame.payload) : Buffer::Allocate(0);
+  relayed_.fetch_add(1, std::memory_order_relaxed);
+  // The worker's own role and rank stay on the request: the target serves it as the
+  // worker's (its push id included), on this server's link, behind the worker's earlier
+  // relayed requests.
+  WithServerConn(target, [this, conn, request, target, meta = std::move(meta),
+                          payload = std::move(payload)](Result<ConnId> c) mutable {
+    // The target's answer, error or not, goes back as it came; a lost link to it is
+    // kUnavailable or kTimeout, which the worker takes as a loss and sends the part again.
+    auto answer = [this, conn, request](Result<Frame> r) {
+      if (!r.ok()) relay_failures_.fetch_add(1, std::memory_order_relaxed);
+      Payload body = r.ok() && r->payload ? Payload(std::move(r->payload)) : Payload();
+      messenger().Reply(conn, request, r.status(), std::move(body)).IgnoreError();
+    };
+    if (!c.ok()) {
+      return answer(Status(Code::kUnavailable, "relay through server " + options_.node_id + " to server rank " +
+                                                   std::to_string(target) + ": " + c.status().ToString()));
+    }
+    messenger().Call(*c, std::move(meta), std::move(payload), options_.request_timeout, std::move(answer));
   });
 }
 
@@ -227,7 +280,8 @@ std::shared_ptr<comm::TailStream> ServerNode::OnRequestStream(ConnId conn, const
   // one server) is declined before it is read, so the payload is received whole into one
   // buffer instead of one grown past its head.
   const uint64_t fewest_keys = std::max<uint64_t>(1, core::FewestKeysInHead(meta.payload_head()));
-  if (meta.cmd() != pb::SEND_DATA || meta.handler() != kPushHandler || tail / core::kZeroCopyBytes < fewest_keys) {
+  if (meta.cmd() != pb::SEND_DATA || meta.handler() != kPushHandler || meta.has_relay_rank() ||
+      tail / core::kZeroCopyBytes < fewest_keys) {
     return nullptr;
   }
   // Handlers on the loop thread (no executor) would wait there for the stream: none then.

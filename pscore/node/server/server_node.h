@@ -53,6 +53,10 @@ class ServerNode : public Node, private ServerLinks {
   uint64_t repeated_pushes() const { return params_.repeated_pushes(); }
   // Changes refused because the journal (data_dir) could not write them (any thread).
   uint64_t journal_errors() const { return params_.journal_errors(); }
+  // Requests of workers forwarded to the server they were for (MessageMeta.relay_rank),
+  // and those of them that could not be (any thread).
+  uint64_t relayed_requests() const { return relayed_.load(std::memory_order_relaxed); }
+  uint64_t relay_failures() const { return relay_failures_.load(std::memory_order_relaxed); }
   void AppendRoleMetrics(MetricsText* m) const override;
 
   // Server-to-server messages matched by (sender rank, tag), whatever the arrival order.
@@ -81,6 +85,10 @@ class ServerNode : public Node, private ServerLinks {
                   std::function<void(Result<comm::Frame>)> done) override;
   void RegisterBuiltins();
   void Dispatch(comm::ConnId conn, comm::Frame&& frame);
+  // A worker's built-in push or pull for another server (relay_rank), which that worker
+  // cannot reach: forwarded there on this server's link, in arrival order, and answered
+  // with that server's answer (loop thread).
+  void Relay(comm::ConnId conn, comm::Frame&& frame);
   // Runs a handler: at once on the loop thread (no executor, or a small built-in request
   // on a link with nothing at the executor), else on the executor in the link's order.
   void RunHandler(comm::ConnId conn, const pb::MessageMeta& meta, const DataHandler& handler, DataRequest req);
@@ -114,6 +122,8 @@ class ServerNode : public Node, private ServerLinks {
   std::unordered_map<comm::ConnId, std::shared_ptr<std::atomic<int>>> in_executor_;
   std::unordered_map<int, DataHandler> by_cmd_;
   std::unordered_map<std::string, DataHandler> by_name_;
+  std::atomic<uint64_t> relayed_{0};         // Relay: requests forwarded
+  std::atomic<uint64_t> relay_failures_{0};  // Relay: of those, answered with an error
 };
 
 }  // namespace pscore::node

@@ -93,6 +93,7 @@ struct KvPart {
   int target = -1;       // the server rank it was last sent to: the range's primary
   int for_servers = 0;   // the server count its keys were split for (0: not yet known)
   std::string addr;      // the server it was sent to
+  int via = -1;          // the server that relayed it there (-1: sent directly)
   // Retry.
   Status lost;               // set when that server's link died before the answer
   TimePoint sent_at{};       // its last send

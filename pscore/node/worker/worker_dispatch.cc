@@ -121,6 +121,7 @@ void WorkerNode::Send(const std::shared_ptr<KvRequest>& op, KvPart part) {
   part.target = server;
   ++op->parts_sent;
   part.addr = ServerAddress(server);
+  part.via = RelayFor(server);
   const Status last_error = part.lost;
   part.lost = Status::Ok();
   if (part.lost_since != TimePoint{}) ++part.attempts;
@@ -136,13 +137,23 @@ void WorkerNode::Send(const std::shared_ptr<KvRequest>& op, KvPart part) {
     id->set_seq(part.push_seq);
     if (part.origin_seq != 0) id->set_origin_seq(part.origin_seq);
   }
+  // Through another server when this one cannot be reached from here (worker_relay.cc).
+  std::shared_ptr<int> relayed;
+  if (part.via >= 0) {
+    meta.set_relay_rank(server);
+    relayed = relays_[server].in_flight;
+    ++*relayed;
+    relayed_parts_.fetch_add(1, std::memory_order_relaxed);
+  }
   auto timer = std::make_shared<comm::TimerId>(0);
   part.sent_at = std::chrono::steady_clock::now();
   if (part.lost_since != TimePoint{}) WatchRecovery(op, part, last_error, timer);
-  Issue(server, std::move(meta), std::move(payload), sink,
-        [this, op, timer, part = std::move(part)](Result<Frame> r) mutable {
+  const int to = part.via >= 0 ? part.via : server;
+  Issue(to, std::move(meta), std::move(payload), sink,
+        [this, op, timer, relayed, part = std::move(part)](Result<Frame> r) mutable {
           if (*timer != 0) loop()->CancelTimer(*timer);
           *timer = 0;
+          if (relayed) --*relayed;
           OnPart(op, std::move(part), std::move(r));
         });
 }
@@ -309,6 +320,7 @@ void WorkerNode::RetryLost(const std::shared_ptr<KvRequest>& op, KvPart part, co
                  << ToMillis(options_.recovery_timeout) << " ms";
   }
   part.lost = why;
+  RouteAround(part, why);
   if (now >= HeldUntil(*op, part)) {
     const int primary = Primary(part.server);
     const std::string addr = primary < 0 ? std::string() : ServerAddress(primary);

@@ -44,6 +44,9 @@ void WorkerNode::AppendRoleMetrics(MetricsText* m) const {
   m->Family("pscore_worker_in_place_pulls_total", "counter",
             "Pull answers read from the socket straight into the caller's buffer or result.");
   m->Sample("pscore_worker_in_place_pulls_total", "", in_place_pulls());
+  m->Family("pscore_worker_relayed_parts_total", "counter",
+            "Push and pull parts sent through another server because their own could not be reached from here.");
+  m->Sample("pscore_worker_relayed_parts_total", "", relayed_parts());
 }
 
 void WorkerNode::SetPushIds(uint64_t incarnation, uint64_t next_seq) {
@@ -319,9 +322,15 @@ void WorkerNode::OnClusterEvent(const pb::ClusterEventMessage& ev) {
   // RetryLost: to the range's new primary once the metadata marks the server down
   // (replicas >= 2, Node::ApplyMetadata closes the link then too), else to the same
   // server, whose answer is waited for until recovery_timeout from the first send.
-  if (ev.kind() != pb::ClusterEventMessage::NODE_TIMED_OUT || ev.role() != pb::SERVER) return;
+  if (ev.role() != pb::SERVER) return;
   const std::string addr = ServerAddress(ev.rank_id());
   if (addr.empty()) return;
+  // Not a partial partition then: the scheduler lost it too (worker_relay.cc).
+  if (ev.kind() == pb::ClusterEventMessage::NODE_RECOVERED || ev.kind() == pb::ClusterEventMessage::NODE_RESTARTED) {
+    timed_out_servers_.erase(addr);
+  }
+  if (ev.kind() != pb::ClusterEventMessage::NODE_TIMED_OUT) return;
+  timed_out_servers_.insert(addr);
   CloseServerLink(addr, Status(Code::kUnavailable, "server " + ev.node_id() + " (" + addr +
                                                        ") timed out at the scheduler (no heartbeat)"));
   // PullSync's direct calls to it as well; new ones take the loop's way until the next
@@ -334,6 +343,8 @@ void WorkerNode::StopRole() {
   // Parts held for a scale to end are answered now: nothing will send them any more.
   if (retry_timer_ != 0) loop()->CancelTimer(retry_timer_);
   retry_timer_ = 0;
+  if (relay_timer_ != 0) loop()->CancelTimer(relay_timer_);
+  relay_timer_ = 0;
   auto held = std::move(held_);
   held_.clear();
   for (auto& [op, part] : held) op->Fail(Stopped());
@@ -356,7 +367,12 @@ void WorkerNode::UpdateRoute() {
   for (const pb::ServersMeta& s : md.servers_meta()) {
     if (s.role() == pb::SERVER && s.rank_id() >= 0 && s.rank_id() < n) live_[s.rank_id()] = s.is_alive() ? 1 : 0;
   }
-  bool usable = !scale().holding() && cluster_state() == pb::CLUSTER_READY;
+  for (auto it = timed_out_servers_.begin(); it != timed_out_servers_.end();) {
+    it = IsServerAddress(*it) ? std::next(it) : timed_out_servers_.erase(it);
+  }
+  // Not while a server is reached through another (worker_relay.cc): a direct pull must
+  // not overtake a relayed push, and would not reach that server anyway.
+  bool usable = !scale().holding() && cluster_state() == pb::CLUSTER_READY && relays_.empty();
   // server_num comes from the wire: walk only the ranks the metadata gave an address
   // (a count with no addresses behind it must not size anything here).
   std::vector<std::string> addrs;

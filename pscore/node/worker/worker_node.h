@@ -9,7 +9,9 @@
 
 #include <atomic>
 #include <future>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,6 +108,9 @@ class WorkerNode : public Node {
   // Answers whose values were read from the socket straight into a PullInto destination
   // or a Pull's result.
   uint64_t in_place_pulls() const { return in_place_pulls_.load(std::memory_order_relaxed); }
+  // Push and pull parts sent through another server because this worker could not reach
+  // their own (worker_relay.cc).
+  uint64_t relayed_parts() const { return relayed_parts_.load(std::memory_order_relaxed); }
   void AppendRoleMetrics(MetricsText* m) const override;
   int server_count() const { return server_num(); }
 
@@ -165,6 +170,35 @@ class WorkerNode : public Node {
   bool AfterHeldPush(const KvRequest& op, const KvPart& part) const;
 
   void UpdateRoute();  // loop thread: where key ranges are read and written
+
+  // Partial partitions (worker_relay.cc, loop thread; docs/reliability.md). A server whose
+  // link from this worker was lost while the metadata still lists it live (the scheduler
+  // hears it) is reached through another live server: every part for it goes that way, in
+  // order, until a direct link opens again with none of them in flight.
+  struct RelayRoute {
+    int via = -1;                                            // the relaying server's rank
+    std::string addr;                                        // the target's address then
+    std::shared_ptr<int> in_flight = std::make_shared<int>(0);  // parts relayed, unanswered
+    bool probing = false;                                    // a direct dial is under way
+  };
+  // The rank that relays parts for server `rank` now, or -1 (sent directly). A route whose
+  // target has another address now, or is not live, or whose relay is not, ends here.
+  int RelayFor(int rank);
+  // A part for `part.target` failed with its link (`why`): with that server still live in
+  // the metadata and no link to it open, its parts go through another live server from now
+  // on (the next one, when the part had gone through one already).
+  void RouteAround(const KvPart& part, const Status& why);
+  // Every heartbeat interval while routes exist: a route with nothing in flight tries a
+  // direct link; once one opens, the route ends.
+  void WatchRelays();
+  void ProbeRelays();
+  void OnProbed(int target, const std::string& addr, const Result<comm::ConnId>& link);
+  std::map<int, RelayRoute> relays_;  // by target rank
+  // Addresses of servers the scheduler timed out (NODE_TIMED_OUT, until NODE_RECOVERED or
+  // NODE_RESTARTED): not routed around, their loss is the scheduler's to handle.
+  std::set<std::string> timed_out_servers_;
+  comm::TimerId relay_timer_ = 0;
+  std::atomic<uint64_t> relayed_parts_{0};
   // Loop thread: the server rank that reads and writes key range `range` (its primary);
   // -1 when every replica of it is down.
   int Primary(int range) const;

@@ -1,0 +1,129 @@
+// WorkerNode's routes around a partial partition (docs/reliability.md, Partial partitions):
+// a server this worker cannot reach while the scheduler still hears it is reached through
+// another server, which forwards each part unchanged (MessageMeta.relay_rank).
+#include <vector>
+
+#include "pscore/node/worker/worker_node.h"
+
+namespace pscore::node {
+
+namespace {
+
+bool IsLive(const std::vector<char>& live, int rank) {
+  return rank >= 0 && static_cast<size_t>(rank) < live.size() && live[static_cast<size_t>(rank)] != 0;
+}
+
+}  // namespace
+
+int WorkerNode::RelayFor(int rank) {
+  DCHECK(loop()->InLoopThread());
+  auto it = relays_.find(rank);
+  if (it == relays_.end()) return -1;
+  RelayRoute& route = it->second;
+  const char* ended = nullptr;
+  if (ServerAddress(rank) != route.addr) {
+    ended = "it has another address now";
+  } else if (!IsLive(live_, rank) || timed_out_servers_.count(route.addr) != 0) {
+    ended = "the scheduler lost it too";
+  } else if (!IsLive(live_, route.via) || ServerAddress(route.via).empty()) {
+    // The relaying server left or was lost: the next live one carries the route on.
+    const int n = static_cast<int>(live_.size());
+    int next = -1;
+    for (int step = 1; step < n && next < 0; ++step) {
+      const int r = (route.via + step) % n;
+      if (r != rank && IsLive(live_, r) && !ServerAddress(r).empty()) next = r;
+    }
+    if (next >= 0) {
+      LOG(WARNING) << options_.node_id << ": server " << ServerName(route.via) << " relays no more; requests for "
+                   << ServerName(rank) << " go through " << ServerName(next);
+      route.via = next;
+      return next;
+    }
+    ended = "no other live server is left to relay";
+  }
+  if (ended == nullptr) return route.via;
+  LOG(WARNING) << options_.node_id << ": requests for server rank " << rank << " go to it directly again: " << ended;
+  relays_.erase(it);
+  UpdateRoute();
+  return -1;
+}
+
+void WorkerNode::RouteAround(const KvPart& part, const Status& why) {
+  DCHECK(loop()->InLoopThread());
+  const int target = part.target;
+  // Only a server the metadata still lists live at the address the part went to: a lost
+  // one is the scheduler's to time out (and its ranges' backups', with replicas).
+  if (part.addr.empty() || ServerAddress(target) != part.addr || !IsLive(live_, target) ||
+      timed_out_servers_.count(part.addr) != 0) {
+    return;
+  }
+  const int n = static_cast<int>(live_.size());
+  auto it = relays_.find(target);
+  int after = target;
+  if (it == relays_.end()) {
+    // Sent directly, and no link to the server is open: the link died (a server that
+    // answers, asking for a push again while it applies an earlier send, keeps it).
+    if (part.via >= 0 || HasServerLink(part.addr)) return;
+  } else {
+    // Sent through the route's relay, whose own link from here died: the next server relays.
+    if (part.via != it->second.via || HasServerLink(ServerAddress(part.via))) return;
+    after = part.via;
+  }
+  int via = -1;
+  for (int step = 1; step < n && via < 0; ++step) {
+    const int r = (after + step) % n;
+    if (r != target && IsLive(live_, r) && !ServerAddress(r).empty()) via = r;
+  }
+  if (via < 0 || (it != relays_.end() && via == it->second.via)) return;
+  LOG(WARNING) << options_.node_id << ": server " << ServerName(target) << " cannot be reached from here (" << why
+               << ") while the scheduler still hears it; its requests go through server " << ServerName(via);
+  RelayRoute& route = relays_[target];
+  route.via = via;
+  route.addr = part.addr;
+  UpdateRoute();  // PullSync's direct way leaves the keys to the relay
+  WatchRelays();
+}
+
+void WorkerNode::WatchRelays() {
+  DCHECK(loop()->InLoopThread());
+  if (relay_timer_ != 0 || relays_.empty() || closed()) return;
+  relay_timer_ = loop()->AddTimer(options_.heartbeat_interval, Duration::zero(), [this] {
+    relay_timer_ = 0;
+    ProbeRelays();
+    WatchRelays();
+  });
+}
+
+void WorkerNode::ProbeRelays() {
+  DCHECK(loop()->InLoopThread());
+  std::vector<int> idle;
+  for (auto& [target, route] : relays_) {
+    if (!route.probing && *route.in_flight == 0) idle.push_back(target);
+  }
+  for (int target : idle) {
+    RelayRoute& route = relays_[target];
+    route.probing = true;
+    // A direct link opened (or still open) with nothing relayed in flight: parts sent on it
+    // from now on cannot overtake a relayed one. A dial that meets the cut gives up after a
+    // heartbeat timeout, so one started just before the cut is mended does not hold the
+    // route for the kernel's SYN retries (seconds apart) or connect_timeout.
+    WithServerConn(
+        target, [this, target, addr = route.addr](Result<comm::ConnId> c) { OnProbed(target, addr, c); },
+        options_.heartbeat_timeout);
+  }
+}
+
+void WorkerNode::OnProbed(int target, const std::string& addr, const Result<comm::ConnId>& link) {
+  DCHECK(loop()->InLoopThread());
+  auto it = relays_.find(target);
+  if (it == relays_.end() || it->second.addr != addr) return;
+  it->second.probing = false;
+  if (!link.ok() || *it->second.in_flight != 0) return;
+  // A warning as the route's start was: the pair tells an operator how long it lasted.
+  LOG(WARNING) << options_.node_id << ": server " << ServerName(target)
+               << " is reached directly again; its requests go to it directly";
+  relays_.erase(it);
+  UpdateRoute();
+}
+
+}  // namespace pscore::node
