@@ -132,7 +132,9 @@ TEST_CASE("a scheduler asked for more nodes per role than a job may have refuses
 }
 
 TEST_CASE("a server whose handler sleeps 3x the heartbeat timeout is not declared dead", "[node][net]") {
-  const Duration interval = 50ms, timeout = 300ms;
+  // A timeout of ten beats: a loaded sanitizer build can stall a loop for a few hundred ms, and a
+  // member other than the slow server timed out then would fail the case for the wrong reason.
+  const Duration interval = 100ms, timeout = 1s;
   SchedulerNode sched(SchedOpts(1, 1, interval, timeout));
   std::atomic<int> timeouts{0};
   sched.AddEventListener([&timeouts](const core::Event& e) {
