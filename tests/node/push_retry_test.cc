@@ -182,8 +182,8 @@ class HeldPushServer : public ServerNode {
 };
 
 // A server that a worker cannot reach while `cut` is set: every link a worker dialled (its
-// HELLO says WORKER) is closed at its first data request, unserved. Other servers' links to
-// it work, so the scheduler and they hear it.
+// HELLO says WORKER) is closed at its first request (data or PING), unserved. Other
+// servers' links to it work, so the scheduler and they hear it.
 class WorkerCutServer : public ServerNode {
  public:
   WorkerCutServer(NodeOptions o, core::ParamStore::Options store) : ServerNode(std::move(o), store) {}
@@ -194,7 +194,7 @@ class WorkerCutServer : public ServerNode {
   void OnPeerRequest(comm::ConnId conn, comm::Frame&& frame) override {
     if (frame.meta.cmd() == pb::HELLO) {
       from_worker_[conn] = frame.meta.role() == pb::WORKER;
-    } else if (cut && frame.meta.cmd() == pb::SEND_DATA && from_worker_[conn]) {
+    } else if (cut && from_worker_[conn]) {
       ++dropped;
       messenger().transport().Close(conn, Status(Code::kUnavailable, "test: link cut"));
       return;
@@ -484,6 +484,65 @@ TEST_CASE("a worker cut off from one server reaches it through another - pushes 
   }
   CHECK(direct);
   CHECK(c.Value(key) == 6.0f + pushes);
+}
+
+TEST_CASE("a relay timed out with a relayed push unread - the push goes through the next relay, later pushes stay "
+          "behind it, the stale copy is not applied again",
+          "[node][net][retry][relay]") {
+  Cluster c(/*server_num=*/3);
+  std::atomic<bool> relay_timed_out{false};
+  for (const char* id : {"s0", "s1", "s2"}) {
+    core::ParamStore::Options assign;
+    assign.rule = core::UpdateRule::kAssign;  // the last push applied is the value pulled
+    c.servers.emplace_back(new WorkerCutServer(c.Opts(id), assign));
+  }
+  for (auto& s : c.servers) REQUIRE(s->Start().ok());
+  c.StartWorker(10s);
+  auto by_rank = [&c](int rank) -> WorkerCutServer& {
+    for (auto& s : c.servers) {
+      if (s->rank() == rank) return static_cast<WorkerCutServer&>(*s);
+    }
+    FAIL("no server has rank " << rank);
+    return static_cast<WorkerCutServer&>(*c.servers[0]);
+  };
+  // Server rank 0 is cut; rank 1, the next live server, relays for it.
+  WorkerCutServer& cut = by_rank(0);
+  WorkerCutServer& relay = by_rank(1);
+  WorkerCutServer& next = by_rank(2);
+  const std::string relay_id = relay.options().node_id;
+  c.sched().AddEventListener([&relay_timed_out, relay_id](const core::Event& e) {
+    if (e.kind == core::Event::Kind::kNodeTimedOut && e.node_id == relay_id) relay_timed_out = true;
+  });
+  uint64_t key = 0;
+  while (core::ServerForKey(key, 3) != 0) ++key;
+  cut.cut = true;
+  REQUIRE(Await(c.worker->Push({key}, Filled(1.0f))).ok());
+  REQUIRE(relay.relayed_requests() == 1);
+
+  // The relay's loop stalls past the heartbeat timeout (3 s) with push B unread in its
+  // socket: the scheduler times it out while it still holds B.
+  std::atomic<bool> stalled{false};
+  relay.loop()->Post([&stalled] {
+    stalled = true;
+    std::this_thread::sleep_for(4500ms);
+  });
+  REQUIRE(PollUntil([&stalled] { return stalled.load(); }, 5000ms));
+  auto b = c.worker->Push({key}, Filled(2.0f));
+  REQUIRE(PollUntil([&relay_timed_out] { return relay_timed_out.load(); }, 5000ms));
+  // C, issued after B, is applied after it: B is sent again through the next relay and C
+  // follows it there.
+  auto push_c = c.worker->Push({key}, Filled(3.0f));
+  REQUIRE(Await(std::move(b)).ok());
+  REQUIRE(Await(std::move(push_c)).ok());
+  CHECK(next.relayed_requests() >= 2);
+  CHECK(c.Value(key) == 3.0f);
+  // Once its loop runs again the old relay reads the stale B and forwards it: the cut
+  // server knows its push id and does not apply it over C.
+  const uint64_t repeats = cut.repeated_pushes();
+  REQUIRE(PollUntil([&cut, repeats] { return cut.repeated_pushes() > repeats; }, 10000ms));
+  CHECK(relay.relayed_requests() == 2);
+  CHECK(c.Value(key) == 3.0f);
+  CHECK(cut.store().num_keys() == 1);
 }
 
 }  // namespace

@@ -184,15 +184,21 @@ class WorkerNode : public Node {
   // The rank that relays parts for server `rank` now, or -1 (sent directly). A route whose
   // target has another address now, or is not live, or whose relay is not, ends here.
   int RelayFor(int rank);
+  // Whether server `rank` may relay: live in the metadata, with an address, and not timed
+  // out at the scheduler (whose time-out the metadata may not show yet).
+  bool CanRelay(int rank) const;
+  // The next server after rank `after` (wrapping) that can relay, not `target`; -1 when
+  // there is none.
+  int NextRelay(int target, int after) const;
   // A part for `part.target` failed with its link (`why`): with that server still live in
   // the metadata and no link to it open, its parts go through another live server from now
   // on (the next one, when the part had gone through one already).
   void RouteAround(const KvPart& part, const Status& why);
-  // Every heartbeat interval while routes exist: a route with nothing in flight tries a
-  // direct link; once one opens, the route ends.
+  // Every heartbeat interval while routes exist: a route with nothing in flight pings its
+  // target on a direct link; once one answers, the route ends.
   void WatchRelays();
   void ProbeRelays();
-  void OnProbed(int target, const std::string& addr, const Result<comm::ConnId>& link);
+  void OnProbed(int target, const std::string& addr, const Status& answered);
   std::map<int, RelayRoute> relays_;  // by target rank
   // Addresses of servers the scheduler timed out (NODE_TIMED_OUT, until NODE_RECOVERED or
   // NODE_RESTARTED): not routed around, their loss is the scheduler's to handle.

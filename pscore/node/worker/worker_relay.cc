@@ -3,6 +3,7 @@
 // another server, which forwards each part unchanged (MessageMeta.relay_rank).
 #include <vector>
 
+#include "pscore/node/common/wire.h"
 #include "pscore/node/worker/worker_node.h"
 
 namespace pscore::node {
@@ -25,14 +26,9 @@ int WorkerNode::RelayFor(int rank) {
     ended = "it has another address now";
   } else if (!IsLive(live_, rank) || timed_out_servers_.count(route.addr) != 0) {
     ended = "the scheduler lost it too";
-  } else if (!IsLive(live_, route.via) || ServerAddress(route.via).empty()) {
+  } else if (!CanRelay(route.via)) {
     // The relaying server left or was lost: the next live one carries the route on.
-    const int n = static_cast<int>(live_.size());
-    int next = -1;
-    for (int step = 1; step < n && next < 0; ++step) {
-      const int r = (route.via + step) % n;
-      if (r != rank && IsLive(live_, r) && !ServerAddress(r).empty()) next = r;
-    }
+    const int next = NextRelay(rank, route.via);
     if (next >= 0) {
       LOG(WARNING) << options_.node_id << ": server " << ServerName(route.via) << " relays no more; requests for "
                    << ServerName(rank) << " go through " << ServerName(next);
@@ -48,6 +44,23 @@ int WorkerNode::RelayFor(int rank) {
   return -1;
 }
 
+bool WorkerNode::CanRelay(int rank) const {
+  DCHECK(loop()->InLoopThread());
+  if (!IsLive(live_, rank)) return false;
+  const std::string addr = ServerAddress(rank);
+  return !addr.empty() && timed_out_servers_.count(addr) == 0;
+}
+
+int WorkerNode::NextRelay(int target, int after) const {
+  DCHECK(loop()->InLoopThread());
+  const int n = static_cast<int>(live_.size());
+  for (int step = 1; step < n; ++step) {
+    const int r = (after + step) % n;
+    if (r != target && CanRelay(r)) return r;
+  }
+  return -1;
+}
+
 void WorkerNode::RouteAround(const KvPart& part, const Status& why) {
   DCHECK(loop()->InLoopThread());
   const int target = part.target;
@@ -57,7 +70,6 @@ void WorkerNode::RouteAround(const KvPart& part, const Status& why) {
       timed_out_servers_.count(part.addr) != 0) {
     return;
   }
-  const int n = static_cast<int>(live_.size());
   auto it = relays_.find(target);
   int after = target;
   if (it == relays_.end()) {
@@ -69,11 +81,7 @@ void WorkerNode::RouteAround(const KvPart& part, const Status& why) {
     if (part.via != it->second.via || HasServerLink(ServerAddress(part.via))) return;
     after = part.via;
   }
-  int via = -1;
-  for (int step = 1; step < n && via < 0; ++step) {
-    const int r = (after + step) % n;
-    if (r != target && IsLive(live_, r) && !ServerAddress(r).empty()) via = r;
-  }
+  const int via = NextRelay(target, after);
   if (via < 0 || (it != relays_.end() && via == it->second.via)) return;
   LOG(WARNING) << options_.node_id << ": server " << ServerName(target) << " cannot be reached from here (" << why
                << ") while the scheduler still hears it; its requests go through server " << ServerName(via);
@@ -103,22 +111,30 @@ void WorkerNode::ProbeRelays() {
   for (int target : idle) {
     RelayRoute& route = relays_[target];
     route.probing = true;
-    // A direct link opened (or still open) with nothing relayed in flight: parts sent on it
-    // from now on cannot overtake a relayed one. A dial that meets the cut gives up after a
-    // heartbeat timeout, so one started just before the cut is mended does not hold the
-    // route for the kernel's SYN retries (seconds apart) or connect_timeout.
+    // A direct link that answers a PING with nothing relayed in flight: parts sent on it
+    // from now on cannot overtake a relayed one. The round trip, not the dial alone: a cut
+    // may let a connection open and lose what goes over it. Dial and answer give up after
+    // a heartbeat timeout each, so a probe started just before the cut is mended does not
+    // hold the route for the kernel's SYN retries (seconds apart) or connect_timeout.
     WithServerConn(
-        target, [this, target, addr = route.addr](Result<comm::ConnId> c) { OnProbed(target, addr, c); },
+        target,
+        [this, target, addr = route.addr](Result<comm::ConnId> c) {
+          if (!c.ok()) return OnProbed(target, addr, c.status());
+          messenger().Call(*c, MakeMeta(pb::PING, pb::WORKER, loop_rank()), Buffer::Allocate(0),
+                           options_.heartbeat_timeout, [this, target, addr](Result<comm::Frame> r) {
+                             OnProbed(target, addr, r.ok() ? Status::Ok() : r.status());
+                           });
+        },
         options_.heartbeat_timeout);
   }
 }
 
-void WorkerNode::OnProbed(int target, const std::string& addr, const Result<comm::ConnId>& link) {
+void WorkerNode::OnProbed(int target, const std::string& addr, const Status& answered) {
   DCHECK(loop()->InLoopThread());
   auto it = relays_.find(target);
   if (it == relays_.end() || it->second.addr != addr) return;
   it->second.probing = false;
-  if (!link.ok() || *it->second.in_flight != 0) return;
+  if (!answered.ok() || *it->second.in_flight != 0) return;
   // A warning as the route's start was: the pair tells an operator how long it lasted.
   LOG(WARNING) << options_.node_id << ": server " << ServerName(target)
                << " is reached directly again; its requests go to it directly";
