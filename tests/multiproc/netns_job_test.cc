@@ -38,6 +38,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -233,7 +234,8 @@ class HostJob {
 
 // A job of two servers and two trainers (`steps` steps), each process on a host of its own
 // (the scheduler, the servers, the trainers), started with `timing` and the scheduler's
-// `flags`; `plain` holds the finals of the same job run undisturbed. ok() is false, after a
+// `flags`; `before_trainers`, if given, runs once the servers run and before the trainers
+// start. `plain` holds the finals of the same job run undisturbed. ok() is false, after a
 // WARN, where the test may not create namespaces.
 class TwoByTwoJob {
   // First: destroyed last, after every process of the job has been stopped.
@@ -244,7 +246,8 @@ class TwoByTwoJob {
   std::unique_ptr<HostJob> job_;  // the scheduler
 
  public:
-  TwoByTwoJob(int steps, std::vector<std::string> timing, std::vector<std::string> flags)
+  TwoByTwoJob(int steps, std::vector<std::string> timing, std::vector<std::string> flags,
+              const std::function<void(TwoByTwoJob&)>& before_trainers = nullptr)
       : iplog_(dir_.File("ip.log")), bridge_(iplog_) {
     REQUIRE(dir_.ok());
     if (!MakeHosts(bridge_, 5, iplog_, &hosts_)) return;
@@ -255,6 +258,7 @@ class TwoByTwoJob {
     flags.insert(flags.begin(), {"--worker_num=2", "--server_num=2"});
     job_->StartScheduler(std::move(flags));
     for (int i = 0; i < 2; ++i) REQUIRE(job_->StartServer(&servers[i], server_host(i), "server" + std::to_string(i)));
+    if (before_trainers) before_trainers(*this);
     for (int i = 0; i < 2; ++i) {
       REQUIRE(job_->StartTrainer(&trainers[i], worker_host(i), "worker" + std::to_string(i),
                                  {"--steps=" + std::to_string(steps)}));
@@ -554,6 +558,40 @@ TEST_CASE("a demo job with one trainer cut off from one server only reaches that
     INFO("worker0:\n" << trainers[0].Log());
     CHECK(Logged(trainers[0], back));
   }
+  CheckTrainersUndisturbed(trainers, job.plain);
+  Process& scheduler = job.scheduler();
+  INFO(scheduler.Log());
+  CHECK(scheduler.Wait(60s) == std::optional<int>(0));
+  CHECK(scheduler.Log().find("timed out") == std::string::npos);  // nobody was lost
+  for (Process& server : job.servers) {
+    INFO(server.Log());
+    CHECK(server.Wait(60s) == std::optional<int>(0));
+  }
+}
+
+TEST_CASE("a demo job with one trainer cut off from one server from its start reaches that server through the other "
+          "one and ends as undisturbed",
+          "[multiproc][net][netns][partition]") {
+  // server1 drops what it sends to worker0 before the trainers start: worker0's first dial
+  // to it never completes. A dial gives up after twice the heartbeat timeout (4 s), well
+  // before recovery_timeout, and the part goes through server0.
+  std::string worker0_ip;
+  TwoByTwoJob job(200,
+                  {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=2000", "--connect_timeout_ms=30000",
+                   "--recovery_timeout_ms=10000"},
+                  {"--replicas=1"}, [&worker0_ip](TwoByTwoJob& j) {
+                    worker0_ip = j.worker_host(0).ip();
+                    REQUIRE(j.server_host(1).Blackhole(worker0_ip, true));
+                  });
+  if (!job.ok()) return;
+  Process(&trainers)[2] = job.trainers;
+  {
+    INFO("worker0:\n" << trainers[0].Log());
+    REQUIRE(Logged(trainers[0], ") while the scheduler still hears it; its requests go through server server0"));
+    CHECK(trainers[0].Log().find("no connection within 4000 ms") != std::string::npos);
+    REQUIRE(Logged(trainers[0], "step  20 "));
+  }
+  REQUIRE(job.server_host(1).Blackhole(worker0_ip, false));
   CheckTrainersUndisturbed(trainers, job.plain);
   Process& scheduler = job.scheduler();
   INFO(scheduler.Log());

@@ -87,6 +87,9 @@ struct NodeOptions {
   // Scheduler watch: no answer from the scheduler for this long is logged once and the link
   // is closed and redialed (a stopped scheduler keeps its socket open). 0: 2 x heartbeat_timeout.
   int64_t scheduler_timeout_ms = 0;
+  // How long a dial keeps trying (refused connects again with backoff; an attempt whose SYNs
+  // go unanswered ends here). A worker's key-value parts dial a server for
+  // min(connect_timeout, 2 x heartbeat_timeout) and take a dial that gives up as a lost server.
   Duration connect_timeout = std::chrono::seconds(30);
   // A new node refused because its role's quota is full (started before the scale-out that
   // makes room for it was asked) or because a scale-in runs registers again, every second at

@@ -149,13 +149,13 @@ void WorkerNode::Send(const std::shared_ptr<KvRequest>& op, KvPart part) {
   part.sent_at = std::chrono::steady_clock::now();
   if (part.lost_since != TimePoint{}) WatchRecovery(op, part, last_error, timer);
   const int to = part.via >= 0 ? part.via : server;
-  Issue(to, std::move(meta), std::move(payload), sink,
-        [this, op, timer, relayed, part = std::move(part)](Result<Frame> r) mutable {
-          if (*timer != 0) loop()->CancelTimer(*timer);
-          *timer = 0;
-          if (relayed) --*relayed;
-          OnPart(op, std::move(part), std::move(r));
-        });
+  IssuePart(to, std::move(meta), std::move(payload), sink,
+            [this, op, timer, relayed, part = std::move(part)](Result<Frame> r) mutable {
+              if (*timer != 0) loop()->CancelTimer(*timer);
+              *timer = 0;
+              if (relayed) --*relayed;
+              OnPart(op, std::move(part), std::move(r));
+            });
 }
 
 // A part sent again while its server is lost ends at its recovery deadline even when the

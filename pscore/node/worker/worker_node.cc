@@ -81,6 +81,26 @@ void WorkerNode::IssueOnLoop(int rank, pb::MessageMeta meta, Payload payload, co
   });
 }
 
+void WorkerNode::IssuePart(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
+                           comm::ResponseCallback cb) {
+  DCHECK(loop()->InLoopThread());
+  WithServerConn(
+      rank,
+      [this, meta = std::move(meta), payload = std::move(payload), sink, cb = std::move(cb)](Result<ConnId> c) mutable {
+        if (!c.ok()) {
+          if (c.status().code() != Code::kTimeout) return cb(c.status());
+          return cb(Status(Code::kUnavailable, "cannot reach the server: " + c.status().message()));
+        }
+        meta.set_rank_id(loop_rank());
+        messenger().Call(*c, std::move(meta), std::move(payload), options_.request_timeout, std::move(cb), sink);
+      },
+      DataDialTimeout());
+}
+
+Duration WorkerNode::DataDialTimeout() const {
+  return std::min<Duration>(options_.connect_timeout, 2 * options_.heartbeat_timeout);
+}
+
 void WorkerNode::SendAsync(int rank, int user_cmd, const std::string& handler, Payload payload,
                            ReplyCallback cb) {
   pb::MessageMeta meta = MakeMeta(pb::SEND_DATA, pb::WORKER, -1);

@@ -131,6 +131,13 @@ class WorkerNode : public Node {
   void Issue(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink, comm::ResponseCallback cb);
   void IssueOnLoop(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
                    comm::ResponseCallback cb);
+  // A key-value part's request (loop thread). Its dial gives up after DataDialTimeout(), and
+  // one that gives up fails kUnavailable: a server the worker cannot reach (a cut that drops
+  // its SYNs, a host that is down) is a lost server, retried and routed around
+  // (docs/reliability.md), not a request timeout.
+  void IssuePart(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink, comm::ResponseCallback cb);
+  // min(connect_timeout, twice the heartbeat timeout): as long as a cut link stays open.
+  Duration DataDialTimeout() const;
   KvCounters counters() const { return KvCounters{kv_in_flight_, copied_counter()}; }
   // Push and ZPush; `shared` (ZPush) owns values, which are then written without a copy.
   std::future<Status> StartPush(const std::vector<uint64_t>& keys, const float* values, size_t num_values,
