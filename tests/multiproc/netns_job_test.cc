@@ -271,6 +271,19 @@ class TwoByTwoJob {
   Host& worker_host(int i) { return *hosts_[3 + i]; }
   Process& scheduler() { return job_->scheduler; }
 
+  // The trainers end as undisturbed, then the scheduler and servers exit 0, and the
+  // scheduler timed nobody out.
+  void CheckEndsWithNobodyLost() {
+    CheckTrainersUndisturbed(trainers, plain);
+    INFO(scheduler().Log());
+    CHECK(scheduler().Wait(60s) == std::optional<int>(0));
+    CHECK(scheduler().Log().find("timed out") == std::string::npos);
+    for (Process& server : servers) {
+      INFO(server.Log());
+      CHECK(server.Wait(60s) == std::optional<int>(0));
+    }
+  }
+
   std::vector<TrainFinal> plain;
   Process servers[2];
   Process trainers[2];
@@ -558,15 +571,7 @@ TEST_CASE("a demo job with one trainer cut off from one server only reaches that
     INFO("worker0:\n" << trainers[0].Log());
     CHECK(Logged(trainers[0], back));
   }
-  CheckTrainersUndisturbed(trainers, job.plain);
-  Process& scheduler = job.scheduler();
-  INFO(scheduler.Log());
-  CHECK(scheduler.Wait(60s) == std::optional<int>(0));
-  CHECK(scheduler.Log().find("timed out") == std::string::npos);  // nobody was lost
-  for (Process& server : job.servers) {
-    INFO(server.Log());
-    CHECK(server.Wait(60s) == std::optional<int>(0));
-  }
+  job.CheckEndsWithNobodyLost();
 }
 
 TEST_CASE("a demo job with one trainer cut off from one server from its start reaches that server through the other "
@@ -592,15 +597,7 @@ TEST_CASE("a demo job with one trainer cut off from one server from its start re
     REQUIRE(Logged(trainers[0], "step  20 "));
   }
   REQUIRE(job.server_host(1).Blackhole(worker0_ip, false));
-  CheckTrainersUndisturbed(trainers, job.plain);
-  Process& scheduler = job.scheduler();
-  INFO(scheduler.Log());
-  CHECK(scheduler.Wait(60s) == std::optional<int>(0));
-  CHECK(scheduler.Log().find("timed out") == std::string::npos);  // nobody was lost
-  for (Process& server : job.servers) {
-    INFO(server.Log());
-    CHECK(server.Wait(60s) == std::optional<int>(0));
-  }
+  job.CheckEndsWithNobodyLost();
 }
 
 }  // namespace pscore::testing
