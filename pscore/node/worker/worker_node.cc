@@ -71,30 +71,25 @@ void WorkerNode::Issue(int rank, pb::MessageMeta meta, Payload payload, comm::An
 }
 
 void WorkerNode::IssueOnLoop(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
-                             comm::ResponseCallback cb) {
+                             comm::ResponseCallback cb, Duration lost_after) {
   DCHECK(loop()->InLoopThread());
-  WithServerConn(rank, [this, meta = std::move(meta), payload = std::move(payload), sink,
-                        cb = std::move(cb)](Result<ConnId> c) mutable {
-    if (!c.ok()) return cb(c.status());
-    meta.set_rank_id(loop_rank());
-    messenger().Call(*c, std::move(meta), std::move(payload), options_.request_timeout, std::move(cb), sink);
-  });
+  WithServerConn(
+      rank,
+      [this, meta = std::move(meta), payload = std::move(payload), sink, cb = std::move(cb),
+       lost_after](Result<ConnId> c) mutable {
+        if (!c.ok() && lost_after != Duration::zero() && c.status().code() == Code::kTimeout) {
+          return cb(Status(Code::kUnavailable, "cannot reach the server: " + c.status().message()));
+        }
+        if (!c.ok()) return cb(c.status());
+        meta.set_rank_id(loop_rank());
+        messenger().Call(*c, std::move(meta), std::move(payload), options_.request_timeout, std::move(cb), sink);
+      },
+      lost_after);
 }
 
 void WorkerNode::IssuePart(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
                            comm::ResponseCallback cb) {
-  DCHECK(loop()->InLoopThread());
-  WithServerConn(
-      rank,
-      [this, meta = std::move(meta), payload = std::move(payload), sink, cb = std::move(cb)](Result<ConnId> c) mutable {
-        if (!c.ok()) {
-          if (c.status().code() != Code::kTimeout) return cb(c.status());
-          return cb(Status(Code::kUnavailable, "cannot reach the server: " + c.status().message()));
-        }
-        meta.set_rank_id(loop_rank());
-        messenger().Call(*c, std::move(meta), std::move(payload), options_.request_timeout, std::move(cb), sink);
-      },
-      DataDialTimeout());
+  IssueOnLoop(rank, std::move(meta), std::move(payload), sink, std::move(cb), DataDialTimeout());
 }
 
 Duration WorkerNode::DataDialTimeout() const {

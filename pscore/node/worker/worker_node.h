@@ -129,12 +129,13 @@ class WorkerNode : public Node {
   using Held = std::pair<std::shared_ptr<KvRequest>, KvPart>;
   // One request to server `rank`; with a sink, the answer's values may arrive in it.
   void Issue(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink, comm::ResponseCallback cb);
+  // Loop thread. Zero `lost_after`: a dial gives up after connect_timeout and fails kTimeout.
+  // Otherwise the dial gives up after `lost_after` and fails kUnavailable: a server the worker
+  // cannot reach (a cut that drops its SYNs, a host that is down) is a lost server, retried
+  // and routed around (docs/reliability.md), not a request timeout.
   void IssueOnLoop(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink,
-                   comm::ResponseCallback cb);
-  // A key-value part's request (loop thread). Its dial gives up after DataDialTimeout(), and
-  // one that gives up fails kUnavailable: a server the worker cannot reach (a cut that drops
-  // its SYNs, a host that is down) is a lost server, retried and routed around
-  // (docs/reliability.md), not a request timeout.
+                   comm::ResponseCallback cb, Duration lost_after = Duration::zero());
+  // A key-value part's request (loop thread): IssueOnLoop with lost_after DataDialTimeout().
   void IssuePart(int rank, pb::MessageMeta meta, Payload payload, comm::AnswerSink sink, comm::ResponseCallback cb);
   // min(connect_timeout, twice the heartbeat timeout): as long as a cut link stays open.
   Duration DataDialTimeout() const;
