@@ -545,5 +545,118 @@ TEST_CASE("a relay timed out with a relayed push unread - the push goes through 
   CHECK(cut.store().num_keys() == 1);
 }
 
+TEST_CASE("a route around a cut survives a scale-in that renumbers its target - every push applied once",
+          "[node][net][retry][relay][scale]") {
+  Cluster c(/*server_num=*/3);
+  for (const char* id : {"s0", "s1", "s2"}) c.servers.emplace_back(new WorkerCutServer(c.Opts(id), SumStore()));
+  for (auto& s : c.servers) REQUIRE(s->Start().ok());
+  c.StartWorker(/*recovery_timeout=*/20s);
+  auto by_rank = [&c](int rank) -> WorkerCutServer& {
+    for (auto& s : c.servers) {
+      if (s->rank() == rank) return static_cast<WorkerCutServer&>(*s);
+    }
+    FAIL("no server has rank " << rank);
+    return static_cast<WorkerCutServer&>(*c.servers[0]);
+  };
+  // Rank 2 is cut off from the worker and relayed through rank 0; rank 1 leaves, so the
+  // cut server becomes rank 1 while its route was keyed by rank 2.
+  WorkerCutServer& cut = by_rank(2);
+  WorkerCutServer& relay = by_rank(0);
+  WorkerCutServer& leaving = by_rank(1);
+  // Two keys of each server's range under three servers, spread over the id space (under
+  // two servers they change hands).
+  std::vector<uint64_t> keys;
+  for (int want = 0; want < 3; ++want) {
+    int found = 0;
+    for (uint64_t k = 1; found < 2; k += uint64_t{1} << 57) {
+      if (core::ServerForKey(k, 3) != want) continue;
+      keys.push_back(k);
+      ++found;
+    }
+  }
+  std::vector<float> ones(keys.size() * kFloats, 1.0f);
+  cut.cut = true;
+  int pushes = 0;
+  auto push = [&] {
+    Status st = Await(c.worker->Push(keys, ones));
+    INFO("push " << pushes << ": " << st);
+    REQUIRE(st.ok());
+    ++pushes;
+  };
+  for (int i = 0; i < 3; ++i) push();
+  const uint64_t relayed_before = relay.relayed_requests();
+  CHECK(relayed_before >= 3);
+
+  pb::AdminRequest req;
+  req.set_op("scale_in");
+  req.add_node_ids(leaving.options().node_id);
+  REQUIRE(Admin(c.sched(), req).ok());
+  // The worker pushes on while the servers migrate and renumber.
+  const auto until = std::chrono::steady_clock::now() + kDeadline;
+  while (c.worker->server_count() != 2 || c.worker->cluster_state() != pb::CLUSTER_READY) {
+    REQUIRE(std::chrono::steady_clock::now() < until);
+    push();
+  }
+  REQUIRE(leaving.WaitForTermination(15s).ok());
+  CHECK(cut.rank() == 1);
+  CHECK(relay.rank() == 0);
+  // The cut server, now rank 1, is still reached only through the relay.
+  const uint64_t relayed_scaled = relay.relayed_requests();
+  const int dropped_scaled = cut.dropped;
+  for (int i = 0; i < 3; ++i) push();
+  CHECK(relay.relayed_requests() > relayed_scaled);
+  CHECK(relay.relay_failures() == 0);
+  CHECK(cut.dropped >= dropped_scaled);
+  // Every push applied once to every key, wherever the key lives now.
+  Result<PullResult> pulled = Await(c.worker->Pull(keys));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->values == std::vector<float>(keys.size() * kFloats, static_cast<float>(pushes)));
+  CHECK(cut.store().num_keys() + relay.store().num_keys() == keys.size());
+}
+
+TEST_CASE("a route to a server that a scale-in removes ends - pulls take the direct way again",
+          "[node][net][retry][relay][scale]") {
+  Cluster c(/*server_num=*/3);
+  for (const char* id : {"s0", "s1", "s2"}) c.servers.emplace_back(new WorkerCutServer(c.Opts(id), SumStore()));
+  for (auto& s : c.servers) REQUIRE(s->Start().ok());
+  c.StartWorker(/*recovery_timeout=*/20s);
+  WorkerCutServer* cut = nullptr;
+  for (auto& s : c.servers) {
+    if (s->rank() == 2) cut = static_cast<WorkerCutServer*>(s.get());
+  }
+  REQUIRE(cut != nullptr);
+  uint64_t key = 1;
+  while (core::ServerForKey(key, 3) != 2) key += uint64_t{1} << 57;
+  cut->cut = true;
+  REQUIRE(Await(c.worker->Push({key}, Filled(1.0f))).ok());
+  REQUIRE(c.worker->relayed_parts() >= 1);
+  // While a route exists PullSync takes the loop's way (a direct pull could overtake a
+  // relayed push).
+  const uint64_t direct_before = c.worker->direct_pulls();
+  REQUIRE(c.worker->PullSync({key}).ok());
+  CHECK(c.worker->direct_pulls() == direct_before);
+
+  pb::AdminRequest req;
+  req.set_op("scale_in");
+  req.add_node_ids(cut->options().node_id);
+  REQUIRE(Admin(c.sched(), req).ok());
+  REQUIRE(cut->WaitForTermination(15s).ok());
+  REQUIRE(PollUntil([&c] { return c.worker->server_count() == 2 && c.worker->cluster_state() == pb::CLUSTER_READY; },
+                    kDeadline));
+  // The key moved to a server the worker reaches; no route is left, so PullSync goes over
+  // its direct link again, and the push is there once.
+  bool direct = false;
+  const auto until = std::chrono::steady_clock::now() + kDeadline;
+  while (!direct && std::chrono::steady_clock::now() < until) {
+    const uint64_t before = c.worker->direct_pulls();
+    Result<PullResult> pulled = c.worker->PullSync({key});
+    REQUIRE(pulled.ok());
+    REQUIRE(pulled->values == Filled(1.0f));
+    direct = c.worker->direct_pulls() > before;
+    if (!direct) std::this_thread::sleep_for(20ms);
+  }
+  CHECK(direct);
+}
+
 }  // namespace
 }  // namespace pscore::node

@@ -202,8 +202,9 @@ class WorkerNode : public Node {
   // the metadata and no link to it open, its parts go through another live server from now
   // on (the next one, when the part had gone through one already).
   void RouteAround(const KvPart& part, const Status& why);
-  // Every heartbeat interval while routes exist: a route with nothing in flight pings its
-  // target on a direct link; once one answers, the route ends.
+  // Every heartbeat interval while routes exist: a route whose target is gone from its rank
+  // ends (RelayFor); one with nothing in flight pings its target on a direct link, and once
+  // that answers, the route ends.
   void WatchRelays();
   void ProbeRelays();
   void OnProbed(int target, const std::string& addr, const Status& answered);

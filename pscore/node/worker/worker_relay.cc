@@ -1,6 +1,7 @@
 // WorkerNode's routes around a partial partition (docs/reliability.md, Partial partitions):
 // a server this worker cannot reach while the scheduler still hears it is reached through
 // another server, which forwards each part unchanged (MessageMeta.relay_rank).
+#include <string>
 #include <vector>
 
 #include "pscore/node/common/wire.h"
@@ -22,7 +23,10 @@ int WorkerNode::RelayFor(int rank) {
   if (it == relays_.end()) return -1;
   RelayRoute& route = it->second;
   const char* ended = nullptr;
-  if (ServerAddress(rank) != route.addr) {
+  const std::string addr = ServerAddress(rank);
+  if (addr.empty()) {
+    ended = "no server holds that rank now";
+  } else if (addr != route.addr) {
     ended = "it has another address now";
   } else if (!IsLive(live_, rank) || timed_out_servers_.count(route.addr) != 0) {
     ended = "the scheduler lost it too";
@@ -104,12 +108,14 @@ void WorkerNode::WatchRelays() {
 
 void WorkerNode::ProbeRelays() {
   DCHECK(loop()->InLoopThread());
-  std::vector<int> idle;
-  for (auto& [target, route] : relays_) {
-    if (!route.probing && *route.in_flight == 0) idle.push_back(target);
-  }
-  for (int target : idle) {
+  std::vector<int> targets;
+  for (const auto& entry : relays_) targets.push_back(entry.first);
+  for (int target : targets) {
+    // A route whose target left (a scale-in renumbered or removed its rank), moved or was
+    // lost ends here, though no part asks for that rank any more.
+    if (RelayFor(target) < 0) continue;
     RelayRoute& route = relays_[target];
+    if (route.probing || *route.in_flight != 0) continue;
     route.probing = true;
     // A direct link that answers a PING with nothing relayed in flight: parts sent on it
     // from now on cannot overtake a relayed one. The round trip, not the dial alone: a cut
