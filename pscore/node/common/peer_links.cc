@@ -1,5 +1,8 @@
 #include "pscore/node/common/peer_links.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "pscore/comm/address.h"
 #include "pscore/node/common/wire.h"
 
@@ -44,22 +47,58 @@ void PeerLinks::Link(int rank, std::function<void(Result<ConnId>)> cb, Duration 
     cb(open->second);
     return;
   }
-  Dial& dial = dialing_[addr];
-  dial.waiters.push_back(std::move(cb));
-  if (dial.waiters.size() > 1) return;  // A dial is already under way.
+  const Duration bound = connect_timeout > Duration::zero() ? connect_timeout : options_.connect_timeout;
+  Wait(addr, Waiter{++waiter_serial_, SteadyClock().Now() + bound, std::move(cb)}, bound);
+}
+
+void PeerLinks::Wait(const std::string& addr, Waiter w, Duration bound) {
+  DCHECK(loop_->InLoopThread());
+  auto [d, fresh] = dialing_.try_emplace(addr);
+  Dial& dial = d->second;
+  if (!fresh) {
+    if (w.deadline < dial.deadline) {
+      w.timer = loop_->AddTimer(bound, Duration::zero(),
+                                [this, addr, serial = dial.serial, id = w.id] { GiveUp(addr, serial, id); });
+    }
+    dial.waiters.push_back(std::move(w));
+    return;
+  }
   dial.serial = ++dial_serial_;
+  dial.deadline = w.deadline;
+  dial.waiters.push_back(std::move(w));
+  const uint64_t serial = dial.serial;
   Result<comm::HostPort> where = comm::ParseHostPort(addr);
-  if (!where.ok()) return OnDialed(addr, dial.serial, where.status());
+  if (!where.ok()) return OnDialed(addr, serial, where.status());
   comm::ConnectOptions co;
-  co.timeout = connect_timeout > Duration::zero() ? connect_timeout : options_.connect_timeout;
+  co.timeout = bound;
   // A link that stops carrying acknowledgements for twice the heartbeat timeout is taken
   // as cut and closed: the scheduler would have timed a silent server out by then, and a
   // server it still hears is reached through another one (docs/reliability.md, Partial
   // partitions). Twice: a server that drains its socket slowly for a while is not cut off.
   co.user_timeout = 2 * options_.heartbeat_timeout;
-  messenger_->transport().Connect(where->host, where->port, co, [this, addr, serial = dial.serial](Result<ConnId> r) {
-    OnDialed(addr, serial, std::move(r));
-  });
+  messenger_->transport().Connect(where->host, where->port, co,
+                                  [this, addr, serial](Result<ConnId> r) { OnDialed(addr, serial, std::move(r)); });
+}
+
+void PeerLinks::GiveUp(const std::string& addr, uint64_t serial, uint64_t id) {
+  DCHECK(loop_->InLoopThread());
+  auto d = dialing_.find(addr);
+  if (d == dialing_.end() || d->second.serial != serial) return;
+  std::vector<Waiter>& waiters = d->second.waiters;
+  auto w = std::find_if(waiters.begin(), waiters.end(), [id](const Waiter& x) { return x.id == id; });
+  if (w == waiters.end()) return;
+  auto cb = std::move(w->cb);
+  waiters.erase(w);
+  cb(Status(Code::kTimeout, "connect to " + addr + ": no link within this call's bound (a dial to it goes on)"));
+}
+
+std::vector<PeerLinks::Waiter> PeerLinks::TakeWaiters(std::map<std::string, Dial>::iterator d) {
+  std::vector<Waiter> waiters = std::move(d->second.waiters);
+  dialing_.erase(d);
+  for (Waiter& w : waiters) {
+    if (w.timer != 0) loop_->CancelTimer(w.timer);
+  }
+  return waiters;
 }
 
 void PeerLinks::OnDialed(const std::string& addr, uint64_t serial, Result<ConnId> r) {
@@ -70,10 +109,27 @@ void PeerLinks::OnDialed(const std::string& addr, uint64_t serial, Result<ConnId
     if (r.ok()) messenger_->transport().Close(*r, Status(Code::kCancelled, "server left the membership"));
     return;
   }
-  auto waiters = std::move(d->second.waiters);
-  dialing_.erase(d);
+  const TimePoint gave_up = d->second.deadline;
+  std::vector<Waiter> waiters = TakeWaiters(d);
   if (r.ok()) Adopt(addr, *r);
-  for (auto& w : waiters) w(r);
+  // The dial gave up at its own bound: callers who joined it with longer bounds wait on for
+  // a new one, the longest first (it bounds the new dial; the others join it with timers).
+  std::vector<Waiter> done;
+  if (!r.ok() && r.status().code() == Code::kTimeout && !closed_) {
+    std::sort(waiters.begin(), waiters.end(), [](const Waiter& x, const Waiter& y) { return x.deadline > y.deadline; });
+    for (Waiter& w : waiters) {
+      if (w.deadline > gave_up + std::chrono::milliseconds(10)) {
+        w.timer = 0;
+        const Duration left = w.deadline - SteadyClock().Now();
+        Wait(addr, std::move(w), left);
+      } else {
+        done.push_back(std::move(w));
+      }
+    }
+  } else {
+    done = std::move(waiters);
+  }
+  for (Waiter& w : done) w.cb(r);
 }
 
 void PeerLinks::Adopt(const std::string& addr, ConnId conn) {
@@ -161,19 +217,26 @@ void PeerLinks::FailDialsNotIn(const std::set<std::string>& current) {
       continue;
     }
     const std::string addr = d->first;
-    auto waiters = std::move(d->second.waiters);
-    d = dialing_.erase(d);
+    std::vector<Waiter> waiters = TakeWaiters(d++);
     VLOG(1) << options_.node_id << ": dial to " << addr << " ended: the address left the membership";
-    for (auto& w : waiters) {
-      w(Status(Code::kUnavailable, "server address " + addr + " left the membership while it was being dialed"));
+    for (Waiter& w : waiters) {
+      w.cb(Status(Code::kUnavailable, "server address " + addr + " left the membership while it was being dialed"));
     }
   }
 }
 
 void PeerLinks::CancelTimers() {
   DCHECK(loop_->InLoopThread());
+  closed_ = true;
   for (auto& [conn, timer] : leave_timers_) loop_->CancelTimer(timer);
   leave_timers_.clear();
+  // Dials under way end with the transport's shutdown; until then their callers wait
+  // for them, not for timers of their own.
+  for (auto& [addr, dial] : dialing_) {
+    for (Waiter& w : dial.waiters) {
+      if (w.timer != 0) loop_->CancelTimer(std::exchange(w.timer, 0));
+    }
+  }
 }
 
 }  // namespace pscore::node

@@ -11,6 +11,7 @@
 
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
+#include "pscore/core/clock.h"
 #include "pscore/node/common/options.h"
 
 namespace pscore::node {
@@ -27,9 +28,11 @@ class PeerLinks {
   // The address of server `rank` ("" if none), and whether an address belongs to a server.
   std::string Address(int rank) const;
   bool IsServerAddress(const std::string& addr) const;
-  // The link to server `rank`, dialled on first use; cb gets it or why not. A dial gives up
-  // after `connect_timeout` (zero: NodeOptions::connect_timeout); a dial already under way
-  // is joined as it is.
+  // The link to server `rank`, dialled on first use; cb gets it or why not. The caller waits
+  // at most `connect_timeout` (zero: NodeOptions::connect_timeout), then gets kTimeout. One
+  // dial per address serves every caller: one that joins a dial under way with a shorter
+  // bound gives up alone when it passes (the dial goes on); a dial that gives up is made
+  // again for the callers whose bounds have not passed yet.
   void Link(int rank, std::function<void(Result<comm::ConnId>)> cb, Duration connect_timeout = Duration::zero());
   // Follows new metadata: its servers' addresses; links to servers marked down close now,
   // links to servers that left close after request_timeout; dials to addresses that left end.
@@ -40,16 +43,31 @@ class PeerLinks {
   bool Linked(const std::string& addr) const;
   // Closes the open link to `addr` now; its pending requests fail with `why`.
   void Close(const std::string& addr, const Status& why);
-  // The node closes: pending leave timers are cancelled (a shared loop runs on).
+  // The node closes: pending timers are cancelled (a shared loop runs on), and a dial that
+  // gives up is not made again.
   void CancelTimers();
 
  private:
   // A dial under way. A dial whose address left the membership is answered at once
   // (FailDialsNotIn); its late result is recognised by its serial and dropped.
+  struct Waiter {
+    uint64_t id = 0;
+    TimePoint deadline;
+    std::function<void(Result<comm::ConnId>)> cb;
+    comm::TimerId timer = 0;  // its own give-up, when its deadline comes before the dial's
+  };
   struct Dial {
     uint64_t serial = 0;
-    std::vector<std::function<void(Result<comm::ConnId>)>> waiters;
+    TimePoint deadline;  // when the dial itself gives up
+    std::vector<Waiter> waiters;
   };
+  // Adds `w` to the dial to `addr`, starting one that gives up after `bound` (w's deadline)
+  // if none is under way.
+  void Wait(const std::string& addr, Waiter w, Duration bound);
+  // Waiter `id` of dial `serial` to `addr` gives up: its bound passed before the dial ended.
+  void GiveUp(const std::string& addr, uint64_t serial, uint64_t id);
+  // The waiters of the dial to `addr`, taken out of dialing_ (their timers cancelled).
+  std::vector<Waiter> TakeWaiters(std::map<std::string, Dial>::iterator d);
   void OnDialed(const std::string& addr, uint64_t serial, Result<comm::ConnId> r);
   // A new link: HELLO first, then it is the address's open link until it closes.
   void Adopt(const std::string& addr, comm::ConnId conn);
@@ -69,6 +87,8 @@ class PeerLinks {
   std::map<comm::ConnId, comm::TimerId> leave_timers_;
   std::map<std::string, Dial> dialing_;  // by address
   uint64_t dial_serial_ = 0;
+  uint64_t waiter_serial_ = 0;
+  bool closed_ = false;  // CancelTimers ran: no dial is made again
 };
 
 }  // namespace pscore::node
