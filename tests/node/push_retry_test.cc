@@ -206,6 +206,15 @@ class WorkerCutServer : public ServerNode {
   std::unordered_map<comm::ConnId, bool> from_worker_;  // loop thread
 };
 
+// The server of rank `rank` in a cluster of WorkerCutServers.
+WorkerCutServer& CutServerOfRank(Cluster& c, int rank) {
+  for (auto& s : c.servers) {
+    if (s->rank() == rank) return static_cast<WorkerCutServer&>(*s);
+  }
+  FAIL("no server has rank " << rank);
+  return static_cast<WorkerCutServer&>(*c.servers[0]);
+}
+
 // Runs an admin operation on the scheduler's loop; its answer, or kTimeout after kDeadline.
 Status Admin(SchedulerNode& s, pb::AdminRequest req) {
   auto p = std::make_shared<std::promise<Status>>();
@@ -498,17 +507,10 @@ TEST_CASE("a relay timed out with a relayed push unread - the push goes through 
   }
   for (auto& s : c.servers) REQUIRE(s->Start().ok());
   c.StartWorker(10s);
-  auto by_rank = [&c](int rank) -> WorkerCutServer& {
-    for (auto& s : c.servers) {
-      if (s->rank() == rank) return static_cast<WorkerCutServer&>(*s);
-    }
-    FAIL("no server has rank " << rank);
-    return static_cast<WorkerCutServer&>(*c.servers[0]);
-  };
   // Server rank 0 is cut; rank 1, the next live server, relays for it.
-  WorkerCutServer& cut = by_rank(0);
-  WorkerCutServer& relay = by_rank(1);
-  WorkerCutServer& next = by_rank(2);
+  WorkerCutServer& cut = CutServerOfRank(c, 0);
+  WorkerCutServer& relay = CutServerOfRank(c, 1);
+  WorkerCutServer& next = CutServerOfRank(c, 2);
   const std::string relay_id = relay.options().node_id;
   c.sched().AddEventListener([&relay_timed_out, relay_id](const core::Event& e) {
     if (e.kind == core::Event::Kind::kNodeTimedOut && e.node_id == relay_id) relay_timed_out = true;
@@ -551,18 +553,11 @@ TEST_CASE("a route around a cut survives a scale-in that renumbers its target - 
   for (const char* id : {"s0", "s1", "s2"}) c.servers.emplace_back(new WorkerCutServer(c.Opts(id), SumStore()));
   for (auto& s : c.servers) REQUIRE(s->Start().ok());
   c.StartWorker(/*recovery_timeout=*/20s);
-  auto by_rank = [&c](int rank) -> WorkerCutServer& {
-    for (auto& s : c.servers) {
-      if (s->rank() == rank) return static_cast<WorkerCutServer&>(*s);
-    }
-    FAIL("no server has rank " << rank);
-    return static_cast<WorkerCutServer&>(*c.servers[0]);
-  };
   // Rank 2 is cut off from the worker and relayed through rank 0; rank 1 leaves, so the
   // cut server becomes rank 1 while its route was keyed by rank 2.
-  WorkerCutServer& cut = by_rank(2);
-  WorkerCutServer& relay = by_rank(0);
-  WorkerCutServer& leaving = by_rank(1);
+  WorkerCutServer& cut = CutServerOfRank(c, 2);
+  WorkerCutServer& relay = CutServerOfRank(c, 0);
+  WorkerCutServer& leaving = CutServerOfRank(c, 1);
   // Two keys of each server's range under three servers, spread over the id space (under
   // two servers they change hands).
   std::vector<uint64_t> keys;
@@ -620,11 +615,7 @@ TEST_CASE("a route to a server that a scale-in removes ends - pulls take the dir
   for (const char* id : {"s0", "s1", "s2"}) c.servers.emplace_back(new WorkerCutServer(c.Opts(id), SumStore()));
   for (auto& s : c.servers) REQUIRE(s->Start().ok());
   c.StartWorker(/*recovery_timeout=*/20s);
-  WorkerCutServer* cut = nullptr;
-  for (auto& s : c.servers) {
-    if (s->rank() == 2) cut = static_cast<WorkerCutServer*>(s.get());
-  }
-  REQUIRE(cut != nullptr);
+  WorkerCutServer* cut = &CutServerOfRank(c, 2);
   uint64_t key = 1;
   while (core::ServerForKey(key, 3) != 2) key += uint64_t{1} << 57;
   cut->cut = true;

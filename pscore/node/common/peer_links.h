@@ -48,14 +48,15 @@ class PeerLinks {
   void CancelTimers();
 
  private:
-  // A dial under way. A dial whose address left the membership is answered at once
-  // (FailDialsNotIn); its late result is recognised by its serial and dropped.
+  // A caller waiting for a dial.
   struct Waiter {
     uint64_t id = 0;
     TimePoint deadline;
     std::function<void(Result<comm::ConnId>)> cb;
     comm::TimerId timer = 0;  // its own give-up, when its deadline comes before the dial's
   };
+  // A dial under way. A dial whose address left the membership is answered at once
+  // (FailDialsNotIn); its late result is recognised by its serial and dropped.
   struct Dial {
     uint64_t serial = 0;
     TimePoint deadline;  // when the dial itself gives up
