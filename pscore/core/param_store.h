@@ -197,6 +197,9 @@ class ParamStore {
   // A run is closed at this many keys or floats (an insert into it moves at most that much).
   static constexpr size_t kRunMaxKeys = 1024;
   static constexpr size_t kRunMaxFloats = 16 * 1024;
+  // An append of at least this many keys to a stripe's runs (a window of a sorted batch
+  // creating keys) takes whole runs' room at once.
+  static constexpr size_t kBulkAppendKeys = 64;
 
   struct Block;
   using BlockPtr = std::shared_ptr<Block>;

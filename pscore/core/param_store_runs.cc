@@ -40,10 +40,15 @@ class ParamStore::RunWriter {
  public:
   // Each fresh key's values, zero-filled, go through *fill (when given) as they are written.
   RunWriter(std::vector<Run>* dest, const FreshFill* fill) : dest_(dest), fill_(fill) {}
+  // Every run this writer starts or continues gets the room of a whole run at once: for
+  // the appends of a sorted batch, whose next window adds more keys to the same run (with
+  // room for only the keys at hand, a run would be moved twice on its way to full).
+  void ReserveWholeRuns() { whole_ = true; }
   // The next keys go after `run`'s own (they are all larger), into it while it has room.
   void Continue(Run run) {
     Close();
     cur_ = std::move(run);
+    if (whole_ && !cur_.keys.empty()) Reserve(kRunMaxKeys);
   }
   // `keys` keys are still to come in the current range: a new run reserves room for them.
   void Expect(size_t keys) { left_ = keys; }
@@ -53,10 +58,8 @@ class ParamStore::RunWriter {
       Close();
     }
     if (cur_.keys.empty()) {
-      const size_t keys = std::min(left_, kRunMaxKeys);
-      cur_.keys.reserve(keys);
-      cur_.values.reserve(std::min<size_t>(uint64_t{keys} * len, kRunMaxFloats));
       cur_.len = len;
+      Reserve(whole_ ? kRunMaxKeys : std::min(left_, kRunMaxKeys));
     } else if (cur_.offs.empty() && len != cur_.len) {
       cur_.offs.reserve(cur_.keys.size() + std::min(left_, kRunMaxKeys) + 1);
       for (size_t i = 0; i <= cur_.keys.size(); ++i) cur_.offs.push_back(uint64_t{i} * cur_.len);
@@ -123,10 +126,26 @@ class ParamStore::RunWriter {
   }
 
  private:
+  // Room in the current run for `keys` more keys of its length, or for as many as a run
+  // holds (any length, when its lengths differ).
+  void Reserve(size_t keys) {
+    if (!cur_.offs.empty()) {
+      cur_.keys.reserve(kRunMaxKeys);
+      cur_.values.reserve(kRunMaxFloats);
+      return;
+    }
+    size_t most = kRunMaxKeys;
+    if (cur_.len > 0) most = std::min(most, kRunMaxFloats / cur_.len);
+    const size_t total = std::min(most, cur_.keys.size() + keys);
+    cur_.keys.reserve(total);
+    cur_.values.reserve(uint64_t{total} * cur_.len);
+  }
+
   std::vector<Run>* dest_;
   const FreshFill* fill_;
   Run cur_;
   size_t left_ = 0;
+  bool whole_ = false;
 };
 
 bool ParamStore::SeekInRuns(const Stripe& stripe, uint64_t key, Cursor* c) {
@@ -190,6 +209,7 @@ void ParamStore::AppendToRuns(std::vector<Run>& runs, const KeyLens& fresh, cons
     runs.pop_back();
   }
   RunWriter w(&runs, fill);
+  if (fresh.size() >= kBulkAppendKeys) w.ReserveWholeRuns();
   w.Continue(std::move(last));
   size_t f = 0;
   w.AddFresh(fresh, &f, fresh.size());

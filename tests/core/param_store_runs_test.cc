@@ -360,7 +360,9 @@ TEST_CASE("runs: sorted batches of new keys after all stored ones, lengths chang
           "[core][paramstore]") {
   // New keys above every stored one fill the last run in place and open runs after it; a
   // key of another length in the middle of a run gives that run offsets from there on.
-  // Then keys between the stored ones (merged into runs) and present keys again.
+  // Every other batch brings more than kBulkAppendKeys keys to each stripe (runs then take
+  // a whole run's room at once). Then keys between the stored ones (merged into runs) and
+  // present keys again.
   for (UpdateRule rule : {UpdateRule::kSum, UpdateRule::kAssign, UpdateRule::kSgd}) {
     ParamStore store(Rule(rule));
     Reference ref{rule, 0.01f, {}};
@@ -380,7 +382,8 @@ TEST_CASE("runs: sorted batches of new keys after all stored ones, lengths chang
     std::vector<uint64_t> all;
     for (int round = 0; round < 12; ++round) {
       std::vector<uint64_t> keys;
-      for (int i = 0; i < 3000; ++i) keys.push_back(next += 2);  // sorted, above every stored key
+      const int count = round % 2 == 0 ? 3000 : 12000;
+      for (int i = 0; i < count; ++i) keys.push_back(next += 2);  // sorted, above every stored key
       all.insert(all.end(), keys.begin(), keys.end());
       Batch b = batch(keys, round % 3 == 0 ? 0 : 97);
       if (round % 4 == 3) {  // an insert creates its new keys the same way
