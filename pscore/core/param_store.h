@@ -30,6 +30,7 @@
 
 #include "pscore/core/buffer.h"
 #include "pscore/core/row_lens.h"
+#include "pscore/core/run_memory.h"
 #include "pscore/core/status.h"
 #include "pscore/core/update_rule.h"
 
@@ -233,10 +234,10 @@ class ParamStore {
   // Sorted keys and their values back to back: keys[i] has `len` floats at values[i * len],
   // or, when offs is not empty (lengths differ), offs[i+1] - offs[i] floats at offs[i].
   struct Run {
-    std::vector<uint64_t> keys;
-    std::vector<uint64_t> offs;
+    RunVector<uint64_t> keys;
+    RunVector<uint64_t> offs;
     uint32_t len = 0;
-    std::vector<float> values;
+    RunVector<float> values;
     uint64_t Off(size_t i) const { return offs.empty() ? uint64_t{i} * len : offs[i]; }
     uint32_t LenAt(size_t i) const { return offs.empty() ? len : static_cast<uint32_t>(offs[i + 1] - offs[i]); }
     float* At(size_t i) { return values.data() + Off(i); }
@@ -399,7 +400,7 @@ inline bool ParamStore::FindInRuns(const Stripe& stripe, uint64_t key, Cursor* c
   // at once, and no branch guesses the step: for a batch of every other stored key it is
   // a coin toss). A key between two of the run's keys is in no run.
   if (c->run < stripe.runs.size()) {
-    const std::vector<uint64_t>& ks = stripe.runs[c->run].keys;
+    const RunVector<uint64_t>& ks = stripe.runs[c->run].keys;
     const size_t p = c->pos;
     if (p + 4 < ks.size() && ks[p] < key) {
       const size_t i = p + 1 + static_cast<size_t>(ks[p + 1] < key) + static_cast<size_t>(ks[p + 2] < key) +

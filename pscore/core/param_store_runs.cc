@@ -169,7 +169,7 @@ bool ParamStore::SeekInRuns(const Stripe& stripe, uint64_t key, Cursor* c) {
     }
     c->pos = 0;
   }
-  const std::vector<uint64_t>& ks = runs[c->run].keys;
+  const RunVector<uint64_t>& ks = runs[c->run].keys;
   size_t i = c->pos;
   if (i > ks.size() || (i > 0 && ks[i - 1] >= key)) i = 0;  // the batch went back
   for (int step = 0; step < 4 && i < ks.size() && ks[i] < key; ++step) ++i;
