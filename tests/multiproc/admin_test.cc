@@ -51,7 +51,9 @@ class Job {
                                      "--scheduler_port=" + std::to_string(port_), "--auto_finish=false"};
     args.insert(args.end(), kHeartbeat.begin(), kHeartbeat.end());
     nodes_.push_back(std::make_unique<Process>());
-    REQUIRE(nodes_.back()->Start(args, dir_.File(id + ".log")));
+    const int incarnation = ++started_[id];  // each process of an id logs to its own file
+    const std::string log = incarnation == 1 ? id + ".log" : id + "." + std::to_string(incarnation) + ".log";
+    REQUIRE(nodes_.back()->Start(args, dir_.File(log)));
     by_id_[id] = nodes_.back().get();
     return *nodes_.back();
   }
@@ -128,6 +130,7 @@ class Job {
   Process scheduler_;
   std::vector<std::unique_ptr<Process>> nodes_;
   std::map<std::string, Process*> by_id_;
+  std::map<std::string, int> started_;
   int port_ = 0;
   int admin_runs_ = 0;
 };
@@ -314,7 +317,16 @@ TEST_CASE("pscore-admin reset lets a restarted member that is in error register 
   AdminRun reset = job.Admin({"reset", "w0"});  // as the refusal's message says
   CHECK(reset.code == 0);
   CHECK(Has(reset, "reset accepted"));
-  job.StartNode("worker", "w0");
+  Process& again = job.StartNode("worker", "w0");
+  // The reset alone returns the cluster to READY: wait for the new process itself to register
+  // (a stop sent before that would refuse its registration).
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < deadline && again.running() &&
+         again.Log().find("registered as rank 0") == std::string::npos) {
+    std::this_thread::sleep_for(5ms);
+  }
+  INFO(again.Log());
+  REQUIRE(again.Log().find("registered as rank 0") != std::string::npos);
   CHECK(job.WaitForState(pb::CLUSTER_READY));
   AdminRun nodes = job.Admin({"nodes"});
   CHECK(nodes.code == 0);
