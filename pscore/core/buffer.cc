@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "pscore/core/sanitizers.h"
+
 namespace pscore {
 
 namespace {
@@ -33,26 +35,6 @@ namespace {
 
 // Released large blocks by capacity. Never destroyed (blocks may be released during
 // static destruction); what it holds stays reachable, so leak checkers do not report it.
-#if defined(__SANITIZE_ADDRESS__)
-#define PSCORE_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define PSCORE_ASAN 1
-#endif
-#endif
-
-// ThreadSanitizer does not follow pages that mremap moves: a destination it picks keeps
-// the shadow of what other threads did at that address before, and races that are not
-// there are reported. Under it a growing block moves onto a range mmap just returned
-// (whose shadow mmap resets), with MREMAP_FIXED; the pages still move, nothing is copied.
-#if defined(__SANITIZE_THREAD__)
-#define PSCORE_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define PSCORE_TSAN 1
-#endif
-#endif
-
 struct IdleBlock {
   char* data;
   uint64_t released;  // the pool's release count when it came back
@@ -63,12 +45,8 @@ struct LargeBlockPool {
   std::map<size_t, std::vector<IdleBlock>> free_blocks;  // guarded by mu
   size_t pooled = 0;                                      // bytes in free_blocks; guarded by mu
   uint64_t releases = 0;                                  // guarded by mu
-#ifdef PSCORE_ASAN
   // Off by default under AddressSanitizer: a reused block would hide a use after free.
-  size_t limit = 0;  // guarded by mu
-#else
-  size_t limit = Buffer::kDefaultPoolLimit;  // guarded by mu
-#endif
+  size_t limit = kAddressSanitizer ? 0 : Buffer::kDefaultPoolLimit;  // guarded by mu
 };
 
 LargeBlockPool& Pool() {
@@ -193,6 +171,10 @@ bool Buffer::Grow(size_t size) {
     if (!Mapped(capacity_)) return false;
     const size_t capacity = PooledCapacity(size);
 #ifdef PSCORE_TSAN
+    // ThreadSanitizer does not follow pages that mremap moves: a destination it picks keeps
+    // the shadow of what other threads did at that address before, and races that are not
+    // there are reported. Here the block moves onto a range mmap just returned (whose shadow
+    // mmap resets), with MREMAP_FIXED; the pages still move, nothing is copied.
     void* fresh = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (fresh == MAP_FAILED) return false;
     void* moved = mremap(data_, capacity_, capacity, MREMAP_MAYMOVE | MREMAP_FIXED, fresh);

@@ -1,28 +1,19 @@
 #include "pscore/core/run_memory.h"
 
-#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <mutex>
 #include <new>
 
 #include "pscore/core/buffer.h"
+#include "pscore/core/sanitizers.h"
 
 namespace pscore::core {
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kFromOperatorNew = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kFromOperatorNew = true;
-#else
-constexpr bool kFromOperatorNew = false;
-#endif
-#else
-constexpr bool kFromOperatorNew = false;
-#endif
+// Under AddressSanitizer every block comes from operator new, so that run bounds are checked.
+constexpr bool kFromOperatorNew = kAddressSanitizer;
 
 constexpr size_t kSlabBytes = size_t{4} << 20;
 constexpr size_t kSlabAlign = size_t{2} << 20;  // a huge page

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "pscore/comm/frame.h"
+#include "pscore/core/sanitizers.h"
 #include "pscore/node/common/admin_client.h"
 #include "pscore/proto/comm.pb.h"
 #include "multiproc/process.h"
@@ -63,17 +64,7 @@ void RaiseFdLimit() {
 // AddressSanitizer and ThreadSanitizer reserve terabytes of shadow address space at start,
 // so a sanitized build cannot run under RLIMIT_AS at all. There the processes run without
 // the limit, and the bound on their address-space growth below is what is checked.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kShadowMemory = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kShadowMemory = true;
-#else
-constexpr bool kShadowMemory = false;
-#endif
-#else
-constexpr bool kShadowMemory = false;
-#endif
+constexpr bool kShadowMemory = kAddressSanitizer || kThreadSanitizer;
 
 // argv run under `ulimit -v kAddressLimitKb` (the shell execs it: same pid).
 std::vector<std::string> Limited(const std::vector<std::string>& argv) {

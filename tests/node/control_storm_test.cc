@@ -16,6 +16,7 @@
 #include "pscore/comm/event_loop.h"
 #include "pscore/comm/messenger.h"
 #include "pscore/node/common/wire.h"
+#include "pscore/core/sanitizers.h"
 #include "pscore/node/scheduler/scheduler_node.h"
 
 #include <catch2/catch.hpp>  // last: its CHECK must win over glog's
@@ -264,17 +265,7 @@ bool WaitSampling(SchedulerNode& sched, Duration deadline, uint64_t* peak, Pred 
 // before the first READY (under ASan: 0 of 2,500 READY, NODE_TIMEOUT). There the storm is
 // smaller and slower; what those builds check is the memory and thread safety of the same
 // paths (fetch, cached metadata, timeouts, returns). The size claim is the plain build's.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = kAddressSanitizer || kThreadSanitizer;
 
 StormResult RunStorm(int members, int waves) {
   SchedulerOptions o;
