@@ -132,7 +132,8 @@ TEST_CASE("SIGTERM while a worker waits for its scheduler ends it at once with e
     REQUIRE(p.Start({testing::NodeBinary(), "--role=" + role, "--scheduler_port=" + std::to_string(port),
                      "--connect_timeout_ms=120000"},
                     dir.File(role + ".log")));
-    std::this_thread::sleep_for(300ms);
+    REQUIRE(p.WaitCatches(SIGTERM, 15s));  // started: its handler is in place
+    std::this_thread::sleep_for(300ms);      // and dialling the silent port
     p.Signal(SIGTERM);
     // Far below the 120 s connect timeout the start would otherwise wait out.
     std::optional<int> code = p.Wait(15s);

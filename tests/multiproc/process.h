@@ -137,6 +137,21 @@ class Process {
     Wait(std::chrono::seconds(10));
   }
   std::string Log() const { return ReadFile(log_path_); }
+  // Waits until the process has a handler for `sig` (the SigCgt mask of /proc/<pid>/status),
+  // so that a signal sent next reaches the program and not the default action. False at
+  // the deadline or once the process has exited.
+  bool WaitCatches(int sig, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const unsigned long long bit = 1ULL << (sig - 1);
+    while (running() && std::chrono::steady_clock::now() < deadline) {
+      std::istringstream status(ReadFile("/proc/" + std::to_string(pid_) + "/status"));
+      for (std::string line; std::getline(status, line);) {
+        if (line.rfind("SigCgt:", 0) == 0 && (std::stoull(line.substr(7), nullptr, 16) & bit) != 0) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
 
  private:
   void Poll() {

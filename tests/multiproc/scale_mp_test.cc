@@ -388,7 +388,9 @@ TEST_CASE("SIGKILL of a new server in the middle of a scale-out rolls back and t
 
 TEST_CASE("a scale-out that times out drops the new server it admitted, which then exits 1",
           "[multiproc][net][scale]") {
-  ScaleJob job(/*workers=*/1, /*servers=*/1, /*scale_timeout_ms=*/1500);
+  // s1 is started after the scale-out began and must register within its timeout, which
+  // therefore leaves room for a process start on a loaded machine.
+  ScaleJob job(/*workers=*/1, /*servers=*/1, /*scale_timeout_ms=*/5000);
   job.Start("server", "s0");
   job.Start("worker", "w0");
   job.WaitReady();
@@ -403,7 +405,7 @@ TEST_CASE("a scale-out that times out drops the new server it admitted, which th
   pb::AdminResponse ready = job.WaitReady();
   CHECK(ready.server_num() == 1);
   CHECK(ready.worker_num() == 1);
-  CHECK_THAT(ready.last_scale_result(), Catch::Contains("rolled back: scale-out timed out after 1500 ms"));
+  CHECK_THAT(ready.last_scale_result(), Catch::Contains("rolled back: scale-out timed out after 5000 ms"));
   CHECK_THAT(ready.last_scale_result(), Catch::Contains("0 of 1 new workers registered"));
   std::optional<int> code = job.proc("s1").Wait(15s);
   const std::string log = job.proc("s1").Log();

@@ -113,9 +113,15 @@ void RunKillRestart(bool journal, int floats = 1, const std::vector<std::string>
     }
     s0 = std::make_unique<Process>();
     REQUIRE(s0->Start(server_argv("s0"), dir.File("s0.restarted" + std::to_string(kill) + ".log")));
-    // READY again once the restarted s0 re-registered (it may be seen timed out first).
-    std::this_thread::sleep_for(300ms);
+    // READY again once the restarted s0 registered (it may be seen timed out first); the
+    // worker's READY alone may be the one from before the kill.
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (s0->running() && s0->Log().find("registered as rank") == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
     INFO(s0->Log());
+    REQUIRE(s0->Log().find("registered as rank") != std::string::npos);
     REQUIRE(WaitReady(worker, 20s));
     for (int i = 0; i < 30; ++i) {
       // A push may still meet the old link's failure once; it then counts as not acked.
